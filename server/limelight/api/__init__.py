@@ -1,0 +1,1 @@
+"""gRPC edge: servicer (message conversion only), interceptors, server bootstrap."""

@@ -1,0 +1,1 @@
+"""The explanation service and its domain types. Never imports grpc."""

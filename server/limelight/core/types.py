@@ -1,0 +1,138 @@
+"""Domain types shared by the core, the methods, the runtimes and the API layer."""
+
+from __future__ import annotations
+
+import enum
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+FloatArray = npt.NDArray[np.float32]
+IntArray = npt.NDArray[np.int64]
+
+
+@dataclass(frozen=True)
+class TargetSpec:
+    """Which class to explain: by label name or index; both unset means the predicted class."""
+
+    label: str | None = None
+    index: int | None = None
+
+
+@dataclass(frozen=True)
+class ExplainInput:
+    text: str
+    text_pair: str | None = None
+    target: TargetSpec | None = None
+    all_classes: bool = False
+    method: str = ""
+    request_id: str = ""
+    deadline: float | None = None
+    """Absolute ``time.monotonic()`` deadline; expired work is skipped, not computed."""
+
+    def expired(self) -> bool:
+        return self.deadline is not None and time.monotonic() >= self.deadline
+
+
+@dataclass(frozen=True)
+class TokenInfo:
+    text: str
+    id: int
+    start: int
+    end: int
+    special: bool
+    segment: int = 0
+
+
+@dataclass(frozen=True)
+class Encoded:
+    """One tokenised input, unpadded."""
+
+    input_ids: list[int]
+    token_type_ids: list[int] | None
+    tokens: list[TokenInfo]
+    truncated: bool
+
+    def __len__(self) -> int:
+        return len(self.input_ids)
+
+    @property
+    def special_mask(self) -> npt.NDArray[np.bool_]:
+        return np.array([t.special for t in self.tokens], dtype=bool)
+
+
+@dataclass
+class Timings:
+    queue_seconds: float = 0.0
+    tokenize_seconds: float = 0.0
+    forward_seconds: float = 0.0
+    attribute_seconds: float = 0.0
+    total_seconds: float = 0.0
+    batch_size: int = 1
+
+
+@dataclass
+class Attribution:
+    """What a method says about one input and one target class."""
+
+    method: str
+    parameters: dict[str, Any]
+    target_index: int
+    target_label: str
+    scores: FloatArray
+    """One score per token (special tokens included) for the target class."""
+    class_scores: FloatArray | None = None
+    """Token x class matrix, when asked for and available."""
+    extra_scores: dict[str, FloatArray] = field(default_factory=dict)
+    details: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Explanation:
+    request_id: str
+    label_index: int
+    label: str
+    probabilities: list[float]
+    labels: list[str]
+    tokens: list[TokenInfo]
+    attribution: Attribution
+    model_name: str
+    model_version: str
+    truncated: bool
+    timings: Timings
+
+
+class Cost(enum.Enum):
+    """How expensive a method is, which decides where it runs."""
+
+    INLINE = "inline"  # rides along the serving forward pass
+    JOB = "job"  # queued and run by a worker
+
+
+@dataclass(frozen=True)
+class MethodInfo:
+    name: str
+    cost: Cost
+    description: str
+    defaults: dict[str, Any]
+    unavailable_reason: str = ""
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    name: str
+    version: str
+    architecture: str
+    labels: list[str]
+    num_layers: int
+    num_heads: int
+    hidden_size: int
+    methods: list[MethodInfo]
+    default_method: str
+    max_tokens: int
+    max_text_chars: int
+    runtime: str
+    supports_text_pair: bool

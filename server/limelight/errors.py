@@ -1,0 +1,75 @@
+"""The one error hierarchy of Limelight.
+
+Every error a client may see is a ``LimelightError`` with a ``kind``; the API layer maps kinds
+to gRPC status codes in one place (``limelight.api.errors``). Anything else is a bug and is
+reported to clients as a generic INTERNAL error while the details go to the log.
+"""
+
+from __future__ import annotations
+
+import enum
+
+
+class ErrorKind(enum.Enum):
+    INVALID_ARGUMENT = "invalid_argument"
+    NOT_FOUND = "not_found"
+    FAILED_PRECONDITION = "failed_precondition"
+    RESOURCE_EXHAUSTED = "resource_exhausted"
+    UNAVAILABLE = "unavailable"
+    DEADLINE_EXCEEDED = "deadline_exceeded"
+    UNAUTHENTICATED = "unauthenticated"
+    UNIMPLEMENTED = "unimplemented"
+    CANCELLED = "cancelled"
+    INTERNAL = "internal"
+
+
+class LimelightError(Exception):
+    """Base class; the message is safe to show to clients."""
+
+    kind: ErrorKind = ErrorKind.INTERNAL
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+class InvalidArgument(LimelightError):
+    kind = ErrorKind.INVALID_ARGUMENT
+
+
+class NotFound(LimelightError):
+    kind = ErrorKind.NOT_FOUND
+
+
+class FailedPrecondition(LimelightError):
+    kind = ErrorKind.FAILED_PRECONDITION
+
+
+class ResourceExhausted(LimelightError):
+    kind = ErrorKind.RESOURCE_EXHAUSTED
+
+
+class Unavailable(LimelightError):
+    kind = ErrorKind.UNAVAILABLE
+
+
+class DeadlineExceeded(LimelightError):
+    kind = ErrorKind.DEADLINE_EXCEEDED
+
+
+class Unauthenticated(LimelightError):
+    kind = ErrorKind.UNAUTHENTICATED
+
+
+class Unimplemented(LimelightError):
+    kind = ErrorKind.UNIMPLEMENTED
+
+
+class Cancelled(LimelightError):
+    kind = ErrorKind.CANCELLED
+
+
+class ModelLoadError(LimelightError):
+    """The model directory cannot be served (raised at start-up, not per request)."""
+
+    kind = ErrorKind.FAILED_PRECONDITION

@@ -1,0 +1,1 @@
+"""Faithfulness metrics and the evaluation runner."""

@@ -1,0 +1,193 @@
+"""The AttributionMethod interface, its two cost classes and the method registry."""
+
+from __future__ import annotations
+
+import importlib
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from limelight.core.types import Cost, Encoded, FloatArray
+from limelight.errors import InvalidArgument
+
+if TYPE_CHECKING:
+    from limelight.models.loaded import LoadedModel
+    from limelight.runtimes.base import InlineOutputs
+    from limelight.settings import Settings
+
+
+@dataclass(frozen=True)
+class Param:
+    """One method parameter: its type, default and accepted range."""
+
+    kind: type
+    default: Any
+    minimum: float | None = None
+    maximum: float | None = None
+    choices: tuple[Any, ...] | None = None
+    help: str = ""
+
+    def check(self, name: str, value: Any) -> Any:
+        if self.kind is bool:
+            if not isinstance(value, bool):
+                raise InvalidArgument(f"parameter {name!r} must be a boolean")
+            return value
+        if self.kind in (int, float):
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise InvalidArgument(f"parameter {name!r} must be a number")
+            if self.kind is int:
+                if float(value) != int(value):
+                    raise InvalidArgument(f"parameter {name!r} must be an integer")
+                value = int(value)
+            else:
+                value = float(value)
+            if self.minimum is not None and value < self.minimum:
+                raise InvalidArgument(f"parameter {name!r} must be >= {self.minimum}")
+            if self.maximum is not None and value > self.maximum:
+                raise InvalidArgument(f"parameter {name!r} must be <= {self.maximum}")
+        elif self.kind is str:
+            if not isinstance(value, str):
+                raise InvalidArgument(f"parameter {name!r} must be a string")
+        if self.choices is not None and value not in self.choices:
+            allowed = ", ".join(map(str, self.choices))
+            raise InvalidArgument(f"parameter {name!r} must be one of: {allowed}")
+        return value
+
+
+@dataclass
+class MethodOutput:
+    """What a method computes for one input; the service wraps it into an Attribution."""
+
+    scores: FloatArray
+    """[n] scores for the target class."""
+    class_scores: FloatArray | None = None
+    """[n, C] when the method yields every class."""
+    extra_scores: dict[str, FloatArray] = field(default_factory=dict)
+    details: dict[str, Any] = field(default_factory=dict)
+
+
+class JobCancelled(Exception):
+    """Raised inside a job method when the job was cancelled or timed out."""
+
+
+@dataclass
+class JobContext:
+    """What a job method may use while it runs."""
+
+    model: LoadedModel
+    settings: Settings
+    report: Callable[[float, str], None] = lambda fraction, message: None
+    """Report progress: fraction in [0, 1] and a short message."""
+    should_stop: Callable[[], bool] = lambda: False
+    """True once the job is cancelled or past its timeout; poll it between steps."""
+
+    def checkpoint(self, fraction: float, message: str) -> None:
+        """Report progress and stop here if the job must end."""
+        if self.should_stop():
+            raise JobCancelled("job stopped")
+        self.report(fraction, message)
+
+
+class AttributionMethod(ABC):
+    """A token attribution method. Subclass InlineMethod or JobMethod."""
+
+    name: ClassVar[str]
+    cost: ClassVar[Cost]
+    description: ClassVar[str]
+    params: ClassVar[Mapping[str, Param]] = {}
+
+    def defaults(self) -> dict[str, Any]:
+        return {k: p.default for k, p in self.params.items()}
+
+    def validate_params(self, given: Mapping[str, Any] | None) -> dict[str, Any]:
+        """Defaults overlaid with checked values; unknown names are rejected."""
+        given = dict(given or {})
+        unknown = sorted(set(given) - set(self.params))
+        if unknown:
+            known = ", ".join(sorted(self.params)) or "none"
+            raise InvalidArgument(
+                f"unknown parameter(s) for {self.name}: {', '.join(unknown)} (known: {known})"
+            )
+        out = self.defaults()
+        for key, value in given.items():
+            out[key] = self.params[key].check(key, value)
+        return out
+
+    def unavailable_reason(self, model: LoadedModel) -> str:
+        """Empty when this method can run on ``model``; otherwise why not and how to fix it."""
+        return ""
+
+
+class InlineMethod(AttributionMethod):
+    """Computed from the serving forward pass's outputs; no extra model calls."""
+
+    cost = Cost.INLINE
+
+    @abstractmethod
+    def attribute(self, outputs: InlineOutputs, row: int, length: int) -> FloatArray:
+        """[length, C] token x class scores for batch row ``row``."""
+
+
+class JobMethod(AttributionMethod):
+    """Needs extra model calls (backward passes, sampling): runs as a job."""
+
+    cost = Cost.JOB
+
+    @abstractmethod
+    def run(
+        self, ctx: JobContext, encoded: Encoded, target: int, params: Mapping[str, Any]
+    ) -> MethodOutput:
+        """Attribute ``encoded`` for class ``target`` with validated ``params``."""
+
+
+# Built-in methods by name, imported lazily so that an optional dependency of one method
+# never breaks the others.
+BUILTIN_METHODS: dict[str, str] = {
+    "normxlogit": "limelight.methods.normxlogit:NormXLogit",
+    "decoded_gradcam": "limelight.methods.decoded_gradcam:DecodedGradCAM",
+    "gradient": "limelight.methods.gradients:GradientNorm",
+    "grad_x_input": "limelight.methods.gradients:GradXInput",
+    "integrated_gradients": "limelight.methods.gradients:IntegratedGradients",
+    "lrp": "limelight.methods.lrp:HeadMaskedLRP",
+    "slalom": "limelight.methods.slalom:Slalom",
+    "random": "limelight.methods.random_baseline:RandomBaseline",
+}
+
+
+def _load(path: str) -> type[AttributionMethod]:
+    module_name, _, attr = path.partition(":")
+    cls = getattr(importlib.import_module(module_name), attr)
+    if not (isinstance(cls, type) and issubclass(cls, AttributionMethod)):
+        raise TypeError(f"{path} is not an AttributionMethod")
+    return cls
+
+
+class MethodRegistry:
+    """Methods by name. ``MethodRegistry.builtin()`` has every method that ships with Limelight."""
+
+    def __init__(self, methods: Mapping[str, AttributionMethod] | None = None) -> None:
+        self._methods: dict[str, AttributionMethod] = dict(methods or {})
+
+    @classmethod
+    def builtin(cls) -> MethodRegistry:
+        registry = cls()
+        for path in BUILTIN_METHODS.values():
+            registry.register(_load(path)())
+        return registry
+
+    def register(self, method: AttributionMethod) -> None:
+        self._methods[method.name] = method
+
+    def get(self, name: str) -> AttributionMethod:
+        try:
+            return self._methods[name]
+        except KeyError:
+            known = ", ".join(sorted(self._methods))
+            raise InvalidArgument(f"unknown method {name!r} (known: {known})") from None
+
+    def names(self) -> list[str]:
+        return sorted(self._methods)
+
+    def __iter__(self):  # type: ignore[no-untyped-def]
+        return iter(self._methods[name] for name in self.names())

@@ -1,0 +1,26 @@
+"""NormXLogit (papers/003, DESIGN §3.1): ‖h_0[i]‖₂ · f_cls(h_L[i]), every class in one pass."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from limelight.core.types import FloatArray
+from limelight.methods.base import InlineMethod
+from limelight.runtimes.base import InlineOutputs
+
+
+class NormXLogit(InlineMethod):
+    name = "normxlogit"
+    description = (
+        "Embedding norm times the head-on-top logit of each token; one forward pass, all classes."
+    )
+
+    def attribute(self, outputs: InlineOutputs, row: int, length: int) -> FloatArray:
+        norms = outputs.embedding_norms[row, :length, None]  # [n, 1]
+        token_logits = outputs.token_logits[row, :length]  # [n, C]
+        if token_logits.shape[1] == 1:
+            # Regression: the paper's distance of each token's prediction to the model's.
+            # Larger = the token alone would move the prediction further (unsigned).
+            predicted = outputs.logits[row, 0]
+            return np.asarray(norms * np.abs(token_logits - predicted), dtype=np.float32)
+        return np.asarray(norms * token_logits, dtype=np.float32)

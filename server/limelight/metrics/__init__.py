@@ -1,0 +1,5 @@
+"""Prometheus collectors on an injected registry."""
+
+from limelight.metrics.collectors import Metrics
+
+__all__ = ["Metrics"]

@@ -1,0 +1,94 @@
+"""Prometheus collectors of Limelight, registered on an injected CollectorRegistry.
+
+Naming: prefix ``limelight_``, base units (seconds, bytes), ``_total`` for counters. Label values
+are bounded: RPC names, status codes, method names, model labels; never a token or request id.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
+
+_LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+_JOB_BUCKETS = (0.01, 0.05, 0.1, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0, 3600.0)
+_BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
+
+
+class Metrics:
+    """Every collector of the sidecar, on one registry (a fresh one per server or test)."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry if registry is not None else CollectorRegistry()
+        r = self.registry
+        self.request_duration = Histogram(
+            "limelight_request_duration_seconds",
+            "Server-side duration of gRPC calls by RPC and status code.",
+            ["rpc", "code"],
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.requests_in_flight = Gauge(
+            "limelight_requests_in_flight", "gRPC calls being served now.", ["rpc"], registry=r
+        )
+        self.stage_duration = Histogram(
+            "limelight_inline_stage_duration_seconds",
+            "Inline explanation stages: queue, tokenize, forward, attribute.",
+            ["stage"],
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.batch_size = Histogram(
+            "limelight_batch_size",
+            "Inline requests per forward pass.",
+            buckets=_BATCH_BUCKETS,
+            registry=r,
+        )
+        self.inline_pending = Gauge(
+            "limelight_inline_pending_requests",
+            "Inline requests waiting for a micro-batch.",
+            registry=r,
+        )
+        self.predictions = Counter(
+            "limelight_predictions_total",
+            "Predictions served, by predicted label.",
+            ["label"],
+            registry=r,
+        )
+        self.confidence = Histogram(
+            "limelight_prediction_confidence",
+            "Probability of the predicted label.",
+            buckets=(0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.99, 1.0),
+            registry=r,
+        )
+        self.truncated = Counter(
+            "limelight_truncated_inputs_total",
+            "Inputs cut to the token limit.",
+            registry=r,
+        )
+        self.model_info = Info("limelight_model", "The served model.", registry=r)
+        self.ready = Gauge(
+            "limelight_ready", "1 when the model is loaded and warmed.", registry=r
+        )
+        # Jobs.
+        self.job_queue_depth = Gauge(
+            "limelight_job_queue_depth", "Jobs waiting to run, by method.", ["method"], registry=r
+        )
+        self.job_wait = Histogram(
+            "limelight_job_wait_seconds",
+            "Time from submission to start, by method.",
+            ["method"],
+            buckets=_JOB_BUCKETS,
+            registry=r,
+        )
+        self.job_duration = Histogram(
+            "limelight_job_duration_seconds",
+            "Run time of a job attempt, by method.",
+            ["method"],
+            buckets=_JOB_BUCKETS,
+            registry=r,
+        )
+        self.job_outcomes = Counter(
+            "limelight_jobs_total",
+            "Finished jobs by method and outcome (succeeded, failed, cancelled).",
+            ["method", "outcome"],
+            registry=r,
+        )

@@ -1,0 +1,1 @@
+"""Loading classifier directories, tokenisation with offsets, head-on-top adapters."""

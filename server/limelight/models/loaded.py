@@ -1,0 +1,210 @@
+"""Loading a local Hugging Face sequence classifier and tokenising with offsets."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer
+from transformers import PreTrainedTokenizerBase
+
+from limelight.core.types import Encoded, TokenInfo
+from limelight.errors import InvalidArgument, ModelLoadError
+from limelight.models.adapters import HeadAdapter, adapter_for
+
+
+def fingerprint(model_dir: Path) -> str:
+    """Content hash of the weights and config: binds caches and heads to one model."""
+    digest = hashlib.sha256()
+    for name in ("config.json", "model.safetensors"):
+        path = model_dir / name
+        if path.exists():
+            with path.open("rb") as fh:
+                for chunk in iter(lambda: fh.read(1 << 20), b""):
+                    digest.update(chunk)
+    for shard in sorted(model_dir.glob("model-*.safetensors")):
+        digest.update(shard.name.encode())
+        digest.update(str(shard.stat().st_size).encode())
+    return digest.hexdigest()[:16]
+
+
+@dataclass
+class LoadedModel:
+    """A served classifier: weights in eval mode, tokenizer, labels and its head adapter."""
+
+    directory: Path
+    name: str
+    version: str
+    model: Any  # transformers PreTrainedModel
+    tokenizer: PreTrainedTokenizerBase
+    adapter: HeadAdapter
+    labels: list[str]
+    max_tokens: int
+    pad_id: int
+    device: torch.device
+
+    @property
+    def config(self) -> Any:
+        return self.model.config
+
+    @property
+    def architecture(self) -> str:
+        return str(self.config.model_type)
+
+    @property
+    def num_labels(self) -> int:
+        return len(self.labels)
+
+    @property
+    def is_regression(self) -> bool:
+        return self.num_labels == 1
+
+    @property
+    def num_layers(self) -> int:
+        return int(self.config.num_hidden_layers)
+
+    @property
+    def num_heads(self) -> int:
+        return int(getattr(self.config, "num_attention_heads", 0) or 0)
+
+    @property
+    def hidden_size(self) -> int:
+        return int(getattr(self.config, "hidden_size", 0) or getattr(self.config, "n_embd", 0))
+
+    @property
+    def mask_token_id(self) -> int | None:
+        return self.tokenizer.mask_token_id  # type: ignore[no-any-return]
+
+    def label_index(self, label: str) -> int:
+        try:
+            return self.labels.index(label)
+        except ValueError:
+            raise InvalidArgument(
+                f"unknown label {label!r}; this model's labels are: {', '.join(self.labels)}"
+            ) from None
+
+    def encode(
+        self,
+        text: str,
+        text_pair: str | None = None,
+        max_tokens: int | None = None,
+        truncation: Literal["truncate", "reject"] = "truncate",
+    ) -> Encoded:
+        """Tokenise with character offsets, flagging special tokens and over-long input."""
+        limit = min(max_tokens or self.max_tokens, self.max_tokens)
+        enc = self._tokenize(text, text_pair, None)
+        truncated = False
+        if len(enc["input_ids"]) > limit:
+            if truncation == "reject":
+                raise InvalidArgument(
+                    f"input has {len(enc['input_ids'])} tokens; the limit is {limit}"
+                )
+            enc = self._tokenize(text, text_pair, limit)
+            truncated = True
+        ids: list[int] = enc["input_ids"]
+        seq_ids = enc.sequence_ids(0)
+        tokens = []
+        for pos, (tid, (start, end), special) in enumerate(
+            zip(ids, enc["offset_mapping"], enc["special_tokens_mask"], strict=True)
+        ):
+            segment = seq_ids[pos] if seq_ids[pos] is not None else 0
+            tokens.append(
+                TokenInfo(
+                    text=self.tokenizer.convert_ids_to_tokens(tid),
+                    id=int(tid),
+                    start=int(start),
+                    end=int(end),
+                    special=bool(special),
+                    segment=int(segment),
+                )
+            )
+        types = enc.get("token_type_ids") if self.adapter.uses_token_type_ids else None
+        return Encoded(ids, list(types) if types is not None else None, tokens, truncated)
+
+    def _tokenize(self, text: str, text_pair: str | None, limit: int | None) -> Any:
+        return self.tokenizer(
+            text,
+            text_pair,
+            return_offsets_mapping=True,
+            return_special_tokens_mask=True,
+            truncation=limit is not None,
+            max_length=limit,
+        )
+
+
+def _check_directory(model_dir: Path) -> None:
+    if not model_dir.is_dir():
+        raise ModelLoadError(f"model directory {model_dir} does not exist")
+    if not (model_dir / "config.json").exists():
+        raise ModelLoadError(f"{model_dir} has no config.json: not a Hugging Face model directory")
+    has_safetensors = any(model_dir.glob("*.safetensors"))
+    if not has_safetensors:
+        raise ModelLoadError(
+            f"{model_dir} has no .safetensors weights; Limelight loads safetensors only "
+            "(convert pickled weights with transformers' save_pretrained(safe_serialization=True))"
+        )
+    config = json.loads((model_dir / "config.json").read_text())
+    if config.get("auto_map"):
+        raise ModelLoadError(
+            f"{model_dir} needs custom code (auto_map); Limelight never runs trust_remote_code"
+        )
+
+
+def resolve_device(spec: str) -> torch.device:
+    if spec == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(spec)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ModelLoadError(f"device {spec!r} requested but CUDA is not available")
+    return device
+
+
+def load_model(model_dir: Path, device: str = "cpu", name: str | None = None) -> LoadedModel:
+    """Load a local sequence-classification directory (safetensors only, no remote code)."""
+    model_dir = Path(model_dir).expanduser().resolve()
+    _check_directory(model_dir)
+    torch_device = resolve_device(device)
+    config = AutoConfig.from_pretrained(model_dir, trust_remote_code=False, local_files_only=True)
+    tokenizer = AutoTokenizer.from_pretrained(
+        model_dir, trust_remote_code=False, local_files_only=True
+    )
+    if not tokenizer.is_fast:
+        raise ModelLoadError(f"{model_dir}: a fast (tokenizers) tokenizer is required for offsets")
+    model = AutoModelForSequenceClassification.from_pretrained(
+        model_dir,
+        config=config,
+        trust_remote_code=False,
+        local_files_only=True,
+        use_safetensors=True,
+    )
+    model.eval().to(torch_device)
+    adapter = adapter_for(model)
+    id2label = getattr(config, "id2label", None) or {}
+    labels = [str(id2label.get(i, f"LABEL_{i}")) for i in range(config.num_labels)]
+    pad_id = config.pad_token_id
+    if pad_id is None:
+        pad_id = tokenizer.pad_token_id
+    if pad_id is None:
+        pad_id = tokenizer.eos_token_id if tokenizer.eos_token_id is not None else 0
+    limits = [
+        tokenizer.model_max_length,
+        getattr(config, "max_position_embeddings", None),
+        getattr(config, "n_positions", None),
+    ]
+    max_tokens = min(int(x) for x in limits if isinstance(x, int) and 0 < x < 1_000_000)
+    return LoadedModel(
+        directory=model_dir,
+        name=name or model_dir.name,
+        version=fingerprint(model_dir),
+        model=model,
+        tokenizer=tokenizer,
+        adapter=adapter,
+        labels=labels,
+        max_tokens=max_tokens,
+        pad_id=int(pad_id),
+        device=torch_device,
+    )

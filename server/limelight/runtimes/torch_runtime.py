@@ -1,0 +1,52 @@
+"""The PyTorch runtime: one base forward pass yields logits, h_0 norms and per-token LogAt."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from limelight.core.types import FloatArray
+from limelight.models.loaded import LoadedModel
+from limelight.runtimes.base import InlineBatch, InlineOutputs, Runtime
+
+
+class TorchRuntime(Runtime):
+    name = "torch"
+
+    def __init__(self, model: LoadedModel) -> None:
+        self.model = model
+
+    def _tensors(
+        self, batch: InlineBatch
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        device = self.model.device
+        ids = torch.from_numpy(batch.input_ids).to(device)
+        mask = torch.from_numpy(batch.attention_mask).to(device)
+        types = (
+            torch.from_numpy(batch.token_type_ids).to(device)
+            if batch.token_type_ids is not None
+            else None
+        )
+        return ids, mask, types
+
+    @torch.inference_mode()
+    def run_inline(self, batch: InlineBatch) -> InlineOutputs:
+        ids, mask, types = self._tensors(batch)
+        adapter = self.model.adapter
+        out = adapter.run_base(ids, mask, types)
+        h0 = out.hidden_states[0]
+        token_logits = adapter.head(out.last_hidden_state)  # [B, n, C]
+        rows = torch.arange(ids.shape[0], device=ids.device)
+        logits = token_logits[rows, adapter.pooled_index(mask)]
+        return InlineOutputs(
+            logits=logits.float().cpu().numpy(),
+            embedding_norms=h0.float().norm(dim=-1).cpu().numpy(),
+            token_logits=token_logits.float().cpu().numpy(),
+        )
+
+    @torch.inference_mode()
+    def forward_logits(self, batch: InlineBatch) -> FloatArray:
+        ids, mask, types = self._tensors(batch)
+        kwargs = self.model.adapter.base_inputs(ids, mask, types)
+        logits = self.model.model(**kwargs).logits
+        return np.asarray(logits.float().cpu().numpy(), dtype=np.float32)

@@ -1,0 +1,121 @@
+"""One typed settings object for the whole sidecar.
+
+Values come from (highest first) explicit constructor arguments / CLI flags, ``LIMELIGHT_*``
+environment variables, then the defaults below. Nothing here is read at import time: build a
+``Settings()`` in the entry point and pass it down through constructors.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+def default_cache_dir() -> Path:
+    """Where built demo models and other derived artefacts are cached."""
+    return Path.home() / ".cache" / "limelight"
+
+
+class Settings(BaseSettings):
+    """Configuration of a Limelight sidecar, worker or CLI command."""
+
+    model_config = SettingsConfigDict(env_prefix="LIMELIGHT_", extra="ignore")
+
+    # --- model -------------------------------------------------------------------------------
+    model_dir: Path | None = None
+    """Local Hugging Face sequence-classification directory. Unset: the demo model."""
+    demo_model: Literal["minilm", "bert-tiny"] = "minilm"
+    """Which demo model to build and serve when ``model_dir`` is unset."""
+    cache_dir: Path = Field(default_factory=default_cache_dir)
+    """Cache for built demo models (rebuilt only when their recipe changes)."""
+    device: str = "cpu"
+    """Torch device: ``cpu``, ``cuda``, ``cuda:1`` or ``auto`` (CUDA when available)."""
+    torch_threads: int = 0
+    """Intra-op threads for torch; 0 keeps torch's default."""
+    runtime: Literal["torch", "onnx"] = "torch"
+    """Runtime of the inline path. Jobs always use torch on the same weights."""
+    onnx_path: Path | None = None
+    """Exported ONNX graph for ``runtime=onnx``; unset: ``<model_dir>/limelight.onnx``."""
+    lm_head_dir: Path | None = None
+    """Directory of the base model's masked-LM head for Decoded Grad-CAM."""
+    head_mask_path: Path | None = None
+    """Head mask file for LRP; unset: ``<model_dir>/limelight_head_mask.json`` when present."""
+
+    # --- serving -----------------------------------------------------------------------------
+    host: str = "127.0.0.1"
+    """Interface the gRPC server binds to (``0.0.0.0`` in containers)."""
+    port: int = 50051
+    """gRPC port."""
+    metrics_port: int = 9464
+    """Prometheus exposition port; 0 disables the HTTP endpoint."""
+    default_method: str = "normxlogit"
+    """Inline method used when a request names none."""
+    max_text_chars: int = 20_000
+    """Longest accepted text (characters, text and pair together)."""
+    max_tokens: int = 512
+    """Token limit per input, special tokens included (also capped by the model's limit)."""
+    truncation: Literal["truncate", "reject"] = "truncate"
+    """Over-long input: cut it to ``max_tokens`` and flag it, or reject with INVALID_ARGUMENT."""
+    max_message_bytes: int = 4 * 1024 * 1024
+    """Largest gRPC message accepted or sent."""
+    max_batch_size: int = 32
+    """Most inline requests run in one forward pass."""
+    max_batch_wait_ms: float = 2.0
+    """How long the first request of a batch waits for company."""
+    max_pending: int = 1024
+    """Inline requests waiting for a batch before new ones get RESOURCE_EXHAUSTED."""
+    warmup: bool = True
+    """Run a forward pass before reporting SERVING."""
+    grace_period_s: float = 20.0
+    """On SIGTERM: how long in-flight work may take before the server stops."""
+
+    # --- jobs --------------------------------------------------------------------------------
+    jobs: str = "sqlite"
+    """Job backend: ``sqlite`` (embedded, journalled), ``redis://host:port/db``, or ``off``."""
+    jobs_db: Path | None = None
+    """SQLite journal path; unset: ``<cache_dir>/jobs.sqlite3``."""
+    job_workers: int = 1
+    """In-process job worker threads (embedded backend) or worker processes (``limelight worker``)."""
+    job_timeout_s: float = 600.0
+    """Default per-job timeout."""
+    job_result_ttl_s: float = 24 * 3600.0
+    """How long finished jobs and their results stay readable."""
+    job_queue_max: int = 1000
+    """Queued jobs before SubmitJob answers RESOURCE_EXHAUSTED."""
+    job_max_attempts: int = 3
+    """Attempts before a job whose worker keeps dying is FAILED."""
+
+    # --- drift -------------------------------------------------------------------------------
+    drift_enabled: bool = True
+    """Feed every inline explanation into the drift monitor."""
+    drift_reference: Path | None = None
+    """Reference file from ``limelight drift-reference build``; unset: the first N requests."""
+    drift_bootstrap_n: int = 500
+    """Without a reference file: how many first requests become the reference."""
+    drift_window: int = 500
+    """Sliding window of recent explanations compared with the reference."""
+    drift_sketch_size: int = 256
+    """Tokens tracked per label by the heavy-hitter sketch (the rest go to "other")."""
+    drift_alert_threshold: float = 0.1
+    """JSD (base 2) above which a label's drift counts as an alert."""
+
+    # --- security ----------------------------------------------------------------------------
+    tls_cert: Path | None = None
+    """Server certificate (PEM). With ``tls_key`` it turns TLS on."""
+    tls_key: Path | None = None
+    """Server private key (PEM)."""
+    tls_client_ca: Path | None = None
+    """CA bundle for client certificates: set it to require mutual TLS."""
+    auth_tokens_file: Path | None = None
+    """File with one accepted bearer token per line; enables auth."""
+    auth_token: str | None = None
+    """A single accepted bearer token (from the environment); enables auth."""
+
+    log_level: str = "INFO"
+    """Python logging level."""
+
+    def resolved_jobs_db(self) -> Path:
+        return self.jobs_db or self.cache_dir / "jobs.sqlite3"
