@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import logging
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -10,6 +11,8 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from limelight.core.types import Cost, Encoded, FloatArray
 from limelight.errors import InvalidArgument
+
+log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     from limelight.models.loaded import LoadedModel
@@ -171,9 +174,13 @@ class MethodRegistry:
 
     @classmethod
     def builtin(cls) -> MethodRegistry:
+        """Every built-in method whose module imports; the others are logged and skipped."""
         registry = cls()
-        for path in BUILTIN_METHODS.values():
-            registry.register(_load(path)())
+        for name, path in BUILTIN_METHODS.items():
+            try:
+                registry.register(_load(path)())
+            except ImportError as exc:
+                log.warning("method %s is unavailable: %s", name, exc)
         return registry
 
     def register(self, method: AttributionMethod) -> None:

@@ -1,0 +1,80 @@
+"""Optional bearer-token authentication for the Explainer service.
+
+Health and reflection stay open so that kubelet probes and grpcurl work without a token.
+Tokens are compared in constant time.
+"""
+
+from __future__ import annotations
+
+import hmac
+from collections.abc import Awaitable, Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+from limelight.settings import Settings
+
+_PROTECTED_PREFIX = "/limelight.v1."
+
+
+def load_tokens(settings: Settings) -> list[bytes]:
+    tokens: list[str] = []
+    if settings.auth_tokens_file is not None:
+        lines = Path(settings.auth_tokens_file).read_text().splitlines()
+        tokens += [line.strip() for line in lines if line.strip() and not line.startswith("#")]
+    if settings.auth_token:
+        tokens.append(settings.auth_token.strip())
+    return [t.encode() for t in tokens]
+
+
+class BearerTokenInterceptor(grpc.aio.ServerInterceptor):
+    def __init__(self, tokens: Iterable[bytes]) -> None:
+        self._tokens = list(tokens)
+
+    def _allowed(self, metadata: Any) -> bool:
+        for key, value in metadata or ():
+            if key.lower() != "authorization":
+                continue
+            raw = value.encode() if isinstance(value, str) else bytes(value)
+            scheme, _, token = raw.partition(b" ")
+            if scheme.lower() != b"bearer":
+                return False
+            # Check every token so the time taken does not depend on which one matched.
+            ok = False
+            for candidate in self._tokens:
+                ok |= hmac.compare_digest(candidate, token.strip())
+            return ok
+        return False
+
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler:
+        method = handler_call_details.method or ""
+        if not method.startswith(_PROTECTED_PREFIX) or self._allowed(
+            handler_call_details.invocation_metadata
+        ):
+            return await continuation(handler_call_details)
+        return _deny(await continuation(handler_call_details))
+
+
+def _deny(handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
+    message = "missing or invalid bearer token (send 'authorization: Bearer <token>')"
+
+    async def unary(request: Any, context: grpc.aio.ServicerContext) -> Any:
+        await context.abort(grpc.StatusCode.UNAUTHENTICATED, message)
+
+    async def streaming(request: Any, context: grpc.aio.ServicerContext) -> Any:
+        await context.abort(grpc.StatusCode.UNAUTHENTICATED, message)
+        yield  # pragma: no cover - makes this an async generator
+
+    des, ser = handler.request_deserializer, handler.response_serializer
+    if handler.unary_unary:
+        return grpc.unary_unary_rpc_method_handler(unary, des, ser)
+    if handler.unary_stream:
+        return grpc.unary_stream_rpc_method_handler(streaming, des, ser)
+    if handler.stream_unary:
+        return grpc.stream_unary_rpc_method_handler(unary, des, ser)
+    return grpc.stream_stream_rpc_method_handler(streaming, des, ser)

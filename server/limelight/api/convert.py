@@ -1,0 +1,229 @@
+"""Conversion between protobuf messages and domain types. No logic beyond that."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+from google.protobuf import struct_pb2, timestamp_pb2
+from google.protobuf.json_format import MessageToDict
+from limelight_client.proto import explainer_pb2 as pb
+
+from limelight.core.jobs import JobRecord, JobState
+from limelight.core.types import (
+    ExplainInput,
+    Explanation,
+    ModelInfo,
+    TargetSpec,
+)
+
+
+def _plain(value: Any) -> Any:
+    """JSON-able Python values for a Struct (numpy scalars/arrays, tuples, nested dicts)."""
+    if isinstance(value, np.ndarray):
+        return [_plain(v) for v in value.tolist()]
+    if isinstance(value, np.generic):
+        return _plain(value.item())
+    if isinstance(value, Mapping):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
+def to_struct(values: Mapping[str, Any] | None) -> struct_pb2.Struct:
+    struct = struct_pb2.Struct()
+    if values:
+        struct.update(_plain(dict(values)))
+    return struct
+
+
+def from_struct(struct: struct_pb2.Struct) -> dict[str, Any]:
+    return dict(MessageToDict(struct)) if struct.fields else {}
+
+
+def target_from_proto(request: Any) -> TargetSpec | None:
+    if not request.HasField("target"):
+        return None
+    kind = request.target.WhichOneof("kind")
+    if kind == "label":
+        return TargetSpec(label=request.target.label)
+    if kind == "index":
+        return TargetSpec(index=request.target.index)
+    return None
+
+
+def target_to_proto(target: TargetSpec | None) -> pb.Target | None:
+    if target is None:
+        return None
+    if target.label is not None:
+        return pb.Target(label=target.label)
+    if target.index is not None:
+        return pb.Target(index=target.index)
+    return None
+
+
+def explain_input(request: pb.ExplainRequest, deadline: float | None) -> ExplainInput:
+    return ExplainInput(
+        text=request.text,
+        text_pair=request.text_pair if request.HasField("text_pair") else None,
+        target=target_from_proto(request),
+        all_classes=request.all_classes,
+        method=request.method,
+        request_id=request.request_id,
+        deadline=deadline,
+    )
+
+
+def explanation_to_proto(e: Explanation) -> pb.ExplainResponse:
+    a = e.attribution
+    attribution = pb.Explanation(
+        method=a.method,
+        parameters=to_struct(a.parameters),
+        target_index=a.target_index,
+        target_label=a.target_label,
+        tokens=[
+            pb.Token(
+                text=t.text, id=t.id, start=t.start, end=t.end, special=t.special, segment=t.segment
+            )
+            for t in e.tokens
+        ],
+        scores=a.scores.tolist(),
+        details=to_struct(a.details),
+    )
+    if a.class_scores is not None:
+        attribution.class_scores.extend(pb.ClassScores(scores=row) for row in a.class_scores.tolist())
+    for name, values in a.extra_scores.items():
+        attribution.extra_scores[name].values.extend(np.asarray(values).tolist())
+    t = e.timings
+    return pb.ExplainResponse(
+        request_id=e.request_id,
+        label_index=e.label_index,
+        label=e.label,
+        probabilities=e.probabilities,
+        labels=e.labels,
+        explanation=attribution,
+        model_name=e.model_name,
+        model_version=e.model_version,
+        truncated=e.truncated,
+        timings=pb.Timings(
+            queue_seconds=t.queue_seconds,
+            tokenize_seconds=t.tokenize_seconds,
+            forward_seconds=t.forward_seconds,
+            attribute_seconds=t.attribute_seconds,
+            total_seconds=t.total_seconds,
+            batch_size=t.batch_size,
+        ),
+    )
+
+
+def model_info_to_proto(info: ModelInfo) -> pb.ModelInfo:
+    return pb.ModelInfo(
+        name=info.name,
+        version=info.version,
+        architecture=info.architecture,
+        labels=info.labels,
+        num_layers=info.num_layers,
+        num_heads=info.num_heads,
+        hidden_size=info.hidden_size,
+        methods=[
+            pb.MethodInfo(
+                name=m.name,
+                cost=m.cost.value,
+                description=m.description,
+                defaults=to_struct(m.defaults),
+                unavailable_reason=m.unavailable_reason,
+            )
+            for m in info.methods
+        ],
+        default_method=info.default_method,
+        max_tokens=info.max_tokens,
+        max_text_chars=info.max_text_chars,
+        runtime=info.runtime,
+        supports_text_pair=info.supports_text_pair,
+    )
+
+
+_STATE_TO_PROTO = {
+    JobState.QUEUED: pb.JOB_STATE_QUEUED,
+    JobState.RUNNING: pb.JOB_STATE_RUNNING,
+    JobState.SUCCEEDED: pb.JOB_STATE_SUCCEEDED,
+    JobState.FAILED: pb.JOB_STATE_FAILED,
+    JobState.CANCELLED: pb.JOB_STATE_CANCELLED,
+}
+_STATE_FROM_PROTO = {v: k for k, v in _STATE_TO_PROTO.items()}
+
+
+def job_state_from_proto(value: int) -> JobState | None:
+    return _STATE_FROM_PROTO.get(value)  # type: ignore[call-overload]
+
+
+def _timestamp(seconds: float | None) -> timestamp_pb2.Timestamp | None:
+    if seconds is None:
+        return None
+    ts = timestamp_pb2.Timestamp()
+    ts.FromNanoseconds(int(seconds * 1e9))
+    return ts
+
+
+def job_to_proto(job: JobRecord) -> pb.Job:
+    message = pb.Job(
+        id=job.id,
+        state=_STATE_TO_PROTO[job.state],
+        method=job.spec.method,
+        parameters=to_struct(job.spec.params),
+        progress=job.progress,
+        message=job.message,
+        created_at=_timestamp(job.created_at),
+        started_at=_timestamp(job.started_at),
+        finished_at=_timestamp(job.finished_at),
+        attempts=job.attempts,
+        error=job.error,
+        idempotency_key=job.spec.idempotency_key,
+    )
+    if job.result is not None:
+        message.result.CopyFrom(explanation_to_proto(job.result))
+    return message
+
+
+def drift_to_proto(report: Any) -> pb.DriftReport:
+    """From ``limelight.drift.report.DriftReport`` (fields mirror the proto)."""
+    return pb.DriftReport(
+        reference_state=report.reference_state,
+        reference_count=report.reference_count,
+        window_count=report.window_count,
+        alert_threshold=report.alert_threshold,
+        labels=[
+            pb.LabelDrift(
+                label=d.label,
+                divergence=d.divergence,
+                alert=d.alert,
+                window_count=d.window_count,
+                risers=[
+                    pb.TokenShift(
+                        token=s.token,
+                        reference_share=s.reference_share,
+                        current_share=s.current_share,
+                    )
+                    for s in d.risers
+                ],
+                fallers=[
+                    pb.TokenShift(
+                        token=s.token,
+                        reference_share=s.reference_share,
+                        current_share=s.current_share,
+                    )
+                    for s in d.fallers
+                ],
+            )
+            for d in report.labels
+        ],
+        label_mix_divergence=report.label_mix_divergence,
+        reference_entropy=report.reference_entropy,
+        current_entropy=report.current_entropy,
+        generated_at=_timestamp(report.generated_at),
+    )

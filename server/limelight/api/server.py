@@ -1,0 +1,180 @@
+"""Server bootstrap: gRPC (Explainer + health + reflection), the metrics endpoint, start-up
+order and graceful shutdown.
+
+Start-up: the port opens at once with health NOT_SERVING; the model loads in a thread; the
+service warms up; then health goes SERVING. SIGTERM: health NOT_SERVING, no new work, in-flight
+requests finish within the grace period, running jobs finish or go back to the durable queue.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1._async import HealthServicer
+from grpc_reflection.v1alpha import reflection
+from limelight_client.proto import explainer_pb2
+from prometheus_client import start_http_server
+
+from limelight.api.auth import BearerTokenInterceptor, load_tokens
+from limelight.api.servicer import SERVICE_NAME, ExplainerServicer, add_to_server
+from limelight.app import Application, build_application
+from limelight.metrics import Metrics
+from limelight.models.loaded import LoadedModel
+from limelight.settings import Settings
+
+log = logging.getLogger(__name__)
+
+
+def _read(path: Path | None) -> bytes | None:
+    return Path(path).read_bytes() if path is not None else None
+
+
+def server_credentials(settings: Settings) -> grpc.ServerCredentials | None:
+    if settings.tls_cert is None and settings.tls_key is None:
+        return None
+    if settings.tls_cert is None or settings.tls_key is None:
+        raise ValueError("TLS needs both tls_cert and tls_key")
+    client_ca = _read(settings.tls_client_ca)
+    return grpc.ssl_server_credentials(
+        [(_read(settings.tls_key), _read(settings.tls_cert))],
+        root_certificates=client_ca,
+        require_client_auth=client_ca is not None,
+    )
+
+
+class SidecarServer:
+    """One Limelight sidecar process: build with Settings, then ``await run()``."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        metrics: Metrics | None = None,
+        model: LoadedModel | None = None,
+        on_ready: Callable[[SidecarServer], None] | None = None,
+    ) -> None:
+        self.settings = settings
+        self.metrics = metrics or Metrics()
+        self._model = model
+        self._on_ready = on_ready
+        self.port = settings.port
+        self.metrics_port = settings.metrics_port
+        self.app: Application | None = None
+        self._health: Any = None
+        self._server: grpc.aio.Server | None = None
+        self._servicer = ExplainerServicer(self.metrics)
+        self._stopping: asyncio.Event | None = None
+        self._http: Any = None
+
+    async def _set_health(self, serving: bool) -> None:
+        status = (
+            health_pb2.HealthCheckResponse.SERVING
+            if serving
+            else health_pb2.HealthCheckResponse.NOT_SERVING
+        )
+        assert self._health is not None
+        for name in ("", SERVICE_NAME):
+            await self._health.set(name, status)
+
+    async def start(self) -> None:
+        settings = self.settings
+        self._stopping = asyncio.Event()
+        tokens = load_tokens(settings)
+        interceptors = [BearerTokenInterceptor(tokens)] if tokens else []
+        options = [
+            ("grpc.max_receive_message_length", settings.max_message_bytes),
+            ("grpc.max_send_message_length", settings.max_message_bytes),
+            ("grpc.so_reuseport", 0),
+        ]
+        server = grpc.aio.server(interceptors=interceptors, options=options)
+        self._health = HealthServicer()
+        health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
+        add_to_server(self._servicer, server)
+        reflection.enable_server_reflection(
+            (
+                explainer_pb2.DESCRIPTOR.services_by_name["Explainer"].full_name,
+                health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
+                reflection.SERVICE_NAME,
+            ),
+            server,
+        )
+        address = f"{settings.host}:{settings.port}"
+        credentials = server_credentials(settings)
+        if credentials is None:
+            self.port = server.add_insecure_port(address)
+        else:
+            self.port = server.add_secure_port(address, credentials)
+        await self._set_health(False)
+        await server.start()
+        self._server = server
+        if settings.metrics_port:
+            http, _ = start_http_server(
+                settings.metrics_port, addr=settings.host, registry=self.metrics.registry
+            )
+            self._http = http
+            self.metrics_port = http.server_port
+        log.info(
+            "listening on %s:%d (gRPC%s), metrics on port %s; loading the model",
+            settings.host,
+            self.port,
+            ", TLS" if credentials else "",
+            self.metrics_port or "off",
+        )
+        loop = asyncio.get_running_loop()
+        self.app = await loop.run_in_executor(
+            None, lambda: build_application(settings, self.metrics, self._model)
+        )
+        await self.app.service.start()
+        self._servicer.service = self.app.service
+        await self._set_health(True)
+        log.info(
+            "SERVING %s (%s, version %s) on %s:%d",
+            self.app.model.name,
+            self.app.model.architecture,
+            self.app.model.version,
+            settings.host,
+            self.port,
+        )
+        if self._on_ready is not None:
+            self._on_ready(self)
+
+    def request_stop(self) -> None:
+        if self._stopping is not None:
+            self._stopping.set()
+
+    async def wait(self) -> None:
+        assert self._stopping is not None
+        await self._stopping.wait()
+
+    async def stop(self) -> None:
+        """Graceful: NOT_SERVING, drain in-flight work within the grace period, then close."""
+        grace = self.settings.grace_period_s
+        if self._server is not None:
+            await self._set_health(False)
+        if self.app is not None:
+            await self.app.service.drain(grace)
+        if self._server is not None:
+            await self._server.stop(grace=min(grace, 5.0))
+        if self.app is not None:
+            await self.app.service.close()
+        if self._http is not None:
+            self._http.shutdown()
+            self._http.server_close()
+        log.info("stopped")
+
+    async def run(self, install_signal_handlers: bool = True) -> None:
+        loop = asyncio.get_running_loop()
+        if install_signal_handlers:
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                loop.add_signal_handler(sig, self.request_stop)
+        try:
+            await self.start()
+            await self.wait()
+        finally:
+            await self.stop()

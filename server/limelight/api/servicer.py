@@ -1,0 +1,258 @@
+"""The gRPC servicer: converts messages and delegates to the core service.
+
+Every RPC goes through ``_guard``/``_guard_stream``: they time the call for Prometheus and turn
+``LimelightError`` into its status code; anything unexpected is logged and returned as a generic
+INTERNAL error so that internals never reach clients.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, TypeVar
+
+import grpc
+from google.protobuf.message import DecodeError
+from limelight_client.proto import explainer_pb2 as pb
+
+from limelight.api import convert
+from limelight.api.errors import INTERNAL_MESSAGE, status_for
+from limelight.core.service import ExplanationService
+from limelight.errors import InvalidArgument, LimelightError, Unavailable
+from limelight.metrics import Metrics
+
+log = logging.getLogger(__name__)
+
+Req = TypeVar("Req")
+Resp = TypeVar("Resp")
+SERVICE_NAME = "limelight.v1.Explainer"
+
+
+class MalformedRequest:
+    """Stands in for a request that failed to parse (e.g. invalid UTF-8 in a string field)."""
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+
+
+def _safe_parser(message_cls: Any) -> Callable[[bytes], Any]:
+    def parse(data: bytes) -> Any:
+        try:
+            return message_cls.FromString(data)
+        except DecodeError as exc:
+            return MalformedRequest(str(exc) or "the request is not a valid protobuf message")
+
+    return parse
+
+
+def _check(request: Any) -> None:
+    if isinstance(request, MalformedRequest):
+        raise InvalidArgument(
+            f"malformed request: {request.reason} (string fields must be valid UTF-8)"
+        )
+
+
+def _deadline(context: grpc.aio.ServicerContext) -> float | None:
+    remaining = context.time_remaining()
+    if remaining is None:
+        return None
+    return time.monotonic() + remaining
+
+
+class ExplainerServicer:
+    def __init__(self, metrics: Metrics, service: ExplanationService | None = None) -> None:
+        self.metrics = metrics
+        #: Set once the model is loaded; until then every RPC answers UNAVAILABLE.
+        self.service = service
+
+    def _svc(self) -> ExplanationService:
+        if self.service is None:
+            raise Unavailable("the model is still loading")
+        return self.service
+
+    # --- the guard: metrics and error mapping in one place ------------------------------------
+
+    async def _fail(self, context: grpc.aio.ServicerContext, exc: BaseException) -> str:
+        if isinstance(exc, LimelightError):
+            code = status_for(exc.kind)
+            message = exc.message
+        else:
+            log.exception("unexpected error in RPC", exc_info=exc)
+            code, message = grpc.StatusCode.INTERNAL, INTERNAL_MESSAGE
+        context.set_code(code)
+        context.set_details(message)
+        return code.name
+
+    async def _guard(
+        self,
+        rpc: str,
+        context: grpc.aio.ServicerContext,
+        call: Callable[[], Awaitable[Resp]],
+    ) -> Resp | None:
+        start = time.monotonic()
+        code = "OK"
+        in_flight = self.metrics.requests_in_flight.labels(rpc)
+        in_flight.inc()
+        try:
+            return await call()
+        except asyncio.CancelledError:
+            code = "CANCELLED"
+            raise
+        except Exception as exc:
+            code = await self._fail(context, exc)
+            return None
+        finally:
+            in_flight.dec()
+            self.metrics.request_duration.labels(rpc, code).observe(time.monotonic() - start)
+
+    async def _guard_stream(
+        self,
+        rpc: str,
+        context: grpc.aio.ServicerContext,
+        stream: Callable[[], AsyncIterator[Resp]],
+    ) -> AsyncIterator[Resp]:
+        start = time.monotonic()
+        code = "OK"
+        in_flight = self.metrics.requests_in_flight.labels(rpc)
+        in_flight.inc()
+        try:
+            async for item in stream():
+                yield item
+        except asyncio.CancelledError:
+            code = "CANCELLED"
+            raise
+        except Exception as exc:
+            code = await self._fail(context, exc)
+        finally:
+            in_flight.dec()
+            self.metrics.request_duration.labels(rpc, code).observe(time.monotonic() - start)
+
+    # --- RPCs -----------------------------------------------------------------------------------
+
+    async def Explain(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        async def call() -> pb.ExplainResponse:
+            _check(request)
+            result = await self._svc().explain(convert.explain_input(request, _deadline(context)))
+            return convert.explanation_to_proto(result)
+
+        return await self._guard("Explain", context, call)
+
+    async def ExplainStream(
+        self, requests: AsyncIterator[Any], context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[pb.ExplainResponse]:
+        deadline = _deadline(context)
+
+        async def inputs() -> AsyncIterator[Any]:
+            async for request in requests:
+                _check(request)
+                yield convert.explain_input(request, deadline)
+
+        async def stream() -> AsyncIterator[pb.ExplainResponse]:
+            async for result in self._svc().explain_many(inputs()):
+                yield convert.explanation_to_proto(result)
+
+        async for item in self._guard_stream("ExplainStream", context, stream):
+            yield item
+
+    async def GetModel(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        async def call() -> pb.ModelInfo:
+            _check(request)
+            return convert.model_info_to_proto(self._svc().model_info())
+
+        return await self._guard("GetModel", context, call)
+
+    async def SubmitJob(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        async def call() -> pb.Job:
+            _check(request)
+            job = await self._svc().submit_job(
+                request.method,
+                request.text,
+                request.text_pair if request.HasField("text_pair") else None,
+                convert.target_from_proto(request),
+                convert.from_struct(request.parameters),
+                idempotency_key=request.idempotency_key,
+                timeout_s=request.timeout_seconds,
+            )
+            return convert.job_to_proto(job)
+
+        return await self._guard("SubmitJob", context, call)
+
+    async def GetJob(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        async def call() -> pb.Job:
+            _check(request)
+            return convert.job_to_proto(await self._svc().get_job(request.id))
+
+        return await self._guard("GetJob", context, call)
+
+    async def WatchJob(
+        self, request: Any, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[pb.Job]:
+        async def stream() -> AsyncIterator[pb.Job]:
+            _check(request)
+            async for job in self._svc().watch_job(request.id):
+                yield convert.job_to_proto(job)
+
+        async for item in self._guard_stream("WatchJob", context, stream):
+            yield item
+
+    async def CancelJob(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        async def call() -> pb.Job:
+            _check(request)
+            return convert.job_to_proto(await self._svc().cancel_job(request.id))
+
+        return await self._guard("CancelJob", context, call)
+
+    async def ListJobs(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        async def call() -> pb.ListJobsResponse:
+            _check(request)
+            states = []
+            for value in request.states:
+                state = convert.job_state_from_proto(value)
+                if state is None:
+                    raise InvalidArgument(f"unknown job state {value}")
+                states.append(state)
+            jobs = await self._svc().list_jobs(states, request.limit)
+            return pb.ListJobsResponse(jobs=[convert.job_to_proto(j) for j in jobs])
+
+        return await self._guard("ListJobs", context, call)
+
+    async def GetDrift(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        async def call() -> pb.DriftReport:
+            _check(request)
+            return convert.drift_to_proto(self._svc().drift_report(request.top_k))
+
+        return await self._guard("GetDrift", context, call)
+
+
+def add_to_server(servicer: ExplainerServicer, server: grpc.aio.Server) -> None:
+    """Register like the generated helper, but with parsers that never raise."""
+    unary = {
+        "Explain": (pb.ExplainRequest, pb.ExplainResponse),
+        "GetModel": (pb.GetModelRequest, pb.ModelInfo),
+        "SubmitJob": (pb.SubmitJobRequest, pb.Job),
+        "GetJob": (pb.GetJobRequest, pb.Job),
+        "CancelJob": (pb.CancelJobRequest, pb.Job),
+        "ListJobs": (pb.ListJobsRequest, pb.ListJobsResponse),
+        "GetDrift": (pb.GetDriftRequest, pb.DriftReport),
+    }
+    handlers: dict[str, grpc.RpcMethodHandler] = {
+        name: grpc.unary_unary_rpc_method_handler(
+            getattr(servicer, name),
+            request_deserializer=_safe_parser(req),
+            response_serializer=resp.SerializeToString,
+        )
+        for name, (req, resp) in unary.items()
+    }
+    handlers["ExplainStream"] = grpc.stream_stream_rpc_method_handler(
+        servicer.ExplainStream,
+        request_deserializer=_safe_parser(pb.ExplainRequest),
+        response_serializer=pb.ExplainResponse.SerializeToString,
+    )
+    handlers["WatchJob"] = grpc.unary_stream_rpc_method_handler(
+        servicer.WatchJob,
+        request_deserializer=_safe_parser(pb.GetJobRequest),
+        response_serializer=pb.Job.SerializeToString,
+    )
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE_NAME, handlers),))

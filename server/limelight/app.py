@@ -1,0 +1,108 @@
+"""Composition root: builds the model, runtime, methods, jobs, drift and service from Settings."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from limelight.core.service import DriftSink, ExplanationService
+from limelight.methods.base import MethodRegistry
+from limelight.metrics import Metrics
+from limelight.models.loaded import LoadedModel, load_model
+from limelight.runtimes.base import Runtime
+from limelight.settings import Settings
+
+if TYPE_CHECKING:
+    from limelight.core.jobs import JobBackend
+
+log = logging.getLogger(__name__)
+
+
+def resolve_model_dir(settings: Settings, progress: bool = True) -> Path:
+    """The configured model directory, or the demo model (built and cached on first use)."""
+    if settings.model_dir is not None:
+        return settings.model_dir
+    from limelight.demo.build import ensure_demo_model
+
+    return ensure_demo_model(settings.demo_model, settings.cache_dir, progress=progress)
+
+
+def load_served_model(settings: Settings, progress: bool = True) -> LoadedModel:
+    if settings.torch_threads > 0:
+        import torch
+
+        torch.set_num_threads(settings.torch_threads)
+    return load_model(resolve_model_dir(settings, progress), device=settings.device)
+
+
+def build_runtime(settings: Settings, model: LoadedModel) -> Runtime:
+    if settings.runtime == "onnx":
+        from limelight.runtimes.onnx_runtime import OnnxRuntime
+
+        return OnnxRuntime.for_model(model, settings)
+    from limelight.runtimes.torch_runtime import TorchRuntime
+
+    return TorchRuntime(model)
+
+
+def build_jobs(
+    settings: Settings, model: LoadedModel, methods: MethodRegistry, metrics: Metrics, gate: object
+) -> JobBackend | None:
+    from limelight.jobs.factory import create_backend
+    from limelight.jobs.runner import JobRunner
+
+    return create_backend(settings, JobRunner(model, methods, settings), metrics, gate)
+
+
+def build_drift(settings: Settings, model: LoadedModel, metrics: Metrics) -> DriftSink | None:
+    if not settings.drift_enabled:
+        return None
+    from limelight.drift.monitor import DriftMonitor
+
+    return DriftMonitor(settings, list(model.labels), metrics)
+
+
+@dataclass
+class Application:
+    settings: Settings
+    model: LoadedModel
+    metrics: Metrics
+    service: ExplanationService
+
+
+def build_application(
+    settings: Settings, metrics: Metrics, model: LoadedModel | None = None
+) -> Application:
+    """Everything the sidecar serves; call ``service.start()`` inside the event loop."""
+    model = model or load_served_model(settings)
+    methods = MethodRegistry.builtin()
+    runtime = build_runtime(settings, model)
+    gate = None
+    jobs = None
+    if settings.jobs != "off":
+        from limelight.jobs.priority import InlineGate
+
+        gate = InlineGate()
+        jobs = build_jobs(settings, model, methods, metrics, gate)
+    service = ExplanationService(
+        settings,
+        model,
+        runtime,
+        methods,
+        metrics,
+        jobs=jobs,
+        drift=build_drift(settings, model, metrics),
+        gate=gate,
+    )
+    metrics.model_info.info(
+        {
+            "name": model.name,
+            "version": model.version,
+            "architecture": model.architecture,
+            "runtime": runtime.name,
+            "labels": ",".join(model.labels),
+        }
+    )
+    return Application(settings, model, metrics, service)

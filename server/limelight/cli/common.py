@@ -1,0 +1,82 @@
+"""Helpers shared by the CLI commands: settings from flags, logging, client options."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+from limelight.settings import Settings
+
+DEFAULT_TARGET = "localhost:50051"
+
+
+def add_model_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--model",
+        dest="model_dir",
+        type=Path,
+        help="local Hugging Face classifier directory (default: the demo model)",
+    )
+    parser.add_argument(
+        "--demo",
+        dest="demo_model",
+        choices=["minilm", "bert-tiny"],
+        help="which demo model to use when --model is not given (default: minilm)",
+    )
+    parser.add_argument("--cache-dir", type=Path, help="cache for built demo models")
+    parser.add_argument("--device", help="cpu, cuda, cuda:N or auto")
+
+
+def settings_from_args(args: argparse.Namespace, **overrides: Any) -> Settings:
+    """Settings from LIMELIGHT_* env, overridden by every flag that was given."""
+    values = {
+        field: getattr(args, field)
+        for field in Settings.model_fields
+        if getattr(args, field, None) is not None
+    }
+    values.update(overrides)
+    return Settings(**values)
+
+
+def setup_logging(level: str = "INFO") -> None:
+    logging.basicConfig(
+        level=getattr(logging, level.upper(), logging.INFO),
+        format="%(asctime)s %(levelname)-7s %(name)s: %(message)s",
+    )
+
+
+def add_client_args(parser: argparse.ArgumentParser) -> None:
+    """Connection flags of commands that talk to a running sidecar."""
+    parser.add_argument(
+        "--target",
+        default=os.environ.get("LIMELIGHT_TARGET", DEFAULT_TARGET),
+        help=f"sidecar address host:port (default: $LIMELIGHT_TARGET or {DEFAULT_TARGET})",
+    )
+    parser.add_argument("--timeout", type=float, default=30.0, help="per-call deadline (s)")
+    parser.add_argument("--tls", action="store_true", help="use TLS")
+    parser.add_argument("--ca-cert", type=Path, help="CA bundle that signed the server cert")
+    parser.add_argument("--client-cert", type=Path, help="client certificate for mutual TLS")
+    parser.add_argument("--client-key", type=Path, help="client key for mutual TLS")
+    parser.add_argument(
+        "--token",
+        default=os.environ.get("LIMELIGHT_TOKEN"),
+        help="bearer token (default: $LIMELIGHT_TOKEN)",
+    )
+
+
+def client_from_args(args: argparse.Namespace) -> Any:
+    from limelight_client import Client
+
+    tls = bool(args.tls or args.ca_cert or args.client_cert)
+    return Client(
+        args.target,
+        timeout=args.timeout,
+        tls=tls,
+        ca_cert=args.ca_cert,
+        client_cert=args.client_cert,
+        client_key=args.client_key,
+        token=args.token,
+    )

@@ -1,0 +1,215 @@
+"""`limelight explain`: classify a text and show its token attribution.
+
+Inline methods answer at once; job methods (decoded_gradcam, lrp, slalom, ...) are submitted
+as jobs, and ``--wait`` follows them with a progress bar. ``--local`` runs everything in this
+process instead of calling a sidecar.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from limelight.cli.common import (
+    add_client_args,
+    add_model_args,
+    client_from_args,
+    settings_from_args,
+)
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = subparsers.add_parser(
+        "explain",
+        help="explain one text (terminal heat-map, --html, --json)",
+        description="Classify TEXT and attribute the prediction to its tokens.",
+    )
+    p.add_argument("text", help="the text to classify")
+    p.add_argument("--pair", dest="text_pair", help="second text for text-pair (NLI) models")
+    p.add_argument(
+        "--class",
+        dest="target_class",
+        help="explain this class (label name or index) instead of the predicted one",
+    )
+    p.add_argument("--all-classes", action="store_true", help="return every class's scores")
+    p.add_argument("--method", default="", help="attribution method (default: the server's)")
+    p.add_argument(
+        "--param",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="method parameter (JSON value), repeatable, e.g. --param steps=64",
+    )
+    p.add_argument("--wait", action="store_true", help="for job methods: wait for the result")
+    p.add_argument("--html", type=Path, help="also write a self-contained HTML heat-map here")
+    p.add_argument("--json", action="store_true", help="print JSON instead of the heat-map")
+    p.add_argument("--top", type=int, default=5, help="how many top tokens to list")
+    p.add_argument("--local", action="store_true", help="run in this process, no server")
+    add_client_args(p)
+    add_model_args(p)
+    p.set_defaults(func=run)
+
+
+def _target(value: str | None) -> str | int | None:
+    if value is None:
+        return None
+    return int(value) if value.lstrip("-").isdigit() else value
+
+
+def _params(items: list[str]) -> dict[str, Any]:
+    params: dict[str, Any] = {}
+    for item in items:
+        key, sep, raw = item.partition("=")
+        if not sep:
+            raise SystemExit(f"--param needs KEY=VALUE, got {item!r}")
+        try:
+            params[key] = json.loads(raw)
+        except json.JSONDecodeError:
+            params[key] = raw
+    return params
+
+
+def _show(explanation: Any, args: argparse.Namespace) -> None:
+    if args.html is not None:
+        scores = ["value", "importance"] if explanation.method == "slalom" else None
+        explanation.to_html(args.html, scores=scores)
+    if args.json:
+        print(json.dumps(explanation.to_dict(), indent=2))
+        return
+    print(explanation.to_terminal())
+    if explanation.method == "slalom":
+        print(explanation.to_terminal(scores="importance"))
+    top = ", ".join(f"{tok.text} ({score:+.3f})" for tok, score in explanation.top(args.top))
+    print(f"top tokens: {top}")
+    if args.html is not None:
+        print(f"HTML heat-map written to {args.html}")
+
+
+def _follow(job: Any, quiet: bool) -> Any:
+    """Watch a job with a progress bar until it ends, then return its explanation."""
+    from tqdm import tqdm
+
+    with tqdm(total=100, desc=f"{job.info.method} {job.id[:8]}", disable=quiet, unit="%") as bar:
+        for info in job.watch():
+            bar.n = round(100 * info.progress)
+            bar.set_postfix_str(f"{info.state.name.lower()} {info.message}"[:60])
+            bar.refresh()
+    return job.result(timeout=0)
+
+
+def run(args: argparse.Namespace) -> int:
+    from limelight_client.errors import LimelightError
+
+    try:
+        explanation = _run_local(args) if args.local else _run_remote(args)
+    except LimelightError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    if explanation is not None:
+        _show(explanation, args)
+    return 0
+
+
+def _run_remote(args: argparse.Namespace) -> Any:
+    with client_from_args(args) as client:
+        method = args.method
+        cost = "inline"
+        if method:
+            cost = client.model().method(method).cost
+        if cost == "inline":
+            return client.explain(
+                args.text,
+                text_pair=args.text_pair,
+                target=_target(args.target_class),
+                all_classes=args.all_classes,
+                method=method or None,
+            )
+        job = client.submit(
+            args.text,
+            method,
+            text_pair=args.text_pair,
+            target=_target(args.target_class),
+            **_params(args.param),
+        )
+        if not args.wait:
+            print(f"submitted job {job.id} ({method}); follow it with: limelight jobs show {job.id}")
+            return None
+        return _follow(job, quiet=args.json)
+
+
+def _run_local(args: argparse.Namespace) -> Any:
+    """The same code path as the server, minus the network."""
+    from limelight_client.types import Explanation
+
+    from limelight.api.convert import explanation_to_proto
+    from limelight.app import build_application, load_served_model
+    from limelight.cli.common import setup_logging
+    from limelight.core.jobs import JobSpec
+    from limelight.core.types import ExplainInput, TargetSpec
+    from limelight.errors import LimelightError as ServerError
+    from limelight.metrics import Metrics
+
+    setup_logging("WARNING")
+    settings = settings_from_args(
+        args, jobs="off", drift_enabled=False, warmup=False, metrics_port=0
+    )
+    target = _target(args.target_class)
+    spec = (
+        None
+        if target is None
+        else TargetSpec(label=target) if isinstance(target, str) else TargetSpec(index=target)
+    )
+    model = load_served_model(settings)
+    app = build_application(settings, Metrics(), model)
+    service = app.service
+    try:
+        method = service.methods.get(args.method) if args.method else service.default_method
+        if method.cost.value == "inline":
+
+            async def once() -> Any:
+                await service.start()
+                try:
+                    return await service.explain(
+                        ExplainInput(
+                            text=args.text,
+                            text_pair=args.text_pair,
+                            target=spec,
+                            all_classes=args.all_classes,
+                            method=method.name,
+                        )
+                    )
+                finally:
+                    await service.close()
+
+            result = asyncio.run(once())
+        else:
+            from tqdm import tqdm
+
+            from limelight.jobs.runner import JobRunner
+
+            service.encode(args.text, args.text_pair)
+            job = JobSpec(
+                method=method.name,
+                text=args.text,
+                text_pair=args.text_pair,
+                target=spec,
+                params=method.validate_params(_params(args.param)),
+            )
+            with tqdm(total=100, desc=method.name, unit="%", disable=args.json) as bar:
+
+                def report(fraction: float, message: str) -> None:
+                    bar.n = round(100 * fraction)
+                    bar.set_postfix_str(message[:50])
+                    bar.refresh()
+
+                result = JobRunner(model, service.methods, settings).run(job, report=report)
+    except ServerError as exc:
+        print(f"error: {exc.message}", file=sys.stderr)
+        raise SystemExit(1) from None
+    return Explanation.from_proto(
+        explanation_to_proto(result), text=args.text, text_pair=args.text_pair
+    )

@@ -1,0 +1,51 @@
+"""`limelight serve`: run the sidecar."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+from pathlib import Path
+
+from limelight.cli.common import add_model_args, settings_from_args, setup_logging
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = subparsers.add_parser(
+        "serve",
+        help="run the gRPC sidecar",
+        description="Serve inline explanations, jobs and drift over gRPC; metrics over HTTP. "
+        "Every flag also reads from its LIMELIGHT_* environment variable.",
+    )
+    add_model_args(p)
+    p.add_argument("--host", help="bind address (default 127.0.0.1; 0.0.0.0 in containers)")
+    p.add_argument("--port", type=int, help="gRPC port (default 50051; 0 picks a free one)")
+    p.add_argument("--metrics-port", type=int, help="Prometheus port (default 9464; 0: off)")
+    p.add_argument("--runtime", choices=["torch", "onnx"], help="inline runtime (default torch)")
+    p.add_argument("--onnx-path", type=Path, help="exported graph for --runtime onnx")
+    p.add_argument("--lm-head", dest="lm_head_dir", type=Path, help="masked-LM head directory")
+    p.add_argument("--head-mask", dest="head_mask_path", type=Path, help="LRP head mask file")
+    p.add_argument("--default-method", help="inline method when a request names none")
+    p.add_argument("--max-batch-size", type=int, help="inline requests per forward pass")
+    p.add_argument("--max-batch-wait-ms", type=float, help="how long a batch waits to fill")
+    p.add_argument("--max-tokens", type=int, help="token limit per input")
+    p.add_argument("--truncation", choices=["truncate", "reject"], help="over-long input policy")
+    p.add_argument("--jobs", help="sqlite (default), redis://host:port/db, or off")
+    p.add_argument("--jobs-db", type=Path, help="SQLite journal for the embedded job backend")
+    p.add_argument("--job-workers", type=int, help="in-process job worker threads")
+    p.add_argument("--drift-reference", type=Path, help="reference file for drift")
+    p.add_argument("--tls-cert", type=Path, help="server certificate (PEM)")
+    p.add_argument("--tls-key", type=Path, help="server key (PEM)")
+    p.add_argument("--tls-client-ca", type=Path, help="require client certs signed by this CA")
+    p.add_argument("--auth-tokens-file", type=Path, help="accepted bearer tokens, one per line")
+    p.add_argument("--grace-period-s", type=float, help="SIGTERM drain time")
+    p.add_argument("--log-level", help="DEBUG, INFO, WARNING, ...")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    settings = settings_from_args(args)
+    setup_logging(settings.log_level)
+    from limelight.api.server import SidecarServer
+
+    asyncio.run(SidecarServer(settings).run())
+    return 0

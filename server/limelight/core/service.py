@@ -1,0 +1,445 @@
+"""The explanation service: validation, tokenisation, micro-batched inline explanations, and
+the doors to jobs and drift. It knows nothing about gRPC."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
+
+import numpy as np
+
+from limelight.batching import MicroBatcher
+from limelight.core.jobs import JobBackend, JobRecord, JobSpec, JobState
+from limelight.core.types import (
+    Attribution,
+    Cost,
+    Encoded,
+    ExplainInput,
+    Explanation,
+    FloatArray,
+    MethodInfo,
+    ModelInfo,
+    TargetSpec,
+    Timings,
+)
+from limelight.errors import (
+    DeadlineExceeded,
+    FailedPrecondition,
+    InvalidArgument,
+    Unavailable,
+    Unimplemented,
+)
+from limelight.methods.base import AttributionMethod, InlineMethod, JobMethod, MethodRegistry
+from limelight.metrics import Metrics
+from limelight.runtimes.base import InlineBatch, Runtime
+
+if TYPE_CHECKING:
+    from limelight.models.loaded import LoadedModel
+    from limelight.settings import Settings
+
+log = logging.getLogger(__name__)
+
+
+class InferenceGate(Protocol):
+    """Told when inline forward passes run, so job workers can yield the CPU to them."""
+
+    def enter(self) -> None: ...
+
+    def exit(self) -> None: ...
+
+
+class DriftSink(Protocol):
+    def observe(self, label: str, tokens: list[str], scores: Sequence[float]) -> None: ...
+
+    def report(self, top_k: int) -> Any: ...
+
+
+@dataclass
+class _InlineItem:
+    encoded: Encoded
+    method: InlineMethod
+    submitted: float
+
+
+@dataclass
+class _InlineResult:
+    logits: FloatArray  # [C]
+    matrix: FloatArray  # [n, C]
+    queue_s: float
+    forward_s: float
+    attribute_s: float
+    batch_size: int
+
+
+def softmax(logits: FloatArray) -> FloatArray:
+    shifted = np.exp(logits - logits.max())
+    return np.asarray(shifted / shifted.sum(), dtype=np.float32)
+
+
+def validate_text(text: str, text_pair: str | None, max_chars: int) -> None:
+    if not text or not text.strip():
+        raise InvalidArgument("text is empty")
+    if text_pair is not None and not text_pair.strip():
+        raise InvalidArgument("text_pair is empty (omit it for single-text input)")
+    size = len(text) + len(text_pair or "")
+    if size > max_chars:
+        raise InvalidArgument(f"text has {size} characters; the limit is {max_chars}")
+
+
+def resolve_target(model: LoadedModel, target: TargetSpec | None, predicted: int) -> int:
+    """The class index to explain: the named or numbered class, else the predicted one."""
+    if target is None or (target.label is None and target.index is None):
+        return predicted
+    if target.label is not None:
+        return model.label_index(target.label)
+    assert target.index is not None
+    if not 0 <= target.index < model.num_labels:
+        raise InvalidArgument(
+            f"target index {target.index} is out of range; the model has {model.num_labels} classes"
+        )
+    return target.index
+
+
+class ExplanationService:
+    """Serves inline explanations and fronts the job backend and the drift monitor."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        model: LoadedModel,
+        runtime: Runtime,
+        methods: MethodRegistry,
+        metrics: Metrics,
+        *,
+        jobs: JobBackend | None = None,
+        drift: DriftSink | None = None,
+        gate: InferenceGate | None = None,
+    ) -> None:
+        self.settings = settings
+        self.model = model
+        self.runtime = runtime
+        self.methods = methods
+        self.metrics = metrics
+        self.jobs = jobs
+        self.drift = drift
+        self._gate = gate
+        # One inference thread: torch parallelises inside the op; batches run one at a time.
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="inline")
+        self._batcher: MicroBatcher[_InlineItem, _InlineResult] | None = None
+        self._ready = False
+        default = methods.get(settings.default_method)
+        if not isinstance(default, InlineMethod):
+            raise FailedPrecondition(
+                f"default method {settings.default_method!r} is not an inline method"
+            )
+        self.default_method = default
+
+    # --- lifecycle -----------------------------------------------------------------------------
+
+    @property
+    def ready(self) -> bool:
+        return self._ready
+
+    async def start(self) -> None:
+        """Create the batcher in the running loop, warm up, start jobs; then ready."""
+        self._batcher = MicroBatcher(
+            self._process,
+            executor=self._executor,
+            max_batch_size=self.settings.max_batch_size,
+            max_wait_s=self.settings.max_batch_wait_ms / 1000.0,
+            max_pending=self.settings.max_pending,
+            on_batch=self._record_batch,
+        )
+        await self._batcher.start()
+        if self.settings.warmup:
+            warm = self.model.encode("Limelight warm-up.", None, self.settings.max_tokens)
+            batch = InlineBatch.from_encoded([warm], self.model.pad_id)
+            await asyncio.get_running_loop().run_in_executor(
+                self._executor, self.runtime.warmup, batch
+            )
+        if self.jobs is not None:
+            await self.jobs.start()
+        self._ready = True
+        self.metrics.ready.set(1)
+
+    async def drain(self, grace_s: float) -> None:
+        """Stop accepting work; let in-flight inline requests and running jobs finish."""
+        self._ready = False
+        self.metrics.ready.set(0)
+        if self._batcher is not None:
+            await self._batcher.drain(grace_s)
+        if self.jobs is not None:
+            await self.jobs.stop(grace_s)
+
+    async def close(self) -> None:
+        if self._batcher is not None:
+            await self._batcher.stop()
+        self._executor.shutdown(wait=False, cancel_futures=True)
+
+    def _require_ready(self) -> None:
+        if not self._ready:
+            raise Unavailable("the model is not loaded yet or the server is draining")
+
+    # --- inline explanations -------------------------------------------------------------------
+
+    def _inline_method(self, name: str) -> InlineMethod:
+        method = self.methods.get(name) if name else self.default_method
+        if not isinstance(method, InlineMethod):
+            raise InvalidArgument(
+                f"{method.name!r} is a job method; submit it with SubmitJob instead of Explain"
+            )
+        return method
+
+    def encode(self, text: str, text_pair: str | None) -> Encoded:
+        validate_text(text, text_pair, self.settings.max_text_chars)
+        return self.model.encode(
+            text, text_pair, self.settings.max_tokens, self.settings.truncation
+        )
+
+    def _process(self, items: list[_InlineItem]) -> list[_InlineResult]:
+        """Runs in the inference thread: one forward pass for the whole batch."""
+        start = time.monotonic()
+        batch = InlineBatch.from_encoded([i.encoded for i in items], self.model.pad_id)
+        if self._gate is not None:
+            self._gate.enter()
+        try:
+            outputs = self.runtime.run_inline(batch)
+        finally:
+            if self._gate is not None:
+                self._gate.exit()
+        forwarded = time.monotonic()
+        matrices = [
+            item.method.attribute(outputs, row, len(item.encoded))
+            for row, item in enumerate(items)
+        ]
+        done = time.monotonic()
+        return [
+            _InlineResult(
+                logits=outputs.logits[row],
+                matrix=matrices[row],
+                queue_s=start - item.submitted,
+                forward_s=forwarded - start,
+                attribute_s=done - forwarded,
+                batch_size=len(items),
+            )
+            for row, item in enumerate(items)
+        ]
+
+    def _record_batch(self, size: int, waits: list[float]) -> None:
+        self.metrics.batch_size.observe(size)
+        self.metrics.inline_pending.set(self._batcher.pending if self._batcher else 0)
+
+    async def explain(self, request: ExplainInput) -> Explanation:
+        self._require_ready()
+        assert self._batcher is not None
+        began = time.monotonic()
+        if request.expired():
+            raise DeadlineExceeded("the deadline passed before the request was read")
+        method = self._inline_method(request.method)
+        if request.target is not None and request.target.label is not None:
+            self.model.label_index(request.target.label)  # fail fast on an unknown label
+        encoded = self.encode(request.text, request.text_pair)
+        tokenized = time.monotonic()
+        result = await self._batcher.submit(
+            _InlineItem(encoded, method, tokenized), request.deadline
+        )
+        explanation = self._assemble(request, encoded, method, result)
+        timings = explanation.timings
+        timings.tokenize_seconds = tokenized - began
+        timings.total_seconds = time.monotonic() - began
+        self._observe(explanation)
+        return explanation
+
+    async def explain_many(
+        self, requests: AsyncIterator[ExplainInput], window: int | None = None
+    ) -> AsyncIterator[Explanation]:
+        """Explains a stream concurrently (so batches fill) and yields results in order."""
+        window = window or 2 * self.settings.max_batch_size
+        pending: asyncio.Queue[asyncio.Task[Explanation] | None] = asyncio.Queue(window)
+
+        async def feed() -> None:
+            try:
+                async for request in requests:
+                    await pending.put(asyncio.ensure_future(self.explain(request)))
+            finally:
+                await pending.put(None)
+
+        feeder = asyncio.ensure_future(feed())
+        try:
+            while (task := await pending.get()) is not None:
+                yield await task
+            await feeder
+        finally:
+            feeder.cancel()
+            while not pending.empty():
+                leftover = pending.get_nowait()
+                if leftover is not None:
+                    leftover.cancel()
+
+    def _assemble(
+        self,
+        request: ExplainInput,
+        encoded: Encoded,
+        method: InlineMethod,
+        result: _InlineResult,
+    ) -> Explanation:
+        model = self.model
+        logits = result.logits
+        if model.is_regression:
+            probabilities = logits.astype(np.float32)  # the raw prediction, not a probability
+            predicted = 0
+        else:
+            probabilities = softmax(logits)
+            predicted = int(np.argmax(probabilities))
+        target = resolve_target(model, request.target, predicted)
+        attribution = Attribution(
+            method=method.name,
+            parameters={},
+            target_index=target,
+            target_label=model.labels[target],
+            scores=np.ascontiguousarray(result.matrix[:, target]),
+            class_scores=result.matrix if request.all_classes else None,
+        )
+        return Explanation(
+            request_id=request.request_id,
+            label_index=predicted,
+            label=model.labels[predicted],
+            probabilities=[float(p) for p in probabilities],
+            labels=list(model.labels),
+            tokens=list(encoded.tokens),
+            attribution=attribution,
+            model_name=model.name,
+            model_version=model.version,
+            truncated=encoded.truncated,
+            timings=Timings(
+                queue_seconds=result.queue_s,
+                forward_seconds=result.forward_s,
+                attribute_seconds=result.attribute_s,
+                batch_size=result.batch_size,
+            ),
+        )
+
+    def _observe(self, explanation: Explanation) -> None:
+        m = self.metrics
+        t = explanation.timings
+        m.stage_duration.labels("tokenize").observe(t.tokenize_seconds)
+        m.stage_duration.labels("queue").observe(t.queue_seconds)
+        m.stage_duration.labels("forward").observe(t.forward_seconds)
+        m.stage_duration.labels("attribute").observe(t.attribute_seconds)
+        m.predictions.labels(explanation.label).inc()
+        if not self.model.is_regression:
+            m.confidence.observe(explanation.probabilities[explanation.label_index])
+        if explanation.truncated:
+            m.truncated.inc()
+        if self.drift is not None and explanation.attribution.method == self.default_method.name:
+            keep = [i for i, tok in enumerate(explanation.tokens) if not tok.special]
+            scores = explanation.attribution.scores
+            self.drift.observe(
+                explanation.label,
+                [explanation.tokens[i].text for i in keep],
+                [float(scores[i]) for i in keep],
+            )
+
+    # --- model info ----------------------------------------------------------------------------
+
+    def model_info(self) -> ModelInfo:
+        methods = [
+            MethodInfo(
+                name=m.name,
+                cost=m.cost,
+                description=m.description,
+                defaults=m.defaults(),
+                unavailable_reason=m.unavailable_reason(self.model),
+            )
+            for m in self.methods
+        ]
+        return ModelInfo(
+            name=self.model.name,
+            version=self.model.version,
+            architecture=self.model.architecture,
+            labels=list(self.model.labels),
+            num_layers=self.model.num_layers,
+            num_heads=self.model.num_heads,
+            hidden_size=self.model.hidden_size,
+            methods=methods,
+            default_method=self.default_method.name,
+            max_tokens=min(self.settings.max_tokens, self.model.max_tokens),
+            max_text_chars=self.settings.max_text_chars,
+            runtime=self.runtime.name,
+            supports_text_pair=not self.model.adapter.pools_last_token,
+        )
+
+    # --- jobs ----------------------------------------------------------------------------------
+
+    def _job_backend(self) -> JobBackend:
+        if self.jobs is None:
+            raise Unimplemented("jobs are disabled on this server (jobs=off)")
+        return self.jobs
+
+    def _job_method(self, name: str) -> AttributionMethod:
+        if not name:
+            raise InvalidArgument("method is required for a job")
+        method = self.methods.get(name)
+        if method.cost is not Cost.JOB or not isinstance(method, JobMethod):
+            raise InvalidArgument(
+                f"{name!r} is an inline method; call Explain with method={name!r} instead"
+            )
+        reason = method.unavailable_reason(self.model)
+        if reason:
+            raise FailedPrecondition(reason)
+        return method
+
+    async def submit_job(
+        self,
+        method_name: str,
+        text: str,
+        text_pair: str | None,
+        target: TargetSpec | None,
+        params: Mapping[str, Any] | None,
+        idempotency_key: str = "",
+        timeout_s: float = 0.0,
+    ) -> JobRecord:
+        """Validate everything before queueing: a bad parameter never becomes a failed job."""
+        backend = self._job_backend()
+        self._require_ready()
+        method = self._job_method(method_name)
+        checked = method.validate_params(params)
+        self.encode(text, text_pair)  # length limits and truncation policy
+        if target is not None:
+            resolve_target(self.model, target, 0)
+        if timeout_s < 0:
+            raise InvalidArgument("timeout_seconds must be >= 0")
+        spec = JobSpec(
+            method=method.name,
+            text=text,
+            text_pair=text_pair,
+            target=target,
+            params=checked,
+            idempotency_key=idempotency_key,
+            timeout_s=timeout_s,
+        )
+        return await backend.submit(spec)
+
+    async def get_job(self, job_id: str) -> JobRecord:
+        return await self._job_backend().get(job_id)
+
+    async def cancel_job(self, job_id: str) -> JobRecord:
+        return await self._job_backend().cancel(job_id)
+
+    async def list_jobs(self, states: list[JobState] | None, limit: int) -> list[JobRecord]:
+        return await self._job_backend().list(states or None, limit if limit > 0 else 100)
+
+    def watch_job(self, job_id: str) -> AsyncIterator[JobRecord]:
+        return self._job_backend().watch(job_id)
+
+    # --- drift ---------------------------------------------------------------------------------
+
+    def drift_report(self, top_k: int) -> Any:
+        if self.drift is None:
+            raise Unimplemented("drift monitoring is disabled on this server")
+        return self.drift.report(top_k if top_k > 0 else 10)
