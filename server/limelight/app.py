@@ -16,6 +16,7 @@ from limelight.settings import Settings
 
 if TYPE_CHECKING:
     from limelight.core.jobs import JobBackend
+    from limelight.jobs.priority import InlineGate
 
 log = logging.getLogger(__name__)
 
@@ -48,7 +49,11 @@ def build_runtime(settings: Settings, model: LoadedModel) -> Runtime:
 
 
 def build_jobs(
-    settings: Settings, model: LoadedModel, methods: MethodRegistry, metrics: Metrics, gate: object
+    settings: Settings,
+    model: LoadedModel,
+    methods: MethodRegistry,
+    metrics: Metrics,
+    gate: InlineGate | None,
 ) -> JobBackend | None:
     from limelight.jobs.factory import create_backend
     from limelight.jobs.runner import JobRunner

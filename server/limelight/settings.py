@@ -78,7 +78,7 @@ class Settings(BaseSettings):
     jobs_db: Path | None = None
     """SQLite journal path; unset: ``<cache_dir>/jobs.sqlite3``."""
     job_workers: int = 1
-    """In-process job worker threads (embedded backend) or worker processes (``limelight worker``)."""
+    """Job worker threads (embedded backend) or processes (``limelight worker``)."""
     job_timeout_s: float = 600.0
     """Default per-job timeout."""
     job_result_ttl_s: float = 24 * 3600.0
@@ -87,6 +87,9 @@ class Settings(BaseSettings):
     """Queued jobs before SubmitJob answers RESOURCE_EXHAUSTED."""
     job_max_attempts: int = 3
     """Attempts before a job whose worker keeps dying is FAILED."""
+    job_reclaim_idle_s: float = 30.0
+    """Redis backend: a running job whose worker sent no heartbeat for this long is reclaimed
+    by another worker (workers heartbeat every third of it)."""
 
     # --- drift -------------------------------------------------------------------------------
     drift_enabled: bool = True

@@ -9,7 +9,6 @@ from typing import Any
 import numpy as np
 from google.protobuf import struct_pb2, timestamp_pb2
 from google.protobuf.json_format import MessageToDict
-from limelight_client.proto import explainer_pb2 as pb
 
 from limelight.core.jobs import JobRecord, JobState
 from limelight.core.types import (
@@ -18,6 +17,7 @@ from limelight.core.types import (
     ModelInfo,
     TargetSpec,
 )
+from limelight_client.proto import explainer_pb2 as pb
 
 
 def _plain(value: Any) -> Any:
@@ -96,7 +96,9 @@ def explanation_to_proto(e: Explanation) -> pb.ExplainResponse:
         details=to_struct(a.details),
     )
     if a.class_scores is not None:
-        attribution.class_scores.extend(pb.ClassScores(scores=row) for row in a.class_scores.tolist())
+        attribution.class_scores.extend(
+            pb.ClassScores(scores=row) for row in a.class_scores.tolist()
+        )
     for name, values in a.extra_scores.items():
         attribution.extra_scores[name].values.extend(np.asarray(values).tolist())
     t = e.timings

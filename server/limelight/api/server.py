@@ -19,7 +19,6 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
 from grpc_reflection.v1alpha import reflection
-from limelight_client.proto import explainer_pb2
 from prometheus_client import start_http_server
 
 from limelight.api.auth import BearerTokenInterceptor, load_tokens
@@ -28,6 +27,7 @@ from limelight.app import Application, build_application
 from limelight.metrics import Metrics
 from limelight.models.loaded import LoadedModel
 from limelight.settings import Settings
+from limelight_client.proto import explainer_pb2
 
 log = logging.getLogger(__name__)
 

@@ -15,13 +15,13 @@ from typing import Any, TypeVar
 
 import grpc
 from google.protobuf.message import DecodeError
-from limelight_client.proto import explainer_pb2 as pb
 
 from limelight.api import convert
 from limelight.api.errors import INTERNAL_MESSAGE, status_for
 from limelight.core.service import ExplanationService
 from limelight.errors import InvalidArgument, LimelightError, Unavailable
 from limelight.metrics import Metrics
+from limelight_client.proto import explainer_pb2 as pb
 
 log = logging.getLogger(__name__)
 
@@ -228,7 +228,7 @@ class ExplainerServicer:
 
 def add_to_server(servicer: ExplainerServicer, server: grpc.aio.Server) -> None:
     """Register like the generated helper, but with parsers that never raise."""
-    unary = {
+    unary: dict[str, tuple[Any, Any]] = {
         "Explain": (pb.ExplainRequest, pb.ExplainResponse),
         "GetModel": (pb.GetModelRequest, pb.ModelInfo),
         "SubmitJob": (pb.SubmitJobRequest, pb.Job),

@@ -9,6 +9,7 @@ inside the running loop.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Executor
@@ -90,10 +91,8 @@ class MicroBatcher(Generic[T, R]):
         self._closing = True
         if self._task is not None:
             self._task.cancel()
-            try:
+            with contextlib.suppress(asyncio.CancelledError):
                 await self._task
-            except asyncio.CancelledError:
-                pass
         if self._queue is not None:
             while not self._queue.empty():
                 pending = self._queue.get_nowait()

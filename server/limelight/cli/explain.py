@@ -136,15 +136,15 @@ def _run_remote(args: argparse.Namespace) -> Any:
             **_params(args.param),
         )
         if not args.wait:
-            print(f"submitted job {job.id} ({method}); follow it with: limelight jobs show {job.id}")
+            print(
+                f"submitted job {job.id} ({method}); follow it with: limelight jobs show {job.id}"
+            )
             return None
         return _follow(job, quiet=args.json)
 
 
 def _run_local(args: argparse.Namespace) -> Any:
     """The same code path as the server, minus the network."""
-    from limelight_client.types import Explanation
-
     from limelight.api.convert import explanation_to_proto
     from limelight.app import build_application, load_served_model
     from limelight.cli.common import setup_logging
@@ -152,6 +152,7 @@ def _run_local(args: argparse.Namespace) -> Any:
     from limelight.core.types import ExplainInput, TargetSpec
     from limelight.errors import LimelightError as ServerError
     from limelight.metrics import Metrics
+    from limelight_client.types import Explanation
 
     setup_logging("WARNING")
     settings = settings_from_args(
@@ -161,7 +162,9 @@ def _run_local(args: argparse.Namespace) -> Any:
     spec = (
         None
         if target is None
-        else TargetSpec(label=target) if isinstance(target, str) else TargetSpec(index=target)
+        else TargetSpec(label=target)
+        if isinstance(target, str)
+        else TargetSpec(index=target)
     )
     model = load_served_model(settings)
     app = build_application(settings, Metrics(), model)

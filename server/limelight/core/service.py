@@ -214,8 +214,7 @@ class ExplanationService:
                 self._gate.exit()
         forwarded = time.monotonic()
         matrices = [
-            item.method.attribute(outputs, row, len(item.encoded))
-            for row, item in enumerate(items)
+            item.method.attribute(outputs, row, len(item.encoded)) for row, item in enumerate(items)
         ]
         done = time.monotonic()
         return [

@@ -78,7 +78,7 @@ def deletion_curve(
     order = ranked_positions(encoded, scores)
     variants = [encoded]
     for frac in fractions:
-        k = max(1, int(round(frac * len(order)))) if order else 0
+        k = max(1, round(frac * len(order))) if order else 0
         variants.append(perturb(model, encoded, order[:k], replace))
     probs = probabilities(model, variants)[:, target]
     return np.asarray(probs[0] - probs[1:], dtype=np.float32)

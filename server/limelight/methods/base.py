@@ -49,9 +49,8 @@ class Param:
                 raise InvalidArgument(f"parameter {name!r} must be >= {self.minimum}")
             if self.maximum is not None and value > self.maximum:
                 raise InvalidArgument(f"parameter {name!r} must be <= {self.maximum}")
-        elif self.kind is str:
-            if not isinstance(value, str):
-                raise InvalidArgument(f"parameter {name!r} must be a string")
+        elif self.kind is str and not isinstance(value, str):
+            raise InvalidArgument(f"parameter {name!r} must be a string")
         if self.choices is not None and value not in self.choices:
             allowed = ", ".join(map(str, self.choices))
             raise InvalidArgument(f"parameter {name!r} must be one of: {allowed}")

@@ -27,7 +27,8 @@ class HeadAdapter(ABC):
     pools_last_token = False
 
     def __init__(self, model: nn.Module) -> None:
-        self.model = model
+        # Any: transformers' per-architecture attributes (bert, classifier, ...) are untyped.
+        self.model: Any = model
 
     @property
     @abstractmethod
@@ -84,7 +85,7 @@ class HeadAdapter(ABC):
         return int(self.model.config.num_hidden_layers)
 
 
-def _pool_each(pooler: nn.Module, hidden: torch.Tensor) -> torch.Tensor:
+def _pool_each(pooler: Any, hidden: torch.Tensor) -> torch.Tensor:
     """Run a first-token pooler on every token by making each token its own sequence."""
     lead, k = hidden.shape[:-1], hidden.shape[-1]
     out = pooler(hidden.reshape(-1, 1, k))
@@ -183,5 +184,6 @@ def adapter_for(model: nn.Module) -> HeadAdapter:
         if model_type in cls.model_types:
             return cls(model)
     raise ModelLoadError(
-        f"architecture {model_type!r} is not supported; supported: {', '.join(supported_model_types())}"
+        f"architecture {model_type!r} is not supported; "
+        f"supported: {', '.join(supported_model_types())}"
     )

@@ -9,8 +9,12 @@ from pathlib import Path
 from typing import Any, Literal
 
 import torch
-from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer
-from transformers import PreTrainedTokenizerBase
+from transformers import (
+    AutoConfig,
+    AutoModelForSequenceClassification,
+    AutoTokenizer,
+    PreTrainedTokenizerBase,
+)
 
 from limelight.core.types import Encoded, TokenInfo
 from limelight.errors import InvalidArgument, ModelLoadError
@@ -114,7 +118,7 @@ class LoadedModel:
             segment = seq_ids[pos] if seq_ids[pos] is not None else 0
             tokens.append(
                 TokenInfo(
-                    text=self.tokenizer.convert_ids_to_tokens(tid),
+                    text=str(self.tokenizer.convert_ids_to_tokens(int(tid))),
                     id=int(tid),
                     start=int(start),
                     end=int(end),

