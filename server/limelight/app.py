@@ -66,7 +66,7 @@ def build_drift(settings: Settings, model: LoadedModel, metrics: Metrics) -> Dri
         return None
     from limelight.drift.monitor import DriftMonitor
 
-    return DriftMonitor(settings, list(model.labels), metrics)
+    return DriftMonitor(settings, list(model.labels), metrics, model_version=model.version)
 
 
 @dataclass
@@ -83,6 +83,7 @@ def build_application(
     """Everything the sidecar serves; call ``service.start()`` inside the event loop."""
     model = model or load_served_model(settings)
     methods = MethodRegistry.builtin()
+    methods.configure(settings)  # e.g. --lm-head for decoded_gradcam's availability
     runtime = build_runtime(settings, model)
     gate = None
     jobs = None

@@ -1,0 +1,137 @@
+"""Export a classifier to ONNX with the NormXLogit inputs as graph outputs.
+
+The inline graph returns ``logits`` [B, C], ``embedding_norms`` [B, n] and ``token_logits``
+[B, n, C] — everything the inline path needs, so ONNX Runtime serves the whole explanation.
+Batch and sequence axes are dynamic. ``kind="plain"`` exports the bare classifier (logits only),
+the benchmark baseline.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+from torch import nn
+
+from limelight.errors import FailedPrecondition
+from limelight.models.adapters import HeadAdapter
+from limelight.models.loaded import LoadedModel
+
+OPSET = 17
+GraphKind = Literal["inline", "plain"]
+#: Architectures whose export was checked for parity with torch.
+EXPORTABLE = ("bert", "distilbert", "roberta", "xlm-roberta", "deberta-v2", "gpt2", "llama")
+
+
+class _InlineGraph(nn.Module):
+    def __init__(self, adapter: HeadAdapter) -> None:
+        super().__init__()
+        self.adapter = adapter
+        self.inner = adapter.model  # registers the weights as a submodule
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        token_type_ids: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        out = self.adapter.run_base(input_ids, attention_mask, token_type_ids)
+        token_logits = self.adapter.head(out.last_hidden_state)
+        rows = torch.arange(input_ids.shape[0], device=input_ids.device)
+        logits = token_logits[rows, self.adapter.pooled_index(attention_mask)]
+        return logits, out.hidden_states[0].norm(dim=-1), token_logits
+
+
+class _PlainGraph(nn.Module):
+    def __init__(self, adapter: HeadAdapter) -> None:
+        super().__init__()
+        self.adapter = adapter
+        self.inner = adapter.model
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        token_type_ids: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        kwargs = self.adapter.base_inputs(input_ids, attention_mask, token_type_ids)
+        return self.inner(**kwargs).logits  # type: ignore[no-any-return]
+
+
+def input_names(model: LoadedModel) -> list[str]:
+    names = ["input_ids", "attention_mask"]
+    if model.adapter.uses_token_type_ids:
+        names.append("token_type_ids")
+    return names
+
+
+def export_onnx(model: LoadedModel, out: Path, kind: GraphKind = "inline") -> Path:
+    """Write the graph to ``out`` (and a JSON sidecar describing it); returns ``out``."""
+    if model.architecture not in EXPORTABLE:
+        raise FailedPrecondition(
+            f"ONNX export of {model.architecture!r} is not supported; "
+            f"exportable: {', '.join(EXPORTABLE)}"
+        )
+    if model.device.type != "cpu":
+        raise FailedPrecondition("export from a model loaded on the CPU")
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    names = input_names(model)
+    sample = model.encode("Limelight export sample, long enough to vary.", None)
+    example: list[torch.Tensor] = [
+        torch.tensor([sample.input_ids, sample.input_ids]),
+        torch.ones((2, len(sample)), dtype=torch.long),
+    ]
+    if "token_type_ids" in names:
+        example.append(torch.zeros((2, len(sample)), dtype=torch.long))
+    graph: nn.Module = (
+        _InlineGraph(model.adapter) if kind == "inline" else _PlainGraph(model.adapter)
+    )
+    outputs = ["logits", "embedding_norms", "token_logits"] if kind == "inline" else ["logits"]
+    axes: dict[str, dict[int, str]] = {n: {0: "batch", 1: "sequence"} for n in names}
+    axes["logits"] = {0: "batch"}
+    if kind == "inline":
+        axes["embedding_norms"] = {0: "batch", 1: "sequence"}
+        axes["token_logits"] = {0: "batch", 1: "sequence"}
+    graph.eval()
+    with torch.no_grad():
+        torch.onnx.export(
+            graph,
+            tuple(example),
+            str(out),
+            input_names=names,
+            output_names=outputs,
+            dynamic_axes=axes,
+            opset_version=OPSET,
+            dynamo=False,
+        )
+    describe(out).write_text(
+        json.dumps(
+            {
+                "format": "limelight-onnx/1",
+                "kind": kind,
+                "model_version": model.version,
+                "architecture": model.architecture,
+                "inputs": names,
+                "outputs": outputs,
+                "opset": OPSET,
+            },
+            indent=2,
+        )
+    )
+    return out
+
+
+def describe(path: Path) -> Path:
+    """The JSON file beside a graph that binds it to one model version."""
+    return Path(str(path) + ".json")
+
+
+def read_description(path: Path) -> dict[str, Any]:
+    meta = describe(path)
+    if not meta.exists():
+        return {}
+    data: dict[str, Any] = json.loads(meta.read_text())
+    return data

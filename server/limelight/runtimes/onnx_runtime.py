@@ -1,0 +1,98 @@
+"""ONNX Runtime for the inline path (CPU provider; CUDA provider with onnxruntime-gpu)."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import numpy as np
+
+from limelight.core.types import FloatArray
+from limelight.errors import FailedPrecondition
+from limelight.models.loaded import LoadedModel
+from limelight.runtimes.base import InlineBatch, InlineOutputs, Runtime
+from limelight.runtimes.onnx_export import read_description
+from limelight.settings import Settings
+
+log = logging.getLogger(__name__)
+
+DEFAULT_GRAPH = "limelight.onnx"
+
+
+def choose_providers(device: str) -> list[str]:
+    """CUDA when asked for (or ``auto``) and present; otherwise CPU, with a warning."""
+    import onnxruntime as ort
+
+    available = ort.get_available_providers()
+    if device.startswith("cuda") or device == "auto":
+        if "CUDAExecutionProvider" in available:
+            return ["CUDAExecutionProvider", "CPUExecutionProvider"]
+        if device != "auto":
+            log.warning(
+                "CUDA requested but onnxruntime has no CUDA provider (install the [gpu] extra); "
+                "falling back to the CPU provider"
+            )
+    return ["CPUExecutionProvider"]
+
+
+class OnnxRuntime(Runtime):
+    name = "onnx"
+
+    def __init__(
+        self,
+        graph: Path,
+        model: LoadedModel,
+        providers: list[str] | None = None,
+        threads: int = 0,
+    ) -> None:
+        import onnxruntime as ort
+
+        meta = read_description(graph)
+        if meta.get("kind", "inline") != "inline":
+            raise FailedPrecondition(f"{graph} is a plain graph; export it with kind=inline")
+        if meta and meta.get("model_version") != model.version:
+            raise FailedPrecondition(
+                f"{graph} was exported from model version {meta.get('model_version')}, "
+                f"but the served model is {model.version}; run `limelight export-onnx` again"
+            )
+        options = ort.SessionOptions()
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        if threads > 0:
+            options.intra_op_num_threads = threads
+        self.session = ort.InferenceSession(
+            str(graph), sess_options=options, providers=providers or ["CPUExecutionProvider"]
+        )
+        self.input_names = [i.name for i in self.session.get_inputs()]
+        self.output_names = [o.name for o in self.session.get_outputs()]
+        self.model = model
+
+    @classmethod
+    def for_model(cls, model: LoadedModel, settings: Settings) -> OnnxRuntime:
+        graph = settings.onnx_path or model.directory / DEFAULT_GRAPH
+        if not Path(graph).exists():
+            raise FailedPrecondition(
+                f"no ONNX graph at {graph}; create it with "
+                f"`limelight export-onnx --model {model.directory} --out {graph}`"
+            )
+        return cls(Path(graph), model, choose_providers(settings.device), settings.torch_threads)
+
+    def _feed(self, batch: InlineBatch) -> dict[str, np.ndarray]:
+        feed = {"input_ids": batch.input_ids, "attention_mask": batch.attention_mask}
+        if "token_type_ids" in self.input_names:
+            types = batch.token_type_ids
+            feed["token_type_ids"] = types if types is not None else np.zeros_like(batch.input_ids)
+        return feed
+
+    def run_inline(self, batch: InlineBatch) -> InlineOutputs:
+        logits, norms, token_logits = self.session.run(
+            ["logits", "embedding_norms", "token_logits"], self._feed(batch)
+        )
+        return InlineOutputs(
+            logits=np.asarray(logits, dtype=np.float32),
+            embedding_norms=np.asarray(norms, dtype=np.float32),
+            token_logits=np.asarray(token_logits, dtype=np.float32),
+        )
+
+    def forward_logits(self, batch: InlineBatch) -> FloatArray:
+        (logits,) = self.session.run(["logits"], self._feed(batch))
+        return np.asarray(logits, dtype=np.float32)

@@ -1,0 +1,237 @@
+"""Overload, sustained load, graceful SIGTERM and fuzzed requests against a real sidecar."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from limelight_client.proto import explainer_pb2 as pb
+from limelight_client.proto import explainer_pb2_grpc
+from tests.conftest import RunningSidecar, free_port
+
+
+def _stub(target: str) -> explainer_pb2_grpc.ExplainerStub:
+    return explainer_pb2_grpc.ExplainerStub(grpc.insecure_channel(target))
+
+
+def _code(call: Callable[[], object]) -> grpc.StatusCode:
+    try:
+        call()
+    except grpc.RpcError as exc:
+        return exc.code()
+    return grpc.StatusCode.OK
+
+
+def test_overload_is_refused_fast_and_the_server_recovers(
+    start_sidecar: Callable[..., RunningSidecar], bert_tiny_dir: Path
+) -> None:
+    side = start_sidecar(
+        model_dir=bert_tiny_dir, jobs="off", max_pending=4, max_batch_size=2, max_batch_wait_ms=0
+    )
+    stub = _stub(side.target)
+    long_review = "an ambitious, sprawling and often tedious film " * 12
+    with concurrent.futures.ThreadPoolExecutor(48) as pool:
+        codes = list(
+            pool.map(
+                lambda _: _code(
+                    lambda: stub.Explain(pb.ExplainRequest(text=long_review), timeout=60)
+                ),
+                range(192),
+            )
+        )
+    counts = Counter(codes)
+    assert set(counts) <= {grpc.StatusCode.OK, grpc.StatusCode.RESOURCE_EXHAUSTED}, counts
+    assert counts[grpc.StatusCode.RESOURCE_EXHAUSTED] > 0 and counts[grpc.StatusCode.OK] > 0
+    health = health_pb2_grpc.HealthStub(grpc.insecure_channel(side.target))
+    status = health.Check(health_pb2.HealthCheckRequest(), timeout=10).status
+    assert status == health_pb2.HealthCheckResponse.SERVING
+    assert stub.Explain(pb.ExplainRequest(text="calm again"), timeout=30).explanation.scores
+
+
+def _rss_kib(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    return 0
+
+
+@pytest.fixture
+def served_process(bert_tiny_dir: Path, tmp_path: Path):  # type: ignore[no-untyped-def]
+    """`limelight serve` as a real child process (for signals and memory readings)."""
+    port = free_port()
+    env = {**os.environ, "LIMELIGHT_GRACE_PERIOD_S": "20"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "limelight.cli.main", "serve", "--model", str(bert_tiny_dir),
+         "--port", str(port), "--metrics-port", "0", "--jobs", "sqlite",
+         "--jobs-db", str(tmp_path / "jobs.db"), "--max-batch-size", "4"],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    target = f"127.0.0.1:{port}"
+    health = health_pb2_grpc.HealthStub(grpc.insecure_channel(target))
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        try:
+            reply = health.Check(health_pb2.HealthCheckRequest(), timeout=2)
+            if reply.status == health_pb2.HealthCheckResponse.SERVING:
+                break
+        except grpc.RpcError:
+            pass
+        assert proc.poll() is None, proc.stdout.read() if proc.stdout else ""
+        time.sleep(0.2)
+    yield proc, target
+    if proc.poll() is None:
+        proc.kill()
+    proc.wait(30)
+
+
+def test_sustained_load_has_no_errors_and_bounded_memory(served_process) -> None:  # type: ignore[no-untyped-def]
+    proc, target = served_process
+    stub = _stub(target)
+    stub.Explain(pb.ExplainRequest(text="warm"), timeout=60)
+    rss_before = _rss_kib(proc.pid)
+    latencies: list[float] = []
+    codes: Counter[grpc.StatusCode] = Counter()
+
+    def client(index: int) -> None:
+        end = time.monotonic() + 6.0  # bounded in time ...
+        for i in range(400):  # ... and in count
+            if time.monotonic() > end:
+                break
+            request = pb.ExplainRequest(text=f"film {index}-{i} was good")
+            start = time.perf_counter()
+            codes[_code(lambda r=request: stub.Explain(r, timeout=60))] += 1
+            latencies.append(time.perf_counter() - start)
+
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        list(pool.map(client, range(8)))
+    rss_after = _rss_kib(proc.pid)
+    latencies.sort()
+    p99 = latencies[int(0.99 * (len(latencies) - 1))]
+    print(
+        f"\nload: {len(latencies)} requests, 8 clients, p99 {p99 * 1e3:.1f} ms, "
+        f"RSS {rss_before / 1024:.0f} -> {rss_after / 1024:.0f} MiB"
+    )
+    assert codes == Counter({grpc.StatusCode.OK: len(latencies)})
+    # Memory stays bounded: a leak per request would show as growth proportional to traffic.
+    assert rss_after - rss_before < 200 * 1024
+
+
+def test_sigterm_drains_accepted_requests(served_process) -> None:  # type: ignore[no-untyped-def]
+    proc, target = served_process
+    stub = _stub(target)
+    long_review = "a slow, moody, beautifully shot film about grief and memory " * 8
+    with concurrent.futures.ThreadPoolExecutor(32) as pool:
+        futures = [
+            pool.submit(
+                _code, lambda: stub.Explain(pb.ExplainRequest(text=long_review), timeout=60)
+            )
+            for _ in range(96)
+        ]
+        time.sleep(0.3)
+        proc.send_signal(signal.SIGTERM)
+        codes = Counter(f.result() for f in futures)
+    assert proc.wait(60) == 0
+    # Accepted work finished; work that arrived after SIGTERM was refused as UNAVAILABLE,
+    # never dropped half-way (CANCELLED/INTERNAL/UNKNOWN).
+    assert set(codes) <= {grpc.StatusCode.OK, grpc.StatusCode.UNAVAILABLE}, codes
+    assert codes[grpc.StatusCode.OK] > 0
+
+
+ALLOWED = {
+    grpc.StatusCode.OK,
+    grpc.StatusCode.INVALID_ARGUMENT,
+    grpc.StatusCode.FAILED_PRECONDITION,
+    grpc.StatusCode.NOT_FOUND,
+    grpc.StatusCode.RESOURCE_EXHAUSTED,
+}
+json_values = st.recursive(
+    st.none() | st.booleans() | st.floats(allow_nan=False) | st.text(max_size=20),
+    lambda inner: (
+        st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner, max_size=3)
+    ),
+    max_leaves=6,
+)
+
+
+@pytest.fixture(scope="module")
+def fuzz_target(bert_tiny_dir: Path, tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
+    from limelight.settings import Settings
+    from tests.conftest import _SidecarThread
+
+    handle = _SidecarThread(
+        Settings(
+            model_dir=bert_tiny_dir,
+            port=0,
+            metrics_port=0,
+            jobs="sqlite",
+            jobs_db=tmp_path_factory.mktemp("fuzz") / "jobs.db",
+            job_queue_max=5000,
+        )
+    )
+    running = handle.start()
+    yield running.target
+    handle.stop()
+
+
+@settings(
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    text=st.one_of(st.text(max_size=200), st.text(min_size=19_000, max_size=25_000)),
+    pair=st.none() | st.text(max_size=50),
+    label=st.none() | st.text(max_size=10) | st.sampled_from(["rotten", "fresh"]),
+    index=st.none() | st.integers(-(2**31), 2**31 - 1),
+    method=st.sampled_from(["", "normxlogit", "lrp", "nope", "slalom", "\x00"]),
+)
+def test_fuzzed_explain_always_answers_with_a_status(
+    fuzz_target, text, pair, label, index, method
+) -> None:  # type: ignore[no-untyped-def]
+    request = pb.ExplainRequest(text=text, method=method)
+    if pair is not None:
+        request.text_pair = pair
+    if label is not None:
+        request.target.label = label
+    elif index is not None:
+        request.target.index = index
+    code = _code(lambda: _stub(fuzz_target).Explain(request, timeout=60))
+    assert code in ALLOWED
+
+
+@settings(
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    method=st.sampled_from(["gradient", "integrated_gradients", "slalom", "lrp", "bogus", ""]),
+    params=st.dictionaries(
+        st.sampled_from(["steps", "seed", "num_samples", "baseline", "use_mask", "x"]),
+        json_values,
+        max_size=3,
+    ),
+)
+def test_fuzzed_job_parameters_are_validated_before_queueing(fuzz_target, method, params) -> None:  # type: ignore[no-untyped-def]
+    from google.protobuf import struct_pb2
+
+    struct = struct_pb2.Struct()
+    struct.update(params)
+    stub = _stub(fuzz_target)
+    try:
+        job = stub.SubmitJob(
+            pb.SubmitJobRequest(text="a fine film", method=method, parameters=struct), timeout=60
+        )
+    except grpc.RpcError as exc:
+        assert exc.code() in ALLOWED
+        return
+    stub.CancelJob(pb.CancelJobRequest(id=job.id), timeout=30)

@@ -1,0 +1,102 @@
+"""TLS, mutual TLS and bearer-token auth on the gRPC port; health stays open for probes."""
+
+from __future__ import annotations
+
+import subprocess
+from collections.abc import Callable
+from pathlib import Path
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from limelight_client.proto import explainer_pb2 as pb
+from limelight_client.proto import explainer_pb2_grpc
+from tests.conftest import RunningSidecar
+
+
+def _openssl(*args: str, cwd: Path) -> None:
+    subprocess.run(["openssl", *args], cwd=cwd, check=True, capture_output=True)
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A throwaway CA, a server certificate for localhost and a client certificate."""
+    d = tmp_path_factory.mktemp("pki")
+    _openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj",
+             "/CN=limelight-test-ca", "-keyout", "ca.key", "-out", "ca.pem", cwd=d)  # fmt: skip
+    (d / "san.cnf").write_text("subjectAltName=DNS:localhost,IP:127.0.0.1\n")
+    for name in ("server", "client"):
+        _openssl("req", "-newkey", "rsa:2048", "-nodes", "-subj", f"/CN={name}",
+                 "-keyout", f"{name}.key", "-out", f"{name}.csr", cwd=d)  # fmt: skip
+        extra = ["-extfile", "san.cnf"] if name == "server" else []
+        _openssl("x509", "-req", "-in", f"{name}.csr", "-CA", "ca.pem", "-CAkey", "ca.key",
+                 "-CAcreateserial", "-days", "2", "-out", f"{name}.pem", *extra, cwd=d)  # fmt: skip
+    return d
+
+
+def _secure_stub(target: str, pki: Path, client_cert: bool) -> explainer_pb2_grpc.ExplainerStub:
+    creds = grpc.ssl_channel_credentials(
+        root_certificates=(pki / "ca.pem").read_bytes(),
+        private_key=(pki / "client.key").read_bytes() if client_cert else None,
+        certificate_chain=(pki / "client.pem").read_bytes() if client_cert else None,
+    )
+    port = target.rsplit(":", 1)[1]
+    return explainer_pb2_grpc.ExplainerStub(grpc.secure_channel(f"localhost:{port}", creds))
+
+
+def test_tls_and_mutual_tls(
+    start_sidecar: Callable[..., RunningSidecar], bert_tiny_dir: Path, pki: Path
+) -> None:
+    tls = start_sidecar(
+        model_dir=bert_tiny_dir, jobs="off", tls_cert=pki / "server.pem", tls_key=pki / "server.key"
+    )
+    ok = _secure_stub(tls.target, pki, client_cert=False).Explain(
+        pb.ExplainRequest(text="secure and sound"), timeout=30
+    )
+    assert ok.explanation.scores
+    plain = explainer_pb2_grpc.ExplainerStub(grpc.insecure_channel(tls.target))
+    with pytest.raises(grpc.RpcError) as err:
+        plain.Explain(pb.ExplainRequest(text="x"), timeout=5)
+    assert err.value.code() == grpc.StatusCode.UNAVAILABLE
+
+    mtls = start_sidecar(
+        model_dir=bert_tiny_dir,
+        jobs="off",
+        tls_cert=pki / "server.pem",
+        tls_key=pki / "server.key",
+        tls_client_ca=pki / "ca.pem",
+    )
+    with pytest.raises(grpc.RpcError):
+        _secure_stub(mtls.target, pki, client_cert=False).Explain(
+            pb.ExplainRequest(text="who are you"), timeout=5
+        )
+    answer = _secure_stub(mtls.target, pki, client_cert=True).Explain(
+        pb.ExplainRequest(text="it is me"), timeout=30
+    )
+    assert answer.label in ("rotten", "fresh")
+
+
+def test_bearer_tokens(
+    start_sidecar: Callable[..., RunningSidecar], bert_tiny_dir: Path, tmp_path: Path
+) -> None:
+    tokens = tmp_path / "tokens"
+    tokens.write_text("# one per line\nalpha-token\nbeta-token\n")
+    side = start_sidecar(model_dir=bert_tiny_dir, jobs="off", auth_tokens_file=tokens)
+    channel = grpc.insecure_channel(side.target)
+    stub = explainer_pb2_grpc.ExplainerStub(channel)
+    request = pb.ExplainRequest(text="let me in")
+    for metadata in [None, (("authorization", "Bearer wrong"),), (("authorization", "beta"),)]:
+        with pytest.raises(grpc.RpcError) as err:
+            stub.Explain(request, timeout=10, metadata=metadata)
+        assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
+    with pytest.raises(grpc.RpcError) as err:  # streaming RPCs are protected too
+        list(stub.ExplainStream(iter([request]), timeout=10))
+    assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
+    for token in ("alpha-token", "beta-token"):
+        good = stub.Explain(request, timeout=30, metadata=(("authorization", f"Bearer {token}"),))
+        assert good.explanation.scores
+    # Probes need no token.
+    health = health_pb2_grpc.HealthStub(channel)
+    status = health.Check(health_pb2.HealthCheckRequest(service=""), timeout=10).status
+    assert status == health_pb2.HealthCheckResponse.SERVING

@@ -1,0 +1,122 @@
+"""ONNX Runtime's inline path equals the torch path (logits and NormXLogit) within 1e-4."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import grpc
+import numpy as np
+import pytest
+import torch
+from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer
+
+from limelight.errors import FailedPrecondition
+from limelight.methods.normxlogit import NormXLogit
+from limelight.models.loaded import LoadedModel, load_model
+from limelight.runtimes.base import InlineBatch
+from limelight.runtimes.onnx_export import export_onnx
+from limelight.runtimes.onnx_runtime import OnnxRuntime, choose_providers
+from limelight.runtimes.torch_runtime import TorchRuntime
+from limelight_client.proto import explainer_pb2 as pb
+from limelight_client.proto import explainer_pb2_grpc
+from tests.conftest import RunningSidecar
+
+TEXTS = [
+    ("a witty film", None),
+    ("a long and very boring movie about nothing at all , really", None),
+    ("a man sleeps", "a person is resting on a couch"),
+]
+
+
+def assert_parity(model: LoadedModel, graph: Path) -> None:
+    encoded = [model.encode(t, p) for t, p in TEXTS]
+    batch = InlineBatch.from_encoded(encoded, model.pad_id)
+    a = TorchRuntime(model).run_inline(batch)
+    b = OnnxRuntime(graph, model).run_inline(batch)
+    np.testing.assert_allclose(b.logits, a.logits, atol=1e-4, rtol=1e-4)
+    method = NormXLogit()
+    for row, enc in enumerate(encoded):
+        np.testing.assert_allclose(
+            method.attribute(b, row, len(enc)),
+            method.attribute(a, row, len(enc)),
+            atol=1e-4,
+            rtol=1e-4,
+        )
+
+
+def test_demo_model_parity_incl_text_pairs(bert_tiny_dir: Path, tmp_path: Path) -> None:
+    model = load_model(bert_tiny_dir)
+    assert_parity(model, export_onnx(model, tmp_path / "g.onnx"))
+
+
+def test_minilm_parity(minilm_dir: Path, tmp_path: Path) -> None:
+    model = load_model(minilm_dir)
+    assert_parity(model, export_onnx(model, tmp_path / "g.onnx"))
+
+
+@pytest.mark.parametrize(
+    "model_type,extra",
+    [
+        ("distilbert", dict(dim=32, hidden_dim=64, n_layers=2, n_heads=2)),
+        ("roberta", dict(pad_token_id=1)),
+        ("gpt2", dict(n_embd=32, n_layer=2, n_head=2, n_positions=64, pad_token_id=0)),
+    ],
+)
+def test_other_architectures(
+    model_type: str, extra: dict[str, object], tmp_path: Path, tokenizer_dir: Path
+) -> None:
+    torch.manual_seed(0)
+    config = AutoConfig.for_model(
+        model_type,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=64,
+        vocab_size=30522,
+        max_position_embeddings=64,
+        num_labels=3,
+        **extra,
+    )
+    if model_type == "gpt2":
+        config.bos_token_id = config.eos_token_id = 102
+    AutoModelForSequenceClassification.from_config(config).save_pretrained(
+        tmp_path, safe_serialization=True
+    )
+    AutoTokenizer.from_pretrained(tokenizer_dir).save_pretrained(tmp_path)
+    model = load_model(tmp_path)
+    assert_parity(model, export_onnx(model, tmp_path / "g.onnx"))
+
+
+def test_graph_is_bound_to_its_model(
+    bert_tiny_dir: Path, random_bert_dir: Path, tmp_path: Path
+) -> None:
+    graph = export_onnx(load_model(bert_tiny_dir), tmp_path / "g.onnx")
+    with pytest.raises(FailedPrecondition, match="export-onnx"):
+        OnnxRuntime(graph, load_model(random_bert_dir))
+
+
+def test_cuda_request_without_provider_falls_back_to_cpu() -> None:
+    import onnxruntime as ort
+
+    if "CUDAExecutionProvider" in ort.get_available_providers():
+        pytest.skip("a CUDA provider is present")
+    assert choose_providers("cuda") == ["CPUExecutionProvider"]
+    assert choose_providers("cpu") == ["CPUExecutionProvider"]
+
+
+def test_serve_with_onnx_runtime(
+    start_sidecar: Callable[..., RunningSidecar], bert_tiny_dir: Path, tmp_path: Path
+) -> None:
+    model = load_model(bert_tiny_dir)
+    graph = export_onnx(model, tmp_path / "served.onnx")
+    onnx_side = start_sidecar(model_dir=bert_tiny_dir, runtime="onnx", onnx_path=graph, jobs="off")
+    torch_side = start_sidecar(model_dir=bert_tiny_dir, jobs="off")
+    request = pb.ExplainRequest(text="an utterly charming , witty film", all_classes=True)
+    a = explainer_pb2_grpc.ExplainerStub(grpc.insecure_channel(onnx_side.target))
+    b = explainer_pb2_grpc.ExplainerStub(grpc.insecure_channel(torch_side.target))
+    ra, rb = a.Explain(request, timeout=30), b.Explain(request, timeout=30)
+    assert a.GetModel(pb.GetModelRequest(), timeout=10).runtime == "onnx"
+    assert ra.label == rb.label
+    np.testing.assert_allclose(ra.probabilities, rb.probabilities, atol=1e-4)
+    np.testing.assert_allclose(ra.explanation.scores, rb.explanation.scores, atol=1e-4)
