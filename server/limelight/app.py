@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from limelight.core.service import DriftSink, ExplanationService
 from limelight.methods.base import MethodRegistry
@@ -38,6 +38,21 @@ def load_served_model(settings: Settings, progress: bool = True) -> LoadedModel:
     return load_model(resolve_model_dir(settings, progress), device=settings.device)
 
 
+def inline_heads(model: LoadedModel) -> dict[str, Any]:
+    """Extra inline heads found beside the model (today: the distilled explainer)."""
+    from limelight.distill.head import check_card, head_dir, load_head, read_card
+    from limelight.methods.distilled import OUTPUT_NAME
+
+    card = read_card(head_dir(model))
+    if card is None:
+        return {}
+    reason = check_card(card, model)
+    if reason:
+        log.warning("not loading the distilled head: %s", reason)
+        return {}
+    return {OUTPUT_NAME: load_head(model)}
+
+
 def build_runtime(settings: Settings, model: LoadedModel) -> Runtime:
     if settings.runtime == "onnx":
         from limelight.runtimes.onnx_runtime import OnnxRuntime
@@ -45,7 +60,7 @@ def build_runtime(settings: Settings, model: LoadedModel) -> Runtime:
         return OnnxRuntime.for_model(model, settings)
     from limelight.runtimes.torch_runtime import TorchRuntime
 
-    return TorchRuntime(model)
+    return TorchRuntime(model, inline_heads(model))
 
 
 def build_jobs(

@@ -69,9 +69,14 @@ def run(args: argparse.Namespace) -> int:
     from limelight.runtimes.onnx_export import export_onnx
     from limelight.runtimes.onnx_runtime import DEFAULT_GRAPH
 
+    from limelight.app import inline_heads
+
     model = load_served_model(settings)
     out = args.out or model.directory / DEFAULT_GRAPH
-    export_onnx(model, out)
+    heads = inline_heads(model)
+    export_onnx(model, out, heads=heads)
+    if heads:
+        print(f"included inline heads: {', '.join(heads)}")
     print(f"wrote {out} ({out.stat().st_size / 1e6:.1f} MB; outputs: logits, embedding_norms,")
     print("token_logits; dynamic batch and sequence axes)")
     if args.int8:

@@ -193,6 +193,9 @@ class ExplanationService:
             raise InvalidArgument(
                 f"{method.name!r} is a job method; submit it with SubmitJob instead of Explain"
             )
+        reason = method.unavailable_reason(self.model)
+        if reason:
+            raise FailedPrecondition(reason)
         return method
 
     def encode(self, text: str, text_pair: str | None) -> Encoded:
@@ -408,6 +411,7 @@ class ExplanationService:
         self._require_ready()
         method = self._job_method(method_name)
         checked = method.validate_params(params)
+        method.validate_for_model(self.model, checked)
         self.encode(text, text_pair)  # length limits and truncation policy
         if target is not None:
             resolve_target(self.model, target, 0)

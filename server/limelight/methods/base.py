@@ -120,6 +120,12 @@ class AttributionMethod(ABC):
         """Empty when this method can run on ``model``; otherwise why not and how to fix it."""
         return ""
 
+    def configure(self, settings: Settings) -> None:
+        """Take what the method needs from the settings (e.g. ``lm_head_dir``); default: no-op."""
+
+    def validate_for_model(self, model: LoadedModel, params: Mapping[str, Any]) -> None:
+        """Model-dependent parameter checks (InvalidArgument) that belong before queueing."""
+
 
 class InlineMethod(AttributionMethod):
     """Computed from the serving forward pass's outputs; no extra model calls."""
@@ -147,6 +153,7 @@ class JobMethod(AttributionMethod):
 # never breaks the others.
 BUILTIN_METHODS: dict[str, str] = {
     "normxlogit": "limelight.methods.normxlogit:NormXLogit",
+    "distilled": "limelight.methods.distilled:DistilledExplainer",
     "decoded_gradcam": "limelight.methods.decoded_gradcam:DecodedGradCAM",
     "gradient": "limelight.methods.gradients:GradientNorm",
     "grad_x_input": "limelight.methods.gradients:GradXInput",
@@ -191,6 +198,11 @@ class MethodRegistry:
         except KeyError:
             known = ", ".join(sorted(self._methods))
             raise InvalidArgument(f"unknown method {name!r} (known: {known})") from None
+
+    def configure(self, settings: Settings) -> None:
+        """Pass the settings to every registered method (see ``AttributionMethod.configure``)."""
+        for method in self._methods.values():
+            method.configure(settings)
 
     def names(self) -> list[str]:
         return sorted(self._methods)

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
+from typing import Any, Protocol
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -48,6 +49,19 @@ class InlineOutputs:
     """[B, n] L2 norm of the embedding-layer output h_0 per token."""
     token_logits: FloatArray
     """[B, n, C] the model's head applied to each token's final hidden state (LogAt)."""
+    extra: dict[str, FloatArray] = field(default_factory=dict)
+    """[B, n, C] outputs of extra inline heads (e.g. the distilled explainer), by name."""
+
+
+class InlineHead(Protocol):
+    """An extra per-token head computed from the serving forward pass (torch module)."""
+
+    def __call__(
+        self, hidden_states: tuple[Any, ...], embedding_norms: Any, token_logits: Any
+    ) -> Any:
+        """hidden_states: h_0..h_L [B, n, K] each; norms [B, n]; token_logits [B, n, C]
+        -> [B, n, C] scores."""
+        ...
 
 
 class Runtime(ABC):

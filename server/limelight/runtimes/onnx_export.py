@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from collections.abc import Mapping
 from typing import Any, Literal
 
 import torch
@@ -25,23 +26,29 @@ GraphKind = Literal["inline", "plain"]
 EXPORTABLE = ("bert", "distilbert", "roberta", "xlm-roberta", "deberta-v2", "gpt2", "llama")
 
 
+EXTRA_PREFIX = "head_"
+
+
 class _InlineGraph(nn.Module):
-    def __init__(self, adapter: HeadAdapter) -> None:
+    def __init__(self, adapter: HeadAdapter, heads: Mapping[str, nn.Module]) -> None:
         super().__init__()
         self.adapter = adapter
         self.inner = adapter.model  # registers the weights as a submodule
+        self.heads = nn.ModuleDict(dict(heads))
 
     def forward(
         self,
         input_ids: torch.Tensor,
         attention_mask: torch.Tensor,
         token_type_ids: torch.Tensor | None = None,
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    ) -> tuple[torch.Tensor, ...]:
         out = self.adapter.run_base(input_ids, attention_mask, token_type_ids)
         token_logits = self.adapter.head(out.last_hidden_state)
         rows = torch.arange(input_ids.shape[0], device=input_ids.device)
         logits = token_logits[rows, self.adapter.pooled_index(attention_mask)]
-        return logits, out.hidden_states[0].norm(dim=-1), token_logits
+        norms = out.hidden_states[0].norm(dim=-1)
+        extra = [head(out.hidden_states, norms, token_logits) for head in self.heads.values()]
+        return (logits, norms, token_logits, *extra)
 
 
 class _PlainGraph(nn.Module):
@@ -67,8 +74,17 @@ def input_names(model: LoadedModel) -> list[str]:
     return names
 
 
-def export_onnx(model: LoadedModel, out: Path, kind: GraphKind = "inline") -> Path:
-    """Write the graph to ``out`` (and a JSON sidecar describing it); returns ``out``."""
+def export_onnx(
+    model: LoadedModel,
+    out: Path,
+    kind: GraphKind = "inline",
+    heads: Mapping[str, nn.Module] | None = None,
+) -> Path:
+    """Write the graph to ``out`` (and a JSON sidecar describing it); returns ``out``.
+
+    ``heads`` (inline graphs only): extra per-token heads, exported as outputs ``head_<name>``.
+    """
+    heads = dict(heads or {}) if kind == "inline" else {}
     if model.architecture not in EXPORTABLE:
         raise FailedPrecondition(
             f"ONNX export of {model.architecture!r} is not supported; "
@@ -87,14 +103,14 @@ def export_onnx(model: LoadedModel, out: Path, kind: GraphKind = "inline") -> Pa
     if "token_type_ids" in names:
         example.append(torch.zeros((2, len(sample)), dtype=torch.long))
     graph: nn.Module = (
-        _InlineGraph(model.adapter) if kind == "inline" else _PlainGraph(model.adapter)
+        _InlineGraph(model.adapter, heads) if kind == "inline" else _PlainGraph(model.adapter)
     )
     outputs = ["logits", "embedding_norms", "token_logits"] if kind == "inline" else ["logits"]
+    outputs += [EXTRA_PREFIX + name for name in heads]
     axes: dict[str, dict[int, str]] = {n: {0: "batch", 1: "sequence"} for n in names}
     axes["logits"] = {0: "batch"}
-    if kind == "inline":
-        axes["embedding_norms"] = {0: "batch", 1: "sequence"}
-        axes["token_logits"] = {0: "batch", 1: "sequence"}
+    for name in outputs[1:]:
+        axes[name] = {0: "batch", 1: "sequence"}
     graph.eval()
     with torch.no_grad():
         torch.onnx.export(

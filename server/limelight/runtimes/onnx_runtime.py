@@ -11,7 +11,7 @@ from limelight.core.types import FloatArray
 from limelight.errors import FailedPrecondition
 from limelight.models.loaded import LoadedModel
 from limelight.runtimes.base import InlineBatch, InlineOutputs, Runtime
-from limelight.runtimes.onnx_export import read_description
+from limelight.runtimes.onnx_export import EXTRA_PREFIX, read_description
 from limelight.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -84,13 +84,18 @@ class OnnxRuntime(Runtime):
         return feed
 
     def run_inline(self, batch: InlineBatch) -> InlineOutputs:
-        logits, norms, token_logits = self.session.run(
-            ["logits", "embedding_norms", "token_logits"], self._feed(batch)
+        values = dict(
+            zip(self.output_names, self.session.run(None, self._feed(batch)), strict=True)
         )
         return InlineOutputs(
-            logits=np.asarray(logits, dtype=np.float32),
-            embedding_norms=np.asarray(norms, dtype=np.float32),
-            token_logits=np.asarray(token_logits, dtype=np.float32),
+            logits=np.asarray(values["logits"], dtype=np.float32),
+            embedding_norms=np.asarray(values["embedding_norms"], dtype=np.float32),
+            token_logits=np.asarray(values["token_logits"], dtype=np.float32),
+            extra={
+                name.removeprefix(EXTRA_PREFIX): np.asarray(value, dtype=np.float32)
+                for name, value in values.items()
+                if name.startswith(EXTRA_PREFIX)
+            },
         )
 
     def forward_logits(self, batch: InlineBatch) -> FloatArray:

@@ -2,19 +2,23 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import numpy as np
 import torch
 
 from limelight.core.types import FloatArray
 from limelight.models.loaded import LoadedModel
-from limelight.runtimes.base import InlineBatch, InlineOutputs, Runtime
+from limelight.runtimes.base import InlineBatch, InlineHead, InlineOutputs, Runtime
 
 
 class TorchRuntime(Runtime):
     name = "torch"
 
-    def __init__(self, model: LoadedModel) -> None:
+    def __init__(self, model: LoadedModel, heads: Mapping[str, InlineHead] | None = None) -> None:
+        """``heads``: extra per-token heads run on the same forward pass (see InlineHead)."""
         self.model = model
+        self.heads = dict(heads or {})
 
     def _tensors(
         self, batch: InlineBatch
@@ -38,10 +42,16 @@ class TorchRuntime(Runtime):
         token_logits = adapter.head(out.last_hidden_state)  # [B, n, C]
         rows = torch.arange(ids.shape[0], device=ids.device)
         logits = token_logits[rows, adapter.pooled_index(mask)]
+        norms = h0.float().norm(dim=-1)
+        extra = {
+            name: head(out.hidden_states, norms, token_logits).float().cpu().numpy()
+            for name, head in self.heads.items()
+        }
         return InlineOutputs(
             logits=logits.float().cpu().numpy(),
-            embedding_norms=h0.float().norm(dim=-1).cpu().numpy(),
+            embedding_norms=norms.cpu().numpy(),
             token_logits=token_logits.float().cpu().numpy(),
+            extra=extra,
         )
 
     @torch.inference_mode()
