@@ -9,8 +9,6 @@ import grpc
 import numpy as np
 import pytest
 import torch
-from limelight_client.proto import explainer_pb2 as pb
-from limelight_client.proto import explainer_pb2_grpc
 
 from limelight.demo.synthetic import build_synthetic_model, sample_linear_dataset
 from limelight.distill.head import head_dir, load_head, read_card, save_head
@@ -23,6 +21,8 @@ from limelight.runtimes.onnx_export import export_onnx
 from limelight.runtimes.onnx_runtime import OnnxRuntime
 from limelight.runtimes.torch_runtime import TorchRuntime
 from limelight.settings import Settings
+from limelight_client.proto import explainer_pb2 as pb
+from limelight_client.proto import explainer_pb2_grpc
 from tests.conftest import RunningSidecar
 
 TEACHER = "integrated_gradients"

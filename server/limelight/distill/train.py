@@ -190,7 +190,7 @@ def distill(
         model, settings, teacher, teacher_params, texts, cache, progress
     )
     order = np.random.default_rng(seed).permutation(len(examples))
-    n_val = max(1, int(round(validation_fraction * len(examples))))
+    n_val = max(1, round(validation_fraction * len(examples)))
     val = [examples[i] for i in order[:n_val]]
     train = [examples[i] for i in order[n_val:]]
     head = train_head(model, train, width=width, epochs=epochs, seed=seed)

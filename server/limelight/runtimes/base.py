@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import Any, Protocol
 from dataclasses import dataclass, field
+from typing import Any, Protocol
 
 import numpy as np
 

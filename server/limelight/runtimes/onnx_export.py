@@ -9,8 +9,8 @@ the benchmark baseline.
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any, Literal
 
 import torch
