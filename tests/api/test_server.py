@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import concurrent.futures
+import subprocess
 import urllib.request
 from collections.abc import Callable
 from pathlib import Path
@@ -196,3 +197,8 @@ def test_metrics_endpoint_counts_requests(sidecar: RunningSidecar) -> None:
     assert 'limelight_inline_stage_duration_seconds_count{stage="forward"}' in body
     assert "limelight_predictions_total{label=" in body
     assert "limelight_ready 1.0" in body
+    # The live exposition passes Prometheus' own linter.
+    lint = subprocess.run(
+        ["promtool", "check", "metrics"], input=body, capture_output=True, text=True, check=False
+    )
+    assert lint.returncode == 0, lint.stdout + lint.stderr
