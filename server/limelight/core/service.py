@@ -254,7 +254,7 @@ class ExplanationService:
         timings = explanation.timings
         timings.tokenize_seconds = tokenized - began
         timings.total_seconds = time.monotonic() - began
-        self._observe(explanation)
+        self._observe(explanation, result.matrix[:, explanation.label_index])
         return explanation
 
     async def explain_many(
@@ -326,7 +326,8 @@ class ExplanationService:
             ),
         )
 
-    def _observe(self, explanation: Explanation) -> None:
+    def _observe(self, explanation: Explanation, predicted_scores: FloatArray) -> None:
+        """Metrics, and drift with the predicted class's scores (whatever the target was)."""
         m = self.metrics
         t = explanation.timings
         m.stage_duration.labels("tokenize").observe(t.tokenize_seconds)
@@ -340,11 +341,10 @@ class ExplanationService:
             m.truncated.inc()
         if self.drift is not None and explanation.attribution.method == self.default_method.name:
             keep = [i for i, tok in enumerate(explanation.tokens) if not tok.special]
-            scores = explanation.attribution.scores
             self.drift.observe(
                 explanation.label,
                 [explanation.tokens[i].text for i in keep],
-                [float(scores[i]) for i in keep],
+                [float(predicted_scores[i]) for i in keep],
             )
 
     # --- model info ----------------------------------------------------------------------------
