@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import filecmp
 import re
-import shutil
 import sys
 import tempfile
 from pathlib import Path

@@ -28,6 +28,9 @@ def add_model_args(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--cache-dir", type=Path, help="cache for built demo models")
     parser.add_argument("--device", help="cpu, cuda, cuda:N or auto")
+    parser.add_argument(
+        "--torch-threads", type=int, help="intra-op threads for torch (0: torch's default)"
+    )
 
 
 def settings_from_args(args: argparse.Namespace, **overrides: Any) -> Settings:

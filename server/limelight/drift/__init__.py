@@ -1,1 +1,7 @@
-"""drift"""
+"""Attribution drift: heavy-hitter sketches, the monitor and reference files (DESIGN §5)."""
+
+from limelight.drift.monitor import DriftMonitor
+from limelight.drift.reference import ReferenceFile
+from limelight.drift.report import DriftReport, LabelDrift, TokenShift
+
+__all__ = ["DriftMonitor", "DriftReport", "LabelDrift", "ReferenceFile", "TokenShift"]

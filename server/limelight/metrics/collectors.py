@@ -65,9 +65,7 @@ class Metrics:
             registry=r,
         )
         self.model_info = Info("limelight_model", "The served model.", registry=r)
-        self.ready = Gauge(
-            "limelight_ready", "1 when the model is loaded and warmed.", registry=r
-        )
+        self.ready = Gauge("limelight_ready", "1 when the model is loaded and warmed.", registry=r)
         # Jobs.
         self.job_queue_depth = Gauge(
             "limelight_job_queue_depth", "Jobs waiting to run, by method.", ["method"], registry=r
@@ -90,5 +88,48 @@ class Metrics:
             "limelight_jobs_total",
             "Finished jobs by method and outcome (succeeded, failed, cancelled).",
             ["method", "outcome"],
+            registry=r,
+        )
+        # Attribution drift (limelight.drift.DriftMonitor keeps these current).
+        self.attribution_drift = Gauge(
+            "limelight_attribution_drift",
+            "Jensen-Shannon divergence (base 2, 0..1) of the positive attribution mass over "
+            "tokens, window vs reference, by predicted label; NaN while not comparable.",
+            ["label"],
+            registry=r,
+        )
+        self.label_mix_drift = Gauge(
+            "limelight_label_mix_drift",
+            "Jensen-Shannon divergence (base 2, 0..1) of the predicted-label mix, window vs "
+            "reference.",
+            registry=r,
+        )
+        self.attribution_entropy = Gauge(
+            # Not "_bits": promtool reads that as a unit and asks for bytes; entropy has none.
+            "limelight_attribution_entropy",
+            "Mean Shannon entropy (in bits) of each explanation's positive attribution mass, "
+            "by window (reference, current).",
+            ["window"],
+            registry=r,
+        )
+        self.drift_reference_state = Gauge(
+            "limelight_drift_reference_state",
+            "1 for the drift reference's current state (building, ready, disabled), else 0.",
+            ["state"],
+            registry=r,
+        )
+        self.drift_reference_explanations = Gauge(
+            "limelight_drift_reference_explanations",
+            "Explanations in the drift reference.",
+            registry=r,
+        )
+        self.drift_window_explanations = Gauge(
+            "limelight_drift_window_explanations",
+            "Explanations in the drift monitor's sliding window.",
+            registry=r,
+        )
+        self.drift_alert_threshold = Gauge(
+            "limelight_drift_alert_threshold",
+            "Configured divergence above which a label's drift is an alert.",
             registry=r,
         )

@@ -1,0 +1,271 @@
+"""Pieces shared by the sync and asyncio clients: requests, retry policy, channel setup."""
+
+from __future__ import annotations
+
+import random
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+from limelight_client.proto import explainer_pb2 as pb
+from limelight_client.types import JobState, dict_to_struct
+
+#: Default cap on message sizes in both directions (long texts with all-class matrices).
+DEFAULT_MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+
+TargetArg = str | int | None
+TextItem = str | tuple[str, str | None]
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """Exponential backoff with jitter for calls that failed with UNAVAILABLE.
+
+    ``retries`` is the number of *extra* attempts after the first one. The n-th retry
+    (n = 0, 1, ...) waits a uniformly random time in ``[d/2, d]`` with
+    ``d = min(backoff * 2**n, max_backoff)`` ("equal jitter": spreads a crowd of clients
+    that failed together without ever retrying immediately).
+    """
+
+    retries: int = 3
+    backoff: float = 0.1
+    max_backoff: float = 5.0
+
+    def __post_init__(self) -> None:
+        if self.retries < 0:
+            raise ValueError("retries must be >= 0")
+        if self.backoff < 0 or self.max_backoff < 0:
+            raise ValueError("backoff must be >= 0")
+
+    def delay(self, attempt: int, rng: random.Random | None = None) -> float:
+        """Seconds to wait before retry number ``attempt`` (0-based)."""
+        d = min(self.backoff * (2.0**attempt), self.max_backoff)
+        r = (rng or random).random()
+        return d / 2 + r * d / 2
+
+    @staticmethod
+    def retryable(code: grpc.StatusCode | None) -> bool:
+        # Only UNAVAILABLE means "the request never reached a live server"; anything else may
+        # have done work or will fail again the same way.
+        return code == grpc.StatusCode.UNAVAILABLE
+
+
+def target_proto(target: TargetArg) -> pb.Target | None:
+    """``str`` -> target label, ``int`` -> target class index, ``None`` -> predicted class."""
+    if target is None:
+        return None
+    if isinstance(target, bool):  # bool is an int; almost certainly a mistake
+        raise TypeError("target must be a label (str) or a class index (int), not bool")
+    if isinstance(target, str):
+        return pb.Target(label=target)
+    if isinstance(target, int):
+        return pb.Target(index=target)
+    raise TypeError(f"target must be a label (str) or a class index (int), not {type(target)}")
+
+
+def explain_request(
+    text: str,
+    text_pair: str | None,
+    target: TargetArg,
+    all_classes: bool,
+    method: str | None,
+    request_id: str | None,
+) -> pb.ExplainRequest:
+    if not isinstance(text, str):
+        raise TypeError(f"text must be a str, not {type(text).__name__}")
+    req = pb.ExplainRequest(
+        text=text,
+        all_classes=all_classes,
+        method=method or "",
+        request_id=request_id or "",
+    )
+    if text_pair is not None:
+        req.text_pair = text_pair
+    t = target_proto(target)
+    if t is not None:
+        req.target.CopyFrom(t)
+    return req
+
+
+def split_item(item: TextItem) -> tuple[str, str | None]:
+    """An ``explain_many`` item: a text, or a ``(text, text_pair)`` tuple."""
+    if isinstance(item, str):
+        return item, None
+    if isinstance(item, tuple) and len(item) == 2:
+        return item[0], item[1]
+    raise TypeError("explain_many items must be str or (text, text_pair) tuples")
+
+
+def submit_request(
+    text: str,
+    method: str,
+    text_pair: str | None,
+    target: TargetArg,
+    idempotency_key: str | None,
+    timeout_seconds: float | None,
+    params: Mapping[str, Any],
+) -> pb.SubmitJobRequest:
+    if not method:
+        raise ValueError("submit needs a method name (see Client.model().methods)")
+    req = pb.SubmitJobRequest(
+        text=text,
+        method=method,
+        # A key makes the submit safe to retry: the server returns the same job for it.
+        idempotency_key=idempotency_key or new_idempotency_key(),
+        timeout_seconds=float(timeout_seconds or 0.0),
+    )
+    if text_pair is not None:
+        req.text_pair = text_pair
+    t = target_proto(target)
+    if t is not None:
+        req.target.CopyFrom(t)
+    if params:
+        req.parameters.CopyFrom(dict_to_struct(params))
+    return req
+
+
+def list_jobs_request(
+    states: Sequence[JobState | str | int] | JobState | str | None, limit: int
+) -> pb.ListJobsRequest:
+    if states is None:
+        parsed: list[JobState] = []
+    elif isinstance(states, (JobState, str, int)):
+        parsed = [JobState.parse(states)]
+    else:
+        parsed = [JobState.parse(s) for s in states]
+    # Enum names keep the request independent of the generated enum's Python type.
+    return pb.ListJobsRequest(states=[f"JOB_STATE_{s.name}" for s in parsed], limit=limit)
+
+
+def terminal_state(value: int) -> bool:
+    """Whether a protobuf JobState number is final (unknown, newer states are not)."""
+    try:
+        return JobState(value).terminal
+    except ValueError:
+        return False
+
+
+def new_idempotency_key() -> str:
+    return f"llc-{uuid.uuid4().hex}"
+
+
+def new_request_id() -> str:
+    return uuid.uuid4().hex
+
+
+def _read_pem(value: str | bytes | Path | None, what: str) -> bytes | None:
+    """PEM bytes given directly, or a path to a PEM file."""
+    if value is None:
+        return None
+    if isinstance(value, bytes):
+        return value
+    if isinstance(value, str) and value.lstrip().startswith("-----BEGIN"):
+        return value.encode()
+    path = Path(value)
+    try:
+        return path.read_bytes()
+    except OSError as exc:
+        raise ValueError(f"cannot read {what} from {path}: {exc}") from exc
+
+
+def channel_credentials(
+    tls: bool,
+    ca_cert: str | bytes | Path | None,
+    client_cert: str | bytes | Path | None,
+    client_key: str | bytes | Path | None,
+) -> grpc.ChannelCredentials | None:
+    """TLS credentials, or None for a plaintext channel.
+
+    Any certificate argument implies TLS. Without ``ca_cert`` the system roots verify the
+    server. ``client_cert`` and ``client_key`` (mutual TLS) come together or not at all.
+    """
+    if (client_cert is None) != (client_key is None):
+        raise ValueError("client_cert and client_key must be given together (mutual TLS)")
+    if not (tls or ca_cert is not None or client_cert is not None):
+        return None
+    return grpc.ssl_channel_credentials(
+        root_certificates=_read_pem(ca_cert, "ca_cert"),
+        private_key=_read_pem(client_key, "client_key"),
+        certificate_chain=_read_pem(client_cert, "client_cert"),
+    )
+
+
+def channel_options(
+    options: Mapping[str, Any] | Sequence[tuple[str, Any]] | None, max_message_bytes: int
+) -> list[tuple[str, Any]]:
+    """Default channel options, overridden by the caller's."""
+    merged: dict[str, Any] = {
+        "grpc.max_send_message_length": max_message_bytes,
+        "grpc.max_receive_message_length": max_message_bytes,
+        # gRPC's own reconnect backoff starts at 1 s; a sidecar that restarts should be
+        # reachable again within our (shorter) retry backoff.
+        "grpc.initial_reconnect_backoff_ms": 100,
+        "grpc.min_reconnect_backoff_ms": 100,
+        "grpc.max_reconnect_backoff_ms": 5000,
+    }
+    if options:
+        items = options.items() if isinstance(options, Mapping) else options
+        merged.update(dict(items))
+    return list(merged.items())
+
+
+def call_metadata(token: str | None) -> tuple[tuple[str, str], ...]:
+    """Metadata sent with every call (the bearer token, when one is configured)."""
+    if token is None:
+        return ()
+    if not token or any(c in token for c in "\r\n"):
+        raise ValueError("token must be a non-empty single-line string")
+    return (("authorization", f"Bearer {token}"),)
+
+
+# -- grpc.health.v1 ----------------------------------------------------------------------------
+# The two health messages are built from a descriptor in a private pool: the SDK then needs no
+# grpcio-health-checking, and cannot clash with it when both are imported in one process.
+
+HEALTH_CHECK_METHOD = "/grpc.health.v1.Health/Check"
+EXPLAINER_SERVICE = "limelight.v1.Explainer"
+
+
+def _health_messages() -> tuple[Any, Any]:
+    from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
+
+    fdp = descriptor_pb2.FileDescriptorProto(
+        name="limelight_client/grpc_health_v1.proto", package="grpc.health.v1", syntax="proto3"
+    )
+    field = descriptor_pb2.FieldDescriptorProto
+    req = fdp.message_type.add(name="HealthCheckRequest")
+    req.field.add(name="service", number=1, type=field.TYPE_STRING, label=field.LABEL_OPTIONAL)
+    resp = fdp.message_type.add(name="HealthCheckResponse")
+    status = resp.enum_type.add(name="ServingStatus")
+    for number, name in enumerate(("UNKNOWN", "SERVING", "NOT_SERVING", "SERVICE_UNKNOWN")):
+        status.value.add(name=name, number=number)
+    resp.field.add(
+        name="status",
+        number=1,
+        type=field.TYPE_ENUM,
+        type_name=".grpc.health.v1.HealthCheckResponse.ServingStatus",
+        label=field.LABEL_OPTIONAL,
+    )
+    pool = descriptor_pool.DescriptorPool()
+    pool.Add(fdp)
+    request_cls = message_factory.GetMessageClass(
+        pool.FindMessageTypeByName("grpc.health.v1.HealthCheckRequest")
+    )
+    response_cls = message_factory.GetMessageClass(
+        pool.FindMessageTypeByName("grpc.health.v1.HealthCheckResponse")
+    )
+    return request_cls, response_cls
+
+
+HealthCheckRequest, HealthCheckResponse = _health_messages()
+
+
+def health_status_name(response: Any) -> str:
+    """``SERVING``, ``NOT_SERVING``, ``SERVICE_UNKNOWN`` or ``UNKNOWN``."""
+    values = response.DESCRIPTOR.fields_by_name["status"].enum_type.values_by_number
+    value = values.get(int(response.status))
+    return str(value.name) if value is not None else "UNKNOWN"

@@ -1,0 +1,428 @@
+"""The asyncio Limelight client: the same surface as :class:`limelight_client.Client`."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import deque
+from collections.abc import (
+    AsyncIterable,
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Iterable,
+    Mapping,
+    Sequence,
+)
+from types import TracebackType
+from typing import Any, TypeVar
+
+import grpc
+import grpc.aio
+
+from limelight_client._common import (
+    DEFAULT_MAX_MESSAGE_BYTES,
+    EXPLAINER_SERVICE,
+    HEALTH_CHECK_METHOD,
+    HealthCheckRequest,
+    HealthCheckResponse,
+    RetryPolicy,
+    TargetArg,
+    TextItem,
+    call_metadata,
+    channel_credentials,
+    channel_options,
+    explain_request,
+    health_status_name,
+    list_jobs_request,
+    new_request_id,
+    split_item,
+    submit_request,
+    terminal_state,
+)
+from limelight_client.client import PemArg, _deadline_error, job_outcome
+from limelight_client.errors import (
+    DeadlineExceeded,
+    LimelightError,
+    NotFound,
+    Unavailable,
+    from_rpc_error,
+)
+from limelight_client.proto import explainer_pb2 as pb
+from limelight_client.proto import explainer_pb2_grpc as pb_grpc
+from limelight_client.types import DriftReport, Explanation, JobInfo, JobState, ModelInfo
+
+__all__ = ["AsyncClient", "AsyncJob"]
+
+_T = TypeVar("_T")
+
+
+class AsyncClient:
+    """An asyncio connection to a Limelight sidecar; arguments as for ``Client``.
+
+    Create it inside the event loop that uses it; ``async with AsyncClient(...) as c:``.
+    """
+
+    def __init__(
+        self,
+        target: str = "localhost:50051",
+        *,
+        timeout: float | None = 10.0,
+        retries: int = 3,
+        backoff: float = 0.1,
+        tls: bool = False,
+        ca_cert: PemArg = None,
+        client_cert: PemArg = None,
+        client_key: PemArg = None,
+        token: str | None = None,
+        options: Mapping[str, Any] | Sequence[tuple[str, Any]] | None = None,
+        max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+        max_backoff: float = 5.0,
+    ) -> None:
+        self.target = target
+        self.timeout = timeout
+        self.retry_policy = RetryPolicy(retries=retries, backoff=backoff, max_backoff=max_backoff)
+        self._metadata = call_metadata(token)
+        creds = channel_credentials(tls, ca_cert, client_cert, client_key)
+        opts = channel_options(options, max_message_bytes)
+        self._channel = (
+            grpc.aio.secure_channel(target, creds, options=opts)
+            if creds is not None
+            else grpc.aio.insecure_channel(target, options=opts)
+        )
+        self._stub = pb_grpc.ExplainerStub(self._channel)
+        self._health = self._channel.unary_unary(
+            HEALTH_CHECK_METHOD,
+            request_serializer=HealthCheckRequest.SerializeToString,
+            response_deserializer=HealthCheckResponse.FromString,
+        )
+        self._sleep: Callable[[float], Awaitable[None]] = asyncio.sleep
+
+    async def close(self) -> None:
+        await self._channel.close()
+
+    async def __aenter__(self) -> AsyncClient:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+    def __repr__(self) -> str:
+        return f"AsyncClient({self.target!r})"
+
+    # -- plumbing --------------------------------------------------------------------------
+
+    def _deadline(self, timeout: float | None, *, default: bool = True) -> float | None:
+        t = timeout if timeout is not None else (self.timeout if default else None)
+        return None if t is None else time.monotonic() + t
+
+    @staticmethod
+    def _remaining(deadline: float | None, what: str) -> float | None:
+        if deadline is None:
+            return None
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise _deadline_error(what)
+        return left
+
+    async def _backoff(self, attempt: int, deadline: float | None) -> bool:
+        delay = self.retry_policy.delay(attempt)
+        if deadline is not None and time.monotonic() + delay >= deadline:
+            return False
+        await self._sleep(delay)
+        return True
+
+    async def _unary(
+        self,
+        rpc: Callable[..., Awaitable[_T]],
+        request: Any,
+        timeout: float | None,
+        *,
+        idempotent: bool = True,
+    ) -> _T:
+        deadline = self._deadline(timeout)
+        attempt = 0
+        while True:
+            remaining = self._remaining(deadline, "before the call could be (re)tried")
+            try:
+                return await rpc(request, timeout=remaining, metadata=self._metadata)
+            except grpc.RpcError as err:
+                error = from_rpc_error(err)
+                if (
+                    idempotent
+                    and attempt < self.retry_policy.retries
+                    and RetryPolicy.retryable(error.code)
+                    and await self._backoff(attempt, deadline)
+                ):
+                    attempt += 1
+                    continue
+                raise error from err
+
+    # -- inline explanations ---------------------------------------------------------------
+
+    async def explain(
+        self,
+        text: str,
+        text_pair: str | None = None,
+        target: TargetArg = None,
+        all_classes: bool = False,
+        method: str | None = None,
+        timeout: float | None = None,
+        request_id: str | None = None,
+    ) -> Explanation:
+        """See ``Client.explain``."""
+        req = explain_request(
+            text, text_pair, target, all_classes, method, request_id or new_request_id()
+        )
+        resp = await self._unary(self._stub.Explain, req, timeout)
+        return Explanation.from_proto(resp, text=text, text_pair=text_pair)
+
+    async def explain_many(
+        self,
+        texts: Iterable[TextItem] | AsyncIterable[TextItem],
+        *,
+        target: TargetArg = None,
+        all_classes: bool = False,
+        method: str | None = None,
+        timeout: float | None = None,
+    ) -> AsyncIterator[Explanation]:
+        """See ``Client.explain_many``; ``texts`` may also be an async iterable."""
+        sent: deque[tuple[str, str | None, str]] = deque()
+        bad_input: list[BaseException] = []
+
+        def build(item: TextItem) -> pb.ExplainRequest:
+            text, pair = split_item(item)
+            rid = new_request_id()
+            req = explain_request(text, pair, target, all_classes, method, rid)
+            sent.append((text, pair, rid))
+            return req
+
+        async def requests() -> AsyncIterator[pb.ExplainRequest]:
+            try:
+                if isinstance(texts, AsyncIterable):
+                    async for item in texts:
+                        yield build(item)
+                else:
+                    for item in texts:
+                        yield build(item)
+            except Exception as exc:
+                bad_input.append(exc)
+                raise
+
+        call = self._stub.ExplainStream(requests(), timeout=timeout, metadata=self._metadata)
+        try:
+            async for resp in call:
+                text, pair, rid = sent.popleft()
+                known = not resp.request_id or resp.request_id == rid
+                yield Explanation.from_proto(
+                    resp, text=text if known else None, text_pair=pair if known else None
+                )
+        except grpc.RpcError as err:
+            if bad_input:
+                raise bad_input[0] from None
+            raise from_rpc_error(err) from err
+        except asyncio.CancelledError:
+            # grpc.aio cancels the call when the request iterator raises; report the cause.
+            # A real cancellation of our task (no bad input) propagates unchanged.
+            if bad_input:
+                raise bad_input[0] from None
+            raise
+        finally:
+            call.cancel()
+        if bad_input:  # some grpc versions end the stream quietly instead of failing it
+            raise bad_input[0]
+
+    # -- model and drift -------------------------------------------------------------------
+
+    async def model(self, timeout: float | None = None) -> ModelInfo:
+        """See ``Client.model``."""
+        resp = await self._unary(self._stub.GetModel, pb.GetModelRequest(), timeout)
+        return ModelInfo.from_proto(resp)
+
+    async def drift(self, top_k: int = 10, timeout: float | None = None) -> DriftReport:
+        """See ``Client.drift``."""
+        resp = await self._unary(self._stub.GetDrift, pb.GetDriftRequest(top_k=top_k), timeout)
+        return DriftReport.from_proto(resp)
+
+    # -- health ----------------------------------------------------------------------------
+
+    async def health(self, service: str = EXPLAINER_SERVICE, timeout: float | None = None) -> str:
+        """See ``Client.health``."""
+        try:
+            resp = await self._unary(self._health, HealthCheckRequest(service=service), timeout)
+        except NotFound:
+            return "SERVICE_UNKNOWN"
+        return health_status_name(resp)
+
+    async def wait_ready(self, timeout: float = 60.0, poll: float = 0.2) -> None:
+        """See ``Client.wait_ready``."""
+        deadline = time.monotonic() + timeout
+        status = "UNREACHABLE"
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError(f"{self.target} not ready after {timeout} s (last: {status})")
+            try:
+                resp = await self._unary(
+                    self._health,
+                    HealthCheckRequest(service=EXPLAINER_SERVICE),
+                    min(left, 5.0),
+                    idempotent=False,
+                )
+                status = health_status_name(resp)
+            except (Unavailable, DeadlineExceeded, NotFound) as exc:
+                status = type(exc).__name__
+            if status == "SERVING":
+                return
+            await self._sleep(min(poll, max(deadline - time.monotonic(), 0.0)))
+
+    # -- jobs ------------------------------------------------------------------------------
+
+    async def submit(
+        self,
+        text: str,
+        method: str,
+        *,
+        text_pair: str | None = None,
+        target: TargetArg = None,
+        idempotency_key: str | None = None,
+        timeout_seconds: float | None = None,
+        timeout: float | None = None,
+        **params: Any,
+    ) -> AsyncJob:
+        """See ``Client.submit``."""
+        req = submit_request(
+            text, method, text_pair, target, idempotency_key, timeout_seconds, params
+        )
+        resp = await self._unary(self._stub.SubmitJob, req, timeout)
+        return AsyncJob(self, JobInfo.from_proto(resp), text=text, text_pair=text_pair)
+
+    async def job(self, job_id: str, timeout: float | None = None) -> AsyncJob:
+        """See ``Client.job``."""
+        return AsyncJob(self, await self._get_job(job_id, timeout))
+
+    async def jobs(
+        self,
+        states: Sequence[JobState | str | int] | JobState | str | None = None,
+        limit: int = 50,
+        timeout: float | None = None,
+    ) -> list[JobInfo]:
+        """See ``Client.jobs``."""
+        resp = await self._unary(self._stub.ListJobs, list_jobs_request(states, limit), timeout)
+        return [JobInfo.from_proto(j) for j in resp.jobs]
+
+    async def _get_job(
+        self,
+        job_id: str,
+        timeout: float | None,
+        text: str | None = None,
+        text_pair: str | None = None,
+    ) -> JobInfo:
+        resp = await self._unary(self._stub.GetJob, pb.GetJobRequest(id=job_id), timeout)
+        return JobInfo.from_proto(resp, text=text, text_pair=text_pair)
+
+    async def _cancel_job(
+        self, job_id: str, timeout: float | None, text: str | None, text_pair: str | None
+    ) -> JobInfo:
+        resp = await self._unary(self._stub.CancelJob, pb.CancelJobRequest(id=job_id), timeout)
+        return JobInfo.from_proto(resp, text=text, text_pair=text_pair)
+
+    async def _watch_job(self, job_id: str, deadline: float | None) -> AsyncIterator[pb.Job]:
+        failures = 0
+        while True:
+            remaining = self._remaining(deadline, f"while watching job {job_id}")
+            call = self._stub.WatchJob(
+                pb.GetJobRequest(id=job_id), timeout=remaining, metadata=self._metadata
+            )
+            error: LimelightError | None = None
+            try:
+                async for msg in call:
+                    failures = 0
+                    yield msg
+                    if terminal_state(msg.state):
+                        return
+            except grpc.RpcError as err:
+                error = from_rpc_error(err)
+                if not RetryPolicy.retryable(error.code):
+                    raise error from err
+            finally:
+                call.cancel()
+            if failures >= self.retry_policy.retries or not await self._backoff(failures, deadline):
+                raise error or Unavailable(
+                    grpc.StatusCode.UNAVAILABLE, f"watch of job {job_id} ended before it finished"
+                )
+            failures += 1
+
+
+class AsyncJob:
+    """The asyncio counterpart of ``Job``."""
+
+    def __init__(
+        self,
+        client: AsyncClient,
+        info: JobInfo,
+        *,
+        text: str | None = None,
+        text_pair: str | None = None,
+    ) -> None:
+        self._client = client
+        self._info = info
+        self._text = text
+        self._text_pair = text_pair
+
+    @property
+    def id(self) -> str:
+        return self._info.id
+
+    @property
+    def info(self) -> JobInfo:
+        return self._info
+
+    @property
+    def state(self) -> JobState:
+        return self._info.state
+
+    @property
+    def done(self) -> bool:
+        return self._info.done
+
+    def __repr__(self) -> str:
+        return (
+            f"AsyncJob(id={self.id!r}, state={self.state.name}, progress={self._info.progress:.2f})"
+        )
+
+    async def refresh(self, timeout: float | None = None) -> JobInfo:
+        """See ``Job.refresh``."""
+        self._info = await self._client._get_job(self.id, timeout, self._text, self._text_pair)
+        return self._info
+
+    async def watch(self, timeout: float | None = None) -> AsyncIterator[JobInfo]:
+        """See ``Job.watch``."""
+        if self._info.done:
+            yield self._info
+            return
+        deadline = self._client._deadline(timeout, default=False)
+        async for msg in self._client._watch_job(self.id, deadline):
+            self._info = JobInfo.from_proto(msg, text=self._text, text_pair=self._text_pair)
+            yield self._info
+
+    async def result(self, timeout: float | None = None) -> Explanation:
+        """See ``Job.result``."""
+        try:
+            async for _ in self.watch(timeout):
+                pass
+        except DeadlineExceeded as exc:
+            raise TimeoutError(f"job {self.id} not finished after {timeout} s") from exc
+        if self._info.state == JobState.SUCCEEDED and self._info.result is None:
+            await self.refresh()
+        return job_outcome(self._info)
+
+    async def cancel(self, timeout: float | None = None) -> JobInfo:
+        """See ``Job.cancel``."""
+        self._info = await self._client._cancel_job(self.id, timeout, self._text, self._text_pair)
+        return self._info

@@ -1,0 +1,484 @@
+"""The synchronous Limelight client."""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from pathlib import Path
+from types import TracebackType
+from typing import Any, TypeVar
+
+import grpc
+
+from limelight_client._common import (
+    DEFAULT_MAX_MESSAGE_BYTES,
+    EXPLAINER_SERVICE,
+    HEALTH_CHECK_METHOD,
+    HealthCheckRequest,
+    HealthCheckResponse,
+    RetryPolicy,
+    TargetArg,
+    TextItem,
+    call_metadata,
+    channel_credentials,
+    channel_options,
+    explain_request,
+    health_status_name,
+    list_jobs_request,
+    new_request_id,
+    split_item,
+    submit_request,
+    terminal_state,
+)
+from limelight_client.errors import (
+    DeadlineExceeded,
+    Internal,
+    JobCancelled,
+    JobFailed,
+    LimelightError,
+    NotFound,
+    Unavailable,
+    from_rpc_error,
+)
+from limelight_client.proto import explainer_pb2 as pb
+from limelight_client.proto import explainer_pb2_grpc as pb_grpc
+from limelight_client.types import (
+    DriftReport,
+    Explanation,
+    JobInfo,
+    JobState,
+    ModelInfo,
+)
+
+__all__ = ["Client", "Job"]
+
+_T = TypeVar("_T")
+
+PemArg = str | bytes | Path | None
+
+
+def _deadline_error(what: str) -> DeadlineExceeded:
+    return DeadlineExceeded(grpc.StatusCode.DEADLINE_EXCEEDED, f"deadline exceeded {what}")
+
+
+def job_outcome(info: JobInfo) -> Explanation:
+    """The explanation of a finished job, or the matching error (shared with the async job)."""
+    if info.state == JobState.SUCCEEDED:
+        if info.result is None:
+            raise Internal(grpc.StatusCode.INTERNAL, f"job {info.id} succeeded without a result")
+        return info.result
+    if info.state == JobState.FAILED:
+        raise JobFailed(info.error or info.message or f"job {info.id} failed", job=info)
+    if info.state == JobState.CANCELLED:
+        raise JobCancelled(info.error or info.message or f"job {info.id} was cancelled", job=info)
+    raise ValueError(f"job {info.id} is not finished (state {info.state.name})")
+
+
+class Client:
+    """A connection to a Limelight sidecar.
+
+    Args:
+        target: ``host:port`` of the sidecar.
+        timeout: default deadline in seconds for each unary call, retries included
+            (``None``: no deadline). Every method takes ``timeout=`` to override it.
+        retries: extra attempts after a call failed with UNAVAILABLE (idempotent calls only).
+        backoff: base of the exponential backoff between retries, in seconds (with jitter).
+        tls: use TLS with the system's root certificates (implied by any certificate argument).
+        ca_cert: CA certificate(s) that signed the server's certificate (PEM bytes or path).
+        client_cert, client_key: the client's certificate and key for mutual TLS.
+        token: bearer token, sent as ``authorization: Bearer <token>`` metadata on every call.
+        options: extra gRPC channel options (mapping or ``(key, value)`` pairs); they override
+            the defaults, e.g. ``{"grpc.max_receive_message_length": 128 << 20}``.
+        max_message_bytes: send/receive message size limit (default 64 MiB).
+        max_backoff: cap on one backoff wait, in seconds.
+
+    Use it as a context manager (or call :meth:`close`) to release the channel.
+    """
+
+    def __init__(
+        self,
+        target: str = "localhost:50051",
+        *,
+        timeout: float | None = 10.0,
+        retries: int = 3,
+        backoff: float = 0.1,
+        tls: bool = False,
+        ca_cert: PemArg = None,
+        client_cert: PemArg = None,
+        client_key: PemArg = None,
+        token: str | None = None,
+        options: Mapping[str, Any] | Sequence[tuple[str, Any]] | None = None,
+        max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+        max_backoff: float = 5.0,
+    ) -> None:
+        self.target = target
+        self.timeout = timeout
+        self.retry_policy = RetryPolicy(retries=retries, backoff=backoff, max_backoff=max_backoff)
+        self._metadata = call_metadata(token)
+        creds = channel_credentials(tls, ca_cert, client_cert, client_key)
+        opts = channel_options(options, max_message_bytes)
+        self._channel = (
+            grpc.secure_channel(target, creds, options=opts)
+            if creds is not None
+            else grpc.insecure_channel(target, options=opts)
+        )
+        self._stub = pb_grpc.ExplainerStub(self._channel)
+        self._health = self._channel.unary_unary(
+            HEALTH_CHECK_METHOD,
+            request_serializer=HealthCheckRequest.SerializeToString,
+            response_deserializer=HealthCheckResponse.FromString,
+        )
+        self._sleep: Callable[[float], None] = time.sleep
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Close the channel; calls in flight are cancelled."""
+        self._channel.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"Client({self.target!r})"
+
+    # -- plumbing --------------------------------------------------------------------------
+
+    def _deadline(self, timeout: float | None, *, default: bool = True) -> float | None:
+        t = timeout if timeout is not None else (self.timeout if default else None)
+        return None if t is None else time.monotonic() + t
+
+    @staticmethod
+    def _remaining(deadline: float | None, what: str) -> float | None:
+        if deadline is None:
+            return None
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise _deadline_error(what)
+        return left
+
+    def _backoff(self, attempt: int, deadline: float | None) -> bool:
+        """Sleep before retry ``attempt``; False when that would pass the deadline."""
+        delay = self.retry_policy.delay(attempt)
+        if deadline is not None and time.monotonic() + delay >= deadline:
+            return False
+        self._sleep(delay)
+        return True
+
+    def _unary(
+        self,
+        rpc: Callable[..., _T],
+        request: Any,
+        timeout: float | None,
+        *,
+        idempotent: bool = True,
+    ) -> _T:
+        """One unary call under one deadline, retried on UNAVAILABLE when idempotent."""
+        deadline = self._deadline(timeout)
+        attempt = 0
+        while True:
+            remaining = self._remaining(deadline, "before the call could be (re)tried")
+            try:
+                return rpc(request, timeout=remaining, metadata=self._metadata)
+            except grpc.RpcError as err:
+                error = from_rpc_error(err)
+                if (
+                    idempotent
+                    and attempt < self.retry_policy.retries
+                    and RetryPolicy.retryable(error.code)
+                    and self._backoff(attempt, deadline)
+                ):
+                    attempt += 1
+                    continue
+                raise error from err
+
+    # -- inline explanations ---------------------------------------------------------------
+
+    def explain(
+        self,
+        text: str,
+        text_pair: str | None = None,
+        target: TargetArg = None,
+        all_classes: bool = False,
+        method: str | None = None,
+        timeout: float | None = None,
+        request_id: str | None = None,
+    ) -> Explanation:
+        """Classify ``text`` (and ``text_pair``) and explain it with an inline method.
+
+        ``target`` picks the class to explain: a label name, a class index, or ``None`` for
+        the predicted class. ``all_classes`` also returns the token x class matrix.
+        """
+        req = explain_request(
+            text, text_pair, target, all_classes, method, request_id or new_request_id()
+        )
+        resp = self._unary(self._stub.Explain, req, timeout)
+        return Explanation.from_proto(resp, text=text, text_pair=text_pair)
+
+    def explain_many(
+        self,
+        texts: Iterable[TextItem],
+        *,
+        target: TargetArg = None,
+        all_classes: bool = False,
+        method: str | None = None,
+        timeout: float | None = None,
+    ) -> Iterator[Explanation]:
+        """Explain many inputs over one ExplainStream; yields results in input order.
+
+        Items are texts or ``(text, text_pair)`` tuples; ``texts`` is consumed lazily, so it
+        may be a generator. ``timeout`` bounds the whole stream (default: no deadline, since a
+        stream's length is open-ended). A stream is not retried: a failure raises.
+        """
+        sent: deque[tuple[str, str | None, str]] = deque()
+        bad_input: list[BaseException] = []
+
+        def requests() -> Iterator[pb.ExplainRequest]:
+            try:
+                for item in texts:
+                    text, pair = split_item(item)
+                    rid = new_request_id()
+                    req = explain_request(text, pair, target, all_classes, method, rid)
+                    sent.append((text, pair, rid))
+                    yield req
+            except Exception as exc:
+                # gRPC would turn this into an opaque CANCELLED; re-raise it to the caller.
+                bad_input.append(exc)
+                raise
+
+        call = self._stub.ExplainStream(requests(), timeout=timeout, metadata=self._metadata)
+        try:
+            for resp in call:
+                text, pair, rid = sent.popleft()
+                known = not resp.request_id or resp.request_id == rid
+                yield Explanation.from_proto(
+                    resp, text=text if known else None, text_pair=pair if known else None
+                )
+        except grpc.RpcError as err:
+            if bad_input:
+                raise bad_input[0] from None
+            raise from_rpc_error(err) from err
+        finally:
+            call.cancel()  # no-op when finished; stops the stream if the caller broke off
+        if bad_input:  # some grpc versions end the stream quietly instead of failing it
+            raise bad_input[0]
+
+    # -- model and drift -------------------------------------------------------------------
+
+    def model(self, timeout: float | None = None) -> ModelInfo:
+        """Labels, methods, layers and limits of the served model."""
+        return ModelInfo.from_proto(self._unary(self._stub.GetModel, pb.GetModelRequest(), timeout))
+
+    def drift(self, top_k: int = 10, timeout: float | None = None) -> DriftReport:
+        """The attribution-drift report (``top_k`` rising and falling tokens per label)."""
+        resp = self._unary(self._stub.GetDrift, pb.GetDriftRequest(top_k=top_k), timeout)
+        return DriftReport.from_proto(resp)
+
+    # -- health ----------------------------------------------------------------------------
+
+    def health(self, service: str = EXPLAINER_SERVICE, timeout: float | None = None) -> str:
+        """The standard gRPC health status of ``service`` ("" for the whole server).
+
+        Returns ``"SERVING"`` (model loaded and warmed), ``"NOT_SERVING"`` (starting or
+        draining), ``"SERVICE_UNKNOWN"`` or ``"UNKNOWN"``.
+        """
+        try:
+            resp = self._unary(self._health, HealthCheckRequest(service=service), timeout)
+        except NotFound:
+            return "SERVICE_UNKNOWN"
+        return health_status_name(resp)
+
+    def wait_ready(self, timeout: float = 60.0, poll: float = 0.2) -> None:
+        """Block until the sidecar reports SERVING; ``TimeoutError`` after ``timeout`` s.
+
+        Useful right after start-up: the port opens before the model is loaded.
+        """
+        deadline = time.monotonic() + timeout
+        status = "UNREACHABLE"
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError(f"{self.target} not ready after {timeout} s (last: {status})")
+            try:
+                status = health_status_name(
+                    self._unary(
+                        self._health,
+                        HealthCheckRequest(service=EXPLAINER_SERVICE),
+                        min(left, 5.0),
+                        idempotent=False,  # this loop is the retry
+                    )
+                )
+            except (Unavailable, DeadlineExceeded, NotFound) as exc:
+                status = type(exc).__name__
+            if status == "SERVING":
+                return
+            self._sleep(min(poll, max(deadline - time.monotonic(), 0.0)))
+
+    # -- jobs ------------------------------------------------------------------------------
+
+    def submit(
+        self,
+        text: str,
+        method: str,
+        *,
+        text_pair: str | None = None,
+        target: TargetArg = None,
+        idempotency_key: str | None = None,
+        timeout_seconds: float | None = None,
+        timeout: float | None = None,
+        **params: Any,
+    ) -> Job:
+        """Queue an expensive attribution ``method`` as a job and return its handle.
+
+        Keyword ``params`` are the method's parameters (JSON-like values). ``timeout_seconds``
+        is the job's own run-time limit on the server; ``timeout`` the deadline of this call.
+        Without an ``idempotency_key`` a fresh one is generated, so retrying the submit after
+        UNAVAILABLE can never queue the job twice.
+        """
+        req = submit_request(
+            text, method, text_pair, target, idempotency_key, timeout_seconds, params
+        )
+        resp = self._unary(self._stub.SubmitJob, req, timeout, idempotent=True)
+        return Job(self, JobInfo.from_proto(resp), text=text, text_pair=text_pair)
+
+    def job(self, job_id: str, timeout: float | None = None) -> Job:
+        """A handle on an existing job (``NotFound`` if unknown or expired)."""
+        return Job(self, self._get_job(job_id, timeout))
+
+    def jobs(
+        self,
+        states: Sequence[JobState | str | int] | JobState | str | None = None,
+        limit: int = 50,
+        timeout: float | None = None,
+    ) -> list[JobInfo]:
+        """Recent jobs, optionally only those in ``states`` (names like ``"running"`` work)."""
+        resp = self._unary(self._stub.ListJobs, list_jobs_request(states, limit), timeout)
+        return [JobInfo.from_proto(j) for j in resp.jobs]
+
+    def _get_job(
+        self,
+        job_id: str,
+        timeout: float | None,
+        text: str | None = None,
+        text_pair: str | None = None,
+    ) -> JobInfo:
+        resp = self._unary(self._stub.GetJob, pb.GetJobRequest(id=job_id), timeout)
+        return JobInfo.from_proto(resp, text=text, text_pair=text_pair)
+
+    def _cancel_job(
+        self, job_id: str, timeout: float | None, text: str | None, text_pair: str | None
+    ) -> JobInfo:
+        # Cancelling twice has the same effect as once, so retrying is safe.
+        resp = self._unary(self._stub.CancelJob, pb.CancelJobRequest(id=job_id), timeout)
+        return JobInfo.from_proto(resp, text=text, text_pair=text_pair)
+
+    def _watch_job(self, job_id: str, deadline: float | None) -> Iterator[pb.Job]:
+        """WatchJob until a terminal state, reopening the stream after UNAVAILABLE."""
+        failures = 0
+        while True:
+            remaining = self._remaining(deadline, f"while watching job {job_id}")
+            call = self._stub.WatchJob(
+                pb.GetJobRequest(id=job_id), timeout=remaining, metadata=self._metadata
+            )
+            error: LimelightError | None = None
+            try:
+                for msg in call:
+                    failures = 0
+                    yield msg
+                    if terminal_state(msg.state):
+                        return
+            except grpc.RpcError as err:
+                error = from_rpc_error(err)
+                if not RetryPolicy.retryable(error.code):
+                    raise error from err
+            finally:
+                call.cancel()
+            # The stream broke (UNAVAILABLE) or ended early (server draining): reopen it.
+            if failures >= self.retry_policy.retries or not self._backoff(failures, deadline):
+                raise error or Unavailable(
+                    grpc.StatusCode.UNAVAILABLE, f"watch of job {job_id} ended before it finished"
+                )
+            failures += 1
+
+
+class Job:
+    """A handle on a server-side job. ``info`` is the latest snapshot seen by this handle."""
+
+    def __init__(
+        self,
+        client: Client,
+        info: JobInfo,
+        *,
+        text: str | None = None,
+        text_pair: str | None = None,
+    ) -> None:
+        self._client = client
+        self._info = info
+        self._text = text
+        self._text_pair = text_pair
+
+    @property
+    def id(self) -> str:
+        return self._info.id
+
+    @property
+    def info(self) -> JobInfo:
+        return self._info
+
+    @property
+    def state(self) -> JobState:
+        return self._info.state
+
+    @property
+    def done(self) -> bool:
+        return self._info.done
+
+    def __repr__(self) -> str:
+        return f"Job(id={self.id!r}, state={self.state.name}, progress={self._info.progress:.2f})"
+
+    def refresh(self, timeout: float | None = None) -> JobInfo:
+        """Fetch the job's current state."""
+        self._info = self._client._get_job(self.id, timeout, self._text, self._text_pair)
+        return self._info
+
+    def watch(self, timeout: float | None = None) -> Iterator[JobInfo]:
+        """Yield a snapshot each time the job's state or progress changes, until it finishes.
+
+        ``timeout`` bounds the whole watch (default: none); it raises ``DeadlineExceeded``.
+        """
+        if self._info.done:
+            yield self._info
+            return
+        deadline = self._client._deadline(timeout, default=False)
+        for msg in self._client._watch_job(self.id, deadline):
+            self._info = JobInfo.from_proto(msg, text=self._text, text_pair=self._text_pair)
+            yield self._info
+
+    def result(self, timeout: float | None = None) -> Explanation:
+        """Wait for the job to finish and return its explanation.
+
+        Raises ``JobFailed`` / ``JobCancelled`` (with the server's message) when it did not
+        succeed, and ``TimeoutError`` when it is not finished after ``timeout`` seconds.
+        """
+        try:
+            for _ in self.watch(timeout):
+                pass
+        except DeadlineExceeded as exc:
+            raise TimeoutError(f"job {self.id} not finished after {timeout} s") from exc
+        if self._info.state == JobState.SUCCEEDED and self._info.result is None:
+            self.refresh()  # the watch stream may leave the (large) result out
+        return job_outcome(self._info)
+
+    def cancel(self, timeout: float | None = None) -> JobInfo:
+        """Ask the server to cancel the job; returns the state right after the request."""
+        self._info = self._client._cancel_job(self.id, timeout, self._text, self._text_pair)
+        return self._info

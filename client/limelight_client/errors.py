@@ -1,0 +1,149 @@
+"""Errors raised by the Limelight client.
+
+Every failed RPC surfaces as a :class:`LimelightError` subclass chosen by its gRPC status code in
+:func:`from_rpc_error`, the one place that maps codes to classes. Job outcomes that are not a
+success surface as :class:`JobFailed` / :class:`JobCancelled` from ``Job.result()``.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import grpc
+
+if TYPE_CHECKING:
+    from limelight_client.types import JobInfo
+
+__all__ = [
+    "Cancelled",
+    "DeadlineExceeded",
+    "FailedPrecondition",
+    "Internal",
+    "InvalidArgument",
+    "JobCancelled",
+    "JobFailed",
+    "LimelightError",
+    "NotFound",
+    "PermissionDenied",
+    "ResourceExhausted",
+    "Unauthenticated",
+    "Unavailable",
+    "Unimplemented",
+    "from_rpc_error",
+]
+
+
+class LimelightError(Exception):
+    """Base class of every client error.
+
+    ``code`` is the gRPC status code of the failed call (``None`` for job outcomes, which are
+    not RPC failures); ``message`` is the server's message, safe to show to users.
+    """
+
+    def __init__(self, code: grpc.StatusCode | None, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+    def __str__(self) -> str:
+        prefix = self.code.name if self.code is not None else type(self).__name__
+        return f"{prefix}: {self.message}"
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(code={self.code!r}, message={self.message!r})"
+
+
+class InvalidArgument(LimelightError):
+    """The request was rejected: empty text, unknown label, bad parameter, ..."""
+
+
+class NotFound(LimelightError):
+    """The named resource (e.g. a job id) does not exist (or its result expired)."""
+
+
+class FailedPrecondition(LimelightError):
+    """The operation is impossible for this model (e.g. a method that needs an LM head)."""
+
+
+class ResourceExhausted(LimelightError):
+    """The server is at capacity (job queue or inline backlog full); try again later."""
+
+
+class Unavailable(LimelightError):
+    """The server cannot be reached, is not ready yet, or is draining."""
+
+
+class DeadlineExceeded(LimelightError):
+    """The call did not finish before its deadline."""
+
+
+class Unauthenticated(LimelightError):
+    """Missing or wrong credentials (bearer token or client certificate)."""
+
+
+class PermissionDenied(LimelightError):
+    """The credentials are valid but not allowed to do this."""
+
+
+class Unimplemented(LimelightError):
+    """The server does not implement this RPC (older server version)."""
+
+
+class Cancelled(LimelightError):
+    """The call was cancelled (by the client or the server)."""
+
+
+class Internal(LimelightError):
+    """An unexpected server failure; the details are in the server's log, not here."""
+
+
+class JobFailed(LimelightError):
+    """A job ended in state FAILED; ``message`` is the server's reason."""
+
+    def __init__(self, message: str, job: JobInfo | None = None) -> None:
+        super().__init__(None, message)
+        self.job = job
+
+
+class JobCancelled(LimelightError):
+    """A job ended in state CANCELLED."""
+
+    def __init__(self, message: str, job: JobInfo | None = None) -> None:
+        super().__init__(None, message)
+        self.job = job
+
+
+_BY_CODE: dict[grpc.StatusCode, type[LimelightError]] = {
+    grpc.StatusCode.INVALID_ARGUMENT: InvalidArgument,
+    grpc.StatusCode.OUT_OF_RANGE: InvalidArgument,
+    grpc.StatusCode.NOT_FOUND: NotFound,
+    grpc.StatusCode.FAILED_PRECONDITION: FailedPrecondition,
+    grpc.StatusCode.RESOURCE_EXHAUSTED: ResourceExhausted,
+    grpc.StatusCode.UNAVAILABLE: Unavailable,
+    grpc.StatusCode.DEADLINE_EXCEEDED: DeadlineExceeded,
+    grpc.StatusCode.UNAUTHENTICATED: Unauthenticated,
+    grpc.StatusCode.PERMISSION_DENIED: PermissionDenied,
+    grpc.StatusCode.UNIMPLEMENTED: Unimplemented,
+    grpc.StatusCode.CANCELLED: Cancelled,
+    grpc.StatusCode.INTERNAL: Internal,
+    grpc.StatusCode.UNKNOWN: Internal,
+    grpc.StatusCode.DATA_LOSS: Internal,
+}
+
+
+def from_rpc_error(error: grpc.RpcError) -> LimelightError:
+    """Convert a failed gRPC call (sync or asyncio) into the matching :class:`LimelightError`."""
+    code: Any = None
+    details: Any = None
+    # grpc.RpcError itself has no accessors; the raised objects are also grpc.Call instances.
+    code_fn = getattr(error, "code", None)
+    details_fn = getattr(error, "details", None)
+    if callable(code_fn):
+        code = code_fn()
+    if callable(details_fn):
+        details = details_fn()
+    if not isinstance(code, grpc.StatusCode):
+        code = grpc.StatusCode.UNKNOWN
+    message = details if isinstance(details, str) and details else code.name.lower()
+    cls = _BY_CODE.get(code, LimelightError)
+    return cls(code, message)

@@ -1,0 +1,395 @@
+"""Renderers for explanations: a terminal heat-map and a self-contained HTML page.
+
+Both draw over the *original* text using the tokens' character offsets, so word pieces of one
+word sit next to each other without tokenizer markers (``##``, ``Ġ``, ``▁``) and the text's own
+spacing is kept. When the text is not known (e.g. a job result fetched by id), the tokens are
+laid out by their offsets with those markers removed.
+
+Colours are diverging and normalised per score array by its largest magnitude: red for evidence
+*for* the explained class (positive scores), blue for evidence against (negative), white at 0.
+"""
+
+from __future__ import annotations
+
+import html
+import math
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from limelight_client.types import strip_piece_marker
+
+if TYPE_CHECKING:
+    from limelight_client.types import Explanation, Token
+
+__all__ = ["color_for", "layout", "to_html", "to_terminal"]
+
+_WHITE = (255, 255, 255)
+_RED = (214, 39, 40)
+_BLUE = (31, 119, 180)
+_BAR_WIDTH = 24
+_TOP_K = 10
+
+
+@dataclass(frozen=True)
+class Span:
+    """A run of display text; ``token`` indexes ``Explanation.tokens`` (None: plain text)."""
+
+    text: str
+    token: int | None
+
+
+def color_for(score: float, scale: float) -> tuple[int, int, int]:
+    """Diverging RGB colour for ``score`` on a scale where ``±scale`` is full intensity."""
+    if not math.isfinite(score) or scale <= 0 or not math.isfinite(scale):
+        return _WHITE
+    t = min(abs(score) / scale, 1.0)
+    target = _RED if score > 0 else _BLUE
+    r, g, b = (round(w + t * (c - w)) for w, c in zip(_WHITE, target, strict=True))
+    return (r, g, b)
+
+
+def _text_color(score: float, scale: float) -> tuple[int, int, int]:
+    # Dark text on light backgrounds, light text once the background is saturated.
+    strong = scale > 0 and math.isfinite(score) and abs(score) / scale > 0.6
+    return (255, 255, 255) if strong else (0, 0, 0)
+
+
+def _scale(values: Sequence[float], tokens: Sequence[Token]) -> float:
+    mags = [
+        abs(v) for v, t in zip(values, tokens, strict=False) if not t.special and math.isfinite(v)
+    ]
+    return max(mags, default=0.0)
+
+
+def _fmt(value: float, scale: float) -> str:
+    if not math.isfinite(value):
+        return str(value)
+    if scale != 0 and (scale < 1e-3 or scale >= 1e4):
+        return f"{value:+.2e}"
+    return f"{value:+.3f}"
+
+
+def _segment_source(exp: Explanation, segment: int) -> str | None:
+    return exp.text if segment == 0 else exp.text_pair
+
+
+def segments(exp: Explanation) -> list[int]:
+    """The segments present: ``[0]`` or ``[0, 1]`` for text pairs."""
+    present = {t.segment for t in exp.tokens if not t.special}
+    if exp.text_pair is not None:
+        present.add(1)
+    present.add(0)
+    return sorted(present)
+
+
+def layout(exp: Explanation, segment: int = 0) -> list[Span]:
+    """Split one segment into display spans, each either plain text or one token."""
+    indexed = [(i, t) for i, t in enumerate(exp.tokens) if not t.special and t.segment == segment]
+    indexed.sort(key=lambda it: (it[1].start, it[1].end))
+    source = _segment_source(exp, segment)
+    usable = source is not None and all(0 <= t.start <= t.end <= len(source) for _, t in indexed)
+    if source is not None and usable:
+        return _layout_offsets(source, indexed)
+    return _layout_tokens(indexed)
+
+
+def _layout_offsets(source: str, indexed: list[tuple[int, Token]]) -> list[Span]:
+    spans: list[Span] = []
+    pos = 0
+    for i, tok in indexed:
+        start = max(tok.start, pos)  # some tokenizers report overlapping spans
+        if tok.end <= start:
+            continue
+        if start > pos:
+            spans.append(Span(source[pos:start], None))
+        spans.append(Span(source[start : tok.end], i))
+        pos = tok.end
+    if pos < len(source):
+        spans.append(Span(source[pos:], None))
+    return spans
+
+
+def _layout_tokens(indexed: list[tuple[int, Token]]) -> list[Span]:
+    # No text: rebuild it from the tokens; a gap in the offsets (or a word-start marker when
+    # offsets are missing) becomes a space, so word pieces still join into words.
+    have_offsets = any(t.end > t.start for _, t in indexed)
+    spans: list[Span] = []
+    prev_end: int | None = None
+    for i, tok in indexed:
+        if prev_end is not None:
+            gap = tok.start > prev_end if have_offsets else not tok.text.startswith("##")
+            if gap:
+                spans.append(Span(" ", None))
+        spans.append(Span(strip_piece_marker(tok.text), i))
+        prev_end = tok.end
+    return spans
+
+
+def _token_display(exp: Explanation, index: int) -> str:
+    tok = exp.tokens[index]
+    source = _segment_source(exp, tok.segment)
+    if source is not None and 0 <= tok.start < tok.end <= len(source):
+        return source[tok.start : tok.end]
+    return strip_piece_marker(tok.text)
+
+
+def _explained_class(exp: Explanation, scores: str) -> str | None:
+    """The class a score array argues for (None for arrays like SLALOM importance)."""
+    if scores == "scores":
+        return exp.target_label or str(exp.target_index)
+    if scores not in exp.extra_scores and scores in exp.labels:
+        return scores
+    return None
+
+
+def _resolve(exp: Explanation, scores: str | Sequence[str] | None) -> list[str]:
+    if scores is None:
+        return ["scores"]
+    if isinstance(scores, str):
+        return [scores]
+    names = list(scores)
+    if not names:
+        raise ValueError("scores must name at least one score array")
+    return names
+
+
+# ---------------------------------------------------------------------------------- terminal
+
+
+def _color_enabled(color: bool | None) -> bool:
+    if color is not None:
+        return color
+    # https://no-color.org: set and non-empty disables colour.
+    return not os.environ.get("NO_COLOR")
+
+
+def _safe(text: str) -> str:
+    # Control characters in user text must not become terminal escape sequences.
+    return "".join(c if c in "\n\t" or (ord(c) >= 32 and ord(c) != 127) else "\ufffd" for c in text)
+
+
+def _ansi(text: str, bg: tuple[int, int, int], fg: tuple[int, int, int]) -> str:
+    start = f"\x1b[48;2;{bg[0]};{bg[1]};{bg[2]}m\x1b[38;2;{fg[0]};{fg[1]};{fg[2]}m"
+    # Colour each line separately so the background never bleeds across a line break.
+    return "\n".join(f"{start}{part}\x1b[0m" if part else "" for part in text.split("\n"))
+
+
+def _bar(fraction: float) -> str:
+    filled = round(max(0.0, min(1.0, fraction)) * _BAR_WIDTH)
+    return "█" * filled + "░" * (_BAR_WIDTH - filled)
+
+
+def to_terminal(exp: Explanation, scores: str = "scores", color: bool | None = None) -> str:
+    """Render ``exp`` as a heat-map for a terminal.
+
+    With colour: ANSI truecolor backgrounds per token. Without (``NO_COLOR`` set, or
+    ``color=False``): plain text with each token's score in brackets after it.
+    """
+    use_color = _color_enabled(color)
+    values = exp.score_array(scores)
+    scale = _scale(values, exp.tokens)
+    lines: list[str] = []
+
+    head = f"{_safe(exp.label)} (class {exp.label_index})"
+    target = _safe(exp.target_label or str(exp.target_index))
+    model = _safe(exp.model_name + (f"@{exp.model_version}" if exp.model_version else ""))
+    method = _safe(exp.method or "?")
+    lines.append(f"prediction: {head}   explaining: {target}   method: {method}")
+    if model:
+        lines.append(f"model: {model}")
+    if exp.truncated:
+        lines.append("note: the input was truncated to the model's token limit")
+    width = max((len(name) for name in exp.probabilities), default=0)
+    for name, p in exp.probabilities.items():
+        mark = "▶" if name == exp.label else " "
+        lines.append(f"{mark} {_safe(name).ljust(width)}  {_bar(p)}  {p:.3f}")
+    lines.append("")
+
+    for segment in segments(exp):
+        parts: list[str] = []
+        for span in layout(exp, segment):
+            text = _safe(span.text)
+            if span.token is None or span.token >= len(values):
+                parts.append(text)
+                continue
+            value = values[span.token]
+            if use_color:
+                parts.append(_ansi(text, color_for(value, scale), _text_color(value, scale)))
+            else:
+                parts.append(f"{text}[{_fmt(value, scale)}]")
+        prefix = "text pair: " if segment == 1 else ""
+        lines.append(prefix + "".join(parts))
+
+    lines.append("")
+    name = "" if scores == "scores" else f"{_safe(scores)}: "
+    explained = _explained_class(exp, scores)
+    explained = _safe(explained) if explained else None
+    if use_color:
+        steps = 5
+        neg = "".join(
+            _ansi(" ", color_for(-scale * (steps - k) / steps, scale), (0, 0, 0))
+            for k in range(steps)
+        )
+        pos = "".join(
+            _ansi(" ", color_for(scale * (k + 1) / steps, scale), (0, 0, 0)) for k in range(steps)
+        )
+        lines.append(
+            f"{name}{_fmt(-scale, scale)} {neg}0{pos} {_fmt(scale, scale)}   "
+            + (f"red supports {explained}, blue speaks against it" if explained else "")
+        )
+    else:
+        lines.append(
+            f"{name}scores in brackets (max |score| {_fmt(scale, scale).lstrip('+')})"
+            + (f": > 0 supports {explained}, < 0 speaks against it" if explained else "")
+        )
+    return "\n".join(lines)
+
+
+# -------------------------------------------------------------------------------------- HTML
+
+_CSS = """
+body{font-family:system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;margin:2rem;color:#222;
+max-width:72rem}
+h1{font-size:1.4rem;margin:0 0 .3rem}
+h2{font-size:1.05rem;margin:.2rem 0 .5rem}
+.meta{color:#555;font-size:.9rem;margin:.1rem 0}
+.warn{color:#a15c00}
+table{border-collapse:collapse;font-size:.9rem}
+td,th{padding:.15rem .6rem;text-align:left;border-bottom:1px solid #eee}
+td.num{text-align:right;font-variant-numeric:tabular-nums}
+.probs .bar{background:#eee;width:14rem;height:.8rem;border-radius:2px}
+.probs .fill{background:#555;height:100%;border-radius:2px}
+.probs tr.pred td{font-weight:600}
+.maps,.tops{display:flex;flex-wrap:wrap;gap:1.5rem;margin-top:1.2rem}
+.map{flex:1 1 20rem;border:1px solid #ddd;border-radius:6px;padding:.8rem}
+.text{white-space:pre-wrap;line-height:1.9;font-size:1.05rem;margin:.3rem 0}
+.seg{color:#777;font-size:.8rem;margin-top:.6rem}
+.tok{border-radius:3px;padding:.1rem 0}
+.tok:hover{outline:1px solid #333}
+.legend{display:flex;align-items:center;gap:.5rem;font-size:.8rem;color:#555}
+.legend .grad{width:10rem;height:.7rem;border:1px solid #ccc}
+footer{margin-top:1.5rem;color:#777;font-size:.8rem}
+"""
+
+
+def _rgb_css(c: tuple[int, int, int]) -> str:
+    return f"rgb({c[0]},{c[1]},{c[2]})"
+
+
+def _esc(text: str) -> str:
+    return html.escape(text, quote=True)
+
+
+def _html_map(exp: Explanation, name: str, values: list[float]) -> str:
+    scale = _scale(values, exp.tokens)
+    out = [f'<div class="map"><h2>{_esc(name)}</h2>']
+    explained = _explained_class(exp, name)
+    meaning = (
+        f"red supports {explained}, blue speaks against it (scaled to max |score|)"
+        if explained
+        else "red > 0, blue < 0 (scaled to max |score|)"
+    )
+    grad = f"linear-gradient(to right,{_rgb_css(_BLUE)},#fff,{_rgb_css(_RED)})"
+    out.append(
+        f'<div class="legend"><span>{_esc(_fmt(-scale, scale))}</span>'
+        f'<span class="grad" style="background:{grad}"></span>'
+        f"<span>{_esc(_fmt(scale, scale))}</span><span>{_esc(meaning)}</span></div>"
+    )
+    for segment in segments(exp):
+        if segment == 1:
+            out.append('<div class="seg">text pair</div>')
+        parts: list[str] = []
+        for span in layout(exp, segment):
+            if span.token is None or span.token >= len(values):
+                parts.append(_esc(span.text))
+                continue
+            value = values[span.token]
+            tok = exp.tokens[span.token]
+            tip = f"{tok.text} (id {tok.id}): {_fmt(value, scale)}"
+            bg, fg = color_for(value, scale), _text_color(value, scale)
+            parts.append(
+                f'<span class="tok" style="background:{_rgb_css(bg)};color:{_rgb_css(fg)}" '
+                f'title="{_esc(tip)}" data-score="{value:.6g}">{_esc(span.text)}</span>'
+            )
+        out.append(f'<p class="text">{"".join(parts)}</p>')
+    out.append("</div>")
+    return "".join(out)
+
+
+def _html_top(exp: Explanation, name: str, values: list[float]) -> str:
+    scale = _scale(values, exp.tokens)
+    ranked = sorted(
+        ((i, v) for i, (t, v) in enumerate(zip(exp.tokens, values, strict=False)) if not t.special),
+        key=lambda iv: -abs(iv[1]),
+    )[:_TOP_K]
+    rows = []
+    for rank, (i, v) in enumerate(ranked, start=1):
+        bg = color_for(v, scale)
+        rows.append(
+            f'<tr><td class="num">{rank}</td>'
+            f'<td><span class="tok" style="background:{_rgb_css(bg)};'
+            f'color:{_rgb_css(_text_color(v, scale))}">{_esc(_token_display(exp, i))}</span></td>'
+            f'<td class="num">{_esc(_fmt(v, scale))}</td>'
+            f'<td class="num">{exp.tokens[i].start}–{exp.tokens[i].end}</td></tr>'
+        )
+    return (
+        f"<div><h2>Top tokens by |{_esc(name)}|</h2><table><tr><th>#</th><th>token</th>"
+        f"<th>score</th><th>chars</th></tr>{''.join(rows)}</table></div>"
+    )
+
+
+def to_html(exp: Explanation, scores: str | Sequence[str] | None = None) -> str:
+    """A self-contained HTML page: inline CSS only, no scripts, no external assets."""
+    names = _resolve(exp, scores)
+    arrays = {name: exp.score_array(name) for name in names}
+    target = exp.target_label or str(exp.target_index)
+    title = f"Limelight: {exp.label}"
+    out = [
+        '<!DOCTYPE html><html lang="en"><head><meta charset="utf-8">',
+        '<meta name="viewport" content="width=device-width,initial-scale=1">',
+        f"<title>{_esc(title)}</title><style>{_CSS}</style></head><body>",
+        f"<header><h1>Prediction: {_esc(exp.label)}</h1>",
+        f'<p class="meta">explaining class <b>{_esc(target)}</b> (index {exp.target_index})'
+        f" with method <b>{_esc(exp.method or '?')}</b></p>",
+    ]
+    if exp.model_name or exp.model_version:
+        out.append(
+            f'<p class="meta">model {_esc(exp.model_name)} version {_esc(exp.model_version)}</p>'
+        )
+    if exp.parameters:
+        params = ", ".join(f"{k}={v}" for k, v in sorted(exp.parameters.items()))
+        out.append(f'<p class="meta">parameters: {_esc(params)}</p>')
+    if exp.truncated:
+        out.append('<p class="meta warn">The input was truncated to the model\'s token limit.</p>')
+    out.append("</header>")
+
+    rows = []
+    for name, p in exp.probabilities.items():
+        cls = ' class="pred"' if name == exp.label else ""
+        pct = max(0.0, min(100.0, 100.0 * p))
+        rows.append(
+            f"<tr{cls}><td>{_esc(name)}</td>"
+            f'<td><div class="bar"><div class="fill" style="width:{pct:.1f}%"></div></div></td>'
+            f'<td class="num">{p:.3f}</td></tr>'
+        )
+    out.append(f'<section class="probs"><table>{"".join(rows)}</table></section>')
+
+    out.append('<section class="maps">')
+    out.extend(_html_map(exp, name, values) for name, values in arrays.items())
+    out.append('</section><section class="tops">')
+    out.extend(_html_top(exp, name, values) for name, values in arrays.items())
+    out.append("</section>")
+
+    t = exp.timings
+    footer = [f"request {_esc(exp.request_id)}"] if exp.request_id else []
+    if t.total_seconds:
+        ms = {k: 1000 * v for k, v in t.to_dict().items() if k.endswith("_seconds")}
+        footer.append(
+            f"server time {ms['total_seconds']:.1f} ms (tokenise {ms['tokenize_seconds']:.1f},"
+            f" forward {ms['forward_seconds']:.1f}, attribute {ms['attribute_seconds']:.1f},"
+            f" batch {t.batch_size})"
+        )
+    out.append(f"<footer>{' · '.join(footer)}</footer></body></html>\n")
+    return "".join(out)

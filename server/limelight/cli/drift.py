@@ -1,0 +1,246 @@
+"""`limelight drift` (report from a running sidecar) and `limelight drift-reference build`."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, TextIO
+
+from limelight.cli.common import add_client_args, add_model_args, settings_from_args, setup_logging
+
+DEFAULT_DATA = "rotten_tomatoes:validation"
+DEFAULT_OUT = Path("limelight-drift-reference.json")
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = subparsers.add_parser(
+        "drift",
+        help="show attribution drift of a running sidecar",
+        description="Ask a sidecar (GetDrift) how the attribution of each predicted label "
+        "drifted from the reference, and which tokens gained or lost share.",
+    )
+    add_client_args(p)
+    p.add_argument("--top-k", type=int, default=10, help="tokens per direction (default 10)")
+    p.add_argument("--plot", type=Path, help="also write a PNG chart of the report here")
+    p.add_argument(
+        "--fail-on-alert", action="store_true", help="exit with status 3 when a label alerts"
+    )
+    p.set_defaults(func=run_drift)
+
+    ref = subparsers.add_parser(
+        "drift-reference",
+        help="build a drift reference file from a dataset",
+        description="Reference files for `limelight serve --drift-reference`.",
+    )
+    actions = ref.add_subparsers(dest="action", metavar="ACTION", required=True)
+    build = actions.add_parser(
+        "build",
+        help="run the inline explanation over a dataset and write the reference",
+        description="Runs inline NormXLogit over a labelled or unlabelled dataset and writes "
+        "the per-label token profile the drift monitor compares its window with.",
+    )
+    add_model_args(build)
+    build.add_argument(
+        "--data",
+        default=DEFAULT_DATA,
+        help="CSV/TSV/JSONL file with a text column, or a built-in set: "
+        "rotten_tomatoes:{train,validation,test} or drugscom:{train,test} "
+        f"(default {DEFAULT_DATA})",
+    )
+    build.add_argument("--text-field", default="text", help="text column of --data files")
+    build.add_argument("--pair-field", help="second-segment column for text-pair models")
+    build.add_argument("--n", type=int, help="use the first N texts (default: all)")
+    build.add_argument("--batch-size", type=int, default=32, help="texts per forward pass")
+    build.add_argument(
+        "--sketch-size",
+        dest="drift_sketch_size",
+        type=int,
+        help="tokens tracked per label by the window sketch (the reference keeps 4x)",
+    )
+    build.add_argument(
+        "--out", type=Path, default=DEFAULT_OUT, help=f"output file (default {DEFAULT_OUT})"
+    )
+    build.add_argument("--no-progress", action="store_true", help="no progress bar")
+    build.set_defaults(func=run_build)
+
+
+# --- drift-reference build ------------------------------------------------------------------------
+
+
+def load_texts(
+    spec: str, text_field: str = "text", pair_field: str | None = None
+) -> tuple[list[str], list[str | None] | None]:
+    """Texts (and second segments, if any) of a built-in set (``name:split``) or a file."""
+    from limelight.demo import datasets
+
+    name, _, split = spec.partition(":")
+    if name in ("rotten_tomatoes", "rt") and not Path(spec).exists():
+        examples = datasets.rotten_tomatoes(split or "validation")  # type: ignore[arg-type]
+    elif name == "drugscom" and not Path(spec).exists():
+        examples = datasets.drugscom(split or "test")  # type: ignore[arg-type]
+    else:
+        examples = datasets.read_labelled(Path(spec), text_field=text_field, pair_field=pair_field)
+    pairs = [e.text_pair for e in examples] if any(e.text_pair for e in examples) else None
+    return [e.text for e in examples], pairs
+
+
+def run_build(args: argparse.Namespace) -> int:
+    from tqdm import tqdm
+
+    from limelight.drift.build import build_reference
+    from limelight.errors import LimelightError
+    from limelight.models.loaded import load_model
+
+    settings = settings_from_args(args)
+    setup_logging(settings.log_level)
+    try:
+        texts, pairs = load_texts(args.data, args.text_field, args.pair_field)
+        if args.n is not None:
+            texts = texts[: max(args.n, 0)]
+            pairs = pairs[: len(texts)] if pairs is not None else None
+        if not texts:
+            print(f"error: no texts in {args.data}", file=sys.stderr)
+            return 2
+        model_dir = settings.model_dir
+        if model_dir is None:
+            from limelight.demo.build import ensure_demo_model
+
+            model_dir = ensure_demo_model(settings.demo_model, settings.cache_dir)
+        model = load_model(model_dir, settings.device)
+        with tqdm(
+            total=len(texts), desc="drift reference", unit="text", disable=args.no_progress
+        ) as bar:
+            reference = build_reference(
+                model,
+                texts,
+                sketch_size=settings.drift_sketch_size,
+                batch_size=max(args.batch_size, 1),
+                progress=bar,
+                source={"data": args.data, "n": len(texts)},
+                pairs=pairs,
+            )
+        reference.save(args.out)
+    except LimelightError as exc:
+        print(f"error: {exc.message}", file=sys.stderr)
+        return 1
+    counts = ", ".join(f"{k} {v}" for k, v in reference.profile.label_counts.items())
+    print(
+        f"wrote {args.out}: {reference.profile.count} explanations ({counts}), model "
+        f"{reference.model_name} {reference.model_version}"
+    )
+    return 0
+
+
+# --- drift ----------------------------------------------------------------------------------------
+
+
+def _pct(x: float) -> str:
+    return f"{100.0 * x:5.2f}%"
+
+
+def _shift_lines(title: str, shifts: Sequence[Any]) -> list[str]:
+    if not shifts:
+        return [f"    {title}: -"]
+    width = max(len(s.token) for s in shifts)
+    lines = [f"    {title}:"]
+    for s in shifts:
+        change = s.current_share - s.reference_share
+        lines.append(
+            f"      {s.token:<{width}}  {_pct(s.reference_share)} -> {_pct(s.current_share)}"
+            f"  ({'+' if change >= 0 else '-'}{100.0 * abs(change):.2f} pp)"
+        )
+    return lines
+
+
+def format_report(report: Any) -> str:
+    """A readable table of a drift report (the SDK's or the server's ``DriftReport``)."""
+    out = [
+        f"reference: {report.reference_state} ({report.reference_count} explanations)   "
+        f"window: {report.window_count} explanations   alert above JSD "
+        f"{report.alert_threshold:.3f}",
+        f"label mix JSD {report.label_mix_divergence:.4f}   attribution entropy "
+        f"{report.reference_entropy:.2f} -> {report.current_entropy:.2f} bits",
+        "",
+    ]
+    if not report.labels:
+        out.append("(no labels)")
+    width = max([len("label"), *(len(d.label) for d in report.labels)])
+    out.append(f"{'label':<{width}}  {'JSD':>7}  {'alert':<5}  {'window':>6}")
+    out.append("-" * (width + 26))
+    for d in report.labels:
+        alert = "ALERT" if d.alert else "ok"
+        out.append(f"{d.label:<{width}}  {d.divergence:7.4f}  {alert:<5}  {d.window_count:>6}")
+    for d in report.labels:
+        if not d.risers and not d.fallers:
+            continue
+        out.append("")
+        out.append(f"  {d.label}: share of positive attribution mass, reference -> current")
+        out.extend(_shift_lines("risers", d.risers))
+        out.extend(_shift_lines("fallers", d.fallers))
+    return "\n".join(out)
+
+
+def plot_report(report: Any, path: Path, top_k: int = 8) -> None:
+    """PNG: divergence per label (with the threshold) and each label's top token shifts."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    labels = list(report.labels)
+    n = max(len(labels), 1)
+    fig, axes = plt.subplots(1, n + 1, figsize=(4.2 * (n + 1), 4.0), squeeze=False)
+    ax = axes[0][0]
+    names = [d.label for d in labels]
+    values = [d.divergence for d in labels]
+    colours = ["tab:red" if d.alert else "tab:blue" for d in labels]
+    ax.bar(names, values, color=colours)
+    ax.axhline(report.alert_threshold, color="tab:red", linestyle="--", linewidth=1)
+    ax.set_ylim(0, max([report.alert_threshold * 1.5, *values, 1e-3]) * 1.1)
+    ax.set_ylabel("Jensen-Shannon divergence (bits)")
+    ax.set_title(f"attribution drift ({report.reference_state})")
+    for i, d in enumerate(labels):
+        ax = axes[0][i + 1]
+        shifts = sorted(
+            [*d.risers, *d.fallers], key=lambda s: abs(s.current_share - s.reference_share)
+        )[-top_k:]
+        deltas = [100.0 * (s.current_share - s.reference_share) for s in shifts]
+        ax.barh(
+            [s.token for s in shifts],
+            deltas,
+            color=["tab:green" if x >= 0 else "tab:orange" for x in deltas],
+        )
+        ax.axvline(0, color="black", linewidth=0.8)
+        ax.set_xlabel("share change (percentage points)")
+        ax.set_title(f"{d.label}: JSD {d.divergence:.3f}, n={d.window_count}")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def _fetch(args: argparse.Namespace) -> Any:
+    from limelight.cli.common import client_from_args
+
+    with client_from_args(args) as client:
+        return client.drift(top_k=max(args.top_k, 0))
+
+
+def run_drift(args: argparse.Namespace, stdout: TextIO | None = None) -> int:
+    stdout = stdout or sys.stdout
+    from limelight_client.errors import LimelightError as ClientError
+
+    try:
+        report = _fetch(args)
+    except ClientError as exc:  # carries the status code and the server's message
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    print(format_report(report), file=stdout)
+    if args.plot is not None:
+        plot_report(report, args.plot, top_k=max(args.top_k, 1))
+        print(f"wrote {args.plot}", file=stdout)
+    if args.fail_on_alert and any(d.alert for d in report.labels):
+        return 3
+    return 0

@@ -1,0 +1,177 @@
+"""`limelight jobs list|show|cancel|watch`: inspect and manage jobs of a running sidecar."""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import sys
+from typing import Any
+
+from limelight.cli.common import add_client_args, client_from_args
+
+_STATES = ["queued", "running", "succeeded", "failed", "cancelled"]
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = subparsers.add_parser(
+        "jobs",
+        help="list, show, watch or cancel explanation jobs",
+        description="Inspect and manage the explanation jobs of a running sidecar over gRPC.",
+    )
+    sub = p.add_subparsers(dest="jobs_command", metavar="ACTION", required=True)
+
+    ls = sub.add_parser("list", help="recent jobs, newest first")
+    add_client_args(ls)
+    ls.add_argument(
+        "--state", action="append", choices=_STATES, help="only jobs in this state (repeatable)"
+    )
+    ls.add_argument("--limit", type=int, default=50, help="at most this many jobs (default 50)")
+    ls.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    ls.set_defaults(func=run_list)
+
+    show = sub.add_parser("show", help="one job, with its explanation once it succeeded")
+    add_client_args(show)
+    show.add_argument("id", help="job id")
+    show.add_argument("--json", action="store_true", help="print JSON")
+    show.add_argument("--top", type=int, default=5, help="top tokens to list (default 5)")
+    show.set_defaults(func=run_show)
+
+    watch = sub.add_parser("watch", help="follow a job's progress until it ends")
+    add_client_args(watch)
+    watch.add_argument("id", help="job id")
+    watch.set_defaults(func=run_watch)
+
+    cancel = sub.add_parser("cancel", help="cancel a queued or running job")
+    add_client_args(cancel)
+    cancel.add_argument("id", help="job id")
+    cancel.set_defaults(func=run_cancel)
+
+
+def _when(t: dt.datetime | None) -> str:
+    return t.astimezone().strftime("%Y-%m-%d %H:%M:%S") if t is not None else "-"
+
+
+def _duration(info: Any) -> str:
+    if info.started_at is None:
+        return "-"
+    end = info.finished_at or dt.datetime.now(dt.UTC)
+    return f"{(end - info.started_at).total_seconds():.1f}s"
+
+
+def format_table(rows: list[list[str]], header: list[str]) -> str:
+    """Columns padded to their widest cell; the last column is left ragged."""
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+    lines = []
+    for row in [header, *rows]:
+        cells = [c.ljust(w) for c, w in zip(row[:-1], widths[:-1], strict=True)]
+        lines.append("  ".join([*cells, row[-1]]).rstrip())
+    return "\n".join(lines)
+
+
+def jobs_table(infos: list[Any]) -> str:
+    rows = [
+        [
+            info.id,
+            info.state.name.lower(),
+            info.method,
+            f"{100 * info.progress:.0f}%",
+            str(info.attempts),
+            _when(info.created_at),
+            _duration(info),
+            (info.error or info.message)[:60],
+        ]
+        for info in infos
+    ]
+    header = ["ID", "STATE", "METHOD", "PROGRESS", "ATTEMPTS", "CREATED", "RAN", "MESSAGE"]
+    return format_table(rows, header)
+
+
+def describe(info: Any, top: int = 5) -> str:
+    """A human-readable page about one job."""
+    lines = [
+        f"job        {info.id}",
+        f"state      {info.state.name.lower()}",
+        f"method     {info.method}",
+        f"parameters {json.dumps(info.parameters, sort_keys=True)}",
+        f"progress   {100 * info.progress:.0f}%  {info.message}",
+        f"attempts   {info.attempts}",
+        f"created    {_when(info.created_at)}",
+        f"started    {_when(info.started_at)}",
+        f"finished   {_when(info.finished_at)}",
+    ]
+    if info.idempotency_key:
+        lines.append(f"key        {info.idempotency_key}")
+    if info.error:
+        lines.append(f"error      {info.error}")
+    result = info.result
+    if result is not None:
+        lines.append("")
+        lines.append(result.to_terminal())
+        ranked = ", ".join(f"{tok.text} ({score:+.3f})" for tok, score in result.top(top))
+        lines.append(f"top tokens: {ranked}")
+    return "\n".join(lines)
+
+
+def _call(args: argparse.Namespace, action: Any) -> int:
+    from limelight_client.errors import LimelightError
+
+    try:
+        with client_from_args(args) as client:
+            return int(action(client) or 0)
+    except LimelightError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+
+
+def run_list(args: argparse.Namespace) -> int:
+    def action(client: Any) -> int:
+        infos = client.jobs(states=args.state or None, limit=args.limit)
+        if args.json:
+            print(json.dumps([i.to_dict() for i in infos], indent=2))
+        elif infos:
+            print(jobs_table(infos))
+        else:
+            print("no jobs")
+        return 0
+
+    return _call(args, action)
+
+
+def run_show(args: argparse.Namespace) -> int:
+    def action(client: Any) -> int:
+        info = client.job(args.id).info
+        print(json.dumps(info.to_dict(), indent=2) if args.json else describe(info, args.top))
+        return 0
+
+    return _call(args, action)
+
+
+def run_watch(args: argparse.Namespace) -> int:
+    def action(client: Any) -> int:
+        from tqdm import tqdm
+
+        job = client.job(args.id)
+        with tqdm(total=100, desc=f"{job.info.method} {job.id[:8]}", unit="%") as bar:
+            for info in job.watch():
+                bar.n = round(100 * info.progress)
+                bar.set_postfix_str(f"{info.state.name.lower()} {info.message}"[:60])
+                bar.refresh()
+        info = job.refresh()
+        print(describe(info))
+        return 0 if info.state.name == "SUCCEEDED" else 1
+
+    return _call(args, action)
+
+
+def run_cancel(args: argparse.Namespace) -> int:
+    def action(client: Any) -> int:
+        info = client.job(args.id).cancel()
+        state = info.state.name.lower()
+        if state == "running":
+            print(f"job {info.id}: cancellation requested; it stops at its next checkpoint")
+        else:
+            print(f"job {info.id}: {state}")
+        return 0
+
+    return _call(args, action)

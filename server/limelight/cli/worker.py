@@ -1,0 +1,152 @@
+"""`limelight worker`: run Redis job workers in their own processes (e.g. on GPU nodes)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import multiprocessing as mp
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+from limelight.cli.common import add_model_args, settings_from_args, setup_logging
+from limelight.settings import Settings
+
+log = logging.getLogger("limelight.worker")
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = subparsers.add_parser(
+        "worker",
+        help="run job workers that consume a Redis job queue",
+        description="Start N worker processes that take explanation jobs from the Redis queue "
+        "the sidecars enqueue to (`limelight serve --jobs redis://…`). A worker that dies has "
+        "its job reclaimed by another one; SIGTERM lets running jobs finish (within the grace "
+        "period) and hands unfinished ones back to the queue.",
+    )
+    add_model_args(p)
+    p.add_argument("--jobs", help="queue address redis://host:port/db (or $LIMELIGHT_JOBS)")
+    p.add_argument("--workers", type=int, help="worker processes (default: job_workers)")
+    p.add_argument("--lm-head", dest="lm_head_dir", type=Path, help="masked-LM head directory")
+    p.add_argument("--head-mask", dest="head_mask_path", type=Path, help="LRP head mask file")
+    p.add_argument("--max-tokens", type=int, help="token limit per input")
+    p.add_argument("--truncation", choices=["truncate", "reject"], help="over-long input policy")
+    p.add_argument(
+        "--torch-threads",
+        type=int,
+        help="intra-op threads per worker process (set about cores / workers)",
+    )
+    p.add_argument("--grace-period-s", type=float, help="SIGTERM: time to finish a running job")
+    p.add_argument(
+        "--reclaim-idle-s",
+        dest="job_reclaim_idle_s",
+        type=float,
+        help="take over jobs of workers silent this long (default 30)",
+    )
+    p.add_argument(
+        "--metrics-port",
+        type=int,
+        default=0,
+        help="Prometheus port of worker 0; worker i uses port+i (default 0: off)",
+    )
+    p.add_argument(
+        "--method",
+        dest="extra_methods",
+        action="append",
+        default=[],
+        metavar="MODULE:CLASS",
+        help="register an extra JobMethod class (repeatable)",
+    )
+    p.add_argument("--log-level", help="DEBUG, INFO, WARNING, ...")
+    p.set_defaults(func=run)
+
+
+def _child(settings: Settings, extra_methods: list[str], metrics_port: int) -> None:
+    """One worker process: load the model, consume until SIGTERM."""
+    setup_logging(settings.log_level)
+    from limelight.app import load_served_model
+    from limelight.jobs.redis_backend import RedisWorker
+    from limelight.jobs.runner import JobRunner, load_job_methods
+    from limelight.metrics import Metrics
+
+    metrics = Metrics()
+    if metrics_port:
+        from prometheus_client import start_http_server
+
+        start_http_server(metrics_port, registry=metrics.registry)
+    # Applies settings.torch_threads: with N workers on C cores, about C / N each.
+    model = load_served_model(settings, progress=False)
+    runner = JobRunner(model, load_job_methods(extra_methods), settings)
+    worker = RedisWorker(settings, runner, metrics)
+
+    def on_term(signum: int, frame: FrameType | None) -> None:
+        if worker._stop.is_set():  # second signal: hand the job back now
+            worker.abandon()
+            return
+        log.info("worker %s: stopping after the current job", worker.name)
+        worker.request_stop()
+        timer = threading.Timer(settings.grace_period_s, worker.abandon)
+        timer.daemon = True
+        timer.start()
+
+    signal.signal(signal.SIGTERM, on_term)
+    signal.signal(signal.SIGINT, on_term)
+    log.info("worker %s ready (model %s, %s)", worker.name, model.name, model.version)
+    worker.run()
+
+
+def run(args: argparse.Namespace) -> int:
+    settings = settings_from_args(args)
+    setup_logging(settings.log_level)
+    if not settings.jobs.startswith(("redis://", "rediss://", "unix://")):
+        log.error("limelight worker needs a Redis queue: --jobs redis://host:port/db")
+        return 2
+    count = max(1, args.workers or settings.job_workers)
+    # spawn, not fork: forking a process that has touched torch threads can deadlock.
+    ctx = mp.get_context("spawn")
+    slots: list[Any] = [None] * count
+    stopping = threading.Event()
+
+    def start(i: int) -> None:
+        port = args.metrics_port + i if args.metrics_port else 0
+        proc = ctx.Process(
+            target=_child,
+            args=(settings, list(args.extra_methods), port),
+            name=f"limelight-worker-{i}",
+        )
+        proc.start()
+        slots[i] = proc
+        log.info("started worker process %d (pid %s)", i, proc.pid)
+
+    def on_term(signum: int, frame: FrameType | None) -> None:
+        stopping.set()
+        for proc in slots:
+            if proc is not None and proc.is_alive() and proc.pid:
+                os.kill(proc.pid, signal.SIGTERM)
+
+    signal.signal(signal.SIGTERM, on_term)
+    signal.signal(signal.SIGINT, on_term)
+    for i in range(count):
+        start(i)
+    # Supervise: a worker that dies (OOM kill, crash inside a method) is replaced; its job is
+    # reclaimed from the queue by whichever worker sees it idle first.
+    restarts = [0.0] * count
+    while not stopping.is_set():
+        for i, proc in enumerate(slots):
+            if proc is not None and not proc.is_alive() and not stopping.is_set():
+                log.warning("worker process %d (pid %s) exited with %s", i, proc.pid, proc.exitcode)
+                # Back off when a worker dies again right away (e.g. a broken model directory).
+                if time.monotonic() - restarts[i] < 5.0:
+                    stopping.wait(2.0)
+                restarts[i] = time.monotonic()
+                if not stopping.is_set():
+                    start(i)
+        stopping.wait(0.2)
+    for proc in slots:
+        if proc is not None:
+            proc.join()
+    return 0

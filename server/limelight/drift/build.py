@@ -1,0 +1,108 @@
+"""Building a drift reference offline: inline NormXLogit over a dataset, batched."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from limelight.drift.monitor import REFERENCE_CAPACITY_FACTOR
+from limelight.drift.profile import Profile, positive_shares
+from limelight.drift.reference import ReferenceFile
+from limelight.methods.normxlogit import NormXLogit
+from limelight.models.loaded import LoadedModel
+from limelight.runtimes.base import InlineBatch, Runtime
+from limelight.runtimes.torch_runtime import TorchRuntime
+
+
+@dataclass(frozen=True)
+class Observation:
+    """What the serving path hands the drift monitor for one explanation."""
+
+    label: str
+    tokens: list[str]
+    """Non-special token texts."""
+    scores: np.ndarray
+    """NormXLogit score per token for the predicted label."""
+
+
+def explain_texts(
+    model: LoadedModel,
+    texts: Sequence[str],
+    *,
+    runtime: Runtime | None = None,
+    batch_size: int = 32,
+    progress: Any = None,
+    max_tokens: int | None = None,
+    pairs: Sequence[str | None] | None = None,
+) -> list[Observation]:
+    """Inline NormXLogit of the predicted class for every text (and pair), in input order.
+
+    Texts are batched in order of token length (less padding); ``progress`` is an optional
+    tqdm-like object whose ``update(n)`` is called after each batch.
+    """
+    runtime = runtime or TorchRuntime(model)
+    method = NormXLogit()
+    if pairs is not None and len(pairs) != len(texts):
+        raise ValueError("pairs must match texts")
+    encoded = [
+        model.encode(t, pairs[i] if pairs is not None else None, max_tokens=max_tokens)
+        for i, t in enumerate(texts)
+    ]
+    order = sorted(range(len(encoded)), key=lambda i: len(encoded[i]))
+    results: list[Observation | None] = [None] * len(encoded)
+    for start in range(0, len(order), batch_size):
+        rows = order[start : start + batch_size]
+        batch = InlineBatch.from_encoded([encoded[i] for i in rows], model.pad_id)
+        outputs = runtime.run_inline(batch)
+        for row, index in enumerate(rows):
+            enc = encoded[index]
+            predicted = int(np.argmax(outputs.logits[row]))
+            scores = method.attribute(outputs, row, len(enc))[:, predicted]
+            keep = ~enc.special_mask
+            results[index] = Observation(
+                label=model.labels[predicted],
+                tokens=[t.text for t, k in zip(enc.tokens, keep, strict=True) if k],
+                scores=np.asarray(scores[keep], dtype=np.float32),
+            )
+        if progress is not None:
+            progress.update(len(rows))
+    return [r for r in results if r is not None]
+
+
+def profile_of(
+    observations: Sequence[Observation], labels: Sequence[str], capacity: int
+) -> Profile:
+    """A profile of observations, aggregated exactly like the monitor's reference."""
+    profile = Profile(labels, capacity)
+    for obs in observations:
+        shares, entropy = positive_shares(obs.tokens, obs.scores)
+        profile.add(obs.label, shares, entropy)
+    return profile
+
+
+def build_reference(
+    model: LoadedModel,
+    texts: Sequence[str],
+    *,
+    sketch_size: int,
+    batch_size: int = 32,
+    progress: Any = None,
+    source: dict[str, Any] | None = None,
+    pairs: Sequence[str | None] | None = None,
+) -> ReferenceFile:
+    """A reference file of ``model``'s inline NormXLogit attributions on ``texts``."""
+    observations = explain_texts(
+        model, texts, batch_size=batch_size, progress=progress, pairs=pairs
+    )
+    profile = profile_of(observations, model.labels, sketch_size * REFERENCE_CAPACITY_FACTOR)
+    return ReferenceFile(
+        profile=profile,
+        labels=list(model.labels),
+        model_name=model.name,
+        model_version=model.version,
+        method=NormXLogit.name,
+        source=dict(source or {}),
+    )

@@ -1,0 +1,226 @@
+"""The attribution drift monitor fed by every inline explanation (DESIGN §5).
+
+Per predicted label it keeps the distribution of positive attribution mass over (normalised)
+tokens in a sliding window of the last ``settings.drift_window`` explanations and compares it
+with a reference by Jensen-Shannon divergence (base 2, in [0, 1]). The reference comes from a
+file (``settings.drift_reference``, written by ``limelight drift-reference build``) or, without
+one, from the first ``settings.drift_bootstrap_n`` explanations (state "building" until then).
+
+Memory is bounded: the window is a ring of sub-window profiles, each with a Space-Saving sketch
+of ``settings.drift_sketch_size`` tokens per label; the reference keeps
+``REFERENCE_CAPACITY_FACTOR`` times as many (one sketch per label, built once).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+import time
+from collections.abc import Sequence
+
+import numpy as np
+import numpy.typing as npt
+
+from limelight.drift.profile import (
+    MIN_BIN_SHARE,
+    Profile,
+    compare,
+    js_divergence,
+    positive_shares,
+)
+from limelight.drift.reference import ReferenceFile
+from limelight.drift.report import DriftReport, LabelDrift, ReferenceState
+from limelight.drift.sketch import SketchRing
+from limelight.errors import FailedPrecondition
+from limelight.metrics.collectors import Metrics
+from limelight.settings import Settings
+
+log = logging.getLogger(__name__)
+
+REFERENCE_CAPACITY_FACTOR = 4
+"""The reference sketch per label tracks this many times ``drift_sketch_size`` tokens."""
+DEFAULT_SLOTS = 10
+"""Sub-windows of the sliding window: it spans 90-100 % of ``drift_window`` explanations."""
+
+
+class DriftMonitor:
+    """Thread-safe attribution drift monitor. ``observe`` is O(tokens); ``report`` is O(memory).
+
+    Prometheus gauges (when ``metrics`` is given) are refreshed when the reference becomes
+    ready, when a sub-window fills (every ``drift_window / slots`` explanations) but at most
+    once per ``gauge_interval_s`` (a refresh is a full report: milliseconds), and on every
+    :meth:`report` / :meth:`refresh_gauges`.
+
+    ``model_version`` (the served model's fingerprint) is compared with the reference file's;
+    a mismatch is logged. ``min_share``: the smallest share of a label's positive mass that
+    gets its own bin in the divergence (see :func:`limelight.drift.profile.compare`).
+    """
+
+    def __init__(
+        self,
+        settings: Settings,
+        labels: Sequence[str],
+        metrics: Metrics | None = None,
+        *,
+        model_version: str | None = None,
+        slots: int = DEFAULT_SLOTS,
+        top_k: int = 10,
+        min_share: float = MIN_BIN_SHARE,
+        gauge_interval_s: float = 5.0,
+    ) -> None:
+        if not labels:
+            raise ValueError("a drift monitor needs the model's labels")
+        self.labels = list(labels)
+        self._label_set = frozenset(self.labels)
+        self.threshold = float(settings.drift_alert_threshold)
+        self.bootstrap_n = max(int(settings.drift_bootstrap_n), 1)
+        self.capacity = max(int(settings.drift_sketch_size), 1)
+        self.window = max(int(settings.drift_window), 1)
+        self.top_k = top_k
+        self.min_share = min_share
+        self.gauge_interval_s = gauge_interval_s
+        self._last_refresh = -math.inf
+        self._metrics = metrics
+        self._lock = threading.Lock()
+        self._ring: SketchRing[Profile] = SketchRing(
+            self.window, slots, lambda: Profile(self.labels, self.capacity)
+        )
+        self._reference = Profile(self.labels, self.capacity * REFERENCE_CAPACITY_FACTOR)
+        self._state: ReferenceState
+        if not settings.drift_enabled:
+            self._state = "disabled"
+        elif settings.drift_reference is not None:
+            self._reference = self._load_reference(settings, model_version)
+            self._state = "ready"
+        else:
+            self._state = "building"
+        self._refresh_gauges(self._compute(self.top_k))
+
+    def _load_reference(self, settings: Settings, model_version: str | None) -> Profile:
+        assert settings.drift_reference is not None
+        ref = ReferenceFile.load(settings.drift_reference)
+        if ref.labels != self.labels:
+            raise FailedPrecondition(
+                f"drift reference {settings.drift_reference} has labels {ref.labels}; the model "
+                f"has {self.labels}"
+            )
+        if model_version and ref.model_version and ref.model_version != model_version:
+            # Still usable (same labels), but drift then also measures the model change.
+            log.warning(
+                "drift reference %s was built for model version %s; serving %s",
+                settings.drift_reference,
+                ref.model_version,
+                model_version,
+            )
+        log.info("drift reference %s: %d explanations", settings.drift_reference, ref.profile.count)
+        return ref.profile
+
+    @property
+    def state(self) -> ReferenceState:
+        return self._state
+
+    def observe(
+        self,
+        label: str,
+        tokens: Sequence[str],
+        scores: Sequence[float] | npt.NDArray[np.floating],
+    ) -> None:
+        """Count one explanation: its predicted ``label``, its non-special token texts and one
+        score per token for that label. Unknown labels and disabled monitors are ignored."""
+        if self._state == "disabled" or label not in self._label_set:
+            return
+        shares, entropy = positive_shares(tokens, scores)
+        report = None
+        with self._lock:
+            if self._state == "building":
+                self._reference.add(label, shares, entropy)
+                if self._reference.count >= self.bootstrap_n:
+                    self._state = "ready"
+                    log.info("drift reference ready: the first %d explanations", self.bootstrap_n)
+                    report = self._compute(self.top_k)
+            else:
+                self._ring.advance().add(label, shares, entropy)
+                if (
+                    self._ring.tick()
+                    and self._metrics is not None
+                    and time.monotonic() - self._last_refresh >= self.gauge_interval_s
+                ):
+                    report = self._compute(self.top_k)
+        if report is not None:
+            self._refresh_gauges(report)
+
+    def refresh_gauges(self) -> None:
+        """Recompute the report and update the Prometheus gauges now (e.g. from a timer)."""
+        self.report()
+
+    def report(self, top_k: int | None = None) -> DriftReport:
+        """The current window against the reference, with ``top_k`` risers and fallers."""
+        k = self.top_k if top_k is None or top_k <= 0 else top_k
+        with self._lock:
+            report = self._compute(k)
+        self._refresh_gauges(report)
+        return report
+
+    def _compute(self, top_k: int) -> DriftReport:
+        reference = self._reference
+        ready = self._state == "ready"
+        window = Profile.merge(self._ring.parts()) if ready else None
+        labels: list[LabelDrift] = []
+        for label in self.labels:
+            if window is None:
+                labels.append(LabelDrift(label, 0.0, False, 0))
+                continue
+            cmp = compare(reference.sketches[label], window.sketches[label], self.min_share)
+            risers = sorted((s for s in cmp.shifts if s.delta > 0), key=lambda s: -s.delta)
+            fallers = sorted((s for s in cmp.shifts if s.delta < 0), key=lambda s: s.delta)
+            labels.append(
+                LabelDrift(
+                    label=label,
+                    divergence=cmp.divergence,
+                    alert=cmp.divergence > self.threshold,
+                    window_count=window.label_counts[label],
+                    risers=risers[:top_k],
+                    fallers=fallers[:top_k],
+                )
+            )
+        mix = 0.0
+        if window is not None:
+            mix = js_divergence(
+                [reference.label_counts[x] for x in self.labels],
+                [window.label_counts[x] for x in self.labels],
+            )
+        return DriftReport(
+            reference_state=self._state,
+            reference_count=reference.count,
+            window_count=window.count if window is not None else 0,
+            alert_threshold=self.threshold,
+            labels=labels,
+            label_mix_divergence=mix,
+            reference_entropy=reference.mean_entropy,
+            current_entropy=window.mean_entropy if window is not None else 0.0,
+            generated_at=time.time(),
+        )
+
+    def _refresh_gauges(self, report: DriftReport) -> None:
+        m = self._metrics
+        if m is None:
+            return
+        self._last_refresh = time.monotonic()
+        for state in ("building", "ready", "disabled"):
+            m.drift_reference_state.labels(state=state).set(
+                1.0 if report.reference_state == state else 0.0
+            )
+        m.drift_reference_explanations.set(report.reference_count)
+        m.drift_window_explanations.set(report.window_count)
+        m.drift_alert_threshold.set(report.alert_threshold)
+        ready = report.reference_state == "ready"
+        for d in report.labels:
+            # NaN (no sample in the window) keeps an empty label from looking healthy.
+            value = d.divergence if ready and d.window_count > 0 else math.nan
+            m.attribution_drift.labels(label=d.label).set(value)
+        m.label_mix_drift.set(report.label_mix_divergence if ready else math.nan)
+        m.attribution_entropy.labels(window="reference").set(report.reference_entropy)
+        m.attribution_entropy.labels(window="current").set(
+            report.current_entropy if ready else math.nan
+        )

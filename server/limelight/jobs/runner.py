@@ -1,0 +1,175 @@
+"""Executes one job synchronously: encode, classify, attribute, wrap into an Explanation."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import numpy as np
+import torch
+
+from limelight.core.jobs import JobSpec
+from limelight.core.types import Attribution, Encoded, Explanation, FloatArray, Timings
+from limelight.errors import FailedPrecondition, InvalidArgument
+from limelight.methods.base import (
+    BUILTIN_METHODS,
+    JobContext,
+    JobMethod,
+    MethodRegistry,
+    _load,
+)
+from limelight.models.loaded import LoadedModel
+from limelight.settings import Settings
+
+log = logging.getLogger(__name__)
+
+ProgressFn = Callable[[float, str], None]
+StopFn = Callable[[], bool]
+
+
+def load_job_methods(extra: list[str] | None = None) -> MethodRegistry:
+    """Every built-in method that imports, plus ``extra`` ("module:Class") plug-ins.
+
+    A built-in whose module (or optional dependency) is missing is skipped with a warning, so
+    that one broken method never takes the worker down.
+    """
+    registry = MethodRegistry()
+    for name, path in BUILTIN_METHODS.items():
+        try:
+            registry.register(_load(path)())
+        except (ImportError, AttributeError) as exc:
+            log.warning("method %s unavailable: %s", name, exc)
+    for path in extra or []:
+        registry.register(_load(path)())
+    return registry
+
+
+class JobRunner:
+    """Runs job specs against one loaded model in the calling thread."""
+
+    def __init__(self, model: LoadedModel, methods: MethodRegistry, settings: Settings) -> None:
+        self.model = model
+        self.methods = methods
+        self.settings = settings
+        methods.configure(settings)  # e.g. --lm-head for decoded_gradcam's availability
+
+    def job_method(self, name: str) -> JobMethod:
+        """The named job method, or InvalidArgument/FailedPrecondition saying why not."""
+        method = self.methods.get(name)
+        if not isinstance(method, JobMethod):
+            raise InvalidArgument(f"method {name!r} runs inline; submit it with Explain instead")
+        reason = method.unavailable_reason(self.model)
+        if reason:
+            raise FailedPrecondition(f"method {name!r} cannot run on this model: {reason}")
+        return method
+
+    def validate(self, spec: JobSpec) -> dict[str, Any]:
+        """Check a spec before it is queued: method, parameters and target label."""
+        method = self.job_method(spec.method)
+        params = method.validate_params(spec.params)
+        method.validate_for_model(self.model, params)
+        if spec.target is not None:
+            self._resolve_target(spec, None)
+        return params
+
+    def _resolve_target(self, spec: JobSpec, predicted: int | None) -> int:
+        target = spec.target
+        if target is not None and target.label:
+            return self.model.label_index(target.label)
+        if target is not None and target.index is not None:
+            if not 0 <= target.index < self.model.num_labels:
+                raise InvalidArgument(
+                    f"target index {target.index} out of range [0, {self.model.num_labels})"
+                )
+            return int(target.index)
+        return predicted if predicted is not None else 0
+
+    def _classify(self, encoded: Encoded) -> FloatArray:
+        device = self.model.device
+        ids = torch.tensor([encoded.input_ids], dtype=torch.long, device=device)
+        mask = torch.ones_like(ids)
+        types = (
+            torch.tensor([encoded.token_type_ids], dtype=torch.long, device=device)
+            if encoded.token_type_ids is not None
+            else None
+        )
+        with torch.inference_mode():
+            kwargs = self.model.adapter.base_inputs(ids, mask, types)
+            logits = self.model.model(**kwargs).logits
+        return np.asarray(logits[0].float().cpu().numpy(), dtype=np.float32)
+
+    def run(
+        self,
+        spec: JobSpec,
+        job_id: str = "",
+        report: ProgressFn | None = None,
+        should_stop: StopFn | None = None,
+        queue_seconds: float = 0.0,
+    ) -> Explanation:
+        """Compute the explanation of ``spec``; raises JobCancelled when ``should_stop`` says so."""
+        started = time.perf_counter()
+        method = self.job_method(spec.method)
+        params: Mapping[str, Any] = method.validate_params(spec.params)
+        encoded = self.model.encode(
+            spec.text, spec.text_pair, self.settings.max_tokens, self.settings.truncation
+        )
+        tokenized = time.perf_counter()
+        logits = self._classify(encoded)
+        forwarded = time.perf_counter()
+        if self.model.is_regression:
+            probabilities = [float(logits[0])]
+            predicted = 0
+        else:
+            shifted = np.exp(logits - logits.max())
+            probabilities = [float(p) for p in shifted / shifted.sum()]
+            predicted = int(np.argmax(logits))
+        target = self._resolve_target(spec, predicted)
+        ctx = JobContext(
+            model=self.model,
+            settings=self.settings,
+            report=report or (lambda fraction, message: None),
+            should_stop=should_stop or (lambda: False),
+        )
+        output = method.run(ctx, encoded, target, params)
+        done = time.perf_counter()
+        scores = np.asarray(output.scores, dtype=np.float32)
+        if scores.shape != (len(encoded),):
+            raise RuntimeError(
+                f"method {spec.method} returned {scores.shape} scores for {len(encoded)} tokens"
+            )
+        attribution = Attribution(
+            method=spec.method,
+            parameters=dict(params),
+            target_index=target,
+            target_label=self.model.labels[target],
+            scores=scores,
+            class_scores=np.asarray(output.class_scores, dtype=np.float32)
+            if output.class_scores is not None
+            else None,
+            extra_scores={
+                k: np.asarray(v, dtype=np.float32) for k, v in output.extra_scores.items()
+            },
+            details=dict(output.details),
+        )
+        return Explanation(
+            request_id=job_id,
+            label_index=predicted,
+            label=self.model.labels[predicted],
+            probabilities=probabilities,
+            labels=list(self.model.labels),
+            tokens=list(encoded.tokens),
+            attribution=attribution,
+            model_name=self.model.name,
+            model_version=self.model.version,
+            truncated=encoded.truncated,
+            timings=Timings(
+                queue_seconds=queue_seconds,
+                tokenize_seconds=tokenized - started,
+                forward_seconds=forwarded - tokenized,
+                attribute_seconds=done - forwarded,
+                total_seconds=done - started,
+                batch_size=1,
+            ),
+        )

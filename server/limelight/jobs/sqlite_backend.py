@@ -1,0 +1,543 @@
+"""The embedded job backend: an SQLite journal (WAL) and in-process worker threads.
+
+Every state change is committed before it is acted on, so a crash or ``kill -9`` loses nothing:
+on the next ``start()`` RUNNING jobs of the dead process go back to QUEUED (their attempt count
+kept; after ``job_max_attempts`` interrupted runs a job is FAILED instead, so a job that kills the
+process cannot crash-loop it) and every QUEUED job runs in submission order. Finished jobs stay
+readable until their ``expires_at`` (result TTL); then they are purged and reads answer NotFound.
+
+CPU: jobs run on ``settings.job_workers`` threads (default 1). Torch's intra-op pool is shared
+with the inline path, so the worker count bounds how many job forward/backward passes compete
+with inline traffic at once; in addition every checkpoint of a job method waits (bounded) for
+the ``InlineGate`` to be idle, so inline micro-batches run first. The journal is owned by one
+process: point two sidecars at two files (or use the Redis backend to share a queue).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import sqlite3
+import threading
+import time
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, replace
+from typing import Any
+
+from limelight.core.jobs import JobBackend, JobRecord, JobSpec, JobState
+from limelight.errors import LimelightError, NotFound, ResourceExhausted, Unavailable
+from limelight.jobs.priority import InlineGate
+from limelight.jobs.runner import JobRunner
+from limelight.jobs.serialize import (
+    explanation_from_dict,
+    explanation_to_dict,
+    spec_from_dict,
+    spec_to_dict,
+)
+from limelight.methods.base import JobCancelled
+from limelight.metrics import Metrics
+from limelight.settings import Settings
+
+log = logging.getLogger(__name__)
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS jobs (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    id TEXT NOT NULL UNIQUE,
+    method TEXT NOT NULL,
+    state TEXT NOT NULL,
+    spec TEXT NOT NULL,
+    result TEXT,
+    error TEXT NOT NULL DEFAULT '',
+    progress REAL NOT NULL DEFAULT 0,
+    message TEXT NOT NULL DEFAULT '',
+    created_at REAL NOT NULL,
+    started_at REAL,
+    finished_at REAL,
+    attempts INTEGER NOT NULL DEFAULT 0,
+    idempotency_key TEXT UNIQUE,
+    expires_at REAL,
+    cancel_requested INTEGER NOT NULL DEFAULT 0
+);
+CREATE INDEX IF NOT EXISTS jobs_state ON jobs(state, seq);
+CREATE INDEX IF NOT EXISTS jobs_expiry ON jobs(expires_at);
+"""
+
+_COLUMNS = (
+    "id, state, spec, result, error, progress, message, created_at, started_at, finished_at, "
+    "attempts"
+)
+
+
+@dataclass
+class _Control:
+    """Why a running job should stop; read by the worker thread at checkpoints."""
+
+    deadline: float
+    timeout_s: float
+    cancelled: bool = False
+
+
+def job_timeout(spec: JobSpec, settings: Settings) -> float:
+    """The effective timeout of a job (seconds)."""
+    return spec.timeout_s if spec.timeout_s > 0 else settings.job_timeout_s
+
+
+class SqliteJobBackend(JobBackend):
+    """Embedded, journalled job backend. ``runner=None`` opens the journal without workers."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        runner: JobRunner | None,
+        metrics: Metrics | None = None,
+        gate: InlineGate | None = None,
+        *,
+        yield_timeout_s: float = 1.0,
+        idle_poll_s: float = 1.0,
+    ) -> None:
+        self.settings = settings
+        self.runner = runner
+        self.metrics = metrics
+        self.gate = gate
+        self.path = settings.resolved_jobs_db()
+        self._yield_timeout_s = yield_timeout_s
+        """Longest a job waits for inline traffic at one checkpoint (no starvation)."""
+        self._idle_poll_s = idle_poll_s
+        self._db: sqlite3.Connection | None = None
+        self._lock = threading.RLock()
+        self._work = threading.Condition()
+        self._threads: list[threading.Thread] = []
+        self._running: dict[str, _Control] = {}
+        self._stopping = threading.Event()
+        self._abandon = threading.Event()
+        self._watch_lock = threading.Lock()
+        self._watchers: dict[str, set[tuple[asyncio.AbstractEventLoop, asyncio.Event]]] = {}
+        self._depth_methods: set[str] = set()
+
+    # --- storage -------------------------------------------------------------------------------
+
+    @contextmanager
+    def _tx(self) -> Iterator[sqlite3.Connection]:
+        with self._lock:
+            if self._db is None:
+                raise Unavailable("job store is not open")
+            db = self._db
+            db.execute("BEGIN IMMEDIATE")
+            try:
+                yield db
+            except BaseException:
+                db.execute("ROLLBACK")
+                raise
+            db.execute("COMMIT")
+
+    def _open(self) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
+        db.row_factory = sqlite3.Row
+        db.execute("PRAGMA journal_mode=WAL")
+        # WAL + NORMAL: a committed transaction survives a process crash (kill -9); only an OS
+        # crash or power loss may drop the last commits.
+        db.execute("PRAGMA synchronous=NORMAL")
+        db.execute("PRAGMA busy_timeout=5000")
+        db.executescript(_SCHEMA)
+        self._db = db
+
+    def _record(self, row: sqlite3.Row, with_result: bool = True) -> JobRecord:
+        result = None
+        if with_result and row["result"]:
+            result = explanation_from_dict(json.loads(row["result"]))
+        return JobRecord(
+            id=row["id"],
+            state=JobState(row["state"]),
+            spec=spec_from_dict(json.loads(row["spec"])),
+            created_at=row["created_at"],
+            started_at=row["started_at"],
+            finished_at=row["finished_at"],
+            progress=row["progress"],
+            message=row["message"],
+            attempts=row["attempts"],
+            result=result,
+            error=row["error"],
+        )
+
+    def _purge(self, db: sqlite3.Connection) -> None:
+        db.execute(
+            "DELETE FROM jobs WHERE expires_at IS NOT NULL AND expires_at <= ?", (time.time(),)
+        )
+
+    def _refresh_depth(self) -> None:
+        if self.metrics is None:
+            return
+        with self._lock:
+            if self._db is None:
+                return
+            rows = self._db.execute(
+                "SELECT method, COUNT(*) FROM jobs WHERE state = 'queued' GROUP BY method"
+            ).fetchall()
+        counts = {m: n for m, n in rows}
+        self._depth_methods |= set(counts)
+        for method in self._depth_methods:
+            self.metrics.job_queue_depth.labels(method=method).set(counts.get(method, 0))
+
+    # --- watchers ------------------------------------------------------------------------------
+
+    def _notify(self, job_id: str) -> None:
+        """Wake every watcher of ``job_id``; safe from any thread."""
+        with self._watch_lock:
+            targets = list(self._watchers.get(job_id, ()))
+        for loop, event in targets:
+            with contextlib.suppress(RuntimeError):  # that watcher's loop is closed
+                loop.call_soon_threadsafe(event.set)
+
+    # --- JobBackend ----------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        self._open()
+        now = time.time()
+        with self._tx() as db:
+            self._purge(db)
+            cancelled = db.execute(
+                "UPDATE jobs SET state='cancelled', finished_at=?, expires_at=?, "
+                "message='cancelled' WHERE state='running' AND cancel_requested=1",
+                (now, now + self.settings.job_result_ttl_s),
+            ).rowcount
+            # A job that was running each time the server died may be what kills it (e.g. an
+            # OOM): after job_max_attempts it fails instead of crash-looping the sidecar.
+            poisoned = db.execute(
+                "UPDATE jobs SET state='failed', finished_at=?, expires_at=?, "
+                "error='server died while running it ' || attempts || ' times', "
+                "message='failed' WHERE state='running' AND attempts >= ?",
+                (now, now + self.settings.job_result_ttl_s, self.settings.job_max_attempts),
+            ).rowcount
+            resumed = db.execute(
+                "UPDATE jobs SET state='queued', progress=0, "
+                "message='re-queued after a restart' WHERE state='running'"
+            ).rowcount
+            queued = db.execute("SELECT COUNT(*) FROM jobs WHERE state='queued'").fetchone()[0]
+        if resumed or cancelled or queued or poisoned:
+            log.info(
+                "job journal %s: %d interrupted job(s) re-queued, %d cancelled, %d failed "
+                "after %d attempts, %d queued",
+                self.path,
+                resumed,
+                cancelled,
+                poisoned,
+                self.settings.job_max_attempts,
+                queued,
+            )
+        self._refresh_depth()
+        self._stopping.clear()
+        self._abandon.clear()
+        if self.runner is not None:
+            for i in range(max(1, self.settings.job_workers)):
+                thread = threading.Thread(
+                    target=self._worker_loop, name=f"limelight-job-{i}", daemon=True
+                )
+                thread.start()
+                self._threads.append(thread)
+
+    async def stop(self, grace_s: float) -> None:
+        self._stopping.set()
+        with self._work:
+            self._work.notify_all()
+        await asyncio.to_thread(self._join, grace_s)
+        if any(t.is_alive() for t in self._threads):
+            # Past the grace period: running jobs stop at their next checkpoint and go back
+            # to QUEUED; one stuck between checkpoints stays RUNNING in the journal and is
+            # re-queued by the next start().
+            self._abandon.set()
+            await asyncio.to_thread(self._join, max(1.0, self._yield_timeout_s * 2))
+        self._threads = [t for t in self._threads if t.is_alive()]
+        with self._lock:
+            if self._db is not None:
+                self._db.close()
+                self._db = None
+
+    def _join(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        for thread in self._threads:
+            thread.join(max(0.0, deadline - time.monotonic()))
+
+    async def submit(self, spec: JobSpec) -> JobRecord:
+        if self._stopping.is_set():
+            raise Unavailable("the server is shutting down")
+        if self.runner is not None:
+            spec = replace(spec, params=self.runner.validate(spec))
+        now = time.time()
+        job_id = uuid.uuid4().hex
+        with self._tx() as db:
+            self._purge(db)
+            if spec.idempotency_key:
+                row = db.execute(
+                    f"SELECT {_COLUMNS} FROM jobs WHERE idempotency_key = ?",
+                    (spec.idempotency_key,),
+                ).fetchone()
+                if row is not None:
+                    return self._record(row)
+            queued = db.execute("SELECT COUNT(*) FROM jobs WHERE state='queued'").fetchone()[0]
+            if queued >= self.settings.job_queue_max:
+                raise ResourceExhausted(
+                    f"job queue is full ({queued} queued, limit {self.settings.job_queue_max}); "
+                    "retry later"
+                )
+            db.execute(
+                "INSERT INTO jobs (id, method, state, spec, created_at, idempotency_key, message)"
+                " VALUES (?, ?, 'queued', ?, ?, ?, 'queued')",
+                (
+                    job_id,
+                    spec.method,
+                    json.dumps(spec_to_dict(spec)),
+                    now,
+                    spec.idempotency_key or None,
+                ),
+            )
+            row = db.execute(f"SELECT {_COLUMNS} FROM jobs WHERE id = ?", (job_id,)).fetchone()
+        self._refresh_depth()
+        with self._work:
+            self._work.notify()
+        return self._record(row)
+
+    def _get_row(self, db: sqlite3.Connection, job_id: str) -> sqlite3.Row:
+        self._purge(db)
+        row = db.execute(f"SELECT {_COLUMNS} FROM jobs WHERE id = ?", (job_id,)).fetchone()
+        if row is None:
+            raise NotFound(f"job {job_id!r} not found (unknown, or expired after its TTL)")
+        return row
+
+    async def get(self, job_id: str) -> JobRecord:
+        with self._tx() as db:
+            row = self._get_row(db, job_id)
+        return self._record(row)
+
+    async def cancel(self, job_id: str) -> JobRecord:
+        now = time.time()
+        with self._tx() as db:
+            row = self._get_row(db, job_id)
+            state = JobState(row["state"])
+            if state is JobState.QUEUED:
+                db.execute(
+                    "UPDATE jobs SET state='cancelled', finished_at=?, expires_at=?, "
+                    "message='cancelled' WHERE id=?",
+                    (now, now + self.settings.job_result_ttl_s, job_id),
+                )
+                if self.metrics is not None:
+                    self.metrics.job_outcomes.labels(row_method(row), "cancelled").inc()
+            elif state is JobState.RUNNING:
+                db.execute(
+                    "UPDATE jobs SET cancel_requested=1, message='cancelling' WHERE id=?",
+                    (job_id,),
+                )
+                control = self._running.get(job_id)
+                if control is not None:
+                    control.cancelled = True
+            row = self._get_row(db, job_id)
+        self._refresh_depth()
+        self._notify(job_id)
+        return self._record(row)
+
+    async def list(self, states: list[JobState] | None, limit: int) -> list[JobRecord]:
+        """Newest first; results are left out (read one job with ``get``)."""
+        limit = max(1, min(int(limit) if limit else 100, 1000))
+        with self._tx() as db:
+            self._purge(db)
+            if states:
+                marks = ",".join("?" for _ in states)
+                rows = db.execute(
+                    f"SELECT {_COLUMNS} FROM jobs WHERE state IN ({marks}) "
+                    "ORDER BY seq DESC LIMIT ?",
+                    (*[s.value for s in states], limit),
+                ).fetchall()
+            else:
+                rows = db.execute(
+                    f"SELECT {_COLUMNS} FROM jobs ORDER BY seq DESC LIMIT ?", (limit,)
+                ).fetchall()
+        return [self._record(r, with_result=False) for r in rows]
+
+    async def watch(self, job_id: str) -> AsyncIterator[JobRecord]:  # type: ignore[override]
+        loop = asyncio.get_running_loop()
+        event = asyncio.Event()
+        key = (loop, event)
+        with self._watch_lock:
+            self._watchers.setdefault(job_id, set()).add(key)
+        try:
+            last: tuple[Any, ...] | None = None
+            while True:
+                event.clear()
+                record = await self.get(job_id)
+                now = (record.state, record.progress, record.message)
+                if now != last:
+                    last = now
+                    yield record
+                if record.state.terminal:
+                    return
+                # The timeout only guards against a lost wake-up; changes arrive by event.
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(event.wait(), timeout=1.0)
+        finally:
+            with self._watch_lock:
+                watchers = self._watchers.get(job_id)
+                if watchers is not None:
+                    watchers.discard(key)
+                    if not watchers:
+                        del self._watchers[job_id]
+
+    # --- workers -------------------------------------------------------------------------------
+
+    def _worker_loop(self) -> None:
+        while not self._stopping.is_set():
+            try:
+                claimed = self._claim()
+            except Unavailable:
+                return
+            except Exception:
+                log.exception("job worker: claiming a job failed")
+                claimed = None
+            if claimed is None:
+                with self._work:
+                    if not self._stopping.is_set():
+                        self._work.wait(self._idle_poll_s)
+                continue
+            self._execute(*claimed)
+
+    def _claim(self) -> tuple[str, JobSpec, float, _Control] | None:
+        now = time.time()
+        with self._tx() as db:
+            self._purge(db)
+            row = db.execute(
+                "SELECT id, spec, created_at FROM jobs WHERE state='queued' ORDER BY seq LIMIT 1"
+            ).fetchone()
+            if row is None:
+                return None
+            db.execute(
+                "UPDATE jobs SET state='running', started_at=?, attempts=attempts+1, "
+                "progress=0, message='running' WHERE id=?",
+                (now, row["id"]),
+            )
+            spec = spec_from_dict(json.loads(row["spec"]))
+            timeout = job_timeout(spec, self.settings)
+            control = _Control(deadline=time.monotonic() + timeout, timeout_s=timeout)
+            self._running[row["id"]] = control
+        if self.metrics is not None:
+            self.metrics.job_wait.labels(spec.method).observe(max(0.0, now - row["created_at"]))
+        self._refresh_depth()
+        self._notify(row["id"])
+        return row["id"], spec, now - row["created_at"], control
+
+    def _update(self, job_id: str, sql: str, args: tuple[Any, ...]) -> bool:
+        """Journal a change from a worker; False when the store is closed (after stop): the
+        job is still RUNNING in the journal then and the next start() re-queues it."""
+        try:
+            with self._tx() as db:
+                db.execute(sql, (*args, job_id))
+        except Unavailable:
+            return False
+        self._notify(job_id)
+        return True
+
+    def _execute(self, job_id: str, spec: JobSpec, waited: float, control: _Control) -> None:
+        assert self.runner is not None
+        last = {"fraction": 0.0, "written": -1.0, "at": 0.0}
+
+        def should_stop() -> bool:
+            if self.gate is not None:
+                self.gate.wait_idle(self._yield_timeout_s)
+            return (
+                control.cancelled or self._abandon.is_set() or time.monotonic() >= control.deadline
+            )
+
+        def report(fraction: float, message: str) -> None:
+            # Progress never goes backwards; a method's sub-steps may report out of order.
+            fraction = max(min(1.0, max(0.0, float(fraction))), last["fraction"])
+            last["fraction"] = fraction
+            if not progress_due(fraction, last):
+                return
+            self._update(
+                job_id,
+                "UPDATE jobs SET progress=?, message=? WHERE id=?",
+                (fraction, message[:500]),
+            )
+
+        started = time.perf_counter()
+        outcome: str | None
+        try:
+            result = self.runner.run(spec, job_id, report, should_stop, queue_seconds=waited)
+        except JobCancelled:
+            if control.cancelled:
+                outcome = self._finish(job_id, JobState.CANCELLED, message="cancelled")
+            elif time.monotonic() >= control.deadline:
+                reason = f"timed out after {control.timeout_s:g}s"
+                outcome = self._finish(job_id, JobState.FAILED, error=reason, message=reason)
+            else:
+                self._update(
+                    job_id,
+                    # A voluntary hand-back is not a failed attempt.
+                    "UPDATE jobs SET state='queued', progress=0, attempts=attempts-1, "
+                    "message='re-queued: the server is shutting down' WHERE id=?",
+                    (),
+                )
+                outcome = None
+        except LimelightError as exc:
+            outcome = self._finish(job_id, JobState.FAILED, error=exc.message, message="failed")
+        except Exception:
+            log.exception("job %s (%s) failed", job_id, spec.method)
+            error = f"internal error in method {spec.method} (details in the server log)"
+            outcome = self._finish(job_id, JobState.FAILED, error=error, message="failed")
+        else:
+            payload = json.dumps(explanation_to_dict(result))
+            outcome = self._finish(
+                job_id, JobState.SUCCEEDED, message="done", result=payload, progress=1.0
+            )
+        finally:
+            with self._lock:
+                self._running.pop(job_id, None)
+        if self.metrics is not None:
+            self.metrics.job_duration.labels(spec.method).observe(time.perf_counter() - started)
+            if outcome is not None:
+                self.metrics.job_outcomes.labels(spec.method, outcome).inc()
+        self._refresh_depth()
+
+    def _finish(
+        self,
+        job_id: str,
+        state: JobState,
+        *,
+        message: str,
+        error: str = "",
+        result: str | None = None,
+        progress: float | None = None,
+    ) -> str | None:
+        now = time.time()
+        written = self._update(
+            job_id,
+            "UPDATE jobs SET state=?, finished_at=?, expires_at=?, error=?, message=?, "
+            "result=?, progress=COALESCE(?, progress) WHERE id=?",
+            (
+                state.value,
+                now,
+                now + self.settings.job_result_ttl_s,
+                error,
+                message,
+                result,
+                progress,
+            ),
+        )
+        return state.value if written else None
+
+
+def progress_due(fraction: float, last: dict[str, float]) -> bool:
+    """Journal progress at most every 0.1 s unless it moved by a percent or more: a method
+    with thousands of tiny steps must not turn into thousands of commits and watch messages."""
+    now = time.monotonic()
+    if fraction - last["written"] < 0.01 and now - last["at"] < 0.1:
+        return False
+    last["written"], last["at"] = fraction, now
+    return True
+
+
+def row_method(row: sqlite3.Row) -> str:
+    return str(json.loads(row["spec"])["method"])

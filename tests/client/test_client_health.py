@@ -1,0 +1,84 @@
+"""Health checks and wait_ready against a real grpc.server running the standard health service
+(grpcio-health-checking on the server side; the SDK itself does not need it)."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import threading
+from collections.abc import Iterator
+from concurrent import futures
+
+import grpc
+import pytest
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+
+from limelight_client import AsyncClient, Client
+from limelight_client._common import EXPLAINER_SERVICE
+from limelight_client.proto import explainer_pb2_grpc as pb_grpc
+from tests.client.llc_scripted import ScriptedExplainer
+
+SERVING = health_pb2.HealthCheckResponse.SERVING
+NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
+
+
+@pytest.fixture
+def healthy() -> Iterator[tuple[str, health.HealthServicer]]:
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
+    servicer = health.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(servicer, server)
+    pb_grpc.add_ExplainerServicer_to_server(ScriptedExplainer(), server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    servicer.set("", NOT_SERVING)
+    servicer.set(EXPLAINER_SERVICE, NOT_SERVING)
+    yield f"127.0.0.1:{port}", servicer
+    server.stop(None)
+
+
+def test_health_statuses(healthy: tuple[str, health.HealthServicer]) -> None:
+    target, servicer = healthy
+    with Client(target) as c:
+        assert c.health() == "NOT_SERVING"
+        servicer.set(EXPLAINER_SERVICE, SERVING)
+        assert c.health() == "SERVING"
+        assert c.health("") == "NOT_SERVING"
+        assert c.health("no.such.Service") == "SERVICE_UNKNOWN"
+
+
+def test_wait_ready_returns_once_serving(healthy: tuple[str, health.HealthServicer]) -> None:
+    target, servicer = healthy
+    timer = threading.Timer(0.3, servicer.set, (EXPLAINER_SERVICE, SERVING))
+    timer.start()
+    with Client(target) as c:
+        c.wait_ready(timeout=30, poll=0.05)
+        assert c.health() == "SERVING"
+        assert c.model().name == "tiny"
+    timer.join()
+
+
+def test_wait_ready_times_out(healthy: tuple[str, health.HealthServicer]) -> None:
+    target, _ = healthy
+    with Client(target) as c, pytest.raises(TimeoutError, match="NOT_SERVING"):
+        c.wait_ready(timeout=0.3, poll=0.05)
+
+
+def test_wait_ready_server_not_listening() -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with Client(f"127.0.0.1:{port}") as c, pytest.raises(TimeoutError, match="Unavailable"):
+        c.wait_ready(timeout=0.3, poll=0.05)
+
+
+def test_async_health(healthy: tuple[str, health.HealthServicer]) -> None:
+    target, servicer = healthy
+
+    async def main() -> tuple[str, str]:
+        async with AsyncClient(target) as c:
+            before = await c.health()
+            servicer.set(EXPLAINER_SERVICE, SERVING)
+            await c.wait_ready(timeout=30, poll=0.05)
+            return before, await c.health()
+
+    assert asyncio.run(main()) == ("NOT_SERVING", "SERVING")

@@ -1,0 +1,454 @@
+"""The sync client against a real grpc.server with scripted behaviour: retries, deadlines,
+metadata, error mapping, streaming and jobs."""
+
+from __future__ import annotations
+
+import itertools
+import random
+import socket
+import threading
+
+import grpc
+import pytest
+
+from limelight_client import Client, JobState, errors
+from limelight_client._common import RetryPolicy
+from limelight_client.proto import explainer_pb2 as pb
+from tests.client.llc_scripted import ScriptedServer
+
+TEXT = "The movie wasn't bad at all!"
+
+
+def client_for(s: ScriptedServer, **kw: object) -> Client:
+    kw.setdefault("backoff", 0.01)
+    return Client(s.target, **kw)  # type: ignore[arg-type]
+
+
+# -- basics ------------------------------------------------------------------------------------
+
+
+def test_explain_roundtrip(scripted: ScriptedServer) -> None:
+    with client_for(scripted) as c:
+        exp = c.explain(TEXT, target="positive", all_classes=True, method="normxlogit")
+    req = scripted.servicer.calls_to("Explain")[0].request
+    assert req.text == TEXT and req.method == "normxlogit" and req.all_classes
+    assert req.target.WhichOneof("kind") == "label" and req.target.label == "positive"
+    assert not req.HasField("text_pair")
+    assert req.request_id  # generated for correlation
+    assert exp.request_id == req.request_id
+    assert exp.text == TEXT
+    assert exp.target_label == "positive" and exp.class_scores is not None
+    assert [t.text for t in exp.tokens if not t.special][:2] == ["The", "movie"]
+
+
+def test_explain_target_index_text_pair_and_request_id(scripted: ScriptedServer) -> None:
+    with client_for(scripted) as c:
+        exp = c.explain("A man sleeps.", "Nobody sleeps.", target=0, request_id="mine")
+    req = scripted.servicer.calls_to("Explain")[0].request
+    assert req.target.WhichOneof("kind") == "index" and req.target.index == 0
+    assert req.text_pair == "Nobody sleeps." and req.request_id == "mine"
+    assert exp.text_pair == "Nobody sleeps." and exp.target_index == 0
+
+
+def test_target_type_checked(scripted: ScriptedServer) -> None:
+    with client_for(scripted) as c, pytest.raises(TypeError):
+        c.explain(TEXT, target=True)
+    assert scripted.servicer.calls_to("Explain") == []
+
+
+def test_model_and_drift(scripted: ScriptedServer) -> None:
+    with client_for(scripted) as c:
+        info = c.model()
+        drift = c.drift(top_k=7)
+    assert info.labels == ["negative", "positive"] and info.supports_text_pair
+    assert info.method("decoded_gradcam").unavailable_reason == "no LM head"
+    assert scripted.servicer.calls_to("GetDrift")[0].request.top_k == 7
+    assert drift.alerts[0].label == "positive"
+    assert drift.generated_at is not None and drift.generated_at.year == 2023
+
+
+# -- retries and backoff -----------------------------------------------------------------------
+
+
+def test_retries_unavailable_then_succeeds(scripted: ScriptedServer) -> None:
+    scripted.servicer.fail("Explain", grpc.StatusCode.UNAVAILABLE, times=2)
+    with client_for(scripted, retries=3, backoff=0.05) as c:
+        exp = c.explain(TEXT)
+    calls = scripted.servicer.calls_to("Explain")
+    assert len(calls) == 3
+    assert exp.label == "negative"
+    # Equal-jitter backoff: the n-th wait is at least backoff * 2**n / 2.
+    gaps = [b.time - a.time for a, b in itertools.pairwise(calls)]
+    assert gaps[0] >= 0.025 and gaps[1] >= 0.05
+    # The same request (same correlation id) is retried.
+    assert len({c.request.request_id for c in calls}) == 1
+
+
+def test_gives_up_after_retries(scripted: ScriptedServer) -> None:
+    scripted.servicer.fail("GetModel", grpc.StatusCode.UNAVAILABLE, times=10, msg="draining")
+    with client_for(scripted, retries=2) as c, pytest.raises(errors.Unavailable) as info:
+        c.model()
+    assert len(scripted.servicer.calls_to("GetModel")) == 3
+    assert info.value.message == "draining"
+    assert info.value.code == grpc.StatusCode.UNAVAILABLE
+
+
+def test_no_retries_when_disabled(scripted: ScriptedServer) -> None:
+    scripted.servicer.fail("Explain", grpc.StatusCode.UNAVAILABLE, times=1)
+    with client_for(scripted, retries=0) as c, pytest.raises(errors.Unavailable):
+        c.explain(TEXT)
+    assert len(scripted.servicer.calls_to("Explain")) == 1
+
+
+@pytest.mark.parametrize(
+    "code",
+    [
+        grpc.StatusCode.INVALID_ARGUMENT,
+        grpc.StatusCode.RESOURCE_EXHAUSTED,
+        grpc.StatusCode.INTERNAL,
+        grpc.StatusCode.FAILED_PRECONDITION,
+    ],
+)
+def test_other_codes_are_not_retried(scripted: ScriptedServer, code: grpc.StatusCode) -> None:
+    scripted.servicer.fail("Explain", code, times=3)
+    with client_for(scripted, retries=3) as c, pytest.raises(errors.LimelightError):
+        c.explain(TEXT)
+    assert len(scripted.servicer.calls_to("Explain")) == 1
+
+
+def test_retry_stops_at_the_deadline(scripted: ScriptedServer) -> None:
+    scripted.servicer.fail("Explain", grpc.StatusCode.UNAVAILABLE, times=50)
+    with (
+        client_for(scripted, retries=20, backoff=0.3, timeout=0.5) as c,
+        pytest.raises((errors.Unavailable, errors.DeadlineExceeded)),
+    ):
+        c.explain(TEXT)
+    # Waits of >=0.15, >=0.3, >=0.6 s: at most three attempts fit into 0.5 s.
+    assert 1 <= len(scripted.servicer.calls_to("Explain")) <= 3
+
+
+def test_retry_policy_delays() -> None:
+    policy = RetryPolicy(retries=5, backoff=0.1, max_backoff=0.5)
+    rng = random.Random(0)
+    for attempt in range(8):
+        d = min(0.1 * 2**attempt, 0.5)
+        delays = [policy.delay(attempt, rng) for _ in range(200)]
+        assert all(d / 2 <= x <= d for x in delays)
+        assert len(set(delays)) > 150  # jittered, not a constant
+    assert RetryPolicy.retryable(grpc.StatusCode.UNAVAILABLE)
+    assert not RetryPolicy.retryable(grpc.StatusCode.DEADLINE_EXCEEDED)
+    with pytest.raises(ValueError):
+        RetryPolicy(retries=-1)
+
+
+def test_server_down_raises_unavailable() -> None:
+    with socket.socket() as s:  # a port that nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with (
+        Client(f"127.0.0.1:{port}", retries=1, backoff=0.01) as c,
+        pytest.raises(errors.Unavailable),
+    ):
+        c.model()
+
+
+def test_server_started_late_is_reached_by_retries(scripted: ScriptedServer) -> None:
+    # The server answers UNAVAILABLE for a while (e.g. not warmed up yet) then serves.
+    scripted.servicer.fail("GetModel", grpc.StatusCode.UNAVAILABLE, times=4)
+    with client_for(scripted, retries=5, backoff=0.02) as c:
+        assert c.model().name == "tiny"
+    assert len(scripted.servicer.calls_to("GetModel")) == 5
+
+
+# -- deadlines ---------------------------------------------------------------------------------
+
+
+def test_every_call_carries_a_deadline(scripted: ScriptedServer) -> None:
+    with client_for(scripted, timeout=7.0) as c:
+        c.explain(TEXT)
+        c.model(timeout=3.0)
+    explain, model = scripted.servicer.calls
+    # The server's view of the deadline is a little coarse (timer granularity).
+    assert explain.time_remaining is not None and 0 < explain.time_remaining <= 7.1
+    assert model.time_remaining is not None and 0 < model.time_remaining <= 3.1
+
+
+def test_deadline_exceeded_is_not_retried(scripted: ScriptedServer) -> None:
+    scripted.servicer.delays["Explain"] = 1.0
+    with (
+        client_for(scripted, timeout=0.2, retries=3) as c,
+        pytest.raises(errors.DeadlineExceeded) as info,
+    ):
+        c.explain(TEXT)
+    assert info.value.code == grpc.StatusCode.DEADLINE_EXCEEDED
+    assert len(scripted.servicer.calls_to("Explain")) == 1
+
+
+def test_per_call_timeout_overrides_default(scripted: ScriptedServer) -> None:
+    scripted.servicer.delays["Explain"] = 0.3
+    with client_for(scripted, timeout=0.05) as c:
+        assert c.explain(TEXT, timeout=5.0).label == "negative"
+        with pytest.raises(errors.DeadlineExceeded):
+            c.explain(TEXT)
+
+
+# -- metadata and error mapping ----------------------------------------------------------------
+
+
+def test_bearer_token_sent_on_every_call(scripted: ScriptedServer) -> None:
+    scripted.servicer.required_token = "s3cret"
+    with client_for(scripted, token="s3cret") as c:
+        c.explain(TEXT)
+        c.model()
+        list(c.explain_many(["a b", "c"]))
+        job = c.submit(TEXT, "ok")
+        job.result(timeout=10)
+    methods = {call.method for call in scripted.servicer.calls}
+    assert {"Explain", "GetModel", "ExplainStream", "SubmitJob", "WatchJob"} <= methods
+    assert all(
+        call.metadata.get("authorization") == "Bearer s3cret" for call in scripted.servicer.calls
+    )
+
+
+def test_missing_token_is_unauthenticated(scripted: ScriptedServer) -> None:
+    scripted.servicer.required_token = "s3cret"
+    with client_for(scripted) as c, pytest.raises(errors.Unauthenticated) as info:
+        c.explain(TEXT)
+    assert "bearer token" in info.value.message
+    with client_for(scripted, token="wrong") as c, pytest.raises(errors.Unauthenticated):
+        c.model()
+
+
+def test_token_must_be_one_line() -> None:
+    with pytest.raises(ValueError):
+        Client("127.0.0.1:1", token="a\nb")
+
+
+@pytest.mark.parametrize(
+    ("code", "cls"),
+    [
+        (grpc.StatusCode.INVALID_ARGUMENT, errors.InvalidArgument),
+        (grpc.StatusCode.NOT_FOUND, errors.NotFound),
+        (grpc.StatusCode.FAILED_PRECONDITION, errors.FailedPrecondition),
+        (grpc.StatusCode.RESOURCE_EXHAUSTED, errors.ResourceExhausted),
+        (grpc.StatusCode.UNAVAILABLE, errors.Unavailable),
+        (grpc.StatusCode.DEADLINE_EXCEEDED, errors.DeadlineExceeded),
+        (grpc.StatusCode.UNAUTHENTICATED, errors.Unauthenticated),
+        (grpc.StatusCode.PERMISSION_DENIED, errors.PermissionDenied),
+        (grpc.StatusCode.UNIMPLEMENTED, errors.Unimplemented),
+        (grpc.StatusCode.INTERNAL, errors.Internal),
+        (grpc.StatusCode.ABORTED, errors.LimelightError),
+    ],
+)
+def test_error_mapping(
+    scripted: ScriptedServer, code: grpc.StatusCode, cls: type[errors.LimelightError]
+) -> None:
+    scripted.servicer.fail("Explain", code, msg=f"server says {code.name}")
+    with client_for(scripted, retries=0) as c, pytest.raises(errors.LimelightError) as info:
+        c.explain(TEXT)
+    assert type(info.value) is cls
+    assert info.value.code == code
+    assert info.value.message == f"server says {code.name}"
+    assert code.name in str(info.value)
+    assert isinstance(info.value.__cause__, grpc.RpcError)
+
+
+def test_unimplemented_rpc_maps_to_unimplemented() -> None:
+    # A server without the Explainer service at all (e.g. pointing at the wrong port).
+    from concurrent import futures
+
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    try:
+        with Client(f"127.0.0.1:{port}", retries=0) as c, pytest.raises(errors.Unimplemented):
+            c.model()
+    finally:
+        server.stop(None)
+
+
+# -- streaming ---------------------------------------------------------------------------------
+
+
+def test_explain_many_in_order_with_texts(scripted: ScriptedServer) -> None:
+    texts = [f"review number {i} " + "word " * (i % 5) for i in range(40)]
+    with client_for(scripted) as c:
+        results = list(c.explain_many(iter(texts), all_classes=True))
+    assert [r.text for r in results] == texts
+    for text, r in zip(texts, results, strict=True):
+        words = [t for t in r.tokens if not t.special]
+        assert [text[t.start : t.end] for t in words] == text.split()
+        assert r.class_scores is not None
+    assert len(scripted.servicer.calls_to("ExplainStream")) == 1
+    with client_for(scripted) as c:
+        assert list(c.explain_many([])) == []
+
+
+def test_explain_many_text_pairs(scripted: ScriptedServer) -> None:
+    with client_for(scripted) as c:
+        results = list(c.explain_many([("A man sleeps.", "Nobody sleeps."), "plain"]))
+    assert results[0].text_pair == "Nobody sleeps." and results[1].text_pair is None
+
+
+def test_explain_many_server_error(scripted: ScriptedServer) -> None:
+    with client_for(scripted) as c:
+        it = c.explain_many(["fine", "boom", "never"])
+        assert next(it).text == "fine"
+        with pytest.raises(errors.InvalidArgument, match="boom"):
+            list(it)
+
+
+def test_explain_many_bad_item_raises_type_error(scripted: ScriptedServer) -> None:
+    with client_for(scripted) as c, pytest.raises(TypeError):
+        list(c.explain_many(["fine", 42]))  # type: ignore[list-item]
+
+
+def test_explain_many_early_break_cancels(scripted: ScriptedServer) -> None:
+    def endless() -> object:
+        i = 0
+        while True:
+            yield f"text {i}"
+            i += 1
+
+    with client_for(scripted) as c:
+        for n, _ in enumerate(c.explain_many(endless())):  # type: ignore[arg-type]
+            if n == 5:
+                break
+        # The channel is still usable after the abandoned stream.
+        assert c.model().name == "tiny"
+
+
+# -- jobs --------------------------------------------------------------------------------------
+
+
+def test_submit_and_result(scripted: ScriptedServer) -> None:
+    with client_for(scripted) as c:
+        job = c.submit(TEXT, "ok", target="positive", n_samples=500, lr=0.005, seq_len=[1, 3])
+        assert job.state is JobState.QUEUED
+        exp = job.result(timeout=10)
+    req = scripted.servicer.calls_to("SubmitJob")[0].request
+    assert req.method == "ok" and req.target.label == "positive"
+    assert dict(req.parameters) == {"n_samples": 500, "lr": 0.005, "seq_len": [1, 3]}
+    assert req.idempotency_key  # generated
+    assert job.state is JobState.SUCCEEDED and job.done
+    assert exp.method == "ok" and exp.text == TEXT
+    assert job.info.result == exp
+
+
+def test_submit_retry_uses_one_idempotency_key(scripted: ScriptedServer) -> None:
+    scripted.servicer.fail("SubmitJob", grpc.StatusCode.UNAVAILABLE, times=2)
+    with client_for(scripted) as c:
+        job = c.submit(TEXT, "ok")
+        other = c.submit(TEXT, "ok")
+    calls = scripted.servicer.calls_to("SubmitJob")
+    assert len(calls) == 4
+    keys = [call.request.idempotency_key for call in calls]
+    assert keys[0] == keys[1] == keys[2] != keys[3]
+    assert job.id != other.id
+    assert len(scripted.servicer.jobs) == 2
+
+
+def test_submit_explicit_idempotency_key(scripted: ScriptedServer) -> None:
+    with client_for(scripted) as c:
+        a = c.submit(TEXT, "ok", idempotency_key="order-17", timeout_seconds=30)
+        b = c.submit(TEXT, "ok", idempotency_key="order-17")
+    req = scripted.servicer.calls_to("SubmitJob")[0].request
+    assert req.idempotency_key == "order-17" and req.timeout_seconds == 30
+    assert a.id == b.id
+
+
+def test_submit_rejects_non_json_params(scripted: ScriptedServer) -> None:
+    with client_for(scripted) as c, pytest.raises(TypeError):
+        c.submit(TEXT, "ok", weird=object())
+
+
+def test_watch_yields_progress(scripted: ScriptedServer) -> None:
+    with client_for(scripted) as c:
+        job = c.submit(TEXT, "ok")
+        states = [(i.state, i.progress) for i in job.watch()]
+    assert states == [
+        (JobState.QUEUED, 0.0),
+        (JobState.RUNNING, 0.5),
+        (JobState.SUCCEEDED, 1.0),
+    ]
+
+
+def test_watch_reconnects_after_unavailable(scripted: ScriptedServer) -> None:
+    with client_for(scripted) as c:
+        job = c.submit(TEXT, "flaky")
+        exp = job.result(timeout=10)
+    assert exp.method == "flaky"
+    assert scripted.servicer.watch_opens[job.id] == 2
+
+
+def test_result_fetched_when_watch_omits_it(scripted: ScriptedServer) -> None:
+    with client_for(scripted) as c:
+        job = c.submit(TEXT, "lean")
+        exp = job.result(timeout=10)
+    assert exp.method == "lean" and exp.text == TEXT
+    assert len(scripted.servicer.calls_to("GetJob")) == 1
+
+
+def test_job_failed_raises_with_server_message(scripted: ScriptedServer) -> None:
+    with client_for(scripted) as c:
+        job = c.submit(TEXT, "boom")
+        with pytest.raises(errors.JobFailed) as info:
+            job.result(timeout=10)
+    assert info.value.message == "out of memory on layer 3"
+    assert info.value.job is not None and info.value.job.state is JobState.FAILED
+    assert info.value.code is None
+
+
+def test_cancel_and_result_raises_cancelled(scripted: ScriptedServer) -> None:
+    with client_for(scripted) as c:
+        job = c.submit(TEXT, "hang")
+        seen: list[JobState] = []
+
+        def watch() -> None:
+            seen.extend(i.state for i in c.job(job.id).watch())
+
+        watcher = threading.Thread(target=watch)
+        watcher.start()
+        info = job.cancel()
+        watcher.join(10)
+        assert info.state is JobState.CANCELLED
+        with pytest.raises(errors.JobCancelled, match="cancelled by the client"):
+            job.result()
+    assert seen[-1] is JobState.CANCELLED
+
+
+def test_result_timeout(scripted: ScriptedServer) -> None:
+    with client_for(scripted) as c:
+        job = c.submit(TEXT, "hang")
+        with pytest.raises(TimeoutError):
+            job.result(timeout=0.3)
+        assert job.state is JobState.RUNNING
+        job.cancel()
+
+
+def test_job_lookup_refresh_and_list(scripted: ScriptedServer) -> None:
+    with client_for(scripted) as c:
+        submitted = c.submit(TEXT, "hang")
+        fetched = c.job(submitted.id)
+        assert fetched.id == submitted.id
+        assert fetched.refresh().state is JobState.QUEUED
+        listed = c.jobs(states=["queued", JobState.RUNNING], limit=5)
+        assert [j.id for j in listed] == [submitted.id]
+        req = scripted.servicer.calls_to("ListJobs")[0].request
+        assert list(req.states) == [pb.JOB_STATE_QUEUED, pb.JOB_STATE_RUNNING]
+        assert req.limit == 5
+        with pytest.raises(errors.NotFound, match="no job nope"):
+            c.job("nope")
+
+
+def test_message_size_limit_and_option_override(scripted: ScriptedServer) -> None:
+    text = "w " * 300  # a ~600-byte request whose response (300 tokens) is several kB
+    with (
+        client_for(scripted, max_message_bytes=2000, retries=0) as c,
+        pytest.raises(errors.ResourceExhausted, match="larger than max"),
+    ):
+        c.explain(text)
+    # Caller's channel options win over the defaults.
+    opts = {"grpc.max_receive_message_length": 1 << 20}
+    with client_for(scripted, max_message_bytes=2000, options=opts) as c:
+        assert len(c.explain(text).tokens) == 302

@@ -1,0 +1,219 @@
+"""Terminal and HTML rendering."""
+
+from __future__ import annotations
+
+import html
+import re
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from limelight_client import Explanation
+from limelight_client.proto import explainer_pb2 as pb
+from limelight_client.render import color_for, layout
+
+Factory = Callable[..., pb.ExplainResponse]
+
+ANSI = re.compile(r"\x1b\[[0-9;]*m")
+BG = re.compile(r"\x1b\[48;2;(\d+);(\d+);(\d+)m")
+
+
+def wordpiece_explanation(text: str | None = "unbelievably good") -> Explanation:
+    """BERT-style word pieces of one word: the renderers must draw them as one word."""
+    tokens = [
+        pb.Token(text="[CLS]", id=101, special=True),
+        pb.Token(text="un", id=4895, start=0, end=2),
+        pb.Token(text="##believ", id=6499, start=2, end=8),
+        pb.Token(text="##ably", id=8231, start=8, end=12),
+        pb.Token(text="good", id=2204, start=13, end=17),
+        pb.Token(text="[SEP]", id=102, special=True),
+    ]
+    msg = pb.ExplainResponse(
+        label="positive",
+        label_index=1,
+        labels=["negative", "positive"],
+        probabilities=[0.1, 0.9],
+        explanation=pb.Explanation(
+            method="normxlogit",
+            target_index=1,
+            target_label="positive",
+            tokens=tokens,
+            scores=[5.0, 0.5, -0.25, 0.1, 1.0, 5.0],
+        ),
+    )
+    return Explanation.from_proto(msg, text=text)
+
+
+def test_layout_uses_offsets_into_original_text() -> None:
+    exp = wordpiece_explanation()
+    spans = layout(exp)
+    assert "".join(s.text for s in spans) == "unbelievably good"
+    assert [(s.text, s.token) for s in spans] == [
+        ("un", 1),
+        ("believ", 2),
+        ("ably", 3),
+        (" ", None),
+        ("good", 4),
+    ]
+
+
+def test_layout_without_text_rebuilds_words() -> None:
+    exp = wordpiece_explanation(text=None)
+    assert "".join(s.text for s in layout(exp)) == "unbelievably good"
+
+
+def test_color_scale_is_diverging_and_normalised() -> None:
+    assert color_for(0.0, 1.0) == (255, 255, 255)
+    red, blue = color_for(1.0, 1.0), color_for(-1.0, 1.0)
+    assert red[0] > red[2] and blue[2] > blue[0]
+    assert color_for(5.0, 1.0) == red  # clipped at max |score|
+    half = color_for(0.5, 1.0)
+    assert red[1] < half[1] < 255
+    assert color_for(1.0, 0.0) == (255, 255, 255)
+
+
+def test_terminal_color(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("NO_COLOR", raising=False)
+    exp = wordpiece_explanation()
+    out = exp.to_terminal()
+    plain = ANSI.sub("", out)
+    # The original text, word pieces joined, without tokenizer markers.
+    assert "unbelievably good" in plain
+    assert "##" not in plain and "[CLS]" not in plain
+    assert "\x1b[48;2;" in out
+    # "good" (1.0 = max |score| among non-special tokens) gets the full red.
+    good_line = next(line for line in out.splitlines() if "good" in ANSI.sub("", line))
+    colours = [tuple(map(int, m)) for m in BG.findall(good_line)]
+    assert color_for(1.0, 1.0) in colours
+    # The negative piece is blue.
+    assert color_for(-0.25, 1.0) in colours
+    # Label and probability bars.
+    assert "positive" in plain and "0.900" in plain and "0.100" in plain
+    assert "█" in plain
+
+
+def test_terminal_no_color(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("NO_COLOR", "1")
+    exp = wordpiece_explanation()
+    out = exp.to_terminal()
+    assert "\x1b[" not in out
+    assert "un[+0.500]believ[-0.250]ably[+0.100] good[+1.000]" in out
+    assert "0.900" in out
+
+
+def test_terminal_color_argument_overrides_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("NO_COLOR", "1")
+    assert "\x1b[48;2;" in wordpiece_explanation().to_terminal(color=True)
+    monkeypatch.setenv("NO_COLOR", "")  # empty means unset (no-color.org)
+    assert "\x1b[48;2;" in wordpiece_explanation().to_terminal()
+
+
+def test_terminal_neutralises_control_characters(response_factory: Factory) -> None:
+    text = "evil \x1b[2J text"
+    exp = Explanation.from_proto(response_factory(text), text=text)
+    out = exp.to_terminal(color=False)
+    assert "\x1b" not in out
+
+
+def test_html_escapes_and_is_self_contained(response_factory: Factory, tmp_path: Path) -> None:
+    text = 'I <script>alert("x")</script> & loved it'
+    exp = Explanation.from_proto(response_factory(text), text=text)
+    path = tmp_path / "exp.html"
+    page = exp.to_html(path)
+    assert path.read_text(encoding="utf-8") == page
+    assert "<script" not in page.lower()
+    assert "&lt;" in page and "&amp;" in page
+    for needle in ("http://", "https://", "src=", "href=", "url(", "<link", "@import"):
+        assert needle not in page.lower()
+    assert page.startswith("<!DOCTYPE html>") and page.rstrip().endswith("</html>")
+    # Every non-special token appears as an (escaped) span with its score in the tooltip.
+    spans = re.findall(r'<span class="tok"[^>]*title="([^"]*)"[^>]*>([^<]*)</span>', page)
+    shown = [html.unescape(t) for _, t in spans]
+    words = [t for t in exp.tokens if not t.special]
+    assert shown == [text[t.start : t.end] for t in words]
+    for (title, _), tok, score in zip(
+        spans,
+        words,
+        [s for t, s in zip(exp.tokens, exp.scores, strict=True) if not t.special],
+        strict=True,
+    ):
+        assert f"{score:+.3f}" in html.unescape(title)
+        assert html.unescape(title).startswith(tok.text)
+    # The whole original text survives (escaped) in reading order.
+    text_block = re.search(r'<p class="text">(.*?)</p>', page, re.S)
+    assert text_block is not None
+    assert html.unescape(re.sub(r"<[^>]+>", "", text_block.group(1))) == text
+    assert "Top tokens" in page and "0.750" in page  # top table and probabilities
+
+
+def test_html_several_score_arrays_side_by_side() -> None:
+    exp = wordpiece_explanation()
+    n = len(exp.tokens)
+    msg_value = [0.1 * i for i in range(n)]
+    exp = Explanation(
+        **{
+            **{f: getattr(exp, f) for f in exp.__dataclass_fields__},
+            "extra_scores": {"value": msg_value, "importance": [-1.0] * n},
+        }
+    )
+    page = exp.to_html(scores=["value", "importance"])
+    assert page.count('<div class="map">') == 2
+    assert "<h2>value</h2>" in page and "<h2>importance</h2>" in page
+    assert page.count("Top tokens by") == 2
+    with pytest.raises(KeyError):
+        exp.to_html(scores=["missing"])
+    # Arrays other than class evidence get a neutral legend.
+    legend = exp.to_terminal(scores="importance", color=False).splitlines()[-1]
+    assert legend.startswith("importance: ") and "supports" not in legend
+    assert "supports positive" in exp.to_terminal(color=False).splitlines()[-1]
+
+
+def test_html_wordpieces_join_into_the_word() -> None:
+    page = wordpiece_explanation().to_html()
+    text_block = re.search(r'<p class="text">(.*?)</p>', page, re.S)
+    assert text_block is not None
+    assert re.sub(r"<[^>]+>", "", text_block.group(1)) == "unbelievably good"
+    # Tokenizer markers only in the tooltips (the raw token), never in the visible text.
+    assert "##" not in re.sub(r"<[^>]+>", "", text_block.group(1))
+    assert 'title="##believ' in text_block.group(1)
+
+
+def test_html_text_pair(response_factory: Factory) -> None:
+    exp = Explanation.from_proto(
+        response_factory("A man sleeps.", "Nobody sleeps."),
+        text="A man sleeps.",
+        text_pair="Nobody sleeps.",
+    )
+    page = exp.to_html()
+    blocks = re.findall(r'<p class="text">(.*?)</p>', page, re.S)
+    assert [re.sub(r"<[^>]+>", "", b) for b in blocks] == ["A man sleeps.", "Nobody sleeps."]
+    assert "text pair" in page
+    assert "text pair: Nobody[" in exp.to_terminal(color=False)
+
+
+def test_words_merge_pieces_and_sum_scores() -> None:
+    exp = wordpiece_explanation()
+    words = exp.words()
+    assert [(w.text, w.tokens, w.start, w.end) for w in words] == [
+        ("unbelievably", (1, 2, 3), 0, 12),
+        ("good", (4,), 13, 17),
+    ]
+    assert words[0].score == pytest.approx(0.5 - 0.25 + 0.1)
+    assert words[1].score == pytest.approx(1.0)
+    # Without the text, the pieces are joined from the token strings.
+    assert [w.text for w in wordpiece_explanation(text=None).words()] == ["unbelievably", "good"]
+
+
+def test_words_keep_segments_apart(response_factory: Factory) -> None:
+    exp = Explanation.from_proto(
+        response_factory("don't stop", "stop."), text="don't stop", text_pair="stop."
+    )
+    assert [(w.text, w.segment) for w in exp.words()] == [
+        ("don't", 0),
+        ("stop", 0),
+        ("stop.", 1),
+    ]
+    assert sum(w.score for w in exp.words()) == pytest.approx(
+        sum(s for t, s in zip(exp.tokens, exp.scores, strict=True) if not t.special)
+    )

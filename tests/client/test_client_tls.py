@@ -1,0 +1,143 @@
+"""TLS and mutual TLS against a real grpc.server with certificates made in the test."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+import pytest
+
+from limelight_client import Client, errors
+from tests.client.llc_scripted import ScriptedExplainer, ScriptedServer, start_server
+
+pytestmark = pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl CLI")
+
+EC = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
+
+
+def _openssl(*args: str, cwd: Path) -> None:
+    subprocess.run(["openssl", *args], cwd=cwd, check=True, capture_output=True)
+
+
+def _make_ca(d: Path, name: str) -> None:
+    _openssl(
+        "req", "-x509", *EC, "-keyout", f"{name}.key", "-out", f"{name}.pem", "-days", "1",
+        "-subj", f"/CN={name}",
+        "-addext", "basicConstraints=critical,CA:TRUE",
+        "-addext", "keyUsage=critical,keyCertSign,cRLSign",
+        cwd=d,
+    )  # fmt: skip
+
+
+def _make_leaf(d: Path, name: str, ca: str, ext: str) -> None:
+    _openssl("req", *EC, "-keyout", f"{name}.key", "-out", f"{name}.csr", "-subj", f"/CN={name}",
+             cwd=d)  # fmt: skip
+    (d / f"{name}.ext").write_text(ext)
+    _openssl(
+        "x509", "-req", "-in", f"{name}.csr", "-CA", f"{ca}.pem", "-CAkey", f"{ca}.key",
+        "-CAcreateserial", "-out", f"{name}.pem", "-days", "1", "-extfile", f"{name}.ext",
+        cwd=d,
+    )  # fmt: skip
+
+
+@dataclass
+class Pki:
+    dir: Path
+
+    def pem(self, name: str) -> bytes:
+        return (self.dir / f"{name}.pem").read_bytes()
+
+    def key(self, name: str) -> bytes:
+        return (self.dir / f"{name}.key").read_bytes()
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
+    d = tmp_path_factory.mktemp("pki")
+    _make_ca(d, "ca")
+    _make_ca(d, "other-ca")
+    _make_leaf(
+        d,
+        "server",
+        "ca",
+        "subjectAltName=DNS:localhost,IP:127.0.0.1\nextendedKeyUsage=serverAuth\n",
+    )
+    _make_leaf(d, "client", "ca", "extendedKeyUsage=clientAuth\n")
+    _make_leaf(d, "stranger", "other-ca", "extendedKeyUsage=clientAuth\n")
+    return Pki(d)
+
+
+def _mtls_server(pki: Pki, servicer: ScriptedExplainer) -> ScriptedServer:
+    """A server that requires a client certificate signed by ``ca``."""
+    creds = grpc.ssl_server_credentials(
+        [(pki.key("server"), pki.pem("server"))],
+        root_certificates=pki.pem("ca"),
+        require_client_auth=True,
+    )
+    return start_server(servicer, creds)
+
+
+def test_mutual_tls_with_token(pki: Pki) -> None:
+    servicer = ScriptedExplainer(required_token="t0k")
+    running = _mtls_server(pki, servicer)
+    try:
+        # Paths and PEM bytes are both accepted.
+        with Client(
+            running.target,
+            ca_cert=pki.dir / "ca.pem",
+            client_cert=pki.pem("client"),
+            client_key=str(pki.dir / "client.key"),
+            token="t0k",
+        ) as c:
+            assert c.explain("secure hello").label in ("negative", "positive")
+        assert servicer.calls_to("Explain")[0].metadata["authorization"] == "Bearer t0k"
+    finally:
+        running.server.stop(None)
+
+
+@pytest.mark.parametrize(
+    "client_kw",
+    [
+        pytest.param({"ca_cert": "ca"}, id="no-client-cert"),
+        pytest.param({"ca_cert": "ca", "client": "stranger"}, id="client-cert-from-other-ca"),
+        pytest.param({"ca_cert": "other-ca", "client": "client"}, id="server-not-trusted"),
+        pytest.param({}, id="plaintext-client"),
+    ],
+)
+def test_mutual_tls_rejects(pki: Pki, client_kw: dict[str, str]) -> None:
+    running = _mtls_server(pki, ScriptedExplainer())
+    kw: dict[str, object] = {}
+    if "ca_cert" in client_kw:
+        kw["ca_cert"] = pki.pem(client_kw["ca_cert"])
+    if "client" in client_kw:
+        kw["client_cert"] = pki.pem(client_kw["client"])
+        kw["client_key"] = pki.key(client_kw["client"])
+    try:
+        client = Client(running.target, retries=0, timeout=5, **kw)  # type: ignore[arg-type]
+        with client as c, pytest.raises(errors.Unavailable):
+            c.model()
+    finally:
+        running.server.stop(None)
+    assert running.servicer.calls == []
+
+
+def test_server_tls_only(pki: Pki) -> None:
+    running = start_server(
+        ScriptedExplainer(),
+        grpc.ssl_server_credentials([(pki.key("server"), pki.pem("server"))]),
+    )
+    try:
+        with Client(running.target, ca_cert=pki.pem("ca")) as c:
+            assert c.model().name == "tiny"
+    finally:
+        running.server.stop(None)
+
+
+def test_client_cert_needs_key(pki: Pki) -> None:
+    with pytest.raises(ValueError, match="together"):
+        Client("127.0.0.1:1", ca_cert=pki.pem("ca"), client_cert=pki.pem("client"))
+    with pytest.raises(ValueError, match="cannot read"):
+        Client("127.0.0.1:1", ca_cert="/nonexistent/ca.pem")

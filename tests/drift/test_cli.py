@@ -1,0 +1,108 @@
+"""`limelight drift-reference build` and the `limelight drift` table and plot."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from limelight.cli.drift import format_report, plot_report
+from limelight.cli.main import main
+from limelight.drift import DriftMonitor, ReferenceFile
+from limelight.drift.build import explain_texts, profile_of
+from limelight.models.loaded import load_model
+from limelight.settings import Settings
+
+
+def synthetic_report() -> object:
+    settings = Settings(drift_bootstrap_n=100, drift_window=100, drift_sketch_size=32)
+    monitor = DriftMonitor(settings, ["rotten", "fresh"], None)
+    rng = random.Random(0)
+    words = ["film", "plot", "actors", "the", "story"]
+    for i in range(200):
+        tokens = rng.choices(words, k=5)
+        scores = [1.0] * 5
+        if i >= 100 and i % 2:
+            tokens.append("brilliant")
+            scores.append(5.0)
+        monitor.observe(["rotten", "fresh"][i % 2], tokens, scores)
+    return monitor.report(top_k=3)
+
+
+def test_table_names_labels_alerts_and_shares() -> None:
+    text = format_report(synthetic_report())
+    lines = text.splitlines()
+    assert lines[0].startswith("reference: ready (100 explanations)")
+    fresh = next(line for line in lines if line.startswith("fresh "))
+    assert "ALERT" in fresh
+    rotten = next(line for line in lines if line.startswith("rotten "))
+    assert " ok " in rotten + " "
+    riser = next(line for line in lines if line.strip().startswith("brilliant"))
+    assert " 0.00% -> 50.00%" in riser  # half the positive mass of every "fresh" text
+
+
+def test_plot_writes_a_png(tmp_path: Path) -> None:
+    out = tmp_path / "drift.png"
+    plot_report(synthetic_report(), out)
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert out.stat().st_size > 5_000
+
+
+def test_build_reference_command(tmp_path: Path, random_bert_dir: Path) -> None:
+    texts = [f"review number {i}: the plot was {w}" for i, w in enumerate(["good", "bad"] * 15)]
+    data = tmp_path / "data.jsonl"
+    data.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
+    out = tmp_path / "ref.json"
+    rc = main(
+        [
+            "drift-reference", "build", "--model", str(random_bert_dir), "--data", str(data),
+            "--n", "25", "--batch-size", "4", "--out", str(out), "--no-progress",
+        ]
+    )  # fmt: skip
+    assert rc == 0
+    ref = ReferenceFile.load(out)
+    model = load_model(random_bert_dir)
+    assert ref.labels == model.labels
+    assert ref.model_version == model.version
+    assert ref.profile.count == 25
+    assert ref.source == {"data": str(data), "n": 25}
+    # Independent recomputation: one text at a time, no batching or length sorting.
+    expected = profile_of(
+        [explain_texts(model, [t], batch_size=1)[0] for t in texts[:25]],
+        model.labels,
+        ref.profile.capacity,
+    )
+    assert ref.profile.label_counts == expected.label_counts
+    for label in model.labels:
+        got, want = ref.profile.sketches[label], expected.sketches[label]
+        assert set(got.counts) == set(want.counts)
+        for token, count in want.counts.items():
+            assert got.counts[token] == pytest.approx(count, rel=1e-4, abs=1e-6)
+    assert ref.profile.entropy_sum == pytest.approx(expected.entropy_sum, rel=1e-4)
+
+
+def test_explain_texts_matches_the_inline_method(random_bert_dir: Path) -> None:
+    """Scores are NormXLogit of the predicted class on non-special tokens (checked by hand)."""
+    import torch
+
+    model = load_model(random_bert_dir)
+    text = "a surprisingly tender film"
+    obs = explain_texts(model, [text, "short", "another much longer text than the others"])[0]
+    enc = model.encode(text)
+    ids = torch.tensor([enc.input_ids])
+    with torch.no_grad():
+        out = model.model(ids, output_hidden_states=True)
+        norms = out.hidden_states[0][0].norm(dim=-1)
+        logits = model.model.classifier(model.model.bert.pooler(out.hidden_states[-1]))
+        per_token = model.model.classifier(
+            torch.tanh(model.model.bert.pooler.dense(out.hidden_states[-1][0]))
+        )
+    predicted = int(out.logits[0].argmax())
+    assert torch.allclose(logits, out.logits, atol=1e-5)
+    assert obs.label == model.labels[predicted]
+    expected = (norms * per_token[:, predicted]).numpy()[~enc.special_mask]
+    assert obs.tokens == [t.text for t in enc.tokens if not t.special]
+    np.testing.assert_allclose(obs.scores, expected, rtol=1e-4, atol=1e-5)

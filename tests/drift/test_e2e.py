@@ -1,0 +1,60 @@
+"""Drift through a real sidecar: Explain traffic, GetDrift via the CLI, the metrics endpoint."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from limelight.cli.main import main
+from limelight.demo.datasets import rotten_tomatoes
+from limelight_client import Client
+
+
+def test_drift_cli_against_a_served_model(
+    start_sidecar: Callable[..., Any],
+    bert_tiny_dir: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    running = start_sidecar(model_dir=bert_tiny_dir, drift_bootstrap_n=20, drift_window=30)
+    texts = [e.text for e in rotten_tomatoes("test")[:50]]
+    with Client(running.target, timeout=60) as client:
+        building = client.drift(top_k=5)
+        assert building.reference_state == "building"
+        for text in texts[:20]:
+            client.explain(text)
+        for text in texts[20:50]:
+            client.explain(text + " brilliant brilliant brilliant")
+        report = client.drift(top_k=5)
+    assert report.reference_state == "ready"
+    assert report.reference_count == 20
+    assert report.window_count == 30
+    assert sum(d.window_count for d in report.labels) == 30
+
+    plot = tmp_path / "drift.png"
+    rc = main(["drift", "--target", running.target, "--top-k", "5", "--plot", str(plot)])
+    out = capsys.readouterr().out
+    assert rc == 0
+    assert out.startswith("reference: ready (20 explanations)   window: 30 explanations")
+    for d in report.labels:
+        assert any(line.startswith(f"{d.label} ") for line in out.splitlines())
+    assert plot.read_bytes()[:4] == b"\x89PNG"
+
+    # The same numbers on the Prometheus endpoint, which passes promtool.
+    with urllib.request.urlopen(running.metrics_url, timeout=10) as response:
+        exposition = response.read()
+    text = exposition.decode()
+    assert 'limelight_drift_reference_state{state="ready"} 1.0' in text
+    assert "limelight_drift_window_explanations 30.0" in text
+    promtool = shutil.which("promtool")
+    assert promtool, "promtool not found: install Debian's prometheus package (make sysdeps)"
+    check = subprocess.run(
+        [promtool, "check", "metrics"], input=exposition, capture_output=True, check=False
+    )
+    assert check.returncode == 0, check.stderr.decode()

@@ -1,0 +1,263 @@
+"""DriftMonitor, JSD and reference files on synthetic attributions with known answers."""
+
+from __future__ import annotations
+
+import math
+import random
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+from prometheus_client import CollectorRegistry
+from scipy.spatial.distance import jensenshannon
+
+from limelight.drift import DriftMonitor, ReferenceFile
+from limelight.drift.profile import (
+    Profile,
+    compare,
+    js_divergence,
+    normalise_token,
+    positive_shares,
+)
+from limelight.drift.sketch import SpaceSaving
+from limelight.errors import FailedPrecondition
+from limelight.metrics import Metrics
+from limelight.settings import Settings
+
+LABELS = ["neg", "pos"]
+
+
+def make_settings(**kw: object) -> Settings:
+    base: dict[str, object] = {
+        "drift_bootstrap_n": 200,
+        "drift_window": 200,
+        "drift_sketch_size": 64,
+        "drift_alert_threshold": 0.1,
+    }
+    base.update(kw)
+    return Settings(**base)  # type: ignore[arg-type]
+
+
+VOCAB = [f"w{i}" for i in range(300)]
+WEIGHTS = [1.0 / (i + 1) for i in range(len(VOCAB))]
+
+
+def sample(rng: random.Random, extra: str | None = None) -> tuple[list[str], list[float]]:
+    """A synthetic explanation: Zipf tokens with mixed-sign scores."""
+    tokens = rng.choices(VOCAB, WEIGHTS, k=rng.randint(8, 30))
+    scores = [rng.gauss(0.3, 1.0) for _ in tokens]
+    if extra is not None:
+        tokens.append(extra)
+        scores.append(sum(max(s, 0.0) for s in scores))  # half of the positive mass
+    return tokens, scores
+
+
+def feed(monitor: DriftMonitor, n: int, seed: int, extra: str | None = None) -> None:
+    rng = random.Random(seed)
+    for i in range(n):
+        tokens, scores = sample(rng, extra)
+        monitor.observe(LABELS[i % 2], tokens, scores)
+
+
+# --- JSD ------------------------------------------------------------------------------------------
+
+
+def test_jsd_properties() -> None:
+    rng = np.random.default_rng(0)
+    for _ in range(50):
+        p = rng.random(12) * (rng.random(12) > 0.3)
+        q = rng.random(12) * (rng.random(12) > 0.3)
+        if p.sum() == 0 or q.sum() == 0:
+            continue
+        d = js_divergence(p, q)
+        assert 0.0 <= d <= 1.0
+        assert d == pytest.approx(js_divergence(q, p), abs=1e-12)
+        # scipy returns the JS *distance* (square root of the divergence).
+        assert d == pytest.approx(jensenshannon(p, q, base=2) ** 2, abs=1e-9)
+        assert js_divergence(p, p) == pytest.approx(0.0, abs=1e-12)
+    assert js_divergence([1, 0, 0], [0, 2, 3]) == pytest.approx(1.0)
+    assert js_divergence([1, 1], [1, 1]) == 0.0
+    assert js_divergence([0, 0], [1, 1]) == 0.0  # no data on one side: nothing to compare
+
+
+def test_compare_identical_and_disjoint_sketches() -> None:
+    a, b, c = SpaceSaving(16), SpaceSaving(16), SpaceSaving(16)
+    for token, w in [("x", 3.0), ("y", 1.0)]:
+        a.add(token, w)
+        b.add(token, 2 * w)  # same shares, twice the mass
+    for token, w in [("u", 1.0), ("v", 1.0)]:
+        c.add(token, w)
+    assert compare(a, b).divergence == pytest.approx(0.0, abs=1e-12)
+    assert compare(a, c).divergence == pytest.approx(1.0)
+    assert compare(c, a).divergence == pytest.approx(1.0)
+    shares = {s.token: (s.reference_share, s.current_share) for s in compare(a, c).shifts}
+    assert shares["x"] == (0.75, 0.0) and shares["u"] == (0.0, 0.5)
+
+
+def test_positive_shares_and_entropy() -> None:
+    shares, entropy = positive_shares(["The", "film", "the", "[x]"], [1.0, 2.0, 1.0, -5.0])
+    assert shares == {"the": 0.5, "film": 0.5}
+    assert entropy == pytest.approx(1.5)  # positions: 1/4, 1/2, 1/4
+    assert positive_shares(["a"], [-1.0]) == ({}, None)
+    assert normalise_token("\u0120Great") == "great"
+    assert normalise_token("\u2581Film") == "film"
+    assert normalise_token("##ING") == "##ing"
+
+
+# --- the monitor ----------------------------------------------------------------------------------
+
+
+def test_bootstrap_reference_then_low_drift_on_same_distribution() -> None:
+    metrics = Metrics(CollectorRegistry())
+    monitor = DriftMonitor(make_settings(), LABELS, metrics)
+    feed(monitor, 150, seed=1)
+    report = monitor.report()
+    assert report.reference_state == "building" and report.reference_count == 150
+    assert (
+        metrics.registry.get_sample_value("limelight_drift_reference_state", {"state": "building"})
+        == 1.0
+    )
+    feed(monitor, 50, seed=2)
+    assert monitor.state == "ready"
+    feed(monitor, 200, seed=3)
+    report = monitor.report()
+    assert report.reference_state == "ready"
+    assert report.reference_count == 200
+    assert 180 <= report.window_count <= 200
+    for d in report.labels:
+        assert d.divergence < 0.05, d
+        assert not d.alert
+    assert report.label_mix_divergence == pytest.approx(0.0, abs=1e-3)
+    assert report.current_entropy == pytest.approx(report.reference_entropy, rel=0.05)
+    get = metrics.registry.get_sample_value
+    assert get("limelight_drift_reference_state", {"state": "ready"}) == 1.0
+    assert get("limelight_attribution_drift", {"label": "pos"}) == pytest.approx(
+        report.labels[1].divergence
+    )
+    assert get("limelight_drift_window_explanations") == report.window_count
+
+
+def test_new_heavy_token_alerts_and_is_named() -> None:
+    monitor = DriftMonitor(make_settings(), LABELS, None)
+    feed(monitor, 200, seed=1)
+    rng = random.Random(9)
+    for _ in range(200):  # only "pos" explanations gain the word
+        tokens, scores = sample(rng, "Brilliant")
+        monitor.observe("pos", tokens, scores)
+        tokens, scores = sample(rng)
+        monitor.observe("neg", tokens, scores)
+    report = monitor.report(top_k=3)
+    pos, neg = report.labels[1], report.labels[0]
+    assert pos.alert and pos.divergence > 0.1
+    assert pos.risers[0].token == "brilliant"
+    assert pos.risers[0].current_share == pytest.approx(0.5, abs=0.05)
+    assert pos.risers[0].reference_share == pytest.approx(0.0, abs=0.01)
+    assert len(pos.risers) <= 3 and pos.fallers
+    assert not neg.alert and neg.divergence < 0.05
+
+
+def test_label_mix_and_entropy_match_direct_computation() -> None:
+    monitor = DriftMonitor(make_settings(drift_bootstrap_n=4, drift_window=10), LABELS, None)
+    for label in ["neg", "pos", "pos", "pos"]:
+        monitor.observe(label, ["a", "b"], [1.0, 1.0])  # entropy 1 bit
+    for label in ["neg", "neg", "pos"]:
+        monitor.observe(label, ["a", "b", "c", "d"], [1.0, 1.0, 1.0, 1.0])  # 2 bits
+    report = monitor.report()
+    assert report.label_mix_divergence == pytest.approx(js_divergence([1, 3], [2, 1]))
+    assert report.reference_entropy == pytest.approx(1.0)
+    assert report.current_entropy == pytest.approx(2.0)
+
+
+def test_disabled_monitor_ignores_everything() -> None:
+    metrics = Metrics(CollectorRegistry())
+    monitor = DriftMonitor(make_settings(drift_enabled=False), LABELS, metrics)
+    feed(monitor, 10, seed=0)
+    report = monitor.report()
+    assert report.reference_state == "disabled" and report.reference_count == 0
+    get = metrics.registry.get_sample_value
+    assert get("limelight_drift_reference_state", {"state": "disabled"}) == 1.0
+
+
+def test_unknown_label_is_ignored_and_length_mismatch_raises() -> None:
+    monitor = DriftMonitor(make_settings(), LABELS, None)
+    monitor.observe("other", ["a"], [1.0])
+    assert monitor.report().reference_count == 0
+    with pytest.raises(ValueError):
+        monitor.observe("pos", ["a", "b"], [1.0])
+
+
+def test_memory_stays_bounded_with_unbounded_vocabulary() -> None:
+    s = make_settings(drift_bootstrap_n=50, drift_window=100, drift_sketch_size=32)
+    monitor = DriftMonitor(s, LABELS, None)
+    for i in range(3000):
+        monitor.observe(LABELS[i % 2], [f"u{i}-{j}" for j in range(20)], [1.0] * 20)
+    ref_entries = sum(len(x) for x in monitor._reference.sketches.values())
+    window_entries = sum(len(sk) for part in monitor._ring.parts() for sk in part.sketches.values())
+    assert ref_entries <= 2 * 4 * 32
+    assert window_entries <= 2 * 10 * 32
+    assert monitor.report().window_count <= 100
+
+
+def test_concurrent_observe_and_report() -> None:
+    monitor = DriftMonitor(make_settings(drift_bootstrap_n=100, drift_window=10_000), LABELS, None)
+    errors: list[BaseException] = []
+
+    def writer(seed: int) -> None:
+        try:
+            feed(monitor, 500, seed)
+        except BaseException as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=writer, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for _ in range(20):
+        monitor.report()
+    for t in threads:
+        t.join()
+    assert not errors
+    report = monitor.report()
+    assert report.reference_count + report.window_count == 4 * 500
+
+
+# --- reference files ------------------------------------------------------------------------------
+
+
+def test_reference_file_round_trip_gives_the_same_report(tmp_path: Path) -> None:
+    settings = make_settings()
+    boot = DriftMonitor(settings, LABELS, None)
+    feed(boot, 200, seed=1)
+    path = tmp_path / "ref.json"
+    ReferenceFile(profile=boot._reference, labels=LABELS, model_name="m", model_version="abc").save(
+        path
+    )
+    loaded = DriftMonitor(make_settings(drift_reference=path), LABELS, None, model_version="abc")
+    assert loaded.state == "ready"
+    feed(boot, 150, seed=5, extra="new")
+    feed(loaded, 150, seed=5, extra="new")
+    a, b = boot.report(), loaded.report()
+    assert a.reference_count == b.reference_count == 200
+    for x, y in zip(a.labels, b.labels, strict=True):
+        assert x.divergence == pytest.approx(y.divergence, abs=1e-12)
+        assert x.risers == y.risers
+
+
+def test_reference_file_errors(tmp_path: Path) -> None:
+    with pytest.raises(FailedPrecondition, match="does not exist"):
+        DriftMonitor(make_settings(drift_reference=tmp_path / "none.json"), LABELS, None)
+    bad = tmp_path / "bad.json"
+    bad.write_text("{}")
+    with pytest.raises(FailedPrecondition, match="not a Limelight drift reference"):
+        DriftMonitor(make_settings(drift_reference=bad), LABELS, None)
+    other = tmp_path / "other.json"
+    ReferenceFile(profile=Profile(["a", "b", "c"], 8), labels=["a", "b", "c"]).save(other)
+    with pytest.raises(FailedPrecondition, match="labels"):
+        DriftMonitor(make_settings(drift_reference=other), LABELS, None)
+
+
+def test_gauges_are_nan_until_comparable() -> None:
+    metrics = Metrics(CollectorRegistry())
+    DriftMonitor(make_settings(), LABELS, metrics)
+    value = metrics.registry.get_sample_value("limelight_attribution_drift", {"label": "pos"})
+    assert value is not None and math.isnan(value)

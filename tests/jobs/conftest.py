@@ -1,0 +1,118 @@
+"""Fixtures of the job tests: a tiny random BERT classifier saved as safetensors."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+HERE = Path(__file__).parent
+if str(HERE) not in sys.path:
+    sys.path.insert(0, str(HERE))
+
+WORDS = [
+    "the", "a", "movie", "film", "was", "is", "good", "bad", "great", "awful", "plot", "acting",
+    "and", "but", "not", "very", "boring", "fun", "i", "it", "this", "love", "hate", ".", ",",
+]  # fmt: skip
+
+
+def build_tiny_bert(directory: Path) -> Path:
+    """A 2-layer, 16-wide random BERT with a word-level vocabulary (built, never downloaded)."""
+    import torch
+    from transformers import BertConfig, BertForSequenceClassification, BertTokenizerFast
+
+    directory.mkdir(parents=True, exist_ok=True)
+    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *WORDS]
+    tokenizer = BertTokenizerFast(vocab={w: i for i, w in enumerate(vocab)}, do_lower_case=True)
+    config = BertConfig(
+        vocab_size=len(vocab),
+        hidden_size=16,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=32,
+        max_position_embeddings=64,
+        num_labels=2,
+        id2label={0: "negative", 1: "positive"},
+        label2id={"negative": 0, "positive": 1},
+    )
+    torch.manual_seed(0)
+    model = BertForSequenceClassification(config).eval()
+    model.save_pretrained(directory, safe_serialization=True)
+    tokenizer.save_pretrained(directory)
+    return directory
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_tiny_bert(tmp_path_factory.mktemp("tiny-bert"))
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tiny_model_dir: Path):  # type: ignore[no-untyped-def]
+    from limelight.models.loaded import load_model
+
+    return load_model(tiny_model_dir)
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture(scope="session")
+def redis_url(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
+    """A real redis-server on a free loopback port, without persistence, for this session."""
+    import shutil
+    import subprocess
+    import time
+
+    import redis
+
+    exe = shutil.which("redis-server")
+    if exe is None:
+        pytest.fail("redis-server is not installed (run `make sysdeps`)")
+    workdir = tmp_path_factory.mktemp("redis")
+    port = _free_port()
+    proc = subprocess.Popen(
+        [
+            exe,
+            "--port",
+            str(port),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--dir",
+            str(workdir),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.STDOUT,
+    )
+    url = f"redis://127.0.0.1:{port}/0"
+    client = redis.Redis.from_url(url)
+    while True:
+        try:
+            client.ping()
+            break
+        except redis.ConnectionError:
+            if proc.poll() is not None:
+                pytest.fail("redis-server did not start")
+            time.sleep(0.05)
+    yield url
+    proc.terminate()
+    proc.wait()
+
+
+@pytest.fixture
+def redis_clean(redis_url: str) -> str:
+    """``redis_url`` with an empty database."""
+    import redis
+
+    redis.Redis.from_url(redis_url).flushall()
+    return redis_url

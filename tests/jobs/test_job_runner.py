@@ -1,0 +1,113 @@
+"""JobRunner: encoding, prediction, target resolution and wrapping of one job."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from helpers import reference_prediction, test_registry
+from jobs_testing_methods import expected_scores
+
+from limelight.core.jobs import JobSpec
+from limelight.core.types import TargetSpec
+from limelight.errors import InvalidArgument
+from limelight.jobs.runner import JobRunner, load_job_methods
+from limelight.methods.base import JobCancelled, JobMethod
+from limelight.models.loaded import LoadedModel
+from limelight.settings import Settings
+
+
+def _runner(model: LoadedModel, tmp_path: Path, **kw: object) -> JobRunner:
+    return JobRunner(model, test_registry(), Settings(cache_dir=tmp_path, **kw))
+
+
+def test_runs_predicted_target(tiny_model: LoadedModel, tmp_path: Path) -> None:
+    text = "the movie was good , not boring"
+    ids, probs = reference_prediction(tiny_model, text)
+    progress: list[float] = []
+    expl = _runner(tiny_model, tmp_path).run(
+        JobSpec(method="steps", text=text, params={"steps": 3}),
+        job_id="j1",
+        report=lambda f, m: progress.append(f),
+    )
+    predicted = int(np.argmax(probs))
+    assert expl.request_id == "j1"
+    assert expl.label_index == predicted
+    assert expl.label == tiny_model.labels[predicted]
+    np.testing.assert_allclose(expl.probabilities, probs, rtol=1e-5, atol=1e-6)
+    assert [t.id for t in expl.tokens] == ids
+    assert expl.attribution.target_index == predicted
+    np.testing.assert_array_equal(expl.attribution.scores, expected_scores(ids, predicted))
+    assert expl.attribution.class_scores is not None
+    assert expl.attribution.class_scores.shape == (len(ids), 2)
+    assert expl.attribution.parameters == {"steps": 3, "sleep": 0.0}
+    assert progress == [0.0, 1 / 3, 2 / 3]
+    assert expl.model_version == tiny_model.version
+    assert expl.timings.total_seconds >= expl.timings.attribute_seconds >= 0
+
+
+@pytest.mark.parametrize(
+    ("target", "index"), [(TargetSpec(label="negative"), 0), (TargetSpec(index=1), 1)]
+)
+def test_explicit_target(
+    tiny_model: LoadedModel, tmp_path: Path, target: TargetSpec, index: int
+) -> None:
+    text = "i hate this film"
+    ids, _ = reference_prediction(tiny_model, text)
+    expl = _runner(tiny_model, tmp_path).run(JobSpec(method="steps", text=text, target=target))
+    assert expl.attribution.target_index == index
+    assert expl.attribution.target_label == tiny_model.labels[index]
+    np.testing.assert_array_equal(expl.attribution.scores, expected_scores(ids, index))
+
+
+def test_text_pair_and_truncation(tiny_model: LoadedModel, tmp_path: Path) -> None:
+    runner = _runner(tiny_model, tmp_path, max_tokens=6)
+    expl = runner.run(JobSpec(method="steps", text="the plot was boring", text_pair="i love it"))
+    assert len(expl.tokens) == 6 and expl.truncated
+    assert {t.segment for t in expl.tokens} == {0, 1}
+
+
+def test_rejections(tiny_model: LoadedModel, tmp_path: Path) -> None:
+    runner = _runner(tiny_model, tmp_path)
+    with pytest.raises(InvalidArgument, match="unknown method"):
+        runner.validate(JobSpec(method="nope", text="x"))
+    with pytest.raises(InvalidArgument, match="inline"):
+        runner.validate(JobSpec(method="normxlogit", text="x"))
+    with pytest.raises(InvalidArgument, match="unknown label"):
+        runner.validate(JobSpec(method="steps", text="x", target=TargetSpec(label="meh")))
+    with pytest.raises(InvalidArgument, match="out of range"):
+        runner.validate(JobSpec(method="steps", text="x", target=TargetSpec(index=5)))
+    with pytest.raises(InvalidArgument, match="steps"):
+        runner.validate(JobSpec(method="steps", text="x", params={"steps": 0}))
+    assert runner.validate(JobSpec(method="steps", text="x")) == {"steps": 4, "sleep": 0.0}
+
+
+def test_should_stop_raises_cancelled(tiny_model: LoadedModel, tmp_path: Path) -> None:
+    calls = []
+
+    def stop() -> bool:
+        calls.append(1)
+        return len(calls) >= 2
+
+    with pytest.raises(JobCancelled):
+        _runner(tiny_model, tmp_path).run(
+            JobSpec(method="steps", text="good", params={"steps": 5}), should_stop=stop
+        )
+    assert len(calls) == 2
+
+
+def test_real_job_methods_run(tiny_model: LoadedModel, tmp_path: Path) -> None:
+    """Every built-in job method that exists and fits the tiny model runs through the runner."""
+    registry = load_job_methods()
+    runner = JobRunner(tiny_model, registry, Settings(cache_dir=tmp_path))
+    ran = []
+    for method in registry:
+        if not isinstance(method, JobMethod) or method.unavailable_reason(tiny_model):
+            continue
+        expl = runner.run(JobSpec(method=method.name, text="the acting was awful"))
+        assert expl.attribution.scores.shape == (len(expl.tokens),)
+        assert np.isfinite(expl.attribution.scores).all()
+        ran.append(method.name)
+    if not ran:
+        pytest.skip("no built-in job method is available yet")

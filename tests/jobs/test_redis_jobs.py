@@ -1,0 +1,400 @@
+"""The Redis backend and workers on a real redis-server."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import numpy as np
+import pytest
+import redis
+from helpers import await_until, reference_prediction, test_registry, touch, wait_state, wait_until
+from jobs_testing_methods import expected_scores
+from prometheus_client import CollectorRegistry
+
+from limelight.core.jobs import JobSpec, JobState
+from limelight.errors import InvalidArgument, NotFound, ResourceExhausted
+from limelight.jobs.redis_backend import RedisJobBackend, RedisWorker
+from limelight.jobs.runner import JobRunner
+from limelight.metrics import Metrics
+from limelight.models.loaded import LoadedModel
+from limelight.settings import Settings
+
+HERE = Path(__file__).parent
+ROOT = HERE.parent.parent
+
+
+def _settings(url: str, tmp_path: Path, **kw: object) -> Settings:
+    return Settings(cache_dir=tmp_path, jobs=url, **kw)
+
+
+@contextmanager
+def worker_thread(worker: RedisWorker) -> Iterator[RedisWorker]:
+    thread = threading.Thread(target=worker.run, daemon=True)
+    thread.start()
+    try:
+        yield worker
+    finally:
+        worker.request_stop()
+        thread.join()
+
+
+def _sample(metrics: Metrics, name: str, labels: dict[str, str]) -> float:
+    value = metrics.registry.get_sample_value(name, labels)
+    return 0.0 if value is None else value
+
+
+def test_lifecycle_cancel_timeout(
+    tiny_model: LoadedModel, redis_clean: str, tmp_path: Path
+) -> None:
+    settings = _settings(redis_clean, tmp_path, job_timeout_s=600)
+    runner = JobRunner(tiny_model, test_registry(), settings)
+    side_metrics, worker_metrics = Metrics(CollectorRegistry()), Metrics(CollectorRegistry())
+    text = "the acting was awful"
+    ids, probs = reference_prediction(tiny_model, text)
+    started = tmp_path / "started"
+
+    async def main() -> None:
+        backend = RedisJobBackend(settings, side_metrics, runner=runner)
+        backend.depth_interval_s = 0.05
+        await backend.start()
+        try:
+            with pytest.raises(InvalidArgument):
+                await backend.submit(JobSpec(method="steps", text="x", params={"bad": 1}))
+            job = await backend.submit(JobSpec(method="steps", text=text, params={"steps": 4}))
+            assert job.state is JobState.QUEUED and job.spec.params == {"steps": 4, "sleep": 0.0}
+            assert _sample(side_metrics, "limelight_job_queue_depth", {"method": "steps"}) == 1
+            worker = RedisWorker(settings, runner, worker_metrics, name="w-inproc")
+            with worker_thread(worker):
+                seen = [r async for r in backend.watch(job.id)]
+                assert seen[-1].state is JobState.SUCCEEDED
+                progress = [r.progress for r in seen]
+                assert progress == sorted(progress) and progress[-1] == 1.0
+                final = await backend.get(job.id)
+                assert final.attempts == 1 and final.result is not None
+                # The gauge follows the queue drained by the worker, without any sidecar call.
+                await await_until(
+                    lambda: (
+                        _sample(side_metrics, "limelight_job_queue_depth", {"method": "steps"}) == 0
+                    )
+                )
+                predicted = int(np.argmax(probs))
+                np.testing.assert_array_equal(
+                    final.result.attribution.scores, expected_scores(ids, predicted)
+                )
+                np.testing.assert_allclose(final.result.probabilities, probs, rtol=1e-5)
+
+                # Cancel a running job (flag read at checkpoints), then a queued one.
+                params = {"release": str(tmp_path / "never"), "started": str(started)}
+                blocking = await backend.submit(JobSpec(method="block", text="a", params=params))
+                await wait_state(backend, blocking.id, {JobState.RUNNING})
+                queued = await backend.submit(JobSpec(method="steps", text="b"))
+                cancelled = await backend.cancel(queued.id)
+                assert cancelled.state is JobState.CANCELLED
+                pending = await backend.cancel(blocking.id)
+                # The worker may already have seen the flag by the time the record is read.
+                assert (pending.state, pending.message) in (
+                    (JobState.RUNNING, "cancelling"),
+                    (JobState.CANCELLED, "cancelled"),
+                )
+                assert (await wait_state(backend, blocking.id)).state is JobState.CANCELLED
+
+                # Timeout.
+                slow = await backend.submit(
+                    JobSpec(method="block", text="a", params=params, timeout_s=0.2)
+                )
+                final = await wait_state(backend, slow.id)
+                assert (final.state, final.error) == (JobState.FAILED, "timed out after 0.2s")
+
+                broken = await backend.submit(JobSpec(method="broken", text="a"))
+                final = await wait_state(backend, broken.id)
+                assert final.state is JobState.FAILED and "secret" not in final.error
+
+            listed = await backend.list(None, 10)
+            assert [r.id for r in listed] == [broken.id, slow.id, queued.id, blocking.id, job.id]
+            only = await backend.list([JobState.CANCELLED], 10)
+            assert {r.id for r in only} == {queued.id, blocking.id}
+            with pytest.raises(NotFound):
+                await backend.get("nope")
+            with pytest.raises(NotFound):
+                await backend.cancel("nope")
+        finally:
+            await backend.stop(1)
+
+    asyncio.run(main())
+    for method, outcome in (("steps", "succeeded"), ("block", "cancelled"), ("block", "failed")):
+        labels = {"method": method, "outcome": outcome}
+        assert _sample(worker_metrics, "limelight_jobs_total", labels) == 1
+    cancelled_queued = {"method": "steps", "outcome": "cancelled"}
+    assert _sample(side_metrics, "limelight_jobs_total", cancelled_queued) == 1
+    assert _sample(worker_metrics, "limelight_job_wait_seconds_count", {"method": "steps"}) == 1
+    assert _sample(side_metrics, "limelight_job_queue_depth", {"method": "steps"}) == 0
+    # Finished entries are acknowledged and removed from the stream.
+    client = redis.Redis.from_url(redis_clean)
+    assert client.xlen("limelight:stream") == 0
+    assert client.xpending("limelight:stream", "workers")["pending"] == 0
+
+
+def test_idempotency_bounded_queue_and_ttl(redis_clean: str, tmp_path: Path) -> None:
+    settings = _settings(redis_clean, tmp_path, job_queue_max=2, job_result_ttl_s=0.3)
+
+    async def main() -> None:
+        backend = RedisJobBackend(settings)  # no workers: jobs stay queued
+        await backend.start()
+        try:
+            a = await backend.submit(JobSpec(method="steps", text="a", idempotency_key="k"))
+            assert (await backend.submit(JobSpec("steps", "a", idempotency_key="k"))).id == a.id
+            b = await backend.submit(JobSpec(method="steps", text="b"))
+            with pytest.raises(ResourceExhausted, match="queue is full"):
+                await backend.submit(JobSpec(method="steps", text="c"))
+            assert (await backend.submit(JobSpec("steps", "a", idempotency_key="k"))).id == a.id
+            # A cancelled job frees its slot and expires after the TTL, key included.
+            await backend.cancel(a.id)
+            await backend.cancel(b.id)
+            c = await backend.submit(JobSpec(method="steps", text="c"))
+            await asyncio.sleep(0.5)
+            with pytest.raises(NotFound):
+                await backend.get(a.id)
+            fresh = await backend.submit(JobSpec(method="steps", text="a", idempotency_key="k"))
+            assert fresh.id != a.id
+            assert [r.id for r in await backend.list(None, 10)] == [fresh.id, c.id]
+        finally:
+            await backend.stop(1)
+
+    asyncio.run(main())
+    client = redis.Redis.from_url(redis_clean)
+    assert client.zcard("limelight:index") == 2  # expired ids pruned from the index
+
+
+def test_stopping_worker_hands_job_back(
+    tiny_model: LoadedModel, redis_clean: str, tmp_path: Path
+) -> None:
+    settings = _settings(redis_clean, tmp_path)
+    runner = JobRunner(tiny_model, test_registry(), settings)
+    release = tmp_path / "release"
+    params = {"release": str(release), "started": str(tmp_path / "started")}
+
+    async def main() -> None:
+        backend = RedisJobBackend(settings)
+        await backend.start()
+        try:
+            job = await backend.submit(JobSpec(method="block", text="a", params=params))
+            first = RedisWorker(settings, runner, name="w-first")
+            thread = threading.Thread(target=first.run, daemon=True)
+            thread.start()
+            await wait_state(backend, job.id, {JobState.RUNNING})
+            first.abandon()
+            await asyncio.to_thread(thread.join)
+            back = await backend.get(job.id)
+            assert back.state is JobState.QUEUED and back.attempts == 0
+            touch(release)
+            with worker_thread(RedisWorker(settings, runner, name="w-second")):
+                final = await wait_state(backend, job.id)
+            assert final.state is JobState.SUCCEEDED and final.attempts == 1
+        finally:
+            await backend.stop(1)
+
+    asyncio.run(main())
+
+
+def _worker_proc(url: str, model_dir: Path, tmp_path: Path, **env: str) -> subprocess.Popen:
+    environ = dict(os.environ)
+    environ["PYTHONPATH"] = os.pathsep.join([str(HERE), *filter(None, [environ.get("PYTHONPATH")])])
+    environ["LIMELIGHT_TORCH_THREADS"] = "1"  # no oversubscription on a busy machine
+    environ.update(env)
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "limelight.cli.main",
+            "worker",
+            "--jobs",
+            url,
+            "--model",
+            str(model_dir),
+            "--workers",
+            "1",
+            "--cache-dir",
+            str(tmp_path),
+            "--method",
+            "jobs_testing_methods:BlockMethod",
+            "--method",
+            "jobs_testing_methods:CrashMethod",
+            "--log-level",
+            "WARNING",
+        ],
+        env=environ,
+        cwd=ROOT,
+    )
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def test_killed_worker_job_is_reclaimed(
+    tiny_model_dir: Path, redis_clean: str, tmp_path: Path
+) -> None:
+    settings = _settings(redis_clean, tmp_path, job_reclaim_idle_s=2.0)
+    env = {"LIMELIGHT_JOB_RECLAIM_IDLE_S": "2.0"}
+    release, started = tmp_path / "release", tmp_path / "started"
+    params = {"release": str(release), "started": str(started)}
+    workers = [_worker_proc(redis_clean, tiny_model_dir, tmp_path, **env) for _ in range(2)]
+    try:
+
+        async def main() -> None:
+            backend = RedisJobBackend(settings)
+            await backend.start()
+            try:
+                job = await backend.submit(JobSpec(method="block", text="a", params=params))
+                await asyncio.to_thread(wait_until, started.exists)
+                running = await backend.get(job.id)
+                victim = int(started.read_text().split()[0])  # pid of the child running it
+                client = redis.Redis.from_url(redis_clean, decode_responses=True)
+                owner = client.hget(f"limelight:job:{job.id}", "consumer")
+                assert owner is not None and owner.endswith(f"-{victim}")
+                assert running.state is JobState.RUNNING and running.attempts == 1
+                os.kill(victim, signal.SIGKILL)
+                # The survivor (or the victim's replacement) reclaims it after the idle time.
+                await asyncio.to_thread(wait_until, lambda: len(started.read_text().split()) >= 2)
+                touch(release)
+                final = await wait_state(backend, job.id)
+                assert final.state is JobState.SUCCEEDED
+                assert final.attempts == 2
+                new_owner = client.hget(f"limelight:job:{job.id}", "consumer")
+                assert new_owner != owner
+                assert client.xpending("limelight:stream", "workers")["pending"] == 0
+            finally:
+                await backend.stop(1)
+
+        asyncio.run(main())
+    finally:
+        for proc in workers:
+            _stop(proc)
+    assert [p.returncode for p in workers] == [0, 0]
+
+
+def test_job_whose_worker_keeps_dying_fails(
+    tiny_model_dir: Path, redis_clean: str, tmp_path: Path
+) -> None:
+    settings = _settings(redis_clean, tmp_path, job_max_attempts=2, job_reclaim_idle_s=0.5)
+    env = {"LIMELIGHT_JOB_RECLAIM_IDLE_S": "0.5", "LIMELIGHT_JOB_MAX_ATTEMPTS": "2"}
+    env["LIMELIGHT_GRACE_PERIOD_S"] = "0.5"
+    proc = _worker_proc(redis_clean, tiny_model_dir, tmp_path, **env)
+    started = tmp_path / "started"
+    never = {"release": str(tmp_path / "never"), "started": str(started)}
+    stuck_id = ""
+    try:
+
+        async def main() -> None:
+            nonlocal stuck_id
+            backend = RedisJobBackend(settings)
+            await backend.start()
+            try:
+                job = await backend.submit(JobSpec(method="crash", text="a"))
+                final = await wait_state(backend, job.id)
+                assert final.state is JobState.FAILED
+                assert final.error == "worker died 2 times"
+                assert final.attempts == 2
+                # The queue keeps working afterwards.
+                ok = await backend.submit(
+                    JobSpec(method="block", text="b", params={"release": str(tmp_path)})
+                )
+                assert (await wait_state(backend, ok.id)).state is JobState.SUCCEEDED
+                # SIGTERM while a job runs past the grace period: it goes back to the queue.
+                stuck = await backend.submit(JobSpec(method="block", text="c", params=never))
+                stuck_id = stuck.id
+                await wait_state(backend, stuck.id, {JobState.RUNNING})
+            finally:
+                await backend.stop(1)
+
+        asyncio.run(main())
+    finally:
+        _stop(proc)
+    assert proc.returncode == 0
+
+    async def after() -> None:
+        backend = RedisJobBackend(settings)
+        await backend.start()
+        try:
+            back = await backend.get(stuck_id)
+            assert (back.state, back.attempts) == (JobState.QUEUED, 0)
+            assert back.message == "re-queued: its worker stopped"
+        finally:
+            await backend.stop(1)
+
+    asyncio.run(after())
+
+
+def test_worker_refuses_non_redis_queue(tmp_path: Path) -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "limelight.cli.main", "worker", "--jobs", "sqlite"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=120,
+    )
+    assert out.returncode == 2 and "redis" in out.stderr
+
+
+def test_sidecar_enqueues_and_workers_run(
+    bert_tiny_dir: Path, redis_clean: str, tmp_path: Path
+) -> None:
+    """`limelight serve --jobs redis://…` only enqueues; a `limelight worker` runs the jobs."""
+    from limelight_client import Client
+    from limelight_client.errors import LimelightError
+    from limelight_client.types import JobState as ClientState
+
+    port = _free_port()
+    env = {**os.environ, "LIMELIGHT_TORCH_THREADS": "1"}
+    argv = [sys.executable, "-m", "limelight.cli.main", "serve", "--model", str(bert_tiny_dir)]
+    argv += ["--port", str(port), "--metrics-port", "0", "--jobs", redis_clean]
+    argv += ["--log-level", "WARNING"]
+    server = subprocess.Popen(argv, cwd=ROOT, env=env)
+    worker: subprocess.Popen | None = None
+    try:
+        with Client(f"127.0.0.1:{port}", timeout=30) as client:
+            while True:
+                assert server.poll() is None, "sidecar exited"
+                try:
+                    client.model(timeout=5)
+                    break
+                except LimelightError:
+                    time.sleep(0.2)
+            jobs = [
+                client.submit(text, "integrated_gradients", steps=8)
+                for text in ("a moving , funny film", "dull and far too long")
+            ]
+            # No worker yet: the sidecar itself runs nothing.
+            assert all(j.refresh().state == ClientState.QUEUED for j in jobs)
+            worker = _worker_proc(redis_clean, bert_tiny_dir, tmp_path)
+            results = [j.result(timeout=600) for j in jobs]
+            assert all(len(r.scores) == len(r.tokens) for r in results)
+            assert [j.refresh().attempts for j in jobs] == [1, 1]
+            assert {j.id for j in client.jobs(states=["succeeded"])} == {j.id for j in jobs}
+    finally:
+        for proc in (worker, server):
+            if proc is not None:
+                _stop(proc)
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])

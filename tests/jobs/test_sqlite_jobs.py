@@ -1,0 +1,389 @@
+"""The embedded SQLite backend: lifecycle, timeout, cancel, TTL, idempotency, bounds, resume."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from helpers import reference_prediction, test_registry, touch, wait_state, wait_until
+from jobs_testing_methods import expected_scores
+from prometheus_client import CollectorRegistry
+
+from limelight.core.jobs import JobSpec, JobState
+from limelight.core.types import TargetSpec
+from limelight.errors import InvalidArgument, NotFound, ResourceExhausted
+from limelight.jobs.priority import InlineGate
+from limelight.jobs.runner import JobRunner
+from limelight.jobs.sqlite_backend import SqliteJobBackend
+from limelight.metrics import Metrics
+from limelight.models.loaded import LoadedModel
+from limelight.settings import Settings
+
+
+def _settings(tmp_path: Path, **kw: object) -> Settings:
+    return Settings(cache_dir=tmp_path, jobs_db=tmp_path / "jobs.sqlite3", **kw)
+
+
+def _backend(
+    model: LoadedModel | None,
+    settings: Settings,
+    metrics: Metrics | None = None,
+    gate: InlineGate | None = None,
+    **kw: float,
+) -> SqliteJobBackend:
+    runner = JobRunner(model, test_registry(), settings) if model is not None else None
+    return SqliteJobBackend(settings, runner, metrics, gate, **kw)
+
+
+def _sample(metrics: Metrics, name: str, labels: dict[str, str]) -> float:
+    value = metrics.registry.get_sample_value(name, labels)
+    return 0.0 if value is None else value
+
+
+def test_lifecycle_result_and_metrics(tiny_model: LoadedModel, tmp_path: Path) -> None:
+    metrics = Metrics(CollectorRegistry())
+    text = "the film was great"
+    ids, probs = reference_prediction(tiny_model, text)
+
+    async def main() -> list:
+        backend = _backend(tiny_model, _settings(tmp_path), metrics)
+        await backend.start()
+        try:
+            job = await backend.submit(JobSpec(method="steps", text=text, params={"steps": 5}))
+            assert job.state is JobState.QUEUED and job.attempts == 0
+            seen = [r async for r in backend.watch(job.id)]
+            final = await backend.get(job.id)
+            listed = await backend.list(None, 10)
+            return [seen, final, listed]
+        finally:
+            await backend.stop(5)
+
+    seen, final, listed = asyncio.run(main())
+    states = [r.state for r in seen]
+    assert states[-1] is JobState.SUCCEEDED
+    assert JobState.RUNNING in states
+    progress = [r.progress for r in seen]
+    assert progress == sorted(progress) and progress[-1] == 1.0
+    assert final.attempts == 1 and final.error == ""
+    assert final.started_at is not None and final.finished_at is not None
+    assert final.created_at <= final.started_at <= final.finished_at
+    predicted = int(np.argmax(probs))
+    assert final.result is not None
+    np.testing.assert_array_equal(final.result.attribution.scores, expected_scores(ids, predicted))
+    np.testing.assert_allclose(final.result.probabilities, probs, rtol=1e-5, atol=1e-6)
+    assert final.result.request_id == final.id
+    assert [r.id for r in listed] == [final.id] and listed[0].result is None
+    succeeded = {"method": "steps", "outcome": "succeeded"}
+    assert _sample(metrics, "limelight_jobs_total", succeeded) == 1
+    assert _sample(metrics, "limelight_job_duration_seconds_count", {"method": "steps"}) == 1
+    assert _sample(metrics, "limelight_job_wait_seconds_count", {"method": "steps"}) == 1
+    assert _sample(metrics, "limelight_job_queue_depth", {"method": "steps"}) == 0
+
+
+def test_validation_before_queueing(tiny_model: LoadedModel, tmp_path: Path) -> None:
+    async def main() -> None:
+        backend = _backend(tiny_model, _settings(tmp_path))
+        await backend.start()
+        try:
+            with pytest.raises(InvalidArgument):
+                await backend.submit(JobSpec(method="steps", text="x", params={"steps": -1}))
+            with pytest.raises(InvalidArgument):
+                await backend.submit(
+                    JobSpec(method="steps", text="x", target=TargetSpec(label="nope"))
+                )
+            assert await backend.list(None, 10) == []
+            with pytest.raises(NotFound):
+                await backend.get("missing")
+            with pytest.raises(NotFound):
+                await backend.cancel("missing")
+            # Defaults are journalled with the job: what ran is what the record says.
+            job = await backend.submit(JobSpec(method="steps", text="x"))
+            assert job.spec.params == {"steps": 4, "sleep": 0.0}
+        finally:
+            await backend.stop(5)
+
+    asyncio.run(main())
+
+
+def test_failures_are_reported_without_internals(tiny_model: LoadedModel, tmp_path: Path) -> None:
+    metrics = Metrics(CollectorRegistry())
+
+    async def main() -> None:
+        backend = _backend(tiny_model, _settings(tmp_path), metrics)
+        await backend.start()
+        try:
+            job = await backend.submit(JobSpec(method="broken", text="the plot"))
+            final = await wait_state(backend, job.id)
+            assert final.state is JobState.FAILED
+            assert "internal error" in final.error and "secret" not in final.error
+            assert final.result is None
+        finally:
+            await backend.stop(5)
+
+    asyncio.run(main())
+    assert _sample(metrics, "limelight_jobs_total", {"method": "broken", "outcome": "failed"}) == 1
+
+
+def test_timeout(tiny_model: LoadedModel, tmp_path: Path) -> None:
+    async def main() -> None:
+        backend = _backend(tiny_model, _settings(tmp_path, job_timeout_s=0.2))
+        await backend.start()
+        try:
+            never = str(tmp_path / "never")
+            job = await backend.submit(JobSpec(method="block", text="a", params={"release": never}))
+            final = await wait_state(backend, job.id)
+            assert final.state is JobState.FAILED
+            assert final.error == "timed out after 0.2s"
+            own = await backend.submit(
+                JobSpec(method="block", text="a", params={"release": never}, timeout_s=0.1)
+            )
+            final = await wait_state(backend, own.id)
+            assert final.error == "timed out after 0.1s"
+        finally:
+            await backend.stop(5)
+
+    asyncio.run(main())
+
+
+def test_cancel_queued_and_running(tiny_model: LoadedModel, tmp_path: Path) -> None:
+    metrics = Metrics(CollectorRegistry())
+    started = tmp_path / "started"
+
+    async def main() -> None:
+        backend = _backend(tiny_model, _settings(tmp_path, job_workers=1), metrics)
+        await backend.start()
+        try:
+            params = {"release": str(tmp_path / "never"), "started": str(started)}
+            running = await backend.submit(JobSpec(method="block", text="a", params=params))
+            await wait_state(backend, running.id, {JobState.RUNNING})
+            queued = await backend.submit(JobSpec(method="steps", text="b"))
+            assert _sample(metrics, "limelight_job_queue_depth", {"method": "steps"}) == 1
+            cancelled = await backend.cancel(queued.id)
+            assert cancelled.state is JobState.CANCELLED
+            assert _sample(metrics, "limelight_job_queue_depth", {"method": "steps"}) == 0
+            pending = await backend.cancel(running.id)
+            assert pending.state is JobState.RUNNING and pending.message == "cancelling"
+            final = await wait_state(backend, running.id)
+            assert final.state is JobState.CANCELLED and final.result is None
+            again = await backend.cancel(running.id)  # cancelling a finished job is a no-op
+            assert again.state is JobState.CANCELLED
+            # The worker is free again.
+            after = await backend.submit(JobSpec(method="steps", text="c"))
+            assert (await wait_state(backend, after.id)).state is JobState.SUCCEEDED
+            assert (await backend.get(queued.id)).state is JobState.CANCELLED
+        finally:
+            await backend.stop(5)
+
+    asyncio.run(main())
+    for method in ("steps", "block"):
+        assert _sample(metrics, "limelight_jobs_total", {"method": method, "outcome": "cancelled"})
+
+
+def test_result_ttl(tiny_model: LoadedModel, tmp_path: Path) -> None:
+    async def main() -> None:
+        backend = _backend(tiny_model, _settings(tmp_path, job_result_ttl_s=0.3))
+        await backend.start()
+        try:
+            job = await backend.submit(JobSpec(method="steps", text="a", idempotency_key="k"))
+            final = await wait_state(backend, job.id)
+            assert final.state is JobState.SUCCEEDED
+            assert final.finished_at is not None
+            await asyncio.sleep(max(0.0, final.finished_at + 0.35 - time.time()))
+            with pytest.raises(NotFound):
+                await backend.get(job.id)
+            assert await backend.list(None, 10) == []
+            # The expired job's idempotency key is free again: a new job.
+            fresh = await backend.submit(JobSpec(method="steps", text="a", idempotency_key="k"))
+            assert fresh.id != job.id
+        finally:
+            await backend.stop(5)
+
+    asyncio.run(main())
+    rows = sqlite3.connect(tmp_path / "jobs.sqlite3").execute("SELECT COUNT(*) FROM jobs")
+    assert rows.fetchone()[0] == 1  # the expired row was purged, not just hidden
+
+
+def test_idempotency_and_bounded_queue(tmp_path: Path) -> None:
+    async def main() -> None:
+        # No runner: nothing runs, so the queue fills.
+        backend = _backend(None, _settings(tmp_path, job_queue_max=2))
+        await backend.start()
+        try:
+            a = await backend.submit(JobSpec(method="steps", text="a", idempotency_key="same"))
+            a2 = await backend.submit(JobSpec(method="steps", text="a", idempotency_key="same"))
+            assert a2.id == a.id
+            b = await backend.submit(JobSpec(method="steps", text="b"))
+            assert b.id != a.id
+            with pytest.raises(ResourceExhausted, match="queue is full"):
+                await backend.submit(JobSpec(method="steps", text="c"))
+            # An existing key still answers while the queue is full.
+            assert (await backend.submit(JobSpec("steps", "a", idempotency_key="same"))).id == a.id
+            await backend.cancel(b.id)
+            c = await backend.submit(JobSpec(method="steps", text="c"))
+            listed = await backend.list([JobState.QUEUED], 10)
+            assert [r.id for r in listed] == [c.id, a.id]  # newest first
+            assert [r.id for r in await backend.list(None, 1)] == [c.id]
+        finally:
+            await backend.stop(1)
+
+    asyncio.run(main())
+
+
+def test_priority_gate_holds_jobs(tiny_model: LoadedModel, tmp_path: Path) -> None:
+    gate = InlineGate()
+
+    async def main() -> None:
+        backend = _backend(tiny_model, _settings(tmp_path), gate=gate, yield_timeout_s=600)
+        await backend.start()
+        try:
+            gate.enter()  # an inline forward pass is running
+            job = await backend.submit(JobSpec(method="steps", text="a", params={"steps": 3}))
+            await asyncio.to_thread(wait_until, lambda: gate.yields >= 1)
+            held = await backend.get(job.id)
+            # Blocked at its first checkpoint: running, but no step reported yet.
+            assert held.state is JobState.RUNNING and held.progress == 0.0
+            assert held.message == "running"
+            gate.exit()
+            assert (await wait_state(backend, job.id)).state is JobState.SUCCEEDED
+        finally:
+            await backend.stop(5)
+
+    asyncio.run(main())
+
+
+def test_stop_requeues_and_restart_resumes(tiny_model: LoadedModel, tmp_path: Path) -> None:
+    settings = _settings(tmp_path, job_workers=1)
+    release = tmp_path / "release"
+    started = tmp_path / "started"
+    params = {"release": str(release), "started": str(started)}
+
+    async def first() -> tuple[str, str]:
+        backend = _backend(tiny_model, settings)
+        await backend.start()
+        running = await backend.submit(JobSpec(method="block", text="a", params=params))
+        await wait_state(backend, running.id, {JobState.RUNNING})
+        queued = await backend.submit(JobSpec(method="steps", text="b"))
+        await backend.stop(grace_s=0.05)  # grace elapses: the running job is re-queued
+        return running.id, queued.id
+
+    async def second(ids: tuple[str, str]) -> list:
+        backend = _backend(tiny_model, settings)
+        await backend.start()
+        try:
+            touch(release)
+            return [await wait_state(backend, i) for i in ids]
+        finally:
+            await backend.stop(5)
+
+    ids = asyncio.run(first())
+    states = dict(
+        sqlite3.connect(settings.resolved_jobs_db()).execute("SELECT id, state FROM jobs")
+    )
+    assert states == {ids[0]: "queued", ids[1]: "queued"}
+    done = asyncio.run(second(ids))
+    assert [r.state for r in done] == [JobState.SUCCEEDED, JobState.SUCCEEDED]
+    # A hand-back at shutdown is not a failed attempt.
+    assert done[0].attempts == 1 and done[1].attempts == 1
+    assert done[0].result is not None and done[1].result is not None
+
+
+def test_job_interrupted_too_often_fails(tmp_path: Path) -> None:
+    settings = _settings(tmp_path, job_max_attempts=2)
+
+    async def submit() -> list[str]:
+        backend = _backend(None, settings)
+        await backend.start()
+        try:
+            return [(await backend.submit(JobSpec(method="steps", text=t))).id for t in "ab"]
+        finally:
+            await backend.stop(1)
+
+    ids = asyncio.run(submit())
+    # What the journal holds after the process died while running both, once and twice.
+    with sqlite3.connect(settings.resolved_jobs_db()) as db:
+        db.execute("UPDATE jobs SET state='running', attempts=1 WHERE id=?", (ids[0],))
+        db.execute("UPDATE jobs SET state='running', attempts=2 WHERE id=?", (ids[1],))
+
+    async def reopen() -> list:
+        backend = _backend(None, settings)
+        await backend.start()
+        try:
+            return [await backend.get(i) for i in ids]
+        finally:
+            await backend.stop(1)
+
+    first, second = asyncio.run(reopen())
+    assert (first.state, first.attempts) == (JobState.QUEUED, 1)
+    assert second.state is JobState.FAILED
+    assert second.error == "server died while running it 2 times"
+
+
+_CRASH_SCRIPT = textwrap.dedent(
+    """
+    import asyncio, sys
+    sys.path.insert(0, {tests!r})
+    from helpers import test_registry
+    from limelight.core.jobs import JobSpec
+    from limelight.jobs.runner import JobRunner
+    from limelight.jobs.sqlite_backend import SqliteJobBackend
+    from limelight.models.loaded import load_model
+    from limelight.settings import Settings
+
+    async def main():
+        settings = Settings(cache_dir={tmp!r}, jobs_db={db!r}, job_workers=1)
+        runner = JobRunner(load_model({model!r}), test_registry(), settings)
+        backend = SqliteJobBackend(settings, runner)
+        await backend.start()
+        params = {{"release": {release!r}, "started": {started!r}}}
+        for text in ("first", "second", "third"):
+            job = await backend.submit(JobSpec(method="block", text=text, params=params))
+            print(job.id, flush=True)
+        await asyncio.sleep(3600)
+
+    asyncio.run(main())
+    """
+)
+
+
+def test_kill_9_loses_nothing(
+    tiny_model: LoadedModel, tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    settings = _settings(tmp_path, job_workers=1)
+    release, started = tmp_path / "release", tmp_path / "started"
+    script = _CRASH_SCRIPT.format(
+        tests=str(Path(__file__).parent),
+        tmp=str(tmp_path),
+        db=str(settings.resolved_jobs_db()),
+        model=str(tiny_model_dir),
+        release=str(release),
+        started=str(started),
+    )
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
+    ids = [proc.stdout.readline().strip() for _ in range(3)]
+    wait_until(started.exists)  # the first job is running in the child
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+
+    async def resume() -> list:
+        backend = _backend(tiny_model, settings)
+        await backend.start()
+        try:
+            touch(release)
+            return [await wait_state(backend, i) for i in ids]
+        finally:
+            await backend.stop(5)
+
+    done = asyncio.run(resume())
+    assert [r.state for r in done] == [JobState.SUCCEEDED] * 3
+    assert [r.attempts for r in done] == [2, 1, 1]
+    assert [r.spec.text for r in done] == ["first", "second", "third"]
