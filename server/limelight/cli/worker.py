@@ -35,11 +35,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     p.add_argument("--head-mask", dest="head_mask_path", type=Path, help="LRP head mask file")
     p.add_argument("--max-tokens", type=int, help="token limit per input")
     p.add_argument("--truncation", choices=["truncate", "reject"], help="over-long input policy")
-    p.add_argument(
-        "--torch-threads",
-        type=int,
-        help="intra-op threads per worker process (set about cores / workers)",
-    )
     p.add_argument("--grace-period-s", type=float, help="SIGTERM: time to finish a running job")
     p.add_argument(
         "--reclaim-idle-s",

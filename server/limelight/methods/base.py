@@ -122,9 +122,11 @@ class AttributionMethod(ABC):
 
     def configure(self, settings: Settings) -> None:
         """Take what the method needs from the settings (e.g. ``lm_head_dir``); default: no-op."""
+        return None
 
     def validate_for_model(self, model: LoadedModel, params: Mapping[str, Any]) -> None:
         """Model-dependent parameter checks (InvalidArgument) that belong before queueing."""
+        return None
 
 
 class InlineMethod(AttributionMethod):

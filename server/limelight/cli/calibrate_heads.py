@@ -1,0 +1,119 @@
+"""`limelight calibrate-heads`: find the positional and syntactic heads for head-masked LRP."""
+
+from __future__ import annotations
+
+import argparse
+import random
+import sys
+from pathlib import Path
+
+from limelight.methods.head_calibration import (
+    MASK_FILENAME,
+    calibrate,
+    load_parser,
+    mask_document,
+    write_mask,
+)
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = subparsers.add_parser(
+        "calibrate-heads",
+        help="find important attention heads and write the LRP head mask",
+        description="Run the classifier over a dataset, mark positional heads (one relative "
+        "offset dominates the most-attended key) and syntactic heads (the dependent of an "
+        "nsubj/obj/amod/advmod arc attends most to its head word, by spaCy), print a layer x "
+        "head map and write the mask file the lrp method reads.",
+    )
+    p.add_argument(
+        "--model", dest="model_dir", type=Path, required=True, help="classifier directory"
+    )
+    p.add_argument(
+        "--data",
+        type=Path,
+        help="CSV/TSV/JSONL with a 'text' field, or a plain text file with one text per line "
+        "(default: the Rotten Tomatoes training reviews)",
+    )
+    p.add_argument("--text-field", default="text", help="text column/field of --data")
+    p.add_argument("--n", type=int, default=500, help="texts to use (random sample; default 500)")
+    p.add_argument("--seed", type=int, default=0, help="sampling seed")
+    p.add_argument("--max-tokens", type=int, default=128, help="tokens per text (default 128)")
+    p.add_argument(
+        "--positional-threshold",
+        type=float,
+        default=0.8,
+        help="share of positions one offset must exceed for a positional head (default 0.8)",
+    )
+    p.add_argument(
+        "--syntactic-threshold",
+        type=float,
+        default=0.5,
+        help="accuracy on one relation a syntactic head must exceed (default 0.5)",
+    )
+    p.add_argument(
+        "--min-relation-count",
+        type=int,
+        default=10,
+        help="arcs of a relation needed before it can mark a head syntactic (default 10)",
+    )
+    p.add_argument(
+        "--no-syntax", action="store_true", help="positional heads only (no spaCy needed)"
+    )
+    p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N or auto")
+    p.add_argument("--out", type=Path, help=f"mask file (default: <model dir>/{MASK_FILENAME})")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(func=run)
+
+
+def read_texts(path: Path | None, text_field: str = "text") -> tuple[list[str], str]:
+    """Texts for calibration and a description of where they came from."""
+    if path is None:
+        from limelight.demo.datasets import rotten_tomatoes
+
+        return [e.text for e in rotten_tomatoes("train")], "rotten_tomatoes:train"
+    suffix = path.suffix.lower()
+    if suffix in (".csv", ".tsv", ".jsonl", ".json", ".ndjson"):
+        from limelight.demo.datasets import read_labelled
+
+        return [e.text for e in read_labelled(path, text_field=text_field)], str(path)
+    lines = path.read_text(encoding="utf-8").splitlines()
+    return [line.strip() for line in lines if line.strip()], str(path)
+
+
+def run(args: argparse.Namespace) -> int:
+    from tqdm import tqdm
+
+    from limelight.errors import LimelightError
+    from limelight.models.loaded import load_model
+
+    try:
+        model = load_model(args.model_dir, device=args.device)
+        texts, source = read_texts(args.data, args.text_field)
+        if args.n and len(texts) > args.n:
+            texts = random.Random(args.seed).sample(texts, args.n)
+        parser = None if args.no_syntax else load_parser()
+
+        def bar(items: list[str]) -> object:
+            return tqdm(items, desc="calibrating heads", unit="text", disable=args.quiet)
+
+        cal = calibrate(
+            model,
+            texts,
+            positional_threshold=args.positional_threshold,
+            syntactic_threshold=args.syntactic_threshold,
+            min_relation_count=args.min_relation_count,
+            max_tokens=args.max_tokens,
+            parser=parser,
+            progress=bar,  # type: ignore[arg-type]
+        )
+    except LimelightError as exc:
+        print(f"calibrate-heads: {exc.message}", file=sys.stderr)
+        return 2
+    out = args.out or Path(model.directory) / MASK_FILENAME
+    write_mask(mask_document(cal, model, source), out)
+    important = cal.important()
+    kept = sum(len(v) for v in important.values())
+    total = model.num_layers * model.num_heads
+    print(cal.head_map())
+    print(f"{kept} of {total} heads important over {cal.texts} texts; mask written to {out}")
+    return 0

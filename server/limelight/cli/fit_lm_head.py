@@ -1,0 +1,185 @@
+"""`limelight fit-lm-head`: give a classifier without a masked-LM head one, for Decoded Grad-CAM.
+
+Fits a BERT-style decoder head (dense + GELU + LayerNorm + output projection tied to the
+frozen input embeddings + bias) on the frozen encoder with the masked-LM objective (15% of the
+positions; 80/10/10 mask/random/keep), saves it to ``<model dir>/limelight_lm_head/`` bound to
+the model's fingerprint, and prints how well it decodes every layer back to the input tokens.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from limelight.errors import InvalidArgument, LimelightError
+
+
+def register(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "fit-lm-head",
+        help="fit a masked-LM decoder head on a frozen encoder (for decoded_gradcam)",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument(
+        "--model",
+        dest="model_dir",
+        type=Path,
+        help="classifier directory (default: the demo model from --demo / LIMELIGHT_DEMO_MODEL)",
+    )
+    parser.add_argument("--demo", dest="demo_model", choices=["minilm", "bert-tiny"])
+    parser.add_argument("--cache-dir", type=Path, help="cache of built demo models")
+    parser.add_argument(
+        "--data",
+        type=Path,
+        help="unlabelled text: .txt (one text per line), .csv/.tsv or .jsonl with a text "
+        "field (default: the Rotten Tomatoes training reviews)",
+    )
+    parser.add_argument("--text-field", default="text", help="text column of CSV/JSONL data")
+    parser.add_argument("--steps", type=int, help="optimisation steps (overrides --epochs)")
+    parser.add_argument("--epochs", type=float, help="passes over the data (default: 600 steps)")
+    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--lr", type=float, default=1e-2, help="peak learning rate (AdamW)")
+    parser.add_argument("--max-length", type=int, default=128, help="tokens per text")
+    parser.add_argument("--eval-texts", type=int, default=300, help="held-out texts to score")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--device", help="cpu, cuda, cuda:N or auto")
+    parser.add_argument("--output", type=Path, help="default: <model dir>/limelight_lm_head")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    parser.set_defaults(func=run)
+
+
+def read_texts(path: Path, text_field: str = "text") -> list[str]:
+    """Texts from a .txt file (one per line) or a CSV/TSV/JSONL file's ``text_field``."""
+    if not path.is_file():
+        raise InvalidArgument(f"{path} does not exist or is not a file")
+    if path.suffix.lower() in (".txt", ".text", ""):
+        return [line.strip() for line in path.read_text(encoding="utf-8").splitlines()]
+    from limelight.demo.datasets import read_labelled
+
+    return [ex.text for ex in read_labelled(path, text_field=text_field)]
+
+
+def _default_texts() -> list[str]:
+    from limelight.demo.datasets import rotten_tomatoes
+
+    return [ex.text for ex in rotten_tomatoes("train")]
+
+
+def _resolve_model_dir(args: argparse.Namespace) -> Path:
+    if args.model_dir is not None:
+        return Path(args.model_dir)
+    from limelight.demo.build import ensure_demo_model
+    from limelight.settings import Settings
+
+    values = {
+        k: v
+        for k, v in (("demo_model", args.demo_model), ("cache_dir", args.cache_dir))
+        if v is not None
+    }
+    settings = Settings(**values)
+    return ensure_demo_model(settings.demo_model, settings.cache_dir)
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        return _run(args)
+    except LimelightError as exc:
+        print(f"error: {exc.message}", file=sys.stderr)
+        return 2
+
+
+def _run(args: argparse.Namespace) -> int:
+    from tqdm import tqdm
+
+    from limelight.models.lm_head import (
+        FitConfig,
+        FittedHeadMeta,
+        fit_lm_head,
+        fitted_head_dir,
+        format_decode_table,
+        save_fitted_head,
+        tokenize_texts,
+    )
+    from limelight.models.loaded import load_model
+
+    model_dir = _resolve_model_dir(args)
+    model = load_model(model_dir, device=args.device or "cpu")
+    texts = read_texts(args.data, args.text_field) if args.data else _default_texts()
+    source = str(args.data) if args.data else "rotten_tomatoes:train"
+    ids = tokenize_texts(model, texts, args.max_length)
+    if len(ids) < 2:
+        raise InvalidArgument(f"{source}: need at least 2 non-empty texts, found {len(ids)}")
+    random.Random(args.seed).shuffle(ids)
+    n_eval = min(args.eval_texts, max(1, len(ids) // 10))
+    eval_ids, train_ids = ids[:n_eval], ids[n_eval:]
+    if args.steps is not None:
+        steps = args.steps
+    elif args.epochs is not None:
+        steps = max(1, round(args.epochs * len(train_ids) / args.batch_size))
+    else:
+        steps = FitConfig.steps
+    config = FitConfig(
+        steps=steps,
+        batch_size=args.batch_size,
+        lr=args.lr,
+        max_length=args.max_length,
+        seed=args.seed,
+    )
+    started = time.monotonic()
+    bar = tqdm(total=steps, desc="fit-lm-head", unit="step", disable=args.no_progress)
+
+    def progress(step: int, loss: float) -> None:
+        bar.update(1)
+        if step % 10 == 0 or step == steps:
+            bar.set_postfix(loss=f"{loss:.3f}")
+
+    try:
+        result = fit_lm_head(model, train_ids, eval_ids, config, progress)
+    finally:
+        bar.close()
+    seconds = time.monotonic() - started
+    out_dir = args.output or fitted_head_dir(model.directory)
+    meta = FittedHeadMeta(
+        fingerprint=model.version,
+        hidden_size=result.head.hidden_size,
+        vocab_size=result.head.vocab_size,
+        layer_norm_eps=float(result.head.layer_norm.eps),
+        extra={
+            "model_name": model.name,
+            "data": source,
+            "train_texts": len(train_ids),
+            "eval_texts": len(eval_ids),
+            "steps": steps,
+            "batch_size": config.batch_size,
+            "lr": config.lr,
+            "max_length": config.max_length,
+            "seed": config.seed,
+            "final_loss": result.losses[-1] if result.losses else None,
+            "masked_top1": result.masked_top1,
+            "decode_accuracy": [
+                {"layer": r.layer, "top1": r.top1, "top5": r.top5} for r in result.decode
+            ],
+            "fit_seconds": round(seconds, 1),
+        },
+    )
+    save_fitted_head(result.head, out_dir, meta)
+    print(f"saved the LM head to {out_dir} (model {model.name}, fingerprint {model.version})")
+    print(
+        f"{steps} steps in {seconds:.0f} s; final loss {meta.extra['final_loss']:.3f}; "
+        f"masked-token top-1 on {len(eval_ids)} held-out texts: {result.masked_top1:.3f}"
+    )
+    print("decoding each layer's hidden states of unmasked held-out text back to its tokens:")
+    print(format_decode_table(result.decode))
+    if args.output is not None and Path(args.output) != fitted_head_dir(model.directory):
+        print(
+            "note: Limelight only finds the head at <model dir>/limelight_lm_head; "
+            "move it there to use it",
+            file=sys.stderr,
+        )
+    sys.stdout.flush()
+    return 0

@@ -1,0 +1,145 @@
+"""Evaluation datasets: the packaged ones and user files, with gold labels in the model's space.
+
+Evidence annotations (JSONL only), in the field named by ``evidence_field`` (default
+``"evidence"``), in either form:
+
+- a list of ``[start, end]`` character spans of ``text`` (end exclusive), e.g.
+  ``{"text": "a dull, lifeless film", "label": 0, "evidence": [[2, 6], [8, 16]]}``;
+- a list of 0/1 flags, one per whitespace-separated word of ``text``, e.g.
+  ``{"text": "a dull, lifeless film", "label": 0, "evidence": [0, 1, 1, 0]}``.
+
+A model token is evidence when its character span overlaps an evidence span.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from limelight.demo import datasets as D
+from limelight.errors import InvalidArgument
+from limelight.evaluation.runner import EvalExample
+
+BUILTIN: tuple[str, ...] = ("rotten_tomatoes", "drugscom")
+
+
+@dataclass
+class LoadedData:
+    """Sampled examples and what was done to get them (for the report)."""
+
+    name: str
+    examples: list[EvalExample]
+    total: int
+    notes: list[str]
+
+
+def parse_evidence(value: Any, text: str, where: str) -> tuple[tuple[int, int], ...] | None:
+    """Character spans from either evidence form (see the module docstring)."""
+    if value is None:
+        return None
+    if not isinstance(value, list):
+        raise InvalidArgument(f"{where}: evidence must be a list")
+    if not value:
+        return ()
+    if all(isinstance(v, list | tuple) and len(v) == 2 for v in value):
+        spans = tuple((int(a), int(b)) for a, b in value)
+        for a, b in spans:
+            if not 0 <= a < b <= len(text):
+                raise InvalidArgument(f"{where}: evidence span [{a}, {b}) outside the text")
+        return spans
+    if all(v in (0, 1) and not isinstance(v, float) for v in value):
+        words = [m.span() for m in re.finditer(r"\S+", text)]
+        if len(words) != len(value):
+            raise InvalidArgument(
+                f"{where}: {len(value)} evidence flags for {len(words)} whitespace words"
+            )
+        return tuple(span for span, flag in zip(words, value, strict=True) if flag)
+    raise InvalidArgument(f"{where}: evidence is neither [start, end] spans nor 0/1 word flags")
+
+
+def _map_label(
+    name: str | None, index: int | None, model_labels: Sequence[str], label_map: Mapping[str, str]
+) -> int | None:
+    if name is not None and name in label_map:
+        target = label_map[name]
+        if target in ("", "none", "None"):
+            return None
+        if target not in model_labels:
+            raise InvalidArgument(f"label map target {target!r} is not a model label")
+        return list(model_labels).index(target)
+    if name is not None and name in model_labels:
+        return list(model_labels).index(name)
+    if index is not None and 0 <= index < len(model_labels):
+        return index
+    return None
+
+
+def load_examples(
+    source: str,
+    model_labels: Sequence[str],
+    n: int | None = None,
+    seed: int = 0,
+    split: str = "test",
+    text_field: str = "text",
+    label_field: str = "label",
+    evidence_field: str = "evidence",
+    label_map: Mapping[str, str] | None = None,
+) -> LoadedData:
+    """Read ``source`` (a built-in name or a CSV/TSV/JSONL path) and sample ``n`` examples."""
+    label_map = dict(label_map or {})
+    notes: list[str] = []
+    rows: list[EvalExample] = []
+    if source == "rotten_tomatoes":
+        for ex in D.rotten_tomatoes(split):  # type: ignore[arg-type]
+            rows.append(
+                EvalExample(ex.text, _map_label(ex.label_name, ex.label, model_labels, label_map))
+            )
+        name = f"rotten_tomatoes ({split})"
+    elif source == "drugscom":
+        if not set(D.DRUGSCOM_LABELS) <= set(model_labels) and len(model_labels) == 2:
+            # A binary sentiment model: negative -> class 0, positive -> class 1, neutral has
+            # no counterpart (no gold label; still used for AOPC on the predicted class).
+            for k, v in (("negative", model_labels[0]), ("positive", model_labels[1])):
+                label_map.setdefault(k, v)
+            label_map.setdefault("neutral", "none")
+            notes.append(
+                f"drugsCom labels mapped onto the binary model: negative -> {model_labels[0]}, "
+                f"positive -> {model_labels[1]}, neutral -> no gold label (games skip it)"
+            )
+        for ex in D.drugscom("test" if split not in ("train", "test") else split):  # type: ignore[arg-type]
+            rows.append(
+                EvalExample(ex.text, _map_label(ex.label_name, None, model_labels, label_map))
+            )
+        name = "drugscom (test)" if split != "train" else "drugscom (train)"
+    else:
+        path = Path(source)
+        examples = D.read_labelled(path, text_field, label_field)
+        evidence: list[Any] = [None] * len(examples)
+        if path.suffix.lower() in (".jsonl", ".ndjson", ".json"):
+            records = [
+                json.loads(line) for line in path.read_text("utf-8").splitlines() if line.strip()
+            ]
+            evidence = [r.get(evidence_field) for r in records]
+        for i, (ex, ev) in enumerate(zip(examples, evidence, strict=True)):
+            name_, index = ex.label_name, ex.label
+            if index is None and name_ is not None and name_.lstrip("-").isdigit():
+                index = int(name_)
+            rows.append(
+                EvalExample(
+                    ex.text,
+                    _map_label(name_, index, model_labels, label_map),
+                    ex.text_pair,
+                    parse_evidence(ev, ex.text, f"{path}:{i + 1}"),
+                )
+            )
+        name = path.name
+    total = len(rows)
+    if n is not None and n < total:
+        rows = random.Random(seed).sample(rows, n)
+        notes.append(f"{n} of {total} examples sampled with seed {seed}")
+    return LoadedData(name=name, examples=rows, total=total, notes=notes)

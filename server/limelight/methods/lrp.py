@@ -1,0 +1,590 @@
+"""Head-masked LRP (DESIGN §3.3, papers/002) for BERT-family encoders.
+
+The encoder is re-run here layer by layer with the served model's own modules (embeddings,
+linear layers, LayerNorms, activations), so every activation the relevance rules need is at hand
+and the attention probabilities exist whatever attention kernel (eager, sdpa, flash) the model
+was loaded with. Nothing on the model is changed: the served forward pass and its prediction are
+untouched, and a job can run while the same model serves inline traffic.
+
+Relevance starts as 1 on the target logit (as Chefer et al. do) and is propagated explicitly:
+
+* linear layers: the z⁺ rule in its α1β0 form (positive contributions x_i·w_ij only; the bias
+  takes no relevance);
+* LayerNorm, softmax, GELU/tanh/ReLU, dropout: relevance passes through unchanged;
+* residual adds and the two attention matmuls (Q·Kᵀ and A·V): relevance is split between the two
+  operands by gradient×input, then the two shares are rescaled so that their sum equals the
+  relevance that came in (each share proportional to the magnitude of its gradient×input total).
+
+So each layer conserves relevance; ``LRPTrace.layer_totals`` exposes the totals for the tests.
+
+Head mask: relevance arriving at a masked head's context vector is not propagated through that
+head; it stays on the residual stream at the same token position (so conservation still holds),
+and masked heads are left out of the rollout average. The rollout is
+
+    Ā_b = mean over heads h in H_b of (∇A_b^h ⊙ R_b^h)⁺,   C = Π_b rownorm(I + Ā_b),
+
+with later layers multiplied on the left, and the token scores are the pooled position's row of
+C with the pooled position itself set to 0.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import numpy as np
+import torch
+from torch import nn
+
+from limelight.core.types import Encoded, FloatArray
+from limelight.errors import FailedPrecondition, InvalidArgument
+from limelight.methods.base import JobContext, JobMethod, MethodOutput, Param
+
+if TYPE_CHECKING:
+    from limelight.models.loaded import LoadedModel
+
+#: model_type values this method propagates through (MiniLM checkpoints are ``bert``).
+SUPPORTED_ARCHITECTURES: tuple[str, ...] = (
+    "bert",
+    "roberta",
+    "xlm-roberta",
+    "camembert",
+    "distilbert",
+)
+
+_EPS = 1e-9
+Activation = Callable[[torch.Tensor], torch.Tensor]
+
+
+@dataclass(frozen=True)
+class EncoderBlock:
+    """The modules of one post-LayerNorm encoder layer, under architecture-neutral names."""
+
+    query: nn.Linear
+    key: nn.Linear
+    value: nn.Linear
+    attn_out: nn.Linear
+    attn_norm: nn.Module
+    ffn_in: nn.Linear
+    act: Activation
+    ffn_out: nn.Linear
+    out_norm: nn.Module
+    num_heads: int
+
+
+@dataclass(frozen=True)
+class EncoderView:
+    """A read-only view of a sequence classifier as embeddings, blocks and a pooled head."""
+
+    embed: Callable[[torch.Tensor, torch.Tensor | None], torch.Tensor]
+    blocks: list[EncoderBlock]
+    head: list[tuple[nn.Linear, Activation | None]]
+    """Head stages applied to the pooled token, in order: linear, then its activation."""
+
+
+def unsupported_reason(model: Any) -> str:
+    """Empty when LRP can propagate through ``model`` (a transformers classifier)."""
+    config = model.config
+    arch = str(getattr(config, "model_type", ""))
+    if arch not in SUPPORTED_ARCHITECTURES:
+        return (
+            "LRP propagates through BERT-family encoders only "
+            f"({', '.join(SUPPORTED_ARCHITECTURES)}); this model is {arch!r}. "
+            "Use gradient, grad_x_input or integrated_gradients instead."
+        )
+    if getattr(config, "is_decoder", False) or getattr(config, "add_cross_attention", False):
+        return f"LRP supports encoder-only {arch} models (this config is a decoder)"
+    pos = getattr(config, "position_embedding_type", "absolute")
+    if pos not in (None, "absolute"):
+        return f"LRP supports absolute position embeddings only (this model uses {pos!r})"
+    if arch == "distilbert" and getattr(config, "activation", "gelu") not in ("gelu", "relu"):
+        return f"unsupported DistilBERT activation {config.activation!r}"
+    return ""
+
+
+def encoder_view(model: Any) -> EncoderView:
+    """Name the modules of a supported classifier; FailedPrecondition for anything else."""
+    reason = unsupported_reason(model)
+    if reason:
+        raise FailedPrecondition(reason)
+    arch = str(model.config.model_type)
+    if arch == "distilbert":
+        base = model.distilbert
+        blocks = [
+            EncoderBlock(
+                query=layer.attention.q_lin,
+                key=layer.attention.k_lin,
+                value=layer.attention.v_lin,
+                attn_out=layer.attention.out_lin,
+                attn_norm=layer.sa_layer_norm,
+                ffn_in=layer.ffn.lin1,
+                act=layer.ffn.activation,
+                ffn_out=layer.ffn.lin2,
+                out_norm=layer.output_layer_norm,
+                num_heads=int(model.config.n_heads),
+            )
+            for layer in base.transformer.layer
+        ]
+        head: list[tuple[nn.Linear, Activation | None]] = [
+            (model.pre_classifier, torch.relu),
+            (model.classifier, None),
+        ]
+
+        def embed(ids: torch.Tensor, types: torch.Tensor | None) -> torch.Tensor:
+            return base.embeddings(input_ids=ids)  # type: ignore[no-any-return]
+
+        return EncoderView(embed, blocks, head)
+
+    base = model.bert if arch == "bert" else model.roberta
+    blocks = [
+        EncoderBlock(
+            query=layer.attention.self.query,
+            key=layer.attention.self.key,
+            value=layer.attention.self.value,
+            attn_out=layer.attention.output.dense,
+            attn_norm=layer.attention.output.LayerNorm,
+            ffn_in=layer.intermediate.dense,
+            act=layer.intermediate.intermediate_act_fn,
+            ffn_out=layer.output.dense,
+            out_norm=layer.output.LayerNorm,
+            num_heads=int(model.config.num_attention_heads),
+        )
+        for layer in base.encoder.layer
+    ]
+    if arch == "bert":
+        pooler = base.pooler
+        head = [(pooler.dense, torch.tanh)] if pooler is not None else []
+        head.append((model.classifier, None))
+    else:
+        head = [(model.classifier.dense, torch.tanh), (model.classifier.out_proj, None)]
+
+    def embed_bert(ids: torch.Tensor, types: torch.Tensor | None) -> torch.Tensor:
+        if arch == "bert":
+            return base.embeddings(input_ids=ids, token_type_ids=types)  # type: ignore[no-any-return]
+        return base.embeddings(input_ids=ids)  # type: ignore[no-any-return]
+
+    return EncoderView(embed_bert, blocks, head)
+
+
+# --------------------------------------------------------------------------------------------
+# Forward pass with the activations the rules need
+
+
+@dataclass
+class _LayerCache:
+    x: torch.Tensor  # [n, K] layer input
+    q: torch.Tensor  # [H, n, d] scaled queries
+    k: torch.Tensor  # [H, n, d]
+    v: torch.Tensor  # [H, n, d]
+    attn: torch.Tensor  # [H, n, n] attention probabilities
+    ctx: torch.Tensor  # [n, H*d] merged context
+    a: torch.Tensor  # [n, K] attention output projection
+    x1: torch.Tensor  # [n, K] after the first residual + LayerNorm
+    g: torch.Tensor  # [n, F] activated FFN hidden
+    f: torch.Tensor  # [n, K] FFN output
+
+
+def _heads(t: torch.Tensor, num_heads: int) -> torch.Tensor:
+    n = t.shape[0]
+    return t.view(n, num_heads, -1).transpose(0, 1)
+
+
+def _layer_forward(block: EncoderBlock, x: torch.Tensor) -> tuple[torch.Tensor, _LayerCache]:
+    h = block.num_heads
+    q = _heads(block.query(x), h)
+    k = _heads(block.key(x), h)
+    v = _heads(block.value(x), h)
+    q = q * q.shape[-1] ** -0.5
+    attn = torch.softmax(q @ k.transpose(-1, -2), dim=-1)
+    ctx = (attn @ v).transpose(0, 1).reshape(x.shape[0], -1)
+    a = block.attn_out(ctx)
+    x1 = block.attn_norm(a + x)
+    g = block.act(block.ffn_in(x1))
+    f = block.ffn_out(g)
+    out = block.out_norm(f + x1)
+    return out, _LayerCache(x, q, k, v, attn, ctx, a, x1, g, f)
+
+
+@dataclass
+class _Forward:
+    h0: torch.Tensor  # [n, K]
+    caches: list[_LayerCache]
+    hidden: torch.Tensor  # [n, K] final hidden states
+    head_inputs: list[torch.Tensor]  # input of each head linear
+    logits: torch.Tensor  # [C]
+
+
+def _forward(
+    view: EncoderView, ids: torch.Tensor, types: torch.Tensor | None, pooled: int
+) -> _Forward:
+    h0 = view.embed(ids[None], None if types is None else types[None])[0]
+    h0 = h0.detach().requires_grad_(True)  # the graph for ∇A, whatever the parameters' flags
+    x = h0
+    caches = []
+    for block in view.blocks:
+        x, cache = _layer_forward(block, x)
+        caches.append(cache)
+    z = x[pooled]
+    head_inputs = []
+    for linear, act in view.head:
+        head_inputs.append(z)
+        z = linear(z)
+        if act is not None:
+            z = act(z)
+    return _Forward(h0, caches, x, head_inputs, z)
+
+
+def encoder_attentions(
+    model: Any, input_ids: Sequence[int], token_type_ids: Sequence[int] | None = None
+) -> list[torch.Tensor]:
+    """Attention probabilities per layer, each [H, n, n], for one unpadded sequence.
+
+    Computed with the model's own modules, so it works whatever attention kernel was loaded."""
+    view = encoder_view(model)
+    device = next(model.parameters()).device
+    ids = torch.tensor(list(input_ids), dtype=torch.long, device=device)
+    types = (
+        torch.tensor(list(token_type_ids), dtype=torch.long, device=device)
+        if token_type_ids is not None
+        else None
+    )
+    with torch.no_grad():
+        x = view.embed(ids[None], None if types is None else types[None])[0]
+        out = []
+        for block in view.blocks:
+            x, cache = _layer_forward(block, x)
+            out.append(cache.attn.float().cpu())
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# Relevance rules
+
+
+def _safe_div(num: torch.Tensor, den: torch.Tensor) -> torch.Tensor:
+    ok = den.abs() > _EPS
+    return torch.where(ok, num / torch.where(ok, den, torch.ones_like(den)), torch.zeros_like(num))
+
+
+def lrp_linear(x: torch.Tensor, weight: torch.Tensor, relevance: torch.Tensor) -> torch.Tensor:
+    """z⁺ / α1β0 rule for y = x Wᵀ + b: relevance of y → relevance of x (bias gets none)."""
+    xp, xn = x.clamp(min=0), x.clamp(max=0)
+    wp, wn = weight.clamp(min=0), weight.clamp(max=0)
+    z = xp @ wp.T + xn @ wn.T  # positive part of every contribution x_i·w_ji
+    s = _safe_div(relevance, z)
+    return xp * (s @ wp) + xn * (s @ wn)
+
+
+def _rebalance(
+    ra: torch.Tensor, rb: torch.Tensor, total: torch.Tensor, dims: tuple[int, ...]
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rescale two shares so they sum to ``total`` over ``dims``, each in proportion to the
+    magnitude of its own sum."""
+    sa, sb = ra.sum(dims, keepdim=True), rb.sum(dims, keepdim=True)
+    mass = sa.abs() + sb.abs()
+    half = torch.full_like(mass, 0.5)
+    share_a = torch.where(mass > _EPS, sa.abs() / torch.where(mass > _EPS, mass, 1.0), half)
+    return ra * _safe_div(share_a * total, sa), rb * _safe_div((1 - share_a) * total, sb)
+
+
+def lrp_add(
+    a: torch.Tensor, b: torch.Tensor, relevance: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Split the relevance of a + b between the operands (gradient×input, rebalanced per token)."""
+    s = _safe_div(relevance, a + b)
+    return _rebalance(a * s, b * s, relevance.sum(-1, keepdim=True), (-1,))
+
+
+def lrp_matmul(
+    a: torch.Tensor, b: torch.Tensor, relevance: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Split the relevance of a @ b (batched over heads) between a and b, rebalanced per head."""
+    s = _safe_div(relevance, a @ b)
+    ra = a * (s @ b.transpose(-1, -2))
+    rb = b * (a.transpose(-1, -2) @ s)
+    return _rebalance(ra, rb, relevance.sum((-2, -1), keepdim=True), (-2, -1))
+
+
+# --------------------------------------------------------------------------------------------
+# The whole propagation
+
+
+@dataclass
+class LRPTrace:
+    """Everything one LRP run computed; the method returns a part of it."""
+
+    logits: FloatArray
+    """[C] logits of the re-run forward pass (equal to the model's)."""
+    scores: FloatArray
+    """[n] the token scores (rollout row or input relevance, per the ``rollout`` flag)."""
+    input_relevance: FloatArray
+    """[n] relevance at the embedding output, summed over hidden dimensions."""
+    layer_totals: list[float]
+    """Total relevance at the head output (the start), at h_L, h_{L-1}, ..., h_0."""
+    block_checks: list[tuple[float, float]] = field(default_factory=list)
+    """Per layer, top to bottom: (relevance entering at its output, leaving at its input)."""
+    attention_relevance: list[FloatArray] = field(default_factory=list)
+    """Per layer [H, n, n]: relevance of the attention probabilities R_b."""
+    rollout_layers: list[FloatArray] = field(default_factory=list)
+    """Per layer [n, n]: Ā_b."""
+    attention: list[FloatArray] = field(default_factory=list)
+    """Per layer [H, n, n]: the attention probabilities A_b."""
+    attention_grad: list[FloatArray] = field(default_factory=list)
+    """Per layer [H, n, n]: ∇A_b, the gradient of the target logit."""
+
+
+def _block_backward(
+    block: EncoderBlock, c: _LayerCache, r_out: torch.Tensor, keep: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Relevance of a layer's output → (relevance of its input, R of attention probabilities)."""
+    n, h = c.x.shape[0], block.num_heads
+    # Output LayerNorm: pass-through; then the FFN residual.
+    r_f, r_x1 = lrp_add(c.f, c.x1, r_out)
+    r_g = lrp_linear(c.g, block.ffn_out.weight, r_f)  # activation: pass-through
+    r_x1 = r_x1 + lrp_linear(c.x1, block.ffn_in.weight, r_g)
+    # Attention LayerNorm: pass-through; then the attention residual.
+    r_a, r_x = lrp_add(c.a, c.x, r_x1)
+    r_ctx = _heads(lrp_linear(c.ctx, block.attn_out.weight, r_a), h)  # [H, n, d]
+    if not bool(keep.all()):
+        # A masked head's relevance stays on the residual stream at its token position.
+        dropped = r_ctx[~keep].sum(dim=(0, 2))  # [n]
+        r_ctx = r_ctx * keep[:, None, None]
+        weight = r_x1.abs()
+        weight = _safe_div(weight, weight.sum(-1, keepdim=True))
+        empty = weight.sum(-1) == 0
+        weight[empty] = 1.0 / weight.shape[-1]
+        r_x = r_x + dropped[:, None] * weight
+    r_attn, r_v = lrp_matmul(c.attn, c.v, r_ctx)
+    # Softmax: pass-through to the scores q·kᵀ.
+    r_q, r_k = lrp_matmul(c.q, c.k.transpose(-1, -2), r_attn)
+    r_k = r_k.transpose(-1, -2)
+
+    def merge(t: torch.Tensor) -> torch.Tensor:
+        return t.transpose(0, 1).reshape(n, -1)
+
+    r_x = r_x + lrp_linear(c.x, block.value.weight, merge(r_v))
+    r_x = r_x + lrp_linear(c.x, block.query.weight, merge(r_q))
+    r_x = r_x + lrp_linear(c.x, block.key.weight, merge(r_k))
+    return r_x, r_attn
+
+
+def run_lrp(
+    model: Any,
+    input_ids: Sequence[int],
+    target: int,
+    token_type_ids: Sequence[int] | None = None,
+    heads: Mapping[int, Sequence[int]] | None = None,
+    rollout: bool = True,
+    pooled: int = 0,
+    progress: Callable[[float, str], None] | None = None,
+) -> LRPTrace:
+    """Head-masked LRP for one unpadded sequence of a supported classifier.
+
+    ``heads`` maps layer → important heads (None: every head). ``progress`` is called between
+    layers and may raise to stop the run."""
+    view = encoder_view(model)
+    num_layers = len(view.blocks)
+    device = next(model.parameters()).device
+    ids = torch.tensor(list(input_ids), dtype=torch.long, device=device)
+    types = (
+        torch.tensor(list(token_type_ids), dtype=torch.long, device=device)
+        if token_type_ids is not None
+        else None
+    )
+    note = progress or (lambda fraction, message: None)
+    keeps = []
+    for b, block in enumerate(view.blocks):
+        keep = torch.ones(block.num_heads, dtype=torch.bool, device=device)
+        if heads is not None:
+            keep[:] = False
+            for head in heads.get(b, ()):
+                keep[int(head)] = True
+        keeps.append(keep)
+
+    with torch.enable_grad():
+        fwd = _forward(view, ids, types, pooled)
+        logits = fwd.logits
+        if not 0 <= target < logits.shape[-1]:
+            raise InvalidArgument(
+                f"target {target} is outside the model's {logits.shape[-1]} outputs"
+            )
+        grads = torch.autograd.grad(logits[target], [c.attn for c in fwd.caches])
+    note(0.3, "forward and gradient done")
+
+    with torch.no_grad():
+        # Relevance 1 on the target logit, down through the head to the pooled token.
+        r = torch.zeros_like(logits, dtype=torch.float32)
+        r[target] = 1.0
+        totals = [float(r.sum())]
+        for (linear, _act), z in zip(reversed(view.head), reversed(fwd.head_inputs), strict=True):
+            r = lrp_linear(z.float()[None], linear.weight.float(), r[None])[0]
+        r_hidden = torch.zeros_like(fwd.hidden, dtype=torch.float32)
+        r_hidden[pooled] = r
+        totals.append(float(r_hidden.sum()))
+
+        r_attns: list[torch.Tensor] = [torch.empty(0)] * num_layers
+        checks = []
+        for b in reversed(range(num_layers)):
+            cache = _float_cache(fwd.caches[b])
+            entering = float(r_hidden.sum())
+            r_hidden, r_attns[b] = _block_backward(
+                _float_block(view.blocks[b]), cache, r_hidden, keeps[b]
+            )
+            checks.append((entering, float(r_hidden.sum())))
+            totals.append(float(r_hidden.sum()))
+            note(0.3 + 0.6 * (num_layers - b) / num_layers, f"relevance through layer {b}")
+        # Embedding LayerNorm: pass-through; one value per token.
+        input_relevance = r_hidden.sum(-1)
+
+        n = ids.shape[0]
+        eye = torch.eye(n, device=device)
+        joint = eye.clone()
+        bars = []
+        for b in range(num_layers):
+            weighted = (grads[b].float() * r_attns[b]).clamp(min=0)
+            kept = keeps[b]
+            bar = weighted[kept].mean(0) if bool(kept.any()) else torch.zeros(n, n, device=device)
+            bars.append(bar)
+            step = eye + bar
+            joint = (step / step.sum(-1, keepdim=True)) @ joint
+        row = joint[pooled].clone()
+        row[pooled] = 0.0
+
+    scores = row if rollout else input_relevance
+    return LRPTrace(
+        logits=_np(logits.detach()),
+        scores=_np(scores),
+        input_relevance=_np(input_relevance),
+        layer_totals=totals,
+        block_checks=checks,
+        attention_relevance=[_np(t) for t in r_attns],
+        rollout_layers=[_np(t) for t in bars],
+        attention=[_np(c.attn) for c in fwd.caches],
+        attention_grad=[_np(g) for g in grads],
+    )
+
+
+def _np(t: torch.Tensor) -> FloatArray:
+    return np.asarray(t.detach().float().cpu().numpy(), dtype=np.float32)
+
+
+def _float_cache(c: _LayerCache) -> _LayerCache:
+    return _LayerCache(*(t.detach().float() for t in vars(c).values()))
+
+
+@dataclass(frozen=True)
+class _Weights:
+    weight: torch.Tensor
+
+
+def _float_block(block: EncoderBlock) -> EncoderBlock:
+    """The same block with float32 weights for the relevance arithmetic (fp16 models)."""
+    if block.query.weight.dtype == torch.float32:
+        return block
+
+    def w(linear: nn.Linear) -> Any:
+        return _Weights(linear.weight.detach().float())
+
+    return EncoderBlock(
+        query=w(block.query),
+        key=w(block.key),
+        value=w(block.value),
+        attn_out=w(block.attn_out),
+        attn_norm=block.attn_norm,
+        ffn_in=w(block.ffn_in),
+        act=block.act,
+        ffn_out=w(block.ffn_out),
+        out_norm=block.out_norm,
+        num_heads=block.num_heads,
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# The job method
+
+
+class HeadMaskedLRP(JobMethod):
+    """Head-masked LRP with attention rollout (DESIGN §3.3)."""
+
+    name = "lrp"
+    description = (
+        "Layer-wise relevance propagation through the encoder, restricted to the heads a "
+        "calibration found important (positional/syntactic), combined by attention rollout."
+    )
+    params: ClassVar[Mapping[str, Param]] = {
+        "use_mask": Param(
+            bool,
+            True,
+            help="Use the head mask file (limelight calibrate-heads) when one exists.",
+        ),
+        "rollout": Param(
+            bool,
+            True,
+            help="Rollout of gradient-weighted attention relevance; off: input-level LRP "
+            "relevance per token (summed over hidden dimensions).",
+        ),
+    }
+
+    def unavailable_reason(self, model: LoadedModel) -> str:
+        return unsupported_reason(model.model)
+
+    def run(
+        self, ctx: JobContext, encoded: Encoded, target: int, params: Mapping[str, Any]
+    ) -> MethodOutput:
+        from limelight.methods.head_calibration import resolve_head_mask
+
+        reason = self.unavailable_reason(ctx.model)
+        if reason:
+            raise FailedPrecondition(reason)
+        ctx.checkpoint(0.0, "loading head mask")
+        mask_info: dict[str, Any] = {"used": False, "path": None, "heads": None}
+        heads: dict[int, list[int]] | None = None
+        if params["use_mask"]:
+            mask, path = resolve_head_mask(ctx.model, ctx.settings)
+            if mask is None:
+                mask_info["reason"] = f"no head mask file at {path}; all heads used"
+            elif not any(mask.important.values()):
+                # An empty mask would zero the rollout; plain LRP is the useful answer.
+                mask_info.update(
+                    path=str(path),
+                    reason="the head mask marks no head important (lower the calibration "
+                    "thresholds); all heads used",
+                )
+            else:
+                heads = mask.important
+                mask_info.update(
+                    used=True,
+                    path=str(path),
+                    heads={str(layer): list(hs) for layer, hs in sorted(heads.items())},
+                    thresholds=dict(mask.thresholds),
+                )
+        else:
+            mask_info["reason"] = "use_mask=false; all heads used"
+        pooled = 0  # every supported encoder pools its first token
+        trace = run_lrp(
+            ctx.model.model,
+            encoded.input_ids,
+            target,
+            token_type_ids=encoded.token_type_ids,
+            heads=heads,
+            rollout=bool(params["rollout"]),
+            pooled=pooled,
+            progress=ctx.checkpoint,
+        )
+        ctx.checkpoint(1.0, "done")
+        start = trace.layer_totals[0]
+        drift = max(abs(a - b) for a, b in trace.block_checks) if trace.block_checks else 0.0
+        extra = {"lrp_input": trace.input_relevance} if params["rollout"] else {}
+        return MethodOutput(
+            scores=trace.scores,
+            extra_scores=extra,
+            details={
+                "head_mask": mask_info,
+                "rollout": bool(params["rollout"]),
+                "pooled_position": pooled,
+                "relevance_start": start,
+                "relevance_at_input": trace.layer_totals[-1],
+                "max_layer_conservation_error": drift,
+            },
+        )

@@ -1,0 +1,154 @@
+"""Structural JSON schemas for the two Prometheus Operator kinds the manifests use.
+
+No Python package ships the monitoring.coreos.com CRD schemas for offline use, so these cover
+the fields of ServiceMonitor and PrometheusRule (monitoring.coreos.com/v1) that Limelight's
+manifests set, written from the operator's API reference: types, required fields, allowed
+values, and no unknown keys at the levels we use. They are narrower than the real CRDs on
+purpose: a field outside this subset fails here and has to be checked and added deliberately.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+_NAME = {"type": "string", "pattern": r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$", "maxLength": 253}
+_DURATION = {
+    "type": "string",
+    "pattern": r"^(0|(([0-9]+)y)?(([0-9]+)w)?(([0-9]+)d)?(([0-9]+)h)?(([0-9]+)m)?"
+    r"(([0-9]+)s)?(([0-9]+)ms)?)$",
+}
+_STRING_MAP = {"type": "object", "additionalProperties": {"type": "string"}}
+_METADATA = {
+    "type": "object",
+    "required": ["name"],
+    "properties": {
+        "name": _NAME,
+        "namespace": _NAME,
+        "labels": _STRING_MAP,
+        "annotations": _STRING_MAP,
+    },
+    "additionalProperties": False,
+}
+_LABEL_SELECTOR = {
+    "type": "object",
+    "properties": {
+        "matchLabels": _STRING_MAP,
+        "matchExpressions": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "required": ["key", "operator"],
+                "properties": {
+                    "key": {"type": "string"},
+                    "operator": {"enum": ["In", "NotIn", "Exists", "DoesNotExist"]},
+                    "values": {"type": "array", "items": {"type": "string"}},
+                },
+                "additionalProperties": False,
+            },
+        },
+    },
+    "additionalProperties": False,
+}
+
+
+def _resource(kind: str, spec: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "$schema": "https://json-schema.org/draft/2020-12/schema",
+        "type": "object",
+        "required": ["apiVersion", "kind", "metadata", "spec"],
+        "properties": {
+            "apiVersion": {"const": "monitoring.coreos.com/v1"},
+            "kind": {"const": kind},
+            "metadata": _METADATA,
+            "spec": spec,
+        },
+        "additionalProperties": False,
+    }
+
+
+SERVICE_MONITOR = _resource(
+    "ServiceMonitor",
+    {
+        "type": "object",
+        "required": ["selector", "endpoints"],
+        "properties": {
+            "selector": _LABEL_SELECTOR,
+            "namespaceSelector": {
+                "type": "object",
+                "properties": {
+                    "any": {"type": "boolean"},
+                    "matchNames": {"type": "array", "items": {"type": "string"}},
+                },
+                "additionalProperties": False,
+            },
+            "jobLabel": {"type": "string"},
+            "endpoints": {
+                "type": "array",
+                "minItems": 1,
+                "items": {
+                    "type": "object",
+                    "properties": {
+                        "port": {"type": "string"},
+                        "targetPort": {"type": ["string", "integer"]},
+                        "path": {"type": "string", "pattern": "^/"},
+                        "scheme": {"enum": ["http", "https", "HTTP", "HTTPS"]},
+                        "interval": _DURATION,
+                        "scrapeTimeout": _DURATION,
+                        "honorLabels": {"type": "boolean"},
+                    },
+                    "additionalProperties": False,
+                },
+            },
+        },
+        "additionalProperties": False,
+    },
+)
+
+PROMETHEUS_RULE = _resource(
+    "PrometheusRule",
+    {
+        "type": "object",
+        "properties": {
+            "groups": {
+                "type": "array",
+                "items": {
+                    "type": "object",
+                    "required": ["name", "rules"],
+                    "properties": {
+                        "name": {"type": "string", "minLength": 1},
+                        "interval": _DURATION,
+                        "limit": {"type": "integer"},
+                        "rules": {
+                            "type": "array",
+                            "items": {
+                                "type": "object",
+                                "required": ["expr"],
+                                "properties": {
+                                    "record": {"type": "string"},
+                                    "alert": {"type": "string"},
+                                    "expr": {"type": ["string", "integer"]},
+                                    "for": _DURATION,
+                                    "keep_firing_for": _DURATION,
+                                    "labels": _STRING_MAP,
+                                    "annotations": _STRING_MAP,
+                                },
+                                "oneOf": [
+                                    {"required": ["record"], "not": {"required": ["alert"]}},
+                                    {"required": ["alert"], "not": {"required": ["record"]}},
+                                ],
+                                "additionalProperties": False,
+                            },
+                        },
+                    },
+                    "additionalProperties": False,
+                },
+            },
+        },
+        "additionalProperties": False,
+    },
+)
+
+CRD_SCHEMAS: dict[tuple[str, str], dict[str, Any]] = {
+    ("monitoring.coreos.com/v1", "ServiceMonitor"): SERVICE_MONITOR,
+    ("monitoring.coreos.com/v1", "PrometheusRule"): PROMETHEUS_RULE,
+}

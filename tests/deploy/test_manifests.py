@@ -1,0 +1,443 @@
+"""Kubernetes manifests: every overlay renders, validates against the Kubernetes JSON schemas,
+keeps the security and probe contract, and its alerts and dashboard read real metrics."""
+
+from __future__ import annotations
+
+import copy
+import os
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import kubernetes_validate
+import pytest
+import yaml
+
+from limelight.settings import Settings
+from tests.deploy.crd_schemas import CRD_SCHEMAS
+from tests.deploy.deploy_support import (
+    KUBERNETES_VERSION,
+    KUBERNETES_VERSIONS,
+    OVERLAYS,
+    dashboard,
+    dashboard_exprs,
+    exported_metric_families,
+    exported_metric_names,
+    find,
+    kustomize_command,
+    pod_templates,
+    promql_metric_names,
+    render,
+    rule_exprs,
+    rule_groups,
+)
+
+HERE = Path(__file__).resolve().parent
+
+pytestmark = pytest.mark.skipif(
+    kustomize_command() is None,
+    reason="needs `kubectl` (built-in kustomize) or `kustomize` on PATH to render k8s/",
+)
+
+
+@pytest.fixture(scope="module", params=sorted(OVERLAYS))
+def overlay(request: pytest.FixtureRequest) -> tuple[str, list[dict[str, Any]]]:
+    return request.param, render(OVERLAYS[request.param])
+
+
+@pytest.fixture(scope="module")
+def rendered() -> dict[str, list[dict[str, Any]]]:
+    return {name: render(path) for name, path in OVERLAYS.items()}
+
+
+def _config(objects: list[dict[str, Any]]) -> dict[str, str]:
+    return dict(find(objects, "ConfigMap", "limelight-config")["data"])
+
+
+def _container(objects: list[dict[str, Any]], deployment: str, name: str) -> dict[str, Any]:
+    spec = find(objects, "Deployment", deployment)["spec"]["template"]["spec"]
+    (container,) = [c for c in spec["containers"] if c["name"] == name]
+    return dict(container)
+
+
+def _settings(config: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> Settings:
+    """Settings as the pod sees them: the ConfigMap's keys as the only LIMELIGHT_* variables."""
+    for key in [k for k in os.environ if k.startswith("LIMELIGHT_")]:
+        monkeypatch.delenv(key)
+    for key, value in config.items():
+        monkeypatch.setenv(key, value)
+    return Settings()
+
+
+def _validate(obj: dict[str, Any], version: str) -> None:
+    key = (obj["apiVersion"], obj["kind"])
+    if key in CRD_SCHEMAS:
+        jsonschema.Draft202012Validator(CRD_SCHEMAS[key]).validate(obj)
+    else:
+        kubernetes_validate.validate(obj, version, strict=True)
+
+
+# --- rendering and schemas ----------------------------------------------------------------------
+
+
+def test_overlays_render_unique_namespaced_objects(
+    overlay: tuple[str, list[dict[str, Any]]],
+) -> None:
+    name, objects = overlay
+    keys = [(o["kind"], o["metadata"]["name"]) for o in objects]
+    assert len(keys) == len(set(keys)), f"{name}: duplicate objects"
+    assert {o["metadata"].get("namespace") for o in objects} == {"limelight"}
+    kinds = {o["kind"] for o in objects}
+    assert {
+        "Deployment",
+        "Service",
+        "ConfigMap",
+        "PodDisruptionBudget",
+        "NetworkPolicy",
+        "ServiceMonitor",
+        "PrometheusRule",
+    } <= kinds
+    if name == "redis-workers":
+        assert "HorizontalPodAutoscaler" in kinds
+
+
+@pytest.mark.parametrize("version", KUBERNETES_VERSIONS)
+def test_every_object_matches_the_kubernetes_schema(
+    overlay: tuple[str, list[dict[str, Any]]], version: str
+) -> None:
+    """Strict schemas (unknown fields rejected); CRD kinds against crd_schemas.py."""
+    _, objects = overlay
+    for obj in objects:
+        _validate(obj, version)
+
+
+def test_schema_validation_rejects_broken_objects(
+    rendered: dict[str, list[dict[str, Any]]],
+) -> None:
+    """The validators above can fail: a typo'd field, a wrong type, a bad CRD field."""
+    objects = rendered["base"]
+    deployment = copy.deepcopy(find(objects, "Deployment", "limelight"))
+    deployment["spec"]["template"]["spec"]["containers"][1]["readinesProbe"] = {"grpc": {}}
+    with pytest.raises(kubernetes_validate.ValidationError):
+        _validate(deployment, KUBERNETES_VERSION)
+    deployment = copy.deepcopy(find(objects, "Deployment", "limelight"))
+    deployment["spec"]["template"]["spec"]["terminationGracePeriod"] = 30
+    with pytest.raises(kubernetes_validate.ValidationError):
+        _validate(deployment, KUBERNETES_VERSION)
+    service = copy.deepcopy(find(objects, "Service", "limelight"))
+    service["spec"]["ports"][0]["port"] = "grpc"
+    with pytest.raises(kubernetes_validate.ValidationError):
+        _validate(service, KUBERNETES_VERSION)
+    monitor = copy.deepcopy(find(objects, "ServiceMonitor", "limelight"))
+    monitor["spec"]["endpoints"][0]["intervall"] = "15s"
+    with pytest.raises(jsonschema.ValidationError):
+        _validate(monitor, KUBERNETES_VERSION)
+    rule = copy.deepcopy(find(objects, "PrometheusRule", "limelight"))
+    rule["spec"]["groups"][1]["rules"][0]["for"] = "15 minutes"
+    with pytest.raises(jsonschema.ValidationError):
+        _validate(rule, KUBERNETES_VERSION)
+
+
+# --- pod contract ---------------------------------------------------------------------------------
+
+
+def test_pods_are_locked_down(overlay: tuple[str, list[dict[str, Any]]]) -> None:
+    """Non-root, read-only root FS, no capabilities, no privilege escalation, seccomp, limits."""
+    _, objects = overlay
+    templates = list(pod_templates(objects))
+    assert templates
+    for where, spec in templates:
+        pod_sc = spec["securityContext"]
+        assert pod_sc["runAsNonRoot"] is True, where
+        assert pod_sc["seccompProfile"] == {"type": "RuntimeDefault"}, where
+        assert spec["automountServiceAccountToken"] is False, where
+        for c in spec["containers"] + spec.get("initContainers", []):
+            sc = c["securityContext"]
+            label = f"{where}/{c['name']}"
+            assert sc["runAsNonRoot"] is True, label
+            assert sc["readOnlyRootFilesystem"] is True, label
+            assert sc["allowPrivilegeEscalation"] is False, label
+            assert sc["capabilities"] == {"drop": ["ALL"]}, label
+            assert {"cpu", "memory"} <= set(c["resources"]["requests"]), label
+            assert {"cpu", "memory"} <= set(c["resources"]["limits"]), label
+
+
+def test_limelight_containers_write_only_to_mounted_volumes(
+    overlay: tuple[str, list[dict[str, Any]]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With a read-only root FS every path Limelight writes must be a writable mount, and the
+    model is mounted read-only where LIMELIGHT_MODEL_DIR points."""
+    _, objects = overlay
+    config = _config(objects)
+    settings = _settings(config, monkeypatch)
+    for where, spec in pod_templates(objects):
+        volumes = {v["name"]: v for v in spec["volumes"]}
+        for c in spec["containers"]:
+            if not c["image"].startswith("registry.example.com/limelight/"):
+                continue
+            env = {e["name"]: e["value"] for e in c.get("env", [])}
+            assert env.get("LIMELIGHT_JOBS", settings.jobs) == settings.jobs
+            mounts = {m["mountPath"]: m for m in c["volumeMounts"]}
+            model = mounts[str(settings.model_dir)]
+            assert model.get("readOnly") is True, where
+            assert "persistentVolumeClaim" in volumes[model["name"]]
+
+            def writable(path: Path, mounts: dict[str, dict[str, Any]] = mounts) -> bool:
+                return any(
+                    path.is_relative_to(mp) and not m.get("readOnly", False)
+                    for mp, m in mounts.items()
+                )
+
+            for path in (settings.cache_dir, settings.resolved_jobs_db(), Path("/tmp")):
+                assert writable(path), f"{where}/{c['name']}: {path} is not on a writable volume"
+
+
+def test_sidecar_uses_native_grpc_probes_and_drains_within_grace(
+    overlay: tuple[str, list[dict[str, Any]]],
+) -> None:
+    _, objects = overlay
+    config = _config(objects)
+    sidecar = _container(objects, "limelight", "limelight")
+    port = int(config["LIMELIGHT_PORT"])
+    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+        assert sidecar[probe]["grpc"] == {"port": port}, probe
+    # Start-up must tolerate a slow model load; liveness may not kill a warming pod.
+    startup = sidecar["startupProbe"]
+    assert startup["periodSeconds"] * startup["failureThreshold"] >= 300
+    ports = {p["name"]: p["containerPort"] for p in sidecar["ports"]}
+    assert ports == {"grpc": port, "metrics": int(config["LIMELIGHT_METRICS_PORT"])}
+    assert config["LIMELIGHT_HOST"] == "0.0.0.0"
+    spec = find(objects, "Deployment", "limelight")["spec"]["template"]["spec"]
+    pre_stop = sidecar["lifecycle"]["preStop"]["sleep"]["seconds"]
+    assert spec["terminationGracePeriodSeconds"] > pre_stop + float(
+        config["LIMELIGHT_GRACE_PERIOD_S"]
+    )
+
+
+def test_service_network_policy_and_pdb_select_the_pod(
+    overlay: tuple[str, list[dict[str, Any]]],
+) -> None:
+    _, objects = overlay
+    deployment = find(objects, "Deployment", "limelight")
+    pod_labels = deployment["spec"]["template"]["metadata"]["labels"]
+    containers = deployment["spec"]["template"]["spec"]["containers"]
+    named_ports = {p["name"] for c in containers for p in c.get("ports", [])}
+
+    def selects(selector: dict[str, str]) -> bool:
+        return all(pod_labels.get(k) == v for k, v in selector.items())
+
+    service = find(objects, "Service", "limelight")
+    assert selects(service["spec"]["selector"])
+    assert {p["targetPort"] for p in service["spec"]["ports"]} == {"grpc", "metrics"}
+    assert selects(
+        find(objects, "PodDisruptionBudget", "limelight")["spec"]["selector"]["matchLabels"]
+    )
+    assert deployment["spec"]["replicas"] > 1  # a PDB with minAvailable 1 needs a spare
+    policy = find(objects, "NetworkPolicy", "limelight")["spec"]
+    assert selects(policy["podSelector"]["matchLabels"])
+    assert policy["policyTypes"] == ["Ingress"]
+    policy_ports = {p["port"] for rule in policy["ingress"] for p in rule["ports"]}
+    assert policy_ports <= named_ports
+    metrics_rule = [
+        r for r in policy["ingress"] if {"port": "metrics", "protocol": "TCP"} in r["ports"]
+    ]
+    assert metrics_rule[0]["from"] == [
+        {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}
+    ]
+    monitor = find(objects, "ServiceMonitor", "limelight")["spec"]
+    assert all(
+        service["metadata"]["labels"].get(k) == v
+        for k, v in monitor["selector"]["matchLabels"].items()
+    )
+    assert monitor["endpoints"][0]["port"] == "metrics"
+
+
+def test_redis_workers_overlay_wires_queue_workers_and_hpa(
+    rendered: dict[str, list[dict[str, Any]]],
+) -> None:
+    objects = rendered["redis-workers"]
+    config = _config(objects)
+    redis_service = find(objects, "Service", "limelight-redis")
+    assert config["LIMELIGHT_JOBS"] == (
+        f"redis://{redis_service['metadata']['name']}:{redis_service['spec']['ports'][0]['port']}/0"
+    )
+    assert config["LIMELIGHT_JOB_WORKERS"] == "0"
+    worker = _container(objects, "limelight-worker", "worker")
+    assert worker["args"] == ["worker", "--metrics-port", config["LIMELIGHT_METRICS_PORT"]]
+    assert worker["image"] == _container(objects, "limelight", "limelight")["image"]
+    assert {"name": "LIMELIGHT_JOB_WORKERS", "value": "1"} in worker["env"]
+    hpa = find(objects, "HorizontalPodAutoscaler", "limelight-worker")["spec"]
+    assert hpa["scaleTargetRef"] == {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "name": "limelight-worker",
+    }
+    (metric,) = hpa["metrics"]
+    assert metric["resource"]["name"] == "cpu"
+    assert hpa["minReplicas"] >= 1 and hpa["maxReplicas"] > hpa["minReplicas"]
+    assert "cpu" in worker["resources"]["requests"]  # utilisation needs a request
+    # Only Limelight pods may reach Redis.
+    redis_policy = find(objects, "NetworkPolicy", "limelight-redis")["spec"]
+    assert redis_policy["ingress"][0]["from"] == [
+        {"podSelector": {"matchLabels": {"app.kubernetes.io/name": "limelight"}}}
+    ]
+    # The base ServiceMonitor also scrapes the workers' headless Service.
+    monitor = find(objects, "ServiceMonitor", "limelight")["spec"]["selector"]["matchLabels"]
+    worker_service = find(objects, "Service", "limelight-worker")
+    assert all(worker_service["metadata"]["labels"].get(k) == v for k, v in monitor.items())
+    # Redis is not scraped as if it were Limelight.
+    assert redis_service["metadata"]["labels"]["app.kubernetes.io/name"] != "limelight"
+
+
+def test_gpu_overlay_requests_a_gpu_and_the_onnx_cuda_path(
+    rendered: dict[str, list[dict[str, Any]]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    objects = rendered["gpu"]
+    config = _config(objects)
+    assert config["LIMELIGHT_DEVICE"] == "cuda"
+    assert config["LIMELIGHT_RUNTIME"] == "onnx"
+    sidecar = _container(objects, "limelight", "limelight")
+    assert sidecar["resources"]["limits"]["nvidia.com/gpu"] == "1"
+    assert sidecar["image"].endswith(":0.1.0-gpu")
+    spec = find(objects, "Deployment", "limelight")["spec"]["template"]["spec"]
+    assert spec["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
+    assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in spec[
+        "tolerations"
+    ]
+    # The patch must not have dropped the base's hardening or probes.
+    assert sidecar["securityContext"]["readOnlyRootFilesystem"] is True
+    assert sidecar["livenessProbe"]["grpc"] == {"port": 50051}
+    # Settings accepts the overlay's values.
+    settings = _settings(config, monkeypatch)
+    assert (settings.device, settings.runtime) == ("cuda", "onnx")
+    base = _container(rendered["base"], "limelight", "limelight")
+    assert "nvidia.com/gpu" not in base["resources"]["limits"]
+
+
+# --- alerts and dashboard -------------------------------------------------------------------------
+
+
+def _promtool() -> str:
+    promtool = shutil.which("promtool")
+    if promtool is None:
+        pytest.skip("promtool not on PATH: `make sysdeps` (apt-get install prometheus)")
+    return promtool
+
+
+def _rules_dir(tmp_path: Path, objects: list[dict[str, Any]]) -> Path:
+    (tmp_path / "limelight-rules.yaml").write_text(yaml.safe_dump(rule_groups(objects)))
+    shutil.copy(HERE / "promtool_rules_test.yaml", tmp_path / "promtool_rules_test.yaml")
+    return tmp_path
+
+
+def test_promtool_checks_the_alert_rules(
+    rendered: dict[str, list[dict[str, Any]]], tmp_path: Path
+) -> None:
+    promtool = _promtool()
+    folder = _rules_dir(tmp_path, rendered["base"])
+    result = subprocess.run(
+        [promtool, "check", "rules", "limelight-rules.yaml"],
+        cwd=folder,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    alerts = {
+        r["alert"]
+        for g in rule_groups(rendered["base"])["groups"]
+        for r in g["rules"]
+        if "alert" in r
+    }
+    assert {
+        "LimelightAttributionDrift",
+        "LimelightExplainLatencyHigh",
+        "LimelightJobBacklog",
+        "LimelightNotReady",
+    } <= alerts
+    drift = [
+        r
+        for g in rule_groups(rendered["base"])["groups"]
+        for r in g["rules"]
+        if r.get("alert") == "LimelightAttributionDrift"
+    ]
+    assert drift[0]["for"] == "15m"
+
+
+def test_promtool_unit_tests_fire_each_alert(
+    rendered: dict[str, list[dict[str, Any]]], tmp_path: Path
+) -> None:
+    """promtool_rules_test.yaml feeds synthetic series: each alert fires when it should
+    (after its `for`), and not below threshold."""
+    promtool = _promtool()
+    folder = _rules_dir(tmp_path, rendered["base"])
+    result = subprocess.run(
+        [promtool, "test", "rules", "promtool_rules_test.yaml"],
+        cwd=folder,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_alert_unit_tests_cover_every_alert(rendered: dict[str, list[dict[str, Any]]]) -> None:
+    alerts = {
+        r["alert"]
+        for g in rule_groups(rendered["base"])["groups"]
+        for r in g["rules"]
+        if "alert" in r
+    }
+    cases = yaml.safe_load((HERE / "promtool_rules_test.yaml").read_text())["tests"]
+    tested = {t["alertname"] for case in cases for t in case.get("alert_rule_test", [])}
+    assert alerts == tested
+
+
+def test_rules_and_dashboard_read_only_exported_metrics(
+    rendered: dict[str, list[dict[str, Any]]],
+) -> None:
+    exported = exported_metric_names()
+    dash = dashboard(rendered["base"])
+    dash_exprs = dashboard_exprs(dash)
+    assert len(dash_exprs) >= 15
+    used_by_dashboard = set().union(*(promql_metric_names(e) for e in dash_exprs))
+    used_by_rules = set().union(
+        *(promql_metric_names(e) for e in rule_exprs(rule_groups(rendered["base"])))
+    )
+    assert used_by_dashboard - exported == set(), "dashboard queries unknown metrics"
+    assert used_by_rules - exported == set(), "alert rules query unknown metrics"
+    # The dashboard shows every metric family the sidecar exports (a new one needs a panel).
+    not_shown = {
+        family
+        for family in exported_metric_families()
+        if not any(u == family or u.startswith(family + "_") for u in used_by_dashboard)
+    }
+    assert not_shown == set(), "metric families without a dashboard panel"
+
+
+def test_metric_name_extraction_sees_misspelt_metrics() -> None:
+    """The check above can fail: a misspelt name is reported, recording rules are not names."""
+    exported = exported_metric_names()
+    expr = (
+        "sum(rate(limelight_request_duration_second_count[5m])) + limelight:request_errors:ratio_5m"
+    )
+    assert promql_metric_names(expr) - exported == {"limelight_request_duration_second_count"}
+
+
+def test_dashboard_configmap_is_picked_up_by_grafana(
+    rendered: dict[str, list[dict[str, Any]]],
+) -> None:
+    dash = dashboard(rendered["base"])
+    assert dash["uid"] == "limelight-overview"
+    assert {v["name"] for v in dash["templating"]["list"]} == {"datasource", "namespace"}
+    ids = []
+
+    def walk(panels: list[dict[str, Any]]) -> None:
+        for p in panels:
+            ids.append(p["id"])
+            walk(p.get("panels", []))
+
+    walk(dash["panels"])
+    assert len(ids) == len(set(ids))

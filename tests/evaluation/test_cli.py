@@ -1,0 +1,81 @@
+"""`limelight eval` end to end on the trigger model and a JSONL file with evidence."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import pytest
+
+from limelight.cli import eval as eval_cli
+from limelight.cli.eval import parse_label_map, parse_params
+from tests.evaluation.conftest import TriggerSetup
+
+
+def test_parse_params_and_label_map() -> None:
+    assert parse_params(["integrated_gradients.steps=8", "lrp.use_mask=false", "x.s=abc"]) == {
+        "integrated_gradients": {"steps": 8},
+        "lrp": {"use_mask": False},
+        "x": {"s": "abc"},
+    }
+    assert parse_label_map("negative=neg, neutral=none") == {"negative": "neg", "neutral": "none"}
+    with pytest.raises(SystemExit):
+        parse_params(["steps=8"])
+
+
+def test_eval_command_writes_table_json_and_plot(
+    trigger_setup: TriggerSetup, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    data = tmp_path / "data.jsonl"
+    with data.open("w", encoding="utf-8") as handle:
+        for ex in trigger_setup.examples[:12]:
+            assert ex.evidence is not None
+            record = {"text": ex.text, "label": ex.gold, "evidence": [list(ex.evidence[0])]}
+            handle.write(json.dumps(record) + "\n")
+    out = tmp_path / "out"
+    # the command's own parser: independent of the other commands' modules
+    parser = argparse.ArgumentParser(prog="limelight")
+    eval_cli.register(parser.add_subparsers())
+    args = parser.parse_args(
+        [
+            "eval",
+            "--model",
+            str(trigger_setup.directory),
+            "--data",
+            str(data),
+            "--methods",
+            "normxlogit,grad_x_input,decoded_gradcam,random,nosuch",
+            "--n",
+            "8",
+            "--fractions",
+            "0.2,0.4",
+            "--game-steps",
+            "4",
+            "--params",
+            "random.seed=5",
+            "--out",
+            str(out),
+            "--no-progress",
+        ]
+    )
+    assert args.func(args) == 0
+    report = json.loads((out / "eval.json").read_text())
+    methods = {m["name"]: m for m in report["methods"]}
+    assert methods["decoded_gradcam"]["status"] == "skipped"
+    assert "LM head" in methods["decoded_gradcam"]["reason"]
+    assert methods["nosuch"]["status"] == "skipped"
+    assert report["accuracy"] == 1.0
+    for name in ("normxlogit", "grad_x_input", "random"):
+        m = methods[name]
+        assert m["status"] == "ok", m["reason"]
+        assert m["n"] == 8 and m["n_gold"] == 8 and m["n_evidence"] == 8
+        assert len(m["deletion_curve"]) == 2 and len(m["hide_accuracy"]) == 5
+        assert m["hide_accuracy"][0] == 1.0  # nothing hidden: the model's accuracy
+        assert 0.0 <= m["evidence_ap"] <= 1.0
+        assert len(m["seconds"]) == 8
+    assert report["config"]["game_fractions"] == [0.0, 0.25, 0.5, 0.75, 1.0]
+    table = (out / "eval.md").read_text()
+    assert "| normxlogit |" in table and "decoded_gradcam" in table
+    assert (out / "eval.png").stat().st_size > 10_000
+    assert "wrote" in capsys.readouterr().out
