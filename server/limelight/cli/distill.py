@@ -74,7 +74,7 @@ def run(args: argparse.Namespace) -> int:
             seed=args.seed,
             width=args.width,
             epochs=args.epochs,
-            progress=bar.update,
+            progress=lambda n: bar.update(n) and None,
             data_name=f"{args.data} (first {len(texts)})",
         )
     save_head(head, card, out)

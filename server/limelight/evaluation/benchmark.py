@@ -255,10 +255,17 @@ def job_method_ratios(
         ratios, seconds = [], []
         for text in texts:
             batch = InlineBatch.from_encoded([model.encode(text)], model.pad_id)
-            forward = median_seconds(lambda b=batch: runtime.forward_logits(b), repeats)
             spec = JobSpec(method=name, text=text, params=method.validate_params({}))
-            took = median_seconds(lambda s=spec: runner.run(s), max(1, repeats // 4), warmup=1)
-            ratios.append(took / forward)
+
+            def forward(batch: InlineBatch = batch) -> None:
+                runtime.forward_logits(batch)
+
+            def job(spec: JobSpec = spec) -> None:
+                runner.run(spec)
+
+            took = median_seconds(job, max(1, repeats // 4), warmup=1)
+            forward_s = median_seconds(forward, repeats)
+            ratios.append(took / forward_s)
             seconds.append(took)
         rows.append([name, statistics.median(ratios), statistics.median(seconds) * 1e3, ""])
     return rows
