@@ -64,6 +64,10 @@ def run(args: argparse.Namespace) -> int:
     out = args.out or head_dir(model)
     cache = out.with_name(out.name + f".teacher-{args.teacher}.jsonl")
     with tqdm(total=len(texts), desc=f"teacher {args.teacher}", unit="text") as bar:
+
+        def advance(n: int) -> None:
+            bar.update(n)
+
         head, card = distill(
             model,
             settings,
@@ -74,7 +78,7 @@ def run(args: argparse.Namespace) -> int:
             seed=args.seed,
             width=args.width,
             epochs=args.epochs,
-            progress=lambda n: bar.update(n) and None,
+            progress=advance,
             data_name=f"{args.data} (first {len(texts)})",
         )
     save_head(head, card, out)
