@@ -27,7 +27,10 @@ PEERS: tuple[str, ...] = ("lime", "shap")
 
 
 def _inline(model: LoadedModel, method: InlineMethod) -> Explainer:
-    runtime = TorchRuntime(model)
+    from limelight.app import inline_heads
+
+    # The same extra heads as the server (e.g. the distilled explainer beside the model).
+    runtime = TorchRuntime(model, inline_heads(model))
 
     def explain(enc: Encoded, target: int) -> FloatArray:
         outputs = runtime.run_inline(InlineBatch.from_encoded([enc], model.pad_id))
