@@ -92,7 +92,10 @@ def test_method_on_architecture(
             settings, model, TorchRuntime(model), METHODS, Metrics(), jobs=None
         )
         with pytest.raises(FailedPrecondition):
-            service._job_method(method_name)
+            if isinstance(method, InlineMethod):
+                service._inline_method(method_name)
+            else:
+                service._job_method(method_name)
         return
     if isinstance(method, InlineMethod):
         outputs = TorchRuntime(model).run_inline(InlineBatch.from_encoded([encoded], model.pad_id))
