@@ -100,7 +100,9 @@ def test_explain_many_server_error(scripted: ScriptedServer) -> None:
     async def body(c: AsyncClient) -> list[str | None]:
         got: list[str | None] = []
         with pytest.raises(errors.InvalidArgument, match="boom"):
-            async for e in c.explain_many(["ok", "boom", "later"]):
+            # Nothing is sent after "boom": when the server aborts while grpc.aio is still
+            # writing requests, grpc-core may report INTERNAL instead of the server's status.
+            async for e in c.explain_many(["ok", "boom"]):
                 got.append(e.text)
         return got
 
