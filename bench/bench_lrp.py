@@ -28,7 +28,8 @@ import torch
 
 from limelight.demo.build import ensure_demo_model
 from limelight.demo.datasets import rotten_tomatoes
-from limelight.evaluation.perturbation import deletion_aopc
+from limelight.evaluation.benchmark import single_forward_seconds
+from limelight.evaluation.perturbation import deletion_aopc, random_deletion_aopc
 from limelight.methods.base import JobContext
 from limelight.methods.head_calibration import (
     calibrate,
@@ -37,27 +38,8 @@ from limelight.methods.head_calibration import (
     write_mask,
 )
 from limelight.methods.lrp import HeadMaskedLRP
-from limelight.models.loaded import LoadedModel, load_model
+from limelight.models.loaded import load_model
 from limelight.settings import Settings
-
-
-def _forward_seconds(model: LoadedModel, enc: Any, repeats: int) -> float:
-    ids = torch.tensor([enc.input_ids], device=model.device)
-    types = (
-        torch.tensor([enc.token_type_ids], device=model.device)
-        if enc.token_type_ids is not None
-        else None
-    )
-    kwargs = model.adapter.base_inputs(ids, torch.ones_like(ids), types)
-    times = []
-    with torch.inference_mode():
-        model.model(**kwargs)  # warm
-        for _ in range(repeats):
-            start = time.perf_counter()
-            logits = model.model(**kwargs).logits
-            times.append(time.perf_counter() - start)
-    del logits
-    return statistics.median(times)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -117,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
         enc = model.encode(example.text, max_tokens=args.max_tokens)
         if (~enc.special_mask).sum() < 2:
             continue
-        forward = _forward_seconds(model, enc, args.repeats)
+        forward = single_forward_seconds(model, enc, args.repeats)
         with torch.inference_mode():
             ids = torch.tensor([enc.input_ids], device=model.device)
             types = torch.tensor([enc.token_type_ids]) if enc.token_type_ids is not None else None
@@ -138,20 +120,7 @@ def main(argv: list[str] | None = None) -> int:
         ratios.append(lrp_s / forward)
 
     aopc = {name: deletion_aopc(model, encoded, s, targets) for name, s in scores.items()}
-    rng = np.random.default_rng(0)
-    aopc["random"] = float(
-        np.mean(
-            [
-                deletion_aopc(
-                    model,
-                    encoded,
-                    [rng.random(len(e)).astype(np.float32) for e in encoded],
-                    targets,
-                )
-                for _ in range(3)
-            ]
-        )
-    )
+    aopc["random"] = random_deletion_aopc(model, encoded, targets, seed=0, repeats=3)
     kept = sum(len(v) for v in (heads_used.get("heads") or {}).values()) if heads_used else 0
     result = {
         "model": args.model,

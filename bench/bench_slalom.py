@@ -39,7 +39,7 @@ import torch
 from limelight.core.types import Encoded, FloatArray
 from limelight.demo.build import ensure_demo_model
 from limelight.demo.datasets import rotten_tomatoes
-from limelight.evaluation.perturbation import deletion_aopc, probabilities
+from limelight.evaluation.perturbation import deletion_aopc, probabilities, random_deletion_aopc
 from limelight.methods.base import JobContext
 from limelight.methods.slalom import Slalom
 from limelight.models.loaded import LoadedModel, load_model
@@ -275,20 +275,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     aopc = {
         name: deletion_aopc(model, encoded, res.scores, targets) for name, res in results.items()
     }
-    rng = np.random.default_rng(args.seed)
-    aopc["random"] = float(
-        np.mean(
-            [
-                deletion_aopc(
-                    model,
-                    encoded,
-                    [rng.random(len(e)).astype(np.float32) for e in encoded],
-                    targets,
-                )
-                for _ in range(5)
-            ]
-        )
-    )
+    aopc["random"] = random_deletion_aopc(model, encoded, targets, seed=args.seed, repeats=5)
     command = "python bench/bench_slalom.py " + " ".join(
         a for a in (argv if argv is not None else sys.argv[1:]) if a != "--write-docs"
     )

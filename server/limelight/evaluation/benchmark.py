@@ -22,6 +22,7 @@ from limelight.core.types import Encoded
 from limelight.methods.normxlogit import NormXLogit
 from limelight.models.loaded import LoadedModel
 from limelight.runtimes.base import InlineBatch, Runtime
+from limelight.runtimes.torch_runtime import TorchRuntime
 from limelight.settings import Settings
 
 
@@ -68,6 +69,13 @@ def markdown_table(header: Sequence[str], rows: Sequence[Sequence[object]]) -> s
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     lines += ["| " + " | ".join(fmt(v) for v in row) + " |" for row in rows]
     return "\n".join(lines)
+
+
+def single_forward_seconds(model: LoadedModel, encoded: Encoded, repeats: int) -> float:
+    """Median seconds of one plain classification forward pass of one input (after a warm-up)."""
+    runtime = TorchRuntime(model)
+    batch = InlineBatch.from_encoded([encoded], model.pad_id)
+    return median_seconds(lambda: runtime.forward_logits(batch), repeats, warmup=1)
 
 
 @dataclass
@@ -241,7 +249,6 @@ def job_method_ratios(
     from limelight.core.jobs import JobSpec
     from limelight.jobs.runner import JobRunner
     from limelight.methods.base import MethodRegistry
-    from limelight.runtimes.torch_runtime import TorchRuntime
 
     methods = MethodRegistry.builtin()
     runner = JobRunner(model, methods, settings)

@@ -98,3 +98,31 @@ def deletion_aopc(
         for e, s, t in zip(encoded, scores, targets, strict=True)
     ]
     return float(np.mean([c.mean() for c in curves]))
+
+
+def random_deletion_aopc(
+    model: LoadedModel,
+    encoded: Sequence[Encoded],
+    targets: Sequence[int],
+    seed: int = 0,
+    repeats: int = 3,
+    fractions: Sequence[float] = DEFAULT_FRACTIONS,
+    replace: Replacement = "mask",
+) -> float:
+    """Deletion AOPC of uniformly random scores, averaged over ``repeats`` draws."""
+    rng = np.random.default_rng(seed)
+    return float(
+        np.mean(
+            [
+                deletion_aopc(
+                    model,
+                    encoded,
+                    [rng.random(len(e)).astype(np.float32) for e in encoded],
+                    targets,
+                    fractions,
+                    replace,
+                )
+                for _ in range(repeats)
+            ]
+        )
+    )
