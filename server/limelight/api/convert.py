@@ -192,6 +192,15 @@ def job_to_proto(job: JobRecord) -> pb.Job:
     return message
 
 
+def _shifts(shifts: Any) -> list[pb.TokenShift]:
+    return [
+        pb.TokenShift(
+            token=s.token, reference_share=s.reference_share, current_share=s.current_share
+        )
+        for s in shifts
+    ]
+
+
 def drift_to_proto(report: Any) -> pb.DriftReport:
     """From ``limelight.drift.report.DriftReport`` (fields mirror the proto)."""
     return pb.DriftReport(
@@ -205,22 +214,8 @@ def drift_to_proto(report: Any) -> pb.DriftReport:
                 divergence=d.divergence,
                 alert=d.alert,
                 window_count=d.window_count,
-                risers=[
-                    pb.TokenShift(
-                        token=s.token,
-                        reference_share=s.reference_share,
-                        current_share=s.current_share,
-                    )
-                    for s in d.risers
-                ],
-                fallers=[
-                    pb.TokenShift(
-                        token=s.token,
-                        reference_share=s.reference_share,
-                        current_share=s.current_share,
-                    )
-                    for s in d.fallers
-                ],
+                risers=_shifts(d.risers),
+                fallers=_shifts(d.fallers),
             )
             for d in report.labels
         ],
