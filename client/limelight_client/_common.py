@@ -7,12 +7,12 @@ import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import grpc
 
 from limelight_client.proto import explainer_pb2 as pb
-from limelight_client.types import JobState, dict_to_struct
+from limelight_client.types import JobInfo, JobState, dict_to_struct
 
 #: Default cap on message sizes in both directions (long texts with all-class matrices).
 DEFAULT_MAX_MESSAGE_BYTES = 64 * 1024 * 1024
@@ -269,3 +269,46 @@ def health_status_name(response: Any) -> str:
     values = response.DESCRIPTOR.fields_by_name["status"].enum_type.values_by_number
     value = values.get(int(response.status))
     return str(value.name) if value is not None else "UNKNOWN"
+
+
+ClientT = TypeVar("ClientT")
+
+
+class JobHandleBase(Generic[ClientT]):
+    """State shared by ``Job`` and ``AsyncJob``: the latest snapshot and the inputs it explains.
+    The subclasses add the (sync or async) calls."""
+
+    def __init__(
+        self,
+        client: ClientT,
+        info: JobInfo,
+        *,
+        text: str | None = None,
+        text_pair: str | None = None,
+    ) -> None:
+        self._client = client
+        self._info = info
+        self._text = text
+        self._text_pair = text_pair
+
+    @property
+    def id(self) -> str:
+        return self._info.id
+
+    @property
+    def info(self) -> JobInfo:
+        return self._info
+
+    @property
+    def state(self) -> JobState:
+        return self._info.state
+
+    @property
+    def done(self) -> bool:
+        return self._info.done
+
+    def __repr__(self) -> str:
+        return (
+            f"{type(self).__name__}(id={self.id!r}, state={self.state.name}, "
+            f"progress={self._info.progress:.2f})"
+        )

@@ -26,6 +26,7 @@ from limelight_client._common import (
     HEALTH_CHECK_METHOD,
     HealthCheckRequest,
     HealthCheckResponse,
+    JobHandleBase,
     RetryPolicy,
     TargetArg,
     TextItem,
@@ -359,42 +360,8 @@ class AsyncClient:
             failures += 1
 
 
-class AsyncJob:
+class AsyncJob(JobHandleBase["AsyncClient"]):
     """The asyncio counterpart of ``Job``."""
-
-    def __init__(
-        self,
-        client: AsyncClient,
-        info: JobInfo,
-        *,
-        text: str | None = None,
-        text_pair: str | None = None,
-    ) -> None:
-        self._client = client
-        self._info = info
-        self._text = text
-        self._text_pair = text_pair
-
-    @property
-    def id(self) -> str:
-        return self._info.id
-
-    @property
-    def info(self) -> JobInfo:
-        return self._info
-
-    @property
-    def state(self) -> JobState:
-        return self._info.state
-
-    @property
-    def done(self) -> bool:
-        return self._info.done
-
-    def __repr__(self) -> str:
-        return (
-            f"AsyncJob(id={self.id!r}, state={self.state.name}, progress={self._info.progress:.2f})"
-        )
 
     async def refresh(self, timeout: float | None = None) -> JobInfo:
         """See ``Job.refresh``."""

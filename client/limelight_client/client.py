@@ -17,6 +17,7 @@ from limelight_client._common import (
     HEALTH_CHECK_METHOD,
     HealthCheckRequest,
     HealthCheckResponse,
+    JobHandleBase,
     RetryPolicy,
     TargetArg,
     TextItem,
@@ -410,40 +411,8 @@ class Client:
             failures += 1
 
 
-class Job:
+class Job(JobHandleBase["Client"]):
     """A handle on a server-side job. ``info`` is the latest snapshot seen by this handle."""
-
-    def __init__(
-        self,
-        client: Client,
-        info: JobInfo,
-        *,
-        text: str | None = None,
-        text_pair: str | None = None,
-    ) -> None:
-        self._client = client
-        self._info = info
-        self._text = text
-        self._text_pair = text_pair
-
-    @property
-    def id(self) -> str:
-        return self._info.id
-
-    @property
-    def info(self) -> JobInfo:
-        return self._info
-
-    @property
-    def state(self) -> JobState:
-        return self._info.state
-
-    @property
-    def done(self) -> bool:
-        return self._info.done
-
-    def __repr__(self) -> str:
-        return f"Job(id={self.id!r}, state={self.state.name}, progress={self._info.progress:.2f})"
 
     def refresh(self, timeout: float | None = None) -> JobInfo:
         """Fetch the job's current state."""
