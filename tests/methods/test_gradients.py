@@ -80,16 +80,43 @@ def test_gradient_norm_matches_direct_autograd(
 
 
 @pytest.mark.parametrize("pair", [None, PAIR])
-def test_grad_x_input_matches_captum(
+def test_grad_x_input_matches_captum_at_the_embedding_output(
     model: LoadedModel, make_ctx: Callable[..., JobContext], pair: str | None
 ) -> None:
+    """Gradient × input at h0, the embeddings module's output (word + position + segment,
+    normalised): Captum's LayerGradientXActivation on that module."""
     enc = model.encode(TEXT, pair)
     ids, mask, types = tensors(model, enc)
-    captum = LayerGradientXActivation(hf_logits_from_ids(model), model.model.get_input_embeddings())
+    embeddings = model.model.bert.embeddings
+    captum = LayerGradientXActivation(hf_logits_from_ids(model), embeddings)
     for target in range(model.num_labels):
         ref = captum.attribute(ids, target=target, additional_forward_args=(mask, types))
         out = run(GradXInput(), make_ctx(model), enc, target)
         assert_close_1e4(out.scores, ref[0].sum(dim=-1).detach().numpy())
+        assert out.details["input"] == "embedding_output"
+
+
+def test_grad_x_input_is_not_a_position_and_segment_score(
+    model: LoadedModel, make_ctx: Callable[..., JobContext]
+) -> None:
+    """At the word embeddings e, grad × input is degenerate: the embedding LayerNorm is scale
+    invariant, so g·e = −g·(position + segment) exactly. The method must not be that."""
+    enc = model.encode(TEXT, PAIR)
+    ids, mask, types = tensors(model, enc)
+    embeddings = model.model.bert.embeddings
+    words = embeddings.word_embeddings(ids).detach().requires_grad_(True)
+    logit = hf_logits_from_embeds(model)(words, mask, types)[0, 0]
+    (grad,) = torch.autograd.grad(logit, words)
+    positions = embeddings.position_embeddings(torch.arange(ids.shape[1]))[None]
+    segments = embeddings.token_type_embeddings(types)
+    at_words = (grad * words).sum(dim=-1)[0].detach().numpy()
+    from_position = -(grad * (positions + segments)).sum(dim=-1)[0].detach().numpy()
+    # The identity that makes word-embedding grad × input useless (up to LayerNorm's epsilon):
+    np.testing.assert_allclose(
+        at_words, from_position, rtol=1e-2, atol=1e-3 * np.abs(at_words).max()
+    )
+    out = run(GradXInput(), make_ctx(model), enc, 0)
+    assert not np.allclose(out.scores, from_position, rtol=0.1, atol=0.1 * np.abs(out.scores).max())
 
 
 def captum_reference_ids(model: LoadedModel, enc: Encoded, baseline: str) -> torch.Tensor:

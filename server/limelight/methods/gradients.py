@@ -1,10 +1,19 @@
-"""Gradient baselines (DESIGN §3.6): gradient norm, gradient×input, integrated gradients.
+"""Gradient baselines: gradient norm, gradient×input, integrated gradients.
 
-All three differentiate the target's pre-softmax logit with respect to the output of the word
-embedding layer (the token embeddings before position/segment embeddings and normalisation):
-the convention of Captum's ``LayerIntegratedGradients`` on the embedding layer, which the tests
-compare against. They run through the model's head adapter, so every supported architecture
-works the same way.
+All three differentiate the target's pre-softmax logit through the model's head adapter, so
+every supported architecture works the same way. Where they take the gradient differs, for a
+reason (see docs/methods/gradients.md):
+
+- ``gradient`` and ``integrated_gradients`` use the word embeddings e_i (the token embeddings
+  before position/segment embeddings and normalisation): Captum's ``LayerIntegratedGradients``
+  convention on the word-embedding layer, which the tests compare against. IG multiplies by
+  e_i − e'_i, so whatever is added to both the input and the baseline cancels.
+- ``grad_x_input`` uses the embedding layer's output h0_i (word + position + segment
+  embeddings, normalised: the first hidden state). At the word embeddings the product is
+  degenerate for every model that normalises its embeddings: LayerNorm is invariant to the
+  scale of its input, so its Jacobian annihilates x = e + p + s and Σ_k g_k e_k equals
+  −Σ_k g_k (p + s)_k exactly: a score of the token's position and segment, not of the token.
+  At h0 (Captum's ``LayerGradientXActivation`` on the embeddings module) no such identity holds.
 """
 
 from __future__ import annotations
@@ -81,6 +90,25 @@ def embedding_gradient(
     return grad[0].detach(), embeds[0].detach(), float(logit.detach().sum())
 
 
+def embedding_output_gradient(
+    model: LoadedModel, encoded: Encoded, target: int
+) -> tuple[torch.Tensor, torch.Tensor, float]:
+    """(gradient [n, K], embedding-layer output h0 [n, K], target logit) for one input.
+
+    h0 is the base model's first hidden state: the input of the first transformer block
+    (word + position + segment embeddings after the embedding LayerNorm for encoders; word +
+    position embeddings for GPT-2; the word embeddings themselves for Llama-style decoders).
+    """
+    ids, mask, types = encoded_tensors(model, encoded)
+    embeds = word_embeddings_of(model, ids).requires_grad_(True)
+    with torch.enable_grad():
+        out = model.adapter.run_base(None, mask, types, inputs_embeds=embeds)
+        h0 = out.hidden_states[0]
+        logit = target_logit(model, out.last_hidden_state, mask, target)
+        (grad,) = torch.autograd.grad(logit.sum(), h0)
+    return grad[0].detach(), h0[0].detach(), float(logit.detach().sum())
+
+
 def _np(x: torch.Tensor) -> FloatArray:
     return np.asarray(x.detach().float().cpu().numpy(), dtype=np.float32)
 
@@ -104,20 +132,24 @@ class GradientNorm(JobMethod):
 
 
 class GradXInput(JobMethod):
-    """Σ_k (∂y^ĉ/∂e_i)_k · e_{i,k}: gradient times the word embedding, summed over features."""
+    """Σ_k (∂y^ĉ/∂h0_i)_k · h0_{i,k}: gradient times the embedding layer's output h0 (the first
+    hidden state), summed over features. Not at the word embeddings: see the module docstring."""
 
     name = "grad_x_input"
-    description = "Gradient × input on the word embeddings, summed over hidden features (signed)."
+    description = (
+        "Gradient × input at the embedding layer's output (the first hidden state), summed "
+        "over hidden features (signed)."
+    )
 
     def run(
         self, ctx: JobContext, encoded: Encoded, target: int, params: Mapping[str, Any]
     ) -> MethodOutput:
         ctx.checkpoint(0.0, "forward and backward")
-        grad, embeds, logit = embedding_gradient(ctx.model, encoded, target)
+        grad, h0, logit = embedding_output_gradient(ctx.model, encoded, target)
         ctx.checkpoint(1.0, "done")
         return MethodOutput(
-            scores=_np((grad.float() * embeds.float()).sum(dim=-1)),
-            details={"target_logit": logit},
+            scores=_np((grad.float() * h0.float()).sum(dim=-1)),
+            details={"target_logit": logit, "input": "embedding_output"},
         )
 
 
