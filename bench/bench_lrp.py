@@ -5,10 +5,11 @@
 Per held-out Rotten Tomatoes review (batch size 1, the predicted class explained): the time of
 one plain forward pass of the classifier, the time of the ``lrp`` job method (forward + gradient
 + relevance propagation + rollout), and the deletion AOPC (top 10..50 % of tokens replaced by
-[MASK]) of LRP without the head mask, LRP with the head mask, LRP without rollout, and random
-scores (mean of 3 seeds). The mask comes from ``--mask`` or, if absent, from a calibration over
-``--calib-n`` training reviews (positional + spaCy syntactic heads) written to a temporary file.
-Masked vs unmasked is reported, not asserted.
+[MASK]) of LRP without the head mask, LRP with the head mask, the input-level LRP relevance
+without rollout (``run_lrp(rollout=False)``: class-blind, not offered by the method, measured
+here for reference only), and random scores (mean of 3 seeds). The mask comes from ``--mask``
+or, if absent, from a calibration over ``--calib-n`` training reviews (positional + spaCy
+syntactic heads) written to a temporary file. Masked vs unmasked is reported, not asserted.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ from limelight.methods.head_calibration import (
     mask_document,
     write_mask,
 )
-from limelight.methods.lrp import HeadMaskedLRP
+from limelight.methods.lrp import HeadMaskedLRP, run_lrp
 from limelight.models.loaded import load_model
 from limelight.settings import Settings
 
@@ -88,7 +89,6 @@ def main(argv: list[str] | None = None) -> int:
     plain_ctx = JobContext(model=model, settings=Settings(head_mask_path=Path("/nonexistent")))
     mask_ctx = JobContext(model=model, settings=Settings(head_mask_path=mask_path))
     defaults = method.validate_params({})
-    flat = method.validate_params({"rollout": False})
 
     test = rotten_tomatoes("test")[: args.n]
     encoded, targets = [], []
@@ -112,7 +112,8 @@ def main(argv: list[str] | None = None) -> int:
         heads_used = masked.details["head_mask"]
         scores["plain"].append(out.scores)
         scores["masked"].append(masked.scores)
-        scores["no_rollout"].append(method.run(plain_ctx, enc, target, flat).scores)
+        flat = run_lrp(model.model, enc.input_ids, target, enc.token_type_ids, rollout=False)
+        scores["no_rollout"].append(flat.scores)
         encoded.append(enc)
         targets.append(target)
         fwd_times.append(forward)

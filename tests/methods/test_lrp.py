@@ -21,7 +21,7 @@ from transformers import AutoConfig, AutoModelForSequenceClassification, GPT2Con
 
 from limelight.demo.build import CARD_FILE, demo_model_dir
 from limelight.demo.datasets import rotten_tomatoes
-from limelight.errors import FailedPrecondition
+from limelight.errors import FailedPrecondition, InvalidArgument
 from limelight.evaluation.perturbation import deletion_aopc
 from limelight.methods.base import JobCancelled, JobContext
 from limelight.methods.lrp import HeadMaskedLRP, lrp_add, lrp_linear, lrp_matmul, run_lrp
@@ -197,7 +197,7 @@ def test_mask_leaves_the_prediction_and_the_model_untouched(tiny_model: LoadedMo
 # --- the job method --------------------------------------------------------------------------
 
 
-def test_method_reports_no_mask_and_both_modes(
+def test_method_reports_no_mask_and_only_the_rollout(
     tiny_model: LoadedModel, make_ctx: Callable[..., JobContext], tmp_path: Path
 ) -> None:
     method = HeadMaskedLRP()
@@ -208,12 +208,43 @@ def test_method_reports_no_mask_and_both_modes(
     assert "no head mask file" in out.details["head_mask"]["reason"]
     assert out.details["rollout"] is True
     assert out.details["max_layer_conservation_error"] < CONSERVATION_TOL
-    assert set(out.extra_scores) == {"lrp_input"}
+    assert out.extra_scores == {}  # no class-blind input relevance on the side
     assert ctx.progress[-1] == (1.0, "done")  # type: ignore[attr-defined]
     fractions = [f for f, _ in ctx.progress]  # type: ignore[attr-defined]
     assert fractions == sorted(fractions) and len(fractions) > 4
-    flat = method.run(ctx, enc, 1, method.validate_params({"rollout": False}))
-    np.testing.assert_allclose(flat.scores, out.extra_scores["lrp_input"], atol=1e-6)
+    assert method.validate_params({"rollout": True})["rollout"] is True
+    with pytest.raises(InvalidArgument, match="class-blind"):
+        method.validate_params({"rollout": False})
+
+
+def _redraw_head(model: Any, seed: int) -> Any:
+    clone = copy.deepcopy(model)
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        weight = clone.classifier.weight
+        weight.copy_(torch.randn(weight.shape, generator=gen) * 0.02)
+    return clone
+
+
+def test_input_relevance_is_class_blind_and_the_rollout_is_not(random_bert: LoadedModel) -> None:
+    """Why the method offers the rollout only: the z⁺ input relevance is one token profile times
+    a scalar, for every class and for any classifier head; the gradient-weighted rollout is not."""
+    enc = random_bert.encode(TEXT)
+
+    def corr(a: np.ndarray, b: np.ndarray) -> float:
+        return float(np.corrcoef(a, b)[0, 1])
+
+    per_class = [
+        run_lrp(random_bert.model, enc.input_ids, c, enc.token_type_ids)
+        for c in range(random_bert.num_labels)
+    ]
+    other_head = run_lrp(_redraw_head(random_bert.model, 7), enc.input_ids, 0, enc.token_type_ids)
+    inputs = [t.input_relevance for t in per_class]
+    assert min(corr(inputs[0], x) for x in inputs[1:]) > 0.999
+    assert corr(inputs[0], other_head.input_relevance) > 0.999
+    rollouts = [t.scores for t in per_class]
+    assert min(corr(rollouts[0], x) for x in rollouts[1:]) < 0.95
+    assert corr(rollouts[0], other_head.scores) < 0.95
 
 
 def test_cancellation_stops_between_layers(random_bert: LoadedModel) -> None:

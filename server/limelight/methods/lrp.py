@@ -1,4 +1,8 @@
-"""Head-masked LRP (DESIGN §3.3, papers/002) for BERT-family encoders.
+"""Head-masked LRP for BERT-family encoders.
+
+After Song et al., "Better Explain Transformers by Illuminating Important Information"
+(arXiv 2401.09972), which builds on Chefer et al., "Transformer Interpretability Beyond
+Attention Visualization" (arXiv 2012.09838). Method note: docs/methods/lrp.md.
 
 The encoder is re-run here layer by layer with the served model's own modules (embeddings,
 linear layers, LayerNorms, activations), so every activation the relevance rules need is at hand
@@ -25,6 +29,15 @@ and masked heads are left out of the rollout average. The rollout is
 
 with later layers multiplied on the left, and the token scores are the pooled position's row of
 C with the pooled position itself set to 0.
+
+The relevance that reaches the embedding output (``LRPTrace.input_relevance``) is not offered as
+an attribution: with the z⁺ rule it is class-blind. Every rule above is linear in the relevance
+that enters it and keeps only positive contributions, so the per-token totals at the input are
+(to float precision) one fixed profile times a scalar, whatever the target class or the head's
+weights: across classes, and after re-drawing the classifier head, their correlation is 1.000.
+Only the gradient weighting of the rollout, ∇A ⊙ R, makes the scores class-specific (Chefer et
+al. weight by the gradient for exactly this reason). The input relevance stays in the trace for
+the conservation checks.
 """
 
 from __future__ import annotations
@@ -319,7 +332,8 @@ class LRPTrace:
     scores: FloatArray
     """[n] the token scores (rollout row or input relevance, per the ``rollout`` flag)."""
     input_relevance: FloatArray
-    """[n] relevance at the embedding output, summed over hidden dimensions."""
+    """[n] relevance at the embedding output, summed over hidden dimensions. Class-blind (see
+    the module docstring): a conservation check, not an attribution."""
     layer_totals: list[float]
     """Total relevance at the head output (the start), at h_L, h_{L-1}, ..., h_0."""
     block_checks: list[tuple[float, float]] = field(default_factory=list)
@@ -382,7 +396,8 @@ def run_lrp(
     """Head-masked LRP for one unpadded sequence of a supported classifier.
 
     ``heads`` maps layer → important heads (None: every head). ``progress`` is called between
-    layers and may raise to stop the run."""
+    layers and may raise to stop the run. ``rollout=False`` returns the input relevance as the
+    scores: class-blind, kept for analysis and tests only (the job method does not offer it)."""
     view = encoder_view(model)
     num_layers = len(view.blocks)
     device = next(model.parameters()).device
@@ -504,8 +519,16 @@ def _float_block(block: EncoderBlock) -> EncoderBlock:
 # The job method
 
 
+#: Why ``rollout=false`` is refused; the InvalidArgument message and the parameter's help.
+NO_ROLLOUT_WITHDRAWN = (
+    "rollout=false (input-level LRP relevance) is not offered: with the z⁺ rule it is "
+    "class-blind (the same token ranking for every class and for any classifier head); use "
+    "grad_x_input or integrated_gradients for a signed input-level attribution"
+)
+
+
 class HeadMaskedLRP(JobMethod):
-    """Head-masked LRP with attention rollout (DESIGN §3.3)."""
+    """Head-masked LRP with attention rollout (Song et al., arXiv 2401.09972)."""
 
     name = "lrp"
     description = (
@@ -521,10 +544,16 @@ class HeadMaskedLRP(JobMethod):
         "rollout": Param(
             bool,
             True,
-            help="Rollout of gradient-weighted attention relevance; off: input-level LRP "
-            "relevance per token (summed over hidden dimensions).",
+            help="Rollout of gradient-weighted attention relevance (always on; false is "
+            "refused: input-level z⁺ relevance is class-blind).",
         ),
     }
+
+    def validate_params(self, given: Mapping[str, Any] | None) -> dict[str, Any]:
+        out = super().validate_params(given)
+        if not out["rollout"]:
+            raise InvalidArgument(NO_ROLLOUT_WITHDRAWN)
+        return out
 
     def unavailable_reason(self, model: LoadedModel) -> str:
         return unsupported_reason(model.model)
@@ -568,20 +597,18 @@ class HeadMaskedLRP(JobMethod):
             target,
             token_type_ids=encoded.token_type_ids,
             heads=heads,
-            rollout=bool(params["rollout"]),
+            rollout=True,
             pooled=pooled,
             progress=ctx.checkpoint,
         )
         ctx.checkpoint(1.0, "done")
         start = trace.layer_totals[0]
         drift = max(abs(a - b) for a, b in trace.block_checks) if trace.block_checks else 0.0
-        extra = {"lrp_input": trace.input_relevance} if params["rollout"] else {}
         return MethodOutput(
             scores=trace.scores,
-            extra_scores=extra,
             details={
                 "head_mask": mask_info,
-                "rollout": bool(params["rollout"]),
+                "rollout": True,
                 "pooled_position": pooled,
                 "relevance_start": start,
                 "relevance_at_input": trace.layer_totals[-1],
