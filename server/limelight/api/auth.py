@@ -1,6 +1,7 @@
-"""Optional bearer-token authentication for the Explainer service.
+"""Optional bearer-token authentication for the Explainer and the Open Inference Protocol.
 
-Health and reflection stay open so that kubelet probes and grpcurl work without a token.
+Health, reflection and the OIP liveness/readiness RPCs stay open so that kubelet probes and
+grpcurl work without a token.
 Tokens are compared in constant time.
 """
 
@@ -15,7 +16,11 @@ import grpc
 
 from limelight.settings import Settings
 
-_PROTECTED_PREFIX = "/limelight.v1."
+_PROTECTED_PREFIXES = ("/limelight.v1.", "/inference.GRPCInferenceService/")
+_OPEN_METHODS = frozenset(
+    f"/inference.GRPCInferenceService/{name}"
+    for name in ("ServerLive", "ServerReady", "ModelReady")
+)
 
 
 def load_tokens(settings: Settings) -> list[bytes]:
@@ -28,23 +33,34 @@ def load_tokens(settings: Settings) -> list[bytes]:
     return [t.encode() for t in tokens]
 
 
+def needs_token(method: str) -> bool:
+    """Whether a gRPC method (``/package.Service/Method``) is behind the bearer tokens."""
+    return method.startswith(_PROTECTED_PREFIXES) and method not in _OPEN_METHODS
+
+
+def bearer_allowed(tokens: Iterable[bytes], authorization: str | bytes | None) -> bool:
+    """Whether an ``authorization`` value (``Bearer <token>``) carries an accepted token."""
+    if authorization is None:
+        return False
+    raw = authorization.encode() if isinstance(authorization, str) else bytes(authorization)
+    scheme, _, token = raw.partition(b" ")
+    if scheme.lower() != b"bearer":
+        return False
+    # Check every token so the time taken does not depend on which one matched.
+    ok = False
+    for candidate in tokens:
+        ok |= hmac.compare_digest(candidate, token.strip())
+    return ok
+
+
 class BearerTokenInterceptor(grpc.aio.ServerInterceptor):
     def __init__(self, tokens: Iterable[bytes]) -> None:
         self._tokens = list(tokens)
 
     def _allowed(self, metadata: Any) -> bool:
         for key, value in metadata or ():
-            if key.lower() != "authorization":
-                continue
-            raw = value.encode() if isinstance(value, str) else bytes(value)
-            scheme, _, token = raw.partition(b" ")
-            if scheme.lower() != b"bearer":
-                return False
-            # Check every token so the time taken does not depend on which one matched.
-            ok = False
-            for candidate in self._tokens:
-                ok |= hmac.compare_digest(candidate, token.strip())
-            return ok
+            if key.lower() == "authorization":
+                return bearer_allowed(self._tokens, value)
         return False
 
     async def intercept_service(
@@ -53,9 +69,7 @@ class BearerTokenInterceptor(grpc.aio.ServerInterceptor):
         handler_call_details: grpc.HandlerCallDetails,
     ) -> grpc.RpcMethodHandler:
         method = handler_call_details.method or ""
-        if not method.startswith(_PROTECTED_PREFIX) or self._allowed(
-            handler_call_details.invocation_metadata
-        ):
+        if not needs_token(method) or self._allowed(handler_call_details.invocation_metadata):
             return await continuation(handler_call_details)
         return _deny(await continuation(handler_call_details))
 

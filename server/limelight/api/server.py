@@ -21,6 +21,8 @@ from grpc_health.v1._async import HealthServicer
 from grpc_reflection.v1alpha import reflection
 from prometheus_client import start_http_server
 
+from limelight import __version__
+from limelight.api import oip_grpc
 from limelight.api.auth import BearerTokenInterceptor, load_tokens
 from limelight.api.servicer import SERVICE_NAME, ExplainerServicer, add_to_server
 from limelight.app import Application, build_application
@@ -69,6 +71,7 @@ class SidecarServer:
         self._health: Any = None
         self._server: grpc.aio.Server | None = None
         self._servicer = ExplainerServicer(self.metrics)
+        self._inference = oip_grpc.InferenceServicer(self._servicer, __version__)
         self._stopping: asyncio.Event | None = None
         self._http: Any = None
 
@@ -96,6 +99,7 @@ class SidecarServer:
         self._health = HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
         add_to_server(self._servicer, server)
+        oip_grpc.add_to_server(self._inference, server)
         reflection.enable_server_reflection(
             (
                 explainer_pb2.DESCRIPTOR.services_by_name["Explainer"].full_name,

@@ -1,0 +1,347 @@
+"""Open Inference Protocol (KServe v2) tensors <-> Limelight's domain types.
+
+Shared by the gRPC servicer (``oip_grpc``) and the HTTP routes (``http``): both turn their wire
+format into :class:`Tensor` objects, and this module turns those into ``ExplainInput`` requests
+for the core service and its explanations back into output tensors. Every text in a request is
+one ``ExplanationService.explain`` call, so the micro-batcher, drift and metrics are the same as
+for ``limelight.v1.Explainer/Explain``.
+
+Inputs (batch dimension first; shape ``[N]`` or ``[N, 1]``):
+
+- ``text`` BYTES (UTF-8), required;
+- ``text_pair`` BYTES, optional, same batch size (second segment of each input).
+
+Outputs (``T`` is the longest token count in the batch; shorter rows are padded):
+
+- ``probabilities`` FP32 ``[N, C]``, ``label`` BYTES ``[N]``, ``label_index`` INT64 ``[N]``;
+- ``target_label`` BYTES ``[N]``: the class the attributions explain;
+- ``tokens`` BYTES ``[N, T]`` (padding ``b""``), ``token_offsets`` INT64 ``[N, T, 2]`` (character
+  ``start``/``end`` in the input text of the token's segment; padding ``-1``);
+- ``attributions`` FP32 ``[N, T]`` (padding 0), ``num_tokens`` INT64 ``[N]``.
+
+Request parameters: ``method`` (an inline method; default the server's), ``target`` (a class
+label) or ``target_index`` (a class index); neither: the predicted class.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import struct
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from limelight.core.service import ExplanationService
+from limelight.core.types import Cost, ExplainInput, Explanation, ModelInfo, TargetSpec
+from limelight.errors import InvalidArgument, NotFound
+
+PLATFORM = "limelight"
+INPUT_TEXT = "text"
+INPUT_TEXT_PAIR = "text_pair"
+PARAM_METHOD = "method"
+PARAM_TARGET = "target"
+PARAM_TARGET_INDEX = "target_index"
+
+#: Output name -> (datatype, shape with -1 for variable dimensions; "C" is the class count).
+OUTPUTS: dict[str, tuple[str, tuple[int | str, ...]]] = {
+    "probabilities": ("FP32", (-1, "C")),
+    "label": ("BYTES", (-1,)),
+    "label_index": ("INT64", (-1,)),
+    "target_label": ("BYTES", (-1,)),
+    "tokens": ("BYTES", (-1, -1)),
+    "token_offsets": ("INT64", (-1, -1, 2)),
+    "attributions": ("FP32", (-1, -1)),
+    "num_tokens": ("INT64", (-1,)),
+}
+
+#: Numpy dtypes of the fixed-size OIP datatypes (BYTES is an object array of ``bytes``).
+NUMPY_DTYPES: dict[str, Any] = {
+    "BOOL": np.bool_,
+    "UINT8": np.uint8,
+    "UINT16": np.uint16,
+    "UINT32": np.uint32,
+    "UINT64": np.uint64,
+    "INT8": np.int8,
+    "INT16": np.int16,
+    "INT32": np.int32,
+    "INT64": np.int64,
+    "FP16": np.float16,
+    "FP32": np.float32,
+    "FP64": np.float64,
+}
+
+
+@dataclass
+class Tensor:
+    """One named tensor; ``data`` is flat or shaped, row-major (BYTES: ``bytes`` objects)."""
+
+    name: str
+    datatype: str
+    shape: list[int]
+    data: npt.NDArray[Any]
+
+
+@dataclass
+class InferRequest:
+    model_name: str
+    model_version: str = ""
+    id: str = ""
+    parameters: dict[str, Any] = field(default_factory=dict)
+    inputs: list[Tensor] = field(default_factory=list)
+    outputs: list[str] | None = None
+    """Requested output names; ``None``: all of them."""
+
+
+@dataclass
+class InferResponse:
+    model_name: str
+    model_version: str
+    id: str
+    outputs: list[Tensor]
+
+
+# --- BYTES tensors in their binary form -----------------------------------------------------
+
+
+def encode_bytes(items: Sequence[bytes]) -> bytes:
+    """The binary BYTES encoding: each element as a 4-byte little-endian length, then bytes."""
+    return b"".join(struct.pack("<I", len(item)) + item for item in items)
+
+
+def decode_bytes(raw: bytes) -> list[bytes]:
+    items: list[bytes] = []
+    offset = 0
+    while offset < len(raw):
+        if offset + 4 > len(raw):
+            raise InvalidArgument("malformed BYTES tensor: truncated length prefix")
+        (size,) = struct.unpack_from("<I", raw, offset)
+        offset += 4
+        if offset + size > len(raw):
+            raise InvalidArgument("malformed BYTES tensor: element longer than the data")
+        items.append(bytes(raw[offset : offset + size]))
+        offset += size
+    return items
+
+
+def tensor_from_raw(name: str, datatype: str, shape: Sequence[int], raw: bytes) -> Tensor:
+    """A tensor from its binary representation (gRPC ``raw_*_contents``, HTTP binary data)."""
+    if datatype == "BYTES":
+        data: npt.NDArray[Any] = np.array(decode_bytes(raw) or [], dtype=object)
+    elif datatype in NUMPY_DTYPES:
+        dtype = np.dtype(NUMPY_DTYPES[datatype]).newbyteorder("<")
+        if len(raw) % dtype.itemsize:
+            raise InvalidArgument(f"input {name!r}: {len(raw)} bytes is not a whole {datatype}")
+        data = np.frombuffer(raw, dtype=dtype)
+    else:
+        raise InvalidArgument(f"input {name!r}: unknown datatype {datatype!r}")
+    return Tensor(name, datatype, list(shape), data)
+
+
+def tensor_to_raw(tensor: Tensor) -> bytes:
+    if tensor.datatype == "BYTES":
+        return encode_bytes([bytes(x) for x in tensor.data.reshape(-1)])
+    dtype = np.dtype(NUMPY_DTYPES[tensor.datatype]).newbyteorder("<")
+    return np.ascontiguousarray(tensor.data, dtype=dtype).tobytes()
+
+
+# --- requests ---------------------------------------------------------------------------------
+
+
+def check_model(info: ModelInfo, name: str, version: str = "") -> None:
+    if name != info.name:
+        raise NotFound(f"unknown model {name!r}; this server serves {info.name!r}")
+    if version and version != info.version:
+        raise NotFound(
+            f"unknown version {version!r} of model {name!r}; the served version is {info.version!r}"
+        )
+
+
+def _texts(tensor: Tensor) -> list[str]:
+    if tensor.datatype != "BYTES":
+        raise InvalidArgument(
+            f"input {tensor.name!r} must have datatype BYTES (UTF-8 text), not {tensor.datatype!r}"
+        )
+    shape = list(tensor.shape)
+    if len(shape) not in (1, 2) or (len(shape) == 2 and shape[1] != 1) or shape[0] < 1:
+        raise InvalidArgument(
+            f"input {tensor.name!r} must have shape [N] or [N, 1] with N >= 1, not {shape}"
+        )
+    flat = tensor.data.reshape(-1)
+    if flat.size != shape[0]:
+        raise InvalidArgument(f"input {tensor.name!r} has shape {shape} but {flat.size} elements")
+    texts = []
+    for item in flat:
+        raw = item if isinstance(item, bytes | bytearray) else str(item).encode()
+        try:
+            texts.append(bytes(raw).decode("utf-8"))
+        except UnicodeDecodeError as exc:
+            raise InvalidArgument(f"input {tensor.name!r} is not valid UTF-8: {exc}") from None
+    return texts
+
+
+def _target(parameters: Mapping[str, Any]) -> TargetSpec | None:
+    label = parameters.get(PARAM_TARGET)
+    index = parameters.get(PARAM_TARGET_INDEX)
+    if label is not None and index is not None:
+        raise InvalidArgument(f"give {PARAM_TARGET!r} or {PARAM_TARGET_INDEX!r}, not both")
+    if label is not None:
+        if not isinstance(label, str):
+            raise InvalidArgument(f"parameter {PARAM_TARGET!r} must be a string (a class label)")
+        return TargetSpec(label=label)
+    if index is not None:
+        if isinstance(index, bool) or not isinstance(index, int):
+            raise InvalidArgument(f"parameter {PARAM_TARGET_INDEX!r} must be an integer")
+        return TargetSpec(index=index)
+    return None
+
+
+def explain_inputs(request: InferRequest, deadline: float | None) -> list[ExplainInput]:
+    """One ``ExplainInput`` per text of the batch."""
+    by_name: dict[str, Tensor] = {}
+    for tensor in request.inputs:
+        if tensor.name in by_name:
+            raise InvalidArgument(f"input {tensor.name!r} is given twice")
+        if tensor.name not in (INPUT_TEXT, INPUT_TEXT_PAIR):
+            raise InvalidArgument(
+                f"unknown input {tensor.name!r}; the inputs are {INPUT_TEXT!r} (BYTES) and "
+                f"the optional {INPUT_TEXT_PAIR!r} (BYTES)"
+            )
+        by_name[tensor.name] = tensor
+    if INPUT_TEXT not in by_name:
+        raise InvalidArgument(f"missing input {INPUT_TEXT!r} (BYTES, shape [N] or [N, 1])")
+    texts = _texts(by_name[INPUT_TEXT])
+    pairs: list[str | None] = [None] * len(texts)
+    if INPUT_TEXT_PAIR in by_name:
+        pairs = list(_texts(by_name[INPUT_TEXT_PAIR]))
+        if len(pairs) != len(texts):
+            raise InvalidArgument(
+                f"{INPUT_TEXT_PAIR!r} has {len(pairs)} elements but {INPUT_TEXT!r} has {len(texts)}"
+            )
+    method = request.parameters.get(PARAM_METHOD, "")
+    if not isinstance(method, str):
+        raise InvalidArgument(f"parameter {PARAM_METHOD!r} must be a string")
+    target = _target(request.parameters)
+    for name in request.outputs or ():
+        if name not in OUTPUTS:
+            raise InvalidArgument(f"unknown output {name!r}; the outputs are {', '.join(OUTPUTS)}")
+    return [
+        ExplainInput(
+            text=text,
+            text_pair=pair,
+            target=target,
+            method=method,
+            request_id=request.id,
+            deadline=deadline,
+        )
+        for text, pair in zip(texts, pairs, strict=True)
+    ]
+
+
+async def infer(
+    service: ExplanationService, request: InferRequest, deadline: float | None
+) -> InferResponse:
+    """Validate, explain every text through the core service (micro-batched), build outputs."""
+    info = service.model_info()
+    check_model(info, request.model_name, request.model_version)
+    inputs = explain_inputs(request, deadline)
+    results = await asyncio.gather(*(service.explain(i) for i in inputs), return_exceptions=True)
+    explanations: list[Explanation] = []
+    for result in results:
+        if isinstance(result, BaseException):
+            raise result  # the first failure answers the whole request
+        explanations.append(result)
+    return InferResponse(
+        model_name=info.name,
+        model_version=info.version,
+        id=request.id,
+        outputs=output_tensors(explanations, request.outputs),
+    )
+
+
+# --- responses --------------------------------------------------------------------------------
+
+
+def output_tensors(
+    explanations: Sequence[Explanation], names: Sequence[str] | None
+) -> list[Tensor]:
+    n = len(explanations)
+    width = max(len(e.tokens) for e in explanations)
+    tokens = np.full((n, width), b"", dtype=object)
+    offsets = np.full((n, width, 2), -1, dtype=np.int64)
+    scores = np.zeros((n, width), dtype=np.float32)
+    for row, e in enumerate(explanations):
+        count = len(e.tokens)
+        tokens[row, :count] = [t.text.encode() for t in e.tokens]
+        offsets[row, :count] = [(t.start, t.end) for t in e.tokens]
+        scores[row, :count] = e.attribution.scores
+    values: dict[str, npt.NDArray[Any]] = {
+        "probabilities": np.array([e.probabilities for e in explanations], dtype=np.float32),
+        "label": np.array([e.label.encode() for e in explanations], dtype=object),
+        "label_index": np.array([e.label_index for e in explanations], dtype=np.int64),
+        "target_label": np.array(
+            [e.attribution.target_label.encode() for e in explanations], dtype=object
+        ),
+        "tokens": tokens,
+        "token_offsets": offsets,
+        "attributions": scores,
+        "num_tokens": np.array([len(e.tokens) for e in explanations], dtype=np.int64),
+    }
+    return [
+        Tensor(name, OUTPUTS[name][0], list(values[name].shape), values[name])
+        for name in (names or list(OUTPUTS))
+    ]
+
+
+def _shape(shape: tuple[int | str, ...], classes: int) -> list[int]:
+    return [classes if d == "C" else int(d) for d in shape]
+
+
+@dataclass
+class TensorMetadata:
+    name: str
+    datatype: str
+    shape: list[int]
+
+
+@dataclass
+class ModelMetadata:
+    name: str
+    versions: list[str]
+    platform: str
+    inputs: list[TensorMetadata]
+    outputs: list[TensorMetadata]
+    properties: dict[str, str]
+
+
+def model_metadata(info: ModelInfo) -> ModelMetadata:
+    """What ModelMetadata reports: tensors, and as properties the request parameters."""
+    inline = [m.name for m in info.methods if m.cost is Cost.INLINE and not m.unavailable_reason]
+    return ModelMetadata(
+        name=info.name,
+        versions=[info.version],
+        platform=PLATFORM,
+        inputs=[
+            TensorMetadata(INPUT_TEXT, "BYTES", [-1]),
+            TensorMetadata(INPUT_TEXT_PAIR, "BYTES", [-1]),
+        ],
+        outputs=[
+            TensorMetadata(name, datatype, _shape(shape, len(info.labels)))
+            for name, (datatype, shape) in OUTPUTS.items()
+        ],
+        properties={
+            "labels": ",".join(info.labels),
+            "architecture": info.architecture,
+            "runtime": info.runtime,
+            "default_method": info.default_method,
+            "parameter.method": "string, one of: " + ",".join(inline),
+            "parameter.target": "string, a class label (default: the predicted class)",
+            "parameter.target_index": "int64, a class index (default: the predicted class)",
+            "input.text_pair": "optional; "
+            + ("supported" if info.supports_text_pair else "not supported by this model"),
+            "max_tokens": str(info.max_tokens),
+            "max_text_chars": str(info.max_text_chars),
+        },
+    )
