@@ -63,8 +63,16 @@ class Settings(BaseSettings):
     """Largest gRPC message accepted or sent."""
     max_batch_size: int = 32
     """Most inline requests run in one forward pass."""
-    max_batch_wait_ms: float = 2.0
-    """How long the first request of a batch waits for company."""
+    max_batch_wait_ms: float = 0.0
+    """How long a request that finds the inference thread idle waits for company. 0: it is
+    dispatched at once; requests that arrive while a batch runs form the next batch anyway."""
+    max_batch_tokens: int = 2048
+    """Most padded tokens (requests x longest request) in one forward pass; a single longer
+    request still runs, alone. 0: no token budget."""
+    batch_bucket_floor: int = 32
+    """Length buckets: inputs of at most this many tokens may share a batch; above it a batch
+    only holds inputs within a factor of two of each other, so short ones are never padded to
+    long ones. Buckets share the inference thread fairly (equal padded tokens)."""
     max_pending: int = 1024
     """Inline requests waiting for a batch before new ones get RESOURCE_EXHAUSTED."""
     warmup: bool = True

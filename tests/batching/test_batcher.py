@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import random
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from limelight.batching import MicroBatcher
+from limelight.batching import LengthPolicy, MicroBatcher
 from limelight.errors import DeadlineExceeded, ResourceExhausted
 
 
@@ -94,3 +96,175 @@ def test_a_failing_batch_fails_its_callers_and_the_batcher_survives() -> None:
         await batcher.stop()
 
     asyncio.run(go())
+
+
+# --- idle dispatch ------------------------------------------------------------------------------
+
+
+def test_an_idle_request_is_dispatched_alone_and_queued_ones_batch() -> None:
+    """With the inference thread idle a request runs at once, without waiting for company;
+    requests that arrive while it runs form the next batch together."""
+    started = threading.Event()
+    release = threading.Event()
+    batches: list[list[int]] = []
+
+    def process(items: list[int]) -> list[int]:
+        batches.append(list(items))
+        started.set()
+        release.wait(10)
+        return items
+
+    async def go() -> None:
+        batcher = make(process, max_wait_s=0)
+        await batcher.start()
+        first = asyncio.ensure_future(batcher.submit(1))
+        # The batcher runs [1] although nothing else is queued and no wait has elapsed.
+        assert await asyncio.to_thread(started.wait, 10)
+        assert batches == [[1]]
+        later = [asyncio.ensure_future(batcher.submit(i)) for i in (2, 3, 4)]
+        await asyncio.sleep(0)
+        assert batcher.pending == 3
+        release.set()
+        assert await first == 1
+        assert await asyncio.gather(*later) == [2, 3, 4]
+        await batcher.stop()
+
+    asyncio.run(go())
+    assert batches == [[1], [2, 3, 4]]
+
+
+# --- length policy ------------------------------------------------------------------------------
+
+
+def test_length_policy_buckets_and_budget() -> None:
+    policy = LengthPolicy(max_batch_size=8, max_batch_tokens=256, bucket_floor=32)
+    assert [policy.bucket(n) for n in (1, 32, 33, 64, 65, 500)] == [32, 32, 64, 64, 128, 512]
+    assert policy.fits(8, 32) and not policy.fits(9, 8)
+    assert policy.fits(2, 128) and not policy.fits(3, 128)
+    assert policy.fits(1, 10_000)  # one item larger than the budget still runs, alone
+    with pytest.raises(ValueError):
+        LengthPolicy(max_batch_size=0)
+
+
+def _blocking_batcher(
+    sizes: dict[int, int], batches: list[list[int]], **kw: object
+) -> tuple[MicroBatcher[int, int], threading.Event, threading.Event]:
+    """A batcher whose first batch blocks until released, so the test can queue up work."""
+    started = threading.Event()
+    release = threading.Event()
+
+    def process(items: list[int]) -> list[int]:
+        batches.append(list(items))
+        started.set()
+        release.wait(10)
+        return items
+
+    batcher = make(process, size=sizes.__getitem__, **kw)
+    return batcher, started, release
+
+
+def test_batches_never_mix_lengths_beyond_the_policy() -> None:
+    rng = random.Random(7)
+    sizes = {0: 5}
+    sizes.update({i: rng.choice([3, 9, 20, 31, 40, 60, 100, 200, 400, 512]) for i in range(1, 300)})
+    batches: list[list[int]] = []
+    policy = LengthPolicy(max_batch_size=16, max_batch_tokens=1024, bucket_floor=32)
+
+    async def go() -> None:
+        batcher, started, release = _blocking_batcher(
+            sizes, batches, max_batch_size=16, max_batch_tokens=1024, max_pending=1000
+        )
+        await batcher.start()
+        first = asyncio.ensure_future(batcher.submit(0))
+        assert await asyncio.to_thread(started.wait, 10)
+        rest = [asyncio.ensure_future(batcher.submit(i)) for i in range(1, 300)]
+        await asyncio.sleep(0)
+        release.set()
+        assert await first == 0
+        assert await asyncio.gather(*rest) == list(range(1, 300))
+        await batcher.stop()
+
+    asyncio.run(go())
+    assert sorted(i for b in batches for i in b) == list(range(300))
+    for batch in batches[1:]:
+        lengths = [sizes[i] for i in batch]
+        assert len({policy.bucket(n) for n in lengths}) == 1, lengths
+        assert max(lengths) <= 32 or max(lengths) <= 2 * min(lengths), lengths
+        assert len(batch) <= 16
+        assert len(batch) == 1 or len(batch) * max(lengths) <= 1024, lengths
+        assert batch == sorted(batch)  # first come, first served within a bucket
+
+
+def test_long_requests_are_not_starved_by_a_stream_of_short_ones() -> None:
+    """Short requests keep arriving (closed loop, more than fill a batch); a long request
+    queued behind them is served after a bounded number of short batches, and the short ones
+    keep being served while the long ones wait (fair share of padded tokens)."""
+    batches: list[list[int]] = []
+    sizes: dict[int, int] = {}
+    next_id = iter(range(10**6))
+
+    def process(items: list[int]) -> list[int]:
+        batches.append(list(items))
+        return items
+
+    async def go() -> None:
+        batcher = make(process, size=sizes.__getitem__, max_batch_size=8, max_batch_tokens=512)
+        await batcher.start()
+        stop = asyncio.Event()
+
+        async def short_client() -> None:
+            while not stop.is_set():
+                i = next(next_id)
+                sizes[i] = 10
+                await batcher.submit(i)
+
+        async def long_client() -> int:
+            i = next(next_id)
+            sizes[i] = 500
+            await batcher.submit(i)
+            return i
+
+        shorts = [asyncio.ensure_future(short_client()) for _ in range(16)]
+        await asyncio.sleep(0)
+        longs = [await long_client() for _ in range(3)]  # one after another, like a client
+        stop.set()
+        await asyncio.gather(*shorts)
+        await batcher.stop()
+        positions = [next(n for n, b in enumerate(batches) if i in b) for i in longs]
+        gaps = [b - a for a, b in zip([0, *positions], positions, strict=False)]
+        # 8 shorts of 10 tokens = 80 padded tokens a batch; a 500-token long gets its turn
+        # after at most ~500/80 + 1 short batches.
+        assert all(gap <= 9 for gap in gaps), (gaps, [len(b) for b in batches])
+
+    asyncio.run(go())
+    short_batches = [b for b in batches if all(sizes[i] == 10 for i in b)]
+    assert len(short_batches) >= 3
+    assert all(len(b) == 1 for b in batches if any(sizes[i] == 500 for i in b))
+
+
+def test_short_requests_are_not_held_behind_a_backlog_of_long_ones() -> None:
+    """Many long requests queued first; short ones arriving later are interleaved with them
+    instead of waiting for the whole long backlog."""
+    sizes = {0: 500}
+    sizes.update({i: 400 for i in range(1, 21)})
+    sizes.update({i: 12 for i in range(21, 29)})
+    batches: list[list[int]] = []
+
+    async def go() -> None:
+        batcher, started, release = _blocking_batcher(
+            sizes, batches, max_batch_size=8, max_batch_tokens=512
+        )
+        await batcher.start()
+        first = asyncio.ensure_future(batcher.submit(0))
+        assert await asyncio.to_thread(started.wait, 10)
+        rest = [asyncio.ensure_future(batcher.submit(i)) for i in range(1, 29)]
+        await asyncio.sleep(0)
+        release.set()
+        await first
+        await asyncio.gather(*rest)
+        await batcher.stop()
+
+    asyncio.run(go())
+    short_at = next(n for n, b in enumerate(batches) if sizes[b[0]] == 12)
+    assert short_at <= 2, [len(b) for b in batches]
+    assert batches[short_at] == list(range(21, 29))

@@ -1,5 +1,5 @@
-"""Micro-batching of concurrent inline requests."""
+"""Dynamic, length-aware micro-batching of inline requests."""
 
-from limelight.batching.batcher import MicroBatcher
+from limelight.batching.batcher import LengthPolicy, MicroBatcher
 
-__all__ = ["MicroBatcher"]
+__all__ = ["LengthPolicy", "MicroBatcher"]

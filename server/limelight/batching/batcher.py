@@ -1,9 +1,26 @@
-"""Dynamic micro-batching: concurrent requests share one forward pass.
+"""Dynamic, length-aware micro-batching: concurrent requests share one forward pass.
 
-The first request of a batch waits at most ``max_wait_s`` for company; whatever arrives while a
-batch is running joins the next one, so under load batches fill up by themselves. The work runs
-in an executor thread: torch never blocks the event loop. The queue is created in ``start()``,
-inside the running loop.
+Dispatch: a request that finds the inference thread idle is dispatched at once (after at most
+``max_wait_s`` of lingering for company, 0 by default); requests that arrive while a batch runs
+queue up and form the next batch. Batches therefore fill by themselves under load and cost
+nothing extra when the server is idle.
+
+Length policy (``LengthPolicy``): every item has a size (its token count). Items are grouped in
+length buckets (``bucket_floor`` tokens and below, then powers of two above it), and a batch
+only ever holds items of one bucket, so the longest item of a batch is at most twice the
+shortest (or every item is at most ``bucket_floor`` tokens): a short request is never padded
+to a long one. A batch also holds at most ``max_batch_size`` items and at most
+``max_batch_tokens`` padded tokens (items x longest item); a single item larger than the budget
+still runs, alone.
+
+Scheduling between buckets is start-time fair queuing on padded tokens: each bucket with
+waiting work gets an equal share of the padded tokens processed, so a stream of short requests
+cannot starve long ones and long requests cannot monopolise the thread. Within a bucket the
+order is first come, first served. A bucket that becomes active starts at the current virtual
+time, so it neither jumps ahead with credit saved while idle nor waits behind old debt.
+
+The work runs in an executor thread: torch never blocks the event loop. All asyncio objects
+are created in ``start()``, inside the running loop.
 """
 
 from __future__ import annotations
@@ -11,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass
@@ -22,12 +40,53 @@ T = TypeVar("T")
 R = TypeVar("R")
 
 
+@dataclass(frozen=True)
+class LengthPolicy:
+    """Which items may share a batch."""
+
+    max_batch_size: int
+    """Most items in one batch."""
+    max_batch_tokens: int = 0
+    """Most padded tokens (items x longest item) in one batch; 0: no token budget."""
+    bucket_floor: int = 32
+    """Items of at most this many tokens share the first bucket; above it buckets double."""
+
+    def __post_init__(self) -> None:
+        if self.max_batch_size < 1:
+            raise ValueError("max_batch_size must be >= 1")
+        if self.max_batch_tokens < 0:
+            raise ValueError("max_batch_tokens must be >= 0")
+        if self.bucket_floor < 1:
+            raise ValueError("bucket_floor must be >= 1")
+
+    def bucket(self, size: int) -> int:
+        """The upper size bound of ``size``'s bucket: floor, 2 floor, 4 floor, ..."""
+        bound = self.bucket_floor
+        while bound < size:
+            bound *= 2
+        return bound
+
+    def fits(self, count: int, longest: int) -> bool:
+        """May a batch of ``count`` items whose longest has ``longest`` tokens run? (count >= 1)"""
+        if count > self.max_batch_size:
+            return False
+        return count == 1 or not self.max_batch_tokens or count * longest <= self.max_batch_tokens
+
+
 @dataclass
 class _Pending(Generic[T, R]):
     item: T
+    size: int
     future: asyncio.Future[R]
     deadline: float | None
     enqueued: float
+
+
+@dataclass
+class _Bucket(Generic[T, R]):
+    items: deque[_Pending[T, R]]
+    start: float = 0.0
+    """Virtual start time of the bucket's next batch (padded tokens)."""
 
 
 class MicroBatcher(Generic[T, R]):
@@ -39,44 +98,63 @@ class MicroBatcher(Generic[T, R]):
         *,
         executor: Executor,
         max_batch_size: int,
-        max_wait_s: float,
         max_pending: int,
+        max_wait_s: float = 0.0,
+        max_batch_tokens: int = 0,
+        bucket_floor: int = 32,
+        size: Callable[[T], int] | None = None,
         on_batch: Callable[[int, list[float]], None] | None = None,
     ) -> None:
-        """``process`` maps a list of items to one result per item (same order).
-        ``on_batch(size, queue_waits)`` is called once per processed batch (metrics)."""
+        """``process`` maps a list of items to one result per item (same order); ``size``
+        gives an item's token count (default 1 for every item). ``on_batch(size,
+        queue_waits)`` is called once per processed batch (metrics)."""
         self._process = process
         self._executor = executor
-        self._max_batch = max_batch_size
+        self.policy = LengthPolicy(max_batch_size, max_batch_tokens, bucket_floor)
         self._max_wait = max_wait_s
         self._max_pending = max_pending
+        self._size = size
         self._on_batch = on_batch
-        self._queue: asyncio.Queue[_Pending[T, R]] | None = None
+        self._buckets: dict[int, _Bucket[T, R]] = {}
+        self._count = 0
+        self._vtime = 0.0
+        self._wakeup: asyncio.Event | None = None
         self._task: asyncio.Task[None] | None = None
         self._closing = False
         self._busy = False
 
     @property
     def pending(self) -> int:
-        return self._queue.qsize() if self._queue is not None else 0
+        """Items waiting for a batch (not counting the batch that is running)."""
+        return self._count
 
     @property
     def idle(self) -> bool:
-        return self.pending == 0 and not self._busy
+        return self._count == 0 and not self._busy
 
     async def start(self) -> None:
-        self._queue = asyncio.Queue()
+        self._wakeup = asyncio.Event()
         self._task = asyncio.get_running_loop().create_task(self._run(), name="micro-batcher")
 
     async def submit(self, item: T, deadline: float | None = None) -> R:
-        if self._queue is None or self._closing:
+        if self._wakeup is None or self._closing:
             raise Unavailable("the server is not accepting inline requests")
-        if self._queue.qsize() >= self._max_pending:
+        if self._count >= self._max_pending:
             raise ResourceExhausted(
                 f"inline backlog is full ({self._max_pending} requests waiting); retry later"
             )
+        size = max(1, int(self._size(item))) if self._size is not None else 1
         future: asyncio.Future[R] = asyncio.get_running_loop().create_future()
-        self._queue.put_nowait(_Pending(item, future, deadline, time.monotonic()))
+        key = self.policy.bucket(size)
+        bucket = self._buckets.get(key)
+        if bucket is None:
+            bucket = self._buckets[key] = _Bucket(deque())
+        if not bucket.items:
+            # (Re)activated: start at the current virtual time, no saved credit, no old debt.
+            bucket.start = max(bucket.start, self._vtime)
+        bucket.items.append(_Pending(item, size, future, deadline, time.monotonic()))
+        self._count += 1
+        self._wakeup.set()
         return await future
 
     async def drain(self, timeout: float) -> bool:
@@ -93,39 +171,77 @@ class MicroBatcher(Generic[T, R]):
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
-        if self._queue is not None:
-            while not self._queue.empty():
-                pending = self._queue.get_nowait()
+        for bucket in self._buckets.values():
+            while bucket.items:
+                pending = bucket.items.popleft()
                 if not pending.future.done():
                     pending.future.set_exception(Unavailable("the server is shutting down"))
+        self._count = 0
 
-    async def _collect(self) -> list[_Pending[T, R]]:
-        assert self._queue is not None
-        batch = [await self._queue.get()]
-        deadline = time.monotonic() + self._max_wait
-        while len(batch) < self._max_batch:
-            while len(batch) < self._max_batch and not self._queue.empty():
-                batch.append(self._queue.get_nowait())
-            remaining = deadline - time.monotonic()
-            if len(batch) >= self._max_batch or remaining <= 0:
-                break
+    # --- scheduling ----------------------------------------------------------------------------
+
+    def _next_bucket(self) -> _Bucket[T, R] | None:
+        """The active bucket with the earliest virtual start (shorter bucket on ties)."""
+        best: tuple[float, int] | None = None
+        chosen = None
+        for key, bucket in self._buckets.items():
+            if bucket.items and (best is None or (bucket.start, key) < best):
+                best, chosen = (bucket.start, key), bucket
+        return chosen
+
+    def _take(self, now: float) -> list[_Pending[T, R]]:
+        """Pop the next batch: one bucket, first come first served, within the policy.
+        Cancelled and expired items are dropped on the way (expired ones fail)."""
+        while self._count:
+            bucket = self._next_bucket()
+            assert bucket is not None
+            batch: list[_Pending[T, R]] = []
+            longest = 0
+            while bucket.items:
+                head = bucket.items[0]
+                if head.future.done():  # the caller went away (cancelled RPC)
+                    bucket.items.popleft()
+                    self._count -= 1
+                    continue
+                if head.deadline is not None and now >= head.deadline:
+                    bucket.items.popleft()
+                    self._count -= 1
+                    # Expired work is skipped, not computed.
+                    head.future.set_exception(DeadlineExceeded("deadline passed while queued"))
+                    continue
+                if batch and not self.policy.fits(len(batch) + 1, max(longest, head.size)):
+                    break
+                bucket.items.popleft()
+                self._count -= 1
+                batch.append(head)
+                longest = max(longest, head.size)
+            if batch:
+                self._vtime = bucket.start
+                bucket.start += len(batch) * longest
+                return batch
+        return []
+
+    async def _linger(self) -> None:
+        """With the thread idle and a batch not yet full, wait up to ``max_wait_s`` for company."""
+        if self._max_wait <= 0:
+            return
+        end = time.monotonic() + self._max_wait
+        while self._count < self.policy.max_batch_size:
+            remaining = end - time.monotonic()
+            if remaining <= 0:
+                return
             await asyncio.sleep(min(remaining, 0.0005))
-        return batch
 
     async def _run(self) -> None:
+        assert self._wakeup is not None
         loop = asyncio.get_running_loop()
         while True:
-            batch = await self._collect()
+            if not self._count:
+                self._wakeup.clear()
+                await self._wakeup.wait()
+                await self._linger()
             now = time.monotonic()
-            live: list[_Pending[T, R]] = []
-            for p in batch:
-                if p.future.done():  # the caller went away (cancelled RPC)
-                    continue
-                if p.deadline is not None and now >= p.deadline:
-                    # Expired work is skipped, not computed.
-                    p.future.set_exception(DeadlineExceeded("deadline passed while queued"))
-                    continue
-                live.append(p)
+            live = self._take(now)
             if not live:
                 continue
             self._busy = True
