@@ -17,6 +17,7 @@ from limelight.core.types import (
     ModelInfo,
     TargetSpec,
 )
+from limelight.errors import InvalidArgument
 from limelight_client.proto import explainer_pb2 as pb
 
 
@@ -43,7 +44,12 @@ def to_struct(values: Mapping[str, Any] | None) -> struct_pb2.Struct:
 
 
 def from_struct(struct: struct_pb2.Struct) -> dict[str, Any]:
-    return dict(MessageToDict(struct)) if struct.fields else {}
+    if not struct.fields:
+        return {}
+    try:
+        return dict(MessageToDict(struct))
+    except ValueError as exc:  # e.g. NaN or Infinity in a number value
+        raise InvalidArgument(f"parameters: {exc}") from None
 
 
 def target_from_proto(request: Any) -> TargetSpec | None:
@@ -83,18 +89,17 @@ def explanation_to_proto(e: Explanation) -> pb.ExplainResponse:
     a = e.attribution
     attribution = pb.Explanation(
         method=a.method,
-        parameters=to_struct(a.parameters),
         target_index=a.target_index,
         target_label=a.target_label,
-        tokens=[
-            pb.Token(
-                text=t.text, id=t.id, start=t.start, end=t.end, special=t.special, segment=t.segment
-            )
-            for t in e.tokens
-        ],
         scores=a.scores.tolist(),
-        details=to_struct(a.details),
     )
+    if a.parameters:
+        attribution.parameters.CopyFrom(to_struct(a.parameters))
+    if a.details:
+        attribution.details.CopyFrom(to_struct(a.details))
+    add = attribution.tokens.add  # in place: no intermediate Token messages to copy
+    for t in e.tokens:
+        add(text=t.text, id=t.id, start=t.start, end=t.end, special=t.special, segment=t.segment)
     if a.class_scores is not None:
         attribution.class_scores.extend(
             pb.ClassScores(scores=row) for row in a.class_scores.tolist()

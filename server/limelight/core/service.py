@@ -9,7 +9,7 @@ import time
 from collections.abc import AsyncIterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 import numpy as np
 
@@ -26,11 +26,13 @@ from limelight.core.types import (
     ModelInfo,
     TargetSpec,
     Timings,
+    TokenInfo,
 )
 from limelight.errors import (
     DeadlineExceeded,
     FailedPrecondition,
     InvalidArgument,
+    LimelightError,
     Unavailable,
     Unimplemented,
 )
@@ -65,6 +67,10 @@ class _InlineItem:
     method: InlineMethod
     submitted: float
 
+    def size(self) -> int:
+        """Tokens, for the batcher's length policy."""
+        return len(self.encoded.input_ids)
+
 
 @dataclass
 class _InlineResult:
@@ -89,6 +95,58 @@ def validate_text(text: str, text_pair: str | None, max_chars: int) -> None:
     size = len(text) + len(text_pair or "")
     if size > max_chars:
         raise InvalidArgument(f"text has {size} characters; the limit is {max_chars}")
+
+
+def encode_batch(
+    model: LoadedModel,
+    inputs: Sequence[tuple[str, str | None]],
+    max_tokens: int | None = None,
+    truncation: Literal["truncate", "reject"] = "truncate",
+) -> list[Encoded | LimelightError]:
+    """Tokenise many inputs with one call of the fast tokenizer per kind (single texts, pairs).
+
+    Same result as ``LoadedModel.encode`` for each input; an input the truncation policy
+    rejects gets its error in its place instead of failing the others."""
+    limit = min(max_tokens or model.max_tokens, model.max_tokens)
+    results: list[Encoded | LimelightError | None] = [None] * len(inputs)
+    singles = [i for i, (_, pair) in enumerate(inputs) if pair is None]
+    pairs = [i for i, (_, pair) in enumerate(inputs) if pair is not None]
+    with_types = model.adapter.uses_token_type_ids
+    for group in (singles, pairs):
+        if not group:
+            continue
+        texts = [inputs[i][0] for i in group]
+        others = [inputs[i][1] for i in group] if group is pairs else None
+        batch = model.tokenizer(
+            texts,
+            others,
+            return_offsets_mapping=True,
+            return_special_tokens_mask=True,
+            truncation=True,
+            max_length=limit,
+        )
+        for index, enc in zip(group, batch.encodings, strict=True):
+            truncated = bool(enc.overflowing)
+            if truncated and truncation == "reject":
+                try:  # the exact error message (token count) from the one-by-one path
+                    results[index] = model.encode(*inputs[index], max_tokens, truncation)
+                except LimelightError as exc:
+                    results[index] = exc
+                continue
+            tokens = [
+                TokenInfo(text, tid, start, end, bool(special), segment or 0)
+                for text, tid, (start, end), special, segment in zip(
+                    enc.tokens,
+                    enc.ids,
+                    enc.offsets,
+                    enc.special_tokens_mask,
+                    enc.sequence_ids,
+                    strict=True,
+                )
+            ]
+            types = list(enc.type_ids) if with_types else None
+            results[index] = Encoded(list(enc.ids), types, tokens, truncated)
+    return [r for r in results if r is not None]
 
 
 def resolve_target(model: LoadedModel, target: TargetSpec | None, predicted: int) -> int:
@@ -131,6 +189,15 @@ class ExplanationService:
         # One inference thread: torch parallelises inside the op; batches run one at a time.
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="inline")
         self._batcher: MicroBatcher[_InlineItem, _InlineResult] | None = None
+        # One tokenizer thread: requests that arrive together are tokenised with one call of
+        # the fast tokenizer, off the event loop, while the inference thread runs a batch.
+        self._tokenize_executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tokenize")
+        self._tokenizer: MicroBatcher[tuple[str, str | None], Encoded | LimelightError] | None
+        self._tokenizer = None
+        self._stage = {
+            name: metrics.stage_duration.labels(name)
+            for name in ("tokenize", "queue", "forward", "attribute")
+        }
         self._ready = False
         default = methods.get(settings.default_method)
         if not isinstance(default, InlineMethod):
@@ -147,15 +214,26 @@ class ExplanationService:
 
     async def start(self) -> None:
         """Create the batcher in the running loop, warm up, start jobs; then ready."""
+        settings = self.settings
         self._batcher = MicroBatcher(
             self._process,
             executor=self._executor,
-            max_batch_size=self.settings.max_batch_size,
-            max_wait_s=self.settings.max_batch_wait_ms / 1000.0,
-            max_pending=self.settings.max_pending,
+            max_batch_size=settings.max_batch_size,
+            max_wait_s=settings.max_batch_wait_ms / 1000.0,
+            max_pending=settings.max_pending,
+            max_batch_tokens=settings.max_batch_tokens,
+            bucket_floor=settings.batch_bucket_floor,
+            size=_InlineItem.size,
             on_batch=self._record_batch,
         )
         await self._batcher.start()
+        self._tokenizer = MicroBatcher(
+            self._encode_many,
+            executor=self._tokenize_executor,
+            max_batch_size=max(64, settings.max_batch_size),
+            max_pending=settings.max_pending,
+        )
+        await self._tokenizer.start()
         if self.settings.warmup:
             warm = self.model.encode("Limelight warm-up.", None, self.settings.max_tokens)
             batch = InlineBatch.from_encoded([warm], self.model.pad_id)
@@ -171,15 +249,21 @@ class ExplanationService:
         """Stop accepting work; let in-flight inline requests and running jobs finish."""
         self._ready = False
         self.metrics.ready.set(0)
+        end = time.monotonic() + grace_s
+        if self._tokenizer is not None:  # requests being tokenised still go on to a batch
+            await self._tokenizer.drain(grace_s)
         if self._batcher is not None:
-            await self._batcher.drain(grace_s)
+            await self._batcher.drain(max(0.0, end - time.monotonic()))
         if self.jobs is not None:
             await self.jobs.stop(grace_s)
 
     async def close(self) -> None:
+        if self._tokenizer is not None:
+            await self._tokenizer.stop()
         if self._batcher is not None:
             await self._batcher.stop()
         self._executor.shutdown(wait=False, cancel_futures=True)
+        self._tokenize_executor.shutdown(wait=False, cancel_futures=True)
 
     def _require_ready(self) -> None:
         if not self._ready:
@@ -203,6 +287,19 @@ class ExplanationService:
         return self.model.encode(
             text, text_pair, self.settings.max_tokens, self.settings.truncation
         )
+
+    def _encode_many(self, inputs: list[tuple[str, str | None]]) -> list[Encoded | LimelightError]:
+        """Runs in the tokenizer thread: one call of the fast tokenizer for all waiting inputs."""
+        return encode_batch(self.model, inputs, self.settings.max_tokens, self.settings.truncation)
+
+    async def encode_async(self, text: str, text_pair: str | None) -> Encoded:
+        """``encode`` off the event loop, batched with whatever else is being tokenised."""
+        validate_text(text, text_pair, self.settings.max_text_chars)
+        assert self._tokenizer is not None
+        encoded = await self._tokenizer.submit((text, text_pair))
+        if isinstance(encoded, LimelightError):
+            raise encoded
+        return encoded
 
     def _process(self, items: list[_InlineItem]) -> list[_InlineResult]:
         """Runs in the inference thread: one forward pass for the whole batch."""
@@ -245,7 +342,7 @@ class ExplanationService:
         method = self._inline_method(request.method)
         if request.target is not None and request.target.label is not None:
             self.model.label_index(request.target.label)  # fail fast on an unknown label
-        encoded = self.encode(request.text, request.text_pair)
+        encoded = await self.encode_async(request.text, request.text_pair)
         tokenized = time.monotonic()
         result = await self._batcher.submit(
             _InlineItem(encoded, method, tokenized), request.deadline
@@ -330,10 +427,11 @@ class ExplanationService:
         """Metrics, and drift with the predicted class's scores (whatever the target was)."""
         m = self.metrics
         t = explanation.timings
-        m.stage_duration.labels("tokenize").observe(t.tokenize_seconds)
-        m.stage_duration.labels("queue").observe(t.queue_seconds)
-        m.stage_duration.labels("forward").observe(t.forward_seconds)
-        m.stage_duration.labels("attribute").observe(t.attribute_seconds)
+        stage = self._stage
+        stage["tokenize"].observe(t.tokenize_seconds)
+        stage["queue"].observe(t.queue_seconds)
+        stage["forward"].observe(t.forward_seconds)
+        stage["attribute"].observe(t.attribute_seconds)
         m.predictions.labels(explanation.label).inc()
         if not self.model.is_regression:
             m.confidence.observe(explanation.probabilities[explanation.label_index])

@@ -1,0 +1,38 @@
+"""Batch tokenisation gives exactly what the one-by-one path gives, errors in place."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from limelight.core.service import encode_batch
+from limelight.errors import InvalidArgument
+from limelight.models.loaded import load_model
+
+INPUTS: list[tuple[str, str | None]] = [
+    ("a gorgeous, witty, seductive movie", None),
+    ("the plot is thin", "a person rests"),
+    ("naïve café — déjà vu 🎬 ", None),
+    ("word " * 400, None),  # over the limit: truncated
+    ("a man sleeps " * 50, "a person rests " * 50),  # a truncated pair
+    ("x", None),
+]
+
+
+def test_encode_batch_matches_encode(bert_tiny_dir: Path) -> None:
+    model = load_model(bert_tiny_dir)
+    for limit in (64, 512):
+        batch = encode_batch(model, INPUTS, limit, "truncate")
+        single = [model.encode(text, pair, limit, "truncate") for text, pair in INPUTS]
+        assert batch == single
+        if limit == 64:
+            assert [e.truncated for e in single] == [False, False, False, True, True, False]
+
+
+def test_encode_batch_rejects_only_the_over_long_inputs(bert_tiny_dir: Path) -> None:
+    model = load_model(bert_tiny_dir)
+    batch = encode_batch(model, INPUTS, 64, "reject")
+    for (text, pair), got in zip(INPUTS, batch, strict=True):
+        if len(model.encode(text, pair, 10_000)) > 64:
+            assert isinstance(got, InvalidArgument) and "the limit is 64" in str(got)
+        else:
+            assert got == model.encode(text, pair, 64, "reject")
