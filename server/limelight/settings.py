@@ -50,7 +50,11 @@ class Settings(BaseSettings):
     port: int = 50051
     """gRPC port."""
     metrics_port: int = 9464
-    """Prometheus exposition port; 0 disables the HTTP endpoint."""
+    """HTTP port: Prometheus ``/metrics``, the Open Inference Protocol REST routes (``/v2/...``)
+    and KServe v1 (``/v1/models/NAME:predict|:explain``); 0 disables the HTTP endpoint."""
+    http_tls: bool = True
+    """Serve the HTTP port with TLS too when ``tls_cert``/``tls_key`` are set (same client CA);
+    false keeps it plain HTTP, e.g. for a Prometheus without client certificates."""
     default_method: str = "normxlogit"
     """Inline method used when a request names none."""
     max_text_chars: int = 20_000

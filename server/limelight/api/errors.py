@@ -25,3 +25,22 @@ INTERNAL_MESSAGE = "internal error; the server log has the details"
 
 def status_for(kind: ErrorKind) -> grpc.StatusCode:
     return STATUS_BY_KIND[kind]
+
+
+#: The same kinds as HTTP status codes (Open Inference Protocol REST and KServe v1 routes).
+HTTP_STATUS_BY_KIND: dict[ErrorKind, int] = {
+    ErrorKind.INVALID_ARGUMENT: 400,
+    ErrorKind.NOT_FOUND: 404,
+    ErrorKind.FAILED_PRECONDITION: 400,
+    ErrorKind.RESOURCE_EXHAUSTED: 429,
+    ErrorKind.UNAVAILABLE: 503,
+    ErrorKind.DEADLINE_EXCEEDED: 504,
+    ErrorKind.UNAUTHENTICATED: 401,
+    ErrorKind.UNIMPLEMENTED: 501,
+    ErrorKind.CANCELLED: 499,
+    ErrorKind.INTERNAL: 500,
+}
+
+
+def http_status_for(kind: ErrorKind) -> int:
+    return HTTP_STATUS_BY_KIND[kind]

@@ -182,6 +182,14 @@ def _texts(tensor: Tensor) -> list[str]:
     return texts
 
 
+def method_and_target(parameters: Mapping[str, Any]) -> tuple[str, TargetSpec | None]:
+    """The request parameters ``method``, ``target`` and ``target_index``, checked."""
+    method = parameters.get(PARAM_METHOD, "")
+    if not isinstance(method, str):
+        raise InvalidArgument(f"parameter {PARAM_METHOD!r} must be a string")
+    return method, _target(parameters)
+
+
 def _target(parameters: Mapping[str, Any]) -> TargetSpec | None:
     label = parameters.get(PARAM_TARGET)
     index = parameters.get(PARAM_TARGET_INDEX)
@@ -220,10 +228,7 @@ def explain_inputs(request: InferRequest, deadline: float | None) -> list[Explai
             raise InvalidArgument(
                 f"{INPUT_TEXT_PAIR!r} has {len(pairs)} elements but {INPUT_TEXT!r} has {len(texts)}"
             )
-    method = request.parameters.get(PARAM_METHOD, "")
-    if not isinstance(method, str):
-        raise InvalidArgument(f"parameter {PARAM_METHOD!r} must be a string")
-    target = _target(request.parameters)
+    method, target = method_and_target(request.parameters)
     for name in request.outputs or ():
         if name not in OUTPUTS:
             raise InvalidArgument(f"unknown output {name!r}; the outputs are {', '.join(OUTPUTS)}")
@@ -240,19 +245,26 @@ def explain_inputs(request: InferRequest, deadline: float | None) -> list[Explai
     ]
 
 
-async def infer(
-    service: ExplanationService, request: InferRequest, deadline: float | None
-) -> InferResponse:
-    """Validate, explain every text through the core service (micro-batched), build outputs."""
-    info = service.model_info()
-    check_model(info, request.model_name, request.model_version)
-    inputs = explain_inputs(request, deadline)
+async def explain_batch(
+    service: ExplanationService, inputs: Sequence[ExplainInput]
+) -> list[Explanation]:
+    """``service.explain`` for each input, concurrently so that the micro-batcher fills."""
     results = await asyncio.gather(*(service.explain(i) for i in inputs), return_exceptions=True)
     explanations: list[Explanation] = []
     for result in results:
         if isinstance(result, BaseException):
             raise result  # the first failure answers the whole request
         explanations.append(result)
+    return explanations
+
+
+async def infer(
+    service: ExplanationService, request: InferRequest, deadline: float | None
+) -> InferResponse:
+    """Validate, explain every text through the core service (micro-batched), build outputs."""
+    info = service.model_info()
+    check_model(info, request.model_name, request.model_version)
+    explanations = await explain_batch(service, explain_inputs(request, deadline))
     return InferResponse(
         model_name=info.name,
         model_version=info.version,

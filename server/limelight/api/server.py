@@ -19,11 +19,11 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
 from grpc_reflection.v1alpha import reflection
-from prometheus_client import start_http_server
 
 from limelight import __version__
 from limelight.api import oip_grpc
 from limelight.api.auth import BearerTokenInterceptor, load_tokens
+from limelight.api.http_server import HttpServer, ssl_context
 from limelight.api.servicer import SERVICE_NAME, ExplainerServicer, add_to_server
 from limelight.app import Application, build_application
 from limelight.metrics import Metrics
@@ -73,7 +73,7 @@ class SidecarServer:
         self._servicer = ExplainerServicer(self.metrics)
         self._inference = oip_grpc.InferenceServicer(self._servicer, __version__)
         self._stopping: asyncio.Event | None = None
-        self._http: Any = None
+        self._http: HttpServer | None = None
 
     async def _set_health(self, serving: bool) -> None:
         status = (
@@ -118,11 +118,12 @@ class SidecarServer:
         await server.start()
         self._server = server
         if settings.metrics_port:
-            http, _ = start_http_server(
-                settings.metrics_port, addr=settings.host, registry=self.metrics.registry
+            http = HttpServer(
+                settings, self.metrics, lambda: self._servicer.service, tokens, __version__
             )
+            http_tls = ssl_context(settings) if settings.http_tls else None
+            self.metrics_port = await http.start(settings.host, settings.metrics_port, http_tls)
             self._http = http
-            self.metrics_port = http.server_port
         log.info(
             "listening on %s:%d (gRPC%s), metrics on port %s; loading the model",
             settings.host,
@@ -168,8 +169,7 @@ class SidecarServer:
         if self.app is not None:
             await self.app.service.close()
         if self._http is not None:
-            self._http.shutdown()
-            self._http.server_close()
+            await self._http.stop()
         log.info("stopped")
 
     async def run(self, install_signal_handlers: bool = True) -> None:
