@@ -1,4 +1,4 @@
-"""SLALOM (DESIGN §3.4): recovery, the paper's synthetic linear set, faithfulness, plumbing."""
+"""SLALOM: recovery, the paper's synthetic linear set, fit quality, faithfulness, plumbing."""
 
 from __future__ import annotations
 
@@ -27,6 +27,7 @@ from limelight.errors import InvalidArgument
 from limelight.evaluation.perturbation import deletion_aopc, probabilities
 from limelight.methods.base import JobCancelled, JobContext, MethodRegistry
 from limelight.methods.slalom import (
+    FIT_PRESETS,
     SCORE_KINDS,
     Slalom,
     counts_from_indices,
@@ -40,11 +41,13 @@ from limelight.models.adapters import HeadAdapter
 from limelight.models.loaded import LoadedModel, load_model
 from limelight.settings import Settings
 
-# Fit settings that run the optimiser to convergence on a few hundred samples (full-batch Adam,
-# 1000 steps). The paper's defaults (60 epochs of 4 minibatches at lr 5e-3: 240 steps that each
-# move a parameter by about 5e-3) rank tokens but do not recover parameters to 1e-2; see
+# Fit settings that run the optimiser well past convergence on a few hundred samples (full-batch
+# Adam, 1000 steps), for parameter recovery to 0.02. The method's defaults (300 full-batch steps)
+# converge in output terms; the paper's (60 epochs of 4 minibatches at lr 5e-3: 240 steps that
+# each move a parameter by about 5e-3) rank tokens but do not even fit the outputs; see
 # docs/methods/slalom.md.
 CONVERGED: dict[str, Any] = {"epochs": 1000, "lr": 0.05, "batch_size": 100_000}
+PAPER: dict[str, Any] = FIT_PRESETS["paper"]
 
 
 def ctx_for(model: LoadedModel, should_stop: Callable[[], bool] = lambda: False) -> JobContext:
@@ -100,7 +103,7 @@ def test_paper_defaults_fit_roughly_and_rank_values(seed: int) -> None:
     rng = np.random.default_rng(4)
     counts = counts_from_indices(rng.integers(0, 12, (500, 3)), 12)
     targets = slalom_predict(s_true, v_true, counts)
-    fit = fit_slalom(counts, targets)
+    fit = fit_slalom(counts, targets, **PAPER)
     assert fit.mse < 0.25 * float(np.var(targets))
     assert spearmanr(fit.value, v_true)[0] > 0.8
 
@@ -273,6 +276,25 @@ def test_job_recovers_the_black_box_per_token(slalom_model: Any) -> None:
     assert set(out.extra_scores) == set(SCORE_KINDS)
 
 
+def test_default_fit_converges_and_reports_its_held_out_quality(slalom_model: Any) -> None:
+    """With the defaults the surrogate of a SLALOM black box reproduces held-out samples almost
+    exactly and beats the linear baseline; the paper's values fall clearly short."""
+    model, _, _ = slalom_model
+    enc = model.encode("good the worst movie ok the best we watch")
+    out = Slalom().run(ctx_for(model), enc, 1, {})
+    d = out.details
+    assert d["fit"] == "converged"
+    assert d["samples"] == 500 and d["fitted_samples"] == 400 and d["heldout_samples"] == 100
+    assert d["heldout_r2"] > 0.99
+    assert d["heldout_mse"] < 0.1 * d["linear_heldout_mse"]
+    assert "warning" not in d
+    paper = Slalom().run(ctx_for(model), enc, 1, {"fit": "paper"}).details
+    assert (paper["epochs"], paper["lr"], paper["batch_size"]) == (60, 5e-3, 128)
+    assert paper["heldout_mse"] > 10 * d["heldout_mse"]
+    none = Slalom().run(ctx_for(model), enc, 1, {"holdout": 0.0}).details
+    assert none["fitted_samples"] == 500 and "heldout_mse" not in none
+
+
 def test_explaining_the_other_class_flips_the_values(slalom_model: Any) -> None:
     """Class 0's target is exactly minus class 1's, and Adam is sign-equivariant: the fits agree
     up to the sign of v (s unchanged) to float rounding, with the paper's defaults."""
@@ -364,7 +386,7 @@ def test_the_synthetic_transformer_learned_the_task(synthetic_model: LoadedModel
 def test_slalom_values_rank_the_words_by_their_true_weights(synthetic_model: LoadedModel) -> None:
     order = np.random.default_rng(3).permutation(len(SYNTHETIC_WORDS))
     enc = synthetic_model.encode(" ".join(SYNTHETIC_WORDS[i] for i in order))
-    out = Slalom().run(ctx_for(synthetic_model), enc, 1, {"score": "value"})  # paper defaults
+    out = Slalom().run(ctx_for(synthetic_model), enc, 1, {"score": "value"})  # default fit
     words = [t.text for t in enc.tokens if not t.special]
     values = out.scores[~enc.special_mask]
     weights = [SYNTHETIC_WEIGHTS[SYNTHETIC_WORDS.index(w)] for w in words]
@@ -427,6 +449,20 @@ def test_linearized_slalom_beats_random_on_deletion_aopc(bert_tiny: LoadedModel)
     assert slalom_aopc > random_aopc
 
 
+def test_default_fit_beats_the_linear_baseline_on_the_demo_model(bert_tiny: LoadedModel) -> None:
+    """On real reviews the default fit converges: held-out R² high and below the linear
+    model's error. The paper's values do not: worse than the linear model on the same samples."""
+    reviews = [r for r in rotten_tomatoes("test") if 12 <= len(r.text.split()) <= 30][:4]
+    for i, review in enumerate(reviews):
+        enc = bert_tiny.encode(review.text)
+        ours = Slalom().run(ctx_for(bert_tiny), enc, 1, {"seed": i}).details
+        paper = Slalom().run(ctx_for(bert_tiny), enc, 1, {"seed": i, "fit": "paper"}).details
+        assert ours["heldout_r2"] > 0.8, ours
+        assert ours["heldout_mse"] < ours["linear_heldout_mse"], ours
+        assert paper["heldout_mse"] > paper["linear_heldout_mse"], paper
+        assert "worse than a linear model" in paper["warning"]
+
+
 # --- method contract: registry, determinism, parameters, progress, cancellation ---------------
 
 
@@ -434,7 +470,23 @@ def test_registered_as_a_builtin_job_method() -> None:
     method = MethodRegistry.builtin().get("slalom")
     assert isinstance(method, Slalom)
     assert method.defaults()["num_samples"] == 500
-    assert method.defaults()["epochs"] == 60
+    assert method.defaults()["epochs"] == 300
+
+
+def test_fit_presets_and_explicit_values() -> None:
+    method = Slalom()
+    defaults = method.validate_params({})
+    assert defaults["fit"] == "converged" and defaults["holdout"] == 0.2
+    assert {k: defaults[k] for k in PAPER} == FIT_PRESETS["converged"]
+    paper = method.validate_params({"fit": "paper"})
+    assert {k: paper[k] for k in PAPER} == {"epochs": 60, "lr": 5e-3, "batch_size": 128}
+    mixed = method.validate_params({"fit": "paper", "epochs": 90})
+    assert (mixed["epochs"], mixed["lr"], mixed["batch_size"]) == (90, 5e-3, 128)
+    assert method.validate_params(mixed) == mixed  # re-validating stored params changes nothing
+    with pytest.raises(InvalidArgument):
+        method.validate_params({"fit": "fast"})
+    with pytest.raises(InvalidArgument):
+        method.validate_params({"holdout": 0.9})
 
 
 def test_deterministic_for_a_fixed_seed(synthetic_model: LoadedModel) -> None:
@@ -493,7 +545,7 @@ def test_reports_progress_through_sampling_and_fitting(synthetic_model: LoadedMo
     fractions = [f for f, _ in ctx.progress]  # type: ignore[attr-defined]
     messages = " ".join(m for _, m in ctx.progress)  # type: ignore[attr-defined]
     assert fractions == sorted(fractions) and fractions[-1] == pytest.approx(1.0)
-    assert "queried" in messages and "epoch 60/60" in messages
+    assert "queried" in messages and "epoch 300/300" in messages
 
 
 def test_cancellation_stops_mid_fit(synthetic_model: LoadedModel) -> None:
