@@ -35,7 +35,9 @@ def load_served_model(settings: Settings, progress: bool = True) -> LoadedModel:
         import torch
 
         torch.set_num_threads(settings.torch_threads)
-    return load_model(resolve_model_dir(settings, progress), device=settings.device)
+    return load_model(
+        resolve_model_dir(settings, progress), device=settings.device, name=settings.model_name
+    )
 
 
 def inline_heads(model: LoadedModel) -> dict[str, Any]:

@@ -27,6 +27,9 @@ class Settings(BaseSettings):
     # --- model -------------------------------------------------------------------------------
     model_dir: Path | None = None
     """Local Hugging Face sequence-classification directory. Unset: the demo model."""
+    model_name: str | None = None
+    """Name the model is served under (Open Inference Protocol, KServe); unset: the directory's
+    name."""
     demo_model: Literal["minilm", "bert-tiny"] = "minilm"
     """Which demo model to build and serve when ``model_dir`` is unset."""
     cache_dir: Path = Field(default_factory=default_cache_dir)

@@ -249,3 +249,11 @@ def test_bearer_tokens_guard_inference_not_health_or_metrics(
     assert call(f"{root}/v2/models/{name}/infer", body, headers=auth)[0] == 200
     with urllib.request.urlopen(f"{root}/metrics", timeout=30) as response:
         assert response.status == 200
+
+
+def test_model_name_setting_names_the_served_model(start_sidecar: Any, bert_tiny_dir: Any) -> None:
+    running = start_sidecar(model_dir=bert_tiny_dir, model_name="classifier", jobs="off")
+    root = f"http://127.0.0.1:{running.server.metrics_port}"
+    assert call(f"{root}/v1/models")[1] == {"models": ["classifier"]}
+    assert call(f"{root}/v2/models/classifier/ready")[0] == 200
+    assert call(f"{root}/v2/models/{bert_tiny_dir.name}/ready")[0] == 404
