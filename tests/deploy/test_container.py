@@ -1,4 +1,4 @@
-"""The container image, built and run for real (DESIGN §7, shared/CONTAINERS.md).
+"""The container image, built and run for real (docs/deploy.md).
 
 One test: build the image with buildah from an offline base (debootstrap Debian bookworm) and the
 wheelhouse, run it with podman the way Kubernetes runs it (read-only root FS, no capabilities,

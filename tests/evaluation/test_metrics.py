@@ -11,9 +11,10 @@ from limelight.errors import InvalidArgument
 from limelight.evaluation import metrics as M
 from limelight.evaluation.data import parse_evidence
 
-# papers/003 appendix A.4: "Karla thinks about it", evidence = "Karla" (index 0). The paper's
-# attribution values were lost in the text conversion; what survives is their ranking
-# [2, 0, 1, 3] ("about" first, "Karla" second). Any vector with that ranking reproduces it.
+# NormXLogit paper (arXiv 2411.16252), appendix A.4: "Karla thinks about it", evidence =
+# "Karla" (index 0). The paper's attribution values were lost in the text conversion; what
+# survives is their ranking [2, 0, 1, 3] ("about" first, "Karla" second). Any vector with that
+# ranking reproduces it.
 KARLA_EVIDENCE = [1, 0, 0, 0]
 KARLA_SCORES = [0.3, 0.2, 0.4, 0.1]
 

@@ -42,7 +42,7 @@ def reference(
     tau: int,
     relu: str,
 ) -> list[float]:
-    """DESIGN §3.2 written out with python loops over tokens and columns."""
+    """Decoded Grad-CAM (docs/methods/decoded_gradcam.md) with python loops over tokens/columns."""
     ids = torch.tensor([enc.input_ids])
     types = torch.tensor([enc.token_type_ids])
     out = model.model(

@@ -1,4 +1,4 @@
-"""NormXLogit equals a direct computation from the model's weights (DESIGN §3.1)."""
+"""NormXLogit equals a direct computation from the model's weights."""
 
 from __future__ import annotations
 

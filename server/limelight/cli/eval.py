@@ -1,4 +1,4 @@
-"""`limelight eval`: faithfulness of attribution methods on a labelled dataset (DESIGN §9).
+"""`limelight eval`: faithfulness of attribution methods on a labelled dataset (docs/evaluation.md).
 
 Writes ``eval.md`` (table), ``eval.json`` (every number, every curve) and ``eval.png`` (curves
 per method) into ``--out``.

@@ -1,4 +1,7 @@
-"""The SLALOM paper's synthetic linear dataset (papers/004, appendix E.1) and a tiny transformer.
+"""The SLALOM paper's synthetic linear dataset and a tiny transformer.
+
+The dataset is appendix E.1 of "Attention Mechanisms Don't Learn Additive Models: Rethinking
+Feature Importance for Transformers" (arXiv 2405.13536).
 
 Ten words carry fixed log-odds weights; a sample is a bag of independently drawn words whose
 label is Bernoulli(sigmoid(Σ weights)). The data are linear in the word counts by construction,

@@ -1,2 +1,2 @@
 """The distilled inline explainer: a small head trained on a job method's attributions that
-runs on the serving forward pass (DESIGN §3.5)."""
+runs on the serving forward pass (docs/distillation.md)."""

@@ -1,4 +1,4 @@
-"""Attribution drift: heavy-hitter sketches, the monitor and reference files (DESIGN §5)."""
+"""Attribution drift: heavy-hitter sketches, the monitor and reference files (docs/drift.md)."""
 
 from limelight.drift.monitor import DriftMonitor
 from limelight.drift.reference import ReferenceFile

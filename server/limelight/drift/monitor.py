@@ -1,4 +1,4 @@
-"""The attribution drift monitor fed by every inline explanation (DESIGN §5).
+"""The attribution drift monitor fed by every inline explanation (docs/drift.md).
 
 Per predicted label it keeps the distribution of positive attribution mass over (normalised)
 tokens in a sliding window of the last ``settings.drift_window`` explanations and compares it

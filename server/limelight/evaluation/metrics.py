@@ -1,15 +1,15 @@
 """Faithfulness and plausibility metrics as pure functions of numbers (no model in here).
 
-- AOPC (papers/003 eq. 5): mean over perturbation fractions of p(target | x) - p(target | x~).
-  Deletion (comprehensiveness) removes the top-k tokens: higher is more faithful. Sufficiency
-  keeps only the top-k tokens: lower is more faithful.
-- Hiding / revealing games (papers/001 §4.1): accuracy against the gold label after hiding the
-  top-k% tokens (lower area is better) or after revealing only them (higher area is better);
-  areas by the trapezoid rule over the fraction axis [0, 1].
-- Token overlap across predicted classes (papers/001 §4.2): share of the top-k tokens of one
+- AOPC (NormXLogit paper, arXiv 2411.16252, eq. 5): mean over perturbation fractions of
+  p(target | x) - p(target | x~). Deletion (comprehensiveness) removes the top-k tokens: higher
+  is more faithful. Sufficiency keeps only the top-k tokens: lower is more faithful.
+- Hiding / revealing games (Hou & Castanon, arXiv 2308.05219, §4.1): accuracy against the gold
+  label after hiding the top-k% tokens (lower area is better) or after revealing only them
+  (higher area is better); areas by the trapezoid rule over the fraction axis [0, 1].
+- Token overlap across predicted classes (arXiv 2308.05219 §4.2): share of the top-k tokens of one
   class that are also among the top-k of another, over every pair of classes (lower is better).
-- Evidence alignment (papers/003 §5.1, appendix A.4): dot product and average precision of an
-  attribution vector against a 0/1 evidence vector.
+- Evidence alignment (arXiv 2411.16252 §5.1, appendix A.4): dot product and average precision
+  of an attribution vector against a 0/1 evidence vector.
 """
 
 from __future__ import annotations
@@ -69,7 +69,7 @@ def accuracy_curve(predictions: npt.NDArray[np.integer], gold: Sequence[int]) ->
 
 
 def dot_product(evidence: ArrayLike, scores: ArrayLike) -> float:
-    """Total score the attribution assigns to the evidence tokens (papers/003 A.4)."""
+    """Total score the attribution assigns to the evidence tokens (arXiv 2411.16252, A.4)."""
     e = np.asarray(evidence, dtype=np.float64)
     s = np.asarray(scores, dtype=np.float64)
     if e.shape != s.shape:
@@ -133,7 +133,7 @@ def class_token_importance(
     items: Iterable[tuple[int, Sequence[str], ArrayLike]],
     idf: Mapping[str, float] | None = None,
 ) -> dict[int, dict[str, float]]:
-    """Per predicted class, each token's aggregated importance (papers/001 §4.2).
+    """Per predicted class, each token's aggregated importance (arXiv 2308.05219 §4.2).
 
     ``items`` are (predicted class, token strings, scores) of the non-special tokens of each
     input. Each input's scores are clipped at 0 (only evidence *for* its class counts) and

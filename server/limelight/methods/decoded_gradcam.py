@@ -1,4 +1,9 @@
-"""Decoded Grad-CAM (papers/000, 001; DESIGN §3.2).
+"""Decoded Grad-CAM.
+
+From "Decoding Layer Saliency in Language Transformers" (Hou & Castanon, ICML 2023,
+arXiv 2308.05219), which decodes Grad-CAM (Selvaraju et al., arXiv 1610.02391) through the
+masked-LM head.
+Method note: docs/methods/decoded_gradcam.md.
 
 For a layer l: α = (∂y^ĉ/∂h_l) ⊙ h_l [n, K]; the masked-LM head decodes h_l to token
 probabilities P = softmax(f_lm(h_l)) [n, V]; D [T, n] keeps the columns of P for the T unique

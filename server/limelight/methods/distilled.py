@@ -1,4 +1,6 @@
-"""The distilled inline explainer (DESIGN §3.5): job-quality attributions in the serving pass.
+"""The distilled inline explainer: job-quality attributions in the serving pass.
+
+See docs/distillation.md.
 
 A small head trained by `limelight distill` on a job method's attributions (the teacher) runs
 on the same forward pass as the prediction; this method only reads its output.

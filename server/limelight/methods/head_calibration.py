@@ -1,4 +1,4 @@
-"""Head calibration for head-masked LRP (DESIGN §3.3, papers/002): which heads matter.
+"""Head calibration for head-masked LRP (Song et al., arXiv 2401.09972): which heads matter.
 
 Two kinds of important heads are found over a dataset:
 

@@ -1,4 +1,8 @@
-"""NormXLogit (papers/003, DESIGN §3.1): ‖h_0[i]‖₂ · f_cls(h_L[i]), every class in one pass."""
+"""NormXLogit: ‖h_0[i]‖₂ · f_cls(h_L[i]), every class in one pass.
+
+From "NormXLogit: The Head-on-Top Never Lies" (arXiv 2411.16252).
+Method note: docs/methods/normxlogit.md.
+"""
 
 from __future__ import annotations
 

