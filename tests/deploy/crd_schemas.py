@@ -1,4 +1,5 @@
-"""Structural JSON schemas for the two Prometheus Operator kinds the manifests use.
+"""Structural JSON schemas for the custom kinds the manifests use: the two Prometheus Operator
+kinds, and KEDA's ScaledObject (keda.sh/v1alpha1, from KEDA's ScaledObject reference).
 
 No Python package ships the monitoring.coreos.com CRD schemas for offline use, so these cover
 the fields of ServiceMonitor and PrometheusRule (monitoring.coreos.com/v1) that Limelight's
@@ -148,7 +149,126 @@ PROMETHEUS_RULE = _resource(
     },
 )
 
+_INT = {"type": "integer", "minimum": 0}
+_SCALING_RULES = {
+    "type": "object",
+    "properties": {
+        "stabilizationWindowSeconds": {"type": "integer", "minimum": 0, "maximum": 3600},
+        "selectPolicy": {"enum": ["Max", "Min", "Disabled"]},
+        "policies": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "required": ["type", "value", "periodSeconds"],
+                "properties": {
+                    "type": {"enum": ["Pods", "Percent"]},
+                    "value": {"type": "integer", "minimum": 1},
+                    "periodSeconds": {"type": "integer", "minimum": 1, "maximum": 1800},
+                },
+                "additionalProperties": False,
+            },
+        },
+    },
+    "additionalProperties": False,
+}
+
+# KEDA's ScaledObject (keda.sh/v1alpha1), the fields of KEDA's reference that the manifests use.
+SCALED_OBJECT = {
+    "$schema": "https://json-schema.org/draft/2020-12/schema",
+    "type": "object",
+    "required": ["apiVersion", "kind", "metadata", "spec"],
+    "properties": {
+        "apiVersion": {"const": "keda.sh/v1alpha1"},
+        "kind": {"const": "ScaledObject"},
+        "metadata": _METADATA,
+        "spec": {
+            "type": "object",
+            "required": ["scaleTargetRef", "triggers"],
+            "properties": {
+                "scaleTargetRef": {
+                    "type": "object",
+                    "required": ["name"],
+                    "properties": {
+                        "apiVersion": {"type": "string"},
+                        "kind": {"type": "string"},
+                        "name": _NAME,
+                        "envSourceContainerName": {"type": "string"},
+                    },
+                    "additionalProperties": False,
+                },
+                "pollingInterval": _INT,
+                "cooldownPeriod": _INT,
+                "initialCooldownPeriod": _INT,
+                "idleReplicaCount": _INT,
+                "minReplicaCount": _INT,
+                "maxReplicaCount": _INT,
+                "fallback": {
+                    "type": "object",
+                    "required": ["failureThreshold", "replicas"],
+                    "properties": {"failureThreshold": _INT, "replicas": _INT},
+                    "additionalProperties": False,
+                },
+                "advanced": {
+                    "type": "object",
+                    "properties": {
+                        "restoreToOriginalReplicaCount": {"type": "boolean"},
+                        "horizontalPodAutoscalerConfig": {
+                            "type": "object",
+                            "properties": {
+                                "name": {"type": "string"},
+                                "behavior": {
+                                    "type": "object",
+                                    "properties": {
+                                        "scaleUp": _SCALING_RULES,
+                                        "scaleDown": _SCALING_RULES,
+                                    },
+                                    "additionalProperties": False,
+                                },
+                            },
+                            "additionalProperties": False,
+                        },
+                    },
+                    "additionalProperties": False,
+                },
+                "triggers": {
+                    "type": "array",
+                    "minItems": 1,
+                    "items": {
+                        "type": "object",
+                        "required": ["type", "metadata"],
+                        "properties": {
+                            "type": {"type": "string", "minLength": 1},
+                            "name": {"type": "string"},
+                            "metadata": _STRING_MAP,
+                            "metricType": {"enum": ["AverageValue", "Value", "Utilization"]},
+                            "useCachedMetrics": {"type": "boolean"},
+                            "authenticationRef": {
+                                "type": "object",
+                                "required": ["name"],
+                                "properties": {
+                                    "name": {"type": "string"},
+                                    "kind": {
+                                        "enum": [
+                                            "TriggerAuthentication",
+                                            "ClusterTriggerAuthentication",
+                                        ]
+                                    },
+                                },
+                                "additionalProperties": False,
+                            },
+                        },
+                        "additionalProperties": False,
+                    },
+                },
+            },
+            "additionalProperties": False,
+        },
+    },
+    "additionalProperties": False,
+}
+
 CRD_SCHEMAS: dict[tuple[str, str], dict[str, Any]] = {
     ("monitoring.coreos.com/v1", "ServiceMonitor"): SERVICE_MONITOR,
     ("monitoring.coreos.com/v1", "PrometheusRule"): PROMETHEUS_RULE,
+    ("keda.sh/v1alpha1", "ScaledObject"): SCALED_OBJECT,
 }

@@ -100,7 +100,8 @@ def test_overlays_render_unique_namespaced_objects(
         "PrometheusRule",
     } <= kinds
     if name == "redis-workers":
-        assert "HorizontalPodAutoscaler" in kinds
+        # KEDA owns the worker pool's HPA; a second HPA on the same Deployment would fight it.
+        assert "ScaledObject" in kinds and "HorizontalPodAutoscaler" not in kinds
 
 
 @pytest.mark.parametrize("version", KUBERNETES_VERSIONS)
@@ -254,7 +255,11 @@ def test_service_network_policy_and_pdb_select_the_pod(
     assert monitor["endpoints"][0]["port"] == "metrics"
 
 
-def test_redis_workers_overlay_wires_queue_workers_and_hpa(
+def redis_policy_selector(objects: list[dict[str, Any]]) -> dict[str, Any]:
+    return dict(find(objects, "NetworkPolicy", "limelight-redis")["spec"]["podSelector"])
+
+
+def test_redis_workers_overlay_wires_queue_workers_and_keda(
     rendered: dict[str, list[dict[str, Any]]],
 ) -> None:
     objects = rendered["redis-workers"]
@@ -268,16 +273,41 @@ def test_redis_workers_overlay_wires_queue_workers_and_hpa(
     assert worker["args"] == ["worker", "--metrics-port", config["LIMELIGHT_METRICS_PORT"]]
     assert worker["image"] == _container(objects, "limelight", "limelight")["image"]
     assert {"name": "LIMELIGHT_JOB_WORKERS", "value": "1"} in worker["env"]
-    hpa = find(objects, "HorizontalPodAutoscaler", "limelight-worker")["spec"]
-    assert hpa["scaleTargetRef"] == {
+    scaled = find(objects, "ScaledObject", "limelight-worker")["spec"]
+    assert scaled["scaleTargetRef"] == {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
         "name": "limelight-worker",
     }
-    (metric,) = hpa["metrics"]
-    assert metric["resource"]["name"] == "cpu"
-    assert hpa["minReplicas"] >= 1 and hpa["maxReplicas"] > hpa["minReplicas"]
+    assert scaled["minReplicaCount"] >= 1
+    assert scaled["maxReplicaCount"] > scaled["minReplicaCount"]
+    # The queue triggers read the stream and consumer group the Redis backend really uses.
+    from limelight.jobs.redis_backend import GROUP, Keys
+
+    redis_address = (
+        f"{redis_service['metadata']['name']}.{redis_service['metadata']['namespace']}"
+        f".svc.cluster.local:{redis_service['spec']['ports'][0]['port']}"
+    )
+    queue = [t for t in scaled["triggers"] if t["type"] == "redis-streams"]
+    assert {
+        ("lagCount" in t["metadata"], "pendingEntriesCount" in t["metadata"]) for t in queue
+    } == {
+        (True, False),
+        (False, True),
+    }
+    for trigger in queue:
+        meta = trigger["metadata"]
+        assert meta["stream"] == Keys().stream and meta["consumerGroup"] == GROUP
+        assert meta["address"] == redis_address and meta["databaseIndex"] == "0"
+    (cpu,) = [t for t in scaled["triggers"] if t["type"] == "cpu"]
+    assert cpu["metricType"] == "Utilization"
     assert "cpu" in worker["resources"]["requests"]  # utilisation needs a request
+    # KEDA's operator (its own namespace) may reach Redis to read the stream.
+    keda_policy = find(objects, "NetworkPolicy", "limelight-redis-keda")["spec"]
+    assert keda_policy["podSelector"] == redis_policy_selector(objects)
+    assert keda_policy["ingress"][0]["from"][0]["namespaceSelector"] == {
+        "matchLabels": {"kubernetes.io/metadata.name": "keda"}
+    }
     # Only Limelight pods may reach Redis.
     redis_policy = find(objects, "NetworkPolicy", "limelight-redis")["spec"]
     assert redis_policy["ingress"][0]["from"] == [
