@@ -105,6 +105,12 @@ class Settings(BaseSettings):
     job_reclaim_idle_s: float = 30.0
     """Redis backend: a running job whose worker sent no heartbeat for this long is reclaimed
     by another worker (workers heartbeat every third of it)."""
+    job_timeout_max_s: float = 3600.0
+    """Longest timeout a job may ask for; SubmitJob rejects more (and jobs whose estimated
+    cost cannot finish within it)."""
+    job_memory_mb: float = 1024.0
+    """Working memory a job may use for activations: gradient and SLALOM batches are chunked
+    to fit it, and a job that cannot fit even one input is rejected before it is queued."""
 
     # --- drift -------------------------------------------------------------------------------
     drift_enabled: bool = True

@@ -22,7 +22,8 @@ from prometheus_client import CollectorRegistry
 
 from limelight.core.jobs import JobSpec, JobState
 from limelight.errors import InvalidArgument, NotFound, ResourceExhausted
-from limelight.jobs.redis_backend import RedisJobBackend, RedisWorker
+from limelight.jobs.redis_backend import RedisJobBackend
+from limelight.jobs.redis_worker import RedisWorker
 from limelight.jobs.runner import JobRunner
 from limelight.metrics import Metrics
 from limelight.models.loaded import LoadedModel

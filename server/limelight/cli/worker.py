@@ -64,7 +64,7 @@ def _child(settings: Settings, extra_methods: list[str], metrics_port: int) -> N
     """One worker process: load the model, consume until SIGTERM."""
     setup_logging(settings.log_level)
     from limelight.app import load_served_model
-    from limelight.jobs.redis_backend import RedisWorker
+    from limelight.jobs.redis_worker import RedisWorker
     from limelight.jobs.runner import JobRunner, load_job_methods
     from limelight.metrics import Metrics
 

@@ -29,16 +29,11 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from limelight.core.jobs import JobBackend, JobRecord, JobSpec, JobState
-from limelight.errors import LimelightError, NotFound, ResourceExhausted, Unavailable
+from limelight.errors import NotFound, ResourceExhausted, Unavailable
+from limelight.jobs.execution import JobHooks, Outcome, StopReason, execute, watch_changes
 from limelight.jobs.priority import InlineGate
 from limelight.jobs.runner import JobRunner
-from limelight.jobs.serialize import (
-    explanation_from_dict,
-    explanation_to_dict,
-    spec_from_dict,
-    spec_to_dict,
-)
-from limelight.methods.base import JobCancelled
+from limelight.jobs.serialize import explanation_from_dict, spec_from_dict, spec_to_dict
 from limelight.metrics import Metrics
 from limelight.settings import Settings
 
@@ -75,16 +70,9 @@ _COLUMNS = (
 
 @dataclass
 class _Control:
-    """Why a running job should stop; read by the worker thread at checkpoints."""
+    """Set when a client cancels a running job; read by its worker thread at checkpoints."""
 
-    deadline: float
-    timeout_s: float
     cancelled: bool = False
-
-
-def job_timeout(spec: JobSpec, settings: Settings) -> float:
-    """The effective timeout of a job (seconds)."""
-    return spec.timeout_s if spec.timeout_s > 0 else settings.job_timeout_s
 
 
 class SqliteJobBackend(JobBackend):
@@ -364,20 +352,15 @@ class SqliteJobBackend(JobBackend):
         key = (loop, event)
         with self._watch_lock:
             self._watchers.setdefault(job_id, set()).add(key)
+
+        async def wait_change(timeout: float) -> None:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(event.wait(), timeout=timeout)
+            event.clear()
+
         try:
-            last: tuple[Any, ...] | None = None
-            while True:
-                event.clear()
-                record = await self.get(job_id)
-                now = (record.state, record.progress, record.message)
-                if now != last:
-                    last = now
-                    yield record
-                if record.state.terminal:
-                    return
-                # The timeout only guards against a lost wake-up; changes arrive by event.
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(event.wait(), timeout=1.0)
+            async for record in watch_changes(lambda: self.get(job_id), wait_change):
+                yield record
         finally:
             with self._watch_lock:
                 watchers = self._watchers.get(job_id)
@@ -419,8 +402,7 @@ class SqliteJobBackend(JobBackend):
                 (now, row["id"]),
             )
             spec = spec_from_dict(json.loads(row["spec"]))
-            timeout = job_timeout(spec, self.settings)
-            control = _Control(deadline=time.monotonic() + timeout, timeout_s=timeout)
+            control = _Control()
             self._running[row["id"]] = control
         if self.metrics is not None:
             self.metrics.job_wait.labels(spec.method).observe(max(0.0, now - row["created_at"]))
@@ -441,64 +423,51 @@ class SqliteJobBackend(JobBackend):
 
     def _execute(self, job_id: str, spec: JobSpec, waited: float, control: _Control) -> None:
         assert self.runner is not None
-        last = {"fraction": 0.0, "written": -1.0, "at": 0.0}
 
-        def should_stop() -> bool:
+        def check() -> StopReason | None:
             if self.gate is not None:
                 self.gate.wait_idle(self._yield_timeout_s)
-            return (
-                control.cancelled or self._abandon.is_set() or time.monotonic() >= control.deadline
-            )
-
-        def report(fraction: float, message: str) -> None:
-            # Progress never goes backwards; a method's sub-steps may report out of order.
-            fraction = max(min(1.0, max(0.0, float(fraction))), last["fraction"])
-            last["fraction"] = fraction
-            if not progress_due(fraction, last):
-                return
-            self._update(
-                job_id,
-                "UPDATE jobs SET progress=?, message=? WHERE id=?",
-                (fraction, message[:500]),
-            )
-
-        started = time.perf_counter()
-        outcome: str | None
-        try:
-            result = self.runner.run(spec, job_id, report, should_stop, queue_seconds=waited)
-        except JobCancelled:
             if control.cancelled:
-                outcome = self._finish(job_id, JobState.CANCELLED, message="cancelled")
-            elif time.monotonic() >= control.deadline:
-                reason = f"timed out after {control.timeout_s:g}s"
-                outcome = self._finish(job_id, JobState.FAILED, error=reason, message=reason)
-            else:
-                self._update(
+                return StopReason.CANCELLED
+            return StopReason.RELEASE if self._abandon.is_set() else None
+
+        def write_progress(fraction: float, message: str) -> None:
+            self._update(
+                job_id, "UPDATE jobs SET progress=?, message=? WHERE id=?", (fraction, message)
+            )
+
+        def settle(outcome: Outcome) -> bool:
+            if outcome.state is JobState.QUEUED:
+                # A voluntary hand-back is not a failed attempt.
+                return self._update(
                     job_id,
-                    # A voluntary hand-back is not a failed attempt.
                     "UPDATE jobs SET state='queued', progress=0, attempts=attempts-1, "
-                    "message='re-queued: the server is shutting down' WHERE id=?",
-                    (),
+                    "message=? WHERE id=?",
+                    (outcome.message,),
                 )
-                outcome = None
-        except LimelightError as exc:
-            outcome = self._finish(job_id, JobState.FAILED, error=exc.message, message="failed")
-        except Exception:
-            log.exception("job %s (%s) failed", job_id, spec.method)
-            error = f"internal error in method {spec.method} (details in the server log)"
-            outcome = self._finish(job_id, JobState.FAILED, error=error, message="failed")
-        else:
-            payload = json.dumps(explanation_to_dict(result))
-            outcome = self._finish(
-                job_id, JobState.SUCCEEDED, message="done", result=payload, progress=1.0
+            assert outcome.state is not None
+            return self._finish(
+                job_id,
+                outcome.state,
+                message=outcome.message,
+                error=outcome.error,
+                result=outcome.result or None,
+                progress=1.0 if outcome.state is JobState.SUCCEEDED else None,
+            )
+
+        try:
+            execute(
+                self.runner,
+                self.settings,
+                job_id,
+                spec,
+                JobHooks(check, write_progress, settle, where="server"),
+                waited=waited,
+                metrics=self.metrics,
             )
         finally:
             with self._lock:
                 self._running.pop(job_id, None)
-        if self.metrics is not None:
-            self.metrics.job_duration.labels(spec.method).observe(time.perf_counter() - started)
-            if outcome is not None:
-                self.metrics.job_outcomes.labels(spec.method, outcome).inc()
         self._refresh_depth()
 
     def _finish(
@@ -510,9 +479,9 @@ class SqliteJobBackend(JobBackend):
         error: str = "",
         result: str | None = None,
         progress: float | None = None,
-    ) -> str | None:
+    ) -> bool:
         now = time.time()
-        written = self._update(
+        return self._update(
             job_id,
             "UPDATE jobs SET state=?, finished_at=?, expires_at=?, error=?, message=?, "
             "result=?, progress=COALESCE(?, progress) WHERE id=?",
@@ -526,17 +495,6 @@ class SqliteJobBackend(JobBackend):
                 progress,
             ),
         )
-        return state.value if written else None
-
-
-def progress_due(fraction: float, last: dict[str, float]) -> bool:
-    """Journal progress at most every 0.1 s unless it moved by a percent or more: a method
-    with thousands of tiny steps must not turn into thousands of commits and watch messages."""
-    now = time.monotonic()
-    if fraction - last["written"] < 0.01 and now - last["at"] < 0.1:
-        return False
-    last["written"], last["at"] = fraction, now
-    return True
 
 
 def row_method(row: sqlite3.Row) -> str:
