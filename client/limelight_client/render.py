@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from limelight_client.types import strip_piece_marker
+from limelight_client._text import strip_piece_marker
 
 if TYPE_CHECKING:
     from limelight_client.types import Explanation, Token

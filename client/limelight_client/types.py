@@ -3,20 +3,28 @@
 The objects are frozen dataclasses: attributes cannot be rebound. They hold plain Python values
 (lists, dicts, floats) so that they need nothing beyond the standard library to use and
 ``to_dict()`` is JSON-serialisable as is.
+
+Field names follow the protobuf messages (and the server's own types) name for name;
+``to_dict()`` is derived from the dataclass fields (plus each type's derived properties, such as
+``TokenShift.delta``), never written by hand, and a test checks every type against its message.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as _dt
 import enum
 import math
+import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from google.protobuf import json_format, struct_pb2, timestamp_pb2
 
+from limelight_client import render
+from limelight_client._text import TARGET_SCORES, strip_piece_marker
 from limelight_client.proto import explainer_pb2 as pb
 
 __all__ = [
@@ -32,9 +40,6 @@ __all__ = [
     "TokenShift",
     "Word",
 ]
-
-#: The name under which ``Explanation.scores`` is addressed in ``score_array`` and the renderers.
-TARGET_SCORES = "scores"
 
 
 def _ints(value: Any) -> Any:
@@ -76,17 +81,38 @@ def _timestamp(message: Any, name: str) -> _dt.datetime | None:
     return ts.ToDatetime(tzinfo=_dt.timezone.utc)  # noqa: UP017 (client supports Python 3.10)
 
 
-def strip_piece_marker(text: str) -> str:
-    """A token string without its tokenizer marker (WordPiece ``##``, BPE ``Ġ``/``Ċ``,
-    SentencePiece ``▁``)."""
-    for marker in ("##", "Ġ", "▁", "Ċ"):
-        if text.startswith(marker):
-            return text[len(marker) :]
-    return text
+def _jsonable(value: Any) -> Any:
+    """A field value as JSON types: nested shapes as dicts, enums by name, times in ISO 8601."""
+    if isinstance(value, _Shape):
+        return value.to_dict()
+    if isinstance(value, enum.Enum):
+        return value.name
+    if isinstance(value, _dt.datetime):
+        return value.isoformat()
+    if isinstance(value, Mapping):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    return value
+
+
+class _Shape:
+    """Base of the result dataclasses: ``to_dict`` from the fields, never by hand."""
+
+    #: Read-only properties that ``to_dict`` includes after the fields.
+    _derived: ClassVar[tuple[str, ...]] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-serialisable dict of every field (and derived property)."""
+        assert dataclasses.is_dataclass(self)
+        out = {f.name: _jsonable(getattr(self, f.name)) for f in dataclasses.fields(self)}
+        for name in self._derived:
+            out[name] = _jsonable(getattr(self, name))
+        return out
 
 
 @dataclass(frozen=True)
-class Token:
+class Token(_Shape):
     """One model token with its character span ``[start, end)`` in its segment's text.
 
     ``segment`` is 0 for ``text`` and 1 for ``text_pair``; ``special`` marks tokens the
@@ -111,19 +137,9 @@ class Token:
             segment=message.segment,
         )
 
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "text": self.text,
-            "id": self.id,
-            "start": self.start,
-            "end": self.end,
-            "special": self.special,
-            "segment": self.segment,
-        }
-
 
 @dataclass(frozen=True)
-class Word:
+class Word(_Shape):
     """A whitespace-delimited word: adjacent tokens of one segment merged (word pieces,
     contractions, attached punctuation). ``score`` is the sum of its tokens' scores, which keeps
     additive attributions additive; ``tokens`` are indexes into ``Explanation.tokens``."""
@@ -135,19 +151,9 @@ class Word:
     segment: int
     tokens: tuple[int, ...]
 
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "text": self.text,
-            "score": self.score,
-            "start": self.start,
-            "end": self.end,
-            "segment": self.segment,
-            "tokens": list(self.tokens),
-        }
-
 
 @dataclass(frozen=True)
-class Timings:
+class Timings(_Shape):
     """Server-side stage timings of one inline explanation, in seconds."""
 
     queue_seconds: float = 0.0
@@ -168,19 +174,9 @@ class Timings:
             batch_size=message.batch_size,
         )
 
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "queue_seconds": self.queue_seconds,
-            "tokenize_seconds": self.tokenize_seconds,
-            "forward_seconds": self.forward_seconds,
-            "attribute_seconds": self.attribute_seconds,
-            "total_seconds": self.total_seconds,
-            "batch_size": self.batch_size,
-        }
-
 
 @dataclass(frozen=True)
-class Explanation:
+class Explanation(_Shape):
     """A prediction and its token attribution.
 
     ``scores`` has one value per token for ``target_label``; ``class_scores`` (when the request
@@ -344,41 +340,12 @@ class Explanation:
             )
         return out
 
-    def to_dict(self) -> dict[str, Any]:
-        """A JSON-serialisable dict of every field."""
-        return {
-            "label": self.label,
-            "label_index": self.label_index,
-            "labels": list(self.labels),
-            "probabilities": dict(self.probabilities),
-            "tokens": [t.to_dict() for t in self.tokens],
-            "scores": list(self.scores),
-            "class_scores": (
-                [list(r) for r in self.class_scores] if self.class_scores is not None else None
-            ),
-            "extra_scores": {k: list(v) for k, v in self.extra_scores.items()},
-            "details": dict(self.details),
-            "method": self.method,
-            "parameters": dict(self.parameters),
-            "target_label": self.target_label,
-            "target_index": self.target_index,
-            "model_name": self.model_name,
-            "model_version": self.model_version,
-            "truncated": self.truncated,
-            "timings": self.timings.to_dict(),
-            "request_id": self.request_id,
-            "text": self.text,
-            "text_pair": self.text_pair,
-        }
-
     def to_html(
         self, path: str | Path | None = None, scores: str | Sequence[str] | None = None
     ) -> str:
         """A self-contained HTML page (inline CSS, no external assets); written to ``path``
         when given. ``scores`` names one or more arrays (see :meth:`score_array`) to show side
         by side, e.g. ``["value", "importance"]`` for SLALOM; default: the target scores."""
-        from limelight_client import render
-
         page = render.to_html(self, scores=scores)
         if path is not None:
             Path(path).write_text(page, encoding="utf-8")
@@ -387,13 +354,11 @@ class Explanation:
     def to_terminal(self, scores: str = TARGET_SCORES, color: bool | None = None) -> str:
         """A heat-map of the text for a terminal (ANSI truecolor; plain text with bracketed
         scores when ``NO_COLOR`` is set or ``color=False``)."""
-        from limelight_client import render
-
         return render.to_terminal(self, scores=scores, color=color)
 
 
 @dataclass(frozen=True)
-class MethodInfo:
+class MethodInfo(_Shape):
     """An attribution method the server offers: ``cost`` is ``"inline"`` or ``"job"``."""
 
     name: str
@@ -416,18 +381,9 @@ class MethodInfo:
             unavailable_reason=message.unavailable_reason,
         )
 
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "name": self.name,
-            "cost": self.cost,
-            "description": self.description,
-            "defaults": dict(self.defaults),
-            "unavailable_reason": self.unavailable_reason,
-        }
-
 
 @dataclass(frozen=True)
-class ModelInfo:
+class ModelInfo(_Shape):
     """The served model: labels, architecture, limits and the methods it supports."""
 
     name: str
@@ -471,23 +427,6 @@ class ModelInfo:
             f"unknown method {name!r}; offered: {', '.join(m.name for m in self.methods)}"
         )
 
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "name": self.name,
-            "version": self.version,
-            "architecture": self.architecture,
-            "labels": list(self.labels),
-            "num_layers": self.num_layers,
-            "num_heads": self.num_heads,
-            "hidden_size": self.hidden_size,
-            "methods": [m.to_dict() for m in self.methods],
-            "default_method": self.default_method,
-            "max_tokens": self.max_tokens,
-            "max_text_chars": self.max_text_chars,
-            "runtime": self.runtime,
-            "supports_text_pair": self.supports_text_pair,
-        }
-
 
 class JobState(enum.IntEnum):
     """Job lifecycle, mirroring ``limelight.v1.JobState`` value for value."""
@@ -519,7 +458,7 @@ class JobState(enum.IntEnum):
 
 
 @dataclass(frozen=True)
-class JobInfo:
+class JobInfo(_Shape):
     """A snapshot of a job; ``result`` is set once it SUCCEEDED, ``error`` when it did not."""
 
     id: str
@@ -569,53 +508,39 @@ class JobInfo:
             idempotency_key=message.idempotency_key,
         )
 
-    def to_dict(self) -> dict[str, Any]:
-        def iso(t: _dt.datetime | None) -> str | None:
-            return t.isoformat() if t is not None else None
-
-        return {
-            "id": self.id,
-            "state": self.state.name,
-            "method": self.method,
-            "parameters": dict(self.parameters),
-            "progress": self.progress,
-            "message": self.message,
-            "created_at": iso(self.created_at),
-            "started_at": iso(self.started_at),
-            "finished_at": iso(self.finished_at),
-            "attempts": self.attempts,
-            "result": self.result.to_dict() if self.result is not None else None,
-            "error": self.error,
-            "idempotency_key": self.idempotency_key,
-        }
-
 
 @dataclass(frozen=True)
-class TokenShift:
+class TokenShift(_Shape):
     """A token's share of the positive attribution mass, reference vs current window."""
 
     token: str
     reference_share: float
     current_share: float
 
+    _derived: ClassVar[tuple[str, ...]] = ("delta",)
+
+    @property
+    def delta(self) -> float:
+        """current_share − reference_share (the server's name for it)."""
+        return self.current_share - self.reference_share
+
     @property
     def change(self) -> float:
-        return self.current_share - self.reference_share
+        """Deprecated alias of :attr:`delta`."""
+        warnings.warn(
+            "TokenShift.change is deprecated; use TokenShift.delta",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return self.delta
 
     @classmethod
     def from_proto(cls, message: pb.TokenShift) -> TokenShift:
         return cls(message.token, message.reference_share, message.current_share)
 
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "token": self.token,
-            "reference_share": self.reference_share,
-            "current_share": self.current_share,
-        }
-
 
 @dataclass(frozen=True)
-class LabelDrift:
+class LabelDrift(_Shape):
     """Attribution drift of one predicted label (Jensen–Shannon divergence, base 2)."""
 
     label: str
@@ -636,19 +561,9 @@ class LabelDrift:
             fallers=[TokenShift.from_proto(s) for s in message.fallers],
         )
 
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "label": self.label,
-            "divergence": self.divergence,
-            "alert": self.alert,
-            "window_count": self.window_count,
-            "risers": [s.to_dict() for s in self.risers],
-            "fallers": [s.to_dict() for s in self.fallers],
-        }
-
 
 @dataclass(frozen=True)
-class DriftReport:
+class DriftReport(_Shape):
     """Attribution drift per label plus label-mix and concentration drift."""
 
     reference_state: str
@@ -685,16 +600,3 @@ class DriftReport:
             current_entropy=message.current_entropy,
             generated_at=_timestamp(message, "generated_at"),
         )
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "reference_state": self.reference_state,
-            "reference_count": self.reference_count,
-            "window_count": self.window_count,
-            "alert_threshold": self.alert_threshold,
-            "labels": [d.to_dict() for d in self.labels],
-            "label_mix_divergence": self.label_mix_divergence,
-            "reference_entropy": self.reference_entropy,
-            "current_entropy": self.current_entropy,
-            "generated_at": self.generated_at.isoformat() if self.generated_at else None,
-        }

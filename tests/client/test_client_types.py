@@ -239,7 +239,7 @@ def test_drift_report_from_proto() -> None:
     report = DriftReport.from_proto(msg)
     assert [d.label for d in report.alerts] == ["pos"]
     riser = report.label("pos").risers[0]
-    assert riser.token == "refund" and riser.change == pytest.approx(0.19)
+    assert riser.token == "refund" and riser.delta == pytest.approx(0.19)
     assert report.generated_at is None
     assert json.loads(json.dumps(report.to_dict()))["labels"][0]["risers"][0]["token"] == "refund"
 
