@@ -87,3 +87,37 @@ class JobBackend(ABC):
     @abstractmethod
     def watch(self, job_id: str) -> AsyncIterator[JobRecord]:
         """Yields the job on every change of state or progress, ending at a terminal state."""
+
+
+# --- resource bounds -----------------------------------------------------------------------------
+
+_BYTES = 4
+"""float32 activations."""
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """The sizes of an encoder that bound the memory of one input row."""
+
+    layers: int
+    hidden: int
+    heads: int
+
+    def row_bytes(self, tokens: int, backward: bool) -> int:
+        """Activation memory of one row of ``tokens`` tokens: an upper estimate.
+
+        Per layer and token about 12 hidden-size vectors (attention projections, the 4x-wide
+        feed-forward, norms) and per head and token pair 2 attention maps (scores,
+        probabilities). A backward pass keeps every layer's activations (and their gradients);
+        a forward pass without gradients keeps about two layers alive at a time.
+        """
+        tokens = max(1, int(tokens))
+        per_layer = 12 * self.hidden * tokens + 2 * max(1, self.heads) * tokens * tokens
+        layers = max(1, self.layers) + 1 if backward else 2
+        return per_layer * layers * _BYTES
+
+
+def rows_within(memory_mb: float, shape: ModelShape, tokens: int, backward: bool) -> int:
+    """How many rows of ``tokens`` tokens one pass may hold within ``memory_mb`` (0: not even
+    one)."""
+    return int(memory_mb * 1024 * 1024) // shape.row_bytes(tokens, backward)

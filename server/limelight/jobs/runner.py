@@ -13,12 +13,14 @@ import torch
 from limelight.core.jobs import JobSpec
 from limelight.core.types import Attribution, Encoded, Explanation, FloatArray, Timings
 from limelight.errors import FailedPrecondition, InvalidArgument
+from limelight.jobs.budget import ESTIMATES, check_cost, check_memory, check_timeout
 from limelight.methods.base import (
     BUILTIN_METHODS,
     JobContext,
     JobMethod,
     MethodRegistry,
     _load,
+    model_shape,
 )
 from limelight.models.loaded import LoadedModel
 from limelight.settings import Settings
@@ -53,6 +55,7 @@ class JobRunner:
         self.model = model
         self.methods = methods
         self.settings = settings
+        self._throughput: float | None = None
         methods.configure(settings)  # e.g. --lm-head for decoded_gradcam's availability
 
     def job_method(self, name: str) -> JobMethod:
@@ -66,13 +69,39 @@ class JobRunner:
         return method
 
     def validate(self, spec: JobSpec) -> dict[str, Any]:
-        """Check a spec before it is queued: method, parameters and target label."""
+        """Check a spec before it is queued: method, parameters, target label, timeout, and
+        that the job fits the memory budget and can finish within its timeout."""
+        check_timeout(spec.timeout_s, self.settings.job_timeout_max_s)
         method = self.job_method(spec.method)
         params = method.validate_params(spec.params)
         method.validate_for_model(self.model, params)
         if spec.target is not None:
             self._resolve_target(spec, None)
+        encoded = self.model.encode(
+            spec.text, spec.text_pair, self.settings.max_tokens, self.settings.truncation
+        )
+        tokens = len(encoded)
+        check_memory(spec.method, model_shape(self.model), tokens, self.settings.job_memory_mb)
+        timeout = spec.timeout_s if spec.timeout_s > 0 else self.settings.job_timeout_s
+        timeout = min(timeout, self.settings.job_timeout_max_s)
+        if spec.method in ESTIMATES:
+            check_cost(spec.method, params, tokens, self.tokens_per_second(), timeout)
         return params
+
+    def tokens_per_second(self) -> float:
+        """Forward throughput of the model (tokens per second), measured once."""
+        if self._throughput is None:
+            rows, length = 8, max(2, min(64, self.settings.max_tokens))
+            ids = torch.full((rows, length), 1, dtype=torch.long, device=self.model.device)
+            mask = torch.ones_like(ids)
+            with torch.inference_mode():
+                kwargs = self.model.adapter.base_inputs(ids, mask, None)
+                self.model.model(**kwargs)  # warm-up
+                started = time.perf_counter()
+                self.model.model(**kwargs)
+                elapsed = time.perf_counter() - started
+            self._throughput = rows * length / max(elapsed, 1e-6)
+        return self._throughput
 
     def _resolve_target(self, spec: JobSpec, predicted: int | None) -> int:
         target = spec.target

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import importlib
 import logging
+import math
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from limelight.core.jobs import ModelShape, rows_within
 from limelight.core.types import Cost, Encoded, FloatArray
 from limelight.errors import InvalidArgument
 
@@ -39,6 +41,8 @@ class Param:
         if self.kind in (int, float):
             if isinstance(value, bool) or not isinstance(value, (int, float)):
                 raise InvalidArgument(f"parameter {name!r} must be a number")
+            if isinstance(value, float) and not math.isfinite(value):
+                raise InvalidArgument(f"parameter {name!r} must be a finite number")
             if self.kind is int:
                 if float(value) != int(value):
                     raise InvalidArgument(f"parameter {name!r} must be an integer")
@@ -89,6 +93,19 @@ class JobContext:
         if self.should_stop():
             raise JobCancelled("job stopped")
         self.report(fraction, message)
+
+    def rows_per_pass(self, tokens: int, *, backward: bool) -> int:
+        """Most rows of ``tokens`` tokens one forward (and backward) pass may take within
+        ``settings.job_memory_mb`` (at least 1: the runner rejects jobs whose single row does
+        not fit before they are queued)."""
+        return max(
+            1, rows_within(self.settings.job_memory_mb, model_shape(self.model), tokens, backward)
+        )
+
+
+def model_shape(model: LoadedModel) -> ModelShape:
+    """The sizes of ``model`` that bound one row's activation memory."""
+    return ModelShape(layers=model.num_layers, hidden=model.hidden_size, heads=model.num_heads)
 
 
 class AttributionMethod(ABC):

@@ -232,7 +232,8 @@ class IntegratedGradients(JobMethod):
     ) -> MethodOutput:
         model = ctx.model
         steps = int(params["steps"])
-        batch_size = int(params["batch_size"])
+        # Bounded memory: at most as many path points per pass as job_memory_mb holds.
+        batch_size = min(int(params["batch_size"]), ctx.rows_per_pass(len(encoded), backward=True))
         alphas, weights = path_points(steps, str(params["rule"]))
         ids, mask, types = encoded_tensors(model, encoded)
         embeds = word_embeddings_of(model, ids)  # [1, n, K]

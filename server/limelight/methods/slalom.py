@@ -505,6 +505,8 @@ class Slalom(JobMethod):
         )
         types_row = frame.prefix_types + [frame.segment_type] * length + frame.suffix_types
         out = np.empty(n, dtype=np.float64)
+        # Bounded memory: at most as many samples per pass as job_memory_mb holds.
+        batch_size = min(batch_size, ctx.rows_per_pass(ids.shape[1], backward=False))
         for start in range(0, n, batch_size):
             stop = min(n, start + batch_size)
             out[start:stop] = self._forward(ctx, ids[start:stop], types_row, target)

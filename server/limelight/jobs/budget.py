@@ -1,0 +1,98 @@
+"""What a job may cost, checked before it is queued: its timeout, its memory, its run time.
+
+- Timeout: finite, >= 0, at most ``settings.job_timeout_max_s``.
+- Memory: one input row of the job's length must fit ``settings.job_memory_mb`` (methods chunk
+  their batches to the same budget while they run, ``JobContext.rows_per_pass``).
+- Run time: a per-method estimate of the model work, in forward passes over one token
+  ("token passes"), converted to seconds with the model's measured forward throughput; a job
+  estimated to need far more than its timeout is refused rather than left to fail after
+  holding a worker for the whole timeout.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from limelight.core.jobs import ModelShape, rows_within
+from limelight.errors import InvalidArgument
+
+#: A backward pass costs about two forward passes.
+_BACKWARD = 3.0
+
+#: Refuse a job whose estimate exceeds its timeout by this factor (estimates are rough).
+SLACK = 4.0
+
+#: Methods that only run forward passes at the input's length (the rest also backpropagate).
+FORWARD_ONLY = frozenset({"slalom", "random", "shapley", "greedy_deletion"})
+
+
+def _slalom(params: Mapping[str, Any], tokens: int) -> float:
+    samples = float(params.get("num_samples", 500))
+    length = float(params.get("sample_length", 3)) + 2  # + special tokens
+    return samples * length + tokens
+
+
+def _steps(params: Mapping[str, Any], tokens: int) -> float:
+    return (float(params.get("steps", 32)) * _BACKWARD + 2) * tokens
+
+
+#: Token passes of a job, per method (methods not listed are not estimated).
+ESTIMATES: dict[str, Callable[[Mapping[str, Any], int], float]] = {
+    "integrated_gradients": _steps,
+    "gradient": lambda params, tokens: _BACKWARD * tokens,
+    "grad_x_input": lambda params, tokens: _BACKWARD * tokens,
+    "decoded_gradcam": lambda params, tokens: _BACKWARD * tokens,
+    "lrp": lambda params, tokens: 2 * _BACKWARD * tokens,
+    "slalom": _slalom,
+    "random": lambda params, tokens: 0.0,
+}
+
+
+def check_timeout(timeout_s: float, maximum_s: float) -> None:
+    """A job's own timeout (0: the default): finite, >= 0 and at most ``maximum_s``."""
+    if not math.isfinite(timeout_s) or timeout_s < 0:
+        raise InvalidArgument("timeout_seconds must be a finite number >= 0 (0: the default)")
+    if timeout_s > maximum_s:
+        raise InvalidArgument(
+            f"timeout_seconds {timeout_s:g} exceeds this server's maximum of {maximum_s:g} s"
+        )
+
+
+def check_memory(method: str, shape: ModelShape, tokens: int, memory_mb: float) -> None:
+    """One row of ``tokens`` tokens must fit the job memory budget."""
+    backward = method not in FORWARD_ONLY
+    if rows_within(memory_mb, shape, tokens, backward) < 1:
+        need = shape.row_bytes(tokens, backward) / (1024 * 1024)
+        raise InvalidArgument(
+            f"{method} on {tokens} tokens needs about {need:.0f} MB of working memory, more "
+            f"than this server's job memory budget of {memory_mb:g} MB: shorten the text"
+        )
+
+
+def estimate_seconds(
+    method: str, params: Mapping[str, Any], tokens: int, tokens_per_second: float
+) -> float | None:
+    """Estimated run time of a job, or None when the method has no estimate."""
+    estimate = ESTIMATES.get(method)
+    if estimate is None or tokens_per_second <= 0:
+        return None
+    return estimate(params, tokens) / tokens_per_second
+
+
+def check_cost(
+    method: str,
+    params: Mapping[str, Any],
+    tokens: int,
+    tokens_per_second: float,
+    timeout_s: float,
+) -> None:
+    """Refuse a job whose estimated run time is far beyond its timeout."""
+    seconds = estimate_seconds(method, params, tokens, tokens_per_second)
+    if seconds is not None and seconds > SLACK * timeout_s:
+        raise InvalidArgument(
+            f"{method} with these parameters on {tokens} tokens would take about "
+            f"{seconds:.0f} s on this server, far beyond its timeout of {timeout_s:g} s: "
+            "use fewer steps or samples, or a shorter text"
+        )

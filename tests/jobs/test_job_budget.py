@@ -1,0 +1,170 @@
+"""What a job may cost is checked before it is queued: timeout ceiling, finite parameters,
+memory budget, estimated run time; and methods chunk their passes to the memory budget."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from limelight.core.jobs import JobSpec, JobState
+from limelight.errors import InvalidArgument
+from limelight.jobs.execution import job_timeout
+from limelight.jobs.runner import JobRunner, load_job_methods
+from limelight.jobs.sqlite_backend import SqliteJobBackend
+from limelight.methods import gradients, slalom
+from limelight.methods.base import model_shape
+from limelight.models.loaded import LoadedModel
+from limelight.settings import Settings
+
+TEXT = "the acting was awful but the plot is great fun"
+
+
+def _settings(tmp_path: Path, **kw: Any) -> Settings:
+    return Settings(cache_dir=tmp_path, jobs="sqlite", **kw)
+
+
+def _submit_all(settings: Settings, model: LoadedModel, specs: list[JobSpec]) -> list[Any]:
+    """Submit each spec to a journal without workers; the exception or the record of each."""
+    runner = JobRunner(model, load_job_methods(), settings)
+
+    async def main() -> list[Any]:
+        backend = SqliteJobBackend(settings, runner=None)
+        await backend.start()  # no worker threads: jobs stay queued
+        backend.runner = runner  # validates on submit
+        out: list[Any] = []
+        try:
+            for spec in specs:
+                try:
+                    out.append(await backend.submit(spec))
+                except InvalidArgument as exc:
+                    out.append(exc)
+            queued = await backend.list([JobState.QUEUED], 100)
+            assert len(queued) == sum(not isinstance(o, Exception) for o in out)
+        finally:
+            await backend.stop(1.0)
+        return out
+
+    return asyncio.run(main())
+
+
+@pytest.mark.parametrize("timeout", [math.nan, math.inf, -math.inf, -1.0, 1e9])
+def test_absurd_timeouts_are_rejected(
+    tiny_model: LoadedModel, tmp_path: Path, timeout: float
+) -> None:
+    settings = _settings(tmp_path, job_timeout_max_s=120)
+    (result,) = _submit_all(settings, tiny_model, [JobSpec("gradient", TEXT, timeout_s=timeout)])
+    assert isinstance(result, InvalidArgument)
+    assert "timeout_seconds" in result.message
+
+
+def test_timeout_up_to_the_ceiling_is_accepted_and_the_default_is_capped(
+    tiny_model: LoadedModel, tmp_path: Path
+) -> None:
+    settings = _settings(tmp_path, job_timeout_max_s=120, job_timeout_s=600)
+    (record,) = _submit_all(settings, tiny_model, [JobSpec("gradient", TEXT, timeout_s=120)])
+    assert record.state is JobState.QUEUED
+    assert job_timeout(JobSpec("gradient", TEXT), settings) == 120
+
+
+@pytest.mark.parametrize(
+    ("method", "params"),
+    [
+        ("integrated_gradients", {"steps": math.inf}),
+        ("integrated_gradients", {"steps": math.nan}),
+        ("integrated_gradients", {"batch_size": -math.inf}),
+        ("slalom", {"lr": math.nan}),
+        ("slalom", {"lr": math.inf}),
+    ],
+)
+def test_non_finite_parameters_are_invalid_arguments(
+    tiny_model: LoadedModel, tmp_path: Path, method: str, params: dict[str, Any]
+) -> None:
+    (result,) = _submit_all(_settings(tmp_path), tiny_model, [JobSpec(method, TEXT, params=params)])
+    assert isinstance(result, InvalidArgument)
+    assert "finite" in result.message
+
+
+def test_a_job_that_cannot_fit_the_memory_budget_is_rejected_before_queueing(
+    tiny_model: LoadedModel, tmp_path: Path
+) -> None:
+    tokens = len(tiny_model.encode(TEXT, None, 512, "truncate"))
+    one_row_mb = model_shape(tiny_model).row_bytes(tokens, backward=True) / 2**20
+    settings = _settings(tmp_path, job_memory_mb=one_row_mb / 2)
+    rejected, short = _submit_all(
+        settings,
+        tiny_model,
+        [JobSpec("integrated_gradients", TEXT), JobSpec("integrated_gradients", "fun")],
+    )
+    assert isinstance(rejected, InvalidArgument) and "memory" in rejected.message
+    assert short.state is JobState.QUEUED  # a shorter text fits the same budget
+
+
+def test_integrated_gradients_chunks_its_path_to_the_memory_budget(
+    tiny_model: LoadedModel, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    tokens = len(tiny_model.encode(TEXT, None, 512, "truncate"))
+    row_mb = model_shape(tiny_model).row_bytes(tokens, backward=True) / 2**20
+    settings = _settings(tmp_path, job_memory_mb=3.5 * row_mb)
+    rows: list[int] = []
+    real = gradients.logit_from_embeddings
+
+    def spy(model: Any, points: Any, *args: Any, **kw: Any) -> Any:
+        rows.append(int(points.shape[0]))
+        return real(model, points, *args, **kw)
+
+    monkeypatch.setattr(gradients, "logit_from_embeddings", spy)
+    runner = JobRunner(tiny_model, load_job_methods(), settings)
+    spec = JobSpec("integrated_gradients", TEXT, params={"steps": 16, "batch_size": 512})
+    chunked = runner.run(spec)
+    path = rows[:-1]  # the last pass evaluates the two ends of the path
+    assert max(path) <= 3 and sum(path) == 16
+
+    rows.clear()
+    roomy = JobRunner(tiny_model, load_job_methods(), _settings(tmp_path))
+    whole = roomy.run(spec)
+    assert rows[:-1] == [16]  # with room, the requested batch is kept
+    assert chunked.attribution.scores == pytest.approx(whole.attribution.scores, abs=1e-5)
+
+
+def test_slalom_queries_in_chunks_within_the_memory_budget(
+    tiny_model: LoadedModel, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # 3 sampled tokens + [CLS] and [SEP]; forward only.
+    row_mb = model_shape(tiny_model).row_bytes(5, backward=False) / 2**20
+    settings = _settings(tmp_path, job_memory_mb=7.5 * row_mb)
+    rows: list[int] = []
+    real = slalom.Slalom._forward
+
+    def spy(ctx: Any, ids: Any, types_row: Any, target: int) -> Any:
+        rows.append(len(ids))
+        return real(ctx, ids, types_row, target)
+
+    monkeypatch.setattr(slalom.Slalom, "_forward", staticmethod(spy))
+    runner = JobRunner(tiny_model, load_job_methods(), settings)
+    spec = JobSpec(
+        "slalom",
+        TEXT,
+        params={"num_samples": 64, "query_batch_size": 4096, "epochs": 2, "fit": "paper"},
+    )
+    runner.run(spec)
+    assert rows and max(rows) <= 7
+
+
+def test_jobs_estimated_far_beyond_their_timeout_are_refused(
+    tiny_model: LoadedModel, tmp_path: Path
+) -> None:
+    settings = _settings(tmp_path)
+    huge, fine = _submit_all(
+        settings,
+        tiny_model,
+        [
+            JobSpec("slalom", TEXT, params={"num_samples": 100_000}, timeout_s=0.001),
+            JobSpec("integrated_gradients", TEXT, params={"steps": 8}),
+        ],
+    )
+    assert isinstance(huge, InvalidArgument) and "timeout" in huge.message
+    assert fine.state is JobState.QUEUED
