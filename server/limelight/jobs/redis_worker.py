@@ -78,6 +78,7 @@ class RedisWorker:
         self.idle_ms = max(1, int(settings.job_reclaim_idle_s * 1000))
         self.backoff_max_s = backoff_max_s
         self.jobs_done = 0
+        self._warned = False
         self.outages = 0
         """How many times Redis became unreachable while this worker ran."""
 
@@ -110,13 +111,24 @@ class RedisWorker:
 
     # --- Redis faults --------------------------------------------------------------------------
 
-    def _unreachable(self, what: str, exc: BaseException, delay: float) -> float:
-        """Log an outage, wait ``delay`` (or until stopped); the next, longer delay."""
-        if self._ready.is_set() or delay <= 0.05:
+    def _lost_connection(self, what: str, exc: BaseException) -> None:
+        """Note an unreachable queue (logged once per outage)."""
+        if self._ready.is_set() or not self._warned:
             if self._ready.is_set():
                 self.outages += 1
+            self._warned = True
             self._set_ready(False)
             log.warning("worker %s: job queue unreachable (%s: %s); retrying", self.name, what, exc)
+
+    def _reconnected(self) -> None:
+        if not self._ready.is_set():
+            log.info("worker %s: job queue reachable", self.name)
+            self._warned = False
+            self._set_ready(True)
+
+    def _unreachable(self, what: str, exc: BaseException, delay: float) -> float:
+        """Note an outage, wait ``delay`` (or until stopped); the next, longer delay."""
+        self._lost_connection(what, exc)
         self._stop.wait(delay)
         return min(self.backoff_max_s, delay * 2)
 
@@ -126,11 +138,15 @@ class RedisWorker:
         delay = 0.05
         while True:
             try:
-                return call()
+                result = call()
             except CONNECTION_ERRORS as exc:
                 if (until_stop and self._stop.is_set()) or self._abandon.is_set():
                     return None
                 delay = self._unreachable(what, exc, delay)
+            else:
+                if delay > 0.05:
+                    self._reconnected()
+                return result
 
     def _ensure_group(self) -> bool:
         try:
@@ -164,9 +180,7 @@ class RedisWorker:
                 log.warning("worker %s: consumer group missing; re-creating it", self.name)
                 self._retry("creating the consumer group", self._ensure_group)
                 continue
-            if not self._ready.is_set():
-                log.info("worker %s: job queue reachable", self.name)
-                self._set_ready(True)
+            self._reconnected()
             delay = 0.05
             if entry is not None:
                 self._handle(*entry)
@@ -271,8 +285,9 @@ class RedisWorker:
                 )
             except CONNECTION_ERRORS as exc:
                 # Keep computing: the outcome is written once Redis is back.
-                log.warning("worker %s: progress of job %s not written: %s", self.name, job_id, exc)
+                self._lost_connection(f"progress of job {job_id}", exc)
                 return
+            self._reconnected()
             remote["cancel"] = flag == "1"
             remote["lost"] = flag == "lost"
 

@@ -1,0 +1,201 @@
+"""Redis faults on a real redis-server that the tests stop and start: the sidecar side answers
+UNAVAILABLE and reconnects by itself, watch rides out a restart, workers wait instead of dying,
+and with append-only persistence queued jobs survive a Redis restart."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import subprocess
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+import redis
+from helpers import await_until, test_registry, touch, wait_until
+
+from limelight.core.jobs import JobSpec, JobState
+from limelight.errors import ErrorKind, LimelightError, Unavailable
+from limelight.jobs.redis_backend import RedisJobBackend
+from limelight.jobs.redis_worker import RedisWorker
+from limelight.jobs.runner import JobRunner
+from limelight.models.loaded import LoadedModel
+from limelight.settings import Settings
+
+
+class RedisProcess:
+    """A redis-server on a fixed port with append-only persistence, stopped and started at will."""
+
+    def __init__(self, workdir: Path, port: int) -> None:
+        self.workdir = workdir
+        self.port = port
+        self.url = f"redis://127.0.0.1:{port}/0"
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        exe = shutil.which("redis-server")
+        if exe is None:
+            pytest.fail("redis-server is not installed (run `make sysdeps`)")
+        argv = [exe, "--port", str(self.port), "--bind", "127.0.0.1", "--save", ""]
+        argv += ["--appendonly", "yes", "--appendfsync", "always", "--dir", str(self.workdir)]
+        self.proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+        client = redis.Redis.from_url(self.url)
+        wait_until(lambda: self._pings(client))
+
+    def _pings(self, client: redis.Redis) -> bool:
+        assert self.proc is not None
+        if self.proc.poll() is not None:
+            pytest.fail("redis-server did not start")
+        try:
+            return bool(client.ping())
+        except (redis.ConnectionError, redis.exceptions.BusyLoadingError):
+            return False
+
+    def stop(self) -> None:
+        """SIGTERM: Redis flushes its append-only file and exits."""
+        if self.proc is not None:
+            self.proc.terminate()
+            self.proc.wait()
+            self.proc = None
+
+
+@pytest.fixture
+def restartable_redis(tmp_path: Path) -> Iterator[RedisProcess]:
+    from conftest import _free_port
+
+    server = RedisProcess(tmp_path / "redis", _free_port())
+    server.workdir.mkdir()
+    server.start()
+    yield server
+    server.stop()
+
+
+def _settings(url: str, tmp_path: Path) -> Settings:
+    return Settings(cache_dir=tmp_path, jobs=url, job_reclaim_idle_s=30)
+
+
+@contextmanager
+def running(worker: RedisWorker) -> Iterator[threading.Thread]:
+    thread = threading.Thread(target=worker.run, daemon=True)
+    thread.start()
+    try:
+        yield thread
+    finally:
+        worker.request_stop()
+        thread.join()
+
+
+def _kind(exc: BaseException) -> ErrorKind | None:
+    return exc.kind if isinstance(exc, LimelightError) else None
+
+
+def test_backend_answers_unavailable_while_redis_is_down_and_reconnects(
+    tiny_model: LoadedModel, restartable_redis: RedisProcess, tmp_path: Path
+) -> None:
+    settings = _settings(restartable_redis.url, tmp_path)
+    runner = JobRunner(tiny_model, test_registry(), settings)
+
+    async def main() -> None:
+        backend = RedisJobBackend(settings, runner=runner)
+        await backend.start()
+        try:
+            jobs = [
+                await backend.submit(JobSpec(method="steps", text=f"good film {i}"))
+                for i in range(12)
+            ]
+            restartable_redis.stop()
+            calls = {
+                "submit": backend.submit(JobSpec(method="steps", text="bad")),
+                "get": backend.get(jobs[0].id),
+                "list": backend.list(None, 10),
+                "cancel": backend.cancel(jobs[0].id),
+            }
+            for name, call in calls.items():
+                with pytest.raises(Unavailable) as err:
+                    await call
+                assert _kind(err.value) is ErrorKind.UNAVAILABLE, name
+            restartable_redis.start()
+            # Same backend, no restart: it reconnects on the next command, and with
+            # append-only persistence every queued job is still there.
+            listed = await backend.list([JobState.QUEUED], 100)
+            assert {j.id for j in listed} == {j.id for j in jobs}
+            assert (await backend.cancel(jobs[0].id)).state is JobState.CANCELLED
+        finally:
+            await backend.stop(1.0)
+
+    asyncio.run(main())
+
+
+def test_watch_and_workers_survive_a_redis_restart(
+    tiny_model: LoadedModel, restartable_redis: RedisProcess, tmp_path: Path
+) -> None:
+    settings = _settings(restartable_redis.url, tmp_path)
+    runner = JobRunner(tiny_model, test_registry(), settings)
+    release, started = tmp_path / "release", tmp_path / "started"
+    worker = RedisWorker(settings, runner, name="w-faults", backoff_max_s=0.2)
+
+    async def main() -> None:
+        backend = RedisJobBackend(settings, runner=runner)
+        backend.watch_reconnect_s = 120
+        await backend.start()
+        try:
+            job = await backend.submit(
+                JobSpec(
+                    method="block",
+                    text="the plot is great fun",
+                    params={"release": str(release), "started": str(started)},
+                )
+            )
+            seen: list[JobState] = []
+
+            async def follow() -> None:
+                async for record in backend.watch(job.id):
+                    seen.append(record.state)
+
+            watcher = asyncio.create_task(follow())
+            with running(worker) as thread:
+                await await_until(lambda: started.exists() and JobState.RUNNING in seen)
+                restartable_redis.stop()
+                # The worker notices (its next progress poll fails) and waits, alive.
+                await await_until(lambda: not worker.ready)
+                assert thread.is_alive()
+                restartable_redis.start()
+                await await_until(lambda: worker.ready)
+                touch(release)
+                await asyncio.wait_for(watcher, timeout=120)
+                assert thread.is_alive() and worker.outages >= 1
+            assert seen[-1] is JobState.SUCCEEDED
+            assert (await backend.get(job.id)).state is JobState.SUCCEEDED
+        finally:
+            await backend.stop(1.0)
+
+    asyncio.run(main())
+
+
+def test_a_worker_started_while_redis_is_down_waits_for_it(
+    tiny_model: LoadedModel, restartable_redis: RedisProcess, tmp_path: Path
+) -> None:
+    settings = _settings(restartable_redis.url, tmp_path)
+    runner = JobRunner(tiny_model, test_registry(), settings)
+    restartable_redis.stop()
+    worker = RedisWorker(settings, runner, name="w-early", backoff_max_s=0.2)
+    with running(worker) as thread:
+        assert not worker.ready and thread.is_alive()
+        restartable_redis.start()
+        wait_until(lambda: worker.ready)
+
+        async def submit_and_wait() -> JobState:
+            backend = RedisJobBackend(settings, runner=runner)
+            await backend.start()
+            try:
+                job = await backend.submit(JobSpec(method="steps", text="fun"))
+                async for record in backend.watch(job.id):
+                    if record.state.terminal:
+                        return record.state
+                raise AssertionError("watch ended before the job did")
+            finally:
+                await backend.stop(1.0)
+
+        assert asyncio.run(submit_and_wait()) is JobState.SUCCEEDED
