@@ -73,13 +73,23 @@ class Settings(BaseSettings):
     max_batch_wait_ms: float = 0.0
     """How long a request that finds the inference thread idle waits for company. 0: it is
     dispatched at once; requests that arrive while a batch runs form the next batch anyway."""
-    max_batch_tokens: int = 2048
+    max_batch_tokens: int = 1024
     """Most padded tokens (requests x longest request) in one forward pass; a single longer
     request still runs, alone. 0: no token budget."""
     batch_bucket_floor: int = 32
     """Length buckets: inputs of at most this many tokens may share a batch; above it a batch
     only holds inputs within a factor of two of each other, so short ones are never padded to
-    long ones. Buckets share the inference thread fairly (equal padded tokens)."""
+    long ones."""
+    batch_length_penalty: float = 0.5
+    """Fair share between length buckets: a batch of bucket B is charged its padded tokens x
+    (B / batch_bucket_floor) ** penalty. 0: equal padded tokens per bucket; 0.5: a 512-token
+    request pays 4x its tokens, so short requests keep most of the thread, long ones a
+    guaranteed share."""
+    batch_anticipate_ms: float = 10.0
+    """Right after a batch, while its length bucket is still owed the next turn and only other
+    buckets have work, wait up to this long for its clients' next requests before starting a
+    batch of another bucket (adaptive below it: about three times the usual return gap, and
+    skipped while clients mostly do not come back in time). 0: never wait."""
     max_pending: int = 1024
     """Inline requests waiting for a batch before new ones get RESOURCE_EXHAUSTED."""
     warmup: bool = True

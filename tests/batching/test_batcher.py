@@ -195,20 +195,25 @@ def test_batches_never_mix_lengths_beyond_the_policy() -> None:
         assert batch == sorted(batch)  # first come, first served within a bucket
 
 
-def test_long_requests_are_not_starved_by_a_stream_of_short_ones() -> None:
-    """Short requests keep arriving (closed loop, more than fill a batch); a long request
-    queued behind them is served after a bounded number of short batches, and the short ones
-    keep being served while the long ones wait (fair share of padded tokens)."""
+def _closed_loop(
+    n_long: int, n_short: int = 16, **kw: object
+) -> tuple[list[list[int]], dict[int, int], list[int]]:
+    """``n_short`` closed-loop clients of 10-token requests, and a client that sends
+    ``n_long`` 500-token requests one after another; returns the batches, the sizes and the
+    long ids."""
     batches: list[list[int]] = []
     sizes: dict[int, int] = {}
     next_id = iter(range(10**6))
+    longs: list[int] = []
 
     def process(items: list[int]) -> list[int]:
         batches.append(list(items))
         return items
 
     async def go() -> None:
-        batcher = make(process, size=sizes.__getitem__, max_batch_size=8, max_batch_tokens=512)
+        options: dict[str, object] = {"max_batch_size": 8, "max_batch_tokens": 512}
+        options.update(kw)
+        batcher = make(process, size=sizes.__getitem__, **options)
         await batcher.start()
         stop = asyncio.Event()
 
@@ -218,28 +223,54 @@ def test_long_requests_are_not_starved_by_a_stream_of_short_ones() -> None:
                 sizes[i] = 10
                 await batcher.submit(i)
 
-        async def long_client() -> int:
+        shorts = [asyncio.ensure_future(short_client()) for _ in range(n_short)]
+        await asyncio.sleep(0)
+        for _ in range(n_long):
             i = next(next_id)
             sizes[i] = 500
+            longs.append(i)
             await batcher.submit(i)
-            return i
-
-        shorts = [asyncio.ensure_future(short_client()) for _ in range(16)]
-        await asyncio.sleep(0)
-        longs = [await long_client() for _ in range(3)]  # one after another, like a client
         stop.set()
         await asyncio.gather(*shorts)
         await batcher.stop()
-        positions = [next(n for n, b in enumerate(batches) if i in b) for i in longs]
-        gaps = [b - a for a, b in zip([0, *positions], positions, strict=False)]
-        # 8 shorts of 10 tokens = 80 padded tokens a batch; a 500-token long gets its turn
-        # after at most ~500/80 + 1 short batches.
-        assert all(gap <= 9 for gap in gaps), (gaps, [len(b) for b in batches])
 
     asyncio.run(go())
-    short_batches = [b for b in batches if all(sizes[i] == 10 for i in b)]
-    assert len(short_batches) >= 3
-    assert all(len(b) == 1 for b in batches if any(sizes[i] == 500 for i in b))
+    return batches, sizes, longs
+
+
+def _gaps(batches: list[list[int]], longs: list[int]) -> list[int]:
+    """Batches run between one long request's turn and the next one's."""
+    positions = [next(n for n, b in enumerate(batches) if i in b) for i in longs]
+    return [b - a for a, b in zip([0, *positions], positions, strict=False)]
+
+
+def test_long_requests_are_not_starved_by_a_stream_of_short_ones() -> None:
+    """Short requests keep arriving (more than fill a batch); each long request queued behind
+    them runs after a bounded number of short batches: the fair share of padded tokens."""
+    for penalty in (0.0, 0.5):
+        batches, sizes, longs = _closed_loop(4, length_penalty=penalty, anticipate_s=10.0)
+        policy = LengthPolicy(8, 512, 32, penalty)
+        # A long batch is charged charge(512, 1, 500); a full short batch charge(32, 8, 10).
+        bound = policy.charge(512, 1, 500) / policy.charge(32, 8, 10) + 2
+        assert all(gap <= bound for gap in _gaps(batches, longs)), (penalty, _gaps(batches, longs))
+        assert all(len(b) == 1 for b in batches if any(sizes[i] == 500 for i in b))
+        assert sum(1 for b in batches if all(sizes[i] == 10 for i in b)) >= 3
+
+
+def test_short_clients_keep_their_turns_while_long_work_waits() -> None:
+    """Anticipation: 8 short clients fill exactly one batch, so right after it the short
+    bucket is empty until they resubmit; with a long request waiting the batcher waits for
+    them while they are owed the next turn, instead of starting the long batch every time."""
+    penalty = 0.5
+    policy = LengthPolicy(8, 512, 32, penalty)
+    owed = policy.charge(512, 1, 500) / policy.charge(32, 8, 10)  # short batches per long
+    kw = {"n_short": 8, "length_penalty": penalty}
+    batches, _, longs = _closed_loop(3, anticipate_s=10.0, **kw)  # type: ignore[arg-type]
+    assert all(gap >= owed - 2 for gap in _gaps(batches, longs)[1:]), _gaps(batches, longs)
+    # Without anticipation a waiting long request takes the thread whenever the short bucket
+    # is momentarily empty, i.e. right after every short batch.
+    batches, _, longs = _closed_loop(3, anticipate_s=0.0, **kw)  # type: ignore[arg-type]
+    assert all(gap <= 2 for gap in _gaps(batches, longs)[1:]), _gaps(batches, longs)
 
 
 def test_short_requests_are_not_held_behind_a_backlog_of_long_ones() -> None:

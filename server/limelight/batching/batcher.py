@@ -13,11 +13,19 @@ to a long one. A batch also holds at most ``max_batch_size`` items and at most
 ``max_batch_tokens`` padded tokens (items x longest item); a single item larger than the budget
 still runs, alone.
 
-Scheduling between buckets is start-time fair queuing on padded tokens: each bucket with
-waiting work gets an equal share of the padded tokens processed, so a stream of short requests
-cannot starve long ones and long requests cannot monopolise the thread. Within a bucket the
-order is first come, first served. A bucket that becomes active starts at the current virtual
-time, so it neither jumps ahead with credit saved while idle nor waits behind old debt.
+Scheduling between buckets is weighted start-time fair queuing: a batch of bucket ``B`` is
+charged its padded tokens x ``(B / bucket_floor) ** length_penalty`` and the bucket with waiting
+work and the least charge goes next. With the default penalty 0.5 a 512-token request is charged
+four times its tokens, so short requests get most of the thread while long ones still get a
+guaranteed share: neither starves (0 shares padded tokens equally). Within a bucket the order is
+first come, first served. A bucket that becomes active starts at the current virtual time, so it
+neither jumps ahead with credit saved while idle nor waits behind old debt.
+
+Anticipation: closed-loop clients resubmit a moment after their answer, so right after a batch
+its bucket is often empty although it is owed the next turn; a work-conserving scheduler would
+then start a long batch and every short request would wait for one. When the bucket that just
+ran is still owed the next turn and only other buckets have work, the batcher waits up to
+``anticipate_s`` for it before dispatching another bucket.
 
 The work runs in an executor thread: torch never blocks the event loop. All asyncio objects
 are created in ``start()``, inside the running loop.
@@ -50,6 +58,8 @@ class LengthPolicy:
     """Most padded tokens (items x longest item) in one batch; 0: no token budget."""
     bucket_floor: int = 32
     """Items of at most this many tokens share the first bucket; above it buckets double."""
+    length_penalty: float = 0.5
+    """A batch of bucket B is charged padded tokens x (B / bucket_floor) ** length_penalty."""
 
     def __post_init__(self) -> None:
         if self.max_batch_size < 1:
@@ -58,6 +68,8 @@ class LengthPolicy:
             raise ValueError("max_batch_tokens must be >= 0")
         if self.bucket_floor < 1:
             raise ValueError("bucket_floor must be >= 1")
+        if self.length_penalty < 0:
+            raise ValueError("length_penalty must be >= 0")
 
     def bucket(self, size: int) -> int:
         """The upper size bound of ``size``'s bucket: floor, 2 floor, 4 floor, ..."""
@@ -65,6 +77,10 @@ class LengthPolicy:
         while bound < size:
             bound *= 2
         return bound
+
+    def charge(self, bucket: int, count: int, longest: int) -> float:
+        """What a batch costs its bucket in the fair share."""
+        return count * longest * (bucket / self.bucket_floor) ** self.length_penalty
 
     def fits(self, count: int, longest: int) -> bool:
         """May a batch of ``count`` items whose longest has ``longest`` tokens run? (count >= 1)"""
@@ -84,9 +100,14 @@ class _Pending(Generic[T, R]):
 
 @dataclass
 class _Bucket(Generic[T, R]):
+    key: int
     items: deque[_Pending[T, R]]
     start: float = 0.0
     """Virtual start time of the bucket's next batch (padded tokens)."""
+    hit_rate: float = 1.0
+    """Moving average: how often anticipation for this bucket got a request in time."""
+    gap: float = 0.0
+    """Moving average of how long the hits took (seconds)."""
 
 
 class MicroBatcher(Generic[T, R]):
@@ -102,6 +123,8 @@ class MicroBatcher(Generic[T, R]):
         max_wait_s: float = 0.0,
         max_batch_tokens: int = 0,
         bucket_floor: int = 32,
+        length_penalty: float = 0.5,
+        anticipate_s: float = 0.0,
         size: Callable[[T], int] | None = None,
         on_batch: Callable[[int, list[float]], None] | None = None,
     ) -> None:
@@ -110,8 +133,9 @@ class MicroBatcher(Generic[T, R]):
         queue_waits)`` is called once per processed batch (metrics)."""
         self._process = process
         self._executor = executor
-        self.policy = LengthPolicy(max_batch_size, max_batch_tokens, bucket_floor)
+        self.policy = LengthPolicy(max_batch_size, max_batch_tokens, bucket_floor, length_penalty)
         self._max_wait = max_wait_s
+        self._anticipate = anticipate_s
         self._max_pending = max_pending
         self._size = size
         self._on_batch = on_batch
@@ -122,6 +146,9 @@ class MicroBatcher(Generic[T, R]):
         self._task: asyncio.Task[None] | None = None
         self._closing = False
         self._busy = False
+        #: How often anticipation got the owed bucket's next request in time, and how often not.
+        self.anticipation_hits = 0
+        self.anticipation_misses = 0
 
     @property
     def pending(self) -> int:
@@ -148,7 +175,7 @@ class MicroBatcher(Generic[T, R]):
         key = self.policy.bucket(size)
         bucket = self._buckets.get(key)
         if bucket is None:
-            bucket = self._buckets[key] = _Bucket(deque())
+            bucket = self._buckets[key] = _Bucket(key, deque())
         if not bucket.items:
             # (Re)activated: start at the current virtual time, no saved credit, no old debt.
             bucket.start = max(bucket.start, self._vtime)
@@ -217,9 +244,48 @@ class MicroBatcher(Generic[T, R]):
                 longest = max(longest, head.size)
             if batch:
                 self._vtime = bucket.start
-                bucket.start += len(batch) * longest
+                bucket.start += self.policy.charge(bucket.key, len(batch), longest)
                 return batch
         return []
+
+    def _owed(self, bucket: _Bucket[T, R]) -> bool:
+        """Would ``bucket`` go next if it had work, while only other buckets have some?"""
+        if bucket.items or not self._count:
+            return False
+        waiting = [b.start for b in self._buckets.values() if b.items]
+        return bucket.start <= min(waiting)
+
+    async def _anticipate_for(self, bucket: _Bucket[T, R]) -> None:
+        """Give an owed bucket a moment to get work before another bucket runs.
+
+        The wait adapts: at most ``anticipate_s``, at most three times the bucket's usual
+        return gap once it has one, and skipped while the bucket's clients mostly do not
+        come back in time (open-loop traffic), with an occasional retry."""
+        assert self._wakeup is not None
+        if not self._owed(bucket):
+            return
+        if bucket.hit_rate < 0.25:
+            bucket.hit_rate += 0.02  # retry now and then: the traffic may have changed
+            return
+        window = self._anticipate
+        if bucket.gap > 0:
+            window = min(window, max(0.0005, 3 * bucket.gap))
+        began = time.monotonic()
+        end = began + window
+        while self._owed(bucket):
+            remaining = end - time.monotonic()
+            if remaining <= 0:
+                self.anticipation_misses += 1
+                bucket.hit_rate *= 0.9
+                bucket.gap = 0.9 * bucket.gap + 0.1 * window if bucket.gap else 0.0
+                return
+            self._wakeup.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wakeup.wait(), remaining)
+        self.anticipation_hits += 1
+        took = time.monotonic() - began
+        bucket.hit_rate = 0.9 * bucket.hit_rate + 0.1
+        bucket.gap = 0.9 * bucket.gap + 0.1 * took if bucket.gap else took
 
     async def _linger(self) -> None:
         """With the thread idle and a batch not yet full, wait up to ``max_wait_s`` for company."""
@@ -235,15 +301,20 @@ class MicroBatcher(Generic[T, R]):
     async def _run(self) -> None:
         assert self._wakeup is not None
         loop = asyncio.get_running_loop()
+        last: _Bucket[T, R] | None = None
         while True:
             if not self._count:
                 self._wakeup.clear()
                 await self._wakeup.wait()
                 await self._linger()
+            elif last is not None and self._anticipate > 0:
+                await self._anticipate_for(last)
             now = time.monotonic()
             live = self._take(now)
             if not live:
+                last = None
                 continue
+            last = self._buckets[self.policy.bucket(max(p.size for p in live))]
             self._busy = True
             try:
                 results = await loop.run_in_executor(

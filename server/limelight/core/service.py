@@ -97,6 +97,14 @@ def validate_text(text: str, text_pair: str | None, max_chars: int) -> None:
         raise InvalidArgument(f"text has {size} characters; the limit is {max_chars}")
 
 
+_TOKENIZE_BUCKET_CHARS = 512
+_TOKENIZE_BATCH_CHARS = 32_768
+
+
+def _chars(item: tuple[str, str | None]) -> int:
+    return len(item[0]) + len(item[1] or "")
+
+
 def encode_batch(
     model: LoadedModel,
     inputs: Sequence[tuple[str, str | None]],
@@ -223,15 +231,23 @@ class ExplanationService:
             max_pending=settings.max_pending,
             max_batch_tokens=settings.max_batch_tokens,
             bucket_floor=settings.batch_bucket_floor,
+            length_penalty=settings.batch_length_penalty,
+            anticipate_s=settings.batch_anticipate_ms / 1000.0,
             size=_InlineItem.size,
             on_batch=self._record_batch,
         )
         await self._batcher.start()
+        # Length-aware too (by characters): a short text is not tokenised in the same call
+        # as, nor queued behind, a backlog of 20,000-character ones.
         self._tokenizer = MicroBatcher(
             self._encode_many,
             executor=self._tokenize_executor,
             max_batch_size=max(64, settings.max_batch_size),
             max_pending=settings.max_pending,
+            max_batch_tokens=_TOKENIZE_BATCH_CHARS,
+            bucket_floor=_TOKENIZE_BUCKET_CHARS,
+            length_penalty=settings.batch_length_penalty,
+            size=_chars,
         )
         await self._tokenizer.start()
         if self.settings.warmup:
