@@ -1,42 +1,73 @@
-"""`limelight bench`: latency and throughput of the inline path and the job methods.
+"""`limelight bench`: latency and throughput of the inline path, the served path and job methods.
 
 Everything is measured in one run on the same inputs and reported as ratios against a baseline
-from that run: inline explain vs plain forward (torch, ONNX Runtime), gRPC end to end vs
-in-process, job methods vs one forward pass. Prints Markdown tables and writes a PNG plot.
+from that run: inline explain vs plain forward (torch, ONNX Runtime); the sidecar in its own
+process under closed-loop load from another process vs the same work in-process (throughput,
+latency at one client vs a plain forward, server CPU per request vs in-process CPU per text);
+short requests with and without long ones in the mix; job methods vs one forward pass. Prints
+Markdown tables and writes a PNG plot.
 """
 
 from __future__ import annotations
 
 import argparse
+import statistics
 from pathlib import Path
+from typing import Any
 
 from limelight.cli.common import add_model_args, settings_from_args
 
+SECTIONS = ("inline", "served", "mix", "jobs")
+
 
 def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    p = subparsers.add_parser("bench", help="benchmark the inline path, gRPC and job methods")
+    p = subparsers.add_parser(
+        "bench", help="benchmark the inline path, the served path under load and job methods"
+    )
     add_model_args(p)
     p.add_argument("--runtimes", default="torch,onnx", help="comma-separated: torch,onnx")
-    p.add_argument("--batches", default="1,8,32", help="batch sizes")
-    p.add_argument("--clients", default="1,8,32", help="concurrent gRPC clients")
+    p.add_argument("--batches", default="1,8,32", help="in-process batch sizes")
+    p.add_argument(
+        "--clients", default="1,8,32", help="concurrent clients of the out-of-process load"
+    )
+    p.add_argument("--duration", type=float, default=10.0, help="seconds measured per load point")
+    p.add_argument(
+        "--load-warmup", type=float, default=2.0, help="seconds of load before measuring"
+    )
+    p.add_argument(
+        "--mix",
+        default="8+4",
+        help="mixed-length load: SHORT+LONG concurrent clients, e.g. 8+4 ('' to skip)",
+    )
+    p.add_argument(
+        "--long-chars", type=int, default=20_000, help="characters of each long text in --mix"
+    )
+    p.add_argument(
+        "--sections",
+        default=",".join(SECTIONS),
+        help=f"what to measure, comma-separated: {','.join(SECTIONS)}",
+    )
     p.add_argument(
         "--job-methods",
         default="gradient,grad_x_input,integrated_gradients,decoded_gradcam,lrp,slalom",
         help="job methods to time ('' to skip)",
     )
-    p.add_argument("--quick", action="store_true", help="fewer repeats (a smoke run)")
+    p.add_argument("--quick", action="store_true", help="fewer repeats, short load (a smoke run)")
     p.add_argument("--out", type=Path, default=Path("bench-results"), help="output folder")
     p.set_defaults(func=run)
 
 
-def _plot(inline_rows: list, grpc_rows: list, out: Path) -> None:  # type: ignore[type-arg]
+def _plot(inline_rows: list[Any], served: list[dict[str, Any]], out: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.5))
-    for (runtime, texts), group in _groups(inline_rows).items():
+    groups: dict[tuple[str, str], list[Any]] = {}
+    for r in inline_rows:
+        groups.setdefault((r.runtime, r.texts), []).append(r)
+    for (runtime, texts), group in groups.items():
         left.plot(
             [r.batch for r in group],
             [r.explain_per_s for r in group],
@@ -47,24 +78,33 @@ def _plot(inline_rows: list, grpc_rows: list, out: Path) -> None:  # type: ignor
     left.set_xlabel("batch size")
     left.set_ylabel("explanations / s (in-process)")
     left.set_title("Inline explain throughput")
-    left.legend(fontsize=8)
-    for runtime in sorted({r.runtime for r in grpc_rows}):
-        group = [r for r in grpc_rows if r.runtime == runtime]
-        right.plot([r.clients for r in group], [r.per_s for r in group], marker="o", label=runtime)
+    if groups:
+        left.legend(fontsize=8)
+    for runtime in sorted({r["runtime"] for r in served}):
+        group = [r for r in served if r["runtime"] == runtime]
+        right.plot(
+            [r["clients"] for r in group], [r["per_s"] for r in group], marker="o", label=runtime
+        )
     right.set_xscale("log", base=2)
-    right.set_xlabel("concurrent gRPC clients")
+    right.set_xlabel("concurrent clients (separate process)")
     right.set_ylabel("requests / s")
-    right.set_title("gRPC end to end (micro-batched)")
-    right.legend(fontsize=8)
+    right.set_title("Served end to end, loopback")
+    if served:
+        right.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(out, dpi=110)
 
 
-def _groups(rows: list) -> dict:  # type: ignore[type-arg]
-    groups: dict = {}  # type: ignore[type-arg]
-    for r in rows:
-        groups.setdefault((r.runtime, r.texts), []).append(r)
-    return groups
+def long_texts(reviews: list[str], chars: int, count: int) -> list[str]:
+    """``count`` texts of about ``chars`` characters (reviews joined, cut at a word)."""
+    texts, i = [], 0
+    for _ in range(count):
+        parts: list[str] = []
+        while sum(len(p) + 1 for p in parts) < chars:
+            parts.append(reviews[i % len(reviews)])
+            i += 1
+        texts.append(" ".join(parts)[:chars].rsplit(" ", 1)[0])
+    return texts
 
 
 def run(args: argparse.Namespace) -> int:
@@ -74,6 +114,10 @@ def run(args: argparse.Namespace) -> int:
     from limelight.runtimes.base import Runtime
     from limelight.runtimes.torch_runtime import TorchRuntime
 
+    sections = {s for s in args.sections.split(",") if s}
+    unknown = sections - set(SECTIONS)
+    if unknown:
+        raise SystemExit(f"unknown --sections {','.join(sorted(unknown))}; use {SECTIONS}")
     settings = settings_from_args(args, jobs="off", drift_enabled=False)
     model = load_served_model(settings)
     reviews = [e.text for e in rotten_tomatoes("test")]
@@ -81,6 +125,8 @@ def run(args: argparse.Namespace) -> int:
     long = [" ".join(reviews[i : i + 6]) for i in range(0, 6 * 64, 6)]
     batches = [int(x) for x in args.batches.split(",") if x]
     repeats = 3 if args.quick else 15
+    duration = min(args.duration, 3.0) if args.quick else args.duration
+    warmup = min(args.load_warmup, 1.0) if args.quick else args.load_warmup
     work = b.workdir()
     runtimes: dict[str, Runtime] = {}
     names = [r for r in args.runtimes.split(",") if r]
@@ -94,60 +140,207 @@ def run(args: argparse.Namespace) -> int:
     report.append(f"command: limelight bench {' '.join(_argv(args))}")
     print("\n".join(report), flush=True)
 
-    inline_rows = b.inline_vs_forward(
-        model, runtimes, {"short": short, "long": long}, batches, repeats
-    )
-    table = b.markdown_table(
-        ["runtime", "texts", "batch", "forward ms", "explain ms", "explain/forward", "expl/s"],
-        [
-            [r.runtime, r.texts, r.batch, r.forward_ms, r.explain_ms, r.ratio, r.explain_per_s]
-            for r in inline_rows
-        ],
-    )
-    report += ["", "## Inline explain vs plain forward (same inputs, same run)", "", table]
-    print("\n" + table, flush=True)
+    def emit(title: str, table: str, note: str = "") -> None:
+        report.extend(["", f"## {title}", "", table] + (["", note] if note else []))
+        print(f"\n## {title}\n\n{table}" + (f"\n\n{note}" if note else ""), flush=True)
 
-    best_in_process = {
-        name: max(r.explain_per_s for r in inline_rows if r.runtime == name and r.texts == "short")
-        for name in runtimes
-    }
-    grpc_rows = []
-    per_client = 6 if args.quick else 24
-    for name in runtimes:
-        graph = work / "inline.onnx" if name == "onnx" else None
-        for clients in [int(x) for x in args.clients.split(",") if x]:
-            grpc_rows.append(
-                b.grpc_end_to_end(
-                    model.directory, short, clients, per_client, runtime=name, onnx_path=graph
-                )
+    inline_rows: list[Any] = []
+    if "inline" in sections:
+        inline_rows = b.inline_vs_forward(
+            model, runtimes, {"short": short, "long": long}, batches, repeats
+        )
+        emit(
+            "Inline explain vs plain forward (same inputs, same run)",
+            b.markdown_table(
+                [
+                    "runtime",
+                    "texts",
+                    "batch",
+                    "forward ms",
+                    "explain ms",
+                    "explain/forward",
+                    "expl/s",
+                ],
+                [
+                    [
+                        r.runtime,
+                        r.texts,
+                        r.batch,
+                        r.forward_ms,
+                        r.explain_ms,
+                        r.ratio,
+                        r.explain_per_s,
+                    ]
+                    for r in inline_rows
+                ],
+            ),
+        )
+
+    served: list[dict[str, Any]] = []
+    model_dir = model.directory
+    common: dict[str, Any] = {"model_dir": model_dir, "torch_threads": settings.torch_threads}
+    if settings.device:
+        common["device"] = settings.device
+    if "served" in sections:
+        clients = [int(x) for x in args.clients.split(",") if x]
+        rows = []
+        for name, runtime in runtimes.items():
+            forward_ms = statistics.median(
+                b.single_forward_ms(model, runtime, text, repeats) for text in short[:16]
             )
-    table = b.markdown_table(
-        ["runtime", "clients", "p50 ms", "p99 ms", "req/s", "vs best in-process"],
-        [
-            [
-                r.runtime,
-                r.clients,
-                r.p50_ms,
-                r.p99_ms,
-                r.per_s,
-                r.per_s / best_in_process[r.runtime],
-            ]
-            for r in grpc_rows
-        ],
-    )
-    report += ["", "## gRPC end to end on loopback (short texts)", "", table]
-    print("\n" + table, flush=True)
+            base = b.in_process_baseline(model, runtime, short, 32, repeats, "short")
+            overrides: dict[str, Any] = {**common, "runtime": name}
+            if name == "onnx":
+                overrides["onnx_path"] = work / "inline.onnx"
+            server = b.start_server_process(overrides)
+            try:
+                for n in clients:
+                    load = b.run_load(
+                        server.target, {"short": short}, {"short": n}, duration, warmup, server.pid
+                    )
+                    row: dict[str, Any] = {
+                        "runtime": name,
+                        "clients": n,
+                        "p50": load.p50_ms("short"),
+                        "p99": load.p99_ms("short"),
+                        "per_s": load.per_s(),
+                        "cpu": load.cpu_ms_per_request,
+                        "errors": load.errors,
+                    }
+                    served.append(row)
+                    rows.append(
+                        [
+                            name,
+                            n,
+                            row["p50"],
+                            row["p99"],
+                            row["per_s"],
+                            row["per_s"] / base.per_s,
+                            row["cpu"],
+                            row["cpu"] / base.cpu_ms_per_text,
+                            row["p50"] - forward_ms if n == 1 else "",
+                        ]
+                    )
+                    print(rows[-1], flush=True)
+            finally:
+                server.stop()
+            rows.append(
+                [
+                    f"{name} in-process",
+                    "batch 32",
+                    "",
+                    "",
+                    base.per_s,
+                    1.0,
+                    base.cpu_ms_per_text,
+                    1.0,
+                    f"forward {forward_ms:.3g} ms",
+                ]
+            )
+        emit(
+            "Served out of process vs in-process (short texts, loopback)",
+            b.markdown_table(
+                [
+                    "runtime",
+                    "clients",
+                    "p50 ms",
+                    "p99 ms",
+                    "req/s",
+                    "vs in-process batch 32",
+                    "server CPU ms/req",
+                    "vs in-process CPU/text",
+                    "p50 - plain forward ms",
+                ],
+                rows,
+            ),
+            "The load generator is a separate process (closed loop, one gRPC channel); server "
+            "CPU is the sidecar process's user+system time over the measured window. "
+            "In-process: batch tokenizer + one forward + NormXLogit, batch 32. Plain forward: "
+            "median over 16 short texts at batch 1.",
+        )
+
+    if "mix" in sections and args.mix:
+        n_short, n_long = (int(x) for x in args.mix.split("+"))
+        longs = long_texts(reviews, args.long_chars, 16)
+        rows = []
+        policies = {
+            "length-aware (default)": {},
+            "length-blind (one bucket, no token budget)": {
+                "max_batch_tokens": 0,
+                "batch_bucket_floor": 1_000_000,
+            },
+        }
+        for label, policy in policies.items():
+            server = b.start_server_process({**common, **policy})
+            try:
+                alone = b.run_load(
+                    server.target,
+                    {"short": short},
+                    {"short": n_short},
+                    duration,
+                    warmup,
+                    server.pid,
+                )
+                mixed = b.run_load(
+                    server.target,
+                    {"short": short, "long": longs},
+                    {"short": n_short, "long": n_long},
+                    duration,
+                    warmup,
+                    server.pid,
+                )
+            finally:
+                server.stop()
+            rows.append(
+                [
+                    label,
+                    alone.p50_ms("short"),
+                    mixed.p50_ms("short"),
+                    mixed.p50_ms("short") / alone.p50_ms("short"),
+                    mixed.p99_ms("short"),
+                    mixed.per_s("short"),
+                    mixed.per_s("long"),
+                    mixed.p50_ms("long"),
+                    alone.tokens_per_s,
+                    mixed.tokens_per_s,
+                    mixed.tokens_per_s / alone.tokens_per_s,
+                ]
+            )
+            print(rows[-1], flush=True)
+        emit(
+            f"Mixed lengths: {n_short} short clients, then with {n_long} long clients "
+            f"({args.long_chars} characters) added",
+            b.markdown_table(
+                [
+                    "batching",
+                    "short p50 alone ms",
+                    "short p50 mixed ms",
+                    "mixed/alone",
+                    "short p99 mixed ms",
+                    "short req/s mixed",
+                    "long req/s mixed",
+                    "long p50 mixed ms",
+                    "tokens/s alone",
+                    "tokens/s mixed",
+                    "tokens/s mixed/alone",
+                ],
+                rows,
+            ),
+            "torch runtime; long texts are truncated to the model's token limit.",
+        )
 
     job_methods = [m for m in args.job_methods.split(",") if m]
-    if job_methods:
+    if "jobs" in sections and job_methods:
         rows = b.job_method_ratios(model, settings, job_methods, short[:3], repeats)
-        table = b.markdown_table(["method", "x forward pass", "ms", "note"], rows)
-        report += ["", "## Job methods as multiples of one forward pass", "", table]
-        print("\n" + table, flush=True)
+        emit(
+            "Job methods as multiples of one forward pass",
+            b.markdown_table(["method", "x forward pass", "ms", "note"], rows),
+        )
 
     (args.out / "bench.md").write_text("\n".join(report) + "\n")
-    _plot(inline_rows, grpc_rows, args.out / "bench.png")
-    print(f"\nwrote {args.out / 'bench.md'} and {args.out / 'bench.png'}")
+    if inline_rows or served:
+        _plot(inline_rows, served, args.out / "bench.png")
+    print(f"\nwrote {args.out / 'bench.md'}")
     return 0
 
 
@@ -157,6 +350,9 @@ def _argv(args: argparse.Namespace) -> list[str]:
         out += ["--model", str(args.model_dir)]
     if args.demo_model:
         out += ["--demo", args.demo_model]
+    for flag in ("runtimes", "clients", "mix", "sections"):
+        out += [f"--{flag}", str(getattr(args, flag))]
+    out += ["--duration", f"{args.duration:g}"]
     if args.quick:
         out.append("--quick")
     return out

@@ -8,22 +8,26 @@ the in-process path, job methods vs one forward pass.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import platform
 import statistics
+import subprocess
+import sys
 import tempfile
-import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
-from limelight.core.types import Encoded
-from limelight.methods.normxlogit import NormXLogit
-from limelight.models.loaded import LoadedModel
-from limelight.runtimes.base import InlineBatch, Runtime
-from limelight.runtimes.torch_runtime import TorchRuntime
-from limelight.settings import Settings
+# Light imports only at module level: the out-of-process load generator imports this module
+# and must not pay for (or compete with) torch.
+if TYPE_CHECKING:
+    from limelight.core.types import Encoded
+    from limelight.models.loaded import LoadedModel
+    from limelight.runtimes.base import InlineBatch, Runtime
+    from limelight.settings import Settings
 
 
 def machine() -> str:
@@ -73,9 +77,20 @@ def markdown_table(header: Sequence[str], rows: Sequence[Sequence[object]]) -> s
 
 def single_forward_seconds(model: LoadedModel, encoded: Encoded, repeats: int) -> float:
     """Median seconds of one plain classification forward pass of one input (after a warm-up)."""
+    from limelight.runtimes.base import InlineBatch
+    from limelight.runtimes.torch_runtime import TorchRuntime
+
     runtime = TorchRuntime(model)
     batch = InlineBatch.from_encoded([encoded], model.pad_id)
     return median_seconds(lambda: runtime.forward_logits(batch), repeats, warmup=1)
+
+
+def single_forward_ms(model: LoadedModel, runtime: Runtime, text: str, repeats: int) -> float:
+    """Median milliseconds of one plain forward pass of ``text`` alone with ``runtime``."""
+    from limelight.runtimes.base import InlineBatch
+
+    batch = InlineBatch.from_encoded([model.encode(text)], model.pad_id)
+    return median_seconds(lambda: runtime.forward_logits(batch), repeats, warmup=1) * 1e3
 
 
 @dataclass
@@ -103,6 +118,9 @@ def inline_vs_forward(
     repeats: int,
 ) -> list[InlineRow]:
     """Plain forward vs the whole inline explanation, per runtime, text length and batch."""
+    from limelight.methods.normxlogit import NormXLogit
+    from limelight.runtimes.base import InlineBatch
+
     method = NormXLogit()
     rows = []
     for kind, pool in texts.items():
@@ -132,7 +150,7 @@ def inline_vs_forward(
 
 def plain_onnx_runtime(model: LoadedModel, workdir: Path) -> Runtime:
     """ONNX Runtime with an inline graph and a plain (logits-only) graph for the baseline."""
-    from limelight.runtimes.base import InlineOutputs
+    from limelight.runtimes.base import InlineOutputs, Runtime
     from limelight.runtimes.onnx_export import export_onnx
     from limelight.runtimes.onnx_runtime import OnnxRuntime
 
@@ -154,90 +172,6 @@ def plain_onnx_runtime(model: LoadedModel, workdir: Path) -> Runtime:
     return _Both()
 
 
-@dataclass
-class GrpcRow:
-    runtime: str
-    clients: int
-    p50_ms: float
-    p99_ms: float
-    per_s: float
-
-
-def grpc_end_to_end(
-    model_dir: Path,
-    texts: list[str],
-    clients: int,
-    per_client: int,
-    runtime: str = "torch",
-    onnx_path: Path | None = None,
-) -> GrpcRow:
-    """A real sidecar on loopback; ``clients`` threads each send ``per_client`` requests."""
-    import grpc
-
-    from limelight.api.server import SidecarServer
-    from limelight_client.proto import explainer_pb2 as pb
-    from limelight_client.proto import explainer_pb2_grpc
-
-    settings = Settings(
-        model_dir=model_dir,
-        port=0,
-        metrics_port=0,
-        jobs="off",
-        drift_enabled=False,
-        runtime=runtime,  # type: ignore[arg-type]
-        onnx_path=onnx_path,
-    )
-    server = SidecarServer(settings)
-    loop = asyncio.new_event_loop()
-    ready = threading.Event()
-
-    def serve() -> None:
-        asyncio.set_event_loop(loop)
-        loop.run_until_complete(server.start())
-        ready.set()
-        loop.run_until_complete(server.wait())
-        loop.run_until_complete(server.stop())
-
-    thread = threading.Thread(target=serve, daemon=True)
-    thread.start()
-    ready.wait()
-    target = f"127.0.0.1:{server.port}"
-    latencies: list[float] = []
-    lock = threading.Lock()
-    barrier = threading.Barrier(clients + 1)
-
-    def client(index: int) -> None:
-        stub = explainer_pb2_grpc.ExplainerStub(grpc.insecure_channel(target))
-        stub.Explain(pb.ExplainRequest(text="warm up"), timeout=120)
-        barrier.wait()
-        mine = []
-        for i in range(per_client):
-            text = texts[(index * per_client + i) % len(texts)]
-            start = time.perf_counter()
-            stub.Explain(pb.ExplainRequest(text=text), timeout=120)
-            mine.append(time.perf_counter() - start)
-        with lock:
-            latencies.extend(mine)
-
-    threads = [threading.Thread(target=client, args=(i,)) for i in range(clients)]
-    for t in threads:
-        t.start()
-    barrier.wait()
-    start = time.perf_counter()
-    for t in threads:
-        t.join()
-    elapsed = time.perf_counter() - start
-    loop.call_soon_threadsafe(server.request_stop)
-    thread.join()
-    return GrpcRow(
-        runtime,
-        clients,
-        percentile(latencies, 50) * 1e3,
-        percentile(latencies, 99) * 1e3,
-        len(latencies) / elapsed,
-    )
-
-
 def workdir() -> Path:
     return Path(tempfile.mkdtemp(prefix="limelight-bench-"))
 
@@ -249,6 +183,8 @@ def job_method_ratios(
     from limelight.core.jobs import JobSpec
     from limelight.jobs.runner import JobRunner
     from limelight.methods.base import MethodRegistry
+    from limelight.runtimes.base import InlineBatch
+    from limelight.runtimes.torch_runtime import TorchRuntime
 
     methods = MethodRegistry.builtin()
     runner = JobRunner(model, methods, settings)
@@ -276,3 +212,280 @@ def job_method_ratios(
             seconds.append(took)
         rows.append([name, statistics.median(ratios), statistics.median(seconds) * 1e3, ""])
     return rows
+
+
+# --- out of process: the sidecar in one process, the load generator in another ----------------
+
+
+def _clock_ticks() -> int:
+    return int(os.sysconf("SC_CLK_TCK"))
+
+
+def process_cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of a process, all its threads (Linux ``/proc``)."""
+    with open(f"/proc/{pid}/stat") as fh:
+        fields = fh.read().rsplit(")", 1)[1].split()
+    # After the command name: state is field 3, utime 14 and stime 15 (1-based, man 5 proc).
+    return (int(fields[11]) + int(fields[12])) / _clock_ticks()
+
+
+@dataclass
+class ServerProcess:
+    """A sidecar running in its own process on a loopback port."""
+
+    process: subprocess.Popen[bytes]
+    port: int
+
+    @property
+    def target(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def stop(self, timeout: float = 60.0) -> None:
+        if self.process.poll() is None:
+            self.process.terminate()  # SIGTERM: graceful drain
+            try:
+                self.process.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+
+
+def start_server_process(
+    settings: dict[str, Any], timeout: float = 900.0, profile: Path | None = None
+) -> ServerProcess:
+    """Start ``limelight``'s sidecar in a child process with these Settings values (port and
+    metrics port are picked here); returns once it is SERVING. ``profile``: write a cProfile
+    of the server's event-loop thread there when it stops."""
+    values = {"port": 0, "metrics_port": 0, "jobs": "off", "drift_enabled": False}
+    values.update({k: str(v) if isinstance(v, Path) else v for k, v in settings.items()})
+    port_file = Path(tempfile.mkdtemp(prefix="limelight-bench-")) / "port"
+    code = "from limelight.evaluation.benchmark import _serve_main; _serve_main()"
+    args = [sys.executable, "-c", code, json.dumps(values), str(port_file), str(profile or "")]
+    process = subprocess.Popen(args)
+    end = time.monotonic() + timeout
+    while not port_file.exists():
+        if process.poll() is not None:
+            raise RuntimeError(f"the benchmark server exited with {process.returncode}")
+        if time.monotonic() > end:
+            process.kill()
+            raise TimeoutError("the benchmark server did not become ready")
+        time.sleep(0.05)
+    return ServerProcess(process, int(port_file.read_text()))
+
+
+def _serve_main() -> None:
+    """Entry point of the server child process (see ``start_server_process``)."""
+    import cProfile
+    import logging
+
+    from limelight.api.server import SidecarServer
+    from limelight.settings import Settings
+
+    logging.basicConfig(level=logging.WARNING)
+    values, port_file, profile_path = json.loads(sys.argv[1]), Path(sys.argv[2]), sys.argv[3]
+
+    def ready(server: SidecarServer) -> None:
+        partial = port_file.with_suffix(".partial")
+        partial.write_text(str(server.port))
+        partial.rename(port_file)
+
+    server = SidecarServer(Settings(**values), on_ready=ready)
+    profiler = cProfile.Profile() if profile_path else None
+    if profiler is not None:
+        profiler.enable()
+    try:
+        asyncio.run(server.run())
+    finally:
+        if profiler is not None:
+            profiler.disable()
+            profiler.dump_stats(profile_path)
+
+
+@dataclass
+class LoadResult:
+    """What the load generator measured in its window, per kind of text ("short", "long")."""
+
+    duration_s: float
+    clients: dict[str, int]
+    latencies: dict[str, list[float]]
+    tokens: dict[str, int]
+    errors: int
+    server_cpu_s: float
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def count(self, kind: str | None = None) -> int:
+        kinds = [kind] if kind else list(self.latencies)
+        return sum(len(self.latencies.get(k, [])) for k in kinds)
+
+    def p50_ms(self, kind: str) -> float:
+        return percentile(self.latencies.get(kind, []), 50) * 1e3
+
+    def p99_ms(self, kind: str) -> float:
+        return percentile(self.latencies.get(kind, []), 99) * 1e3
+
+    def per_s(self, kind: str | None = None) -> float:
+        return self.count(kind) / self.duration_s
+
+    @property
+    def tokens_per_s(self) -> float:
+        return sum(self.tokens.values()) / self.duration_s
+
+    @property
+    def cpu_ms_per_request(self) -> float:
+        return self.server_cpu_s / max(1, self.count()) * 1e3
+
+
+def run_load(
+    target: str,
+    texts: dict[str, list[str]],
+    clients: dict[str, int],
+    duration_s: float,
+    warmup_s: float = 2.0,
+    server_pid: int | None = None,
+) -> LoadResult:
+    """Closed-loop load from a separate process: ``clients[kind]`` concurrent clients each send
+    texts of that kind one after another; only requests that finish inside the measured window
+    (after ``warmup_s``) count. Server CPU is read from ``/proc`` over the same window."""
+    config = {
+        "target": target,
+        "texts": texts,
+        "clients": clients,
+        "duration_s": duration_s,
+        "warmup_s": warmup_s,
+        "server_pid": server_pid,
+    }
+    code = "from limelight.evaluation.benchmark import loadgen_main; loadgen_main()"
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        input=json.dumps(config).encode(),
+        capture_output=True,
+        check=False,
+        timeout=duration_s + warmup_s + 600,
+    )
+    if done.returncode != 0:
+        raise RuntimeError(f"the load generator failed: {done.stderr.decode()[-2000:]}")
+    out = json.loads(done.stdout)
+    return LoadResult(
+        duration_s=out["duration_s"],
+        clients=clients,
+        latencies=out["latencies"],
+        tokens=out["tokens"],
+        errors=out["errors"],
+        server_cpu_s=out["server_cpu_s"],
+    )
+
+
+def loadgen_main() -> None:
+    """Entry point of the load-generator process: a JSON config on stdin, JSON out."""
+    config = json.loads(sys.stdin.read())
+    print(json.dumps(asyncio.run(_generate_load(config))))
+
+
+async def _generate_load(config: dict[str, Any]) -> dict[str, Any]:
+    import grpc
+
+    from limelight_client.proto import explainer_pb2 as pb
+    from limelight_client.proto import explainer_pb2_grpc
+
+    texts: dict[str, list[str]] = config["texts"]
+    pid: int | None = config["server_pid"]
+    channel = grpc.aio.insecure_channel(
+        config["target"],
+        options=[
+            ("grpc.max_send_message_length", 64 << 20),
+            ("grpc.max_receive_message_length", 64 << 20),
+        ],
+    )
+    stub = explainer_pb2_grpc.ExplainerStub(channel)
+    await stub.Explain(pb.ExplainRequest(text="warm up"), timeout=600)
+    loop = asyncio.get_running_loop()
+    begin = loop.time() + config["warmup_s"]
+    end = begin + config["duration_s"]
+    latencies: dict[str, list[float]] = {kind: [] for kind in texts}
+    tokens: dict[str, int] = dict.fromkeys(texts, 0)
+    errors = 0
+
+    async def client(kind: str, index: int) -> None:
+        nonlocal errors
+        pool = texts[kind]
+        i = index
+        while (started := loop.time()) < end:
+            request = pb.ExplainRequest(text=pool[i % len(pool)])
+            i += 7
+            try:
+                response = await stub.Explain(request, timeout=600)
+            except grpc.aio.AioRpcError:
+                errors += 1
+                continue
+            finished = loop.time()
+            if begin <= started and finished <= end:
+                latencies[kind].append(finished - started)
+                tokens[kind] += len(response.explanation.tokens)
+
+    async def cpu_window() -> float:
+        await asyncio.sleep(max(0.0, begin - loop.time()))
+        before = process_cpu_seconds(pid) if pid else 0.0
+        await asyncio.sleep(max(0.0, end - loop.time()))
+        return (process_cpu_seconds(pid) if pid else 0.0) - before
+
+    tasks = [
+        client(kind, index) for kind, n in config["clients"].items() for index in range(int(n))
+    ]
+    cpu, *_ = await asyncio.gather(cpu_window(), *tasks)
+    await channel.close()
+    return {
+        "duration_s": config["duration_s"],
+        "latencies": latencies,
+        "tokens": tokens,
+        "errors": errors,
+        "server_cpu_s": cpu,
+    }
+
+
+@dataclass
+class InProcessRow:
+    """The same inline work without serving: tokenise, forward, NormXLogit, per text."""
+
+    texts: str
+    batch: int
+    ms_per_batch: float
+    cpu_ms_per_text: float
+
+    @property
+    def per_s(self) -> float:
+        return self.batch / (self.ms_per_batch / 1e3)
+
+
+def in_process_baseline(
+    model: LoadedModel, runtime: Runtime, texts: list[str], batch: int, repeats: int, kind: str
+) -> InProcessRow:
+    """Wall and CPU time of the whole inline explanation in-process, batch by batch: the batch
+    tokenizer, one forward pass, NormXLogit for every row (what serving adds is measured
+    against this)."""
+    from limelight.core.service import encode_batch
+    from limelight.core.types import Encoded
+    from limelight.methods.normxlogit import NormXLogit
+    from limelight.runtimes.base import InlineBatch
+
+    method = NormXLogit()
+    pool = [texts[i % len(texts)] for i in range(batch)]
+
+    def explain() -> None:
+        encoded = [
+            e
+            for e in encode_batch(model, [(t, None) for t in pool], model.max_tokens, "truncate")
+            if isinstance(e, Encoded)
+        ]
+        out = runtime.run_inline(InlineBatch.from_encoded(encoded, model.pad_id))
+        for row, enc in enumerate(encoded):
+            method.attribute(out, row, len(enc))
+
+    explain()
+    cpu0 = time.process_time()
+    wall = median_seconds(explain, repeats, warmup=1)
+    cpu = (time.process_time() - cpu0) / (repeats + 1)
+    return InProcessRow(kind, batch, wall * 1e3, cpu / batch * 1e3)
