@@ -27,6 +27,7 @@ import numpy as np
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from limelight import tracing
 from limelight.api import oip
 from limelight.api.auth import bearer_allowed
 from limelight.api.errors import INTERNAL_MESSAGE, http_status_for
@@ -299,28 +300,32 @@ class HttpServer:
             code = "OK"
             in_flight = self.metrics.requests_in_flight.labels(rpc)
             in_flight.inc()
-            try:
-                if (
-                    protected
-                    and self._tokens
-                    and not bearer_allowed(self._tokens, request.headers.get("Authorization"))
-                ):
-                    raise Unauthenticated(
-                        "missing or invalid bearer token (send 'Authorization: Bearer <token>')"
-                    )
-                return await handler(request)
-            except LimelightError as exc:
-                code = exc.kind.name
-                return _error(http_status_for(exc.kind), exc.message)
-            except web.HTTPException:
-                raise
-            except Exception:
-                log.exception("unexpected error in HTTP %s", rpc)
-                code = "INTERNAL"
-                return _error(500, INTERNAL_MESSAGE)
-            finally:
-                in_flight.dec()
-                self.metrics.request_duration.labels(rpc, code).observe(time.monotonic() - start)
+            attributes = {"http.request.method": request.method, "url.path": request.path}
+            with tracing.server_span(f"HTTP {rpc}", request.headers, attributes) as span:
+                try:
+                    if (
+                        protected
+                        and self._tokens
+                        and not bearer_allowed(self._tokens, request.headers.get("Authorization"))
+                    ):
+                        raise Unauthenticated(
+                            "missing or invalid bearer token (send 'Authorization: Bearer <token>')"
+                        )
+                    return await handler(request)
+                except LimelightError as exc:
+                    code = exc.kind.name
+                    return _error(http_status_for(exc.kind), exc.message)
+                except web.HTTPException:
+                    raise
+                except Exception:
+                    log.exception("unexpected error in HTTP %s", rpc)
+                    code = "INTERNAL"
+                    return _error(500, INTERNAL_MESSAGE)
+                finally:
+                    in_flight.dec()
+                    tracing.set_status(span, code)
+                    elapsed = time.monotonic() - start
+                    self.metrics.request_duration.labels(rpc, code).observe(elapsed)
 
         return wrapped
 

@@ -20,11 +20,12 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
 from grpc_reflection.v1alpha import reflection
 
-from limelight import __version__
+from limelight import __version__, tracing
 from limelight.api import oip_grpc
 from limelight.api.auth import BearerTokenInterceptor, load_tokens
 from limelight.api.http_server import HttpServer, ssl_context
 from limelight.api.servicer import SERVICE_NAME, ExplainerServicer, add_to_server
+from limelight.api.tracing import TracingInterceptor
 from limelight.app import Application, build_application
 from limelight.metrics import Metrics
 from limelight.models.loaded import LoadedModel
@@ -89,7 +90,11 @@ class SidecarServer:
         settings = self.settings
         self._stopping = asyncio.Event()
         tokens = load_tokens(settings)
-        interceptors = [BearerTokenInterceptor(tokens)] if tokens else []
+        interceptors: list[grpc.aio.ServerInterceptor] = []
+        if tracing.setup_tracing():  # OTEL_* variables; off by default
+            interceptors.append(TracingInterceptor())
+        if tokens:
+            interceptors.append(BearerTokenInterceptor(tokens))
         options = [
             ("grpc.max_receive_message_length", settings.max_message_bytes),
             ("grpc.max_send_message_length", settings.max_message_bytes),
@@ -170,6 +175,7 @@ class SidecarServer:
             await self.app.service.close()
         if self._http is not None:
             await self._http.stop()
+        tracing.shutdown_tracing()
         log.info("stopped")
 
     async def run(self, install_signal_handlers: bool = True) -> None:

@@ -1,0 +1,115 @@
+"""OpenTelemetry tracing, off by default and configured only by the standard ``OTEL_*`` variables.
+
+Tracing turns on when ``OTEL_TRACES_EXPORTER`` is ``otlp`` or an OTLP endpoint is set
+(``OTEL_EXPORTER_OTLP_ENDPOINT`` / ``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT``), unless
+``OTEL_SDK_DISABLED=true`` or ``OTEL_TRACES_EXPORTER=none``. Spans go over OTLP/gRPC; the exporter
+reads its endpoint, headers, TLS and timeout from the same variables, the resource from
+``OTEL_SERVICE_NAME`` / ``OTEL_RESOURCE_ATTRIBUTES`` (service name default ``limelight``). The
+incoming W3C ``traceparent`` (gRPC metadata or HTTP header) becomes the parent of the server span.
+Without tracing the helpers here cost a dictionary lookup.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from typing import Any
+
+from opentelemetry import context as otel_context
+from opentelemetry import trace
+from opentelemetry.propagate import extract
+from opentelemetry.trace import Span, SpanKind, Status, StatusCode
+
+log = logging.getLogger(__name__)
+
+TRACER_NAME = "limelight"
+_provider: Any = None
+
+
+def tracing_requested(environ: Mapping[str, str] | None = None) -> bool:
+    env = os.environ if environ is None else environ
+    if env.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
+        return False
+    exporters = {e.strip().lower() for e in env.get("OTEL_TRACES_EXPORTER", "").split(",")}
+    if "none" in exporters:
+        return False
+    endpoint = env.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") or env.get(
+        "OTEL_EXPORTER_OTLP_ENDPOINT"
+    )
+    return "otlp" in exporters or bool(endpoint)
+
+
+def setup_tracing(environ: Mapping[str, str] | None = None) -> bool:
+    """Install the OTLP/gRPC exporter when the environment asks for it; idempotent."""
+    global _provider
+    if _provider is not None:
+        return True
+    if not tracing_requested(environ):
+        return False
+    from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+    from opentelemetry.sdk.resources import OTELResourceDetector, Resource
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor
+
+    resource = Resource.create({"service.name": "limelight"}).merge(OTELResourceDetector().detect())
+    provider = TracerProvider(resource=resource)
+    provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
+    # Our own provider, not the process-global one: a restarted server (or an embedding
+    # application with its own tracing) gets a fresh exporter.
+    _provider = provider
+    log.info("OpenTelemetry tracing on (OTLP/gRPC)")
+    return True
+
+
+def shutdown_tracing() -> None:
+    """Flush and stop the exporter (at server stop)."""
+    global _provider
+    if _provider is not None:
+        _provider.shutdown()
+        _provider = None
+
+
+def flush(timeout_s: float = 30.0) -> bool:
+    """Export the spans ended so far (tests, and before a worker exits)."""
+    return True if _provider is None else bool(_provider.force_flush(int(timeout_s * 1000)))
+
+
+def enabled() -> bool:
+    return _provider is not None
+
+
+def tracer() -> trace.Tracer:
+    if _provider is None:
+        return trace.NoOpTracer()
+    tracer: trace.Tracer = _provider.get_tracer(TRACER_NAME)
+    return tracer
+
+
+@contextmanager
+def server_span(
+    name: str, carrier: Mapping[str, str], attributes: Mapping[str, Any] | None = None
+) -> Iterator[Span]:
+    """A SERVER span for one request, child of the caller's ``traceparent`` if it sent one."""
+    if _provider is None:
+        yield trace.INVALID_SPAN
+        return
+    parent = extract({k.lower(): v for k, v in carrier.items()})
+    token = otel_context.attach(parent)
+    try:
+        with tracer().start_as_current_span(
+            name, kind=SpanKind.SERVER, attributes=dict(attributes or {})
+        ) as span:
+            yield span
+    finally:
+        otel_context.detach(token)
+
+
+def set_status(span: Span, code: str) -> None:
+    """Record the outcome (a gRPC status code name) on a span."""
+    if not span.is_recording():
+        return
+    span.set_attribute("rpc.grpc.status_code_name", code)
+    if code not in ("OK", "CANCELLED", "NOT_FOUND", "INVALID_ARGUMENT"):
+        span.set_status(Status(StatusCode.ERROR, code))

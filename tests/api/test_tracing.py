@@ -1,0 +1,91 @@
+"""OpenTelemetry: off by default; with OTEL_* set, RPC and HTTP spans reach an OTLP/gRPC receiver
+(built from the published OTLP protos) as children of the caller's ``traceparent``."""
+
+from __future__ import annotations
+
+import threading
+import urllib.request
+from concurrent import futures
+from typing import Any
+
+import grpc
+import pytest
+from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
+
+from limelight import tracing
+from limelight_client.proto import explainer_pb2 as pb
+from limelight_client.proto import explainer_pb2_grpc
+from tests.conftest import free_port
+
+TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
+PARENT_ID = "00f067aa0ba902b7"
+
+
+class Receiver(trace_service_pb2_grpc.TraceServiceServicer):
+    def __init__(self) -> None:
+        self.spans: list[Any] = []
+        self.lock = threading.Lock()
+
+    def Export(self, request: Any, context: Any) -> Any:
+        with self.lock:
+            for resource in request.resource_spans:
+                for scope in resource.scope_spans:
+                    self.spans.extend((resource.resource, s) for s in scope.spans)
+        return trace_service_pb2.ExportTraceServiceResponse()
+
+
+def test_tracing_is_off_without_otel_variables() -> None:
+    assert not tracing.tracing_requested({})
+    assert not tracing.tracing_requested({"OTEL_TRACES_EXPORTER": "none"})
+    assert not tracing.tracing_requested(
+        {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://x:4317", "OTEL_SDK_DISABLED": "true"}
+    )
+    assert tracing.tracing_requested({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://x:4317"})
+    assert tracing.tracing_requested({"OTEL_TRACES_EXPORTER": "otlp"})
+
+
+def test_rpc_and_http_spans_reach_an_otlp_receiver(
+    start_sidecar: Any, bert_tiny_dir: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    receiver = Receiver()
+    server = grpc.server(futures.ThreadPoolExecutor(2))
+    trace_service_pb2_grpc.add_TraceServiceServicer_to_server(receiver, server)
+    port = free_port()
+    server.add_insecure_port(f"127.0.0.1:{port}")
+    server.start()
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", f"http://127.0.0.1:{port}")
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_INSECURE", "true")
+    monkeypatch.setenv("OTEL_SERVICE_NAME", "limelight-under-test")
+    monkeypatch.setenv("OTEL_BSP_SCHEDULE_DELAY", "50")
+    try:
+        running = start_sidecar(model_dir=bert_tiny_dir, jobs="off")
+        traceparent = f"00-{TRACE_ID}-{PARENT_ID}-01"
+        stub = explainer_pb2_grpc.ExplainerStub(grpc.insecure_channel(running.target))
+        stub.Explain(
+            pb.ExplainRequest(text="a gorgeous movie"),
+            metadata=(("traceparent", traceparent),),
+            timeout=30,
+        )
+        with pytest.raises(grpc.RpcError):
+            stub.Explain(pb.ExplainRequest(text=""), timeout=30)
+        url = f"http://127.0.0.1:{running.server.metrics_port}/v2/health/ready"
+        request = urllib.request.Request(url, headers={"traceparent": traceparent})
+        urllib.request.urlopen(request, timeout=30).read()
+        assert tracing.flush()
+    finally:
+        server.stop(None)
+    explains = [(r, s) for r, s in receiver.spans if s.name == "limelight.v1.Explainer/Explain"]
+    (resource, explain), *_ = [(r, s) for r, s in explains if s.trace_id.hex() == TRACE_ID]
+    assert explain.parent_span_id.hex() == PARENT_ID
+    assert explain.kind == explain.SPAN_KIND_SERVER
+    names = {a.key: a.value.string_value for a in resource.attributes}
+    assert names["service.name"] == "limelight-under-test"
+    codes = {
+        a.value.string_value
+        for _, s in explains
+        for a in s.attributes
+        if a.key == "rpc.grpc.status_code_name"
+    }
+    assert codes == {"OK", "INVALID_ARGUMENT"}
+    (http,) = [s for _, s in receiver.spans if s.name == "HTTP v2.ServerReady"]
+    assert http.trace_id.hex() == TRACE_ID and http.parent_span_id.hex() == PARENT_ID
