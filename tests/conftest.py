@@ -1,11 +1,15 @@
-"""Shared fixtures: real model directories and a real sidecar on a loopback socket."""
+"""Shared fixtures: real model directories and a real sidecar on a loopback socket.
+
+Tests that need a fixture which builds or trains a model (the demo models, the trigger and
+synthetic models) are marked ``slow`` here, at collection, from the fixtures they use; the fast
+loop is ``make test-fast`` (``pytest -m "not slow and not container"``).
+"""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import os
-import socket
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -17,17 +21,29 @@ import torch
 from transformers import AutoTokenizer, BertConfig, BertForSequenceClassification
 
 from limelight.settings import Settings
+from tests.ports import free_port
+
+__all__ = ["SLOW_FIXTURES", "RunningSidecar", "cache_dir", "free_port"]
+
+#: Fixtures that build or train a model (minutes on a fresh machine: the demo models are built
+#: on first use, then cached). A test whose fixture closure contains one of them is ``slow``.
+#: Fixtures that reach these through ``request.getfixturevalue`` are listed by their own name.
+SLOW_FIXTURES = frozenset(
+    {
+        "bert_tiny_dir",  # the BERT-tiny demo model (fine-tuned on first use)
+        "minilm_dir",  # the MiniLM demo model (fine-tuned, LM head fitted on first use)
+        "trigger_setup",  # tests/evaluation: a BERT trained for the known-answer checks
+        "synthetic_model",  # tests/methods/test_slalom.py: the SLALOM paper's linear task
+        "synthetic",  # tests/distill: the same task, plus a distilled head
+        "demo_for_aopc",  # tests/methods/test_lrp.py: a demo model via getfixturevalue
+        "scenario",  # tests/drift/test_model_drift.py: a demo model via getfixturevalue
+    }
+)
 
 
 def cache_dir() -> Path:
     """The demo-model cache: $LIMELIGHT_CACHE_DIR (CI points it inside the clone) or default."""
     return Settings().cache_dir
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.fixture(scope="session")
@@ -157,6 +173,15 @@ def start_sidecar(tmp_path: Path) -> Iterator[Callable[..., RunningSidecar]]:
 def sidecar(start_sidecar: Callable[..., RunningSidecar], bert_tiny_dir: Path) -> RunningSidecar:
     """A sidecar serving the BERT-tiny demo model."""
     return start_sidecar(model_dir=bert_tiny_dir)
+
+
+@pytest.hookimpl(tryfirst=True)  # before -m deselects by marker
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark every test that needs a model-building fixture as ``slow``."""
+    slow = pytest.mark.slow
+    for item in items:
+        if SLOW_FIXTURES.intersection(getattr(item, "fixturenames", ())):
+            item.add_marker(slow)
 
 
 def pytest_configure(config: pytest.Config) -> None:

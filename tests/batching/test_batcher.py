@@ -6,6 +6,7 @@ import asyncio
 import random
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -20,18 +21,31 @@ def make(process, **kw):  # type: ignore[no-untyped-def]
     return MicroBatcher(process, executor=ThreadPoolExecutor(1), **options)
 
 
+async def until(condition: Callable[[], bool], timeout_s: float = 10.0) -> None:
+    """Yield to the loop until ``condition()`` holds; fail after ``timeout_s`` (a deadline for
+    a hung batcher, not a timing assumption)."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, "condition not reached before the deadline"
+        await asyncio.sleep(0.001)
+
+
 def test_concurrent_items_share_batches_and_keep_order() -> None:
     seen: list[int] = []
+    release = threading.Event()
 
     def process(items: list[int]) -> list[int]:
         seen.append(len(items))
-        time.sleep(0.01)
+        release.wait(10)  # hold the inference thread until every item is queued
         return [i * 10 for i in items]
 
     async def go() -> list[int]:
         batcher = make(process)
         await batcher.start()
-        results = await asyncio.gather(*(batcher.submit(i) for i in range(20)))
+        tasks = [asyncio.ensure_future(batcher.submit(i)) for i in range(20)]
+        await until(lambda: bool(seen) and sum(seen) + batcher.pending == 20)
+        release.set()
+        results = await asyncio.gather(*tasks)
         await batcher.stop()
         return list(results)
 
@@ -40,16 +54,22 @@ def test_concurrent_items_share_batches_and_keep_order() -> None:
 
 
 def test_full_backlog_is_rejected() -> None:
+    running: list[int] = []
+    release = threading.Event()
+
     def process(items: list[int]) -> list[int]:
-        time.sleep(0.01)
+        running.extend(items)
+        release.wait(10)  # the backlog stays full until every submit has been answered or queued
         return items
 
     async def go() -> list[object]:
         batcher = make(process, max_pending=2, max_batch_size=1)
         await batcher.start()
-        results = await asyncio.gather(
-            *(batcher.submit(i) for i in range(6)), return_exceptions=True
-        )
+        tasks = [asyncio.ensure_future(batcher.submit(i)) for i in range(6)]
+        # Every submit is either rejected (done), waiting in the backlog, or being processed.
+        await until(lambda: sum(t.done() for t in tasks) + batcher.pending + len(running) == 6)
+        release.set()
+        results = await asyncio.gather(*tasks, return_exceptions=True)
         await batcher.stop()
         return list(results)
 

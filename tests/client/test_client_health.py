@@ -3,8 +3,6 @@
 
 from __future__ import annotations
 
-import asyncio
-import socket
 import threading
 from collections.abc import Iterator
 from concurrent import futures
@@ -17,6 +15,7 @@ from limelight_client import AsyncClient, Client
 from limelight_client._common import EXPLAINER_SERVICE
 from limelight_client.proto import explainer_pb2_grpc as pb_grpc
 from tests.client.llc_scripted import ScriptedExplainer
+from tests.ports import free_port
 
 SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
@@ -64,21 +63,17 @@ def test_wait_ready_times_out(healthy: tuple[str, health.HealthServicer]) -> Non
 
 
 def test_wait_ready_server_not_listening() -> None:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()  # nothing listens there
     with Client(f"127.0.0.1:{port}") as c, pytest.raises(TimeoutError, match="Unavailable"):
         c.wait_ready(timeout=0.3, poll=0.05)
 
 
-def test_async_health(healthy: tuple[str, health.HealthServicer]) -> None:
+@pytest.mark.asyncio
+async def test_async_health(healthy: tuple[str, health.HealthServicer]) -> None:
     target, servicer = healthy
-
-    async def main() -> tuple[str, str]:
-        async with AsyncClient(target) as c:
-            before = await c.health()
-            servicer.set(EXPLAINER_SERVICE, SERVING)
-            await c.wait_ready(timeout=30, poll=0.05)
-            return before, await c.health()
-
-    assert asyncio.run(main()) == ("NOT_SERVING", "SERVING")
+    async with AsyncClient(target) as c:
+        before = await c.health()
+        servicer.set(EXPLAINER_SERVICE, SERVING)
+        await c.wait_ready(timeout=30, poll=0.05)
+        after = await c.health()
+    assert (before, after) == ("NOT_SERVING", "SERVING")

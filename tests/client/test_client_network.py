@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import itertools
 import random
-import socket
 import threading
 
 import grpc
@@ -15,6 +14,7 @@ from limelight_client import Client, JobState, errors
 from limelight_client._common import RetryPolicy
 from limelight_client.proto import explainer_pb2 as pb
 from tests.client.llc_scripted import ScriptedServer
+from tests.ports import free_port
 
 TEXT = "The movie wasn't bad at all!"
 
@@ -142,9 +142,7 @@ def test_retry_policy_delays() -> None:
 
 
 def test_server_down_raises_unavailable() -> None:
-    with socket.socket() as s:  # a port that nobody listens on
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()  # nobody listens there
     with (
         Client(f"127.0.0.1:{port}", retries=1, backoff=0.01) as c,
         pytest.raises(errors.Unavailable),

@@ -80,6 +80,7 @@ def test_second_ensure_call_reuses_the_cached_model(bert_tiny_dir: Path) -> None
     assert model_files_mtimes(again) == before
 
 
+@pytest.mark.slow  # trains a small BERT-tiny recipe
 def test_small_recipe_caches_and_a_recipe_change_builds_a_new_directory(tmp_path: Path) -> None:
     first = ensure_demo_model("bert-tiny", tmp_path, progress=False, recipe=SMALL, threads=1)
     assert first == demo_model_dir("bert-tiny", tmp_path, SMALL)
@@ -113,6 +114,7 @@ def test_small_recipe_caches_and_a_recipe_change_builds_a_new_directory(tmp_path
     )
 
 
+@pytest.mark.slow  # trains a small BERT-tiny recipe
 def test_builds_are_deterministic(tmp_path: Path) -> None:
     a = ensure_demo_model("bert-tiny", tmp_path / "a", progress=False, recipe=SMALL, threads=1)
     b = ensure_demo_model("bert-tiny", tmp_path / "b", progress=False, recipe=SMALL, threads=1)
@@ -131,6 +133,7 @@ def test_builds_are_deterministic(tmp_path: Path) -> None:
     assert not torch.equal(weights_a[key], base[base_key])
 
 
+@pytest.mark.slow  # trains a small BERT-tiny recipe
 def test_concurrent_ensure_calls_build_once(tmp_path: Path) -> None:
     recipe = dataclasses.replace(SMALL, version="test-concurrent")
     results: list[Path] = []
@@ -157,6 +160,7 @@ def test_concurrent_ensure_calls_build_once(tmp_path: Path) -> None:
     assert names == sorted([results[0].name, f".{results[0].name}.lock"])
 
 
+@pytest.mark.slow  # trains a small BERT-tiny recipe
 def test_accuracy_gate_fails_the_build_and_caches_nothing(tmp_path: Path) -> None:
     recipe = dataclasses.replace(SMALL, min_accuracy=0.999, version="test-gate")
     # Debris of a killed build of the same recipe is cleared once the lock is held.

@@ -17,7 +17,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
 import subprocess
 import time
 import urllib.request
@@ -40,6 +39,7 @@ from tests.deploy.deploy_support import (
     promql_metric_names,
     render,
 )
+from tests.ports import free_port
 
 pytestmark = pytest.mark.container
 
@@ -48,12 +48,6 @@ IMAGE = "localhost/limelight:container-test"
 PODMAN = ["podman", "--runtime", "runc", "--cgroup-manager", "cgroupfs"]
 GRACE_PERIOD_S = 10
 TEXT = "A gripping, beautifully shot film with a wonderful cast."
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _run(cmd: list[str], timeout: float, **kw: object) -> subprocess.CompletedProcess[str]:
@@ -135,7 +129,7 @@ def test_image_builds_runs_and_explains(
         path.chmod(0o755 if path.is_dir() else 0o644)
 
     # 4. Run it like the Kubernetes manifests do.
-    port, metrics_port = _free_port(), _free_port()
+    port, metrics_port = free_port(), free_port()
     name = f"limelight-ctest-{os.getpid()}"
     t0 = time.monotonic()
     started = _run(

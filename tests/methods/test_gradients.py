@@ -19,7 +19,7 @@ from limelight.models.loaded import LoadedModel
 
 TEXT = "A great film, but the acting was not very good and the plot was boring."
 PAIR = "Is it a good film?"
-MODELS = ["random_bert", "bert_tiny"]
+MODELS = ["random_bert", pytest.param("bert_tiny", marks=pytest.mark.slow)]
 
 
 def tensors(model: LoadedModel, enc: Encoded) -> tuple[torch.Tensor, ...]:

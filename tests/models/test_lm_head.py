@@ -106,6 +106,7 @@ def test_corruption_follows_80_10_10() -> None:
     assert torch.equal(out[~picked], ids[~picked])
 
 
+@pytest.mark.slow  # fits an LM head (150 steps)
 def test_fit_cli_saves_reloads_and_reports(
     random_copy: Path,
     texts: list[str],
@@ -149,6 +150,7 @@ def test_fit_cli_saves_reloads_and_reports(
         load_lm_head(model, Settings())
 
 
+@pytest.mark.slow  # fits an LM head
 def test_fit_function_round_trips_and_lm_head_dir_wins(
     random_copy: Path, texts: list[str], tokenizer_dir: Path
 ) -> None:
