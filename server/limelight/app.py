@@ -99,8 +99,7 @@ def build_application(
 ) -> Application:
     """Everything the sidecar serves; call ``service.start()`` inside the event loop."""
     model = model or load_served_model(settings)
-    methods = MethodRegistry.builtin()
-    methods.configure(settings)  # e.g. --lm-head for decoded_gradcam's availability
+    methods = MethodRegistry.load(settings)  # built-ins, plug-ins, configured (e.g. --lm-head)
     runtime = build_runtime(settings, model)
     gate = None
     jobs = None

@@ -104,6 +104,10 @@ class Settings(BaseSettings):
     """SQLite journal path; unset: ``<cache_dir>/jobs.sqlite3``."""
     job_workers: int = 1
     """Job worker threads (embedded backend) or processes (``limelight worker``)."""
+    method_plugins: list[str] = []
+    """Extra attribution methods, as ``"module:Class"`` paths, loaded next to the built-in ones
+    by the sidecar and by workers alike (``LIMELIGHT_METHOD_PLUGINS='["pkg.mod:Cls"]'``), so
+    that the sidecar accepts a job method that its workers run."""
     job_timeout_s: float = 600.0
     """Default per-job timeout."""
     job_result_ttl_s: float = 24 * 3600.0

@@ -75,7 +75,7 @@ def _child(settings: Settings, extra_methods: list[str], metrics_port: int) -> N
         start_http_server(metrics_port, registry=metrics.registry)
     # Applies settings.torch_threads: with N workers on C cores, about C / N each.
     model = load_served_model(settings, progress=False)
-    runner = JobRunner(model, load_job_methods(extra_methods), settings)
+    runner = JobRunner(model, load_job_methods(extra_methods, settings), settings)
     worker = RedisWorker(settings, runner, metrics)
 
     def on_term(signum: int, frame: FrameType | None) -> None:

@@ -14,14 +14,7 @@ from limelight.core.jobs import JobSpec
 from limelight.core.types import Attribution, Encoded, Explanation, FloatArray, Timings
 from limelight.errors import FailedPrecondition, InvalidArgument
 from limelight.jobs.budget import ESTIMATES, check_cost, check_memory, check_timeout
-from limelight.methods.base import (
-    BUILTIN_METHODS,
-    JobContext,
-    JobMethod,
-    MethodRegistry,
-    _load,
-    model_shape,
-)
+from limelight.methods.base import JobContext, JobMethod, MethodRegistry, model_shape
 from limelight.models.loaded import LoadedModel
 from limelight.settings import Settings
 
@@ -31,21 +24,12 @@ ProgressFn = Callable[[float, str], None]
 StopFn = Callable[[], bool]
 
 
-def load_job_methods(extra: list[str] | None = None) -> MethodRegistry:
-    """Every built-in method that imports, plus ``extra`` ("module:Class") plug-ins.
-
-    A built-in whose module (or optional dependency) is missing is skipped with a warning, so
-    that one broken method never takes the worker down.
-    """
-    registry = MethodRegistry()
-    for name, path in BUILTIN_METHODS.items():
-        try:
-            registry.register(_load(path)())
-        except (ImportError, AttributeError) as exc:
-            log.warning("method %s unavailable: %s", name, exc)
-    for path in extra or []:
-        registry.register(_load(path)())
-    return registry
+def load_job_methods(
+    extra: list[str] | None = None, settings: Settings | None = None
+) -> MethodRegistry:
+    """The registry a worker runs: ``MethodRegistry.load`` (built-ins, the settings' plug-ins
+    and ``extra``), the same loader the sidecar uses."""
+    return MethodRegistry.load(settings, plugins=extra or ())
 
 
 class JobRunner:

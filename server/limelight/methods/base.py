@@ -6,7 +6,7 @@ import importlib
 import logging
 import math
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -183,30 +183,56 @@ BUILTIN_METHODS: dict[str, str] = {
 }
 
 
-def _load(path: str) -> type[AttributionMethod]:
+def load_method_class(path: str) -> type[AttributionMethod]:
+    """The AttributionMethod subclass at ``"module:Class"`` (ImportError, AttributeError or
+    TypeError when there is none)."""
     module_name, _, attr = path.partition(":")
+    if not module_name or not attr:
+        raise TypeError(f"{path!r} is not of the form 'module:Class'")
     cls = getattr(importlib.import_module(module_name), attr)
     if not (isinstance(cls, type) and issubclass(cls, AttributionMethod)):
         raise TypeError(f"{path} is not an AttributionMethod")
     return cls
 
 
+_load = load_method_class  # the name callers used before load_method_class was public
+
+
 class MethodRegistry:
-    """Methods by name. ``MethodRegistry.builtin()`` has every method that ships with Limelight."""
+    """Methods by name. :meth:`load` is the one way to build the registry the server, workers,
+    evaluation and distillation use; the methods are configured there, once."""
 
     def __init__(self, methods: Mapping[str, AttributionMethod] | None = None) -> None:
         self._methods: dict[str, AttributionMethod] = dict(methods or {})
 
     @classmethod
-    def builtin(cls) -> MethodRegistry:
-        """Every built-in method whose module imports; the others are logged and skipped."""
+    def load(cls, settings: Settings | None = None, plugins: Sequence[str] = ()) -> MethodRegistry:
+        """Every built-in method whose module imports (the others are logged and skipped, so
+        that an optional dependency of one method never breaks the rest), then the plug-ins
+        ("module:Class") of ``settings.method_plugins`` and ``plugins``; a plug-in that cannot
+        be loaded is an InvalidArgument, since someone asked for it. A plug-in may replace a
+        built-in of the same name. With ``settings``, every method is configured with them."""
         registry = cls()
         for name, path in BUILTIN_METHODS.items():
             try:
-                registry.register(_load(path)())
-            except ImportError as exc:
+                registry.register(load_method_class(path)())
+            except (ImportError, AttributeError) as exc:
                 log.warning("method %s is unavailable: %s", name, exc)
+        requested = [*(settings.method_plugins if settings is not None else ()), *plugins]
+        for path in dict.fromkeys(requested):
+            try:
+                method_cls = load_method_class(path)
+            except (ImportError, AttributeError, TypeError) as exc:
+                raise InvalidArgument(f"method plug-in {path!r} cannot be loaded: {exc}") from exc
+            registry.register(method_cls())
+        if settings is not None:
+            registry.configure(settings)
         return registry
+
+    @classmethod
+    def builtin(cls) -> MethodRegistry:
+        """The built-in methods only, unconfigured: ``MethodRegistry.load()``."""
+        return cls.load()
 
     def register(self, method: AttributionMethod) -> None:
         self._methods[method.name] = method
