@@ -43,6 +43,7 @@ proto-check: venv
 lint: venv
 	$(BIN)/ruff check server client tests bench scripts
 	$(BIN)/ruff format --check server client tests bench scripts
+	$(BIN)/lint-imports  # import-layer contracts in .importlinter
 
 typecheck: venv
 	$(BIN)/mypy
