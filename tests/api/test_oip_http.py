@@ -257,3 +257,15 @@ def test_model_name_setting_names_the_served_model(start_sidecar: Any, bert_tiny
     assert call(f"{root}/v1/models")[1] == {"models": ["classifier"]}
     assert call(f"{root}/v2/models/classifier/ready")[0] == 200
     assert call(f"{root}/v2/models/{bert_tiny_dir.name}/ready")[0] == 404
+
+
+def test_aiohttp_errors_are_json_too(sidecar: RunningSidecar) -> None:
+    root = f"http://{base_url(sidecar)}"
+    status, error = call(f"{root}/v2/no/such/route")
+    assert status == 404 and error["error"]
+    too_big = {
+        "inputs": [{"name": "text", "shape": [1], "datatype": "BYTES", "data": ["x" * 5_000_000]}]
+    }
+    status, error = call(f"{root}/v2/models/{model_name(sidecar)}/infer", too_big)
+    assert status == 413 and error["error"]
+    assert call(f"{root}/v2/health/ready")[0] == 200

@@ -62,6 +62,17 @@ def _error(status: int, message: str) -> web.Response:
     return web.json_response({"error": message}, status=status, headers=headers)
 
 
+@web.middleware
+async def _json_errors(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """aiohttp's own errors (unknown route, wrong method, body too large) as JSON too."""
+    try:
+        return await handler(request)
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        return _error(exc.status, exc.text or exc.reason)
+
+
 # --- v2 JSON <-> tensors ----------------------------------------------------------------------
 
 
@@ -315,7 +326,8 @@ class HttpServer:
                 except LimelightError as exc:
                     code = exc.kind.name
                     return _error(http_status_for(exc.kind), exc.message)
-                except web.HTTPException:
+                except web.HTTPException as exc:  # e.g. 413 from aiohttp: a body over the limit
+                    code = "RESOURCE_EXHAUSTED" if exc.status == 413 else "INVALID_ARGUMENT"
                     raise
                 except Exception:
                     log.exception("unexpected error in HTTP %s", rpc)
@@ -410,7 +422,9 @@ class HttpServer:
         return web.json_response({"explanations": [v1_explanation(e) for e in results]})
 
     def application(self) -> web.Application:
-        app = web.Application(client_max_size=self.settings.max_message_bytes)
+        app = web.Application(
+            client_max_size=self.settings.max_message_bytes, middlewares=[_json_errors]
+        )
         r = self._route
         model = "/v2/models/{name}"
         version = "/v2/models/{name}/versions/{version}"
