@@ -9,9 +9,12 @@ import pytest
 import torch
 from transformers import AutoConfig, AutoModelForSequenceClassification
 
-from limelight.errors import ModelLoadError
-from limelight.models.adapters import adapter_for
+from limelight.errors import FailedPrecondition, ModelLoadError
+from limelight.models import adapters
+from limelight.models.adapters import GenericAdapter, Override, adapter_for, check_architecture
 from limelight.models.loaded import load_model
+from limelight.models.tiny import NOT_BUILT
+from limelight.models.tiny import tiny_model as tiny_family
 
 _SMALL = dict(
     hidden_size=32,
@@ -92,8 +95,70 @@ def test_real_weights_minilm(minilm_dir: Path) -> None:
     torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
 
 
-def test_unsupported_architecture_is_named() -> None:
-    config = AutoConfig.for_model("albert", **{**_SMALL, "embedding_size": 16})
-    model = AutoModelForSequenceClassification.from_config(config)
-    with pytest.raises(ModelLoadError, match=r"albert.*supported"):
+def test_refused_architecture_is_named_with_its_reason() -> None:
+    model = tiny_family("bart")
+    with pytest.raises(ModelLoadError, match=r"'bart' is not supported: encoder-decoder"):
         adapter_for(model)
+
+
+def test_a_head_that_does_not_reproduce_the_logits_is_refused() -> None:
+    model = tiny_family("bert")
+    wrong = Override(head=lambda m, x: m.classifier(x))  # skips BERT's pooler
+    with pytest.raises(ModelLoadError, match=r"reproduces its own logits within 0.0001"):
+        GenericAdapter(model, wrong).derive()
+
+
+def test_probe_leaves_the_training_mode_alone() -> None:
+    model = tiny_family("electra").train()
+    GenericAdapter(model).derive()
+    assert model.training
+
+
+# Every family that is not refused up front and builds from a tiny config offline.
+FAMILIES = [t for t in adapters.supported_model_types() if t not in NOT_BUILT]
+
+
+@pytest.mark.parametrize("model_type", FAMILIES)
+def test_generic_head_reproduces_logits_of_every_family(model_type: str) -> None:
+    model = tiny_family(model_type, vocab_size=120)
+    adapter = GenericAdapter(model).derive()
+    ids, mask = padded_batch()
+    extra = {"use_cache": False} if adapters._accepts(model, "use_cache") else {}
+    with torch.no_grad():
+        expected = torch.cat(
+            [
+                model(input_ids=ids[i : i + 1, : int(mask[i].sum())], **extra).logits
+                for i in range(3)
+            ]
+        )
+        out = adapter.run_base(ids, mask)
+        token_logits = adapter.head(out.last_hidden_state)
+        got = adapter.pooled_logits(out.last_hidden_state, mask)
+    assert token_logits.shape == (3, 11, 3)
+    assert all(h.shape[:2] == (3, 11) for h in out.hidden_states)
+    torch.testing.assert_close(got, expected, atol=1e-4, rtol=1e-4)
+    if adapter.pooling in ("first", "last"):
+        at_index = token_logits[torch.arange(3), adapter.pooled_index(mask)]
+        torch.testing.assert_close(at_index, got, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize(
+    ("model_type", "setting", "pooling"),
+    [
+        ("modernbert", "mean", "mean"),
+        ("modernbert", "cls", "first"),
+        ("eurobert", "late", "late"),
+        ("eurobert", "mean", "mean"),
+        ("eurobert", "bos", "first"),
+    ],
+)
+def test_declared_pooling(model_type: str, setting: str, pooling: str) -> None:
+    model = tiny_family(model_type, vocab_size=120, classifier_pooling=setting)
+    adapter = GenericAdapter(model).derive()
+    assert adapter.pooling == pooling
+    if pooling in ("mean", "late"):
+        with pytest.raises(FailedPrecondition, match="no single position"):
+            adapter.pooled_index(torch.ones(1, 4))
+        if not adapters.MEAN_POOLING_SERVED:
+            with pytest.raises(ModelLoadError, match="not served yet"):
+                check_architecture(model.config)

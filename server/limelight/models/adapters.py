@@ -1,30 +1,60 @@
 """Head-on-top adapters: apply a classifier's own head to every token's final hidden state.
 
-NormXLogit (DESIGN §3.1) needs LogAt_i = f_cls(h_L[i]) for every token i. Each adapter knows
-where an architecture keeps its base model and its head, and which position the head normally
-pools. The correctness anchor: ``head(h_L)[pooled position]`` equals the model's own logits.
+NormXLogit needs LogAt_i = f_cls(h_L[i]) for every token i, where f_cls is the part of the
+classifier that maps the pooled vector to logits. One mechanism serves every architecture:
+
+* the **base** is the model's ``base_model`` (transformers' ``base_model_prefix``);
+* the **embedding-layer output** is ``hidden_states[0]`` of the base forward and the **final
+  hidden states** its ``last_hidden_state``;
+* the **head** is derived from the modules the classifier registers beside its base — each
+  applied to a one-token sequence, so that every module's own pooling (first token, last token,
+  mean) picks that token — optionally preceded by the base's own pooler;
+* the **pooling** (first token, last non-pad token, or masked mean) is the one under which the
+  derived head reproduces the model's logits.
+
+Several candidate heads and poolings are tried on a probe input and the first one that
+reproduces the model's own logits within ``PROBE_TOLERANCE`` is kept; when none does, the model
+is refused with one line. A few families declare a small override (:data:`OVERRIDES`) where the
+head applies a functional activation or the base needs an extra input. Architectures that cannot
+be served at all are declared in :data:`REFUSED` with the reason.
+
+Per-token forms: with first/last-token pooling, the model's logit is the head output at the
+pooled position. With mean pooling (ModernBERT's ``classifier_pooling="mean"``) LogAt_i is the
+head applied to h_L[i] alone — the logits of a sequence whose mean representation were token
+i's — and the model's logit is the head applied to the masked mean (see
+docs/methods/normxlogit.md).
 """
 
 from __future__ import annotations
 
+import inspect
 from abc import ABC, abstractmethod
-from typing import Any
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
 
 import torch
 from torch import nn
 
-from limelight.errors import ModelLoadError
+from limelight.errors import FailedPrecondition, ModelLoadError
+
+Pooling = Literal["first", "last", "mean", "late"]
+"""Which vector(s) the head sees: the first token's, the last non-pad token's, the masked mean
+of the tokens' (then the head), or every token's with the logits averaged ("late")."""
+#: Largest |derived - model| logit difference accepted at load time.
+PROBE_TOLERANCE = 1e-4
+#: Whether the torch runtime computes logits with :meth:`HeadAdapter.pooled_logits` (needed
+#: for mean pooling). Until it does, mean-pooled classifiers are refused at load time.
+MEAN_POOLING_SERVED = False
 
 
 class HeadAdapter(ABC):
-    """Architecture-specific access to a sequence classifier's base model and head."""
+    """Access to a sequence classifier's base model, its head and its pooling."""
 
-    #: model_type values of transformers configs this adapter serves.
-    model_types: tuple[str, ...] = ()
     #: Whether the base model takes token_type_ids.
     uses_token_type_ids = False
-    #: Decoder classifiers pool the last non-pad token; encoders the first token.
-    pools_last_token = False
+    #: Which position's head output is the model's logit.
+    pooling: Pooling = "first"
 
     def __init__(self, model: nn.Module) -> None:
         # Any: transformers' per-architecture attributes (bert, classifier, ...) are untyped.
@@ -39,11 +69,39 @@ class HeadAdapter(ABC):
     def head(self, hidden: torch.Tensor) -> torch.Tensor:
         """[..., n, K] final hidden states -> [..., n, C] logits, each token pooled alone."""
 
+    @property
+    def pools_last_token(self) -> bool:
+        """Decoder classifiers pool the last non-pad token."""
+        return self.pooling == "last"
+
     def pooled_index(self, attention_mask: torch.Tensor) -> torch.Tensor:
         """[B] the position whose head output is the model's logit (right padding assumed)."""
-        if self.pools_last_token:
+        if self.pooling in ("mean", "late"):
+            raise FailedPrecondition(
+                "this classifier mean-pools its tokens: no single position carries its logit; "
+                "use pooled_logits()"
+            )
+        if self.pooling == "last":
             return attention_mask.long().sum(dim=1) - 1
         return torch.zeros(attention_mask.shape[0], dtype=torch.long, device=attention_mask.device)
+
+    def pool(self, hidden: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        """[B, n, K] final hidden states -> [B, K] the vector the model's head sees."""
+        if self.pooling == "late":
+            raise FailedPrecondition("this classifier averages per-token logits: no pooled vector")
+        if self.pooling == "mean":
+            weights = attention_mask.to(hidden.dtype).unsqueeze(-1)
+            return (hidden * weights).sum(dim=1) / weights.sum(dim=1).clamp_min(1.0)
+        rows = torch.arange(hidden.shape[0], device=hidden.device)
+        return hidden[rows, self.pooled_index(attention_mask)]
+
+    def pooled_logits(self, hidden: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        """[B, n, K] final hidden states -> [B, C] the model's own logits."""
+        if self.pooling == "late":
+            weights = attention_mask.to(hidden.dtype).unsqueeze(-1)
+            token_logits = self.head(hidden)
+            return (token_logits * weights).sum(dim=1) / weights.sum(dim=1).clamp_min(1.0)
+        return self.head(self.pool(hidden, attention_mask)[:, None, :])[:, 0]
 
     def base_inputs(
         self,
@@ -85,105 +143,377 @@ class HeadAdapter(ABC):
         return int(self.model.config.num_hidden_layers)
 
 
-def _pool_each(pooler: Any, hidden: torch.Tensor) -> torch.Tensor:
-    """Run a first-token pooler on every token by making each token its own sequence."""
-    lead, k = hidden.shape[:-1], hidden.shape[-1]
-    out = pooler(hidden.reshape(-1, 1, k))
-    return out.reshape(*lead, out.shape[-1])
+# --- the generic adapter ---------------------------------------------------------------------
 
 
-class BertAdapter(HeadAdapter):
-    """BERT and MiniLM: pooler (dense + tanh on the token), then the classifier."""
+def _one_token_each(module: Callable[[torch.Tensor], Any], x: torch.Tensor) -> torch.Tensor:
+    """Apply ``module`` to every vector of x [N, K] as its own one-token sequence -> [N, D]."""
+    out = module(x[:, None, :])
+    if isinstance(out, tuple):
+        out = out[0]
+    if not isinstance(out, torch.Tensor):
+        raise TypeError(f"{type(module).__name__} returned {type(out).__name__}")
+    if out.dim() == 3:
+        out = out[:, 0]
+    return out
 
-    model_types = ("bert",)
-    uses_token_type_ids = True
+
+HeadFn = Callable[[Any, torch.Tensor], torch.Tensor]
+"""(model, x [N, K]) -> [N, C]: the head on N pooled vectors."""
+
+
+@dataclass(frozen=True)
+class Override:
+    """What one family declares where the generic derivation does not fit."""
+
+    #: The head on pooled vectors, when the classifier applies functional steps between
+    #: its modules (e.g. DistilBERT's ReLU).
+    head: HeadFn | None = None
+    #: Extra inputs of the base forward: (model, input_ids or inputs_embeds, mask) -> kwargs.
+    base_kwargs: Callable[[Any, torch.Tensor, torch.Tensor], dict[str, Any]] | None = None
+    #: Config overrides that select the pooling, e.g. ModernBERT's classifier_pooling.
+    pooling: Callable[[Any], Pooling] | None = None
+    note: str = ""
+
+
+def _distilbert_head(model: Any, x: torch.Tensor) -> torch.Tensor:
+    return model.classifier(torch.relu(model.pre_classifier(x)))  # type: ignore[no-any-return]
+
+
+def _longformer_globals(model: Any, ids: torch.Tensor, mask: torch.Tensor) -> dict[str, Any]:
+    # As LongformerForSequenceClassification: global attention on the first token.
+    glob = torch.zeros(mask.shape, dtype=torch.long, device=mask.device)
+    glob[:, 0] = 1
+    return {"global_attention_mask": glob}
+
+
+def _modernbert_pooling(config: Any) -> Pooling:
+    return "mean" if getattr(config, "classifier_pooling", "cls") == "mean" else "first"
+
+
+def _eurobert_pooling(config: Any) -> Pooling:
+    kinds: dict[str, Pooling] = {"bos": "first", "mean": "mean", "late": "late"}
+    return kinds.get(str(getattr(config, "classifier_pooling", "late")), "late")
+
+
+OVERRIDES: dict[str, Override] = {
+    "distilbert": Override(
+        head=_distilbert_head, note="ReLU between pre_classifier and classifier"
+    ),
+    "longformer": Override(
+        base_kwargs=_longformer_globals, note="global attention on the first token"
+    ),
+    "modernbert": Override(pooling=_modernbert_pooling, note="cls or mean pooling"),
+    "eurobert": Override(pooling=_eurobert_pooling, note="bos, mean or late (mean of logits)"),
+}
+
+#: Architectures refused before loading, with the reason (one line each).
+REFUSED: dict[str, str] = {
+    **{
+        t: "encoder-decoder: the head reads the decoder's state at the last end-of-sequence "
+        "token, so no per-input-token form of the head exists"
+        for t in (
+            "bart",
+            "bigbird_pegasus",
+            "mbart",
+            "mt5",
+            "mvp",
+            "plbart",
+            "t5",
+            "t5gemma",
+            "t5gemma2",
+            "umt5",
+        )
+    },
+    **{
+        t: "not text-only: built for layout, image, entity or table inputs besides the tokens "
+        "(for gemma3 and qwen3_5 serve the *_text variant)"
+        for t in (
+            "layoutlm",
+            "layoutlmv2",
+            "layoutlmv3",
+            "lilt",
+            "luke",
+            "markuplm",
+            "gemma3",
+            "modernvbert",
+            "perceiver",
+            "qwen3_5",
+            "tapas",
+            "ultravbert",
+        )
+    },
+    "funnel": "the encoder pools the sequence to fewer positions, so final hidden states do "
+    "not line up with the input tokens",
+    "xlnet": "the head reads the last position whatever the padding, so right-padded batches "
+    "change its logits",
+    "canine": "character-level model with downsampled final states that do not line up with "
+    "tokenizer offsets",
+    "fnet": "mixes all positions with a Fourier transform and takes no attention mask, so "
+    "padding a batch changes its logits",
+    "yoso": "its hashing-based attention is approximate: padding a batch changes its logits by "
+    "more than the 1e-4 the load-time check allows",
+    "reformer": "needs sequence lengths padded to its chunk length and axial position shapes; "
+    "its final states do not line up with the unpadded input",
+}
+
+_DROPOUT = (nn.Dropout, nn.Dropout1d, nn.Dropout2d)
+
+
+@dataclass
+class _Candidate:
+    name: str
+    head: HeadFn
+    poolings: Sequence[Pooling] = field(default_factory=lambda: ("first", "last", "mean"))
+
+
+def _accepts(module: nn.Module, name: str) -> bool:
+    try:
+        params = inspect.signature(module.forward).parameters
+    except (TypeError, ValueError):
+        return False
+    return name in params
+
+
+class GenericAdapter(HeadAdapter):
+    """Head, pooling and base derived from the model, checked against its logits on a probe."""
+
+    def __init__(self, model: nn.Module, override: Override | None = None) -> None:
+        super().__init__(model)
+        config = self.model.config
+        self.model_type = str(getattr(config, "model_type", ""))
+        self.override = override or OVERRIDES.get(self.model_type, Override())
+        base = getattr(self.model, "base_model", None)
+        if not isinstance(base, nn.Module) or base is self.model:
+            raise ModelLoadError(
+                f"architecture {self.model_type!r}: no base model under the classification head"
+            )
+        self._base: nn.Module = base
+        self.uses_token_type_ids = (
+            _accepts(base, "token_type_ids") and int(getattr(config, "type_vocab_size", 0) or 0) > 1
+        )
+        self._use_cache = _accepts(base, "use_cache")
+        self._head_fn: HeadFn | None = None
+        self.derivation = ""
 
     @property
     def base(self) -> nn.Module:
-        return self.model.bert
+        return self._base
 
     def head(self, hidden: torch.Tensor) -> torch.Tensor:
-        pooler = self.model.bert.pooler
-        pooled = _pool_each(pooler, hidden) if pooler is not None else hidden
-        return self.model.classifier(pooled)
+        if self._head_fn is None:
+            raise FailedPrecondition("the adapter's head has not been derived (call derive())")
+        lead, k = hidden.shape[:-1], hidden.shape[-1]
+        out = self._head_fn(self.model, hidden.reshape(-1, k))
+        return out.reshape(*lead, out.shape[-1])
+
+    def base_inputs(
+        self,
+        input_ids: torch.Tensor | None,
+        attention_mask: torch.Tensor,
+        token_type_ids: torch.Tensor | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+    ) -> dict[str, Any]:
+        kwargs: dict[str, Any] = {"attention_mask": attention_mask}
+        if inputs_embeds is not None:
+            kwargs["inputs_embeds"] = inputs_embeds
+        else:
+            kwargs["input_ids"] = input_ids
+        if self.uses_token_type_ids and token_type_ids is not None:
+            kwargs["token_type_ids"] = token_type_ids
+        if self._use_cache:
+            kwargs["use_cache"] = False
+        if self.override.base_kwargs is not None:
+            source = inputs_embeds if inputs_embeds is not None else input_ids
+            assert source is not None
+            kwargs.update(self.override.base_kwargs(self.model, source, attention_mask))
+        return kwargs
+
+    # --- derivation ----------------------------------------------------------------------
+
+    def _candidates(self) -> list[_Candidate]:
+        model, base = self.model, self._base
+        poolings: Sequence[Pooling] = ("first", "last", "mean")
+        if isinstance(getattr(model, "score", None), nn.Module):  # decoder-style score head
+            poolings = ("last", "first", "mean")
+        if self.override.pooling is not None:
+            poolings = (self.override.pooling(model.config),)
+        if self.override.head is not None:
+            return [_Candidate("declared head", self.override.head, poolings)]
+        beside = [
+            (name, m)
+            for name, m in model.named_children()
+            if m is not base and not isinstance(m, _DROPOUT)
+        ]
+        chain = [m for _, m in beside]
+        names = "+".join(name for name, _ in beside)
+        out: list[_Candidate] = []
+
+        def chained(modules: Sequence[Callable[[torch.Tensor], Any]]) -> HeadFn:
+            def run(_: Any, x: torch.Tensor) -> torch.Tensor:
+                for module in modules:
+                    x = _one_token_each(module, x)
+                return x
+
+            return run
+
+        if chain:
+            out.append(_Candidate(names, chained(chain), poolings))
+        pooler = getattr(base, "pooler", None)
+        if isinstance(pooler, nn.Module) and chain:
+            act = getattr(base, "pooler_activation", None)
+            pre = [pooler, act] if isinstance(act, nn.Module) else [pooler]
+            out.append(_Candidate(f"pooler+{names}", chained([*pre, *chain]), poolings))
+        return out
+
+    def derive(self, probe_ids: Sequence[Sequence[int]] | None = None) -> HeadAdapter:
+        """Find the head and pooling that reproduce the model's logits; refuse otherwise.
+
+        The probe runs in eval mode (no dropout); the model's mode is restored afterwards.
+        """
+        training = bool(self.model.training)
+        self.model.eval()
+        try:
+            return self._derive(probe_ids)
+        finally:
+            self.model.train(training)
+
+    def _derive(self, probe_ids: Sequence[Sequence[int]] | None) -> HeadAdapter:
+        rows = [list(r) for r in probe_ids] if probe_ids else self._synthetic_probe()
+        if len(rows) < 2 or min(len(r) for r in rows) < 2:
+            raise ValueError("the probe needs two rows of at least two tokens")
+        device = next(self.model.parameters()).device
+        width = max(len(r) for r in rows)
+        pad = self._pad_id()
+        ids = torch.full((len(rows), width), pad, dtype=torch.long, device=device)
+        mask = torch.zeros_like(ids)
+        for i, r in enumerate(rows):
+            ids[i, : len(r)] = torch.tensor(r, dtype=torch.long, device=device)
+            mask[i, : len(r)] = 1
+        with torch.no_grad():
+            try:
+                expected = torch.cat(
+                    [
+                        self.model(
+                            input_ids=torch.tensor([r], device=device),
+                            **({"use_cache": False} if _accepts(self.model, "use_cache") else {}),
+                        ).logits
+                        for r in rows
+                    ]
+                ).float()
+                out = self.run_base(ids, mask)
+            except Exception as exc:  # any failure of an untested family: one line
+                raise ModelLoadError(
+                    f"architecture {self.model_type!r}: its forward pass fails on a probe "
+                    f"input ({type(exc).__name__}: {_first_line(exc)})"
+                ) from exc
+            hidden = out.last_hidden_state
+            states = getattr(out, "hidden_states", None)
+            if hidden is None or not states:
+                raise ModelLoadError(
+                    f"architecture {self.model_type!r}: the base model returns no hidden states"
+                )
+            if any(s.shape[:2] != ids.shape for s in (*states, hidden)):
+                raise ModelLoadError(
+                    f"architecture {self.model_type!r}: its hidden states do not have one "
+                    "position per input token"
+                )
+            best = float("inf")
+            for cand in self._candidates():
+                for pooling in cand.poolings:
+                    self._head_fn, self.pooling = cand.head, pooling
+                    try:
+                        got = self.pooled_logits(hidden, mask).float()
+                    except Exception:  # a candidate that does not fit this model
+                        continue
+                    if got.shape != expected.shape:
+                        continue
+                    diff = float((got - expected).abs().max())
+                    best = min(best, diff)
+                    if diff <= PROBE_TOLERANCE:
+                        self.derivation = f"{cand.name}, {pooling} pooling"
+                        return self
+        self._head_fn = None
+        closest = f" (closest: max |Δlogit| {best:.2g})" if best < float("inf") else ""
+        raise ModelLoadError(
+            f"architecture {self.model_type!r}: no head derived from the model reproduces its "
+            f"own logits within {PROBE_TOLERANCE:g}{closest}; refusing rather than explaining "
+            "wrongly"
+        )
+
+    def _pad_id(self) -> int:
+        pad = getattr(self.model.config, "pad_token_id", None)
+        return int(pad) if isinstance(pad, int) else 0
+
+    def _synthetic_probe(self) -> list[list[int]]:
+        config = self.model.config
+        vocab = int(getattr(config, "vocab_size", 0) or 0)
+        if vocab <= 0:
+            weight = self.word_embeddings().weight
+            assert isinstance(weight, torch.Tensor)
+            vocab = int(weight.shape[0])
+        special: set[Any] = set()
+        for name in ("pad_token_id", "bos_token_id", "eos_token_id", "sep_token_id"):
+            value = getattr(config, name, None)
+            special.update(value if isinstance(value, list | tuple) else [value])
+        generator = torch.Generator().manual_seed(7)
+        pool = [
+            t
+            for t in torch.randperm(vocab, generator=generator)[:64].tolist()
+            if t not in special and t > 3
+        ]
+        return [pool[:9], pool[9:14]]
 
 
-class DistilBertAdapter(HeadAdapter):
-    """DistilBERT: pre_classifier + ReLU, then the classifier."""
-
-    model_types = ("distilbert",)
-
-    @property
-    def base(self) -> nn.Module:
-        return self.model.distilbert
-
-    def head(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.model.classifier(torch.relu(self.model.pre_classifier(hidden)))
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
 
 
-class RobertaAdapter(HeadAdapter):
-    """RoBERTa and XLM-R: the classification head (dense + tanh + out_proj) on the token."""
+def sequence_classification_types() -> list[str]:
+    """Every model_type the installed transformers has a sequence classifier for."""
+    from transformers.models.auto.modeling_auto import (
+        MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES,
+    )
 
-    model_types = ("roberta", "xlm-roberta", "camembert")
-
-    @property
-    def base(self) -> nn.Module:
-        return self.model.roberta
-
-    def head(self, hidden: torch.Tensor) -> torch.Tensor:
-        return _pool_each(self.model.classifier, hidden)
+    return sorted(MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES)
 
 
-class DebertaAdapter(HeadAdapter):
-    """DeBERTa v2/v3: context pooler (dense + activation), then the classifier."""
-
-    model_types = ("deberta-v2", "deberta")
-    uses_token_type_ids = True
-
-    @property
-    def base(self) -> nn.Module:
-        return self.model.deberta
-
-    def head(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.model.classifier(_pool_each(self.model.pooler, hidden))
-
-
-class DecoderAdapter(HeadAdapter):
-    """GPT-2 and Llama-style decoders: the score head already sees every position; the
-    model's logit is the last non-pad token's."""
-
-    model_types = ("gpt2", "llama", "mistral", "qwen2", "qwen3", "gemma")
-    pools_last_token = True
-
-    @property
-    def base(self) -> nn.Module:
-        if hasattr(self.model, "transformer"):
-            return self.model.transformer
-        return self.model.model
-
-    def head(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.model.score(hidden)
-
-
-ADAPTERS: tuple[type[HeadAdapter], ...] = (
-    BertAdapter,
-    DistilBertAdapter,
-    RobertaAdapter,
-    DebertaAdapter,
-    DecoderAdapter,
-)
+def check_architecture(config: Any) -> None:
+    """Refuse, before loading weights, an architecture that is declared unservable."""
+    model_type = str(getattr(config, "model_type", ""))
+    if model_type in REFUSED:
+        raise ModelLoadError(f"architecture {model_type!r} is not supported: {REFUSED[model_type]}")
+    if model_type not in sequence_classification_types():
+        raise ModelLoadError(
+            f"architecture {model_type!r} has no sequence-classification model in the "
+            "installed transformers"
+        )
+    override = OVERRIDES.get(model_type)
+    if (
+        not MEAN_POOLING_SERVED
+        and override is not None
+        and override.pooling is not None
+        and override.pooling(config) in ("mean", "late")
+    ):
+        raise ModelLoadError(
+            f"architecture {model_type!r} with {override.pooling(config)} pooling is not served "
+            "yet: the inline runtime reads the logit at one position (first-token pooling is "
+            "served)"
+        )
 
 
 def supported_model_types() -> list[str]:
-    return sorted(t for a in ADAPTERS for t in a.model_types)
+    """Architectures not refused up front (each is still checked on a probe at load time)."""
+    return [t for t in sequence_classification_types() if t not in REFUSED]
 
 
-def adapter_for(model: nn.Module) -> HeadAdapter:
-    model_type = getattr(model.config, "model_type", "")
-    for cls in ADAPTERS:
-        if model_type in cls.model_types:
-            return cls(model)
-    raise ModelLoadError(
-        f"architecture {model_type!r} is not supported; "
-        f"supported: {', '.join(supported_model_types())}"
-    )
+def adapter_for(
+    model: nn.Module, probe_ids: Sequence[Sequence[int]] | None = None
+) -> GenericAdapter:
+    """The derived, probe-checked adapter of a sequence classifier (ModelLoadError if none)."""
+    config = getattr(model, "config", None)
+    check_architecture(config)
+    adapter = GenericAdapter(model)
+    adapter.derive(probe_ids)
+    return adapter

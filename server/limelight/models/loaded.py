@@ -18,7 +18,7 @@ from transformers import (
 
 from limelight.core.types import Encoded, TokenInfo
 from limelight.errors import InvalidArgument, ModelLoadError
-from limelight.models.adapters import HeadAdapter, adapter_for
+from limelight.models.adapters import HeadAdapter, adapter_for, check_architecture
 
 
 def fingerprint(model_dir: Path) -> str:
@@ -140,22 +140,54 @@ class LoadedModel:
         )
 
 
-def _check_directory(model_dir: Path) -> None:
+def check_model_directory(model_dir: Path) -> None:
+    """Refuse directories Limelight will not load: missing, no config, pickle-only, remote code."""
+    if not model_dir.exists():
+        raise ModelLoadError(
+            f"model directory {model_dir} does not exist; --model takes a local Hugging Face "
+            "sequence-classification directory"
+        )
     if not model_dir.is_dir():
-        raise ModelLoadError(f"model directory {model_dir} does not exist")
+        raise ModelLoadError(f"{model_dir} is not a directory; --model takes a model directory")
     if not (model_dir / "config.json").exists():
         raise ModelLoadError(f"{model_dir} has no config.json: not a Hugging Face model directory")
     has_safetensors = any(model_dir.glob("*.safetensors"))
     if not has_safetensors:
-        raise ModelLoadError(
-            f"{model_dir} has no .safetensors weights; Limelight loads safetensors only "
-            "(convert pickled weights with transformers' save_pretrained(safe_serialization=True))"
+        pickled = sorted(p.name for p in model_dir.glob("*.bin")) + sorted(
+            p.name for p in model_dir.glob("*.pt")
         )
-    config = json.loads((model_dir / "config.json").read_text())
+        found = f" (found {', '.join(pickled[:3])})" if pickled else ""
+        raise ModelLoadError(
+            f"{model_dir} has no .safetensors weights{found}; Limelight loads safetensors only: "
+            "convert them with transformers' save_pretrained(dir, safe_serialization=True)"
+        )
+    try:
+        config = json.loads((model_dir / "config.json").read_text())
+    except (OSError, ValueError) as exc:
+        raise ModelLoadError(f"{model_dir / 'config.json'} cannot be read as JSON: {exc}") from None
+    if not isinstance(config, dict):
+        raise ModelLoadError(f"{model_dir / 'config.json'} is not a JSON object")
     if config.get("auto_map"):
         raise ModelLoadError(
-            f"{model_dir} needs custom code (auto_map); Limelight never runs trust_remote_code"
+            f"{model_dir} needs custom code (auto_map in config.json); Limelight never runs "
+            "trust_remote_code: serve a model whose architecture is built into transformers"
         )
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+PROBE_TEXTS = (
+    "Limelight checks that the head it derives reproduces this classifier's own logits.",
+    "A short probe.",
+)
+
+
+def probe_ids(tokenizer: PreTrainedTokenizerBase) -> list[list[int]]:
+    """Token ids of the load-time probe (two texts of different lengths)."""
+    return [list(tokenizer(text)["input_ids"]) for text in PROBE_TEXTS]
 
 
 def resolve_device(spec: str) -> torch.device:
@@ -170,23 +202,42 @@ def resolve_device(spec: str) -> torch.device:
 def load_model(model_dir: Path, device: str = "cpu", name: str | None = None) -> LoadedModel:
     """Load a local sequence-classification directory (safetensors only, no remote code)."""
     model_dir = Path(model_dir).expanduser().resolve()
-    _check_directory(model_dir)
+    check_model_directory(model_dir)
     torch_device = resolve_device(device)
-    config = AutoConfig.from_pretrained(model_dir, trust_remote_code=False, local_files_only=True)
-    tokenizer = AutoTokenizer.from_pretrained(
-        model_dir, trust_remote_code=False, local_files_only=True
-    )
+    try:
+        config = AutoConfig.from_pretrained(
+            model_dir, trust_remote_code=False, local_files_only=True
+        )
+    except (ValueError, KeyError, OSError) as exc:
+        raise ModelLoadError(
+            f"{model_dir}: transformers cannot read its config.json ({_first_line(exc)})"
+        ) from exc
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(
+            model_dir, trust_remote_code=False, local_files_only=True
+        )
+    except (ValueError, KeyError, OSError, TypeError) as exc:
+        raise ModelLoadError(
+            f"{model_dir}: cannot load its tokenizer ({_first_line(exc)})"
+        ) from exc
     if not tokenizer.is_fast:
         raise ModelLoadError(f"{model_dir}: a fast (tokenizers) tokenizer is required for offsets")
-    model = AutoModelForSequenceClassification.from_pretrained(
-        model_dir,
-        config=config,
-        trust_remote_code=False,
-        local_files_only=True,
-        use_safetensors=True,
-    )
+    check_architecture(config)
+    try:
+        model = AutoModelForSequenceClassification.from_pretrained(
+            model_dir,
+            config=config,
+            trust_remote_code=False,
+            local_files_only=True,
+            use_safetensors=True,
+        )
+    except Exception as exc:  # transformers raises many types; one readable line for all
+        raise ModelLoadError(
+            f"{model_dir}: transformers cannot load it as a {config.model_type!r} sequence "
+            f"classifier ({type(exc).__name__}: {_first_line(exc)})"
+        ) from exc
     model.eval().to(torch_device)
-    adapter = adapter_for(model)
+    adapter = adapter_for(model, probe_ids(tokenizer))
     id2label = getattr(config, "id2label", None) or {}
     labels = [str(id2label.get(i, f"LABEL_{i}")) for i in range(config.num_labels)]
     pad_id = config.pad_token_id
