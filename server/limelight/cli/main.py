@@ -1,21 +1,57 @@
 """The `limelight` command. Every module in this package with a ``register(subparsers)``
-function contributes one subcommand."""
+function contributes one subcommand.
+
+Errors: whatever a command raises ends here, in :func:`main`, and becomes one line on stderr
+(``limelight <command>: error: <what went wrong>``) and a non-zero exit status — 2 for invalid
+arguments or settings, 1 for anything else — with no traceback unless the log level is DEBUG
+(``--log-level debug`` or ``LIMELIGHT_LOG_LEVEL=debug``).
+"""
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import errno
 import importlib
+import os
 import pkgutil
+import re
 import sys
-from collections.abc import Sequence
+import traceback
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
 
 from limelight import __version__
+from limelight.errors import ErrorKind, LimelightError
+
+#: Exit status of a command that failed because of its arguments or settings.
+EXIT_USAGE = 2
+#: Exit status of any other failure.
+EXIT_FAILURE = 1
+
+_EPILOG = (
+    "Errors are reported as one line on stderr with exit status 2 (invalid arguments or "
+    "settings) or 1 (anything else); --log-level debug adds the traceback."
+)
+
+
+def _leaf_parsers(parser: argparse.ArgumentParser) -> Iterator[argparse.ArgumentParser]:
+    """The parsers that run a command (the innermost of nested subcommands)."""
+    nested = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    if not nested:
+        yield parser
+        return
+    for action in nested:
+        for child in dict.fromkeys(action.choices.values()):
+            yield from _leaf_parsers(child)
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="limelight",
         description="Explanation sidecar for transformer text classifiers.",
+        epilog=_EPILOG,
     )
     parser.add_argument("--version", action="version", version=f"limelight {__version__}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
@@ -28,7 +64,89 @@ def build_parser() -> argparse.ArgumentParser:
         register = getattr(module, "register", None)
         if callable(register):
             register(subparsers)
+    # Every command takes --log-level (DEBUG also turns on tracebacks for errors).
+    for leaf in dict.fromkeys(_leaf_parsers(parser)):
+        if leaf is parser:
+            continue
+        with contextlib.suppress(argparse.ArgumentError):
+            leaf.add_argument("--log-level", help="DEBUG, INFO, WARNING, ... (DEBUG: tracebacks)")
     return parser
+
+
+def _debug_requested(args: argparse.Namespace) -> bool:
+    level = getattr(args, "log_level", None) or os.environ.get("LIMELIGHT_LOG_LEVEL", "")
+    return str(level).strip().upper() == "DEBUG"
+
+
+def _flag_for(args: argparse.Namespace, filename: object) -> str | None:
+    """The command-line flag whose value is ``filename`` (``--tls-cert``), if any."""
+    if filename is None:
+        return None
+    for dest, value in vars(args).items():
+        if isinstance(value, str | Path) and str(value) == str(filename):
+            return "--" + dest.replace("_", "-").removesuffix("-dir").removesuffix("-path")
+    return None
+
+
+def _validation_message(exc: Any) -> str:
+    """pydantic's ValidationError as one line: setting, problem, offending value."""
+    parts = []
+    for err in exc.errors():
+        name = ".".join(str(x) for x in err.get("loc", ())) or "settings"
+        value = err.get("input")
+        got = f" (got {value!r})" if not isinstance(value, dict) else ""
+        parts.append(
+            f"{name}: {err.get('msg', 'invalid')}{got}; set it with --{name.replace('_', '-')} "
+            f"or LIMELIGHT_{name.upper()}"
+        )
+    return "invalid setting " + "; ".join(parts)
+
+
+_BIND_FAILURE = re.compile(r"Failed to bind to address (\S+?);?\s")
+
+
+def describe_error(exc: BaseException, args: argparse.Namespace) -> tuple[str, int]:
+    """(one readable line, exit status) for an exception that ended a command."""
+    if isinstance(exc, LimelightError):
+        status = EXIT_USAGE if exc.kind is ErrorKind.INVALID_ARGUMENT else EXIT_FAILURE
+        return exc.message, status
+    from limelight_client.errors import LimelightError as ClientError
+
+    if isinstance(exc, ClientError):
+        target = getattr(args, "target", None)
+        if getattr(getattr(exc, "code", None), "name", "") == "UNAVAILABLE" and target:
+            return f"cannot reach the sidecar at {target}: {exc.message}", EXIT_FAILURE
+        return str(exc), EXIT_FAILURE
+    if type(exc).__name__ == "ValidationError" and hasattr(exc, "errors"):
+        return _validation_message(exc), EXIT_USAGE
+    if isinstance(exc, OSError):
+        if exc.errno == errno.EADDRINUSE:
+            port = getattr(args, "metrics_port", None)
+            where = f" (metrics port {port})" if port else " (the metrics port)"
+            return (
+                f"address already in use{where}: another process listens there; pick another "
+                "--metrics-port (0 turns the metrics endpoint off)",
+                EXIT_FAILURE,
+            )
+        if exc.filename is not None:
+            flag = _flag_for(args, exc.filename)
+            what = f"{flag} {exc.filename}" if flag else str(exc.filename)
+            return f"cannot read {what}: {exc.strerror or exc}", EXIT_FAILURE
+        return str(exc.strerror or exc), EXIT_FAILURE
+    if isinstance(exc, RuntimeError):
+        match = _BIND_FAILURE.search(str(exc) + " ")
+        if match:
+            return (
+                f"cannot listen on {match.group(1)}: the port is in use or the address is not "
+                "available here; pick another --port or --host",
+                EXIT_FAILURE,
+            )
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    return (
+        f"{type(exc).__name__}: {text or 'unexpected failure'} "
+        "(run with --log-level debug for the traceback)",
+        EXIT_FAILURE,
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -42,6 +160,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(func(args) or 0)
     except KeyboardInterrupt:
         return 130
+    except SystemExit:
+        raise
+    except Exception as exc:
+        message, status = describe_error(exc, args)
+        if _debug_requested(args):
+            traceback.print_exc(file=sys.stderr)
+        nested = (getattr(args, name, None) for name in ("action", "jobs_command"))
+        command = " ".join(str(x) for x in (args.command, *nested) if x)
+        print(f"limelight {command}: error: {message}", file=sys.stderr)
+        return status
 
 
 if __name__ == "__main__":

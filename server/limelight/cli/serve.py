@@ -7,6 +7,8 @@ import asyncio
 from pathlib import Path
 
 from limelight.cli.common import add_model_args, settings_from_args, setup_logging
+from limelight.errors import InvalidArgument
+from limelight.settings import Settings
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -42,9 +44,39 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     p.set_defaults(func=run)
 
 
+def _check_readable(flag: str, path: Path | None, pem: bool = False) -> None:
+    if path is None:
+        return
+    try:
+        data = Path(path).read_bytes()
+    except OSError as exc:
+        raise InvalidArgument(f"{flag} {path}: cannot read it ({exc.strerror or exc})") from None
+    if pem and b"-----BEGIN" not in data:
+        raise InvalidArgument(f"{flag} {path}: not a PEM file (no -----BEGIN line)")
+
+
+def preflight(settings: Settings) -> None:
+    """Refuse, before any port opens, what the settings alone show to be wrong."""
+    if settings.model_dir is not None:
+        from limelight.models.loaded import check_model_directory
+
+        check_model_directory(Path(settings.model_dir).expanduser())
+    if (settings.tls_cert is None) != (settings.tls_key is None):
+        raise InvalidArgument("--tls-cert and --tls-key go together: give both or neither")
+    if settings.tls_client_ca is not None and settings.tls_cert is None:
+        raise InvalidArgument("--tls-client-ca needs --tls-cert and --tls-key")
+    _check_readable("--tls-cert", settings.tls_cert, pem=True)
+    _check_readable("--tls-key", settings.tls_key, pem=True)
+    _check_readable("--tls-client-ca", settings.tls_client_ca, pem=True)
+    _check_readable("--auth-tokens-file", settings.auth_tokens_file)
+    if settings.runtime == "onnx" and settings.onnx_path is not None:
+        _check_readable("--onnx-path", settings.onnx_path)
+
+
 def run(args: argparse.Namespace) -> int:
     settings = settings_from_args(args)
     setup_logging(settings.log_level)
+    preflight(settings)
     from limelight.api.server import SidecarServer
 
     asyncio.run(SidecarServer(settings).run())

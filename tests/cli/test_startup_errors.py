@@ -1,0 +1,175 @@
+"""Start-up and CLI mistakes read as one sentence on stderr with a non-zero exit status."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from limelight.cli.main import EXIT_FAILURE, EXIT_USAGE, main
+
+
+def limelight(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "limelight.cli.main", *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, **(env or {})},
+    )
+
+
+def error_line(stderr: str) -> str:
+    """The last line of stderr: the error sentence (log lines may come before it)."""
+    assert "Traceback" not in stderr, stderr
+    lines = [line for line in stderr.strip().splitlines() if line.strip()]
+    assert lines, "nothing on stderr"
+    return lines[-1]
+
+
+SERVE = ("serve", "--port", "0", "--metrics-port", "0", "--jobs", "off")
+
+
+# --- as a subprocess: what a user sees -------------------------------------------------------
+
+
+def test_missing_model_directory_is_one_line(tmp_path: Path) -> None:
+    out = limelight(*SERVE, "--model", str(tmp_path / "no-such-dir"))
+    assert out.returncode == EXIT_FAILURE
+    line = error_line(out.stderr)
+    assert line.startswith("limelight serve: error: model directory")
+    assert "does not exist" in line
+
+
+def test_invalid_setting_from_the_environment_exits_2() -> None:
+    out = limelight(*SERVE, env={"LIMELIGHT_TRUNCATION": "sometimes"})
+    assert out.returncode == EXIT_USAGE
+    line = error_line(out.stderr)
+    assert "invalid setting truncation" in line and "LIMELIGHT_TRUNCATION" in line
+
+
+def test_debug_log_level_shows_the_traceback(tmp_path: Path) -> None:
+    out = limelight(*SERVE, "--model", str(tmp_path / "missing"), "--log-level", "debug")
+    assert out.returncode == EXIT_FAILURE
+    assert "Traceback" in out.stderr
+    assert out.stderr.strip().splitlines()[-1].startswith("limelight serve: error:")
+
+
+# --- in-process: the same handler for every mistake and every command -----------------------
+
+
+def run_main(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str]:
+    status = main(list(args))
+    return status, error_line(capsys.readouterr().err)
+
+
+@pytest.fixture
+def busy_port() -> Iterator[int]:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        yield int(s.getsockname()[1])
+
+
+def copy_model(source: Path, target: Path) -> Path:
+    shutil.copytree(source, target)
+    return target
+
+
+def test_pickle_only_weights(
+    capsys: pytest.CaptureFixture[str], random_bert_dir: Path, tmp_path: Path
+) -> None:
+    model = copy_model(random_bert_dir, tmp_path / "pickled")
+    (model / "model.safetensors").rename(model / "pytorch_model.bin")
+    status, line = run_main(capsys, *SERVE, "--model", str(model))
+    assert status == EXIT_FAILURE
+    assert "safetensors only" in line and "pytorch_model.bin" in line
+
+
+def test_remote_code(
+    capsys: pytest.CaptureFixture[str], random_bert_dir: Path, tmp_path: Path
+) -> None:
+    model = copy_model(random_bert_dir, tmp_path / "remote")
+    config = json.loads((model / "config.json").read_text())
+    config["auto_map"] = {"AutoModelForSequenceClassification": "evil.Model"}
+    (model / "config.json").write_text(json.dumps(config))
+    status, line = run_main(capsys, *SERVE, "--model", str(model))
+    assert status == EXIT_FAILURE and "trust_remote_code" in line
+
+
+def test_refused_architecture(
+    capsys: pytest.CaptureFixture[str], random_bert_dir: Path, tmp_path: Path
+) -> None:
+    model = copy_model(random_bert_dir, tmp_path / "bart")
+    (model / "config.json").write_text(json.dumps({"model_type": "bart", "vocab_size": 30522}))
+    status, line = run_main(capsys, *SERVE, "--model", str(model))
+    assert status == EXIT_FAILURE
+    assert "'bart' is not supported: encoder-decoder" in line
+
+
+def test_grpc_port_in_use(
+    capsys: pytest.CaptureFixture[str], random_bert_dir: Path, busy_port: int
+) -> None:
+    status, line = run_main(
+        capsys, "serve", "--model", str(random_bert_dir), "--port", str(busy_port),
+        "--metrics-port", "0", "--jobs", "off",
+    )  # fmt: skip
+    assert status == EXIT_FAILURE
+    assert f"cannot listen on 127.0.0.1:{busy_port}" in line and "--port" in line
+
+
+def test_metrics_port_in_use(
+    capsys: pytest.CaptureFixture[str], random_bert_dir: Path, busy_port: int
+) -> None:
+    status, line = run_main(
+        capsys, "serve", "--model", str(random_bert_dir), "--port", "0",
+        "--metrics-port", str(busy_port), "--jobs", "off",
+    )  # fmt: skip
+    assert status == EXIT_FAILURE
+    assert "address already in use" in line and "--metrics-port" in line
+
+
+def test_unreadable_tls_files(
+    capsys: pytest.CaptureFixture[str], random_bert_dir: Path, tmp_path: Path
+) -> None:
+    missing = tmp_path / "server.pem"
+    status, line = run_main(
+        capsys, *SERVE, "--model", str(random_bert_dir),
+        "--tls-cert", str(missing), "--tls-key", str(missing),
+    )  # fmt: skip
+    assert status == EXIT_USAGE and f"--tls-cert {missing}: cannot read it" in line
+
+    garbage = tmp_path / "garbage.pem"
+    garbage.write_text("not a certificate")
+    status, line = run_main(
+        capsys, *SERVE, "--model", str(random_bert_dir),
+        "--tls-cert", str(garbage), "--tls-key", str(garbage),
+    )  # fmt: skip
+    assert status == EXIT_USAGE and "not a PEM file" in line
+
+    status, line = run_main(capsys, *SERVE, "--tls-cert", str(garbage))
+    assert status == EXIT_USAGE and "--tls-cert and --tls-key go together" in line
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ("export-onnx",),
+        ("explain", "some text", "--local"),
+        ("calibrate-heads",),
+        ("fit-lm-head",),
+    ],
+)
+def test_every_command_reports_a_missing_model_in_one_line(
+    capsys: pytest.CaptureFixture[str], command: tuple[str, ...], tmp_path: Path
+) -> None:
+    status, line = run_main(capsys, *command, "--model", str(tmp_path / "gone"))
+    assert status != 0
+    assert "does not exist" in line
