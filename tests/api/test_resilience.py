@@ -239,3 +239,44 @@ def test_fuzzed_job_parameters_are_validated_before_queueing(fuzz_target, method
         assert exc.code() in ALLOWED
         return
     stub.CancelJob(pb.CancelJobRequest(id=job.id), timeout=30)
+
+
+def test_error_messages_do_not_echo_unbounded_input(sidecar: RunningSidecar) -> None:
+    stub = _stub(sidecar.target)
+    huge = "x" * 100_000
+    with pytest.raises(grpc.RpcError) as err:
+        stub.GetJob(pb.GetJobRequest(id=huge), timeout=30)
+    assert err.value.code() == grpc.StatusCode.NOT_FOUND
+    assert len(err.value.details() or "") <= 1024
+    request = pb.ExplainRequest(text="a fine film")
+    request.target.label = huge
+    with pytest.raises(grpc.RpcError) as err:
+        stub.Explain(request, timeout=30)
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert len(err.value.details() or "") <= 1024
+
+
+def test_client_deadlines_are_counted_not_logged_as_errors(
+    sidecar: RunningSidecar, caplog: pytest.LogCaptureFixture
+) -> None:
+    stub = _stub(sidecar.target)
+    requests = [pb.ExplainRequest(text="a gorgeous , witty , seductive movie " * 20)] * 4
+    expired = 0
+    with caplog.at_level("WARNING"):
+        for _ in range(3000):
+            if expired >= 300:
+                break
+            try:
+                list(stub.ExplainStream(iter(requests), timeout=0.002))
+            except grpc.RpcError as exc:
+                expired += exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+        # The server is still healthy, and handled every expiry without an error log.
+        assert stub.Explain(pb.ExplainRequest(text="fine"), timeout=30).label
+    assert expired >= 300
+    errors = [r for r in caplog.records if r.levelname in ("ERROR", "CRITICAL")]
+    assert not errors, [r.getMessage() for r in errors[:3]]
+    counted = sidecar.server.metrics.registry.get_sample_value(
+        "limelight_request_duration_seconds_count",
+        {"rpc": "ExplainStream", "code": "DEADLINE_EXCEEDED"},
+    )
+    assert counted is not None and counted > 0

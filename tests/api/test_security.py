@@ -100,3 +100,18 @@ def test_bearer_tokens(
     health = health_pb2_grpc.HealthStub(channel)
     status = health.Check(health_pb2.HealthCheckRequest(service=""), timeout=10).status
     assert status == health_pb2.HealthCheckResponse.SERVING
+
+
+def test_unknown_methods_are_unimplemented_with_auth_on(
+    start_sidecar: Callable[..., RunningSidecar], bert_tiny_dir: Path
+) -> None:
+    side = start_sidecar(model_dir=bert_tiny_dir, jobs="off", auth_token="gamma-token")
+    channel = grpc.insecure_channel(side.target)
+    for metadata in [None, (("authorization", "Bearer gamma-token"),)]:
+        for method in ("/limelight.v1.Explainer/Nope", "/limelight.v1.Elsewhere/Explain"):
+            call = channel.unary_unary(method)
+            with pytest.raises(grpc.RpcError) as err:
+                call(b"", timeout=10, metadata=metadata)
+            assert err.value.code() == grpc.StatusCode.UNIMPLEMENTED, (method, metadata)
+            details = err.value.details() or ""
+            assert "Traceback" not in details and "Error" not in details

@@ -69,9 +69,13 @@ class BearerTokenInterceptor(grpc.aio.ServerInterceptor):
         handler_call_details: grpc.HandlerCallDetails,
     ) -> grpc.RpcMethodHandler:
         method = handler_call_details.method or ""
+        handler = await continuation(handler_call_details)
+        if handler is None:
+            # An unknown method: nothing to wrap; gRPC answers UNIMPLEMENTED.
+            return handler
         if not needs_token(method) or self._allowed(handler_call_details.invocation_metadata):
-            return await continuation(handler_call_details)
-        return _deny(await continuation(handler_call_details))
+            return handler
+        return _deny(handler)
 
 
 def _deny(handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:

@@ -44,3 +44,16 @@ HTTP_STATUS_BY_KIND: dict[ErrorKind, int] = {
 
 def http_status_for(kind: ErrorKind) -> int:
     return HTTP_STATUS_BY_KIND[kind]
+
+
+#: Longest status message sent to clients. Messages may quote client input (a job id, a label,
+#: parameter names); gRPC carries the message in a trailer, and a trailer past the peer's
+#: metadata limit (16 KiB by default) replaces the real status with RESOURCE_EXHAUSTED.
+MAX_DETAILS_CHARS = 1024
+
+
+def client_details(message: str) -> str:
+    """``message`` cut to ``MAX_DETAILS_CHARS`` characters."""
+    if len(message) <= MAX_DETAILS_CHARS:
+        return message
+    return message[: MAX_DETAILS_CHARS - 22] + "… (message truncated)"

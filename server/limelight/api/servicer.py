@@ -17,7 +17,7 @@ import grpc
 from google.protobuf.message import DecodeError
 
 from limelight.api import convert
-from limelight.api.errors import INTERNAL_MESSAGE, status_for
+from limelight.api.errors import INTERNAL_MESSAGE, client_details, status_for
 from limelight.core.service import ExplanationService
 from limelight.errors import InvalidArgument, LimelightError, Unavailable
 from limelight.metrics import Metrics
@@ -61,6 +61,12 @@ def _deadline(context: grpc.aio.ServicerContext) -> float | None:
     return time.monotonic() + remaining
 
 
+def _expired(context: grpc.aio.ServicerContext) -> bool:
+    """Whether the client's deadline has passed."""
+    remaining = context.time_remaining()
+    return remaining is not None and remaining <= 0
+
+
 class ExplainerServicer:
     def __init__(self, metrics: Metrics, service: ExplanationService | None = None) -> None:
         self.metrics = metrics
@@ -77,7 +83,7 @@ class ExplainerServicer:
     async def _fail(self, context: grpc.aio.ServicerContext, exc: BaseException) -> str:
         if isinstance(exc, LimelightError):
             code = status_for(exc.kind)
-            message = exc.message
+            message = client_details(exc.message)
         else:
             log.exception("unexpected error in RPC", exc_info=exc)
             code, message = grpc.StatusCode.INTERNAL, INTERNAL_MESSAGE
@@ -102,6 +108,11 @@ class ExplainerServicer:
             raise
         except Exception as exc:
             code = await self._fail(context, exc)
+            if _expired(context):
+                # The call is over: no status can be sent any more (gRPC would log each
+                # attempt as an error). An expected condition: end as cancelled, count it.
+                code = "DEADLINE_EXCEEDED"
+                raise asyncio.CancelledError("the client's deadline passed") from None
             return None
         finally:
             in_flight.dec()
@@ -125,6 +136,11 @@ class ExplainerServicer:
             raise
         except Exception as exc:
             code = await self._fail(context, exc)
+            if _expired(context):
+                # The call is over: no status can be sent any more (gRPC would log each
+                # attempt as an error). An expected condition: end as cancelled, count it.
+                code = "DEADLINE_EXCEEDED"
+                raise asyncio.CancelledError("the client's deadline passed") from None
         finally:
             in_flight.dec()
             self.metrics.request_duration.labels(rpc, code).observe(time.monotonic() - start)
