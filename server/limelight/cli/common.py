@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 from pathlib import Path
@@ -83,3 +84,17 @@ def client_from_args(args: argparse.Namespace) -> Any:
         client_key=args.client_key,
         token=args.token,
     )
+
+
+def parse_params(items: list[str]) -> dict[str, Any]:
+    """``KEY=VALUE`` flags as a dict; values parsed as JSON when they are JSON."""
+    params: dict[str, Any] = {}
+    for item in items:
+        key, sep, raw = item.partition("=")
+        if not sep:
+            raise SystemExit(f"--param needs KEY=VALUE, got {item!r}")
+        try:
+            params[key] = json.loads(raw)
+        except json.JSONDecodeError:
+            params[key] = raw
+    return params

@@ -18,6 +18,7 @@ from limelight.cli.common import (
     add_client_args,
     add_model_args,
     client_from_args,
+    parse_params,
     settings_from_args,
 )
 
@@ -58,19 +59,6 @@ def _target(value: str | None) -> str | int | None:
     if value is None:
         return None
     return int(value) if value.lstrip("-").isdigit() else value
-
-
-def _params(items: list[str]) -> dict[str, Any]:
-    params: dict[str, Any] = {}
-    for item in items:
-        key, sep, raw = item.partition("=")
-        if not sep:
-            raise SystemExit(f"--param needs KEY=VALUE, got {item!r}")
-        try:
-            params[key] = json.loads(raw)
-        except json.JSONDecodeError:
-            params[key] = raw
-    return params
 
 
 def _show(explanation: Any, args: argparse.Namespace) -> None:
@@ -133,7 +121,7 @@ def _run_remote(args: argparse.Namespace) -> Any:
             method,
             text_pair=args.text_pair,
             target=_target(args.target_class),
-            **_params(args.param),
+            **parse_params(args.param),
         )
         if not args.wait:
             print(
@@ -200,7 +188,7 @@ def _run_local(args: argparse.Namespace) -> Any:
                 text=args.text,
                 text_pair=args.text_pair,
                 target=spec,
-                params=method.validate_params(_params(args.param)),
+                params=method.validate_params(parse_params(args.param)),
             )
             with tqdm(total=100, desc=method.name, unit="%", disable=args.json) as bar:
 

@@ -2,13 +2,16 @@
 
 The head reads only what the inline forward pass already has — the hidden states of a few
 layers, the embedding norms and the per-token head logits — and emits one score per token
-and class. It is bound to one model by the model's fingerprint: a head distilled for another
-model refuses to load.
+and class. A token's importance depends on its neighbours ("not good"), so after a per-token
+projection one small self-attention block mixes context before the scores are read out.
+It is bound to one model by the model's fingerprint: a head distilled for another model
+refuses to load.
 """
 
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -21,7 +24,7 @@ from limelight.errors import FailedPrecondition
 from limelight.models.loaded import LoadedModel
 
 HEAD_DIRNAME = "limelight_distilled"
-CARD_FORMAT = "limelight-distilled-head/1"
+CARD_FORMAT = "limelight-distilled-head/2"
 
 
 @dataclass
@@ -35,10 +38,16 @@ class HeadCard:
     width: int
     teacher: str
     teacher_params: dict[str, Any] = field(default_factory=dict)
+    attention_heads: int = 4
     data: str = ""
     train_texts: int = 0
     validation_texts: int = 0
     validation: dict[str, float] = field(default_factory=dict)
+    training: dict[str, Any] = field(default_factory=dict)
+    """How it was trained: epochs, the classifier-in-the-loop steps, seconds."""
+    recipe_hash: str = ""
+    """Digest of everything that determines the head (see ``HeadRecipe``); empty for heads
+    trained by hand with `limelight distill`."""
     parameters: int = 0
     seed: int = 0
     format: str = CARD_FORMAT
@@ -52,18 +61,51 @@ class HeadCard:
         return cls(**{k: v for k, v in data.items() if k in cls.__dataclass_fields__})
 
 
-class ExplainerHead(nn.Module):
-    """Per-token MLP over [h_l for l in layers] ⊕ log‖h_0‖ ⊕ LogAt → one score per class."""
+class _ContextBlock(nn.Module):
+    """Pre-norm self-attention and feed-forward over the tokens of each text.
 
-    def __init__(self, layers: list[int], hidden_size: int, num_labels: int, width: int) -> None:
+    Written out with plain ops (no fused kernels) so that the ONNX exporter traces it.
+    """
+
+    def __init__(self, width: int, heads: int) -> None:
+        super().__init__()
+        if width % heads:
+            raise ValueError(f"width {width} is not divisible by {heads} heads")
+        self.heads = heads
+        self.norm1 = nn.LayerNorm(width)
+        self.qkv = nn.Linear(width, 3 * width)
+        self.out = nn.Linear(width, width)
+        self.norm2 = nn.LayerNorm(width)
+        self.ff = nn.Sequential(nn.Linear(width, 2 * width), nn.GELU(), nn.Linear(2 * width, width))
+
+    def forward(self, x: torch.Tensor, key_bias: torch.Tensor) -> torch.Tensor:
+        b, n, w = x.shape
+        d = w // self.heads
+        q, k, v = self.qkv(self.norm1(x)).view(b, n, 3, self.heads, d).permute(2, 0, 3, 1, 4)
+        logits = q @ k.transpose(-1, -2) / math.sqrt(d) + key_bias[:, None, None, :]
+        mixed = (torch.softmax(logits, dim=-1) @ v).transpose(1, 2).reshape(b, n, w)
+        x = x + self.out(mixed)
+        return x + self.ff(self.norm2(x))  # type: ignore[no-any-return]
+
+
+class ExplainerHead(nn.Module):
+    """[h_l for l in layers] ⊕ log‖h_0‖ ⊕ LogAt → projection → context block → score per class."""
+
+    def __init__(
+        self,
+        layers: list[int],
+        hidden_size: int,
+        num_labels: int,
+        width: int,
+        attention_heads: int = 4,
+    ) -> None:
         super().__init__()
         self.layers = list(layers)
+        self.hidden_size = hidden_size
         features = hidden_size * len(layers) + 1 + num_labels
-        # Normalise each feature group so layers of different scale train alike.
-        self.norm = nn.LayerNorm(features, elementwise_affine=False)
-        self.mlp = nn.Sequential(
-            nn.Linear(features, width), nn.GELU(), nn.Linear(width, num_labels)
-        )
+        self.proj = nn.Linear(features, width)
+        self.context = _ContextBlock(width, attention_heads)
+        self.readout = nn.Sequential(nn.LayerNorm(width), nn.Linear(width, num_labels))
 
     def features(
         self,
@@ -71,21 +113,36 @@ class ExplainerHead(nn.Module):
         embedding_norms: torch.Tensor,
         token_logits: torch.Tensor,
     ) -> torch.Tensor:
-        parts = [hidden_states[layer].float() for layer in self.layers]
+        """[B, n, F]: each group normalised on its own (layers differ in scale by orders)."""
+        parts = [_standardise(hidden_states[layer].float()) for layer in self.layers]
         parts.append(torch.log1p(embedding_norms.float()).unsqueeze(-1))
         parts.append(token_logits.float())
-        return self.norm(torch.cat(parts, dim=-1))
+        return torch.cat(parts, dim=-1)
+
+    def score(self, features: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        """[B, n, C] scores from features [B, n, F] and the padding mask [B, n]."""
+        key_bias = (1.0 - attention_mask.to(features.dtype)) * -1e4
+        x = self.context(self.proj(features), key_bias)
+        return self.readout(x)  # type: ignore[no-any-return]
 
     def forward(
         self,
         hidden_states: tuple[torch.Tensor, ...] | list[torch.Tensor],
         embedding_norms: torch.Tensor,
         token_logits: torch.Tensor,
+        attention_mask: torch.Tensor,
     ) -> torch.Tensor:
-        return self.score(self.features(hidden_states, embedding_norms, token_logits))
+        return self.score(
+            self.features(hidden_states, embedding_norms, token_logits), attention_mask
+        )
 
-    def score(self, features: torch.Tensor) -> torch.Tensor:
-        return self.mlp(features)  # type: ignore[no-any-return]
+
+def _standardise(x: torch.Tensor) -> torch.Tensor:
+    """Per-token standardisation over features (LayerNorm without weights): never across
+    positions, so a token's features do not depend on the padding of its batch."""
+    mean = x.mean(dim=-1, keepdim=True)
+    var = ((x - mean) ** 2).mean(dim=-1, keepdim=True)
+    return (x - mean) / torch.sqrt(var + 1e-5)
 
 
 def head_dir(model: LoadedModel) -> Path:
@@ -98,6 +155,7 @@ def save_head(head: ExplainerHead, card: HeadCard, directory: Path) -> Path:
     save_file(
         {k: v.contiguous() for k, v in head.state_dict().items()}, directory / "head.safetensors"
     )
+    # The card last: a directory with a card is a complete head.
     (directory / "card.json").write_text(card.to_json())
     return directory
 
@@ -110,7 +168,10 @@ def read_card(directory: Path) -> HeadCard | None:
 def check_card(card: HeadCard, model: LoadedModel) -> str:
     """Empty when ``card`` belongs to ``model``; otherwise why not and what to do."""
     if card.format != CARD_FORMAT:
-        return f"the distilled head has format {card.format!r}; expected {CARD_FORMAT!r}"
+        return (
+            f"the distilled head has format {card.format!r}; this Limelight reads "
+            f"{CARD_FORMAT!r}: run `limelight distill --model {model.directory}` again"
+        )
     if card.model_version != model.version:
         return (
             f"the distilled head was trained for model version {card.model_version}, but this "
@@ -121,6 +182,12 @@ def check_card(card: HeadCard, model: LoadedModel) -> str:
     return ""
 
 
+def new_head(card: HeadCard) -> ExplainerHead:
+    return ExplainerHead(
+        card.layers, card.hidden_size, card.num_labels, card.width, card.attention_heads
+    )
+
+
 def load_head(model: LoadedModel, directory: Path | None = None) -> ExplainerHead:
     """Load the head beside ``model`` (or from ``directory``); refuses another model's head."""
     directory = directory or head_dir(model)
@@ -128,11 +195,11 @@ def load_head(model: LoadedModel, directory: Path | None = None) -> ExplainerHea
     if card is None:
         raise FailedPrecondition(
             f"no distilled head at {directory}; create one with "
-            f"`limelight distill --model {model.directory} --teacher integrated_gradients`"
+            f"`limelight distill --model {model.directory}`"
         )
     reason = check_card(card, model)
     if reason:
         raise FailedPrecondition(reason)
-    head = ExplainerHead(card.layers, card.hidden_size, card.num_labels, card.width)
+    head = new_head(card)
     head.load_state_dict(load_file(directory / "head.safetensors"))
     return head.eval().to(model.device)

@@ -1,14 +1,27 @@
 """Distillation: teacher attributions (resumable), head training, held-out validation.
 
-Targets: for each text the teacher explains the model's predicted class; the head's column of
-that class is trained on the teacher's scores standardised per text (only the ranking and the
-relative size of scores matter for an attribution). Special tokens are ignored.
+Two stages, both deterministic for a seed:
+
+1. **Amortisation.** For each training text the teacher explains the model's predicted class
+   (default: Shapley values of its log-odds from two antithetic permutations — cheap, noisy and
+   unbiased, so many texts beat few exact labels). The head's column of that class is fitted to
+   the teacher's scores standardised per text (rankings and relative sizes matter, scales do
+   not); with two classes the other column gets the negated scores, which is exact for
+   log-odds. Special tokens are ignored.
+2. **The classifier in the loop** (``loop_steps`` > 0). The head's scores pick the top share
+   of tokens; the classifier, frozen, sees the text with those tokens masked (the class
+   probability must fall) and with only those tokens kept (it must stay). The mask is hard in
+   the forward pass and passes gradients to the scores through a sigmoid relaxation
+   (straight-through), so the head is trained on the faithfulness objective itself. The
+   amortisation loss stays on as an anchor, so the ranking does not drift onto artefacts of
+   the mask token.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,7 +38,9 @@ from limelight.methods.base import MethodRegistry
 from limelight.models.loaded import LoadedModel
 from limelight.settings import Settings
 
-TEACHERS = ("slalom", "integrated_gradients", "lrp", "grad_x_input")
+TEACHERS = ("shapley", "greedy_deletion", "slalom", "integrated_gradients", "lrp", "grad_x_input")
+DEFAULT_TEACHER = "shapley"
+DEFAULT_TEACHER_PARAMS: dict[str, dict[str, Any]] = {"shapley": {"permutations": 2}}
 Progress = Callable[[int], None]
 
 
@@ -34,6 +49,24 @@ class TeacherExample:
     text: str
     target: int
     scores: list[float]
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """How the head is trained (everything here is recorded in its card)."""
+
+    width: int = 64
+    attention_heads: int = 4
+    epochs: int = 30
+    batch_size: int = 32
+    lr: float = 2e-3
+    loop_steps: int = 0
+    """Steps of stage 2 (the classifier in the loop); 0 = amortisation only."""
+    loop_batch_size: int = 16
+    loop_lr: float = 5e-4
+    loop_weight: float = 1.0
+    """Weight of the faithfulness loss against the amortisation anchor in stage 2."""
+    seed: int = 0
 
 
 def _key(text: str) -> str:
@@ -62,7 +95,10 @@ def teacher_attributions(
         lines = cache.read_text().splitlines()
         if lines and json.loads(lines[0]) == stamp:
             for line in lines[1:]:
-                row = json.loads(line)
+                try:
+                    row = json.loads(line)
+                except json.JSONDecodeError:  # a line cut by a kill: recompute that text
+                    continue
                 done[row["key"]] = TeacherExample(row["text"], row["target"], row["scores"])
     if not done:
         cache.parent.mkdir(parents=True, exist_ok=True)
@@ -92,84 +128,313 @@ def _standardise(scores: np.ndarray, keep: np.ndarray) -> np.ndarray:
     return (scores - float(values.mean())) / (std if std > 1e-12 else 1.0)
 
 
-@torch.inference_mode()
-def _features(model: LoadedModel, head: ExplainerHead, encoded: Encoded) -> torch.Tensor:
-    ids = torch.tensor([encoded.input_ids], device=model.device)
-    mask = torch.ones_like(ids)
-    types = (
-        torch.tensor([encoded.token_type_ids], device=model.device)
-        if encoded.token_type_ids is not None
-        else None
-    )
-    out = model.adapter.run_base(ids, mask, types)
-    token_logits = model.adapter.head(out.last_hidden_state)
-    norms = out.hidden_states[0].float().norm(dim=-1)
-    return head.features(out.hidden_states, norms, token_logits)[0].cpu()
-
-
 def default_layers(model: LoadedModel) -> list[int]:
-    """The embedding output, a middle layer and the last layer."""
-    n = model.num_layers
-    return sorted({0, n // 2, n})
+    """Every hidden state, the embedding output included: the projection learns which count."""
+    return list(range(model.num_layers + 1))
+
+
+@dataclass
+class _Item:
+    encoded: Encoded
+    features: torch.Tensor  # [n, F]
+    target: int
+    labels: torch.Tensor  # [n] standardised teacher scores
+    keep: torch.Tensor  # [n] bool: non-special
+
+
+def _tensors(
+    model: LoadedModel, items: Sequence[Encoded]
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    width = max(len(e) for e in items)
+    ids = torch.full((len(items), width), model.pad_id, dtype=torch.long)
+    mask = torch.zeros((len(items), width), dtype=torch.long)
+    types = None if items[0].token_type_ids is None else torch.zeros_like(ids)
+    for row, e in enumerate(items):
+        ids[row, : len(e)] = torch.as_tensor(e.input_ids)
+        mask[row, : len(e)] = 1
+        if types is not None and e.token_type_ids is not None:
+            types[row, : len(e)] = torch.as_tensor(e.token_type_ids)
+    device = model.device
+    return ids.to(device), mask.to(device), None if types is None else types.to(device)
+
+
+@torch.inference_mode()
+def head_features(
+    model: LoadedModel, head: ExplainerHead, items: Sequence[Encoded], batch_size: int = 32
+) -> list[torch.Tensor]:
+    """Per text, the head's input features [n, F] from one inline forward pass."""
+    out: list[torch.Tensor] = []
+    for start in range(0, len(items), batch_size):
+        chunk = list(items[start : start + batch_size])
+        ids, mask, types = _tensors(model, chunk)
+        base = model.adapter.run_base(ids, mask, types)
+        token_logits = model.adapter.head(base.last_hidden_state)
+        norms = base.hidden_states[0].float().norm(dim=-1)
+        feats = head.features(base.hidden_states, norms, token_logits).cpu()
+        out += [feats[row, : len(e)].clone() for row, e in enumerate(chunk)]
+    return out
+
+
+def _items(
+    model: LoadedModel, head: ExplainerHead, examples: Sequence[TeacherExample]
+) -> list[_Item]:
+    encoded = [model.encode(ex.text) for ex in examples]
+    feats = head_features(model, head, encoded)
+    items = []
+    for ex, enc, f in zip(examples, encoded, feats, strict=True):
+        keep = ~enc.special_mask
+        if keep.sum() == 0 or len(ex.scores) != len(enc):
+            continue
+        labels = _standardise(np.asarray(ex.scores, dtype=np.float32), keep)
+        items.append(
+            _Item(enc, f, ex.target, torch.from_numpy(labels).float(), torch.from_numpy(keep))
+        )
+    return items
+
+
+def _pad(items: Sequence[_Item]) -> tuple[torch.Tensor, ...]:
+    width = max(len(i.encoded) for i in items)
+    b, f = len(items), items[0].features.shape[1]
+    x = torch.zeros((b, width, f))
+    mask = torch.zeros((b, width))
+    y = torch.zeros((b, width))
+    keep = torch.zeros((b, width), dtype=torch.bool)
+    for row, item in enumerate(items):
+        n = len(item.encoded)
+        x[row, :n] = item.features
+        mask[row, :n] = 1
+        y[row, :n] = item.labels
+        keep[row, :n] = item.keep
+    target = torch.tensor([i.target for i in items])
+    return x, mask, y, keep, target
+
+
+def _amortisation_loss(
+    scores: torch.Tensor, y: torch.Tensor, keep: torch.Tensor, target: torch.Tensor
+) -> torch.Tensor:
+    """Per-text mean squared error on the target column (every text weighs the same); with two
+    classes the other column learns the negated scores (exact for log-odds)."""
+    rows = torch.arange(scores.shape[0])
+    pred = scores[rows, :, target]  # [B, n]
+    k = keep.float()
+    per_text = ((pred - y) ** 2 * k).sum(1) / k.sum(1).clamp(min=1)
+    loss = per_text.mean()
+    if scores.shape[-1] == 2:
+        other = scores[rows, :, 1 - target]
+        loss = loss + (((other + y) ** 2 * k).sum(1) / k.sum(1).clamp(min=1)).mean()
+    return loss
+
+
+def _batches(
+    n: int, size: int, rng: np.random.Generator, lengths: Sequence[int]
+) -> list[list[int]]:
+    """Shuffled batches of similar lengths (little padding), in random order."""
+    order = rng.permutation(n)
+    pool = sorted(order.tolist(), key=lambda i: lengths[i])
+    batches = [pool[i : i + size] for i in range(0, n, size)]
+    return [batches[i] for i in rng.permutation(len(batches))]
 
 
 def train_head(
     model: LoadedModel,
     examples: Sequence[TeacherExample],
+    config: TrainConfig | None = None,
     layers: Sequence[int] | None = None,
-    width: int = 64,
-    epochs: int = 200,
-    lr: float = 3e-3,
-    seed: int = 0,
-) -> ExplainerHead:
-    """Fit the head to the teacher's standardised scores (deterministic for ``seed``)."""
+    progress: Callable[[str, int, int], None] | None = None,
+) -> tuple[ExplainerHead, dict[str, Any]]:
+    """Train a head on ``examples`` (stage 1, then stage 2 if ``config.loop_steps``)."""
+    config = config or TrainConfig()
+    started = time.monotonic()
     with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
+        torch.manual_seed(config.seed)
         head = ExplainerHead(
-            list(layers or default_layers(model)), model.hidden_size, model.num_labels, width
-        )
-    feats, targets, columns, weights = [], [], [], []
-    for ex in examples:
-        encoded = model.encode(ex.text)
-        keep = ~encoded.special_mask
-        scores = np.asarray(ex.scores, dtype=np.float32)
-        feats.append(_features(model, head, encoded)[torch.from_numpy(keep)])
-        targets.append(torch.from_numpy(_standardise(scores, keep)[keep]).float())
-        columns.append(torch.full((int(keep.sum()),), ex.target, dtype=torch.long))
-        weights.append(torch.full((int(keep.sum()),), 1.0 / max(int(keep.sum()), 1)))
-    x = torch.cat(feats)
-    y, col, w = torch.cat(targets), torch.cat(columns), torch.cat(weights)
-    w = w / w.sum()  # every text counts the same, whatever its length
-    optimizer = torch.optim.Adam(head.parameters(), lr=lr)
+            list(layers or default_layers(model)),
+            model.hidden_size,
+            model.num_labels,
+            config.width,
+            config.attention_heads,
+        ).to(model.device)
+    items = _items(model, head, examples)
+    rng = np.random.default_rng(config.seed)
+    lengths = [len(i.encoded) for i in items]
+    optimizer = torch.optim.AdamW(head.parameters(), lr=config.lr, weight_decay=1e-2)
+    steps_per_epoch = max(1, -(-len(items) // config.batch_size))
+    schedule = torch.optim.lr_scheduler.OneCycleLR(
+        optimizer, max_lr=config.lr, total_steps=config.epochs * steps_per_epoch
+    )
     head.train()
-    for _ in range(epochs):  # full batch: a few thousand tokens, deterministic
-        pred = head.score(x).gather(1, col[:, None])[:, 0]
-        loss = (w * (pred - y) ** 2).sum()
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        optimizer.step()
-    return head.eval().to(model.device)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(config.seed)
+        for epoch in range(config.epochs):
+            for batch in _batches(len(items), config.batch_size, rng, lengths):
+                x, mask, y, keep, target = _pad([items[i] for i in batch])
+                loss = _amortisation_loss(head.score(x, mask), y, keep, target)
+                optimizer.zero_grad(set_to_none=True)
+                loss.backward()
+                optimizer.step()
+                schedule.step()
+            if progress is not None:
+                progress("amortisation", epoch + 1, config.epochs)
+        if config.loop_steps:
+            _train_in_the_loop(model, head, items, config, rng, progress)
+    head.eval()
+    info = {
+        "epochs": config.epochs,
+        "loop_steps": config.loop_steps,
+        "width": config.width,
+        "seconds": round(time.monotonic() - started, 1),
+    }
+    return head, info
+
+
+def _train_in_the_loop(
+    model: LoadedModel,
+    head: ExplainerHead,
+    items: Sequence[_Item],
+    config: TrainConfig,
+    rng: np.random.Generator,
+    progress: Callable[[str, int, int], None] | None,
+) -> None:
+    """Stage 2: deletion and sufficiency of the head's own top tokens, through the frozen
+    classifier (straight-through hard masks on the input embeddings)."""
+    classifier = model.model
+    frozen = [p for p in classifier.parameters() if p.requires_grad]
+    for p in frozen:
+        p.requires_grad_(False)
+    try:
+        _loop(model, head, items, config, rng, progress)
+    finally:
+        for p in frozen:
+            p.requires_grad_(True)
+
+
+def _loop(
+    model: LoadedModel,
+    head: ExplainerHead,
+    items: Sequence[_Item],
+    config: TrainConfig,
+    rng: np.random.Generator,
+    progress: Callable[[str, int, int], None] | None,
+) -> None:
+    classifier = model.model
+    embed = classifier.get_input_embeddings()
+    mask_id = model.mask_token_id if model.mask_token_id is not None else model.pad_id
+    mask_vector = embed.weight[int(mask_id)].detach()
+    optimizer = torch.optim.AdamW(head.parameters(), lr=config.loop_lr, weight_decay=1e-2)
+    fractions = torch.tensor([0.1, 0.2, 0.3, 0.4, 0.5])
+    lengths = [len(i.encoded) for i in items]
+    step = 0
+    while step < config.loop_steps:
+        for batch in _batches(len(items), config.loop_batch_size, rng, lengths):
+            if step >= config.loop_steps:
+                break
+            chosen = [items[i] for i in batch]
+            x, mask, y, keep, target = _pad(chosen)
+            scores = head.score(x, mask)
+            rows = torch.arange(len(chosen))
+            s = scores[rows, :, target]  # [B, n]
+            # Per text: a random share k of its tokens; threshold halfway between the k-th and
+            # the (k+1)-th highest score, temperature from the spread of its scores.
+            frac = fractions[torch.as_tensor(rng.integers(0, len(fractions), len(chosen)))]
+            n_keep = keep.sum(1)
+            k = torch.clamp((frac * n_keep).round().long(), min=1)
+            masked = s.masked_fill(~keep, float("-inf"))
+            ordered = masked.sort(dim=1, descending=True).values
+            hi = ordered[rows, k - 1]
+            lo = torch.where(k < n_keep, ordered[rows, k.clamp(max=ordered.shape[1] - 1)], hi - 1)
+            threshold = ((hi + lo) / 2).detach()
+            spread = s.masked_fill(~keep, 0).std(dim=1).clamp(min=1e-3).detach()
+            soft = torch.sigmoid((s - threshold[:, None]) / (0.25 * spread[:, None]))
+            hard = (s >= threshold[:, None]).float()
+            top = (hard + soft - soft.detach()) * keep.float()  # 1 = among the head's top k
+            ids, attn, types = _tensors(model, [c.encoded for c in chosen])
+            words = embed(ids)
+            deleted = words * (1 - top[..., None]) + mask_vector * top[..., None]
+            kept_only = (
+                words * (top + (~keep).float())[..., None]
+                + mask_vector * ((1 - top) * keep.float())[..., None]
+            )
+            both = torch.cat([deleted, kept_only])
+            kwargs: dict[str, Any] = {
+                "inputs_embeds": both,
+                "attention_mask": torch.cat([attn, attn]),
+            }
+            if types is not None:
+                kwargs["token_type_ids"] = torch.cat([types, types])
+            logits = classifier(**kwargs).logits.float()
+            probs = torch.softmax(logits, dim=-1)
+            t2 = torch.cat([target, target])
+            p = probs[torch.arange(len(t2)), t2]
+            faithfulness = p[: len(chosen)].mean() - p[len(chosen) :].mean()
+            anchor = _amortisation_loss(scores, y, keep, target)
+            loss = config.loop_weight * faithfulness + anchor
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimizer.step()
+            step += 1
+            if progress is not None:
+                progress("classifier in the loop", step, config.loop_steps)
 
 
 @torch.inference_mode()
+def predict_scores(model: LoadedModel, head: ExplainerHead, encoded: Encoded) -> np.ndarray:
+    """[n, C] head scores for one encoded text (the same numbers the inline path serves)."""
+    ids, mask, types = _tensors(model, [encoded])
+    base = model.adapter.run_base(ids, mask, types)
+    token_logits = model.adapter.head(base.last_hidden_state)
+    norms = base.hidden_states[0].float().norm(dim=-1)
+    return head(base.hidden_states, norms, token_logits, mask)[0].float().cpu().numpy()
+
+
 def validate(
-    model: LoadedModel, head: ExplainerHead, examples: Sequence[TeacherExample]
+    model: LoadedModel,
+    head: ExplainerHead,
+    examples: Sequence[TeacherExample],
 ) -> dict[str, float]:
-    """Mean per-text Spearman correlation between the head and the teacher (held-out)."""
+    """Held-out figures: mean per-text Spearman with the teacher, and deletion AOPC (mask,
+    10-50 %) of the head, the teacher and NormXLogit on the same texts, with standard errors."""
+    from limelight.evaluation.perturbation import deletion_curve
+
     correlations = []
+    aopc: dict[str, list[float]] = {"head": [], "teacher": [], "normxlogit": []}
     for ex in examples:
         encoded = model.encode(ex.text)
         keep = ~encoded.special_mask
-        if keep.sum() < 2:
+        if keep.sum() < 2 or len(ex.scores) != len(encoded):
             continue
-        pred = head.score(_features(model, head, encoded))[:, ex.target].numpy()
+        pred = predict_scores(model, head, encoded)[:, ex.target]
         rho = spearmanr(pred[keep], np.asarray(ex.scores)[keep]).statistic
         if np.isfinite(rho):
             correlations.append(float(rho))
-    return {
+        normx = _normxlogit(model, encoded)[:, ex.target]
+        for name, scores in (
+            ("head", pred),
+            ("teacher", np.asarray(ex.scores)),
+            ("normxlogit", normx),
+        ):
+            aopc[name].append(float(deletion_curve(model, encoded, scores, ex.target).mean()))
+    out = {
         "spearman_vs_teacher": float(np.mean(correlations)) if correlations else float("nan"),
         "texts": float(len(correlations)),
     }
+    for name, values in aopc.items():
+        if values:
+            out[f"deletion_aopc_{name}"] = float(np.mean(values))
+            out[f"deletion_aopc_{name}_se"] = float(np.std(values, ddof=1) / np.sqrt(len(values)))
+    if aopc["head"]:
+        diff = np.asarray(aopc["head"]) - np.asarray(aopc["normxlogit"])
+        out["deletion_aopc_head_minus_normxlogit"] = float(diff.mean())
+        out["deletion_aopc_head_minus_normxlogit_se"] = float(diff.std(ddof=1) / np.sqrt(len(diff)))
+    return out
+
+
+@torch.inference_mode()
+def _normxlogit(model: LoadedModel, encoded: Encoded) -> np.ndarray:
+    ids, mask, types = _tensors(model, [encoded])
+    base = model.adapter.run_base(ids, mask, types)
+    token_logits = model.adapter.head(base.last_hidden_state)[0].float()
+    norms = base.hidden_states[0][0].float().norm(dim=-1)
+    return (norms[:, None] * token_logits).cpu().numpy()  # type: ignore[no-any-return]
 
 
 def distill(
@@ -180,32 +445,49 @@ def distill(
     teacher_params: dict[str, Any],
     cache: Path,
     validation_fraction: float = 0.2,
-    seed: int = 0,
-    width: int = 64,
-    epochs: int = 200,
+    config: TrainConfig | None = None,
     progress: Progress | None = None,
+    train_progress: Callable[[str, int, int], None] | None = None,
     data_name: str = "",
+    validation_texts: Sequence[str] | None = None,
 ) -> tuple[ExplainerHead, HeadCard]:
+    """Teacher labels for ``texts`` (resumable), a head trained on them, validated on held-out
+    texts: ``validation_texts`` when given, else a ``validation_fraction`` of ``texts``."""
+    config = config or TrainConfig()
     examples = teacher_attributions(
         model, settings, teacher, teacher_params, texts, cache, progress
     )
-    order = np.random.default_rng(seed).permutation(len(examples))
-    n_val = max(1, round(validation_fraction * len(examples)))
-    val = [examples[i] for i in order[:n_val]]
-    train = [examples[i] for i in order[n_val:]]
-    head = train_head(model, train, width=width, epochs=epochs, seed=seed)
+    if validation_texts is None:
+        order = np.random.default_rng(config.seed).permutation(len(examples))
+        n_val = max(1, round(validation_fraction * len(examples)))
+        val = [examples[i] for i in order[:n_val]]
+        train = [examples[i] for i in order[n_val:]]
+    else:
+        train = list(examples)
+        val = teacher_attributions(
+            model,
+            settings,
+            teacher,
+            teacher_params,
+            validation_texts,
+            cache.with_name(cache.stem + ".validation.jsonl"),
+            progress,
+        )
+    head, info = train_head(model, train, config, progress=train_progress)
     card = HeadCard(
         model_version=model.version,
         layers=head.layers,
         hidden_size=model.hidden_size,
         num_labels=model.num_labels,
-        width=width,
+        width=config.width,
+        attention_heads=config.attention_heads,
         teacher=teacher,
         teacher_params=MethodRegistry.builtin().get(teacher).validate_params(teacher_params),
         data=data_name,
         train_texts=len(train),
         validation_texts=len(val),
         validation=validate(model, head, val),
-        seed=seed,
+        training=info,
+        seed=config.seed,
     )
     return head, card

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from limelight.evaluation.runner import EvalConfig, MethodResult
+from limelight.evaluation.runner import EvalConfig, MethodResult, paired_difference
 
 
 @dataclass
@@ -52,6 +52,30 @@ def _pm(value: float | None, se: float | None) -> str:
     return "–" if value is None else f"{value:.3f} ± {se or 0.0:.3f}"
 
 
+def _paired(results: list[MethodResult]) -> list[str]:
+    """Paired differences of the first method against every other one, same inputs."""
+    if len(results) < 2 or not results[0].aopc_deletion_per_input:
+        return []
+    first = results[0]
+    lines = [
+        "",
+        f"Paired differences, `{first.name}` minus each method (same inputs; ± standard error "
+        "of the difference):",
+        "",
+        "| method | Δ AOPC deletion | Δ AOPC sufficiency |",
+        "|---|---|---|",
+    ]
+    for other in results[1:]:
+        if len(other.aopc_deletion_per_input) != len(first.aopc_deletion_per_input):
+            continue
+        d, d_se = paired_difference(first.aopc_deletion_per_input, other.aopc_deletion_per_input)
+        s, s_se = paired_difference(
+            first.aopc_sufficiency_per_input, other.aopc_sufficiency_per_input
+        )
+        lines.append(f"| {other.name} | {d:+.3f} ± {d_se:.3f} | {s:+.3f} ± {s_se:.3f} |")
+    return lines
+
+
 def markdown(report: EvalReport) -> str:
     """The results table (and skipped methods) in Markdown."""
     ks = report.config.overlap_ks
@@ -88,6 +112,7 @@ def markdown(report: EvalReport) -> str:
         + ", ".join(f"{f:g}" for f in report.config.fractions)
         + f"; overlap over k = {', '.join(map(str, ks))} in the JSON.",
     ]
+    lines += _paired(ok)
     if skipped:
         lines += ["", "Not evaluated:", *skipped]
     if report.notes:

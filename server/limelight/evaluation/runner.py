@@ -77,6 +77,9 @@ class MethodResult:
     aopc_deletion_se: float | None = None
     aopc_sufficiency: float | None = None
     aopc_sufficiency_se: float | None = None
+    aopc_deletion_per_input: list[float] = field(default_factory=list)
+    """Per input, in the order of the examples: paired differences between methods."""
+    aopc_sufficiency_per_input: list[float] = field(default_factory=list)
     hide_accuracy: list[float] = field(default_factory=list)
     reveal_accuracy: list[float] = field(default_factory=list)
     hide_auc: float | None = None
@@ -119,6 +122,12 @@ class _Scored:
     sufficiency: list[float]
     hide_pred: list[int]
     reveal_pred: list[int]
+
+
+def paired_difference(a: Sequence[float], b: Sequence[float]) -> tuple[float, float]:
+    """Mean and standard error of ``a - b`` over the same inputs."""
+    diff = np.asarray(a, dtype=np.float64) - np.asarray(b, dtype=np.float64)
+    return float(diff.mean()), _stderr(diff.tolist())
 
 
 def _stderr(values: Sequence[float]) -> float:
@@ -235,6 +244,8 @@ class Evaluator:
         per_del = [M.aopc(r.p0, r.deletion) for r in scored]
         per_suf = [M.aopc(r.p0, r.sufficiency) for r in scored]
         result.aopc_deletion, result.aopc_deletion_se = float(np.mean(per_del)), _stderr(per_del)
+        result.aopc_deletion_per_input = [float(v) for v in per_del]
+        result.aopc_sufficiency_per_input = [float(v) for v in per_suf]
         result.aopc_sufficiency = float(np.mean(per_suf))
         result.aopc_sufficiency_se = _stderr(per_suf)
 

@@ -57,10 +57,14 @@ class InlineHead(Protocol):
     """An extra per-token head computed from the serving forward pass (torch module)."""
 
     def __call__(
-        self, hidden_states: tuple[Any, ...], embedding_norms: Any, token_logits: Any
+        self,
+        hidden_states: tuple[Any, ...],
+        embedding_norms: Any,
+        token_logits: Any,
+        attention_mask: Any,
     ) -> Any:
-        """hidden_states: h_0..h_L [B, n, K] each; norms [B, n]; token_logits [B, n, C]
-        -> [B, n, C] scores."""
+        """hidden_states: h_0..h_L [B, n, K] each; norms [B, n]; token_logits [B, n, C];
+        attention_mask [B, n] (1 = token, 0 = padding) -> [B, n, C] scores."""
         ...
 
 
@@ -76,6 +80,11 @@ class Runtime(ABC):
     @abstractmethod
     def forward_logits(self, batch: InlineBatch) -> FloatArray:
         """A plain classification forward pass (the benchmark baseline)."""
+
+    @property
+    def head_names(self) -> frozenset[str]:
+        """Names of the extra inline heads this runtime computes (keys of ``extra``)."""
+        return frozenset()
 
     def warmup(self, batch: InlineBatch) -> None:
         self.run_inline(batch)

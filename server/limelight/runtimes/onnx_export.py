@@ -44,10 +44,12 @@ class _InlineGraph(nn.Module):
     ) -> tuple[torch.Tensor, ...]:
         out = self.adapter.run_base(input_ids, attention_mask, token_type_ids)
         token_logits = self.adapter.head(out.last_hidden_state)
-        rows = torch.arange(input_ids.shape[0], device=input_ids.device)
-        logits = token_logits[rows, self.adapter.pooled_index(attention_mask)]
+        logits = self.adapter.pooled_logits(out.last_hidden_state, attention_mask)
         norms = out.hidden_states[0].norm(dim=-1)
-        extra = [head(out.hidden_states, norms, token_logits) for head in self.heads.values()]
+        extra = [
+            head(out.hidden_states, norms, token_logits, attention_mask)
+            for head in self.heads.values()
+        ]
         return (logits, norms, token_logits, *extra)
 
 

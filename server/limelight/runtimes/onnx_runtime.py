@@ -76,6 +76,12 @@ class OnnxRuntime(Runtime):
             )
         return cls(Path(graph), model, choose_providers(settings.device), settings.torch_threads)
 
+    @property
+    def head_names(self) -> frozenset[str]:
+        return frozenset(
+            n.removeprefix(EXTRA_PREFIX) for n in self.output_names if n.startswith(EXTRA_PREFIX)
+        )
+
     def _feed(self, batch: InlineBatch) -> dict[str, np.ndarray]:
         feed = {"input_ids": batch.input_ids, "attention_mask": batch.attention_mask}
         if "token_type_ids" in self.input_names:

@@ -20,6 +20,10 @@ class TorchRuntime(Runtime):
         self.model = model
         self.heads = dict(heads or {})
 
+    @property
+    def head_names(self) -> frozenset[str]:
+        return frozenset(self.heads)
+
     def _tensors(
         self, batch: InlineBatch
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
@@ -44,7 +48,7 @@ class TorchRuntime(Runtime):
         logits = token_logits[rows, adapter.pooled_index(mask)]
         norms = h0.float().norm(dim=-1)
         extra = {
-            name: head(out.hidden_states, norms, token_logits).float().cpu().numpy()
+            name: head(out.hidden_states, norms, token_logits, mask).float().cpu().numpy()
             for name, head in self.heads.items()
         }
         return InlineOutputs(

@@ -1,0 +1,170 @@
+"""Build (or find) the inline explainer head beside a model: resumable and cached by recipe.
+
+Used by `limelight distill` and by the demo build, so that the first `make serve` serves the
+head. The recipe (teacher, budget, data, training) is hashed into the head's card; a head is
+rebuilt exactly when its recipe or its model changes. Teacher labels are appended to a JSONL
+file beside the head as they finish, so an interrupted build resumes where it stopped.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import shutil
+import sys
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tqdm.auto import tqdm
+
+from limelight.distill.head import ExplainerHead, HeadCard, head_dir, read_card, save_head
+from limelight.distill.train import DEFAULT_TEACHER, DEFAULT_TEACHER_PARAMS, TrainConfig, distill
+from limelight.models.loaded import LoadedModel
+from limelight.settings import Settings
+
+log = logging.getLogger(__name__)
+
+HEAD_RECIPE_VERSION = "2"
+
+
+@dataclass(frozen=True)
+class HeadRecipe:
+    """Everything that determines a head. Change a field to rebuild it."""
+
+    teacher: str = DEFAULT_TEACHER
+    teacher_params: dict[str, Any] = field(
+        default_factory=lambda: dict(DEFAULT_TEACHER_PARAMS[DEFAULT_TEACHER])
+    )
+    data: str = "rotten_tomatoes"
+    """rotten_tomatoes or drugscom (train split), or a CSV/JSONL/text file."""
+    n_texts: int = 1000
+    validation_texts: int = 100
+    """Held out from the end of the data, never trained on."""
+    train: TrainConfig = field(default_factory=TrainConfig)
+    version: str = HEAD_RECIPE_VERSION
+
+    def digest(self) -> str:
+        blob = json.dumps(asdict(self), sort_keys=True, default=str)
+        return hashlib.sha256(blob.encode()).hexdigest()[:12]
+
+
+def training_texts(data: str, n: int, validation: int) -> tuple[list[str], list[str]]:
+    """The first ``n`` texts of ``data`` for training and the last ``validation`` for checking
+    (disjoint; both from the training split of a built-in dataset, never its test split)."""
+    from limelight.demo import datasets
+
+    if data == "rotten_tomatoes":
+        examples = datasets.rotten_tomatoes("train")
+    elif data == "drugscom":
+        examples = datasets.drugscom("train")
+    else:
+        examples = datasets.read_labelled(Path(data))
+    texts = [e.text for e in examples]
+    validation = min(validation, max(0, len(texts) - 1))
+    held_out = texts[len(texts) - validation :] if validation else []
+    return texts[: min(n, len(texts) - validation)], held_out
+
+
+def label_cache(directory: Path, teacher: str) -> Path:
+    return directory.with_name(directory.name + f".teacher-{teacher}.jsonl")
+
+
+def build_head(
+    model: LoadedModel,
+    settings: Settings,
+    recipe: HeadRecipe,
+    out: Path | None = None,
+    progress: bool = True,
+) -> tuple[ExplainerHead, HeadCard, Path]:
+    """Label, train, validate and save a head for ``model`` following ``recipe``."""
+    out = out or head_dir(model)
+    texts, held_out = training_texts(recipe.data, recipe.n_texts, recipe.validation_texts)
+    cache = label_cache(out, recipe.teacher)
+    bar = tqdm(
+        total=len(texts) + len(held_out),
+        desc=f"{recipe.teacher} labels",
+        unit="text",
+        disable=not progress,
+        file=sys.stderr,
+    )
+    stages: dict[str, Any] = {}
+
+    def advance_training(stage: str, done: int, total: int) -> None:
+        if not progress:
+            return
+        if stage not in stages:
+            stages[stage] = tqdm(total=total, desc=stage, unit="step", file=sys.stderr)
+        stages[stage].n = done
+        stages[stage].refresh()
+
+    try:
+        head, card = distill(
+            model,
+            settings,
+            texts,
+            recipe.teacher,
+            recipe.teacher_params,
+            cache,
+            config=recipe.train,
+            progress=bar.update,
+            train_progress=advance_training,
+            data_name=f"{recipe.data} (first {len(texts)} of the training split)",
+            validation_texts=held_out,
+        )
+    finally:
+        bar.close()
+        for stage_bar in stages.values():
+            stage_bar.close()
+    card.recipe_hash = recipe.digest()
+    staging = out.with_name(f".{out.name}.{os.getpid()}")
+    save_head(head, card, staging)
+    if out.exists():
+        shutil.rmtree(out)
+    staging.rename(out)
+    return head, card, out
+
+
+def head_is_current(model: LoadedModel, recipe: HeadRecipe, directory: Path | None = None) -> bool:
+    card = read_card(directory or head_dir(model))
+    return (
+        card is not None
+        and card.model_version == model.version
+        and card.recipe_hash == recipe.digest()
+    )
+
+
+def report(card: HeadCard) -> str:
+    """A few readable lines about a head's held-out quality, with a warning when it is not
+    better than NormXLogit."""
+    v = card.validation
+    lines = [
+        f"head: {card.parameters:,} parameters, teacher {card.teacher} on {card.train_texts} texts"
+    ]
+    if "deletion_aopc_head" in v:
+        lines.append(
+            "held-out deletion AOPC ({n:.0f} texts): head {h:.3f} ± {hs:.3f}, teacher {t:.3f} ± "
+            "{ts:.3f}, normxlogit {x:.3f} ± {xs:.3f}; Spearman with the teacher {r:.3f}".format(
+                n=v.get("texts", 0),
+                h=v["deletion_aopc_head"],
+                hs=v["deletion_aopc_head_se"],
+                t=v["deletion_aopc_teacher"],
+                ts=v["deletion_aopc_teacher_se"],
+                x=v["deletion_aopc_normxlogit"],
+                xs=v["deletion_aopc_normxlogit_se"],
+                r=v["spearman_vs_teacher"],
+            )
+        )
+        if v.get("deletion_aopc_head_minus_normxlogit", 0.0) <= 0.0:
+            lines.append(
+                "WARNING: the head is not more faithful than NormXLogit on held-out texts; "
+                "try more texts (--n) or another teacher before serving it by default"
+            )
+    return "\n".join(lines)
+
+
+def texts_for(data: str, n: int) -> Sequence[str]:
+    return training_texts(data, n, 0)[0]

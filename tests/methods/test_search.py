@@ -1,0 +1,147 @@
+"""Shapley values and greedy deletion against brute force on a tiny real model."""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Callable
+
+import numpy as np
+import pytest
+import torch
+
+from limelight.core.types import Encoded
+from limelight.methods.base import JobContext, MethodRegistry
+from limelight.methods.search import Coalitions, class_values, greedy_deletion, shapley_values
+from limelight.models.loaded import LoadedModel
+
+TEXT = "a dull and silly film"
+
+
+def _value(
+    model: LoadedModel, encoded: Encoded, present: dict[int, bool], target: int, replace: str
+) -> float:
+    """The game's value computed the slow, obvious way: edit the ids, run the model."""
+    ids, types = [], []
+    for i, tid in enumerate(encoded.input_ids):
+        if i in present and not present[i]:
+            if replace == "delete":
+                continue
+            tid = int(model.mask_token_id)  # type: ignore[arg-type]
+        ids.append(tid)
+        if encoded.token_type_ids is not None:
+            types.append(encoded.token_type_ids[i])
+    with torch.inference_mode():
+        t = torch.tensor([ids])
+        kwargs = model.adapter.base_inputs(
+            t, torch.ones_like(t), torch.tensor([types]) if types else None
+        )
+        logits = model.model(**kwargs).logits.float()[0]
+    others = [float(logits[c]) for c in range(logits.shape[0]) if c != target]
+    return float(logits[target]) - math.log(sum(math.exp(v) for v in others))
+
+
+def _exact_shapley(model: LoadedModel, encoded: Encoded, target: int, replace: str) -> np.ndarray:
+    players = [i for i, tok in enumerate(encoded.tokens) if not tok.special]
+    m = len(players)
+    cache: dict[tuple[bool, ...], float] = {}
+
+    def v(coalition: tuple[bool, ...]) -> float:
+        if coalition not in cache:
+            cache[coalition] = _value(
+                model, encoded, dict(zip(players, coalition, strict=True)), target, replace
+            )
+        return cache[coalition]
+
+    phi = np.zeros(len(encoded))
+    for j, player in enumerate(players):
+        total = 0.0
+        for bits in itertools.product([False, True], repeat=m - 1):
+            with_j = [*bits[:j], True, *bits[j:]]
+            without = [*bits[:j], False, *bits[j:]]
+            s = sum(bits)
+            weight = math.factorial(s) * math.factorial(m - s - 1) / math.factorial(m)
+            total += weight * (v(tuple(with_j)) - v(tuple(without)))
+        phi[player] = total
+    return phi
+
+
+@pytest.mark.parametrize("replace", ["mask", "delete"])
+def test_shapley_sampling_is_efficient_and_converges_to_the_exact_values(
+    random_bert: LoadedModel, replace: str
+) -> None:
+    encoded = random_bert.encode(TEXT)
+    target = 2
+    players = [i for i, tok in enumerate(encoded.tokens) if not tok.special]
+    everyone = {i: True for i in players}
+    nobody = {i: False for i in players}
+    full = _value(random_bert, encoded, everyone, target, replace)
+    empty = _value(random_bert, encoded, nobody, target, replace)
+    # Efficiency holds exactly for every sample size: the values add up to v(all) - v(none).
+    cheap = shapley_values(random_bert, encoded, target, permutations=2, replace=replace)
+    assert cheap.sum() == pytest.approx(full - empty, abs=1e-4)
+    assert np.all(cheap[[i for i in range(len(encoded)) if i not in players]] == 0)
+    exact = _exact_shapley(random_bert, encoded, target, replace)
+    sampled = shapley_values(random_bert, encoded, target, permutations=200, replace=replace)
+    scale = np.abs(exact).max()
+    assert np.abs(sampled - exact).max() < 0.15 * scale, (sampled, exact)
+
+
+def test_greedy_deletion_matches_a_brute_force_search(random_bert: LoadedModel) -> None:
+    encoded = random_bert.encode(TEXT)
+    target = 0
+    players = [i for i, tok in enumerate(encoded.tokens) if not tok.special]
+    present = {i: True for i in players}
+    removed: list[int] = []
+    for _ in range(math.ceil(0.5 * len(players))):
+        trials = {
+            i: _value(random_bert, encoded, {**present, i: False}, target, "mask")
+            for i in players
+            if present[i]
+        }
+        best = min(trials, key=lambda i: trials[i])
+        removed.append(best)
+        present[best] = False
+    scores = greedy_deletion(random_bert, encoded, target, max_fraction=0.5)
+    order = sorted(players, key=lambda i: -scores[i])
+    assert order[: len(removed)] == removed
+    kept = [i for i in players if i not in removed]
+    assert all(scores[k] < scores[r] for k in kept for r in removed)
+
+
+def test_removal_keeps_ids_segments_and_tokens_aligned(random_bert: LoadedModel) -> None:
+    encoded = random_bert.encode("the plot is thin", "but the cast is great")
+    game = Coalitions(random_bert, encoded, "delete")
+    present = np.ones((1, len(game.players)), dtype=bool)
+    present[0, [0, 5]] = False
+    (ids,), types = game.rows(present)
+    dropped = {game.players[0], game.players[5]}
+    assert ids == [t for i, t in enumerate(encoded.input_ids) if i not in dropped]
+    assert types is not None and encoded.token_type_ids is not None
+    assert types[0] == [t for i, t in enumerate(encoded.token_type_ids) if i not in dropped]
+    masked = Coalitions(random_bert, encoded, "mask")
+    (ids,), _ = masked.rows(present)
+    assert (
+        len(ids) == len(encoded)
+        and [ids[i] for i in sorted(dropped)] == [random_bert.mask_token_id] * 2
+    )
+
+
+def test_class_values_are_log_odds() -> None:
+    logits = torch.tensor([[1.0, 2.0, 0.5]])
+    expected = 2.0 - math.log(math.exp(1.0) + math.exp(0.5))
+    assert float(class_values(logits, 1)[0]) == pytest.approx(expected)
+    assert float(class_values(torch.tensor([[0.7]]), 0)[0]) == pytest.approx(0.7)
+
+
+def test_registered_as_job_methods_with_progress(
+    random_bert: LoadedModel, make_ctx: Callable[..., JobContext]
+) -> None:
+    registry = MethodRegistry.builtin()
+    encoded = random_bert.encode(TEXT)
+    for name in ("shapley", "greedy_deletion"):
+        method = registry.get(name)
+        ctx = make_ctx(random_bert)
+        out = method.run(ctx, encoded, 1, method.validate_params({}))
+        assert out.scores.shape == (len(encoded),)
+        assert ctx.progress and ctx.progress[-1][0] == pytest.approx(1.0)  # type: ignore[attr-defined]
