@@ -187,3 +187,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 def pytest_configure(config: pytest.Config) -> None:
     # Quiet, deterministic CPU torch in tests; benchmarks live in bench/.
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    # The demo models carry a distilled head, which ``auto`` would serve; tests of NormXLogit
+    # and of the request path pin it, and tests of the head ask for it by name or for ``auto``.
+    os.environ.setdefault("LIMELIGHT_DEFAULT_METHOD", "normxlogit")

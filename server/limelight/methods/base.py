@@ -180,6 +180,8 @@ BUILTIN_METHODS: dict[str, str] = {
     "lrp": "limelight.methods.lrp:HeadMaskedLRP",
     "slalom": "limelight.methods.slalom:Slalom",
     "random": "limelight.methods.random_baseline:RandomBaseline",
+    "shapley": "limelight.methods.search:ShapleyValues",
+    "greedy_deletion": "limelight.methods.search:GreedyDeletion",
 }
 
 
