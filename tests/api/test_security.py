@@ -115,3 +115,36 @@ def test_unknown_methods_are_unimplemented_with_auth_on(
             assert err.value.code() == grpc.StatusCode.UNIMPLEMENTED, (method, metadata)
             details = err.value.details() or ""
             assert "Traceback" not in details and "Error" not in details
+
+
+def test_jobs_belong_to_the_token_that_submitted_them(
+    start_sidecar: Callable[..., RunningSidecar], bert_tiny_dir: Path, tmp_path: Path
+) -> None:
+    tokens = tmp_path / "tokens"
+    tokens.write_text("alice-token\nbob-token\n")
+    side = start_sidecar(model_dir=bert_tiny_dir, auth_tokens_file=tokens)
+    stub = explainer_pb2_grpc.ExplainerStub(grpc.insecure_channel(side.target))
+    alice = (("authorization", "Bearer alice-token"),)
+    bob = (("authorization", "Bearer bob-token"),)
+    submit = pb.SubmitJobRequest(text="a private review", method="random", idempotency_key="k")
+    job = stub.SubmitJob(submit, timeout=30, metadata=alice)
+    for call in (
+        lambda: stub.GetJob(pb.GetJobRequest(id=job.id), timeout=30, metadata=bob),
+        lambda: stub.CancelJob(pb.CancelJobRequest(id=job.id), timeout=30, metadata=bob),
+        lambda: list(stub.WatchJob(pb.GetJobRequest(id=job.id), timeout=30, metadata=bob)),
+    ):
+        with pytest.raises(grpc.RpcError) as err:
+            call()
+        assert err.value.code() == grpc.StatusCode.NOT_FOUND
+    assert not stub.ListJobs(pb.ListJobsRequest(), timeout=30, metadata=bob).jobs
+    assert [j.id for j in stub.ListJobs(pb.ListJobsRequest(), timeout=30, metadata=alice).jobs] == [
+        job.id
+    ]
+    assert stub.GetJob(pb.GetJobRequest(id=job.id), timeout=30, metadata=alice).id == job.id
+    # Bob's key "k" is his own; Alice's "k" is bound to her first request.
+    assert stub.SubmitJob(submit, timeout=30, metadata=bob).id != job.id
+    assert stub.SubmitJob(submit, timeout=30, metadata=alice).id == job.id
+    other = pb.SubmitJobRequest(text="another review", method="random", idempotency_key="k")
+    with pytest.raises(grpc.RpcError) as err:
+        stub.SubmitJob(other, timeout=30, metadata=alice)
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT

@@ -17,6 +17,7 @@ import grpc
 from google.protobuf.message import DecodeError
 
 from limelight.api import convert
+from limelight.api.auth import principal
 from limelight.api.errors import INTERNAL_MESSAGE, client_details, status_for
 from limelight.core.service import ExplanationService
 from limelight.errors import InvalidArgument, LimelightError, Unavailable
@@ -190,6 +191,7 @@ class ExplainerServicer:
                 convert.from_struct(request.parameters),
                 idempotency_key=request.idempotency_key,
                 timeout_s=request.timeout_seconds,
+                owner=principal(context),
             )
             return convert.job_to_proto(job)
 
@@ -198,7 +200,7 @@ class ExplainerServicer:
     async def GetJob(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         async def call() -> pb.Job:
             _check(request)
-            return convert.job_to_proto(await self._svc().get_job(request.id))
+            return convert.job_to_proto(await self._svc().get_job(request.id, principal(context)))
 
         return await self._guard("GetJob", context, call)
 
@@ -207,7 +209,7 @@ class ExplainerServicer:
     ) -> AsyncIterator[pb.Job]:
         async def stream() -> AsyncIterator[pb.Job]:
             _check(request)
-            async for job in self._svc().watch_job(request.id):
+            async for job in self._svc().watch_job(request.id, principal(context)):
                 yield convert.job_to_proto(job)
 
         async for item in self._guard_stream("WatchJob", context, stream):
@@ -216,7 +218,9 @@ class ExplainerServicer:
     async def CancelJob(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         async def call() -> pb.Job:
             _check(request)
-            return convert.job_to_proto(await self._svc().cancel_job(request.id))
+            return convert.job_to_proto(
+                await self._svc().cancel_job(request.id, principal(context))
+            )
 
         return await self._guard("CancelJob", context, call)
 
@@ -229,7 +233,7 @@ class ExplainerServicer:
                 if state is None:
                     raise InvalidArgument(f"unknown job state {value}")
                 states.append(state)
-            jobs = await self._svc().list_jobs(states, request.limit)
+            jobs = await self._svc().list_jobs(states, request.limit, principal(context))
             return pb.ListJobsResponse(jobs=[convert.job_to_proto(j) for j in jobs])
 
         return await self._guard("ListJobs", context, call)

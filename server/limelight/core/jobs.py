@@ -41,6 +41,30 @@ class JobSpec:
     idempotency_key: str = ""
     timeout_s: float = 0.0
     """0: the server's default."""
+    owner: str = ""
+    """The principal that submitted it (a token identity or a client certificate subject;
+    empty without authentication). Only its owner can read, watch, list or cancel a job, and
+    idempotency keys are scoped by owner."""
+
+    def same_request(self, other: JobSpec) -> bool:
+        """Whether ``other`` asks for the same work (what an idempotency key must bind)."""
+        return (self.method, self.text, self.text_pair, self.target, self.params) == (
+            other.method,
+            other.text,
+            other.text_pair,
+            other.target,
+            other.params,
+        ) and self.timeout_s == other.timeout_s
+
+
+def scoped_key(owner: str, key: str) -> str:
+    """An idempotency key as stored: scoped by owner (unchanged without one)."""
+    return f"{owner}\x00{key}" if owner and key else key
+
+
+def owned_by(record: JobRecord, owner: str | None) -> bool:
+    """Whether ``owner`` may see ``record`` (None: unchecked, for in-process callers)."""
+    return owner is None or record.spec.owner == owner
 
 
 @dataclass
@@ -72,20 +96,24 @@ class JobBackend(ABC):
 
     @abstractmethod
     async def submit(self, spec: JobSpec) -> JobRecord:
-        """Queue a job (or return the existing one for the same idempotency key)."""
+        """Queue a job (or return the existing one for the same owner and idempotency key;
+        InvalidArgument when that key was used for a different request)."""
 
     @abstractmethod
-    async def get(self, job_id: str) -> JobRecord:
-        """Raises NotFound for unknown or expired ids."""
+    async def get(self, job_id: str, owner: str | None = None) -> JobRecord:
+        """Raises NotFound for unknown or expired ids, and for jobs of another ``owner``
+        (None: any owner)."""
 
     @abstractmethod
-    async def cancel(self, job_id: str) -> JobRecord: ...
+    async def cancel(self, job_id: str, owner: str | None = None) -> JobRecord: ...
 
     @abstractmethod
-    async def list(self, states: list[JobState] | None, limit: int) -> list[JobRecord]: ...
+    async def list(
+        self, states: list[JobState] | None, limit: int, owner: str | None = None
+    ) -> list[JobRecord]: ...
 
     @abstractmethod
-    def watch(self, job_id: str) -> AsyncIterator[JobRecord]:
+    def watch(self, job_id: str, owner: str | None = None) -> AsyncIterator[JobRecord]:
         """Yields the job on every change of state or progress, ending at a terminal state."""
 
 

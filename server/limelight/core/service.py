@@ -519,8 +519,10 @@ class ExplanationService:
         params: Mapping[str, Any] | None,
         idempotency_key: str = "",
         timeout_s: float = 0.0,
+        owner: str = "",
     ) -> JobRecord:
-        """Validate everything before queueing: a bad parameter never becomes a failed job."""
+        """Validate everything before queueing: a bad parameter never becomes a failed job.
+        ``owner``: the authenticated principal (only it can see the job afterwards)."""
         backend = self._job_backend()
         self._require_ready()
         method = self._job_method(method_name)
@@ -539,20 +541,25 @@ class ExplanationService:
             params=checked,
             idempotency_key=idempotency_key,
             timeout_s=timeout_s,
+            owner=owner,
         )
         return await backend.submit(spec)
 
-    async def get_job(self, job_id: str) -> JobRecord:
-        return await self._job_backend().get(job_id)
+    # ``owner`` below: the caller's principal; None reads every owner's jobs (in-process use).
 
-    async def cancel_job(self, job_id: str) -> JobRecord:
-        return await self._job_backend().cancel(job_id)
+    async def get_job(self, job_id: str, owner: str | None = None) -> JobRecord:
+        return await self._job_backend().get(job_id, owner)
 
-    async def list_jobs(self, states: list[JobState] | None, limit: int) -> list[JobRecord]:
-        return await self._job_backend().list(states or None, limit if limit > 0 else 100)
+    async def cancel_job(self, job_id: str, owner: str | None = None) -> JobRecord:
+        return await self._job_backend().cancel(job_id, owner)
 
-    def watch_job(self, job_id: str) -> AsyncIterator[JobRecord]:
-        return self._job_backend().watch(job_id)
+    async def list_jobs(
+        self, states: list[JobState] | None, limit: int, owner: str | None = None
+    ) -> list[JobRecord]:
+        return await self._job_backend().list(states or None, limit if limit > 0 else 100, owner)
+
+    def watch_job(self, job_id: str, owner: str | None = None) -> AsyncIterator[JobRecord]:
+        return self._job_backend().watch(job_id, owner)
 
     # --- drift ---------------------------------------------------------------------------------
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from limelight.core.jobs import JobRecord, JobSpec, JobState
-from limelight.errors import LimelightError
+from limelight.errors import InvalidArgument, LimelightError, NotFound
 from limelight.jobs.runner import JobRunner
 from limelight.jobs.serialize import explanation_to_dict
 from limelight.methods.base import JobCancelled
@@ -188,3 +188,19 @@ async def watch_changes(
         if record.state.terminal:
             return
         await wait_change(poll_s)
+
+
+def not_found(job_id: str) -> NotFound:
+    """Unknown, expired, and someone else's jobs all read the same."""
+    shown = job_id if len(job_id) <= 64 else job_id[:64] + "…"
+    return NotFound(f"job {shown!r} not found (unknown, or expired after its TTL)")
+
+
+def reuse(existing: JobRecord, spec: JobSpec) -> JobRecord:
+    """The job an idempotency key already names, if ``spec`` asks for the same work."""
+    if not existing.spec.same_request(spec):
+        raise InvalidArgument(
+            f"idempotency key {spec.idempotency_key[:64]!r} was already used for a different "
+            f"request (job {existing.id}); use a new key for new work"
+        )
+    return existing

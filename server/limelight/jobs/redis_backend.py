@@ -23,9 +23,9 @@ from typing import Any, ParamSpec, TypeVar
 import redis
 import redis.asyncio as aioredis
 
-from limelight.core.jobs import JobBackend, JobRecord, JobSpec, JobState
-from limelight.errors import NotFound, ResourceExhausted, Unavailable
-from limelight.jobs.execution import watch_changes
+from limelight.core.jobs import JobBackend, JobRecord, JobSpec, JobState, owned_by, scoped_key
+from limelight.errors import ResourceExhausted, Unavailable
+from limelight.jobs.execution import not_found, reuse, watch_changes
 from limelight.jobs.redis_store import (
     CONNECTION_ERRORS,
     GROUP,
@@ -158,11 +158,12 @@ class RedisJobBackend(JobBackend):
             spec = replace(spec, params=self.runner.validate(spec))
         job_id = uuid.uuid4().hex
         keys = self.keys
+        key = scoped_key(spec.owner, spec.idempotency_key)
         outcome, value = await self._submit(
             keys=[
                 keys.job(job_id),
                 keys.stream,
-                keys.idem(spec.idempotency_key),
+                keys.idem(key),
                 keys.index,
                 keys.depth,
             ],
@@ -172,7 +173,7 @@ class RedisJobBackend(JobBackend):
                 json.dumps(spec_to_dict(spec)),
                 repr(time.time()),
                 self.settings.job_queue_max,
-                spec.idempotency_key,
+                key,
                 keys.job_prefix,
             ],
         )
@@ -181,21 +182,28 @@ class RedisJobBackend(JobBackend):
                 f"job queue is full ({value} queued, limit {self.settings.job_queue_max}); "
                 "retry later"
             )
+        if outcome == "existing":
+            return reuse(await self._get(value), spec)
         await self._refresh_depth()
         return await self._get(value)
 
-    async def _get(self, job_id: str) -> JobRecord:
+    async def _get(self, job_id: str, owner: str | None = None) -> JobRecord:
         data = await self.client.hgetall(self.keys.job(job_id))
         if not data:
-            raise NotFound(f"job {job_id!r} not found (unknown, or expired after its TTL)")
-        return record_from_hash(data)
+            raise not_found(job_id)
+        record = record_from_hash(data)
+        if not owned_by(record, owner):
+            raise not_found(job_id)
+        return record
 
     @_redis_call
-    async def get(self, job_id: str) -> JobRecord:
-        return await self._get(job_id)
+    async def get(self, job_id: str, owner: str | None = None) -> JobRecord:
+        return await self._get(job_id, owner)
 
     @_redis_call
-    async def cancel(self, job_id: str) -> JobRecord:
+    async def cancel(self, job_id: str, owner: str | None = None) -> JobRecord:
+        if owner is not None:
+            await self._get(job_id, owner)
         keys = self.keys
         state = await self._cancel(
             keys=[keys.job(job_id), keys.stream, keys.depth],
@@ -208,7 +216,7 @@ class RedisJobBackend(JobBackend):
             ],
         )
         if state == "missing":
-            raise NotFound(f"job {job_id!r} not found (unknown, or expired after its TTL)")
+            raise not_found(job_id)
         record = await self._get(job_id)
         if state == "queued" and self.metrics is not None:
             self.metrics.job_outcomes.labels(record.spec.method, "cancelled").inc()
@@ -216,7 +224,9 @@ class RedisJobBackend(JobBackend):
         return record
 
     @_redis_call
-    async def list(self, states: list[JobState] | None, limit: int) -> list[JobRecord]:
+    async def list(
+        self, states: list[JobState] | None, limit: int, owner: str | None = None
+    ) -> list[JobRecord]:
         """Newest first; results are left out (read one job with ``get``)."""
         limit = max(1, min(int(limit) if limit else 100, 1000))
         wanted = set(states or [])
@@ -236,7 +246,7 @@ class RedisJobBackend(JobBackend):
                     gone.append(job_id)
                     continue
                 record = record_from_hash(data, with_result=False)
-                if not wanted or record.state in wanted:
+                if (not wanted or record.state in wanted) and owned_by(record, owner):
                     out.append(record)
             if gone:  # expired jobs: prune the index as we go
                 await self.client.zrem(self.keys.index, *gone)
@@ -244,7 +254,9 @@ class RedisJobBackend(JobBackend):
         await self._refresh_depth()
         return out[:limit]
 
-    async def watch(self, job_id: str) -> AsyncIterator[JobRecord]:  # type: ignore[override]
+    async def watch(  # type: ignore[override]
+        self, job_id: str, owner: str | None = None
+    ) -> AsyncIterator[JobRecord]:
         channel = self.keys.events(job_id)
         pubsub: Any = None
         outage: dict[str, float | None] = {"since": None}
@@ -273,7 +285,7 @@ class RedisJobBackend(JobBackend):
                         # Subscribe before reading, so that no change slips in between.
                         pubsub = self.client.pubsub()
                         await pubsub.subscribe(channel)
-                    record = await self._get(job_id)
+                    record = await self._get(job_id, owner)
                     outage["since"] = None
                     return record
                 except CONNECTION_ERRORS as exc:

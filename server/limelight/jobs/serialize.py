@@ -54,6 +54,7 @@ def spec_to_dict(spec: JobSpec) -> dict[str, Any]:
         "params": jsonable(spec.params),
         "idempotency_key": spec.idempotency_key,
         "timeout_s": spec.timeout_s,
+        "owner": spec.owner,
     }
 
 
@@ -67,6 +68,7 @@ def spec_from_dict(data: dict[str, Any]) -> JobSpec:
         params=dict(data.get("params") or {}),
         idempotency_key=str(data.get("idempotency_key") or ""),
         timeout_s=float(data.get("timeout_s") or 0.0),
+        owner=str(data.get("owner") or ""),
     )
 
 

@@ -28,9 +28,17 @@ from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from typing import Any
 
-from limelight.core.jobs import JobBackend, JobRecord, JobSpec, JobState
-from limelight.errors import NotFound, ResourceExhausted, Unavailable
-from limelight.jobs.execution import JobHooks, Outcome, StopReason, execute, watch_changes
+from limelight.core.jobs import JobBackend, JobRecord, JobSpec, JobState, scoped_key
+from limelight.errors import ResourceExhausted, Unavailable
+from limelight.jobs.execution import (
+    JobHooks,
+    Outcome,
+    StopReason,
+    execute,
+    not_found,
+    reuse,
+    watch_changes,
+)
 from limelight.jobs.priority import InlineGate
 from limelight.jobs.runner import JobRunner
 from limelight.jobs.serialize import explanation_from_dict, spec_from_dict, spec_to_dict
@@ -56,7 +64,8 @@ CREATE TABLE IF NOT EXISTS jobs (
     attempts INTEGER NOT NULL DEFAULT 0,
     idempotency_key TEXT UNIQUE,
     expires_at REAL,
-    cancel_requested INTEGER NOT NULL DEFAULT 0
+    cancel_requested INTEGER NOT NULL DEFAULT 0,
+    owner TEXT NOT NULL DEFAULT ''
 );
 CREATE INDEX IF NOT EXISTS jobs_state ON jobs(state, seq);
 CREATE INDEX IF NOT EXISTS jobs_expiry ON jobs(expires_at);
@@ -133,6 +142,9 @@ class SqliteJobBackend(JobBackend):
         db.execute("PRAGMA synchronous=NORMAL")
         db.execute("PRAGMA busy_timeout=5000")
         db.executescript(_SCHEMA)
+        columns = {row["name"] for row in db.execute("PRAGMA table_info(jobs)")}
+        if "owner" not in columns:  # a journal from before job ownership: its jobs are unowned
+            db.execute("ALTER TABLE jobs ADD COLUMN owner TEXT NOT NULL DEFAULT ''")
         self._db = db
 
     def _record(self, row: sqlite3.Row, with_result: bool = True) -> JobRecord:
@@ -260,13 +272,13 @@ class SqliteJobBackend(JobBackend):
         job_id = uuid.uuid4().hex
         with self._tx() as db:
             self._purge(db)
-            if spec.idempotency_key:
+            key = scoped_key(spec.owner, spec.idempotency_key)
+            if key:
                 row = db.execute(
-                    f"SELECT {_COLUMNS} FROM jobs WHERE idempotency_key = ?",
-                    (spec.idempotency_key,),
+                    f"SELECT {_COLUMNS} FROM jobs WHERE idempotency_key = ?", (key,)
                 ).fetchone()
                 if row is not None:
-                    return self._record(row)
+                    return reuse(self._record(row), spec)
             queued = db.execute("SELECT COUNT(*) FROM jobs WHERE state='queued'").fetchone()[0]
             if queued >= self.settings.job_queue_max:
                 raise ResourceExhausted(
@@ -274,14 +286,15 @@ class SqliteJobBackend(JobBackend):
                     "retry later"
                 )
             db.execute(
-                "INSERT INTO jobs (id, method, state, spec, created_at, idempotency_key, message)"
-                " VALUES (?, ?, 'queued', ?, ?, ?, 'queued')",
+                "INSERT INTO jobs (id, method, state, spec, created_at, idempotency_key, message, "
+                "owner) VALUES (?, ?, 'queued', ?, ?, ?, 'queued', ?)",
                 (
                     job_id,
                     spec.method,
                     json.dumps(spec_to_dict(spec)),
                     now,
-                    spec.idempotency_key or None,
+                    key or None,
+                    spec.owner,
                 ),
             )
             row = db.execute(f"SELECT {_COLUMNS} FROM jobs WHERE id = ?", (job_id,)).fetchone()
@@ -290,22 +303,24 @@ class SqliteJobBackend(JobBackend):
             self._work.notify()
         return self._record(row)
 
-    def _get_row(self, db: sqlite3.Connection, job_id: str) -> sqlite3.Row:
+    def _get_row(
+        self, db: sqlite3.Connection, job_id: str, owner: str | None = None
+    ) -> sqlite3.Row:
         self._purge(db)
-        row = db.execute(f"SELECT {_COLUMNS} FROM jobs WHERE id = ?", (job_id,)).fetchone()
-        if row is None:
-            raise NotFound(f"job {job_id!r} not found (unknown, or expired after its TTL)")
+        row = db.execute(f"SELECT {_COLUMNS}, owner FROM jobs WHERE id = ?", (job_id,)).fetchone()
+        if row is None or (owner is not None and row["owner"] != owner):
+            raise not_found(job_id)
         return row
 
-    async def get(self, job_id: str) -> JobRecord:
+    async def get(self, job_id: str, owner: str | None = None) -> JobRecord:
         with self._tx() as db:
-            row = self._get_row(db, job_id)
+            row = self._get_row(db, job_id, owner)
         return self._record(row)
 
-    async def cancel(self, job_id: str) -> JobRecord:
+    async def cancel(self, job_id: str, owner: str | None = None) -> JobRecord:
         now = time.time()
         with self._tx() as db:
-            row = self._get_row(db, job_id)
+            row = self._get_row(db, job_id, owner)
             state = JobState(row["state"])
             if state is JobState.QUEUED:
                 db.execute(
@@ -328,25 +343,31 @@ class SqliteJobBackend(JobBackend):
         self._notify(job_id)
         return self._record(row)
 
-    async def list(self, states: list[JobState] | None, limit: int) -> list[JobRecord]:
+    async def list(
+        self, states: list[JobState] | None, limit: int, owner: str | None = None
+    ) -> list[JobRecord]:
         """Newest first; results are left out (read one job with ``get``)."""
         limit = max(1, min(int(limit) if limit else 100, 1000))
+        where, args = ["1=1"], []
+        if states:
+            where.append(f"state IN ({','.join('?' for _ in states)})")
+            args += [s.value for s in states]
+        if owner is not None:
+            where.append("owner = ?")
+            args.append(owner)
         with self._tx() as db:
             self._purge(db)
-            if states:
-                marks = ",".join("?" for _ in states)
-                rows = db.execute(
-                    f"SELECT {_COLUMNS} FROM jobs WHERE state IN ({marks}) "
-                    "ORDER BY seq DESC LIMIT ?",
-                    (*[s.value for s in states], limit),
-                ).fetchall()
-            else:
-                rows = db.execute(
-                    f"SELECT {_COLUMNS} FROM jobs ORDER BY seq DESC LIMIT ?", (limit,)
-                ).fetchall()
+            rows = db.execute(
+                f"SELECT {_COLUMNS} FROM jobs WHERE {' AND '.join(where)} "
+                "ORDER BY seq DESC LIMIT ?",
+                (*args, limit),
+            ).fetchall()
         return [self._record(r, with_result=False) for r in rows]
 
-    async def watch(self, job_id: str) -> AsyncIterator[JobRecord]:  # type: ignore[override]
+    async def watch(  # type: ignore[override]
+        self, job_id: str, owner: str | None = None
+    ) -> AsyncIterator[JobRecord]:
+        await self.get(job_id, owner)  # NotFound before subscribing
         loop = asyncio.get_running_loop()
         event = asyncio.Event()
         key = (loop, event)
@@ -359,7 +380,7 @@ class SqliteJobBackend(JobBackend):
             event.clear()
 
         try:
-            async for record in watch_changes(lambda: self.get(job_id), wait_change):
+            async for record in watch_changes(lambda: self.get(job_id, owner), wait_change):
                 yield record
         finally:
             with self._watch_lock:
