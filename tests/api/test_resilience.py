@@ -280,3 +280,53 @@ def test_client_deadlines_are_counted_not_logged_as_errors(
         {"rpc": "ExplainStream", "code": "DEADLINE_EXCEEDED"},
     )
     assert counted is not None and counted > 0
+
+
+def test_shutdown_keeps_one_deadline_and_ends_open_calls_unavailable(
+    bert_tiny_dir: Path, tmp_path: Path
+) -> None:
+    from google.protobuf import struct_pb2
+
+    from limelight.settings import Settings
+    from tests.conftest import _SidecarThread
+
+    grace = 3.0
+    handle = _SidecarThread(
+        Settings(
+            model_dir=bert_tiny_dir,
+            port=0,
+            metrics_port=0,
+            jobs="sqlite",
+            jobs_db=tmp_path / "jobs.db",
+            grace_period_s=grace,
+            method_plugins=["tests.jobs.jobs_testing_methods:BlockMethod"],
+        )
+    )
+    running = handle.start()
+    stub = _stub(running.target)
+    params = struct_pb2.Struct()
+    params.update({"release": str(tmp_path / "never"), "started": str(tmp_path / "started")})
+    job = stub.SubmitJob(
+        pb.SubmitJobRequest(text="a film", method="block", parameters=params), timeout=30
+    )
+    watch = stub.WatchJob(pb.GetJobRequest(id=job.id), timeout=300)
+    for update in watch:  # the job runs and never finishes on its own
+        if update.state == pb.JOB_STATE_RUNNING:
+            break
+    budgets: list[float] = []
+    jobs = running.server.app.service.jobs
+    stop_jobs = jobs.stop
+
+    async def spy(grace_s: float) -> None:
+        budgets.append(grace_s)
+        await stop_jobs(grace_s)
+
+    jobs.stop = spy
+    handle.stop()
+    # Stopping the job backend got what was left of the one deadline, not a grace of its own.
+    assert budgets and budgets[0] < grace
+    # The watch still open at the final stop ends UNAVAILABLE (retryable), not CANCELLED.
+    with pytest.raises(grpc.RpcError) as err:
+        for _ in watch:
+            pass
+    assert err.value.code() == grpc.StatusCode.UNAVAILABLE

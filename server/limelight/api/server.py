@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -163,14 +164,20 @@ class SidecarServer:
         await self._stopping.wait()
 
     async def stop(self) -> None:
-        """Graceful: NOT_SERVING, drain in-flight work within the grace period, then close."""
+        """Graceful, within one deadline of ``grace_period_s`` for the whole shutdown:
+        NOT_SERVING, drain in-flight work and stop jobs, end the calls still open with
+        UNAVAILABLE, stop the server, close."""
         grace = self.settings.grace_period_s
+        deadline = time.monotonic() + grace
+        # Keep a little of the budget for ending the calls still open and the final stop.
+        final = min(2.0, 0.1 * grace)
         if self._server is not None:
             await self._set_health(False)
         if self.app is not None:
-            await self.app.service.drain(grace)
+            await self.app.service.drain(max(0.0, grace - final))
         if self._server is not None:
-            await self._server.stop(grace=min(grace, 5.0))
+            self._servicer.end_calls()
+            await self._server.stop(grace=max(0.05, deadline - time.monotonic()))
         if self.app is not None:
             await self.app.service.close()
         if self._http is not None:

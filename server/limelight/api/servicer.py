@@ -73,6 +73,8 @@ class ExplainerServicer:
         self.metrics = metrics
         #: Set once the model is loaded; until then every RPC answers UNAVAILABLE.
         self.service = service
+        self._calls: set[asyncio.Task[Any]] = set()
+        self._ended: set[asyncio.Task[Any]] = set()
 
     def _svc(self) -> ExplanationService:
         if self.service is None:
@@ -92,6 +94,32 @@ class ExplainerServicer:
         context.set_details(message)
         return code.name
 
+    def _track(self) -> asyncio.Task[Any] | None:
+        task = asyncio.current_task()
+        if task is not None:
+            self._calls.add(task)
+        return task
+
+    def _shut_out(self, task: asyncio.Task[Any] | None, context: grpc.aio.ServicerContext) -> bool:
+        """A call cut short by ``end_calls``: answer UNAVAILABLE (retryable) instead of
+        CANCELLED."""
+        if task is None or task not in self._ended:
+            return False
+        self._ended.discard(task)
+        task.uncancel()
+        context.set_code(grpc.StatusCode.UNAVAILABLE)
+        context.set_details("the server is shutting down; retry on another replica")
+        return True
+
+    def end_calls(self) -> int:
+        """Shutdown, past the drain: end every call still in flight with UNAVAILABLE (clients
+        retry it) rather than letting the server's final stop cancel it. Returns how many."""
+        calls = list(self._calls)
+        for task in calls:
+            self._ended.add(task)
+            task.cancel()
+        return len(calls)
+
     async def _guard(
         self,
         rpc: str,
@@ -102,11 +130,15 @@ class ExplainerServicer:
         code = "OK"
         in_flight = self.metrics.requests_in_flight.labels(rpc)
         in_flight.inc()
+        task = self._track()
         try:
             return await call()
         except asyncio.CancelledError:
             code = "CANCELLED"
-            raise
+            if not self._shut_out(task, context):
+                raise
+            code = "UNAVAILABLE"
+            return None
         except Exception as exc:
             code = await self._fail(context, exc)
             if _expired(context):
@@ -116,6 +148,7 @@ class ExplainerServicer:
                 raise asyncio.CancelledError("the client's deadline passed") from None
             return None
         finally:
+            self._calls.discard(task)
             in_flight.dec()
             self.metrics.request_duration.labels(rpc, code).observe(time.monotonic() - start)
 
@@ -129,12 +162,15 @@ class ExplainerServicer:
         code = "OK"
         in_flight = self.metrics.requests_in_flight.labels(rpc)
         in_flight.inc()
+        task = self._track()
         try:
             async for item in stream():
                 yield item
         except asyncio.CancelledError:
             code = "CANCELLED"
-            raise
+            if not self._shut_out(task, context):
+                raise
+            code = "UNAVAILABLE"
         except Exception as exc:
             code = await self._fail(context, exc)
             if _expired(context):
@@ -143,6 +179,7 @@ class ExplainerServicer:
                 code = "DEADLINE_EXCEEDED"
                 raise asyncio.CancelledError("the client's deadline passed") from None
         finally:
+            self._calls.discard(task)
             in_flight.dec()
             self.metrics.request_duration.labels(rpc, code).observe(time.monotonic() - start)
 

@@ -270,8 +270,8 @@ class ExplanationService:
             await self._tokenizer.drain(grace_s)
         if self._batcher is not None:
             await self._batcher.drain(max(0.0, end - time.monotonic()))
-        if self.jobs is not None:
-            await self.jobs.stop(grace_s)
+        if self.jobs is not None:  # what is left of the same budget
+            await self.jobs.stop(max(0.0, end - time.monotonic()))
 
     async def close(self) -> None:
         if self._tokenizer is not None:

@@ -245,13 +245,17 @@ class SqliteJobBackend(JobBackend):
         self._stopping.set()
         with self._work:
             self._work.notify_all()
-        await asyncio.to_thread(self._join, grace_s)
+        deadline = time.monotonic() + grace_s
+        # Within grace_s in all: running jobs may finish in the first part; in the rest they
+        # stop at their next checkpoint and go back to QUEUED; one stuck between checkpoints
+        # stays RUNNING in the journal and is re-queued by the next start().
+        hand_back = min(grace_s / 2, self._yield_timeout_s * 2)
+        await asyncio.to_thread(self._join, max(0.0, grace_s - hand_back))
         if any(t.is_alive() for t in self._threads):
-            # Past the grace period: running jobs stop at their next checkpoint and go back
-            # to QUEUED; one stuck between checkpoints stays RUNNING in the journal and is
-            # re-queued by the next start().
             self._abandon.set()
-            await asyncio.to_thread(self._join, max(1.0, self._yield_timeout_s * 2))
+            # At least a short window for the hand-back itself (one checkpoint).
+            window = max(deadline - time.monotonic(), min(0.5, self._yield_timeout_s))
+            await asyncio.to_thread(self._join, window)
         self._threads = [t for t in self._threads if t.is_alive()]
         with self._lock:
             if self._db is not None:
