@@ -19,7 +19,7 @@ from typing import Any
 
 from opentelemetry import context as otel_context
 from opentelemetry import trace
-from opentelemetry.propagate import extract
+from opentelemetry.propagate import extract, inject
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode
 
 log = logging.getLogger(__name__)
@@ -69,6 +69,32 @@ def shutdown_tracing() -> None:
     if _provider is not None:
         _provider.shutdown()
         _provider = None
+
+
+def current_context() -> dict[str, str]:
+    """The current trace context as W3C headers (``traceparent``), to store with a job."""
+    if _provider is None:
+        return {}
+    carrier: dict[str, str] = {}
+    inject(carrier)
+    return carrier
+
+
+@contextmanager
+def job_span(method: str, job_id: str, carrier: Mapping[str, str]) -> Iterator[Span]:
+    """A CONSUMER span for one job run, child of the request that submitted it (the context
+    travels with the job through the SQLite journal or the Redis stream)."""
+    if _provider is None:
+        yield trace.INVALID_SPAN
+        return
+    attributes = {"limelight.job.id": job_id, "limelight.job.method": method}
+    with tracer().start_as_current_span(
+        f"job {method}",
+        context=extract(dict(carrier)),
+        kind=SpanKind.CONSUMER,
+        attributes=attributes,
+    ) as span:
+        yield span
 
 
 def flush(timeout_s: float = 30.0) -> bool:

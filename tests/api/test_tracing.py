@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import threading
 import urllib.request
+from collections.abc import Iterator
 from concurrent import futures
 from typing import Any
 
@@ -34,6 +35,52 @@ class Receiver(trace_service_pb2_grpc.TraceServiceServicer):
         return trace_service_pb2.ExportTraceServiceResponse()
 
 
+@pytest.fixture
+def receiver(monkeypatch: pytest.MonkeyPatch) -> Iterator[Receiver]:
+    """An OTLP/gRPC receiver on a free port, and the OTEL_* variables pointing at it."""
+    collected = Receiver()
+    server = grpc.server(futures.ThreadPoolExecutor(2))
+    trace_service_pb2_grpc.add_TraceServiceServicer_to_server(collected, server)
+    port = free_port()
+    server.add_insecure_port(f"127.0.0.1:{port}")
+    server.start()
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", f"http://127.0.0.1:{port}")
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_INSECURE", "true")
+    monkeypatch.setenv("OTEL_BSP_SCHEDULE_DELAY", "50")
+    yield collected
+    server.stop(None)
+
+
+def test_a_job_run_is_a_child_of_the_request_that_submitted_it(
+    start_sidecar: Any, bert_tiny_dir: Any, receiver: Receiver
+) -> None:
+    running = start_sidecar(model_dir=bert_tiny_dir, jobs="sqlite")
+    stub = explainer_pb2_grpc.ExplainerStub(grpc.insecure_channel(running.target))
+    job = stub.SubmitJob(
+        pb.SubmitJobRequest(method="random", text="a gorgeous movie"),
+        metadata=(("traceparent", f"00-{TRACE_ID}-{PARENT_ID}-01"),),
+        timeout=30,
+    )
+    done = [
+        pb.JOB_STATE_SUCCEEDED,
+        pb.JOB_STATE_FAILED,
+        pb.JOB_STATE_CANCELLED,
+    ]
+    for update in stub.WatchJob(pb.GetJobRequest(id=job.id), timeout=120):
+        if update.state in done:
+            assert update.state == pb.JOB_STATE_SUCCEEDED
+            break
+    assert tracing.flush()
+    spans = [s for _, s in receiver.spans if s.trace_id.hex() == TRACE_ID]
+    (submit,) = [s for s in spans if s.name == "limelight.v1.Explainer/SubmitJob"]
+    (run,) = [s for s in spans if s.name == "job random"]
+    assert submit.parent_span_id.hex() == PARENT_ID
+    assert run.parent_span_id == submit.span_id  # stored with the job, read back by the runner
+    assert run.kind == run.SPAN_KIND_CONSUMER
+    attributes = {a.key: a.value.string_value for a in run.attributes}
+    assert attributes["limelight.job.id"] == job.id
+
+
 def test_tracing_is_off_without_otel_variables() -> None:
     assert not tracing.tracing_requested({})
     assert not tracing.tracing_requested({"OTEL_TRACES_EXPORTER": "none"})
@@ -45,35 +92,23 @@ def test_tracing_is_off_without_otel_variables() -> None:
 
 
 def test_rpc_and_http_spans_reach_an_otlp_receiver(
-    start_sidecar: Any, bert_tiny_dir: Any, monkeypatch: pytest.MonkeyPatch
+    start_sidecar: Any, bert_tiny_dir: Any, receiver: Receiver, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    receiver = Receiver()
-    server = grpc.server(futures.ThreadPoolExecutor(2))
-    trace_service_pb2_grpc.add_TraceServiceServicer_to_server(receiver, server)
-    port = free_port()
-    server.add_insecure_port(f"127.0.0.1:{port}")
-    server.start()
-    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", f"http://127.0.0.1:{port}")
-    monkeypatch.setenv("OTEL_EXPORTER_OTLP_INSECURE", "true")
     monkeypatch.setenv("OTEL_SERVICE_NAME", "limelight-under-test")
-    monkeypatch.setenv("OTEL_BSP_SCHEDULE_DELAY", "50")
-    try:
-        running = start_sidecar(model_dir=bert_tiny_dir, jobs="off")
-        traceparent = f"00-{TRACE_ID}-{PARENT_ID}-01"
-        stub = explainer_pb2_grpc.ExplainerStub(grpc.insecure_channel(running.target))
-        stub.Explain(
-            pb.ExplainRequest(text="a gorgeous movie"),
-            metadata=(("traceparent", traceparent),),
-            timeout=30,
-        )
-        with pytest.raises(grpc.RpcError):
-            stub.Explain(pb.ExplainRequest(text=""), timeout=30)
-        url = f"http://127.0.0.1:{running.server.metrics_port}/v2/health/ready"
-        request = urllib.request.Request(url, headers={"traceparent": traceparent})
-        urllib.request.urlopen(request, timeout=30).read()
-        assert tracing.flush()
-    finally:
-        server.stop(None)
+    running = start_sidecar(model_dir=bert_tiny_dir, jobs="off")
+    traceparent = f"00-{TRACE_ID}-{PARENT_ID}-01"
+    stub = explainer_pb2_grpc.ExplainerStub(grpc.insecure_channel(running.target))
+    stub.Explain(
+        pb.ExplainRequest(text="a gorgeous movie"),
+        metadata=(("traceparent", traceparent),),
+        timeout=30,
+    )
+    with pytest.raises(grpc.RpcError):
+        stub.Explain(pb.ExplainRequest(text=""), timeout=30)
+    url = f"http://127.0.0.1:{running.server.metrics_port}/v2/health/ready"
+    request = urllib.request.Request(url, headers={"traceparent": traceparent})
+    urllib.request.urlopen(request, timeout=30).read()
+    assert tracing.flush()
     explains = [(r, s) for r, s in receiver.spans if s.name == "limelight.v1.Explainer/Explain"]
     (resource, explain), *_ = [(r, s) for r, s in explains if s.trace_id.hex() == TRACE_ID]
     assert explain.parent_span_id.hex() == PARENT_ID

@@ -63,11 +63,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
 def _child(settings: Settings, extra_methods: list[str], metrics_port: int) -> None:
     """One worker process: load the model, consume until SIGTERM."""
     setup_logging(settings.log_level)
+    from limelight import tracing
     from limelight.app import load_served_model
     from limelight.jobs.redis_worker import RedisWorker
     from limelight.jobs.runner import JobRunner, load_job_methods
     from limelight.metrics import Metrics
 
+    tracing.setup_tracing()  # OTEL_* variables; off by default
     metrics = Metrics()
     if metrics_port:
         from prometheus_client import start_http_server
@@ -91,7 +93,10 @@ def _child(settings: Settings, extra_methods: list[str], metrics_port: int) -> N
     signal.signal(signal.SIGTERM, on_term)
     signal.signal(signal.SIGINT, on_term)
     log.info("worker %s ready (model %s, %s)", worker.name, model.name, model.version)
-    worker.run()
+    try:
+        worker.run()
+    finally:
+        tracing.shutdown_tracing()
 
 
 def run(args: argparse.Namespace) -> int:

@@ -41,6 +41,8 @@ class JobSpec:
     idempotency_key: str = ""
     timeout_s: float = 0.0
     """0: the server's default."""
+    trace_context: dict[str, str] = field(default_factory=dict)
+    """W3C trace context (``traceparent``) of the submitting request, when tracing is on."""
     owner: str = ""
     """The principal that submitted it (a token identity or a client certificate subject;
     empty without authentication). Only its owner can read, watch, list or cancel a job, and

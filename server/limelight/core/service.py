@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 import numpy as np
 
+from limelight import tracing
 from limelight.batching import MicroBatcher
 from limelight.core.jobs import JobBackend, JobRecord, JobSpec, JobState
 from limelight.core.types import (
@@ -541,6 +542,7 @@ class ExplanationService:
             params=checked,
             idempotency_key=idempotency_key,
             timeout_s=timeout_s,
+            trace_context=tracing.current_context(),
             owner=owner,
         )
         return await backend.submit(spec)

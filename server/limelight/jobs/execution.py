@@ -19,6 +19,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
+from limelight import tracing
 from limelight.core.jobs import JobRecord, JobSpec, JobState
 from limelight.errors import InvalidArgument, LimelightError, NotFound
 from limelight.jobs.runner import JobRunner
@@ -132,7 +133,8 @@ def execute(
     started = time.perf_counter()
     outcome: Outcome
     try:
-        result = runner.run(spec, job_id, report, should_stop, queue_seconds=waited)
+        with tracing.job_span(spec.method, job_id, spec.trace_context):
+            result = runner.run(spec, job_id, report, should_stop, queue_seconds=waited)
     except JobCancelled:
         outcome = _stopped(stop["reason"], deadline, timeout)
     except LimelightError as exc:

@@ -55,6 +55,7 @@ def spec_to_dict(spec: JobSpec) -> dict[str, Any]:
         "idempotency_key": spec.idempotency_key,
         "timeout_s": spec.timeout_s,
         "owner": spec.owner,
+        "trace_context": dict(spec.trace_context),
     }
 
 
@@ -69,6 +70,7 @@ def spec_from_dict(data: dict[str, Any]) -> JobSpec:
         idempotency_key=str(data.get("idempotency_key") or ""),
         timeout_s=float(data.get("timeout_s") or 0.0),
         owner=str(data.get("owner") or ""),
+        trace_context={str(k): str(v) for k, v in (data.get("trace_context") or {}).items()},
     )
 
 
