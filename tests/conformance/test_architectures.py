@@ -1,0 +1,160 @@
+"""Conformance of the families added by the generic head adapter (issue #22).
+
+Each family is a tiny random-init classifier saved to disk with a real WordPiece tokenizer and
+loaded as the sidecar loads it. Checked: probabilities equal transformers' own, NormXLogit
+equals a direct computation (embedding-output norm × the head written out by hand from the
+family's modules), every token is scored, and one job method runs. The same checks over every
+served family are ``slow``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+from limelight.core.jobs import JobSpec
+from limelight.jobs.runner import JobRunner
+from limelight.methods.base import MethodRegistry
+from limelight.methods.normxlogit import NormXLogit
+from limelight.models import adapters
+from limelight.models.loaded import LoadedModel, load_model
+from limelight.models.tiny import NOT_BUILT, tiny_config
+from limelight.runtimes.base import InlineBatch
+from limelight.runtimes.torch_runtime import TorchRuntime
+from limelight.settings import Settings
+
+TEXTS = ["a witty and gorgeous film , sadly too long", "dull"]
+VOCAB = 30522  # the WordPiece tokenizer's
+
+
+def _decoder(model: Any, h: torch.Tensor) -> torch.Tensor:
+    return model.score(h)  # type: ignore[no-any-return]
+
+
+def _tanh_dense_out(model: Any, h: torch.Tensor) -> torch.Tensor:
+    head = model.classifier
+    return head.out_proj(torch.tanh(head.dense(h)))  # type: ignore[no-any-return]
+
+
+#: The head on one token's final hidden state, written out from each family's modules.
+DIRECT_HEADS: dict[str, Callable[[Any, torch.Tensor], torch.Tensor]] = {
+    "albert": lambda m, h: m.classifier(torch.tanh(m.albert.pooler(h))),
+    "electra": lambda m, h: m.classifier.out_proj(torch.nn.functional.gelu(m.classifier.dense(h))),
+    "longformer": _tanh_dense_out,
+    "modernbert": lambda m, h: m.classifier(m.head.norm(m.head.act(m.head.dense(h)))),
+    "mpnet": _tanh_dense_out,
+    "gemma": _decoder,
+    "gemma2": _decoder,
+    "mixtral": _decoder,
+    "phi": _decoder,
+    "phi3": _decoder,
+    "qwen2_moe": _decoder,
+}
+FAMILIES = sorted(DIRECT_HEADS)
+EVERY_FAMILY = [
+    t for t in adapters.supported_model_types() if t not in NOT_BUILT and t not in DIRECT_HEADS
+]
+
+
+def build(model_type: str, directory: Path, tokenizer_dir: Path) -> LoadedModel:
+    torch.manual_seed(0)
+    config = tiny_config(model_type, vocab_size=VOCAB)
+    config.id2label = {0: "neg", 1: "mixed", 2: "pos"}
+    config.label2id = {v: k for k, v in config.id2label.items()}
+    AutoModelForSequenceClassification.from_config(config).save_pretrained(directory)
+    AutoTokenizer.from_pretrained(tokenizer_dir).save_pretrained(directory)
+    return load_model(directory)
+
+
+@pytest.fixture(scope="module")
+def built(
+    tmp_path_factory: pytest.TempPathFactory, tokenizer_dir: Path
+) -> Callable[[str], LoadedModel]:
+    cache: dict[str, LoadedModel] = {}
+
+    def get(model_type: str) -> LoadedModel:
+        if model_type not in cache:
+            cache[model_type] = build(
+                model_type, tmp_path_factory.mktemp(model_type), tokenizer_dir
+            )
+        return cache[model_type]
+
+    return get
+
+
+def transformers_outputs(model: LoadedModel, text: str) -> tuple[torch.Tensor, ...]:
+    """(probabilities [C], embedding output [n, K], final hidden states [n, K]) from
+    transformers' own forward passes, one unpadded text."""
+    enc = model.tokenizer(text, return_tensors="pt")
+    kwargs: dict[str, Any] = {"input_ids": enc["input_ids"]}
+    if adapters._accepts(model.model, "use_cache"):
+        kwargs["use_cache"] = False
+    base_kwargs = dict(kwargs)
+    if model.architecture == "longformer":  # as its classifier does: CLS attends globally
+        base_kwargs["global_attention_mask"] = torch.zeros_like(enc["input_ids"])
+        base_kwargs["global_attention_mask"][:, 0] = 1
+    with torch.no_grad():
+        logits = model.model(**kwargs).logits[0]
+        base = model.model.base_model(**base_kwargs, output_hidden_states=True)
+    return torch.softmax(logits, -1), base.hidden_states[0][0], base.last_hidden_state[0]
+
+
+HeadFn = Callable[[Any, torch.Tensor], torch.Tensor]
+
+
+def check_family(model: LoadedModel, direct_head: HeadFn) -> None:
+    encoded = [model.encode(t) for t in TEXTS]
+    outputs = TorchRuntime(model).run_inline(InlineBatch.from_encoded(encoded, model.pad_id))
+    method = NormXLogit()
+    for row, (text, enc) in enumerate(zip(TEXTS, encoded, strict=True)):
+        probs, h0, hl = transformers_outputs(model, text)
+        got = torch.softmax(torch.from_numpy(outputs.logits[row]), -1)
+        torch.testing.assert_close(got, probs, atol=1e-5, rtol=1e-4)
+
+        matrix = method.attribute(outputs, row, len(enc))
+        assert matrix.shape == (len(enc), model.num_labels)  # every token, every class
+        assert np.isfinite(matrix).all()
+        assert (np.abs(matrix).sum(axis=1) > 0).all()
+        with torch.no_grad():
+            expected = h0.norm(dim=-1, keepdim=True) * direct_head(model.model, hl)
+        np.testing.assert_allclose(matrix, expected.numpy(), rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("model_type", FAMILIES)
+def test_family_conformance(model_type: str, built: Callable[[str], LoadedModel]) -> None:
+    check_family(built(model_type), DIRECT_HEADS[model_type])
+
+
+@pytest.mark.parametrize("model_type", FAMILIES)
+def test_one_job_method_per_family(
+    model_type: str, built: Callable[[str], LoadedModel], tmp_path: Path
+) -> None:
+    model = built(model_type)
+    methods = MethodRegistry.builtin()
+    settings = Settings(jobs="off", drift_enabled=False, cache_dir=tmp_path)
+    method = "slalom"  # forward passes only, so it applies to every family
+    params = methods.get(method).validate_params({"num_samples": 24, "epochs": 3, "batch_size": 8})
+    spec = JobSpec(method=method, text=TEXTS[0], params=params)
+    explanation = JobRunner(model, methods, settings).run(spec)
+    scores = explanation.attribution.scores
+    assert scores.shape == (len(model.encode(TEXTS[0])),)
+    assert np.isfinite(scores).all()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model_type", EVERY_FAMILY)
+def test_every_served_family(model_type: str, built: Callable[[str], LoadedModel]) -> None:
+    """Probabilities and NormXLogit for every other family (head as derived, checked by the
+    load-time probe and here on real tokens)."""
+    model = built(model_type)
+
+    def derived(_: Any, h: torch.Tensor) -> torch.Tensor:
+        return model.adapter.head(h)
+
+    check_family(model, derived)

@@ -1,0 +1,71 @@
+"""ONNX export parity (logits, embedding norms, per-token logits) for the families added to
+EXPORTABLE, on tiny random-init models with right-padded batches."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+from limelight.errors import FailedPrecondition
+from limelight.models.loaded import LoadedModel, load_model
+from limelight.models.tiny import tiny_config
+from limelight.runtimes.onnx_export import EXPORTABLE, NOT_EXPORTABLE, export_onnx, input_names
+
+ort = pytest.importorskip("onnxruntime")
+
+NAMED = ["albert", "electra", "gemma", "gemma2", "modernbert", "mpnet", "phi", "phi3"]
+ORIGINAL = {"bert", "distilbert", "roberta", "xlm-roberta", "deberta-v2", "gpt2", "llama"}
+OTHERS = [t for t in EXPORTABLE if t not in ORIGINAL and t not in NAMED]
+
+
+def build(model_type: str, directory: Path, tokenizer_dir: Path) -> LoadedModel:
+    torch.manual_seed(0)
+    config = tiny_config(model_type, vocab_size=30522)
+    AutoModelForSequenceClassification.from_config(config).save_pretrained(directory)
+    AutoTokenizer.from_pretrained(tokenizer_dir).save_pretrained(directory)
+    return load_model(directory)
+
+
+def check_parity(model: LoadedModel, out: Path) -> None:
+    export_onnx(model, out)
+    session = ort.InferenceSession(str(out), providers=["CPUExecutionProvider"])
+    enc = model.tokenizer(
+        ["a witty and gorgeous film , sadly too long", "dull"], padding=True, return_tensors="np"
+    )
+    feeds = {name: enc[name].astype(np.int64) for name in input_names(model)}
+    logits, norms, token_logits = session.run(["logits", "embedding_norms", "token_logits"], feeds)
+    tensors = {name: torch.from_numpy(value) for name, value in feeds.items()}
+    mask = tensors["attention_mask"]
+    with torch.no_grad():
+        base = model.adapter.run_base(tensors["input_ids"], mask, tensors.get("token_type_ids"))
+        expected_tokens = model.adapter.head(base.last_hidden_state)
+        expected_logits = model.adapter.pooled_logits(base.last_hidden_state, mask)
+        expected_norms = base.hidden_states[0].norm(dim=-1)
+    np.testing.assert_allclose(logits, expected_logits.numpy(), atol=1e-4)
+    keep = mask.bool().numpy()  # padded positions are not compared
+    np.testing.assert_allclose(norms[keep], expected_norms.numpy()[keep], atol=1e-4, rtol=1e-4)
+    np.testing.assert_allclose(token_logits[keep], expected_tokens.numpy()[keep], atol=1e-4)
+
+
+@pytest.mark.parametrize("model_type", NAMED)
+def test_onnx_parity(model_type: str, tmp_path: Path, tokenizer_dir: Path) -> None:
+    model = build(model_type, tmp_path / model_type, tokenizer_dir)
+    check_parity(model, tmp_path / "graph.onnx")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model_type", OTHERS)
+def test_onnx_parity_other_families(model_type: str, tmp_path: Path, tokenizer_dir: Path) -> None:
+    model = build(model_type, tmp_path / model_type, tokenizer_dir)
+    check_parity(model, tmp_path / "graph.onnx")
+
+
+def test_not_exportable_is_refused_with_the_list(tmp_path: Path, tokenizer_dir: Path) -> None:
+    model = build("mixtral", tmp_path / "mixtral", tokenizer_dir)
+    assert "mixtral" in NOT_EXPORTABLE
+    with pytest.raises(FailedPrecondition, match="histc"):
+        export_onnx(model, tmp_path / "graph.onnx")
