@@ -80,11 +80,11 @@ class Settings(BaseSettings):
     """Length buckets: inputs of at most this many tokens may share a batch; above it a batch
     only holds inputs within a factor of two of each other, so short ones are never padded to
     long ones."""
-    batch_length_penalty: float = 0.5
+    batch_length_penalty: float = 0.25
     """Fair share between length buckets: a batch of bucket B is charged its padded tokens x
-    (B / batch_bucket_floor) ** penalty. 0: equal padded tokens per bucket; 0.5: a 512-token
-    request pays 4x its tokens, so short requests keep most of the thread, long ones a
-    guaranteed share."""
+    (B / batch_bucket_floor) ** penalty. 0: equal padded tokens per bucket; 0.25: a 512-token
+    request pays 2x its tokens, so short requests keep most of the thread, long ones a
+    guaranteed share (docs/benchmarks.md compares 0, 0.25 and 0.5)."""
     batch_anticipate_ms: float = 10.0
     """Right after a batch, while its length bucket is still owed the next turn and only other
     buckets have work, wait up to this long for its clients' next requests before starting a

@@ -15,8 +15,8 @@ still runs, alone.
 
 Scheduling between buckets is weighted start-time fair queuing: a batch of bucket ``B`` is
 charged its padded tokens x ``(B / bucket_floor) ** length_penalty`` and the bucket with waiting
-work and the least charge goes next. With the default penalty 0.5 a 512-token request is charged
-four times its tokens, so short requests get most of the thread while long ones still get a
+work and the least charge goes next. With the default penalty 0.25 a 512-token request is
+charged twice its tokens, so short requests get most of the thread while long ones still get a
 guaranteed share: neither starves (0 shares padded tokens equally). Within a bucket the order is
 first come, first served. A bucket that becomes active starts at the current virtual time, so it
 neither jumps ahead with credit saved while idle nor waits behind old debt.
@@ -58,7 +58,7 @@ class LengthPolicy:
     """Most padded tokens (items x longest item) in one batch; 0: no token budget."""
     bucket_floor: int = 32
     """Items of at most this many tokens share the first bucket; above it buckets double."""
-    length_penalty: float = 0.5
+    length_penalty: float = 0.25
     """A batch of bucket B is charged padded tokens x (B / bucket_floor) ** length_penalty."""
 
     def __post_init__(self) -> None:
@@ -123,7 +123,7 @@ class MicroBatcher(Generic[T, R]):
         max_wait_s: float = 0.0,
         max_batch_tokens: int = 0,
         bucket_floor: int = 32,
-        length_penalty: float = 0.5,
+        length_penalty: float = 0.25,
         anticipate_s: float = 0.0,
         size: Callable[[T], int] | None = None,
         on_batch: Callable[[int, list[float]], None] | None = None,
