@@ -148,3 +148,36 @@ def test_jobs_belong_to_the_token_that_submitted_them(
     with pytest.raises(grpc.RpcError) as err:
         stub.SubmitJob(other, timeout=30, metadata=alice)
     assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+
+
+def test_tls_start_up_says_what_is_wrong_and_exposes_the_expiry(
+    start_sidecar: Callable[..., RunningSidecar],
+    bert_tiny_dir: Path,
+    pki: Path,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    from limelight.api.tls_check import TlsConfigError, check_server_tls
+
+    # The client's key is not the server certificate's key.
+    with pytest.raises(TlsConfigError, match="not the private key"):
+        start_sidecar(
+            model_dir=bert_tiny_dir,
+            jobs="off",
+            tls_cert=pki / "server.pem",
+            tls_key=pki / "client.key",
+        )
+    with pytest.raises(TlsConfigError, match="not a PEM certificate"):
+        start_sidecar(
+            model_dir=bert_tiny_dir, jobs="off", tls_cert=pki / "ca.key", tls_key=pki / "ca.key"
+        )
+    side = start_sidecar(
+        model_dir=bert_tiny_dir, jobs="off", tls_cert=pki / "server.pem", tls_key=pki / "server.key"
+    )
+    expires = side.server.metrics.registry.get_sample_value(
+        "limelight_tls_certificate_expiry_timestamp_seconds"
+    )
+    assert expires == check_server_tls(pki / "server.pem", pki / "server.key")
+    # Past that moment the same files start with a warning that names the problem.
+    with caplog.at_level("WARNING", logger="limelight.api.tls_check"):
+        check_server_tls(pki / "server.pem", pki / "server.key", now=expires + 1)
+    assert any("EXPIRED" in r.getMessage() for r in caplog.records)

@@ -20,12 +20,14 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
 from grpc_reflection.v1alpha import reflection
+from prometheus_client import Gauge
 
 from limelight import __version__, tracing
 from limelight.api import oip_grpc
 from limelight.api.auth import BearerTokenInterceptor, load_tokens
 from limelight.api.http_server import HttpServer, ssl_context
 from limelight.api.servicer import SERVICE_NAME, ExplainerServicer, add_to_server
+from limelight.api.tls_check import check_server_tls
 from limelight.api.tracing import TracingInterceptor
 from limelight.app import Application, build_application
 from limelight.metrics import Metrics
@@ -115,6 +117,14 @@ class SidecarServer:
             server,
         )
         address = f"{settings.host}:{settings.port}"
+        if settings.tls_cert is not None and settings.tls_key is not None:
+            # Say what is wrong with the files (gRPC would only fail to bind), warn on expiry.
+            expires = check_server_tls(settings.tls_cert, settings.tls_key)
+            Gauge(
+                "limelight_tls_certificate_expiry_timestamp_seconds",
+                "When the server's TLS certificate expires (Unix time).",
+                registry=self.metrics.registry,
+            ).set(expires)
         credentials = server_credentials(settings)
         if credentials is None:
             self.port = server.add_insecure_port(address)
