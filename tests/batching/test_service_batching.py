@@ -1,0 +1,61 @@
+"""The served path hands token counts to the batcher: real requests of mixed lengths are
+batched by the length policy, and every one of them gets its own correct explanation."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+from limelight.app import build_application
+from limelight.batching import LengthPolicy
+from limelight.core.types import ExplainInput
+from limelight.metrics import Metrics
+from limelight.runtimes.base import InlineBatch, InlineOutputs
+from limelight.settings import Settings
+
+
+def test_mixed_lengths_are_batched_by_the_policy(bert_tiny_dir: Path) -> None:
+    settings = Settings(
+        model_dir=bert_tiny_dir,
+        jobs="off",
+        drift_enabled=False,
+        metrics_port=0,
+        default_method="normxlogit",
+        max_batch_size=8,
+        max_batch_tokens=512,
+        batch_bucket_floor=32,
+    )
+    app = build_application(settings, Metrics())
+    service = app.service
+    widths: list[list[int]] = []
+    run_inline = service.runtime.run_inline
+
+    def recording(batch: InlineBatch) -> InlineOutputs:
+        widths.append(list(batch.lengths))
+        return run_inline(batch)
+
+    service.runtime.run_inline = recording  # type: ignore[method-assign]
+    short = "a gorgeous, witty, seductive movie"
+    long = " ".join(["the plot is thin but the cast is charming"] * 60)  # > 256 tokens
+    texts = [long if i % 3 == 0 else f"{short} {i}" for i in range(36)]
+
+    async def go() -> list[int]:
+        await service.start()
+        try:
+            done = await asyncio.gather(*(service.explain(ExplainInput(text=t)) for t in texts))
+            alone = [await service.explain(ExplainInput(text=t)) for t in texts[:4]]
+        finally:
+            await service.close()
+        for together, single in zip(done, alone, strict=False):
+            assert together.label == single.label
+            assert len(together.tokens) == len(single.tokens)
+        return [len(e.tokens) for e in done]
+
+    lengths = asyncio.run(go())
+    assert any(n > 256 for n in lengths) and any(n <= 32 for n in lengths)
+    policy = LengthPolicy(8, 512, 32)
+    batched = [w for w in widths[1:] if len(w) > 1]  # after the warm-up
+    assert batched, widths  # concurrent requests did share forward passes
+    for w in widths[1:]:
+        assert len({policy.bucket(n) for n in w}) == 1, w
+        assert len(w) <= 8 and (len(w) == 1 or len(w) * max(w) <= 512), w
