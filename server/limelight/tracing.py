@@ -13,14 +13,15 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 
 from opentelemetry import context as otel_context
 from opentelemetry import trace
+from opentelemetry.context import Context
 from opentelemetry.propagate import extract, inject
-from opentelemetry.trace import Span, SpanKind, Status, StatusCode
+from opentelemetry.trace import Link, Span, SpanKind, Status, StatusCode
 
 log = logging.getLogger(__name__)
 
@@ -95,6 +96,34 @@ def job_span(method: str, job_id: str, carrier: Mapping[str, str]) -> Iterator[S
         attributes=attributes,
     ) as span:
         yield span
+
+
+def span_context() -> Any:
+    """The current span's context (to link a batch to its requests); None when tracing is off."""
+    if _provider is None:
+        return None
+    context = trace.get_current_span().get_span_context()
+    return context if context.is_valid else None
+
+
+@contextmanager
+def inline_batch(request_contexts: Sequence[Any], tokens: int) -> Iterator[Span]:
+    """An ``inline batch`` span linked to the requests it serves, with a ``forward`` child.
+
+    A micro-batch serves many requests from many traces, so it starts its own trace and links
+    to each request's span (the OpenTelemetry pattern for batches)."""
+    if _provider is None:
+        yield trace.INVALID_SPAN
+        return
+    links = [Link(c) for c in request_contexts if c is not None]
+    attributes = {"limelight.batch.size": len(request_contexts), "limelight.batch.tokens": tokens}
+    with (
+        tracer().start_as_current_span(
+            "inline batch", context=Context(), links=links, attributes=attributes
+        ),
+        tracer().start_as_current_span("forward") as forward,
+    ):
+        yield forward
 
 
 def flush(timeout_s: float = 30.0) -> bool:

@@ -122,5 +122,22 @@ def test_rpc_and_http_spans_reach_an_otlp_receiver(
         if a.key == "rpc.grpc.status_code_name"
     }
     assert codes == {"OK", "INVALID_ARGUMENT"}
+    # The micro-batch that served the traced request links to it; the forward pass is its child.
+    batches = [
+        s
+        for _, s in receiver.spans
+        if s.name == "inline batch"
+        and any(
+            link.trace_id == explain.trace_id and link.span_id == explain.span_id
+            for link in s.links
+        )
+    ]
+    assert len(batches) == 1
+    (forward,) = [
+        s
+        for _, s in receiver.spans
+        if s.name == "forward" and s.parent_span_id == batches[0].span_id
+    ]
+    assert forward.trace_id == batches[0].trace_id
     (http,) = [s for _, s in receiver.spans if s.name == "HTTP v2.ServerReady"]
     assert http.trace_id.hex() == TRACE_ID and http.parent_span_id.hex() == PARENT_ID

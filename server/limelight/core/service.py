@@ -67,6 +67,8 @@ class _InlineItem:
     encoded: Encoded
     method: InlineMethod
     submitted: float
+    trace: Any = None
+    """The request's span context, to link its micro-batch to it (tracing on)."""
 
     def size(self) -> int:
         """Tokens, for the batcher's length policy."""
@@ -325,7 +327,8 @@ class ExplanationService:
         if self._gate is not None:
             self._gate.enter()
         try:
-            outputs = self.runtime.run_inline(batch)
+            with tracing.inline_batch([i.trace for i in items], batch.input_ids.size):
+                outputs = self.runtime.run_inline(batch)
         finally:
             if self._gate is not None:
                 self._gate.exit()
@@ -362,7 +365,7 @@ class ExplanationService:
         encoded = await self.encode_async(request.text, request.text_pair)
         tokenized = time.monotonic()
         result = await self._batcher.submit(
-            _InlineItem(encoded, method, tokenized), request.deadline
+            _InlineItem(encoded, method, tokenized, tracing.span_context()), request.deadline
         )
         explanation = self._assemble(request, encoded, method, result)
         timings = explanation.timings
