@@ -181,3 +181,29 @@ def test_tls_start_up_says_what_is_wrong_and_exposes_the_expiry(
     with caplog.at_level("WARNING", logger="limelight.api.tls_check"):
         check_server_tls(pki / "server.pem", pki / "server.key", now=expires + 1)
     assert any("EXPIRED" in r.getMessage() for r in caplog.records)
+
+
+def test_rotated_tokens_file_is_picked_up_without_a_restart(
+    start_sidecar: Callable[..., RunningSidecar], bert_tiny_dir: Path, tmp_path: Path
+) -> None:
+    tokens = tmp_path / "tokens"
+    tokens.write_text("old-token\n")
+    side = start_sidecar(model_dir=bert_tiny_dir, jobs="off", auth_tokens_file=tokens)
+    stub = explainer_pb2_grpc.ExplainerStub(grpc.insecure_channel(side.target))
+    request = pb.GetModelRequest()
+
+    def accepted(token: str) -> bool:
+        try:
+            stub.GetModel(request, timeout=10, metadata=(("authorization", f"Bearer {token}"),))
+        except grpc.RpcError as exc:
+            assert exc.code() == grpc.StatusCode.UNAUTHENTICATED
+            return False
+        return True
+
+    assert accepted("old-token") and not accepted("new-token")
+    replacement = tmp_path / "tokens.new"
+    replacement.write_text("new-token\n")
+    replacement.replace(tokens)  # an atomic swap, as a secret volume update does
+    while not accepted("new-token"):  # picked up within the store's check interval
+        pass
+    assert not accepted("old-token")

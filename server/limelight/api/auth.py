@@ -9,13 +9,18 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-from collections.abc import Awaitable, Callable, Iterable
+import logging
+import threading
+import time
+from collections.abc import Awaitable, Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
 import grpc
 
 from limelight.settings import Settings
+
+log = logging.getLogger(__name__)
 
 _PROTECTED_PREFIXES = ("/limelight.v1.", "/inference.GRPCInferenceService/")
 _OPEN_METHODS = frozenset(
@@ -32,6 +37,54 @@ def load_tokens(settings: Settings) -> list[bytes]:
     if settings.auth_token:
         tokens.append(settings.auth_token.strip())
     return [t.encode() for t in tokens]
+
+
+class TokenStore:
+    """The accepted tokens, re-read when ``auth_tokens_file`` changes (rotation without a
+    restart). Iterating yields the current tokens; the file is checked at most every
+    ``check_s`` seconds, and a file that cannot be read keeps the previous tokens."""
+
+    def __init__(self, settings: Settings, check_s: float = 1.0) -> None:
+        self.settings = settings
+        self.check_s = check_s
+        self._lock = threading.Lock()
+        self._checked = time.monotonic()
+        self._stamp = self._file_stamp()
+        self._tokens = load_tokens(settings)
+
+    def _file_stamp(self) -> tuple[int, int] | None:
+        path = self.settings.auth_tokens_file
+        if path is None:
+            return None
+        try:
+            info = Path(path).stat()
+        except OSError:
+            return None
+        return info.st_mtime_ns, info.st_size
+
+    def current(self) -> list[bytes]:
+        with self._lock:
+            now = time.monotonic()
+            if self.settings.auth_tokens_file is not None and now - self._checked >= self.check_s:
+                self._checked = now
+                stamp = self._file_stamp()
+                if stamp is not None and stamp != self._stamp:
+                    try:
+                        tokens = load_tokens(self.settings)
+                    except OSError as exc:
+                        log.warning("bearer tokens not reloaded: %s", exc)
+                    else:
+                        self._stamp = stamp
+                        self._tokens = tokens
+                        log.info("bearer tokens reloaded: %d accepted", len(tokens))
+            return self._tokens
+
+    def __iter__(self) -> Iterator[bytes]:
+        return iter(self.current())
+
+    def __bool__(self) -> bool:
+        """Whether auth is on (a tokens file or a token is configured)."""
+        return self.settings.auth_tokens_file is not None or bool(self.settings.auth_token)
 
 
 def needs_token(method: str) -> bool:
@@ -78,7 +131,8 @@ def principal(context: grpc.aio.ServicerContext) -> str:
 
 class BearerTokenInterceptor(grpc.aio.ServerInterceptor):
     def __init__(self, tokens: Iterable[bytes]) -> None:
-        self._tokens = list(tokens)
+        # A TokenStore stays live (reloads on change); anything else is a fixed list.
+        self._tokens = tokens if isinstance(tokens, TokenStore) else list(tokens)
 
     def _allowed(self, metadata: Any) -> bool:
         for key, value in metadata or ():

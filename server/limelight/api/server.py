@@ -24,7 +24,7 @@ from prometheus_client import Gauge
 
 from limelight import __version__, tracing
 from limelight.api import oip_grpc
-from limelight.api.auth import BearerTokenInterceptor, load_tokens
+from limelight.api.auth import BearerTokenInterceptor, TokenStore
 from limelight.api.http_server import HttpServer, ssl_context
 from limelight.api.servicer import SERVICE_NAME, ExplainerServicer, add_to_server
 from limelight.api.tls_check import check_server_tls
@@ -92,7 +92,7 @@ class SidecarServer:
     async def start(self) -> None:
         settings = self.settings
         self._stopping = asyncio.Event()
-        tokens = load_tokens(settings)
+        tokens = TokenStore(settings)  # the tokens file is re-read when it changes
         interceptors: list[grpc.aio.ServerInterceptor] = []
         if tracing.setup_tracing():  # OTEL_* variables; off by default
             interceptors.append(TracingInterceptor())
