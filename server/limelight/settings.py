@@ -55,6 +55,9 @@ class Settings(BaseSettings):
     metrics_port: int = 9464
     """HTTP port: Prometheus ``/metrics``, the Open Inference Protocol REST routes (``/v2/...``)
     and KServe v1 (``/v1/models/NAME:predict|:explain``); 0 disables the HTTP endpoint."""
+    health_port: int = 0
+    """Plaintext port serving only the gRPC health service, for kubelet gRPC probes (which
+    cannot speak TLS) when the main port uses TLS; 0: off."""
     http_tls: bool = True
     """Serve the HTTP port with TLS too when ``tls_cert``/``tls_key`` are set (same client CA);
     false keeps it plain HTTP, e.g. for a Prometheus without client certificates."""

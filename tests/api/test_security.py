@@ -207,3 +207,24 @@ def test_rotated_tokens_file_is_picked_up_without_a_restart(
     while not accepted("new-token"):  # picked up within the store's check interval
         pass
     assert not accepted("old-token")
+
+
+def test_plaintext_health_port_for_probes_beside_a_tls_port(
+    start_sidecar: Callable[..., RunningSidecar], bert_tiny_dir: Path, pki: Path
+) -> None:
+    from tests.conftest import free_port
+
+    side = start_sidecar(
+        model_dir=bert_tiny_dir,
+        jobs="off",
+        tls_cert=pki / "server.pem",
+        tls_key=pki / "server.key",
+        health_port=free_port(),
+    )
+    probe = grpc.insecure_channel(f"127.0.0.1:{side.server.health_port}")
+    status = health_pb2_grpc.HealthStub(probe).Check(health_pb2.HealthCheckRequest(), timeout=10)
+    assert status.status == health_pb2.HealthCheckResponse.SERVING
+    # Nothing but health is served in plaintext.
+    with pytest.raises(grpc.RpcError) as err:
+        explainer_pb2_grpc.ExplainerStub(probe).Explain(pb.ExplainRequest(text="x"), timeout=10)
+    assert err.value.code() == grpc.StatusCode.UNIMPLEMENTED

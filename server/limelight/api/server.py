@@ -74,6 +74,8 @@ class SidecarServer:
         self.app: Application | None = None
         self._health: Any = None
         self._server: grpc.aio.Server | None = None
+        self._probes: grpc.aio.Server | None = None
+        self.health_port = settings.health_port
         self._servicer = ExplainerServicer(self.metrics)
         self._inference = oip_grpc.InferenceServicer(self._servicer, __version__)
         self._stopping: asyncio.Event | None = None
@@ -133,6 +135,14 @@ class SidecarServer:
         await self._set_health(False)
         await server.start()
         self._server = server
+        if settings.health_port:
+            # Health only, plaintext: kubelet gRPC probes cannot use TLS. Nothing else is
+            # served here, so the main port can require TLS and tokens.
+            probes = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
+            health_pb2_grpc.add_HealthServicer_to_server(self._health, probes)
+            self.health_port = probes.add_insecure_port(f"{settings.host}:{settings.health_port}")
+            await probes.start()
+            self._probes = probes
         if settings.metrics_port:
             http = HttpServer(
                 settings, self.metrics, lambda: self._servicer.service, tokens, __version__
@@ -188,6 +198,9 @@ class SidecarServer:
         if self._server is not None:
             self._servicer.end_calls()
             await self._server.stop(grace=max(0.05, deadline - time.monotonic()))
+        if self._probes is not None:
+            await self._probes.stop(0)
+            self._probes = None
         if self.app is not None:
             await self.app.service.close()
         if self._http is not None:
