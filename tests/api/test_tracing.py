@@ -3,52 +3,30 @@
 
 from __future__ import annotations
 
-import threading
 import urllib.request
 from collections.abc import Iterator
-from concurrent import futures
 from typing import Any
 
 import grpc
 import pytest
-from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
 
 from limelight import tracing
 from limelight_client.proto import explainer_pb2 as pb
 from limelight_client.proto import explainer_pb2_grpc
-from tests.conftest import free_port
+from tests.otlp_receiver import Receiver, running_receiver
 
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
 PARENT_ID = "00f067aa0ba902b7"
 
 
-class Receiver(trace_service_pb2_grpc.TraceServiceServicer):
-    def __init__(self) -> None:
-        self.spans: list[Any] = []
-        self.lock = threading.Lock()
-
-    def Export(self, request: Any, context: Any) -> Any:
-        with self.lock:
-            for resource in request.resource_spans:
-                for scope in resource.scope_spans:
-                    self.spans.extend((resource.resource, s) for s in scope.spans)
-        return trace_service_pb2.ExportTraceServiceResponse()
-
-
 @pytest.fixture
 def receiver(monkeypatch: pytest.MonkeyPatch) -> Iterator[Receiver]:
     """An OTLP/gRPC receiver on a free port, and the OTEL_* variables pointing at it."""
-    collected = Receiver()
-    server = grpc.server(futures.ThreadPoolExecutor(2))
-    trace_service_pb2_grpc.add_TraceServiceServicer_to_server(collected, server)
-    port = free_port()
-    server.add_insecure_port(f"127.0.0.1:{port}")
-    server.start()
-    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", f"http://127.0.0.1:{port}")
-    monkeypatch.setenv("OTEL_EXPORTER_OTLP_INSECURE", "true")
-    monkeypatch.setenv("OTEL_BSP_SCHEDULE_DELAY", "50")
-    yield collected
-    server.stop(None)
+    with running_receiver() as collected:
+        monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", collected.endpoint)
+        monkeypatch.setenv("OTEL_EXPORTER_OTLP_INSECURE", "true")
+        monkeypatch.setenv("OTEL_BSP_SCHEDULE_DELAY", "50")
+        yield collected
 
 
 def test_a_job_run_is_a_child_of_the_request_that_submitted_it(
