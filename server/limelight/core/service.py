@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 import time
+import weakref
 from collections.abc import AsyncIterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -108,56 +110,72 @@ def _chars(item: tuple[str, str | None]) -> int:
     return len(item[0]) + len(item[1] or "")
 
 
+_BACKENDS: weakref.WeakKeyDictionary[Any, dict[int, Any]] = weakref.WeakKeyDictionary()
+_BACKENDS_LOCK = threading.Lock()
+
+
+def _truncating_backend(tokenizer: Any, limit: int) -> Any:
+    """A private copy of the fast tokenizer's Rust backend that truncates at ``limit`` like
+    ``tokenizer(..., truncation=True, max_length=limit)``. A copy, because the Hugging Face
+    wrapper reconfigures its own backend on every call (other threads use it too); calling the
+    backend directly skips the wrapper's per-token conversion to Python lists."""
+    with _BACKENDS_LOCK:
+        per_limit = _BACKENDS.setdefault(tokenizer, {})
+        backend = per_limit.get(limit)
+        if backend is None:
+            from tokenizers import Tokenizer
+
+            backend = Tokenizer.from_str(tokenizer.backend_tokenizer.to_str())
+            backend.no_padding()
+            backend.enable_truncation(
+                max_length=limit,
+                stride=0,
+                strategy="longest_first",
+                direction=tokenizer.truncation_side,
+            )
+            backend.encode_special_tokens = bool(getattr(tokenizer, "split_special_tokens", False))
+            per_limit[limit] = backend
+        return backend
+
+
 def encode_batch(
     model: LoadedModel,
     inputs: Sequence[tuple[str, str | None]],
     max_tokens: int | None = None,
     truncation: Literal["truncate", "reject"] = "truncate",
 ) -> list[Encoded | LimelightError]:
-    """Tokenise many inputs with one call of the fast tokenizer per kind (single texts, pairs).
+    """Tokenise many inputs with one call of the fast tokenizer.
 
     Same result as ``LoadedModel.encode`` for each input; an input the truncation policy
     rejects gets its error in its place instead of failing the others."""
     limit = min(max_tokens or model.max_tokens, model.max_tokens)
-    results: list[Encoded | LimelightError | None] = [None] * len(inputs)
-    singles = [i for i, (_, pair) in enumerate(inputs) if pair is None]
-    pairs = [i for i, (_, pair) in enumerate(inputs) if pair is not None]
+    backend = _truncating_backend(model.tokenizer, limit)
+    batch = [text if pair is None else (text, pair) for text, pair in inputs]
+    encodings = backend.encode_batch(batch, add_special_tokens=True)
     with_types = model.adapter.uses_token_type_ids
-    for group in (singles, pairs):
-        if not group:
+    results: list[Encoded | LimelightError] = []
+    for index, enc in enumerate(encodings):
+        truncated = bool(enc.overflowing)
+        if truncated and truncation == "reject":
+            try:  # the exact error message (token count) from the one-by-one path
+                results.append(model.encode(*inputs[index], max_tokens, truncation))
+            except LimelightError as exc:
+                results.append(exc)
             continue
-        texts = [inputs[i][0] for i in group]
-        others = [inputs[i][1] for i in group] if group is pairs else None
-        batch = model.tokenizer(
-            texts,
-            others,
-            return_offsets_mapping=True,
-            return_special_tokens_mask=True,
-            truncation=True,
-            max_length=limit,
-        )
-        for index, enc in zip(group, batch.encodings, strict=True):
-            truncated = bool(enc.overflowing)
-            if truncated and truncation == "reject":
-                try:  # the exact error message (token count) from the one-by-one path
-                    results[index] = model.encode(*inputs[index], max_tokens, truncation)
-                except LimelightError as exc:
-                    results[index] = exc
-                continue
-            tokens = [
-                TokenInfo(text, tid, start, end, bool(special), segment or 0)
-                for text, tid, (start, end), special, segment in zip(
-                    enc.tokens,
-                    enc.ids,
-                    enc.offsets,
-                    enc.special_tokens_mask,
-                    enc.sequence_ids,
-                    strict=True,
-                )
-            ]
-            types = list(enc.type_ids) if with_types else None
-            results[index] = Encoded(list(enc.ids), types, tokens, truncated)
-    return [r for r in results if r is not None]
+        ids = enc.ids
+        tokens = [
+            TokenInfo(text, tid, start, end, bool(special), segment or 0)
+            for text, tid, (start, end), special, segment in zip(
+                enc.tokens,
+                ids,
+                enc.offsets,
+                enc.special_tokens_mask,
+                enc.sequence_ids,
+                strict=True,
+            )
+        ]
+        results.append(Encoded(ids, enc.type_ids if with_types else None, tokens, truncated))
+    return results
 
 
 def resolve_target(model: LoadedModel, target: TargetSpec | None, predicted: int) -> int:
