@@ -201,9 +201,14 @@ OVERRIDES: dict[str, Override] = {
         head=_distilbert_head, note="ReLU between pre_classifier and classifier"
     ),
     "longformer": Override(
-        base_kwargs=_longformer_globals, note="global attention on the first token"
+        base_kwargs=_longformer_globals,
+        note="declared input: global attention on the first token, as its classifier",
     ),
-    "modernbert": Override(pooling=_modernbert_pooling, note="cls or mean pooling"),
+    "modernbert": Override(
+        pooling=_modernbert_pooling,
+        note="declared pooling from classifier_pooling: cls is served, mean is derived "
+        "and checked but not served until the runtime uses pooled_logits",
+    ),
     "eurobert": Override(pooling=_eurobert_pooling, note="bos, mean or late (mean of logits)"),
 }
 
@@ -226,8 +231,7 @@ REFUSED: dict[str, str] = {
         )
     },
     **{
-        t: "not text-only: built for layout, image, entity or table inputs besides the tokens "
-        "(for gemma3 and qwen3_5 serve the *_text variant)"
+        t: "not text-only: built for layout, image, entity or table inputs besides the tokens"
         for t in (
             "layoutlm",
             "layoutlmv2",
@@ -235,14 +239,16 @@ REFUSED: dict[str, str] = {
             "lilt",
             "luke",
             "markuplm",
-            "gemma3",
             "modernvbert",
             "perceiver",
-            "qwen3_5",
             "tapas",
             "ultravbert",
         )
     },
+    "gemma3": "multimodal classifier with a vision tower; text classifiers of this family are "
+    "gemma3_text, which is served",
+    "qwen3_5": "multimodal classifier with a vision tower; text classifiers of this family are "
+    "qwen3_5_text, which is served",
     "funnel": "the encoder pools the sequence to fewer positions, so final hidden states do "
     "not line up with the input tokens",
     "xlnet": "the head reads the last position whatever the padding, so right-padded batches "
@@ -366,7 +372,7 @@ class GenericAdapter(HeadAdapter):
             out.append(_Candidate(f"pooler+{names}", chained([*pre, *chain]), poolings))
         return out
 
-    def derive(self, probe_ids: Sequence[Sequence[int]] | None = None) -> HeadAdapter:
+    def derive(self, probe_ids: Sequence[Sequence[int]] | None = None) -> GenericAdapter:
         """Find the head and pooling that reproduce the model's logits; refuse otherwise.
 
         The probe runs in eval mode (no dropout); the model's mode is restored afterwards.
@@ -378,7 +384,7 @@ class GenericAdapter(HeadAdapter):
         finally:
             self.model.train(training)
 
-    def _derive(self, probe_ids: Sequence[Sequence[int]] | None) -> HeadAdapter:
+    def _derive(self, probe_ids: Sequence[Sequence[int]] | None) -> GenericAdapter:
         rows = [list(r) for r in probe_ids] if probe_ids else self._synthetic_probe()
         if len(rows) < 2 or min(len(r) for r in rows) < 2:
             raise ValueError("the probe needs two rows of at least two tokens")

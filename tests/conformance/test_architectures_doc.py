@@ -1,0 +1,48 @@
+"""docs/architectures.md covers the installed transformers, and its generator works."""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+import sys
+from pathlib import Path
+from types import ModuleType
+
+from limelight.models.adapters import REFUSED, sequence_classification_types
+
+ROOT = Path(__file__).resolve().parents[2]
+DOC = ROOT / "docs" / "architectures.md"
+
+
+def generator() -> ModuleType:
+    spec = importlib.util.spec_from_file_location(
+        "architectures", ROOT / "scripts/architectures.py"
+    )
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_every_installed_architecture_is_in_the_table() -> None:
+    rows = dict(re.findall(r"^\| `([^`]+)` \| (\w+) \|", DOC.read_text(), flags=re.M))
+    assert set(rows) == set(sequence_classification_types()), "regenerate docs/architectures.md"
+    for model_type, reason in REFUSED.items():
+        assert rows[model_type] == "refused", (model_type, reason)
+    for named in ("modernbert", "electra", "albert", "mpnet", "longformer", "phi", "gemma"):
+        assert rows[named] == "served"
+
+
+def test_generator_rows() -> None:
+    survey_one = generator().survey_one
+    assert survey_one("bart").status == "refused"
+    served = survey_one("mpnet")
+    assert served.status == "served" and "first pooling" in served.detail
+    assert served.onnx == "yes"
+    late = survey_one("eurobert")
+    assert late.status == "refused" and "late pooling" in late.detail
+
+
+def test_readme_links_the_table() -> None:
+    assert "docs/architectures.md" in (ROOT / "README.md").read_text()
