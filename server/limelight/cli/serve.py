@@ -21,7 +21,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     add_model_args(p)
     p.add_argument("--host", help="bind address (default 127.0.0.1; 0.0.0.0 in containers)")
     p.add_argument("--port", type=int, help="gRPC port (default 50051; 0 picks a free one)")
-    p.add_argument("--metrics-port", type=int, help="Prometheus port (default 9464; 0: off)")
+    p.add_argument(
+        "--metrics-port",
+        type=int,
+        help="HTTP port: /metrics, Open Inference Protocol REST, KServe v1 (default 9464; 0: off)",
+    )
+    p.add_argument(
+        "--model-name", help="name OIP/KServe clients address (default: the model directory's)"
+    )
     p.add_argument("--runtime", choices=["torch", "onnx"], help="inline runtime (default torch)")
     p.add_argument("--onnx-path", type=Path, help="exported graph for --runtime onnx")
     p.add_argument("--lm-head", dest="lm_head_dir", type=Path, help="masked-LM head directory")
@@ -38,6 +45,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     p.add_argument("--tls-cert", type=Path, help="server certificate (PEM)")
     p.add_argument("--tls-key", type=Path, help="server key (PEM)")
     p.add_argument("--tls-client-ca", type=Path, help="require client certs signed by this CA")
+    p.add_argument(
+        "--http-tls",
+        action=argparse.BooleanOptionalAction,
+        help="TLS on the HTTP port too when TLS is on (default: yes)",
+    )
     p.add_argument("--auth-tokens-file", type=Path, help="accepted bearer tokens, one per line")
     p.add_argument("--grace-period-s", type=float, help="SIGTERM drain time")
     p.add_argument("--log-level", help="DEBUG, INFO, WARNING, ...")
