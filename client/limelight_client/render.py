@@ -63,6 +63,23 @@ def _scale(values: Sequence[float], tokens: Sequence[Token]) -> float:
     return max(mags, default=0.0)
 
 
+def contrast_centre(values: Sequence[float], tokens: Sequence[Token]) -> float:
+    """The score that colours as white: 0, unless every token's score has one sign and they
+    are close in size (NormXLogit often is: every token positive). Then the median, so that
+    colour shows which tokens matter more or less than a typical token instead of painting the
+    whole text one shade."""
+    vals = sorted(
+        v for v, t in zip(values, tokens, strict=False) if not t.special and math.isfinite(v)
+    )
+    if len(vals) < 3 or (vals[0] < 0 < vals[-1]):
+        return 0.0
+    top = max(abs(vals[0]), abs(vals[-1]))
+    if top == 0 or (vals[-1] - vals[0]) > 0.5 * top:
+        return 0.0
+    mid = len(vals) // 2
+    return vals[mid] if len(vals) % 2 else (vals[mid - 1] + vals[mid]) / 2
+
+
 def _fmt(value: float, scale: float) -> str:
     if not math.isfinite(value):
         return str(value)
@@ -189,7 +206,9 @@ def to_terminal(exp: Explanation, scores: str = "scores", color: bool | None = N
     """
     use_color = _color_enabled(color)
     values = exp.score_array(scores)
-    scale = _scale(values, exp.tokens)
+    centre = contrast_centre(values, exp.tokens)
+    shown = [v - centre for v in values]  # colours; the numbers printed stay the raw scores
+    scale = _scale(shown, exp.tokens)
     lines: list[str] = []
 
     head = f"{_safe(exp.label)} (class {exp.label_index})"
@@ -216,7 +235,8 @@ def to_terminal(exp: Explanation, scores: str = "scores", color: bool | None = N
                 continue
             value = values[span.token]
             if use_color:
-                parts.append(_ansi(text, color_for(value, scale), _text_color(value, scale)))
+                tone = shown[span.token]
+                parts.append(_ansi(text, color_for(tone, scale), _text_color(tone, scale)))
             else:
                 parts.append(f"{text}[{_fmt(value, scale)}]")
         prefix = "text pair: " if segment == 1 else ""
@@ -235,10 +255,17 @@ def to_terminal(exp: Explanation, scores: str = "scores", color: bool | None = N
         pos = "".join(
             _ansi(" ", color_for(scale * (k + 1) / steps, scale), (0, 0, 0)) for k in range(steps)
         )
-        lines.append(
-            f"{name}{_fmt(-scale, scale)} {neg}0{pos} {_fmt(scale, scale)}   "
-            + (f"red supports {explained}, blue speaks against it" if explained else "")
-        )
+        if centre:
+            lines.append(
+                f"{name}{_fmt(centre - scale, scale)} {neg}{_fmt(centre, scale)}{pos} "
+                f"{_fmt(centre + scale, scale)}   every score has one sign: colours are "
+                "centred on the median (red: more than a typical token, blue: less)"
+            )
+        else:
+            lines.append(
+                f"{name}{_fmt(-scale, scale)} {neg}0{pos} {_fmt(scale, scale)}   "
+                + (f"red supports {explained}, blue speaks against it" if explained else "")
+            )
     else:
         lines.append(
             f"{name}scores in brackets (max |score| {_fmt(scale, scale).lstrip('+')})"
@@ -283,19 +310,25 @@ def _esc(text: str) -> str:
 
 
 def _html_map(exp: Explanation, name: str, values: list[float]) -> str:
-    scale = _scale(values, exp.tokens)
+    centre = contrast_centre(values, exp.tokens)
+    shown = [v - centre for v in values]
+    scale = _scale(shown, exp.tokens)
     out = [f'<div class="map"><h2>{_esc(name)}</h2>']
     explained = _explained_class(exp, name)
-    meaning = (
-        f"red supports {explained}, blue speaks against it (scaled to max |score|)"
-        if explained
-        else "red > 0, blue < 0 (scaled to max |score|)"
-    )
+    if centre:
+        meaning = (
+            f"every score has one sign: white is the median {_fmt(centre, scale)}; red tokens "
+            "matter more than a typical token, blue less"
+        )
+    elif explained:
+        meaning = f"red supports {explained}, blue speaks against it (scaled to max |score|)"
+    else:
+        meaning = "red > 0, blue < 0 (scaled to max |score|)"
     grad = f"linear-gradient(to right,{_rgb_css(_BLUE)},#fff,{_rgb_css(_RED)})"
     out.append(
-        f'<div class="legend"><span>{_esc(_fmt(-scale, scale))}</span>'
+        f'<div class="legend"><span>{_esc(_fmt(centre - scale, scale))}</span>'
         f'<span class="grad" style="background:{grad}"></span>'
-        f"<span>{_esc(_fmt(scale, scale))}</span><span>{_esc(meaning)}</span></div>"
+        f"<span>{_esc(_fmt(centre + scale, scale))}</span><span>{_esc(meaning)}</span></div>"
     )
     for segment in segments(exp):
         if segment == 1:
@@ -308,7 +341,8 @@ def _html_map(exp: Explanation, name: str, values: list[float]) -> str:
             value = values[span.token]
             tok = exp.tokens[span.token]
             tip = f"{tok.text} (id {tok.id}): {_fmt(value, scale)}"
-            bg, fg = color_for(value, scale), _text_color(value, scale)
+            tone = shown[span.token]
+            bg, fg = color_for(tone, scale), _text_color(tone, scale)
             parts.append(
                 f'<span class="tok" style="background:{_rgb_css(bg)};color:{_rgb_css(fg)}" '
                 f'title="{_esc(tip)}" data-score="{value:.6g}">{_esc(span.text)}</span>'

@@ -11,7 +11,7 @@ import pytest
 
 from limelight_client import Explanation
 from limelight_client.proto import explainer_pb2 as pb
-from limelight_client.render import color_for, layout
+from limelight_client.render import color_for, contrast_centre, layout
 
 Factory = Callable[..., pb.ExplainResponse]
 
@@ -217,3 +217,47 @@ def test_words_keep_segments_apart(response_factory: Factory) -> None:
     assert sum(w.score for w in exp.words()) == pytest.approx(
         sum(s for t, s in zip(exp.tokens, exp.scores, strict=True) if not t.special)
     )
+
+
+def _uniform_positive() -> Explanation:
+    """Scores that all share one sign and are close in size (NormXLogit's usual look)."""
+    words = ["a", "gorgeous", "movie", "indeed"]
+    tokens = [pb.Token(text="[CLS]", id=101, special=True)]
+    start = 0
+    for w in words:
+        tokens.append(pb.Token(text=w, id=1000 + len(tokens), start=start, end=start + len(w)))
+        start += len(w) + 1
+    tokens.append(pb.Token(text="[SEP]", id=102, special=True))
+    msg = pb.ExplainResponse(
+        label="fresh",
+        label_index=1,
+        labels=["rotten", "fresh"],
+        probabilities=[0.1, 0.9],
+        explanation=pb.Explanation(
+            method="normxlogit",
+            target_index=1,
+            target_label="fresh",
+            tokens=tokens,
+            scores=[9.0, 2.0, 2.6, 2.1, 2.2, 9.0],
+        ),
+    )
+    return Explanation.from_proto(msg, text=" ".join(words))
+
+
+def test_one_signed_near_uniform_scores_still_show_contrast(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.delenv("NO_COLOR", raising=False)
+    exp = _uniform_positive()
+    assert contrast_centre(exp.scores, exp.tokens) == pytest.approx(2.15)
+    out = exp.to_terminal()
+    line = next(row for row in out.splitlines() if "gorgeous" in ANSI.sub("", row))
+    colours = [tuple(map(int, m)) for m in BG.findall(line)]
+    # The strongest token gets the full red, the weakest a clear blue: not one shade of red.
+    assert color_for(1.0, 1.0) in colours and color_for(-1.0, 3.0) in colours
+    assert "centred on the median" in ANSI.sub("", out)
+    page = tmp_path / "m.html"
+    exp.to_html(page)
+    assert "white is the median" in page.read_text()
+    # Mixed signs keep zero as white.
+    assert contrast_centre([0.0, 1.0, -0.5, 0.0], _uniform_positive().tokens[:4]) == 0.0
