@@ -53,6 +53,7 @@ from torch import nn
 from limelight.core.types import Encoded, FloatArray
 from limelight.errors import FailedPrecondition, InvalidArgument
 from limelight.methods.base import JobContext, JobMethod, MethodOutput, Param
+from limelight.methods.head_mask import resolve_head_mask
 
 if TYPE_CHECKING:
     from limelight.models.loaded import LoadedModel
@@ -561,8 +562,6 @@ class HeadMaskedLRP(JobMethod):
     def run(
         self, ctx: JobContext, encoded: Encoded, target: int, params: Mapping[str, Any]
     ) -> MethodOutput:
-        from limelight.methods.head_calibration import resolve_head_mask
-
         reason = self.unavailable_reason(ctx.model)
         if reason:
             raise FailedPrecondition(reason)
