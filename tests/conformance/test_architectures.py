@@ -58,7 +58,10 @@ DIRECT_HEADS: dict[str, Callable[[Any, torch.Tensor], torch.Tensor]] = {
 }
 FAMILIES = sorted(DIRECT_HEADS)
 EVERY_FAMILY = [
-    t for t in adapters.supported_model_types() if t not in NOT_BUILT and t not in DIRECT_HEADS
+    t
+    for t in adapters.supported_model_types()
+    # eurobert's default late pooling is refused at load time (test_adapters covers it)
+    if t not in NOT_BUILT and t not in DIRECT_HEADS and t != "eurobert"
 ]
 
 
@@ -108,7 +111,9 @@ def transformers_outputs(model: LoadedModel, text: str) -> tuple[torch.Tensor, .
 HeadFn = Callable[[Any, torch.Tensor], torch.Tensor]
 
 
-def check_family(model: LoadedModel, direct_head: HeadFn) -> None:
+def check_family(model: LoadedModel, direct_head: HeadFn, atol: float = 1e-5) -> None:
+    """``atol``: on scores (norm × logit); batch padding may move logits by up to the 1e-4
+    the load-time check allows in families whose mixing sees padded positions."""
     encoded = [model.encode(t) for t in TEXTS]
     outputs = TorchRuntime(model).run_inline(InlineBatch.from_encoded(encoded, model.pad_id))
     method = NormXLogit()
@@ -123,7 +128,7 @@ def check_family(model: LoadedModel, direct_head: HeadFn) -> None:
         assert (np.abs(matrix).sum(axis=1) > 0).all()
         with torch.no_grad():
             expected = h0.norm(dim=-1, keepdim=True) * direct_head(model.model, hl)
-        np.testing.assert_allclose(matrix, expected.numpy(), rtol=1e-4, atol=1e-5)
+        np.testing.assert_allclose(matrix, expected.numpy(), rtol=1e-4, atol=atol)
 
 
 @pytest.mark.parametrize("model_type", FAMILIES)
@@ -157,4 +162,5 @@ def test_every_served_family(model_type: str, built: Callable[[str], LoadedModel
     def derived(_: Any, h: torch.Tensor) -> torch.Tensor:
         return model.adapter.head(h)
 
-    check_family(model, derived)
+    # ConvBERT's span convolution and Nystromformer's landmarks see padded positions.
+    check_family(model, derived, atol=1e-3 if model_type in ("convbert", "nystromformer") else 1e-5)
