@@ -15,6 +15,12 @@ INPUTS: list[tuple[str, str | None]] = [
     ("word " * 400, None),  # over the limit: truncated
     ("a man sleeps " * 50, "a person rests " * 50),  # a truncated pair
     ("x", None),
+    # Far over the limit: tokenised from a prefix when the kept tokens end well before the cut,
+    # else whole; either way the same as tokenising everything.
+    (". " * 1000, None),
+    ("word " * 2000, None),
+    ("x" * 600 + " word" * 100, None),  # the cut falls inside an over-long word
+    ("naïve café " * 400, None),
 ]
 
 
@@ -25,7 +31,9 @@ def test_encode_batch_matches_encode(bert_tiny_dir: Path) -> None:
         single = [model.encode(text, pair, limit, "truncate") for text, pair in INPUTS]
         assert batch == single
         if limit == 64:
-            assert [e.truncated for e in single] == [False, False, False, True, True, False]
+            assert [e.truncated for e in single] == [False, False, False] + [True] * 2 + [False] + [
+                True
+            ] * 4
 
 
 def test_encode_batch_rejects_only_the_over_long_inputs(bert_tiny_dir: Path) -> None:

@@ -104,6 +104,8 @@ def validate_text(text: str, text_pair: str | None, max_chars: int) -> None:
 
 _TOKENIZE_BUCKET_CHARS = 512
 _INLINE_TOKENIZE_CHARS = 1_000
+_PREFIX_CHARS_PER_TOKEN = 8
+_PREFIX_MARGIN_CHARS = 256
 _TOKENIZE_BATCH_CHARS = 32_768
 
 
@@ -151,8 +153,23 @@ def encode_batch(
     rejects gets its error in its place instead of failing the others."""
     limit = min(max_tokens or model.max_tokens, model.max_tokens)
     backend = _truncating_backend(model.tokenizer, limit)
-    batch = [text if pair is None else (text, pair) for text, pair in inputs]
+    # A single text far longer than the limit is tokenised from a prefix: the tokens kept are
+    # the same as long as they end well before the cut (checked below; else the whole text).
+    cut = limit * _PREFIX_CHARS_PER_TOKEN
+    batch = [
+        (text[:cut] if len(text) > cut else text) if pair is None else (text, pair)
+        for text, pair in inputs
+    ]
     encodings = backend.encode_batch(batch, add_special_tokens=True)
+    for index, (enc, (text, pair)) in enumerate(zip(encodings, inputs, strict=True)):
+        if pair is None and len(text) > cut:
+            ends = [
+                end
+                for (_, end), special in zip(enc.offsets, enc.special_tokens_mask, strict=True)
+                if not special
+            ]
+            if not enc.overflowing or not ends or max(ends) > cut - _PREFIX_MARGIN_CHARS:
+                encodings[index] = backend.encode(text, add_special_tokens=True)
     with_types = model.adapter.uses_token_type_ids
     results: list[Encoded | LimelightError] = []
     for index, enc in enumerate(encodings):
