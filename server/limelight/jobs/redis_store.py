@@ -3,9 +3,9 @@ consumer group, the Lua scripts and reading a job hash.
 
 Layout (prefix ``limelight``; one Redis database per deployment, not Redis Cluster):
 
-- ``<p>:job:<id>``  hash: state, spec (JSON), result (JSON), progress, message, attempts,
-  timestamps, cancel flag, owner, payload digest, the consumer running it and its stream entry
-  id. Finished jobs get ``PEXPIRE`` = result TTL.
+- ``<p>:job:<id>``  hash: state, spec (JSON, with its owner), result (JSON), progress, message,
+  attempts, timestamps, cancel flag, the consumer running it and its stream entry id. Finished
+  jobs get ``PEXPIRE`` = result TTL.
 - ``<p>:stream``    the queue (``XADD``), consumer group ``workers``; an entry is acknowledged and
   deleted when its job ends.
 - ``<p>:idem:<key>`` idempotency key (scoped by owner) → job id (expires with the job).
