@@ -98,8 +98,15 @@ def explanation_to_proto(e: Explanation) -> pb.ExplainResponse:
     if a.details:
         attribution.details.CopyFrom(to_struct(a.details))
     add = attribution.tokens.add  # in place: no intermediate Token messages to copy
-    for t in e.tokens:
-        add(text=t.text, id=t.id, start=t.start, end=t.end, special=t.special, segment=t.segment)
+    for tok in e.tokens:
+        add(
+            text=tok.text,
+            id=tok.id,
+            start=tok.start,
+            end=tok.end,
+            special=tok.special,
+            segment=tok.segment,
+        )
     if a.class_scores is not None:
         attribution.class_scores.extend(
             pb.ClassScores(scores=row) for row in a.class_scores.tolist()
