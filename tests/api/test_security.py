@@ -228,3 +228,29 @@ def test_plaintext_health_port_for_probes_beside_a_tls_port(
     with pytest.raises(grpc.RpcError) as err:
         explainer_pb2_grpc.ExplainerStub(probe).Explain(pb.ExplainRequest(text="x"), timeout=10)
     assert err.value.code() == grpc.StatusCode.UNIMPLEMENTED
+
+
+def test_refused_client_streams_read_unauthenticated_from_an_aio_client(
+    start_sidecar: Callable[..., RunningSidecar], bert_tiny_dir: Path
+) -> None:
+    import asyncio
+    from collections import Counter
+
+    side = start_sidecar(model_dir=bert_tiny_dir, jobs="off", auth_token="delta-token")
+    requests = [pb.ExplainRequest(text="let me in")] * 3
+
+    async def refused() -> Counter[str]:
+        codes: Counter[str] = Counter()
+        async with grpc.aio.insecure_channel(side.target) as channel:
+            stub = explainer_pb2_grpc.ExplainerStub(channel)
+            for _ in range(100):
+                try:
+                    async for _reply in stub.ExplainStream(iter(requests), timeout=30):
+                        pass
+                except grpc.RpcError as exc:
+                    codes[exc.code().name] += 1
+        return codes
+
+    # Refused while the client was still sending, the call used to end INTERNAL ("Internal
+    # error from Core") for most calls instead of UNAUTHENTICATED.
+    assert asyncio.run(refused()) == Counter({"UNAUTHENTICATED": 100})

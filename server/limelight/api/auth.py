@@ -7,12 +7,14 @@ Tokens are compared in constant time.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import hashlib
 import hmac
 import logging
 import threading
 import time
-from collections.abc import Awaitable, Callable, Iterable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -155,6 +157,11 @@ class BearerTokenInterceptor(grpc.aio.ServerInterceptor):
         return _deny(handler)
 
 
+#: Refusing a client-streaming call: read at most this many messages, this long, first.
+_DRAIN_MESSAGES = 64
+_DRAIN_S = 1.0
+
+
 def _deny(handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
     message = "missing or invalid bearer token (send 'authorization: Bearer <token>')"
 
@@ -165,11 +172,36 @@ def _deny(handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
         await context.abort(grpc.StatusCode.UNAUTHENTICATED, message)
         yield  # pragma: no cover - makes this an async generator
 
+    async def drained(requests: AsyncIterator[Any]) -> None:
+        """Read what the client already sent (bounded) before refusing: a grpc.aio client
+        whose request writer is still busy when the status arrives reports the call as
+        INTERNAL ("Internal error from Core") instead of the real status."""
+        count = 0
+        with contextlib.suppress(Exception):
+            async with asyncio.timeout(_DRAIN_S):
+                async for _ in requests:
+                    count += 1
+                    if count >= _DRAIN_MESSAGES:
+                        break
+
+    async def client_streaming(
+        requests: AsyncIterator[Any], context: grpc.aio.ServicerContext
+    ) -> Any:
+        await drained(requests)
+        await context.abort(grpc.StatusCode.UNAUTHENTICATED, message)
+
+    async def bidi_streaming(
+        requests: AsyncIterator[Any], context: grpc.aio.ServicerContext
+    ) -> Any:
+        await drained(requests)
+        await context.abort(grpc.StatusCode.UNAUTHENTICATED, message)
+        yield  # pragma: no cover - makes this an async generator
+
     des, ser = handler.request_deserializer, handler.response_serializer
     if handler.unary_unary:
         return grpc.unary_unary_rpc_method_handler(unary, des, ser)
     if handler.unary_stream:
         return grpc.unary_stream_rpc_method_handler(streaming, des, ser)
     if handler.stream_unary:
-        return grpc.stream_unary_rpc_method_handler(unary, des, ser)
-    return grpc.stream_stream_rpc_method_handler(streaming, des, ser)
+        return grpc.stream_unary_rpc_method_handler(client_streaming, des, ser)
+    return grpc.stream_stream_rpc_method_handler(bidi_streaming, des, ser)
