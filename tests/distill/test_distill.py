@@ -156,7 +156,9 @@ def test_teacher_labels_resume_after_an_interruption(synthetic: Path, tmp_path: 
     calls: list[int] = []
     both = teacher_attributions(model, settings, TEACHER, PARAMS, texts, cache, calls.append)
     assert [e.scores for e in both[:3]] == [e.scores for e in first]
-    rows = [json.loads(line) for line in cache.read_text().splitlines()[1:] if line.endswith("}")]
+    lines = cache.read_text().splitlines()[1:]
+    assert lines[3] == '{"key": "cut'  # the cut line stays a line of its own
+    rows = [json.loads(line) for line in lines if line != lines[3]]
     assert len({r["key"] for r in rows}) == 6 and len(calls) == 6
     # Other parameters are another label set: the cache starts over.
     teacher_attributions(model, settings, TEACHER, {"permutations": 4}, texts[:1], cache)

@@ -431,7 +431,7 @@ def ensure_demo_model(
     final = _ensure_classifier(name, cache_dir, progress, force, recipe, threads)
     if name in LM_HEAD_STEPS and recipe is None:
         _ensure_lm_head(final, LM_HEAD_STEPS[name], progress)
-    if recipe is None and False:  # TEMPORARILY OFF while the recipe is measured
+    if recipe is None:
         _ensure_inline_head(final, demo_head_recipe(name), progress, threads)
     return final
 
@@ -452,7 +452,7 @@ def demo_head_recipe(name: DemoName) -> HeadRecipe:
 
 #: Training texts, amortisation epochs and classifier-in-the-loop steps of each demo head.
 DEMO_HEAD_SIZES: dict[str, dict[str, int]] = {
-    "minilm": {"n_texts": 1000, "epochs": 30, "loop_steps": 300},
+    "minilm": {"n_texts": 600, "epochs": 30, "loop_steps": 300},
     "bert-tiny": {"n_texts": 2000, "epochs": 30, "loop_steps": 300},
 }
 

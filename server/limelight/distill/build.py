@@ -93,6 +93,9 @@ def build_head(
     )
     stages: dict[str, Any] = {}
 
+    def advance_labels(n: int) -> None:
+        bar.update(n)
+
     def advance_training(stage: str, done: int, total: int) -> None:
         if not progress:
             return
@@ -110,7 +113,7 @@ def build_head(
             recipe.teacher_params,
             cache,
             config=recipe.train,
-            progress=bar.update,
+            progress=advance_labels,
             train_progress=advance_training,
             data_name=f"{recipe.data} (first {len(texts)} of the training split)",
             validation_texts=held_out,

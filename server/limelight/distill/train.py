@@ -92,7 +92,11 @@ def teacher_attributions(
     done: dict[str, TeacherExample] = {}
     stamp = {"model": model.version, "teacher": teacher, "params": checked}
     if cache.exists():
-        lines = cache.read_text().splitlines()
+        content = cache.read_text()
+        if content and not content.endswith("\n"):  # a write cut by a kill: end that line
+            with cache.open("a") as fh:
+                fh.write("\n")
+        lines = content.splitlines()
         if lines and json.loads(lines[0]) == stamp:
             for line in lines[1:]:
                 try:
