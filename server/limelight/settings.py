@@ -61,8 +61,9 @@ class Settings(BaseSettings):
     http_tls: bool = True
     """Serve the HTTP port with TLS too when ``tls_cert``/``tls_key`` are set (same client CA);
     false keeps it plain HTTP, e.g. for a Prometheus without client certificates."""
-    default_method: str = "normxlogit"
-    """Inline method used when a request names none."""
+    default_method: str = "auto"
+    """Inline method used when a request names none. ``auto``: the distilled head when a valid
+    one lies beside the model (the demo build makes one), else ``normxlogit``."""
     max_text_chars: int = 20_000
     """Longest accepted text (characters, text and pair together)."""
     max_tokens: int = 512
@@ -113,6 +114,12 @@ class Settings(BaseSettings):
     that the sidecar accepts a job method that its workers run."""
     job_timeout_s: float = 600.0
     """Default per-job timeout."""
+    job_timeout_max_s: float = 3600.0
+    """Longest timeout a job may ask for; SubmitJob rejects more (and jobs whose estimated
+    cost cannot finish within it)."""
+    job_memory_mb: float = 1024.0
+    """Working memory a job may use for activations: gradient and SLALOM batches are chunked
+    to fit it, and a job that cannot fit even one input is rejected before it is queued."""
     job_result_ttl_s: float = 24 * 3600.0
     """How long finished jobs and their results stay readable."""
     job_queue_max: int = 1000
@@ -122,12 +129,6 @@ class Settings(BaseSettings):
     job_reclaim_idle_s: float = 30.0
     """Redis backend: a running job whose worker sent no heartbeat for this long is reclaimed
     by another worker (workers heartbeat every third of it)."""
-    job_timeout_max_s: float = 3600.0
-    """Longest timeout a job may ask for; SubmitJob rejects more (and jobs whose estimated
-    cost cannot finish within it)."""
-    job_memory_mb: float = 1024.0
-    """Working memory a job may use for activations: gradient and SLALOM batches are chunked
-    to fit it, and a job that cannot fit even one input is rejected before it is queued."""
 
     # --- drift -------------------------------------------------------------------------------
     drift_enabled: bool = True

@@ -40,6 +40,7 @@ from limelight.errors import (
     Unimplemented,
 )
 from limelight.methods.base import AttributionMethod, InlineMethod, JobMethod, MethodRegistry
+from limelight.methods.normxlogit import NormXLogit
 from limelight.metrics import Metrics
 from limelight.runtimes.base import InlineBatch, Runtime
 
@@ -81,6 +82,7 @@ class _InlineItem:
 class _InlineResult:
     logits: FloatArray  # [C]
     matrix: FloatArray  # [n, C]
+    normxlogit: FloatArray | None  # [n, C] when the method is another one
     queue_s: float
     forward_s: float
     attribute_s: float
@@ -196,6 +198,18 @@ def encode_batch(
     return results
 
 
+NORMXLOGIT = "normxlogit"
+
+
+def resolve_default_method(name: str, methods: MethodRegistry, runtime: Runtime) -> str:
+    """``auto`` is the distilled head when the runtime computes one, else NormXLogit."""
+    if name != "auto":
+        return name
+    from limelight.methods.distilled import OUTPUT_NAME
+
+    return "distilled" if OUTPUT_NAME in runtime.head_names else NORMXLOGIT
+
+
 def resolve_target(model: LoadedModel, target: TargetSpec | None, predicted: int) -> int:
     """The class index to explain: the named or numbered class, else the predicted one."""
     if target is None or (target.label is None and target.index is None):
@@ -246,12 +260,13 @@ class ExplanationService:
             for name in ("tokenize", "queue", "forward", "attribute")
         }
         self._ready = False
-        default = methods.get(settings.default_method)
+        default = methods.get(resolve_default_method(settings.default_method, methods, runtime))
         if not isinstance(default, InlineMethod):
             raise FailedPrecondition(
                 f"default method {settings.default_method!r} is not an inline method"
             )
         self.default_method = default
+        self._normxlogit = NormXLogit()
 
     # --- lifecycle -----------------------------------------------------------------------------
 
@@ -380,11 +395,19 @@ class ExplanationService:
         matrices = [
             item.method.attribute(outputs, row, len(item.encoded)) for row, item in enumerate(items)
         ]
+        # NormXLogit rides along on every response whatever the method (no extra model call).
+        normx = [
+            None
+            if item.method.name == NORMXLOGIT
+            else self._normxlogit.attribute(outputs, row, len(item.encoded))
+            for row, item in enumerate(items)
+        ]
         done = time.monotonic()
         return [
             _InlineResult(
                 logits=outputs.logits[row],
                 matrix=matrices[row],
+                normxlogit=normx[row],
                 queue_s=start - item.submitted,
                 forward_s=forwarded - start,
                 attribute_s=done - forwarded,
@@ -467,6 +490,11 @@ class ExplanationService:
             target_label=model.labels[target],
             scores=np.ascontiguousarray(result.matrix[:, target]),
             class_scores=result.matrix if request.all_classes else None,
+            extra_scores=(
+                {NORMXLOGIT: np.ascontiguousarray(result.normxlogit[:, target])}
+                if result.normxlogit is not None
+                else {}
+            ),
         )
         return Explanation(
             request_id=request.request_id,

@@ -139,10 +139,10 @@ def shapley_values(
         values[start : start + chunk] = game.values(flat[start : start + chunk], target, batch_size)
         if ctx is not None:
             ctx.checkpoint(min(1.0, (start + chunk) / flat.shape[0]), "sampling coalitions")
-    values = values.reshape(len(orders), m + 1)
+    per_order = values.reshape(len(orders), m + 1)
     phi = np.zeros(m)
     for p, order in enumerate(orders):
-        phi[order] += np.diff(values[p])
+        phi[order] += np.diff(per_order[p])
     scores[game.players] = phi / len(orders)
     return scores
 
