@@ -108,9 +108,11 @@ def long_texts(reviews: list[str], chars: int, count: int) -> list[str]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from limelight.app import load_served_model
+    from limelight.app import inline_heads, load_served_model
+    from limelight.core.service import resolve_default_method
     from limelight.demo.datasets import rotten_tomatoes
     from limelight.evaluation import benchmark as b
+    from limelight.methods.base import InlineMethod, MethodRegistry
     from limelight.runtimes.base import Runtime
     from limelight.runtimes.torch_runtime import TorchRuntime
 
@@ -130,10 +132,17 @@ def run(args: argparse.Namespace) -> int:
     work = b.workdir()
     runtimes: dict[str, Runtime] = {}
     names = [r for r in args.runtimes.split(",") if r]
+    # What the server runs: the heads found beside the model, and its default inline method.
+    heads = inline_heads(model)
     if "torch" in names:
-        runtimes["torch"] = TorchRuntime(model)
+        runtimes["torch"] = TorchRuntime(model, heads)
     if "onnx" in names:
-        runtimes["onnx"] = b.plain_onnx_runtime(model, work)
+        runtimes["onnx"] = b.plain_onnx_runtime(model, work, heads)
+    default_inline = MethodRegistry.builtin().get(
+        resolve_default_method(settings.default_method, TorchRuntime(model, heads))
+    )
+    if not isinstance(default_inline, InlineMethod):
+        raise SystemExit(f"--default-method {default_inline.name} is not an inline method")
     args.out.mkdir(parents=True, exist_ok=True)
     report = [f"model: {model.name} ({model.architecture}, version {model.version})"]
     report.append(f"machine: {b.machine()}")
@@ -147,10 +156,10 @@ def run(args: argparse.Namespace) -> int:
     inline_rows: list[Any] = []
     if "inline" in sections:
         inline_rows = b.inline_vs_forward(
-            model, runtimes, {"short": short, "long": long}, batches, repeats
+            model, runtimes, {"short": short, "long": long}, batches, repeats, default_inline
         )
         emit(
-            "Inline explain vs plain forward (same inputs, same run)",
+            f"Inline explain ({default_inline.name}) vs plain forward (same inputs, same run)",
             b.markdown_table(
                 [
                     "runtime",

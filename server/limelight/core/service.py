@@ -201,7 +201,7 @@ def encode_batch(
 NORMXLOGIT = "normxlogit"
 
 
-def resolve_default_method(name: str, methods: MethodRegistry, runtime: Runtime) -> str:
+def resolve_default_method(name: str, runtime: Runtime) -> str:
     """``auto`` is the distilled head when the runtime computes one, else NormXLogit."""
     if name != "auto":
         return name
@@ -260,7 +260,7 @@ class ExplanationService:
             for name in ("tokenize", "queue", "forward", "attribute")
         }
         self._ready = False
-        default = methods.get(resolve_default_method(settings.default_method, methods, runtime))
+        default = methods.get(resolve_default_method(settings.default_method, runtime))
         if not isinstance(default, InlineMethod):
             raise FailedPrecondition(
                 f"default method {settings.default_method!r} is not an inline method"

@@ -16,7 +16,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 # and must not pay for (or compete with) torch.
 if TYPE_CHECKING:
     from limelight.core.types import Encoded
+    from limelight.methods.base import InlineMethod
     from limelight.models.loaded import LoadedModel
     from limelight.runtimes.base import InlineBatch, Runtime
     from limelight.settings import Settings
@@ -116,12 +117,14 @@ def inline_vs_forward(
     texts: dict[str, list[str]],
     batches: Sequence[int],
     repeats: int,
+    method: InlineMethod | None = None,
 ) -> list[InlineRow]:
-    """Plain forward vs the whole inline explanation, per runtime, text length and batch."""
+    """Plain forward vs the whole inline explanation (``method``, default NormXLogit, on
+    runtimes that compute whatever heads the server loads), per runtime, length and batch."""
     from limelight.methods.normxlogit import NormXLogit
     from limelight.runtimes.base import InlineBatch
 
-    method = NormXLogit()
+    method = method or NormXLogit()
     rows = []
     for kind, pool in texts.items():
         for size in batches:
@@ -148,13 +151,16 @@ def inline_vs_forward(
     return rows
 
 
-def plain_onnx_runtime(model: LoadedModel, workdir: Path) -> Runtime:
-    """ONNX Runtime with an inline graph and a plain (logits-only) graph for the baseline."""
+def plain_onnx_runtime(
+    model: LoadedModel, workdir: Path, heads: Mapping[str, Any] | None = None
+) -> Runtime:
+    """ONNX Runtime with an inline graph (with ``heads``) and a plain (logits-only) graph for
+    the baseline."""
     from limelight.runtimes.base import InlineOutputs, Runtime
     from limelight.runtimes.onnx_export import export_onnx
     from limelight.runtimes.onnx_runtime import OnnxRuntime
 
-    inline = OnnxRuntime(export_onnx(model, workdir / "inline.onnx"), model)
+    inline = OnnxRuntime(export_onnx(model, workdir / "inline.onnx", heads=heads), model)
     plain_path = export_onnx(model, workdir / "plain.onnx", kind="plain")
     import onnxruntime as ort
 
