@@ -452,7 +452,7 @@ def demo_head_recipe(name: DemoName) -> HeadRecipe:
 
 #: Training texts, amortisation epochs and classifier-in-the-loop steps of each demo head.
 DEMO_HEAD_SIZES: dict[str, dict[str, int]] = {
-    "minilm": {"n_texts": 600, "epochs": 30, "loop_steps": 300},
+    "minilm": {"n_texts": 600, "epochs": 30, "loop_steps": 0},
     "bert-tiny": {"n_texts": 2000, "epochs": 30, "loop_steps": 300},
 }
 
