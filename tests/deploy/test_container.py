@@ -189,7 +189,10 @@ def test_image_builds_runs_and_explains(
         ids = tokenizer(TEXT)["input_ids"]
         assert len(exp.tokens) == len(ids) == len(exp.scores)
         assert any(abs(s) > 0 for s in exp.scores)
-        assert exp.method == "normxlogit"
+        # The demo build put the inline explainer head beside the model: the image serves it
+        # by default, with NormXLogit alongside.
+        assert exp.method == "distilled"
+        assert len(exp.score_array("normxlogit")) == len(ids)
         assert info.name and info.version
 
         # 6. The live exposition: only known metric names, the call counted, promtool happy.
