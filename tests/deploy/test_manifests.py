@@ -202,13 +202,20 @@ def test_sidecar_uses_native_grpc_probes_and_drains_within_grace(
     config = _config(objects)
     sidecar = _container(objects, "limelight", "limelight")
     port = int(config["LIMELIGHT_PORT"])
+    # Probes use the plaintext health-only port: kubelet's gRPC probes cannot speak TLS.
+    health = int(config["LIMELIGHT_HEALTH_PORT"])
+    assert health != port
     for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
-        assert sidecar[probe]["grpc"] == {"port": port}, probe
+        assert sidecar[probe]["grpc"] == {"port": health}, probe
     # Start-up must tolerate a slow model load; liveness may not kill a warming pod.
     startup = sidecar["startupProbe"]
     assert startup["periodSeconds"] * startup["failureThreshold"] >= 300
     ports = {p["name"]: p["containerPort"] for p in sidecar["ports"]}
-    assert ports == {"grpc": port, "metrics": int(config["LIMELIGHT_METRICS_PORT"])}
+    assert ports == {
+        "grpc": port,
+        "metrics": int(config["LIMELIGHT_METRICS_PORT"]),
+        "health": health,
+    }
     assert config["LIMELIGHT_HOST"] == "0.0.0.0"
     spec = find(objects, "Deployment", "limelight")["spec"]["template"]["spec"]
     pre_stop = sidecar["lifecycle"]["preStop"]["sleep"]["seconds"]
@@ -338,7 +345,7 @@ def test_gpu_overlay_requests_a_gpu_and_the_onnx_cuda_path(
     ]
     # The patch must not have dropped the base's hardening or probes.
     assert sidecar["securityContext"]["readOnlyRootFilesystem"] is True
-    assert sidecar["livenessProbe"]["grpc"] == {"port": 50051}
+    assert sidecar["livenessProbe"]["grpc"] == {"port": 8086}
     # Settings accepts the overlay's values.
     settings = _settings(config, monkeypatch)
     assert (settings.device, settings.runtime) == ("cuda", "onnx")
