@@ -458,6 +458,7 @@ def distill(
     """Teacher labels for ``texts`` (resumable), a head trained on them, validated on held-out
     texts: ``validation_texts`` when given, else a ``validation_fraction`` of ``texts``."""
     config = config or TrainConfig()
+    started = time.monotonic()
     examples = teacher_attributions(
         model, settings, teacher, teacher_params, texts, cache, progress
     )
@@ -477,7 +478,10 @@ def distill(
             cache.with_name(cache.stem + ".validation.jsonl"),
             progress,
         )
+    labelled = time.monotonic()
     head, info = train_head(model, train, config, progress=train_progress)
+    # Labels resumed from the cache cost nothing here: this is the time of this run.
+    info["label_seconds"] = round(labelled - started, 1)
     card = HeadCard(
         model_version=model.version,
         layers=head.layers,
