@@ -36,6 +36,8 @@ from limelight.core.types import Encoded
 from limelight.distill.head import ExplainerHead, HeadCard
 from limelight.methods.base import MethodRegistry
 from limelight.models.loaded import LoadedModel
+from limelight.runtimes.base import InlineBatch
+from limelight.runtimes.torch_runtime import batch_tensors
 from limelight.settings import Settings
 
 TEACHERS = ("shapley", "greedy_deletion", "slalom", "integrated_gradients", "lrp", "grad_x_input")
@@ -149,17 +151,7 @@ class _Item:
 def _tensors(
     model: LoadedModel, items: Sequence[Encoded]
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    width = max(len(e) for e in items)
-    ids = torch.full((len(items), width), model.pad_id, dtype=torch.long)
-    mask = torch.zeros((len(items), width), dtype=torch.long)
-    types = None if items[0].token_type_ids is None else torch.zeros_like(ids)
-    for row, e in enumerate(items):
-        ids[row, : len(e)] = torch.as_tensor(e.input_ids)
-        mask[row, : len(e)] = 1
-        if types is not None and e.token_type_ids is not None:
-            types[row, : len(e)] = torch.as_tensor(e.token_type_ids)
-    device = model.device
-    return ids.to(device), mask.to(device), None if types is None else types.to(device)
+    return batch_tensors(InlineBatch.from_encoded(list(items), model.pad_id), model.device)
 
 
 @torch.inference_mode()

@@ -12,6 +12,20 @@ from limelight.models.loaded import LoadedModel
 from limelight.runtimes.base import InlineBatch, InlineHead, InlineOutputs, Runtime
 
 
+def batch_tensors(
+    batch: InlineBatch, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """input ids, attention mask and token types (or None) of ``batch`` on ``device``."""
+    ids = torch.from_numpy(batch.input_ids).to(device)
+    mask = torch.from_numpy(batch.attention_mask).to(device)
+    types = (
+        torch.from_numpy(batch.token_type_ids).to(device)
+        if batch.token_type_ids is not None
+        else None
+    )
+    return ids, mask, types
+
+
 class TorchRuntime(Runtime):
     name = "torch"
 
@@ -27,15 +41,7 @@ class TorchRuntime(Runtime):
     def _tensors(
         self, batch: InlineBatch
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-        device = self.model.device
-        ids = torch.from_numpy(batch.input_ids).to(device)
-        mask = torch.from_numpy(batch.attention_mask).to(device)
-        types = (
-            torch.from_numpy(batch.token_type_ids).to(device)
-            if batch.token_type_ids is not None
-            else None
-        )
-        return ids, mask, types
+        return batch_tensors(batch, self.model.device)
 
     @torch.inference_mode()
     def run_inline(self, batch: InlineBatch) -> InlineOutputs:
