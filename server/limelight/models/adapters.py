@@ -117,9 +117,14 @@ class HeadAdapter(ABC):
             kwargs["input_ids"] = input_ids
         if self.uses_token_type_ids and token_type_ids is not None:
             kwargs["token_type_ids"] = token_type_ids
-        if self.pools_last_token:
+        if self.turns_off_cache:
             kwargs["use_cache"] = False
         return kwargs
+
+    @property
+    def turns_off_cache(self) -> bool:
+        """Whether to pass ``use_cache=False`` (decoders would otherwise build a KV cache)."""
+        return self.pools_last_token
 
     def run_base(
         self,
@@ -313,6 +318,10 @@ class GenericAdapter(HeadAdapter):
         out = self._head_fn(self.model, hidden.reshape(-1, k))
         return out.reshape(*lead, out.shape[-1])
 
+    @property
+    def turns_off_cache(self) -> bool:
+        return bool(self._use_cache)
+
     def base_inputs(
         self,
         input_ids: torch.Tensor | None,
@@ -320,15 +329,7 @@ class GenericAdapter(HeadAdapter):
         token_type_ids: torch.Tensor | None = None,
         inputs_embeds: torch.Tensor | None = None,
     ) -> dict[str, Any]:
-        kwargs: dict[str, Any] = {"attention_mask": attention_mask}
-        if inputs_embeds is not None:
-            kwargs["inputs_embeds"] = inputs_embeds
-        else:
-            kwargs["input_ids"] = input_ids
-        if self.uses_token_type_ids and token_type_ids is not None:
-            kwargs["token_type_ids"] = token_type_ids
-        if self._use_cache:
-            kwargs["use_cache"] = False
+        kwargs = super().base_inputs(input_ids, attention_mask, token_type_ids, inputs_embeds)
         if self.override.base_kwargs is not None:
             source = inputs_embeds if inputs_embeds is not None else input_ids
             assert source is not None
