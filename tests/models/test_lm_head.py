@@ -24,6 +24,7 @@ from limelight.models.lm_head import (
     PretrainedLMHead,
     corrupt,
     decode_accuracy,
+    fit_and_save_lm_head,
     fit_lm_head,
     fitted_head_dir,
     load_lm_head,
@@ -176,6 +177,32 @@ def test_fit_function_round_trips_and_lm_head_dir_wins(
     # An explicit --lm-head takes precedence over the fitted head (here: wrong width).
     with pytest.raises(FailedPrecondition, match="hidden size"):
         load_lm_head(model, Settings(lm_head_dir=tokenizer_dir))
+
+
+@pytest.mark.slow  # fits an LM head
+def test_fit_and_save_sets_steps_from_epochs_and_writes_the_card(
+    random_copy: Path, texts: list[str], tmp_path: Path
+) -> None:
+    """The library function the CLI and the demo build share: ``epochs`` sets the steps from
+    the training texts left after the held-out share, ``output`` chooses the directory."""
+    model = load_model(random_copy)
+    seen: list[tuple[int, int]] = []
+    fitted = fit_and_save_lm_head(
+        model,
+        texts[:100],
+        "test texts",
+        FitConfig(batch_size=30, max_length=32, seed=2),
+        epochs=1.0,
+        eval_texts=10,
+        output=tmp_path / "head",
+        progress=lambda step, steps, loss: seen.append((step, steps)),
+    )
+    assert (fitted.eval_texts, fitted.train_texts) == (10, 90)
+    assert fitted.steps == 3 and seen == [(1, 3), (2, 3), (3, 3)]
+    meta = json.loads((tmp_path / "head" / "head.json").read_text())
+    assert meta["fingerprint"] == model.version and meta["data"] == "test texts"
+    assert (meta["steps"], meta["train_texts"], meta["eval_texts"]) == (3, 90, 10)
+    assert not fitted_head_dir(random_copy).exists()
 
 
 def test_read_texts_formats(tmp_path: Path) -> None:

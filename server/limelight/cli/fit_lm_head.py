@@ -9,9 +9,7 @@ the model's fingerprint, and prints how well it decodes every layer back to the 
 from __future__ import annotations
 
 import argparse
-import random
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -98,12 +96,9 @@ def _run(args: argparse.Namespace) -> int:
 
     from limelight.models.lm_head import (
         FitConfig,
-        FittedHeadMeta,
-        fit_lm_head,
+        fit_and_save_lm_head,
         fitted_head_dir,
         format_decode_table,
-        save_fitted_head,
-        tokenize_texts,
     )
     from limelight.models.loaded import load_model
 
@@ -111,67 +106,42 @@ def _run(args: argparse.Namespace) -> int:
     model = load_model(model_dir, device=args.device or "cpu")
     texts = read_texts(args.data, args.text_field) if args.data else _default_texts()
     source = str(args.data) if args.data else "rotten_tomatoes:train"
-    ids = tokenize_texts(model, texts, args.max_length)
-    if len(ids) < 2:
-        raise InvalidArgument(f"{source}: need at least 2 non-empty texts, found {len(ids)}")
-    random.Random(args.seed).shuffle(ids)
-    n_eval = min(args.eval_texts, max(1, len(ids) // 10))
-    eval_ids, train_ids = ids[:n_eval], ids[n_eval:]
-    if args.steps is not None:
-        steps = args.steps
-    elif args.epochs is not None:
-        steps = max(1, round(args.epochs * len(train_ids) / args.batch_size))
-    else:
-        steps = FitConfig.steps
     config = FitConfig(
-        steps=steps,
+        steps=args.steps if args.steps is not None else FitConfig.steps,
         batch_size=args.batch_size,
         lr=args.lr,
         max_length=args.max_length,
         seed=args.seed,
     )
-    started = time.monotonic()
-    bar = tqdm(total=steps, desc="fit-lm-head", unit="step", disable=args.no_progress)
+    bar = tqdm(desc="fit-lm-head", unit="step", disable=args.no_progress)
 
-    def progress(step: int, loss: float) -> None:
+    def progress(step: int, steps: int, loss: float) -> None:
+        bar.total = steps
         bar.update(1)
         if step % 10 == 0 or step == steps:
             bar.set_postfix(loss=f"{loss:.3f}")
 
     try:
-        result = fit_lm_head(model, train_ids, eval_ids, config, progress)
+        fitted = fit_and_save_lm_head(
+            model,
+            texts,
+            source,
+            config,
+            epochs=args.epochs if args.steps is None else None,
+            eval_texts=args.eval_texts,
+            output=args.output,
+            progress=progress,
+        )
     finally:
         bar.close()
-    seconds = time.monotonic() - started
-    out_dir = args.output or fitted_head_dir(model.directory)
-    meta = FittedHeadMeta(
-        fingerprint=model.version,
-        hidden_size=result.head.hidden_size,
-        vocab_size=result.head.vocab_size,
-        layer_norm_eps=float(result.head.layer_norm.eps),
-        extra={
-            "model_name": model.name,
-            "data": source,
-            "train_texts": len(train_ids),
-            "eval_texts": len(eval_ids),
-            "steps": steps,
-            "batch_size": config.batch_size,
-            "lr": config.lr,
-            "max_length": config.max_length,
-            "seed": config.seed,
-            "final_loss": result.losses[-1] if result.losses else None,
-            "masked_top1": result.masked_top1,
-            "decode_accuracy": [
-                {"layer": r.layer, "top1": r.top1, "top5": r.top5} for r in result.decode
-            ],
-            "fit_seconds": round(seconds, 1),
-        },
-    )
-    save_fitted_head(result.head, out_dir, meta)
-    print(f"saved the LM head to {out_dir} (model {model.name}, fingerprint {model.version})")
+    result = fitted.result
     print(
-        f"{steps} steps in {seconds:.0f} s; final loss {meta.extra['final_loss']:.3f}; "
-        f"masked-token top-1 on {len(eval_ids)} held-out texts: {result.masked_top1:.3f}"
+        f"saved the LM head to {fitted.directory} (model {model.name}, fingerprint {model.version})"
+    )
+    print(
+        f"{fitted.steps} steps in {fitted.seconds:.0f} s; final loss "
+        f"{fitted.meta.extra['final_loss']:.3f}; masked-token top-1 on {fitted.eval_texts} "
+        f"held-out texts: {result.masked_top1:.3f}"
     )
     print("decoding each layer's hidden states of unmasked held-out text back to its tokens:")
     print(format_decode_table(result.decode))

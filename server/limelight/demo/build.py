@@ -41,6 +41,8 @@ from limelight.demo.datasets import (
     rotten_tomatoes,
 )
 from limelight.errors import FailedPrecondition, InvalidArgument
+from limelight.models.lm_head import FitConfig, fit_and_save_lm_head, fitted_head_dir
+from limelight.models.loaded import load_model
 
 if TYPE_CHECKING:
     from limelight.distill.build import HeadRecipe
@@ -487,23 +489,41 @@ def _ensure_inline_head(
 
 
 def _ensure_lm_head(model_dir: Path, steps: int, progress: bool) -> None:
-    """Fit the decoder head once (`limelight fit-lm-head`); it is cached with the model and is
-    not part of the recipe hash (the classifier's weights do not change)."""
-    from limelight.models.lm_head import fitted_head_dir
-
+    """Fit the decoder head once (what `limelight fit-lm-head` does, on the Rotten Tomatoes
+    training reviews); it is cached with the model and is not part of the recipe hash (the
+    classifier's weights do not change)."""
     if fitted_head_dir(model_dir).exists():
         return
     with _build_lock(model_dir.parent / f".{model_dir.name}.lm-head.lock"):
         if fitted_head_dir(model_dir).exists():
             return
-        from limelight.cli.main import main as limelight_main
+        bar = tqdm(desc=f"LM head of {model_dir.name}", unit="step", disable=not progress)
 
-        argv = ["fit-lm-head", "--model", str(model_dir), "--steps", str(steps)]
-        argv += ["--max-length", "64"] + ([] if progress else ["--no-progress"])
+        def advance(step: int, total: int, loss: float) -> None:
+            bar.total = total
+            bar.update(1)
+            if step % 10 == 0 or step == total:
+                bar.set_postfix(loss=f"{loss:.3f}")
+
         try:
-            limelight_main(argv)
+            fitted = fit_and_save_lm_head(
+                load_model(model_dir, device="cpu"),
+                [ex.text for ex in rotten_tomatoes("train")],
+                "rotten_tomatoes:train",
+                FitConfig(steps=steps, max_length=64),
+                progress=advance,
+            )
         except Exception:  # an optional extra: the classifier itself is fine without it
             log.exception("fitting the LM head of %s failed; decoded_gradcam stays off", model_dir)
+            return
+        finally:
+            bar.close()
+        if progress:
+            tqdm.write(
+                f"LM head of {model_dir.name}: masked-token top-1 "
+                f"{fitted.result.masked_top1:.3f} on {fitted.eval_texts} held-out reviews",
+                file=sys.stderr,
+            )
 
 
 def _ensure_classifier(

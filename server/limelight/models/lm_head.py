@@ -17,8 +17,10 @@ loading fails with FAILED_PRECONDITION and a message saying how to fix it.
 from __future__ import annotations
 
 import json
+import random
+import time
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -26,7 +28,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from limelight.errors import FailedPrecondition
+from limelight.errors import FailedPrecondition, InvalidArgument
 
 if TYPE_CHECKING:
     from limelight.models.loaded import LoadedModel
@@ -566,3 +568,92 @@ def _masked_accuracy(
         hits += int((head(hidden).argmax(dim=-1) == ids[picked]).sum())
         total += int(picked.sum())
     return hits / max(total, 1)
+
+
+@dataclass
+class FittedHeadReport:
+    """What ``fit_and_save_lm_head`` wrote and how well the head decodes."""
+
+    directory: Path
+    meta: FittedHeadMeta
+    result: FitResult
+    steps: int
+    train_texts: int
+    eval_texts: int
+    seconds: float
+
+
+def fit_and_save_lm_head(
+    model: LoadedModel,
+    texts: Sequence[str],
+    source: str,
+    config: FitConfig | None = None,
+    *,
+    epochs: float | None = None,
+    eval_texts: int = 300,
+    output: Path | None = None,
+    progress: Callable[[int, int, float], None] | None = None,
+) -> FittedHeadReport:
+    """Fit a decoder head on ``model``'s frozen encoder from ``texts`` and save it, bound to the
+    model's fingerprint, to ``output`` (default: ``<model dir>/limelight_lm_head``, where the
+    server looks for it).
+
+    The texts are tokenised, shuffled with ``config.seed`` and split: up to ``eval_texts`` (at
+    most a tenth) are held out to score the head. ``epochs``, when given, sets the number of
+    steps from the training texts instead of ``config.steps``. ``source`` names the texts in
+    the head's metadata. ``progress(step, steps, loss)`` is called after every step.
+    """
+    config = config or FitConfig()
+    ids = tokenize_texts(model, texts, config.max_length)
+    if len(ids) < 2:
+        raise InvalidArgument(f"{source}: need at least 2 non-empty texts, found {len(ids)}")
+    random.Random(config.seed).shuffle(ids)
+    n_eval = min(eval_texts, max(1, len(ids) // 10))
+    eval_ids, train_ids = ids[:n_eval], ids[n_eval:]
+    if epochs is not None:
+        config = replace(config, steps=max(1, round(epochs * len(train_ids) / config.batch_size)))
+    steps = config.steps
+    step_progress = None
+    if progress is not None:
+        report = progress
+
+        def step_progress(step: int, loss: float) -> None:
+            report(step, steps, loss)
+
+    started = time.monotonic()
+    result = fit_lm_head(model, train_ids, eval_ids, config, step_progress)
+    seconds = time.monotonic() - started
+    meta = FittedHeadMeta(
+        fingerprint=model.version,
+        hidden_size=result.head.hidden_size,
+        vocab_size=result.head.vocab_size,
+        layer_norm_eps=float(result.head.layer_norm.eps),
+        extra={
+            "model_name": model.name,
+            "data": source,
+            "train_texts": len(train_ids),
+            "eval_texts": len(eval_ids),
+            "steps": steps,
+            "batch_size": config.batch_size,
+            "lr": config.lr,
+            "max_length": config.max_length,
+            "seed": config.seed,
+            "final_loss": result.losses[-1] if result.losses else None,
+            "masked_top1": result.masked_top1,
+            "decode_accuracy": [
+                {"layer": r.layer, "top1": r.top1, "top5": r.top5} for r in result.decode
+            ],
+            "fit_seconds": round(seconds, 1),
+        },
+    )
+    directory = Path(output) if output is not None else fitted_head_dir(model.directory)
+    save_fitted_head(result.head, directory, meta)
+    return FittedHeadReport(
+        directory=directory,
+        meta=meta,
+        result=result,
+        steps=steps,
+        train_texts=len(train_ids),
+        eval_texts=len(eval_ids),
+        seconds=seconds,
+    )
