@@ -205,14 +205,15 @@ def to_terminal(exp: Explanation, scores: str = "scores", color: bool | None = N
     ``color=False``): plain text with each token's score in brackets after it.
     """
     use_color = _color_enabled(color)
-    values = exp.score_array(scores)
-    centre = contrast_centre(values, exp.tokens)
-    shown = [v - centre for v in values]  # colours; the numbers printed stay the raw scores
-    scale = _scale(shown, exp.tokens)
     lines: list[str] = []
 
-    head = f"{_safe(exp.label)} (class {exp.label_index})"
-    target = _safe(exp.target_label or str(exp.target_index))
+    if exp.multi_label:
+        chosen = ", ".join(_safe(name) for name in exp.predicted_labels)
+        head = f"{{{chosen}}}" if chosen else "no label over its threshold"
+    else:
+        head = f"{_safe(exp.label)} (class {exp.label_index})"
+    explained = exp.explained() if scores == "scores" else [exp]
+    target = ", ".join(_safe(e.target_label or str(e.target_index)) for e in explained)
     model = _safe(exp.model_name + (f"@{exp.model_version}" if exp.model_version else ""))
     method = _safe(exp.method or "?")
     lines.append(f"prediction: {head}   explaining: {target}   method: {method}")
@@ -221,11 +222,29 @@ def to_terminal(exp: Explanation, scores: str = "scores", color: bool | None = N
     if exp.truncated:
         lines.append("note: the input was truncated to the model's token limit")
     width = max((len(name) for name in exp.probabilities), default=0)
+    predicted = set(exp.predicted_labels) if exp.multi_label else {exp.label}
     for name, p in exp.probabilities.items():
-        mark = "▶" if name == exp.label else " "
-        lines.append(f"{mark} {_safe(name).ljust(width)}  {_bar(p)}  {p:.3f}")
+        mark = "▶" if name in predicted else " "
+        limit = exp.thresholds.get(name) if exp.multi_label else None
+        note = f"  (threshold {limit:.2f})" if limit is not None else ""
+        lines.append(f"{mark} {_safe(name).ljust(width)}  {_bar(p)}  {p:.3f}{note}")
     lines.append("")
+    for index, one in enumerate(explained):
+        if len(explained) > 1:
+            if index:
+                lines.append("")
+            lines.append(f"── explaining {_safe(one.target_label or str(one.target_index))} ──")
+        lines.extend(_terminal_map(one, scores, use_color))
+    return "\n".join(lines)
 
+
+def _terminal_map(exp: Explanation, scores: str, use_color: bool) -> list[str]:
+    """The heat-map of one score array and its legend."""
+    values = exp.score_array(scores)
+    centre = contrast_centre(values, exp.tokens)
+    shown = [v - centre for v in values]  # colours; the numbers printed stay the raw scores
+    scale = _scale(shown, exp.tokens)
+    lines: list[str] = []
     for segment in segments(exp):
         parts: list[str] = []
         for span in layout(exp, segment):
@@ -271,7 +290,7 @@ def to_terminal(exp: Explanation, scores: str = "scores", color: bool | None = N
             f"{name}scores in brackets (max |score| {_fmt(scale, scale).lstrip('+')})"
             + (f": > 0 supports {explained}, < 0 speaks against it" if explained else "")
         )
-    return "\n".join(lines)
+    return lines
 
 
 # -------------------------------------------------------------------------------------- HTML
@@ -309,11 +328,11 @@ def _esc(text: str) -> str:
     return html.escape(text, quote=True)
 
 
-def _html_map(exp: Explanation, name: str, values: list[float]) -> str:
+def _html_map(exp: Explanation, name: str, values: list[float], title: str | None = None) -> str:
     centre = contrast_centre(values, exp.tokens)
     shown = [v - centre for v in values]
     scale = _scale(shown, exp.tokens)
-    out = [f'<div class="map"><h2>{_esc(name)}</h2>']
+    out = [f'<div class="map"><h2>{_esc(title or name)}</h2>']
     explained = _explained_class(exp, name)
     if centre:
         meaning = (
@@ -378,15 +397,23 @@ def to_html(exp: Explanation, scores: str | Sequence[str] | None = None) -> str:
     """A self-contained HTML page: inline CSS only, no scripts, no external assets."""
     names = _resolve(exp, scores)
     arrays = {name: exp.score_array(name) for name in names}
+    # Multi-label: every explained label's map (target scores only), side by side.
+    others = exp.label_explanations if scores is None else []
     target = exp.target_label or str(exp.target_index)
-    title = f"Limelight: {exp.label}"
+    if exp.multi_label:
+        shown = ", ".join(exp.predicted_labels) or "no label over its threshold"
+        target = ", ".join(e.target_label for e in [exp, *others])
+    else:
+        shown = exp.label
+    title = f"Limelight: {shown}"
+    where = "" if others else f" (index {exp.target_index})"
     out = [
         '<!DOCTYPE html><html lang="en"><head><meta charset="utf-8">',
         '<meta name="viewport" content="width=device-width,initial-scale=1">',
         f"<title>{_esc(title)}</title><style>{_CSS}</style></head><body>",
-        f"<header><h1>Prediction: {_esc(exp.label)}</h1>",
-        f'<p class="meta">explaining class <b>{_esc(target)}</b> (index {exp.target_index})'
-        f" with method <b>{_esc(exp.method or '?')}</b></p>",
+        f"<header><h1>Prediction: {_esc(shown)}</h1>",
+        f'<p class="meta">explaining {"labels" if others else "class"} <b>{_esc(target)}</b>'
+        f"{where} with method <b>{_esc(exp.method or '?')}</b></p>",
     ]
     if exp.model_name or exp.model_version:
         out.append(
@@ -400,20 +427,31 @@ def to_html(exp: Explanation, scores: str | Sequence[str] | None = None) -> str:
     out.append("</header>")
 
     rows = []
+    predicted = set(exp.predicted_labels) if exp.multi_label else {exp.label}
     for name, p in exp.probabilities.items():
-        cls = ' class="pred"' if name == exp.label else ""
+        cls = ' class="pred"' if name in predicted else ""
         pct = max(0.0, min(100.0, 100.0 * p))
+        limit = exp.thresholds.get(name) if exp.multi_label else None
+        note = f'<td class="num">threshold {limit:.2f}</td>' if limit is not None else ""
         rows.append(
             f"<tr{cls}><td>{_esc(name)}</td>"
             f'<td><div class="bar"><div class="fill" style="width:{pct:.1f}%"></div></div></td>'
-            f'<td class="num">{p:.3f}</td></tr>'
+            f'<td class="num">{p:.3f}</td>{note}</tr>'
         )
     out.append(f'<section class="probs"><table>{"".join(rows)}</table></section>')
 
     out.append('<section class="maps">')
-    out.extend(_html_map(exp, name, values) for name, values in arrays.items())
+    if others:
+        out.extend(
+            _html_map(e, "scores", e.score_array(), title=e.target_label) for e in [exp, *others]
+        )
+    else:
+        out.extend(_html_map(exp, name, values) for name, values in arrays.items())
     out.append('</section><section class="tops">')
-    out.extend(_html_top(exp, name, values) for name, values in arrays.items())
+    if others:
+        out.extend(_html_top(e, e.target_label, e.score_array()) for e in [exp, *others])
+    else:
+        out.extend(_html_top(exp, name, values) for name, values in arrays.items())
     out.append("</section>")
 
     t = exp.timings

@@ -184,6 +184,12 @@ class Explanation(_Shape):
     holds further named per-token arrays (e.g. SLALOM ``value`` and ``importance``).
     ``text`` / ``text_pair`` are the inputs when the client knows them (they are not echoed by
     the server), which lets the renderers draw over the original text.
+
+    Multi-label models (``multi_label``): ``probabilities`` are independent sigmoids,
+    ``predicted_labels`` the labels at or over their ``thresholds`` (most probable first,
+    possibly none), ``label`` the most probable label; this object explains the first
+    predicted label (or the requested target) and ``label_explanations`` the other predicted
+    labels, one :class:`Explanation` each (same tokens). :meth:`explained` lists them all.
     """
 
     label: str
@@ -204,6 +210,10 @@ class Explanation(_Shape):
     truncated: bool = False
     timings: Timings = field(default_factory=Timings)
     request_id: str = ""
+    predicted_labels: list[str] = field(default_factory=list)
+    multi_label: bool = False
+    thresholds: dict[str, float] = field(default_factory=dict)
+    label_explanations: list[Explanation] = field(default_factory=list)
     text: str | None = None
     text_pair: str | None = None
 
@@ -221,13 +231,36 @@ class Explanation(_Shape):
         probs = [float(p) for p in message.probabilities]
         # Labels should always come with the probabilities; index names keep the dict usable.
         names = labels if len(labels) == len(probs) else [str(i) for i in range(len(probs))]
+        first = cls._from_parts(message, exp, names, probs, text, text_pair, None, [])
+        if not message.label_explanations:
+            return first
+        others = [
+            cls._from_parts(message, other, names, probs, text, text_pair, first.tokens, [])
+            for other in message.label_explanations
+        ]
+        return dataclasses.replace(first, label_explanations=others)
+
+    @classmethod
+    def _from_parts(
+        cls,
+        message: pb.ExplainResponse,
+        exp: pb.Explanation,
+        names: list[str],
+        probs: list[float],
+        text: str | None,
+        text_pair: str | None,
+        tokens: list[Token] | None,
+        others: list[Explanation],
+    ) -> Explanation:
+        labels = list(message.labels)
         class_scores = [list(row.scores) for row in exp.class_scores] or None
+        thresholds = [float(t) for t in message.thresholds]
         return cls(
             label=message.label,
             label_index=message.label_index,
             labels=labels,
             probabilities=dict(zip(names, probs, strict=True)),
-            tokens=[Token.from_proto(t) for t in exp.tokens],
+            tokens=tokens if tokens is not None else [Token.from_proto(t) for t in exp.tokens],
             scores=[float(s) for s in exp.scores],
             class_scores=class_scores,
             extra_scores={k: [float(v) for v in arr.values] for k, arr in exp.extra_scores.items()},
@@ -241,9 +274,26 @@ class Explanation(_Shape):
             truncated=message.truncated,
             timings=Timings.from_proto(message.timings),
             request_id=message.request_id,
+            predicted_labels=list(message.predicted_labels),
+            multi_label=message.multi_label,
+            thresholds=dict(zip(labels, thresholds, strict=False)),
+            label_explanations=others,
             text=text,
             text_pair=text_pair,
         )
+
+    def explained(self) -> list[Explanation]:
+        """Every explained label's explanation: this one first, then ``label_explanations``
+        (multi-label); a one-element list otherwise."""
+        return [self, *self.label_explanations]
+
+    def explanation_for(self, label: str) -> Explanation:
+        """The explanation of ``label`` among :meth:`explained` (``KeyError`` if not there)."""
+        for exp in self.explained():
+            if exp.target_label == label:
+                return exp
+        names = ", ".join(e.target_label for e in self.explained())
+        raise KeyError(f"label {label!r} was not explained; explained: {names}")
 
     def __repr__(self) -> str:
         # The default dataclass repr would print every token and score.
@@ -399,6 +449,10 @@ class ModelInfo(_Shape):
     max_text_chars: int = 0
     runtime: str = ""
     supports_text_pair: bool = False
+    problem_type: str = ""
+    """``single_label_classification``, ``multi_label_classification`` or ``regression``."""
+    thresholds: dict[str, float] = field(default_factory=dict)
+    """Multi-label: each label's threshold."""
 
     @classmethod
     def from_proto(cls, message: pb.ModelInfo) -> ModelInfo:
@@ -416,6 +470,8 @@ class ModelInfo(_Shape):
             max_text_chars=message.max_text_chars,
             runtime=message.runtime,
             supports_text_pair=message.supports_text_pair,
+            problem_type=message.problem_type,
+            thresholds=dict(zip(message.labels, message.thresholds, strict=False)),
         )
 
     def method(self, name: str) -> MethodInfo:

@@ -64,6 +64,12 @@ class Settings(BaseSettings):
     default_method: str = "auto"
     """Inline method used when a request names none. ``auto``: the distilled head when a valid
     one lies beside the model (the demo build makes one), else ``normxlogit``."""
+    label_threshold: float = 0.5
+    """Multi-label models (config ``problem_type`` ``multi_label_classification``): a label is
+    predicted when its sigmoid probability is at least this."""
+    label_thresholds: dict[str, float] = {}
+    """Multi-label: per-label thresholds overriding ``label_threshold``, by label name
+    (``LIMELIGHT_LABEL_THRESHOLDS='{"toxic": 0.3}'``); an unknown label is a start-up error."""
     max_text_chars: int = 20_000
     """Longest accepted text (characters, text and pair together)."""
     max_tokens: int = 512

@@ -125,7 +125,7 @@ class ScoreArray(_message.Message):
     def __init__(self, values: _Optional[_Iterable[float]] = ...) -> None: ...
 
 class ExplainResponse(_message.Message):
-    __slots__ = ("request_id", "label_index", "label", "probabilities", "labels", "explanation", "model_name", "model_version", "truncated", "timings")
+    __slots__ = ("request_id", "label_index", "label", "probabilities", "labels", "explanation", "model_name", "model_version", "truncated", "timings", "predicted_labels", "multi_label", "thresholds", "label_explanations")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     LABEL_INDEX_FIELD_NUMBER: _ClassVar[int]
     LABEL_FIELD_NUMBER: _ClassVar[int]
@@ -136,6 +136,10 @@ class ExplainResponse(_message.Message):
     MODEL_VERSION_FIELD_NUMBER: _ClassVar[int]
     TRUNCATED_FIELD_NUMBER: _ClassVar[int]
     TIMINGS_FIELD_NUMBER: _ClassVar[int]
+    PREDICTED_LABELS_FIELD_NUMBER: _ClassVar[int]
+    MULTI_LABEL_FIELD_NUMBER: _ClassVar[int]
+    THRESHOLDS_FIELD_NUMBER: _ClassVar[int]
+    LABEL_EXPLANATIONS_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     label_index: int
     label: str
@@ -146,7 +150,11 @@ class ExplainResponse(_message.Message):
     model_version: str
     truncated: bool
     timings: Timings
-    def __init__(self, request_id: _Optional[str] = ..., label_index: _Optional[int] = ..., label: _Optional[str] = ..., probabilities: _Optional[_Iterable[float]] = ..., labels: _Optional[_Iterable[str]] = ..., explanation: _Optional[_Union[Explanation, _Mapping]] = ..., model_name: _Optional[str] = ..., model_version: _Optional[str] = ..., truncated: _Optional[bool] = ..., timings: _Optional[_Union[Timings, _Mapping]] = ...) -> None: ...
+    predicted_labels: _containers.RepeatedScalarFieldContainer[str]
+    multi_label: bool
+    thresholds: _containers.RepeatedScalarFieldContainer[float]
+    label_explanations: _containers.RepeatedCompositeFieldContainer[Explanation]
+    def __init__(self, request_id: _Optional[str] = ..., label_index: _Optional[int] = ..., label: _Optional[str] = ..., probabilities: _Optional[_Iterable[float]] = ..., labels: _Optional[_Iterable[str]] = ..., explanation: _Optional[_Union[Explanation, _Mapping]] = ..., model_name: _Optional[str] = ..., model_version: _Optional[str] = ..., truncated: _Optional[bool] = ..., timings: _Optional[_Union[Timings, _Mapping]] = ..., predicted_labels: _Optional[_Iterable[str]] = ..., multi_label: _Optional[bool] = ..., thresholds: _Optional[_Iterable[float]] = ..., label_explanations: _Optional[_Iterable[_Union[Explanation, _Mapping]]] = ...) -> None: ...
 
 class GetModelRequest(_message.Message):
     __slots__ = ()
@@ -167,7 +175,7 @@ class MethodInfo(_message.Message):
     def __init__(self, name: _Optional[str] = ..., cost: _Optional[str] = ..., description: _Optional[str] = ..., defaults: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., unavailable_reason: _Optional[str] = ...) -> None: ...
 
 class ModelInfo(_message.Message):
-    __slots__ = ("name", "version", "architecture", "labels", "num_layers", "num_heads", "hidden_size", "methods", "default_method", "max_tokens", "max_text_chars", "runtime", "supports_text_pair")
+    __slots__ = ("name", "version", "architecture", "labels", "num_layers", "num_heads", "hidden_size", "methods", "default_method", "max_tokens", "max_text_chars", "runtime", "supports_text_pair", "problem_type", "thresholds")
     NAME_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     ARCHITECTURE_FIELD_NUMBER: _ClassVar[int]
@@ -181,6 +189,8 @@ class ModelInfo(_message.Message):
     MAX_TEXT_CHARS_FIELD_NUMBER: _ClassVar[int]
     RUNTIME_FIELD_NUMBER: _ClassVar[int]
     SUPPORTS_TEXT_PAIR_FIELD_NUMBER: _ClassVar[int]
+    PROBLEM_TYPE_FIELD_NUMBER: _ClassVar[int]
+    THRESHOLDS_FIELD_NUMBER: _ClassVar[int]
     name: str
     version: str
     architecture: str
@@ -194,7 +204,9 @@ class ModelInfo(_message.Message):
     max_text_chars: int
     runtime: str
     supports_text_pair: bool
-    def __init__(self, name: _Optional[str] = ..., version: _Optional[str] = ..., architecture: _Optional[str] = ..., labels: _Optional[_Iterable[str]] = ..., num_layers: _Optional[int] = ..., num_heads: _Optional[int] = ..., hidden_size: _Optional[int] = ..., methods: _Optional[_Iterable[_Union[MethodInfo, _Mapping]]] = ..., default_method: _Optional[str] = ..., max_tokens: _Optional[int] = ..., max_text_chars: _Optional[int] = ..., runtime: _Optional[str] = ..., supports_text_pair: _Optional[bool] = ...) -> None: ...
+    problem_type: str
+    thresholds: _containers.RepeatedScalarFieldContainer[float]
+    def __init__(self, name: _Optional[str] = ..., version: _Optional[str] = ..., architecture: _Optional[str] = ..., labels: _Optional[_Iterable[str]] = ..., num_layers: _Optional[int] = ..., num_heads: _Optional[int] = ..., hidden_size: _Optional[int] = ..., methods: _Optional[_Iterable[_Union[MethodInfo, _Mapping]]] = ..., default_method: _Optional[str] = ..., max_tokens: _Optional[int] = ..., max_text_chars: _Optional[int] = ..., runtime: _Optional[str] = ..., supports_text_pair: _Optional[bool] = ..., problem_type: _Optional[str] = ..., thresholds: _Optional[_Iterable[float]] = ...) -> None: ...
 
 class SubmitJobRequest(_message.Message):
     __slots__ = ("text", "text_pair", "target", "method", "parameters", "idempotency_key", "timeout_seconds")

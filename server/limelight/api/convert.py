@@ -12,6 +12,7 @@ from google.protobuf.json_format import MessageToDict
 
 from limelight.core.jobs import JobRecord, JobState
 from limelight.core.types import (
+    Attribution,
     ExplainInput,
     Explanation,
     ModelInfo,
@@ -85,18 +86,27 @@ def explain_input(request: pb.ExplainRequest, deadline: float | None) -> Explain
     )
 
 
-def explanation_to_proto(e: Explanation) -> pb.ExplainResponse:
-    a = e.attribution
-    attribution = pb.Explanation(
-        method=a.method,
-        target_index=a.target_index,
-        target_label=a.target_label,
-        scores=a.scores.tolist(),
-    )
+def _fill_attribution(attribution: pb.Explanation, a: Attribution) -> None:
+    """Everything of ``a`` but the tokens into ``attribution``."""
+    attribution.method = a.method
+    attribution.target_index = a.target_index
+    attribution.target_label = a.target_label
+    attribution.scores.extend(a.scores.tolist())
     if a.parameters:
         attribution.parameters.CopyFrom(to_struct(a.parameters))
     if a.details:
         attribution.details.CopyFrom(to_struct(a.details))
+    if a.class_scores is not None:
+        attribution.class_scores.extend(
+            pb.ClassScores(scores=row) for row in a.class_scores.tolist()
+        )
+    for name, values in a.extra_scores.items():
+        attribution.extra_scores[name].values.extend(np.asarray(values).tolist())
+
+
+def explanation_to_proto(e: Explanation) -> pb.ExplainResponse:
+    attribution = pb.Explanation()
+    _fill_attribution(attribution, e.attribution)
     add = attribution.tokens.add  # in place: no intermediate Token messages to copy
     for tok in e.tokens:
         add(
@@ -107,14 +117,8 @@ def explanation_to_proto(e: Explanation) -> pb.ExplainResponse:
             special=tok.special,
             segment=tok.segment,
         )
-    if a.class_scores is not None:
-        attribution.class_scores.extend(
-            pb.ClassScores(scores=row) for row in a.class_scores.tolist()
-        )
-    for name, values in a.extra_scores.items():
-        attribution.extra_scores[name].values.extend(np.asarray(values).tolist())
     t = e.timings
-    return pb.ExplainResponse(
+    response = pb.ExplainResponse(
         request_id=e.request_id,
         label_index=e.label_index,
         label=e.label,
@@ -132,7 +136,13 @@ def explanation_to_proto(e: Explanation) -> pb.ExplainResponse:
             total_seconds=t.total_seconds,
             batch_size=t.batch_size,
         ),
+        predicted_labels=e.predicted_labels,
+        multi_label=e.multi_label,
+        thresholds=e.thresholds,
     )
+    for extra in e.label_attributions:  # tokens omitted: the same as the first explanation's
+        _fill_attribution(response.label_explanations.add(), extra)
+    return response
 
 
 def model_info_to_proto(info: ModelInfo) -> pb.ModelInfo:
@@ -159,6 +169,8 @@ def model_info_to_proto(info: ModelInfo) -> pb.ModelInfo:
         max_text_chars=info.max_text_chars,
         runtime=info.runtime,
         supports_text_pair=info.supports_text_pair,
+        problem_type=info.problem_type,
+        thresholds=info.thresholds,
     )
 
 

@@ -71,8 +71,11 @@ def _show(explanation: Any, args: argparse.Namespace) -> None:
     print(explanation.to_terminal())
     if explanation.method == "slalom":
         print(explanation.to_terminal(scores="importance"))
-    top = ", ".join(f"{tok.text} ({score:+.3f})" for tok, score in explanation.top(args.top))
-    print(f"top tokens: {top}")
+    explained = explanation.explained()
+    for one in explained:  # multi-label: one line per explained label
+        top = ", ".join(f"{tok.text} ({score:+.3f})" for tok, score in one.top(args.top))
+        which = f" for {one.target_label}" if len(explained) > 1 else ""
+        print(f"top tokens{which}: {top}")
     if args.html is not None:
         print(f"HTML heat-map written to {args.html}")
 

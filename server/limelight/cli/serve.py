@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 from pathlib import Path
 
 from limelight.cli.common import add_model_args, settings_from_args, setup_logging
@@ -38,6 +39,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     p.add_argument("--max-batch-wait-ms", type=float, help="how long a batch waits to fill")
     p.add_argument("--max-tokens", type=int, help="token limit per input")
     p.add_argument("--truncation", choices=["truncate", "reject"], help="over-long input policy")
+    p.add_argument(
+        "--label-threshold",
+        type=float,
+        help="multi-label models: predict a label at this sigmoid probability (default 0.5)",
+    )
+    p.add_argument(
+        "--label-thresholds",
+        type=json.loads,
+        metavar="JSON",
+        help="multi-label: per-label thresholds, e.g. '{\"toxic\": 0.3}'",
+    )
     p.add_argument("--jobs", help="sqlite (default), redis://host:port/db, or off")
     p.add_argument("--jobs-db", type=Path, help="SQLite journal for the embedded job backend")
     p.add_argument("--job-workers", type=int, help="in-process job worker threads")

@@ -18,6 +18,13 @@ import numpy as np
 from limelight import tracing
 from limelight.batching import MicroBatcher
 from limelight.core.jobs import JobBackend, JobRecord, JobSpec, JobState
+from limelight.core.prediction import (
+    MULTI_LABEL,
+    Prediction,
+    label_thresholds,
+    predict,
+    softmax,  # noqa: F401  (re-exported: older imports of limelight.core.service.softmax)
+)
 from limelight.core.types import (
     Attribution,
     Cost,
@@ -87,11 +94,6 @@ class _InlineResult:
     forward_s: float
     attribute_s: float
     batch_size: int
-
-
-def softmax(logits: FloatArray) -> FloatArray:
-    shifted = np.exp(logits - logits.max())
-    return np.asarray(shifted / shifted.sum(), dtype=np.float32)
 
 
 def validate_text(text: str, text_pair: str | None, max_chars: int) -> None:
@@ -210,6 +212,19 @@ def resolve_default_method(name: str, runtime: Runtime) -> str:
     return "distilled" if OUTPUT_NAME in runtime.head_names else NORMXLOGIT
 
 
+def explained_targets(
+    model: LoadedModel, target: TargetSpec | None, prediction: Prediction
+) -> list[int]:
+    """The labels an inline explanation explains: the requested one; else, multi-label, every
+    predicted label (most probable first), or the most probable label when none passed its
+    threshold; else the predicted class."""
+    if target is not None and (target.label is not None or target.index is not None):
+        return [resolve_target(model, target, prediction.index)]
+    if model.problem_type == MULTI_LABEL and prediction.active:
+        return list(prediction.active)
+    return [prediction.index]
+
+
 def resolve_target(model: LoadedModel, target: TargetSpec | None, predicted: int) -> int:
     """The class index to explain: the named or numbered class, else the predicted one."""
     if target is None or (target.label is None and target.index is None):
@@ -267,6 +282,12 @@ class ExplanationService:
             )
         self.default_method = default
         self._normxlogit = NormXLogit()
+        #: Multi-label: one threshold per label (an unknown label in the settings fails here).
+        self.thresholds = (
+            label_thresholds(model.labels, settings.label_threshold, settings.label_thresholds)
+            if model.is_multi_label
+            else []
+        )
 
     # --- lifecycle -----------------------------------------------------------------------------
 
@@ -438,7 +459,7 @@ class ExplanationService:
         timings = explanation.timings
         timings.tokenize_seconds = tokenized - began
         timings.total_seconds = time.monotonic() - began
-        self._observe(explanation, result.matrix[:, explanation.label_index])
+        self._observe(explanation, result.matrix)
         return explanation
 
     async def explain_many(
@@ -475,35 +496,40 @@ class ExplanationService:
         result: _InlineResult,
     ) -> Explanation:
         model = self.model
-        logits = result.logits
-        if model.is_regression:
-            probabilities = logits.astype(np.float32)  # the raw prediction, not a probability
-            predicted = 0
-        else:
-            probabilities = softmax(logits)
-            predicted = int(np.argmax(probabilities))
-        target = resolve_target(model, request.target, predicted)
-        attribution = Attribution(
-            method=method.name,
-            parameters={},
-            target_index=target,
-            target_label=model.labels[target],
-            scores=np.ascontiguousarray(result.matrix[:, target]),
-            class_scores=result.matrix if request.all_classes else None,
-            extra_scores=(
-                {NORMXLOGIT: np.ascontiguousarray(result.normxlogit[:, target])}
-                if result.normxlogit is not None
-                else {}
-            ),
-        )
+        prediction = self.predict(result.logits)
+        predicted = prediction.index
+        targets = explained_targets(model, request.target, prediction)
+
+        def attribution(target: int, primary: bool) -> Attribution:
+            return Attribution(
+                method=method.name,
+                parameters={},
+                target_index=target,
+                target_label=model.labels[target],
+                scores=np.ascontiguousarray(result.matrix[:, target]),
+                class_scores=result.matrix if request.all_classes and primary else None,
+                extra_scores=(
+                    {NORMXLOGIT: np.ascontiguousarray(result.normxlogit[:, target])}
+                    if result.normxlogit is not None
+                    else {}
+                ),
+            )
+
+        multi = model.is_multi_label
         return Explanation(
             request_id=request.request_id,
             label_index=predicted,
             label=model.labels[predicted],
-            probabilities=[float(p) for p in probabilities],
+            probabilities=[float(p) for p in prediction.probabilities],
             labels=list(model.labels),
             tokens=list(encoded.tokens),
-            attribution=attribution,
+            attribution=attribution(targets[0], True),
+            predicted_labels=[]
+            if model.is_regression
+            else [model.labels[i] for i in prediction.active],
+            multi_label=multi,
+            thresholds=list(self.thresholds),
+            label_attributions=[attribution(t, False) for t in targets[1:]],
             model_name=model.name,
             model_version=model.version,
             truncated=encoded.truncated,
@@ -515,8 +541,14 @@ class ExplanationService:
             ),
         )
 
-    def _observe(self, explanation: Explanation, predicted_scores: FloatArray) -> None:
-        """Metrics, and drift with the predicted class's scores (whatever the target was)."""
+    def predict(self, logits: FloatArray) -> Prediction:
+        """Probabilities, top label and predicted set of one row of logits."""
+        return predict(logits, self.model.problem_type, self.thresholds)
+
+    def _observe(self, explanation: Explanation, matrix: FloatArray) -> None:
+        """Metrics, and drift with each predicted class's scores (whatever the target was):
+        one observation per predicted label (multi-label: every label over its threshold,
+        none when no label is)."""
         m = self.metrics
         t = explanation.timings
         stage = self._stage
@@ -524,18 +556,24 @@ class ExplanationService:
         stage["queue"].observe(t.queue_seconds)
         stage["forward"].observe(t.forward_seconds)
         stage["attribute"].observe(t.attribute_seconds)
-        m.predictions.labels(explanation.label).inc()
+        if explanation.multi_label:
+            predicted = [self.model.label_index(name) for name in explanation.predicted_labels]
+        else:
+            predicted = [explanation.label_index]
+        for index in predicted:
+            m.predictions.labels(self.model.labels[index]).inc()
         if not self.model.is_regression:
             m.confidence.observe(explanation.probabilities[explanation.label_index])
         if explanation.truncated:
             m.truncated.inc()
         if self.drift is not None and explanation.attribution.method == self.default_method.name:
             keep = [i for i, tok in enumerate(explanation.tokens) if not tok.special]
-            self.drift.observe(
-                explanation.label,
-                [explanation.tokens[i].text for i in keep],
-                [float(predicted_scores[i]) for i in keep],
-            )
+            texts = [explanation.tokens[i].text for i in keep]
+            for index in predicted:
+                column = matrix[:, index]
+                self.drift.observe(
+                    self.model.labels[index], texts, [float(column[i]) for i in keep]
+                )
 
     # --- model info ----------------------------------------------------------------------------
 
@@ -564,6 +602,8 @@ class ExplanationService:
             max_text_chars=self.settings.max_text_chars,
             runtime=self.runtime.name,
             supports_text_pair=not self.model.adapter.pools_last_token,
+            problem_type=self.model.problem_type,
+            thresholds=list(self.thresholds),
         )
 
     # --- jobs ----------------------------------------------------------------------------------

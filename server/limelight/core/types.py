@@ -103,6 +103,21 @@ class Explanation:
     model_version: str
     truncated: bool
     timings: Timings
+    predicted_labels: list[str] = field(default_factory=list)
+    """The predicted labels: multi-label, every label over its threshold (most probable first,
+    possibly none); otherwise the one predicted label (empty for regression)."""
+    multi_label: bool = False
+    """Sigmoid probabilities per label (``probabilities`` need not sum to 1)."""
+    thresholds: list[float] = field(default_factory=list)
+    """Multi-label: the threshold of each label, in ``labels`` order."""
+    label_attributions: list[Attribution] = field(default_factory=list)
+    """Multi-label: the attributions of the further explained labels (every predicted label
+    after the one ``attribution`` explains), same tokens."""
+
+    @property
+    def attributions(self) -> list[Attribution]:
+        """Every explained label's attribution, ``attribution`` first."""
+        return [self.attribution, *self.label_attributions]
 
 
 class Cost(enum.Enum):
@@ -136,3 +151,6 @@ class ModelInfo:
     max_text_chars: int
     runtime: str
     supports_text_pair: bool
+    problem_type: str = "single_label_classification"
+    thresholds: list[float] = field(default_factory=list)
+    """Multi-label: the threshold of each label."""

@@ -49,7 +49,8 @@ def perturb(
 
 @torch.inference_mode()
 def probabilities(model: LoadedModel, items: Sequence[Encoded], batch_size: int = 32) -> FloatArray:
-    """[len(items), C] class probabilities (softmax of the model's logits)."""
+    """[len(items), C] class probabilities: softmax of the model's logits, or a sigmoid per
+    label for multi-label models (each label's AOPC is then about its own probability)."""
     out = []
     for start in range(0, len(items), batch_size):
         batch = InlineBatch.from_encoded(list(items[start : start + batch_size]), model.pad_id)
@@ -62,7 +63,8 @@ def probabilities(model: LoadedModel, items: Sequence[Encoded], batch_size: int 
         )
         kwargs = model.adapter.base_inputs(ids, mask, types)
         logits = model.model(**kwargs).logits.float()
-        out.append(torch.softmax(logits, dim=-1).cpu().numpy())
+        probs = torch.sigmoid(logits) if model.is_multi_label else torch.softmax(logits, dim=-1)
+        out.append(probs.cpu().numpy())
     return np.concatenate(out, axis=0).astype(np.float32)
 
 

@@ -11,6 +11,7 @@ import numpy as np
 import torch
 
 from limelight.core.jobs import JobSpec
+from limelight.core.prediction import label_thresholds, predict
 from limelight.core.types import Attribution, Encoded, Explanation, FloatArray, Timings
 from limelight.errors import FailedPrecondition, InvalidArgument
 from limelight.jobs.budget import ESTIMATES, check_cost, check_memory, check_timeout
@@ -40,6 +41,12 @@ class JobRunner:
         self.methods = methods
         self.settings = settings
         self._throughput: float | None = None
+        #: Multi-label: one threshold per label, as the sidecar uses them.
+        self.thresholds = (
+            label_thresholds(model.labels, settings.label_threshold, settings.label_thresholds)
+            if model.is_multi_label
+            else []
+        )
         methods.configure(settings)  # e.g. --lm-head for decoded_gradcam's availability
 
     def job_method(self, name: str) -> JobMethod:
@@ -131,13 +138,9 @@ class JobRunner:
         tokenized = time.perf_counter()
         logits = self._classify(encoded)
         forwarded = time.perf_counter()
-        if self.model.is_regression:
-            probabilities = [float(logits[0])]
-            predicted = 0
-        else:
-            shifted = np.exp(logits - logits.max())
-            probabilities = [float(p) for p in shifted / shifted.sum()]
-            predicted = int(np.argmax(logits))
+        prediction = predict(logits, self.model.problem_type, self.thresholds)
+        probabilities = [float(p) for p in prediction.probabilities]
+        predicted = prediction.index
         target = self._resolve_target(spec, predicted)
         ctx = JobContext(
             model=self.model,
@@ -177,6 +180,11 @@ class JobRunner:
             model_name=self.model.name,
             model_version=self.model.version,
             truncated=encoded.truncated,
+            predicted_labels=[]
+            if self.model.is_regression
+            else [self.model.labels[i] for i in prediction.active],
+            multi_label=self.model.is_multi_label,
+            thresholds=list(self.thresholds),
             timings=Timings(
                 queue_seconds=queue_seconds,
                 tokenize_seconds=tokenized - started,

@@ -106,6 +106,9 @@ def explanation_to_dict(expl: Explanation) -> dict[str, Any]:
         "model_name": expl.model_name,
         "model_version": expl.model_version,
         "truncated": expl.truncated,
+        "predicted_labels": list(expl.predicted_labels),
+        "multi_label": expl.multi_label,
+        "thresholds": [float(t) for t in expl.thresholds],
         "timings": {
             "queue_seconds": expl.timings.queue_seconds,
             "tokenize_seconds": expl.timings.tokenize_seconds,
@@ -141,4 +144,8 @@ def explanation_from_dict(data: dict[str, Any]) -> Explanation:
         model_version=str(data["model_version"]),
         truncated=bool(data["truncated"]),
         timings=Timings(**data["timings"]),
+        # Absent in results journalled before multi-label support.
+        predicted_labels=[str(x) for x in data.get("predicted_labels", [data["label"]])],
+        multi_label=bool(data.get("multi_label", False)),
+        thresholds=[float(t) for t in data.get("thresholds", [])],
     )

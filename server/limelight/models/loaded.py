@@ -16,6 +16,7 @@ from transformers import (
     PreTrainedTokenizerBase,
 )
 
+from limelight.core.prediction import MULTI_LABEL, REGRESSION, SINGLE_LABEL, ProblemType
 from limelight.core.types import Encoded, TokenInfo
 from limelight.errors import InvalidArgument, ModelLoadError
 from limelight.models.adapters import HeadAdapter, adapter_for, check_architecture
@@ -66,6 +67,20 @@ class LoadedModel:
     @property
     def is_regression(self) -> bool:
         return self.num_labels == 1
+
+    @property
+    def problem_type(self) -> ProblemType:
+        """``regression`` (one output), ``multi_label_classification`` (sigmoid per label, as
+        the config says) or ``single_label_classification`` (softmax, the default)."""
+        if self.is_regression:
+            return REGRESSION
+        if getattr(self.config, "problem_type", None) == MULTI_LABEL:
+            return MULTI_LABEL
+        return SINGLE_LABEL
+
+    @property
+    def is_multi_label(self) -> bool:
+        return self.problem_type == MULTI_LABEL
 
     @property
     def num_layers(self) -> int:

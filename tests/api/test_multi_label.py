@@ -1,0 +1,178 @@
+"""Multi-label classifiers end to end: a tiny random BERT with a sigmoid head, served by a real
+sidecar, checked against transformers' own logits and a direct NormXLogit computation."""
+
+from __future__ import annotations
+
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from transformers import AutoTokenizer, BertConfig, BertForSequenceClassification
+
+from limelight.core.prediction import label_thresholds, predict, sigmoid
+from limelight.errors import InvalidArgument
+from limelight_client import Client
+from limelight_client.errors import InvalidArgument as InvalidArgumentError
+
+LABELS = ["toxic", "insult", "threat", "spam"]
+#: Head biases that put the labels clearly above or below 0.5 whatever the random weights say.
+BIASES = [3.0, 1.0, -3.0, -1.0]
+TEXT = "you are a dreadful person and this is a terrible, awful idea"
+
+
+@pytest.fixture(scope="module")
+def multi_label_dir(tmp_path_factory: pytest.TempPathFactory, tokenizer_dir: Path) -> Path:
+    """A tiny randomly initialised 4-label BERT (problem_type multi_label_classification)."""
+    out = tmp_path_factory.mktemp("multi-label-bert")
+    torch.manual_seed(1)
+    config = BertConfig(
+        vocab_size=30522,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=64,
+        num_labels=len(LABELS),
+        id2label=dict(enumerate(LABELS)),
+        label2id={name: i for i, name in enumerate(LABELS)},
+        problem_type="multi_label_classification",
+    )
+    model = BertForSequenceClassification(config)
+    with torch.no_grad():
+        model.classifier.bias.copy_(torch.tensor(BIASES))
+    model.save_pretrained(out, safe_serialization=True)
+    AutoTokenizer.from_pretrained(tokenizer_dir).save_pretrained(out)
+    return out
+
+
+def _reference(model_dir: Path, text: str) -> tuple[np.ndarray, np.ndarray, list[int]]:
+    """transformers' sigmoid probabilities [C], NormXLogit [n, C] computed by hand, token ids."""
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    model = BertForSequenceClassification.from_pretrained(model_dir).eval()
+    enc = tokenizer(text, return_tensors="pt")
+    with torch.no_grad():
+        out = model(**enc, output_hidden_states=True)
+        probs = torch.sigmoid(out.logits[0]).numpy()
+        h0, h_last = out.hidden_states[0][0], out.hidden_states[-1][0]
+        pooled = model.bert.pooler.activation(model.bert.pooler.dense(h_last))
+        token_logits = model.classifier(pooled)  # the head applied to every token [n, C]
+        normx = (h0.norm(dim=-1, keepdim=True) * token_logits).numpy()
+    return probs, normx, enc["input_ids"][0].tolist()
+
+
+def test_prediction_rule() -> None:
+    logits = np.array([2.0, 0.1, -4.0, 0.0], dtype=np.float32)
+    p = predict(logits, "multi_label_classification", [0.5, 0.5, 0.5, 0.6])
+    np.testing.assert_allclose(p.probabilities, 1 / (1 + np.exp(-logits)), rtol=1e-6)
+    assert p.active == [0, 1]  # sigmoid(0) = 0.5 < 0.6: label 3 stays out
+    assert p.index == 0
+    low = np.array([-2.0, -1.0], dtype=np.float32)
+    none = predict(low, "multi_label_classification", [0.5, 0.5])
+    assert none.active == [] and none.index == 1
+    single = predict(logits, "single_label_classification", [])
+    assert single.active == [0] and abs(float(single.probabilities.sum()) - 1) < 1e-6
+    assert sigmoid(np.array([-1000.0, 1000.0], dtype=np.float32)).tolist() == [0.0, 1.0]
+    assert label_thresholds(["a", "b"], 0.5, {"b": 0.3}) == [0.5, 0.3]
+    with pytest.raises(InvalidArgument, match="unknown labels 'c'"):
+        label_thresholds(["a", "b"], 0.5, {"c": 0.3})
+    with pytest.raises(InvalidArgument, match="not in"):
+        label_thresholds(["a", "b"], 1.5, {})
+
+
+def test_multi_label_explain_job_drift_and_metrics(
+    start_sidecar: Callable[..., Any], multi_label_dir: Path
+) -> None:
+    running = start_sidecar(model_dir=multi_label_dir, drift_bootstrap_n=4, drift_window=10)
+    probs, normx, ids = _reference(multi_label_dir, TEXT)
+    expected = [LABELS[i] for i in np.argsort(-probs) if probs[i] >= 0.5]
+    assert expected == ["toxic", "insult"]  # the fixture's biases
+    with Client(running.target, timeout=60) as client:
+        info = client.model()
+        assert info.problem_type == "multi_label_classification"
+        assert info.thresholds == dict.fromkeys(LABELS, 0.5)
+
+        result = client.explain(TEXT, method="normxlogit")
+        assert result.multi_label
+        assert [t.id for t in result.tokens] == ids
+        np.testing.assert_allclose(
+            [result.probabilities[name] for name in LABELS], probs, rtol=1e-4, atol=1e-6
+        )
+        assert result.predicted_labels == expected
+        assert result.label == "toxic" and result.label_index == 0  # the most probable label
+        # Every predicted label is explained, each with NormXLogit for its own column.
+        explained = result.explained()
+        assert [e.target_label for e in explained] == expected
+        for one in explained:
+            assert one.tokens == result.tokens
+            column = normx[:, LABELS.index(one.target_label)]
+            np.testing.assert_allclose(one.scores, column, rtol=1e-4, atol=1e-5)
+        assert result.explanation_for("insult") is explained[1]
+
+        # A requested target (here a label not predicted) is explained alone.
+        threat = client.explain(TEXT, target="threat", method="normxlogit")
+        assert threat.target_label == "threat" and threat.label_explanations == []
+        assert threat.predicted_labels == expected
+        np.testing.assert_allclose(threat.scores, normx[:, 2], rtol=1e-4, atol=1e-5)
+
+        # Jobs take any label as their target, and report the multi-label prediction.
+        job = client.submit(TEXT, "grad_x_input", target="spam")
+        done = job.result(timeout=120)
+        assert done.target_label == "spam" and done.multi_label
+        assert done.predicted_labels == expected
+        np.testing.assert_allclose(
+            [done.probabilities[name] for name in LABELS], probs, rtol=1e-4, atol=1e-6
+        )
+
+        # Drift and metrics count each predicted label.
+        for _ in range(4):
+            client.explain(TEXT)
+        report = client.drift(top_k=3)
+    assert report.reference_state == "ready"
+    # Six inline requests, two predicted labels each: the first two make the reference
+    # (bootstrap 4 observations), the other four fill the window, four per label.
+    counts = {d.label: d.window_count for d in report.labels}
+    assert counts.get("toxic") == counts.get("insult") == 4
+    assert report.reference_count == 4 and report.window_count == 8
+    assert not counts.get("threat") and not counts.get("spam")
+    with urllib.request.urlopen(running.metrics_url, timeout=10) as response:
+        exposition = response.read().decode()
+    assert 'limelight_predictions_total{label="toxic"} 6.0' in exposition
+    assert 'limelight_predictions_total{label="insult"} 6.0' in exposition
+    assert 'limelight_predictions_total{label="threat"}' not in exposition
+
+
+def test_per_label_thresholds_and_rendering(
+    start_sidecar: Callable[..., Any], multi_label_dir: Path, tmp_path: Path
+) -> None:
+    running = start_sidecar(
+        model_dir=multi_label_dir, label_thresholds={"insult": 0.999, "spam": 0.01}
+    )
+    _, normx, _ = _reference(multi_label_dir, TEXT)
+    with Client(running.target, timeout=60) as client:
+        result = client.explain(TEXT, method="normxlogit")
+        with pytest.raises(InvalidArgumentError):
+            client.explain(TEXT, target="no-such-label")
+    assert result.thresholds["insult"] == pytest.approx(0.999)
+    assert result.predicted_labels == ["toxic", "spam"]  # spam's 0.01 lets it in
+    assert [e.target_label for e in result.explained()] == ["toxic", "spam"]
+    np.testing.assert_allclose(
+        result.label_explanations[0].scores, normx[:, 3], rtol=1e-4, atol=1e-5
+    )
+    text = result.to_terminal(color=False)
+    assert "prediction: {toxic, spam}" in text
+    assert "── explaining toxic ──" in text and "── explaining spam ──" in text
+    assert "(threshold 1.00)" in text  # insult's 0.999, two decimals
+    page = result.to_html(tmp_path / "out.html")
+    assert "<h2>toxic</h2>" in page and "<h2>spam</h2>" in page
+    data = result.to_dict()
+    assert [e["target_label"] for e in data["label_explanations"]] == ["spam"]
+
+
+def test_unknown_threshold_label_is_a_startup_error(
+    start_sidecar: Callable[..., Any], multi_label_dir: Path
+) -> None:
+    with pytest.raises(Exception, match="unknown labels 'toxicity'"):
+        start_sidecar(model_dir=multi_label_dir, label_thresholds={"toxicity": 0.3})
