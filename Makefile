@@ -21,11 +21,16 @@ $(STAMP): pyproject.toml client/pyproject.toml Makefile
 	$(BIN)/pip install --no-deps $(TEST_CLIENTS)
 	touch $@
 
-# System services the tests run for real: redis-server and promtool.
+# System services and tools the tests run for real: redis-server, promtool, and headless
+# chromium with its driver for the web viewer's browser tests.
 sysdeps:
 	@if ! command -v redis-server >/dev/null || ! command -v promtool >/dev/null; then \
 		echo "installing redis-server and prometheus (promtool)"; \
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server prometheus >/dev/null; \
+	fi
+	@if ! command -v chromium >/dev/null || ! command -v chromedriver >/dev/null; then \
+		echo "installing chromium and chromium-driver (web viewer browser tests)"; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver >/dev/null; \
 	fi
 
 demo: venv

@@ -61,6 +61,13 @@ class Settings(BaseSettings):
     http_tls: bool = True
     """Serve the HTTP port with TLS too when ``tls_cert``/``tls_key`` are set (same client CA);
     false keeps it plain HTTP, e.g. for a Prometheus without client certificates."""
+    viewer_enabled: bool = True
+    """Serve the web explanation viewer on the HTTP port (``/viewer/``, with its JSON routes
+    under ``/viewer/api/``, behind the same bearer tokens as the other HTTP APIs); false
+    removes every ``/viewer`` route."""
+    viewer_drift_sample_s: float = 30.0
+    """How often the viewer samples the drift report for its divergence-over-time chart
+    (kept in memory, the last 720 samples); 0: only when the page asks."""
     default_method: str = "auto"
     """Inline method used when a request names none. ``auto``: the distilled head when a valid
     one lies beside the model (the demo build makes one), else ``normxlogit``."""

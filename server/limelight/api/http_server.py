@@ -11,6 +11,9 @@ Triton's binary tensor extension is supported both ways: a request whose JSON he
 in ``Inference-Header-Content-Length`` carries its inputs (``binary_data_size``) after the JSON;
 outputs are returned in binary when asked for (``binary_data`` per output or
 ``binary_data_output`` for the request).
+
+The web explanation viewer (``limelight.api.viewer``) adds its page and JSON routes under
+``/viewer`` unless ``viewer_enabled`` is false.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from limelight import tracing
 from limelight.api import oip
 from limelight.api.auth import bearer_allowed
 from limelight.api.errors import INTERNAL_MESSAGE, http_status_for
+from limelight.api.viewer import Viewer
 from limelight.core.service import ExplanationService
 from limelight.core.types import ExplainInput, Explanation
 from limelight.errors import InvalidArgument, LimelightError, Unauthenticated, Unavailable
@@ -447,6 +451,9 @@ class HttpServer:
                 web.post(f"{v1}:explain", r("v1.explain", self.v1_explain)),
             ]
         )
+        if self.settings.viewer_enabled:
+            viewer = Viewer(self.settings, self._service, self._version, bool(self._tokens))
+            viewer.add_to(app, r)
         return app
 
     async def start(self, host: str, port: int, context: ssl.SSLContext | None = None) -> int:

@@ -1,0 +1,513 @@
+"""The web explanation viewer on the HTTP port: its JSON routes with a real HTTP client, bearer
+tokens, the flag that turns it off, and the page itself in headless Chromium (Selenium with
+Debian's chromium-driver) against a real sidecar serving a small random BERT."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from limelight.api.viewer import word_spans
+from limelight.core.types import TokenInfo
+from limelight_client import Client
+from tests.conftest import RunningSidecar
+
+INJECTION = '<img src=x onerror="window.__pwned=1">'
+INJECTION_SCRIPT = "<script>window.__pwned=2</script>"
+TEXT = "a gorgeous, witty, seductive movie"
+
+
+def base(sidecar: RunningSidecar) -> str:
+    return f"http://127.0.0.1:{sidecar.server.metrics_port}"
+
+
+def call(
+    url: str,
+    body: Any = None,
+    token: str | None = None,
+    content_type: str = "application/json",
+) -> tuple[int, Any, dict[str, str]]:
+    data = (
+        None if body is None else (body if isinstance(body, bytes) else json.dumps(body).encode())
+    )
+    request = urllib.request.Request(url, data=data)
+    if data is not None:
+        request.add_header("Content-Type", content_type)
+    if token is not None:
+        request.add_header("Authorization", f"Bearer {token}")
+    try:
+        with urllib.request.urlopen(request, timeout=120) as response:
+            raw = response.read()
+            headers = dict(response.headers)
+            status = response.status
+    except urllib.error.HTTPError as exc:
+        raw, headers, status = exc.read(), dict(exc.headers), exc.code
+    try:
+        return status, json.loads(raw), headers
+    except ValueError:
+        return status, raw.decode(errors="replace"), headers
+
+
+def wait_job(url: str, token: str | None = None) -> dict[str, Any]:
+    while True:
+        status, job, _ = call(url, token=token)
+        assert status == 200, job
+        if job["terminal"]:
+            return job
+        time.sleep(0.1)
+
+
+@pytest.fixture
+def viewer_sidecar(
+    start_sidecar: Callable[..., RunningSidecar], random_bert_dir: Path
+) -> RunningSidecar:
+    """The cheapest real sidecar: a tiny random 3-class BERT with a real WordPiece tokenizer."""
+    return start_sidecar(model_dir=random_bert_dir, viewer_drift_sample_s=0)
+
+
+# --- pure helpers ------------------------------------------------------------------------------
+
+
+def test_word_spans_join_touching_pieces_per_segment() -> None:
+    def tok(text: str, start: int, end: int, special: bool = False, segment: int = 0) -> TokenInfo:
+        return TokenInfo(text, 0, start, end, special, segment)
+
+    tokens = [
+        tok("[CLS]", 0, 0, True),
+        tok("gor", 0, 3),
+        tok("##geous", 3, 8),
+        tok(",", 8, 9),
+        tok("film", 10, 14),
+        tok("[SEP]", 0, 0, True),
+        tok("a", 0, 1, segment=1),
+        tok("[SEP]", 0, 0, True),
+    ]
+    words = word_spans(tokens, "gorgeous, film", "a")
+    assert [(w["text"], w["tokens"], w["segment"]) for w in words] == [
+        ("gorgeous,", [1, 2, 3], 0),
+        ("film", [4], 0),
+        ("a", [6], 1),
+    ]
+
+
+# --- the JSON routes ---------------------------------------------------------------------------
+
+
+def test_model_and_explain(viewer_sidecar: RunningSidecar) -> None:
+    url = base(viewer_sidecar)
+    status, model, headers = call(f"{url}/viewer/api/model")
+    assert status == 200 and headers["Cache-Control"] == "no-store"
+    assert model["labels"] == ["negative", "neutral", "positive"]
+    names = {m["name"]: m for m in model["methods"]}
+    assert names["normxlogit"]["cost"] == "inline" and names["random"]["cost"] == "job"
+    assert names["decoded_gradcam"]["unavailable_reason"]  # no masked-LM head here
+    assert model["jobs"] and model["drift"] and not model["auth"]
+    assert model["max_tokens"] > 0 and model["runtime"] == "torch"
+
+    status, e, _ = call(f"{url}/viewer/api/explain", {"text": TEXT, "text_pair": "a film"})
+    assert status == 200, e
+    assert e["labels"] == model["labels"] and abs(sum(e["probabilities"]) - 1) < 1e-4
+    assert e["target_index"] == e["label_index"] and e["method"] == "normxlogit"
+    pieces = [t for t in e["tokens"] if not t["special"]]
+    assert {t["segment"] for t in pieces} == {0, 1}
+    assert len(e["class_scores"]) == 3 and all(
+        len(r) == len(e["tokens"]) for r in e["class_scores"]
+    )
+    assert e["class_scores"][e["target_index"]] == pytest.approx([t["score"] for t in e["tokens"]])
+    words = [w["text"] for w in e["words"]]
+    assert words == ["a", "gorgeous,", "witty,", "seductive", "movie", "a", "film"]
+
+    status, other, _ = call(f"{url}/viewer/api/explain", {"text": TEXT, "target": "neutral"})
+    assert status == 200 and other["target_label"] == "neutral"
+
+    for body, fragment in [
+        ({"text": "  "}, "empty"),
+        ({"text": TEXT, "method": "nope"}, "nope"),
+        ({"text": TEXT, "target": "nope"}, "nope"),
+        ({"text": 3}, "string"),
+        ({"text": TEXT, "method": "random"}, "job method"),
+    ]:
+        status, error, _ = call(f"{url}/viewer/api/explain", body)
+        assert status == 400 and fragment in error["error"], (body, error)
+    # JSON only: a cross-site form post (text/plain) is refused before anything runs.
+    status, error, _ = call(
+        f"{url}/viewer/api/explain", json.dumps({"text": TEXT}).encode(), content_type="text/plain"
+    )
+    assert status == 400 and "application/json" in error["error"]
+
+
+def test_jobs_submit_watch_list_cancel(viewer_sidecar: RunningSidecar) -> None:
+    url = base(viewer_sidecar)
+    status, job, _ = call(
+        f"{url}/viewer/api/jobs",
+        {
+            "method": "integrated_gradients",
+            "text": TEXT,
+            "params": {"steps": 8},
+            "target": "positive",
+        },
+    )
+    assert status == 201, job
+    assert job["method"] == "integrated_gradients" and job["params"]["steps"] == 8
+    done = wait_job(f"{url}/viewer/api/jobs/{job['id']}")
+    assert done["state"] == "succeeded", done
+    result = done["result"]
+    assert result["target_label"] == "positive" and result["text"] == TEXT
+    assert result["words"] and done["duration_s"] is not None
+
+    status, listing, _ = call(f"{url}/viewer/api/jobs?limit=10")
+    assert status == 200 and job["id"] in [j["id"] for j in listing["jobs"]]
+    assert all("result" not in j for j in listing["jobs"])
+    status, listing, _ = call(f"{url}/viewer/api/jobs?state=queued")
+    assert status == 200 and all(j["state"] == "queued" for j in listing["jobs"])
+
+    for body, fragment in [
+        ({"method": "integrated_gradients", "text": TEXT, "params": {"steps": -1}}, "steps"),
+        ({"method": "normxlogit", "text": TEXT}, "inline"),
+        ({"method": "random", "text": TEXT, "params": []}, "params"),
+        ({"text": TEXT}, "method"),
+    ]:
+        status, error, _ = call(f"{url}/viewer/api/jobs", body)
+        assert status == 400 and fragment in error["error"], (body, error)
+    status, error, _ = call(f"{url}/viewer/api/jobs/no-such-job")
+    assert status == 404
+    status, error, _ = call(f"{url}/viewer/api/jobs?state=bogus")
+    assert status == 400 and "bogus" in error["error"]
+
+    status, cancelled, _ = call(f"{url}/viewer/api/jobs/{job['id']}/cancel", {})
+    assert status == 200 and cancelled["state"] == "succeeded"  # finished jobs stay finished
+
+
+def test_drift_report_and_history(viewer_sidecar: RunningSidecar) -> None:
+    url = base(viewer_sidecar)
+    status, report, _ = call(f"{url}/viewer/api/drift")
+    assert status == 200 and report["reference_state"] == "building"
+    for i in range(viewer_sidecar.settings.drift_bootstrap_n + 5):
+        status, _, _ = call(f"{url}/viewer/api/explain", {"text": f"{TEXT} number {i}"})
+        assert status == 200
+    status, report, _ = call(f"{url}/viewer/api/drift?top_k=3")
+    assert status == 200 and report["reference_state"] == "ready"
+    assert {d["label"] for d in report["labels"]} == {"negative", "neutral", "positive"}
+    assert report["alert_threshold"] == viewer_sidecar.settings.drift_alert_threshold
+    assert all(len(d["risers"]) <= 3 for d in report["labels"])
+    history = report["history"]
+    assert len(history) == 2 and history[-1]["state"] == "ready"
+    assert set(history[-1]["labels"]) == {"negative", "neutral", "positive"}
+    assert sum(history[-1]["counts"].values()) == report["window_count"] == 5
+
+
+def test_static_assets_and_headers(viewer_sidecar: RunningSidecar) -> None:
+    url = base(viewer_sidecar)
+    status, page, headers = call(f"{url}/viewer/")
+    assert status == 200 and headers["Content-Type"].startswith("text/html")
+    assert "script-src 'self'" in headers["Content-Security-Policy"]
+    assert headers["X-Content-Type-Options"] == "nosniff"
+    assert 'src="static/viewer.js"' in page and "http://" not in page and "https://" not in page
+    for name, kind in [("viewer.js", "text/javascript"), ("viewer.css", "text/css")]:
+        status, body, headers = call(f"{url}/viewer/static/{name}")
+        assert status == 200 and headers["Content-Type"].startswith(kind)
+        assert "http://" not in body.replace("http://www.w3.org/2000/svg", "")
+        assert "https://" not in body
+    assert "innerHTML" not in call(f"{url}/viewer/static/viewer.js")[1]
+    for path in [
+        "/viewer/static/index.html",
+        "/viewer/static/..%2f__init__.py",
+        "/viewer/static/x",
+    ]:
+        assert call(url + path)[0] == 404, path
+    status, _, headers = call(f"{url}/viewer")  # redirected to /viewer/
+    assert status == 200 and headers["Content-Type"].startswith("text/html")
+
+
+def test_bearer_tokens_and_job_owners(
+    start_sidecar: Callable[..., RunningSidecar], random_bert_dir: Path, tmp_path: Path
+) -> None:
+    tokens = tmp_path / "tokens"
+    tokens.write_text("alice-token\nbob-token\n")
+    sidecar = start_sidecar(model_dir=random_bert_dir, auth_tokens_file=tokens)
+    url = base(sidecar)
+    assert call(f"{url}/viewer/")[0] == 200  # the page itself carries no data
+    assert call(f"{url}/viewer/static/viewer.js")[0] == 200
+    for path, body in [
+        ("model", None),
+        ("explain", {"text": TEXT}),
+        ("jobs", None),
+        ("jobs", {"method": "random", "text": TEXT}),
+        ("drift", None),
+    ]:
+        status, error, headers = call(f"{url}/viewer/api/{path}", body)
+        assert status == 401 and headers["WWW-Authenticate"] == "Bearer", (path, error)
+        assert call(f"{url}/viewer/api/{path}", body, token="wrong")[0] == 401
+    status, model, _ = call(f"{url}/viewer/api/model", token="alice-token")
+    assert status == 200 and model["auth"] is True
+
+    status, job, _ = call(
+        f"{url}/viewer/api/jobs", {"method": "random", "text": TEXT}, token="alice-token"
+    )
+    assert status == 201
+    job_url = f"{url}/viewer/api/jobs/{job['id']}"
+    assert wait_job(job_url, token="alice-token")["state"] == "succeeded"
+    # Jobs belong to their submitter: another token neither sees nor cancels them ...
+    assert call(job_url, token="bob-token")[0] == 404
+    assert call(f"{job_url}/cancel", {}, token="bob-token")[0] == 404
+    _, listing, _ = call(f"{url}/viewer/api/jobs", token="bob-token")
+    assert job["id"] not in [j["id"] for j in listing["jobs"]]
+    # ... and the owner is the same principal over gRPC.
+    with Client(sidecar.target, token="alice-token", timeout=30) as client:
+        assert client.job(job["id"]).refresh().state.name.lower() == "succeeded"
+    with Client(sidecar.target, token="bob-token", timeout=30) as client:
+        assert job["id"] not in [j.id for j in client.jobs()]
+
+
+def test_flag_turns_the_viewer_off(
+    start_sidecar: Callable[..., RunningSidecar], random_bert_dir: Path
+) -> None:
+    sidecar = start_sidecar(model_dir=random_bert_dir, viewer_enabled=False)
+    url = base(sidecar)
+    for path in ["/viewer/", "/viewer", "/viewer/static/viewer.js", "/viewer/api/model"]:
+        assert call(url + path)[0] == 404, path
+    assert call(f"{url}/v2")[0] == 200  # the other APIs stay
+
+
+# --- in a real browser ---------------------------------------------------------------------------
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+CHROMEDRIVER = shutil.which("chromedriver")
+needs_browser = pytest.mark.skipif(
+    CHROMIUM is None or CHROMEDRIVER is None,
+    reason="headless Chromium and chromium-driver are not installed (make sysdeps installs them)",
+)
+WAIT_S = 300.0
+"""Upper bound for the browser waits: a safety net against a hung page, not a time limit."""
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    assert CHROMIUM is not None and CHROMEDRIVER is not None
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    for arg in (
+        "--headless=new",
+        "--no-sandbox",
+        "--disable-dev-shm-usage",
+        "--disable-gpu",
+        "--window-size=1280,1000",
+        "--lang=en-US",
+    ):
+        options.add_argument(arg)
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
+    driver.set_page_load_timeout(WAIT_S)
+    yield driver
+    driver.quit()
+
+
+def wait(driver: Any, condition: Callable[[Any], Any]) -> Any:
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    return WebDriverWait(driver, WAIT_S, poll_frequency=0.1).until(condition)
+
+
+def open_viewer(driver: Any, sidecar: RunningSidecar, fragment: str = "") -> None:
+    driver.get(f"{base(sidecar)}/viewer/{fragment}")
+    wait(driver, lambda d: d.execute_script("return document.body.dataset.ready === 'true'"))
+
+
+def heatmap(driver: Any, selector: str = "#heatmap") -> list[tuple[str, float, tuple[int, ...]]]:
+    """(text, score, background rgb) of every token span, as the browser computed them."""
+    rows = driver.execute_script(
+        "return [...document.querySelectorAll(arguments[0] + ' .tok')].map(s => "
+        "[s.textContent, Number(s.dataset.score), getComputedStyle(s).backgroundColor])",
+        selector,
+    )
+    out = []
+    for text, score, colour in rows:
+        rgb = tuple(int(float(x)) for x in colour[colour.index("(") + 1 : -1].split(",")[:3])
+        out.append((text, score, rgb))
+    return out
+
+
+def check_colour_order(spans: list[tuple[str, float, tuple[int, ...]]]) -> None:
+    """Stronger scores are darker on their side of zero: orange above, blue below."""
+    for sign in (1, -1):
+        side = sorted((abs(s), 765 - sum(rgb), rgb) for _, s, rgb in spans if s * sign > 0)
+        darkness = [d for _, d, _ in side]
+        assert darkness == sorted(darkness), side
+        for _, _, (r, _, b) in side:
+            assert (r >= b) if sign > 0 else (b >= r)
+
+
+def explain_in_page(driver: Any, text: str, pair: str = "") -> None:
+    from selenium.webdriver.common.by import By
+
+    driver.find_element(By.CSS_SELECTOR, "nav a[data-view=explain]").click()
+    box = driver.find_element(By.ID, "text")
+    box.clear()
+    box.send_keys(text)
+    driver.find_element(By.ID, "pair").clear()
+    if pair:
+        driver.find_element(By.ID, "pair").send_keys(pair)
+    driver.execute_script("document.getElementById('heatmap').replaceChildren()")
+    driver.find_element(By.ID, "explain-button").click()
+    wait(driver, lambda d: d.find_elements(By.CSS_SELECTOR, "#heatmap .tok"))
+
+
+def no_console_errors(driver: Any) -> None:
+    errors = [e for e in driver.get_log("browser") if e["level"] == "SEVERE"]
+    assert not errors, "\n".join(e["message"] for e in errors)
+
+
+@needs_browser
+def test_browser_pages_explain_and_jobs(
+    browser: Any, viewer_sidecar: RunningSidecar, tmp_path: Path
+) -> None:
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.common.keys import Keys
+    from selenium.webdriver.support.ui import Select
+
+    driver = browser
+    open_viewer(driver, viewer_sidecar)
+    driver.save_screenshot(str(tmp_path / "viewer_start.png"))
+    # Every section loads and shows its content.
+    for view, probe in [
+        ("model", "#methods-table tbody tr[data-method=normxlogit]"),
+        ("jobs", "#jobs-table tbody tr"),
+        ("drift", "#drift-chart svg"),
+        ("compare", "#compare-form"),
+    ]:
+        driver.find_element(By.CSS_SELECTOR, f"nav a[data-view={view}]").click()
+        wait(driver, lambda d, p=probe: d.find_elements(By.CSS_SELECTOR, p))
+        assert driver.find_element(By.ID, f"view-{view}").is_displayed()
+        current = driver.find_element(By.CSS_SELECTOR, "nav a[aria-current=page]")
+        assert current.get_attribute("data-view") == view
+        driver.save_screenshot(str(tmp_path / f"viewer_{view}.png"))
+    row = driver.find_element(By.CSS_SELECTOR, "tr[data-method=decoded_gradcam]")
+    reason = row.get_attribute("textContent")
+    assert "unavailable" in reason
+
+    # Explain: prediction, heat-map tokens in text order, colours ordered by score.
+    explain_in_page(driver, TEXT)
+    spans = heatmap(driver)
+    assert [t for t, _, _ in spans] == ["a", "gorgeous", ",", "witty", ",", "seductive", "movie"]
+    check_colour_order(spans)
+    predicted = driver.find_element(By.CSS_SELECTOR, "#prediction .predicted").text
+    assert "(predicted)" in predicted
+    driver.save_screenshot(str(tmp_path / "viewer_explain.png"))
+
+    # Keyboard: the first token takes focus and the arrows move along; its score is read out.
+    first = driver.find_element(By.CSS_SELECTOR, "#heatmap .tok")
+    driver.execute_script("arguments[0].focus()", first)
+    first.send_keys(Keys.ARROW_RIGHT)
+    focused = driver.switch_to.active_element
+    assert focused.text == "gorgeous"
+    assert "gorgeous" in driver.find_element(By.ID, "token-info").text
+    assert "score" in driver.find_element(By.ID, "token-info").text
+
+    # Words level, and another target class (the page switches without a round trip).
+    driver.find_element(By.CSS_SELECTOR, "input[name=level][value=words]").click()
+    words = heatmap(driver)
+    assert [t for t, _, _ in words] == ["a", "gorgeous,", "witty,", "seductive", "movie"]
+    check_colour_order(words)
+    Select(driver.find_element(By.ID, "target")).select_by_visible_text("neutral")
+    wait(driver, lambda d: "target=neutral" in d.current_url)
+    assert "neutral" in driver.find_element(By.ID, "heatmap").get_attribute("aria-label")
+
+    # The permalink reproduces the view in a fresh page.
+    driver.find_element(By.ID, "permalink").click()
+    link = driver.find_element(By.ID, "permalink-out").get_attribute("value")
+    assert "level=words" in link and "target=neutral" in link
+    driver.get("about:blank")
+    driver.get(link)
+    wait(driver, lambda d: d.find_elements(By.CSS_SELECTOR, "#heatmap .tok"))
+    assert [t for t, _, _ in heatmap(driver)] == [t for t, _, _ in words]
+    assert Select(driver.find_element(By.ID, "target")).first_selected_option.text == "neutral"
+
+    # Exports are built in the page from the same units (what the download buttons save).
+    exported_svg = driver.execute_script("return window.limelightViewer.heatmapSvg()")
+    assert exported_svg.startswith("<svg") and exported_svg.count("<rect") == len(words) + 1
+    exported_html = driver.execute_script("return window.limelightViewer.heatmapHtml()")
+    assert exported_html.startswith("<!doctype html>") and "seductive" in exported_html
+
+    # Compare methods: submit a job from the page, watch it to completion, rank agreement.
+    driver.find_element(By.CSS_SELECTOR, "input[name=level][value=tokens]").click()
+    driver.find_element(By.CSS_SELECTOR, "nav a[data-view=compare]").click()
+    Select(driver.find_element(By.ID, "job-method")).select_by_value("integrated_gradients")
+    steps = driver.find_element(By.ID, "param-steps")
+    steps.clear()
+    steps.send_keys("8")
+    driver.find_element(By.ID, "compare-submit").click()
+    card = wait(
+        driver,
+        lambda d: d.find_elements(By.CSS_SELECTOR, ".run[data-state=succeeded] .agreement"),
+    )[0]
+    rho = float(card.get_attribute("data-spearman"))
+    assert -1.0 <= rho <= 1.0
+    assert len(driver.find_elements(By.CSS_SELECTOR, "#compare-runs .run")) == 2  # side by side
+    job_spans = heatmap(driver, ".run[data-state=succeeded] .heatmap")
+    assert [t for t, _, _ in job_spans] == [t for t, _, _ in spans]
+    check_colour_order(job_spans)
+    driver.save_screenshot(str(tmp_path / "viewer_compare_done.png"))
+
+    # Jobs: the job is listed with its state; opening it shows its heat-map.
+    driver.find_element(By.CSS_SELECTOR, "nav a[data-view=jobs]").click()
+    row = wait(driver, lambda d: d.find_elements(By.CSS_SELECTOR, "#jobs-table tr[data-job-id]"))[0]
+    assert "integrated_gradients" in row.text and "succeeded" in row.text
+    row.find_element(By.XPATH, ".//button[text()='Open']").click()
+    wait(driver, lambda d: d.find_elements(By.CSS_SELECTOR, "#job-detail .tok"))
+    driver.save_screenshot(str(tmp_path / "viewer_jobs_open.png"))
+    no_console_errors(driver)
+
+
+@needs_browser
+def test_browser_script_injection_is_inert(
+    browser: Any, viewer_sidecar: RunningSidecar, tmp_path: Path
+) -> None:
+    from selenium.webdriver.common.by import By
+
+    driver = browser
+    open_viewer(driver, viewer_sidecar)
+    hostile = f"{INJECTION} {INJECTION_SCRIPT} bad"
+    explain_in_page(driver, hostile, pair="<b>bold</b>")
+    heat = driver.find_element(By.ID, "heatmap")
+    assert not heat.find_elements(By.TAG_NAME, "img")
+    assert not heat.find_elements(By.TAG_NAME, "script")
+    assert not heat.find_elements(By.TAG_NAME, "b")
+    assert "<" in heat.text and "img" in heat.text and "script" in heat.text
+    assert driver.execute_script("return window.__pwned === undefined")
+    driver.find_element(By.CSS_SELECTOR, "input[name=level][value=words]").click()
+    assert INJECTION.split()[0] in [t for t, _, _ in heatmap(driver)]  # "<img", one word
+    assert driver.execute_script("return window.__pwned === undefined")
+    exported = driver.execute_script("return window.limelightViewer.heatmapHtml()")
+    (tmp_path / "injection_export.html").write_text(exported)
+    assert "<img" not in exported and "&lt;img" in exported
+    assert "<script" not in exported and "&lt;script" in exported
+    assert "<img" not in driver.execute_script("return window.limelightViewer.heatmapSvg()")
+    driver.save_screenshot(str(tmp_path / "viewer_injection.png"))
+
+    # The same text through a permalink, and as a job in the Jobs table.
+    driver.find_element(By.ID, "permalink").click()
+    link = driver.find_element(By.ID, "permalink-out").get_attribute("value")
+    driver.get("about:blank")
+    driver.get(link)
+    wait(driver, lambda d: d.find_elements(By.CSS_SELECTOR, "#heatmap .tok"))
+    assert not driver.find_elements(By.CSS_SELECTOR, "#heatmap img, #heatmap script")
+    status, _, _ = call(
+        f"{base(viewer_sidecar)}/viewer/api/jobs", {"method": "random", "text": hostile}
+    )
+    assert status == 201
+    driver.find_element(By.CSS_SELECTOR, "nav a[data-view=jobs]").click()
+    row = wait(driver, lambda d: d.find_elements(By.CSS_SELECTOR, "#jobs-table tr[data-job-id]"))[0]
+    assert INJECTION in row.text and not row.find_elements(By.TAG_NAME, "img")
+    assert driver.execute_script("return window.__pwned === undefined")
+    no_console_errors(driver)
