@@ -19,7 +19,9 @@ def add_model_args(parser: argparse.ArgumentParser) -> None:
         "--model",
         dest="model_dir",
         type=Path,
-        help="local Hugging Face classifier directory (default: the demo model)",
+        help="local Hugging Face classifier directory, or a Hugging Face model id (org/name"
+        "[@revision]) already in the local Hugging Face cache; never downloaded (default: the "
+        "demo model)",
     )
     parser.add_argument(
         "--demo",

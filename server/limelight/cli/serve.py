@@ -83,8 +83,9 @@ def preflight(settings: Settings) -> None:
     """Refuse, before any port opens, what the settings alone show to be wrong."""
     if settings.model_dir is not None:
         from limelight.models.loaded import check_model_directory
+        from limelight.models.sources import resolve_model_source
 
-        check_model_directory(Path(settings.model_dir).expanduser())
+        check_model_directory(resolve_model_source(settings.model_dir).path)
     if (settings.tls_cert is None) != (settings.tls_key is None):
         raise InvalidArgument("--tls-cert and --tls-key go together: give both or neither")
     if settings.tls_client_ca is not None and settings.tls_cert is None:

@@ -20,6 +20,7 @@ from limelight.core.prediction import MULTI_LABEL, REGRESSION, SINGLE_LABEL, Pro
 from limelight.core.types import Encoded, TokenInfo
 from limelight.errors import InvalidArgument, ModelLoadError
 from limelight.models.adapters import HeadAdapter, adapter_for, check_architecture
+from limelight.models.sources import resolve_model_source
 
 
 def fingerprint(model_dir: Path) -> str:
@@ -157,6 +158,7 @@ class LoadedModel:
 
 def check_model_directory(model_dir: Path) -> None:
     """Refuse directories Limelight will not load: missing, no config, pickle-only, remote code."""
+    model_dir = Path(model_dir)
     if not model_dir.exists():
         raise ModelLoadError(
             f"model directory {model_dir} does not exist; --model takes a local Hugging Face "
@@ -173,8 +175,12 @@ def check_model_directory(model_dir: Path) -> None:
         )
         found = f" (found {', '.join(pickled[:3])})" if pickled else ""
         raise ModelLoadError(
-            f"{model_dir} has no .safetensors weights{found}; Limelight loads safetensors only: "
-            "convert them with transformers' save_pretrained(dir, safe_serialization=True)"
+            f"{model_dir} has no .safetensors weights{found}; Limelight loads safetensors only "
+            "(unpickling a checkpoint can run code): convert it once where you trust it, e.g. "
+            'python -c "from transformers import AutoModelForSequenceClassification as M, '
+            "AutoTokenizer as T; M.from_pretrained('SRC').save_pretrained('OUT', "
+            "safe_serialization=True); T.from_pretrained('SRC').save_pretrained('OUT')\", "
+            "then serve --model OUT"
         )
     try:
         config = json.loads((model_dir / "config.json").read_text())
@@ -214,9 +220,12 @@ def resolve_device(spec: str) -> torch.device:
     return device
 
 
-def load_model(model_dir: Path, device: str = "cpu", name: str | None = None) -> LoadedModel:
-    """Load a local sequence-classification directory (safetensors only, no remote code)."""
-    model_dir = Path(model_dir).expanduser().resolve()
+def load_model(model_dir: Path | str, device: str = "cpu", name: str | None = None) -> LoadedModel:
+    """Load a local sequence-classification directory (safetensors only, no remote code), or
+    a Hugging Face model id already in the local Hugging Face cache (never downloaded)."""
+    source = resolve_model_source(model_dir)
+    model_dir = source.path.resolve()
+    name = name or source.name
     check_model_directory(model_dir)
     torch_device = resolve_device(device)
     try:
