@@ -221,6 +221,8 @@ def to_terminal(exp: Explanation, scores: str = "scores", color: bool | None = N
         lines.append(f"model: {model}")
     if exp.truncated:
         lines.append("note: the input was truncated to the model's token limit")
+    if exp.windows > 1:
+        lines.append(f"note: explained in {exp.windows} overlapping windows, stitched together")
     width = max((len(name) for name in exp.probabilities), default=0)
     predicted = set(exp.predicted_labels) if exp.multi_label else {exp.label}
     for name, p in exp.probabilities.items():

@@ -214,6 +214,7 @@ class Explanation(_Shape):
     multi_label: bool = False
     thresholds: dict[str, float] = field(default_factory=dict)
     label_explanations: list[Explanation] = field(default_factory=list)
+    windows: int = 0
     text: str | None = None
     text_pair: str | None = None
 
@@ -278,6 +279,7 @@ class Explanation(_Shape):
             multi_label=message.multi_label,
             thresholds=dict(zip(labels, thresholds, strict=False)),
             label_explanations=others,
+            windows=message.windows,
             text=text,
             text_pair=text_pair,
         )

@@ -81,8 +81,17 @@ class Settings(BaseSettings):
     """Longest accepted text (characters, text and pair together)."""
     max_tokens: int = 512
     """Token limit per input, special tokens included (also capped by the model's limit)."""
-    truncation: Literal["truncate", "reject"] = "truncate"
-    """Over-long input: cut it to ``max_tokens`` and flag it, or reject with INVALID_ARGUMENT."""
+    truncation: Literal["truncate", "reject", "window"] = "truncate"
+    """Over-long input: cut it to ``max_tokens`` and flag it, reject it with INVALID_ARGUMENT,
+    or (``window``) explain all of it: overlapping windows of ``max_tokens``, the prediction
+    aggregated over them (``window_aggregation``), the attributions stitched back onto the whole
+    text. Jobs and text pairs truncate under ``window``."""
+    window_stride: int = 64
+    """``truncation=window``: tokens each window shares with the previous one (at most half
+    the token limit)."""
+    window_aggregation: Literal["mean", "max"] = "mean"
+    """``truncation=window``: the document's logits are the mean of its windows' logits, or
+    their maximum per class (a label as strong as its strongest window)."""
     max_message_bytes: int = 4 * 1024 * 1024
     """Largest gRPC message accepted or sent."""
     max_batch_size: int = 32

@@ -125,7 +125,7 @@ class ScoreArray(_message.Message):
     def __init__(self, values: _Optional[_Iterable[float]] = ...) -> None: ...
 
 class ExplainResponse(_message.Message):
-    __slots__ = ("request_id", "label_index", "label", "probabilities", "labels", "explanation", "model_name", "model_version", "truncated", "timings", "predicted_labels", "multi_label", "thresholds", "label_explanations")
+    __slots__ = ("request_id", "label_index", "label", "probabilities", "labels", "explanation", "model_name", "model_version", "truncated", "timings", "predicted_labels", "multi_label", "thresholds", "label_explanations", "windows")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     LABEL_INDEX_FIELD_NUMBER: _ClassVar[int]
     LABEL_FIELD_NUMBER: _ClassVar[int]
@@ -140,6 +140,7 @@ class ExplainResponse(_message.Message):
     MULTI_LABEL_FIELD_NUMBER: _ClassVar[int]
     THRESHOLDS_FIELD_NUMBER: _ClassVar[int]
     LABEL_EXPLANATIONS_FIELD_NUMBER: _ClassVar[int]
+    WINDOWS_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     label_index: int
     label: str
@@ -154,7 +155,8 @@ class ExplainResponse(_message.Message):
     multi_label: bool
     thresholds: _containers.RepeatedScalarFieldContainer[float]
     label_explanations: _containers.RepeatedCompositeFieldContainer[Explanation]
-    def __init__(self, request_id: _Optional[str] = ..., label_index: _Optional[int] = ..., label: _Optional[str] = ..., probabilities: _Optional[_Iterable[float]] = ..., labels: _Optional[_Iterable[str]] = ..., explanation: _Optional[_Union[Explanation, _Mapping]] = ..., model_name: _Optional[str] = ..., model_version: _Optional[str] = ..., truncated: _Optional[bool] = ..., timings: _Optional[_Union[Timings, _Mapping]] = ..., predicted_labels: _Optional[_Iterable[str]] = ..., multi_label: _Optional[bool] = ..., thresholds: _Optional[_Iterable[float]] = ..., label_explanations: _Optional[_Iterable[_Union[Explanation, _Mapping]]] = ...) -> None: ...
+    windows: int
+    def __init__(self, request_id: _Optional[str] = ..., label_index: _Optional[int] = ..., label: _Optional[str] = ..., probabilities: _Optional[_Iterable[float]] = ..., labels: _Optional[_Iterable[str]] = ..., explanation: _Optional[_Union[Explanation, _Mapping]] = ..., model_name: _Optional[str] = ..., model_version: _Optional[str] = ..., truncated: _Optional[bool] = ..., timings: _Optional[_Union[Timings, _Mapping]] = ..., predicted_labels: _Optional[_Iterable[str]] = ..., multi_label: _Optional[bool] = ..., thresholds: _Optional[_Iterable[float]] = ..., label_explanations: _Optional[_Iterable[_Union[Explanation, _Mapping]]] = ..., windows: _Optional[int] = ...) -> None: ...
 
 class GetModelRequest(_message.Message):
     __slots__ = ()

@@ -139,6 +139,7 @@ def explanation_to_proto(e: Explanation) -> pb.ExplainResponse:
         predicted_labels=e.predicted_labels,
         multi_label=e.multi_label,
         thresholds=e.thresholds,
+        windows=e.windows,
     )
     for extra in e.label_attributions:  # tokens omitted: the same as the first explanation's
         _fill_attribution(response.label_explanations.add(), extra)

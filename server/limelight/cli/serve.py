@@ -38,7 +38,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     p.add_argument("--max-batch-size", type=int, help="inline requests per forward pass")
     p.add_argument("--max-batch-wait-ms", type=float, help="how long a batch waits to fill")
     p.add_argument("--max-tokens", type=int, help="token limit per input")
-    p.add_argument("--truncation", choices=["truncate", "reject"], help="over-long input policy")
+    p.add_argument(
+        "--truncation",
+        choices=["truncate", "reject", "window"],
+        help="over-long input policy (window: overlapping windows over the whole text)",
+    )
+    p.add_argument("--window-stride", type=int, help="window: tokens shared by windows (64)")
+    p.add_argument(
+        "--window-aggregation", choices=["mean", "max"], help="window: the logits' aggregate"
+    )
     p.add_argument(
         "--label-threshold",
         type=float,

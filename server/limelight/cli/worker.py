@@ -34,7 +34,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     p.add_argument("--lm-head", dest="lm_head_dir", type=Path, help="masked-LM head directory")
     p.add_argument("--head-mask", dest="head_mask_path", type=Path, help="LRP head mask file")
     p.add_argument("--max-tokens", type=int, help="token limit per input")
-    p.add_argument("--truncation", choices=["truncate", "reject"], help="over-long input policy")
+    p.add_argument(
+        "--truncation",
+        choices=["truncate", "reject", "window"],
+        help="over-long input policy (jobs truncate under window)",
+    )
     p.add_argument("--grace-period-s", type=float, help="SIGTERM: time to finish a running job")
     p.add_argument(
         "--reclaim-idle-s",

@@ -38,6 +38,7 @@ from limelight.core.types import (
     Timings,
     TokenInfo,
 )
+from limelight.core.windows import WindowLayout, aggregate_logits, check_stride, encode_windows
 from limelight.errors import (
     DeadlineExceeded,
     FailedPrecondition,
@@ -149,7 +150,7 @@ def encode_batch(
     model: LoadedModel,
     inputs: Sequence[tuple[str, str | None]],
     max_tokens: int | None = None,
-    truncation: Literal["truncate", "reject"] = "truncate",
+    truncation: Literal["truncate", "reject", "window"] = "truncate",
 ) -> list[Encoded | LimelightError]:
     """Tokenise many inputs with one call of the fast tokenizer.
 
@@ -282,6 +283,8 @@ class ExplanationService:
             )
         self.default_method = default
         self._normxlogit = NormXLogit()
+        if settings.truncation == "window":
+            check_stride(settings.window_stride, min(settings.max_tokens, model.max_tokens))
         #: Multi-label: one threshold per label (an unknown label in the settings fails here).
         self.thresholds = (
             label_thresholds(model.labels, settings.label_threshold, settings.label_thresholds)
@@ -451,6 +454,8 @@ class ExplanationService:
         if request.target is not None and request.target.label is not None:
             self.model.label_index(request.target.label)  # fail fast on an unknown label
         encoded = await self.encode_async(request.text, request.text_pair)
+        if encoded.truncated and self._windowed(request):
+            return await self._explain_windows(request, method, began)
         tokenized = time.monotonic()
         result = await self._batcher.submit(
             _InlineItem(encoded, method, tokenized, tracing.span_context()), request.deadline
@@ -460,6 +465,54 @@ class ExplanationService:
         timings.tokenize_seconds = tokenized - began
         timings.total_seconds = time.monotonic() - began
         self._observe(explanation, result.matrix)
+        return explanation
+
+    def _windowed(self, request: ExplainInput) -> bool:
+        return self.settings.truncation == "window" and request.text_pair is None
+
+    async def _explain_windows(
+        self, request: ExplainInput, method: InlineMethod, began: float
+    ) -> Explanation:
+        """A text over the token limit under ``truncation=window``: every window goes through
+        the micro-batcher as an item of its own; the prediction and the attributions are put
+        back together (``limelight.core.windows``)."""
+        assert self._batcher is not None
+        settings = self.settings
+        limit = min(settings.max_tokens, self.model.max_tokens)
+        windows = await asyncio.get_running_loop().run_in_executor(
+            self._tokenize_executor,
+            encode_windows,
+            self.model,
+            request.text,
+            limit,
+            settings.window_stride,
+        )
+        tokenized = time.monotonic()
+        trace = tracing.span_context()
+        results = await asyncio.gather(
+            *(
+                self._batcher.submit(_InlineItem(w, method, tokenized, trace), request.deadline)
+                for w in windows
+            )
+        )
+        layout = WindowLayout.of(windows)
+        normx = [r.normxlogit for r in results if r.normxlogit is not None]
+        merged = _InlineResult(
+            logits=aggregate_logits([r.logits for r in results], settings.window_aggregation),
+            matrix=layout.stitch([r.matrix for r in results]),
+            normxlogit=layout.stitch(normx) if len(normx) == len(results) else None,
+            queue_s=max(r.queue_s for r in results),
+            forward_s=sum(r.forward_s for r in results),
+            attribute_s=sum(r.attribute_s for r in results),
+            batch_size=max(r.batch_size for r in results),
+        )
+        document = Encoded([t.id for t in layout.tokens], None, layout.tokens, truncated=False)
+        explanation = self._assemble(request, document, method, merged)
+        explanation.windows = len(windows)
+        timings = explanation.timings
+        timings.tokenize_seconds = tokenized - began
+        timings.total_seconds = time.monotonic() - began
+        self._observe(explanation, merged.matrix)
         return explanation
 
     async def explain_many(

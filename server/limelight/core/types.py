@@ -113,6 +113,8 @@ class Explanation:
     label_attributions: list[Attribution] = field(default_factory=list)
     """Multi-label: the attributions of the further explained labels (every predicted label
     after the one ``attribution`` explains), same tokens."""
+    windows: int = 0
+    """``truncation=window``: how many windows the text was explained in (0: one pass)."""
 
     @property
     def attributions(self) -> list[Attribution]:

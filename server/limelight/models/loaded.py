@@ -112,7 +112,7 @@ class LoadedModel:
         text: str,
         text_pair: str | None = None,
         max_tokens: int | None = None,
-        truncation: Literal["truncate", "reject"] = "truncate",
+        truncation: Literal["truncate", "reject", "window"] = "truncate",
     ) -> Encoded:
         """Tokenise with character offsets, flagging special tokens and over-long input."""
         limit = min(max_tokens or self.max_tokens, self.max_tokens)

@@ -1,0 +1,148 @@
+"""``truncation=window``: a text far over the token limit is explained whole, in overlapping
+windows, checked against classifying and explaining each window alone with transformers."""
+
+from __future__ import annotations
+
+import re
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from transformers import AutoTokenizer, BertForSequenceClassification
+
+from limelight_client import Client
+from limelight_client.errors import InvalidArgument
+
+LIMIT, STRIDE = 32, 8
+SENTENCE = (
+    "the service was slow but the food arrived warm and the staff apologised twice while "
+    "the manager offered a discount that nobody had asked for and the evening ended well"
+)
+WORDS = SENTENCE.split(" ")
+TEXT = " ".join(WORDS[i % len(WORDS)] + ("," if i % 11 == 10 else "") for i in range(160))
+
+
+def _windows_alone(model_dir: Path, text: str) -> list[dict[str, Any]]:
+    """Each window classified and explained on its own: logits [C], NormXLogit [n, C], offsets."""
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    model = BertForSequenceClassification.from_pretrained(model_dir).eval()
+    enc = tokenizer(
+        text,
+        truncation=True,
+        max_length=LIMIT,
+        stride=STRIDE,
+        return_overflowing_tokens=True,
+        return_offsets_mapping=True,
+        return_special_tokens_mask=True,
+    )
+    out = []
+    for w, ids in enumerate(enc["input_ids"]):
+        with torch.no_grad():
+            res = model(torch.tensor([ids]), output_hidden_states=True)
+            h0, h_last = res.hidden_states[0][0], res.hidden_states[-1][0]
+            pooled = model.bert.pooler.activation(model.bert.pooler.dense(h_last))
+            normx = (h0.norm(dim=-1, keepdim=True) * model.classifier(pooled)).numpy()
+        out.append(
+            {
+                "logits": res.logits[0].numpy(),
+                "normx": normx,
+                "offsets": [tuple(o) for o in enc["offset_mapping"][w]],
+                "special": enc["special_tokens_mask"][w],
+            }
+        )
+    return out
+
+
+def test_a_long_text_is_explained_whole(
+    start_sidecar: Callable[..., Any], random_bert_dir: Path
+) -> None:
+    running = start_sidecar(
+        model_dir=random_bert_dir,
+        max_tokens=LIMIT,
+        truncation="window",
+        window_stride=STRIDE,
+        max_batch_tokens=4 * LIMIT,
+    )
+    alone = _windows_alone(random_bert_dir, TEXT)
+    assert len(alone) > 5
+    with Client(running.target, timeout=120) as client:
+        result = client.explain(TEXT, method="normxlogit", all_classes=True)
+        short = client.explain("the food arrived warm", method="normxlogit")
+        pair = client.explain(TEXT, text_pair="was it good?", method="normxlogit")
+    assert result.windows == len(alone) and not result.truncated
+    assert short.windows == 0 and pair.windows == 0 and pair.truncated
+
+    # The prediction: softmax of the mean of the windows' logits.
+    mean = np.mean([a["logits"] for a in alone], axis=0)
+    expected = np.exp(mean - mean.max()) / np.exp(mean - mean.max()).sum()
+    np.testing.assert_allclose(list(result.probabilities.values()), expected, rtol=1e-4)
+
+    # Every word of the text is covered by a token, in order, once.
+    content = [t for t in result.tokens if not t.special]
+    starts = [t.start for t in content]
+    assert starts == sorted(starts) and len(set(starts)) == len(starts)
+    covered = {i for t in content for i in range(t.start, t.end)}
+    for match in re.finditer(r"\S", TEXT):
+        assert match.start() in covered
+    assert result.tokens[0].special and result.tokens[-1].special
+
+    # Scores: each window's own NormXLogit; the mean of the two where windows overlap.
+    by_offset: dict[tuple[int, int], list[np.ndarray]] = {}
+    for a in alone:
+        for row, (offset, special) in enumerate(zip(a["offsets"], a["special"], strict=True)):
+            if not special:
+                by_offset.setdefault(offset, []).append(a["normx"][row])
+    assert any(len(v) == 2 for v in by_offset.values())  # the overlaps
+    assert result.class_scores is not None
+    for index, tok in enumerate(result.tokens):
+        if tok.special:
+            continue
+        want = np.mean(by_offset[(tok.start, tok.end)], axis=0)
+        np.testing.assert_allclose(result.class_scores[index], want, rtol=1e-4, atol=1e-5)
+    target = result.labels.index(result.target_label)
+    np.testing.assert_allclose(
+        result.scores, [row[target] for row in result.class_scores], rtol=1e-6
+    )
+    np.testing.assert_allclose(result.scores[0], alone[0]["normx"][0][target], rtol=1e-4)
+    np.testing.assert_allclose(result.scores[-1], alone[-1]["normx"][-1][target], rtol=1e-4)
+
+    # The batcher counted windows: the batch sizes it recorded add up to every window.
+    with urllib.request.urlopen(running.metrics_url, timeout=10) as response:
+        metrics = response.read().decode()
+    total = re.search(r"^limelight_batch_size_sum ([0-9.e+]+)$", metrics, re.M)
+    assert total is not None and float(total.group(1)) == len(alone) + 1 + 1  # + short, pair
+
+
+def test_max_aggregation_and_limits(
+    start_sidecar: Callable[..., Any], random_bert_dir: Path
+) -> None:
+    running = start_sidecar(
+        model_dir=random_bert_dir,
+        max_tokens=LIMIT,
+        truncation="window",
+        window_stride=STRIDE,
+        window_aggregation="max",
+        max_text_chars=len(TEXT),
+    )
+    alone = _windows_alone(random_bert_dir, TEXT)
+    top = np.max([a["logits"] for a in alone], axis=0)
+    expected = np.exp(top - top.max()) / np.exp(top - top.max()).sum()
+    with Client(running.target, timeout=120) as client:
+        result = client.explain(TEXT, method="normxlogit")
+        with pytest.raises(InvalidArgument, match="the limit is"):
+            client.explain(TEXT + " more", method="normxlogit")
+    np.testing.assert_allclose(list(result.probabilities.values()), expected, rtol=1e-4)
+    assert "overlapping windows" in result.to_terminal(color=False)
+
+
+def test_a_stride_over_half_the_window_is_refused(
+    start_sidecar: Callable[..., Any], random_bert_dir: Path
+) -> None:
+    with pytest.raises(Exception, match="window_stride 20 must be between 0 and"):
+        start_sidecar(
+            model_dir=random_bert_dir, max_tokens=LIMIT, truncation="window", window_stride=20
+        )
