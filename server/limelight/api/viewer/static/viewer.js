@@ -812,7 +812,9 @@ function driftChart(report) {
   root.append(svg("text", { x: width - pad.r - 4, y: thresholdY - 6, "text-anchor": "end",
     fill: "#b00020", text: `alert threshold ${report.alert_threshold}` }));
   labels.forEach((label, k) => {
-    const points = history.map((h) => [X(h.t), Y(h.labels[label] || 0)]);
+    // A label with no explanation in the window has no divergence: a gap, not a zero.
+    const points = history.filter((h) => !h.counts || h.counts[label] > 0)
+      .map((h) => [X(h.t), Y(h.labels[label] || 0)]);
     const stroke = LINE_COLOURS[k % LINE_COLOURS.length];
     if (points.length > 1) {
       root.append(svg("polyline", { points: points.map((p) => p.join(",")).join(" "), fill: "none",
@@ -934,7 +936,7 @@ function renderModel() {
       text: x.unavailable_reason ? `${x.name} (unavailable)` : x.name })));
   const jobs = jobMethods();
   $("job-method").replaceChildren(...jobs.map((x) => el("option", { value: x.name,
-    text: x.unavailable_reason ? `${x.name} (unavailable: ${x.unavailable_reason})` : x.name })));
+    text: x.unavailable_reason ? `${x.name} (unavailable)` : x.name })));
   const firstAvailable = jobs.find((x) => !x.unavailable_reason);
   if (firstAvailable) $("job-method").value = firstAvailable.name;
   renderParams();
