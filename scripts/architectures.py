@@ -33,6 +33,23 @@ class Row:
     status: str  # served | refused | unverified
     detail: str
     onnx: str
+    #: Job methods unavailable for this family besides LRP's and Decoded Grad-CAM's general
+    #: conditions, with the reason ("" when none).
+    jobs: str = ""
+
+
+def job_exceptions(adapter: object) -> str:
+    """Job methods a served family cannot run, from what its adapter found on the probe."""
+    out = []
+    problem = getattr(adapter, "inputs_embeds_problem", "")
+    if problem:
+        out.append(f"gradient, grad_x_input, integrated_gradients: {problem}")
+    if getattr(adapter, "hidden_state_copies", False):
+        out.append(
+            "decoded_gradcam: its hidden states are sliced copies of the tensors its blocks "
+            "compute with"
+        )
+    return "; ".join(out)
 
 
 def survey_one(model_type: str) -> Row:
@@ -59,21 +76,12 @@ def survey_one(model_type: str) -> Row:
         return Row(model_type, "unverified", f"tiny config does not build: {first}", onnx)
     try:
         check_architecture(model.config)
-    except ModelLoadError as exc:
-        # Only pooling settings get here; the derivation itself is still checked below.
-        adapter = GenericAdapter(model).derive()
-        return Row(
-            model_type,
-            "refused",
-            f"{_reason(exc.message, model_type)} (derived: {adapter.derivation})",
-            onnx,
-        )
-    try:
         adapter = GenericAdapter(model).derive()
     except ModelLoadError as exc:
         return Row(model_type, "refused", _reason(exc.message, model_type), "—")
     note = OVERRIDES[model_type].note if model_type in OVERRIDES else ""
-    return Row(model_type, "served", adapter.derivation + (f"; {note}" if note else ""), onnx)
+    detail = adapter.derivation + (f"; {note}" if note else "")
+    return Row(model_type, "served", detail, onnx, job_exceptions(adapter))
 
 
 def render(rows: list[Row], version: str) -> str:
@@ -92,20 +100,35 @@ def render(rows: list[Row], version: str) -> str:
         "loaded and is refused with one line if it fails. **refused**: with the reason. "
         "**unverified**: no tiny model could be built offline here.",
         "",
-        "Inline methods (NormXLogit and the distilled head) apply to every served family; "
-        "the per-token forms, mean pooling included, are in "
-        "[methods/normxlogit.md](methods/normxlogit.md). Job methods declare themselves "
-        "unavailable where they do not apply (LRP on decoders, Decoded Grad-CAM without an LM "
-        "head) and the service refuses them with the reason. **ONNX**: `yes` where the export "
-        "was checked for parity with torch (`limelight export-onnx`).",
+        "Inline methods (NormXLogit and the distilled head) apply to every served family, "
+        "whatever its pooling: first token, last non-pad token, masked mean (ModernBERT and "
+        'EuroBERT with `classifier_pooling="mean"`) or mean of per-token logits (EuroBERT\'s '
+        'default `"late"`); the per-token forms are in '
+        "[methods/normxlogit.md](methods/normxlogit.md). The served logits are the model's own "
+        "under its pooling, and the gradient methods differentiate that same pooled logit.",
         "",
-        "| architecture | status | head and pooling, or reason | ONNX |",
-        "|---|---|---|---|",
+        "Job methods run on every served family except where the **job methods** column names "
+        "one, with the reason (found on the same load-time probe), and these two general "
+        f"conditions: LRP propagates through {', '.join(lrp_architectures())} only, and Decoded "
+        "Grad-CAM needs a masked-LM head (`--lm-head` or a fitted one). The service refuses an "
+        "unavailable method with FAILED_PRECONDITION and the reason before anything is queued. "
+        "**ONNX**: `yes` where the export was checked for parity with torch on a tiny model "
+        "(`limelight export-onnx`; every declared pooling), otherwise why not.",
+        "",
+        "| architecture | status | head and pooling, or reason | job methods | ONNX |",
+        "|---|---|---|---|---|",
     ]
     for r in rows:
         detail = r.detail.replace("|", "\\|")
-        lines.append(f"| `{r.model_type}` | {r.status} | {detail} | {r.onnx} |")
+        jobs = r.jobs.replace("|", "\\|") or ("all" if r.status == "served" else "—")
+        lines.append(f"| `{r.model_type}` | {r.status} | {detail} | {jobs} | {r.onnx} |")
     return "\n".join(lines) + "\n"
+
+
+def lrp_architectures() -> list[str]:
+    from limelight.methods.lrp import SUPPORTED_ARCHITECTURES
+
+    return list(SUPPORTED_ARCHITECTURES)
 
 
 def main(argv: list[str] | None = None) -> int:

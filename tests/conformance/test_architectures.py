@@ -3,7 +3,9 @@
 Each family is a tiny random-init classifier saved to disk with a real WordPiece tokenizer and
 loaded as the sidecar loads it. Checked: probabilities equal transformers' own, NormXLogit
 equals a direct computation (embedding-output norm × the head written out by hand from the
-family's modules), every token is scored, and one job method runs. The same checks over every
+family's modules), every token is scored, and one job method runs. Mean- and late-pooled heads
+(ModernBERT ``classifier_pooling="mean"``, EuroBERT) are checked the same way, and the gradient
+methods are compared with autograd through transformers' own forward. The same checks over every
 served family are ``slow``.
 """
 
@@ -42,12 +44,31 @@ def _tanh_dense_out(model: Any, h: torch.Tensor) -> torch.Tensor:
     return head.out_proj(torch.tanh(head.dense(h)))  # type: ignore[no-any-return]
 
 
+def _modernbert(model: Any, h: torch.Tensor) -> torch.Tensor:
+    return model.classifier(model.head.norm(model.head.act(model.head.dense(h))))  # type: ignore[no-any-return]
+
+
+def _eurobert(model: Any, h: torch.Tensor) -> torch.Tensor:
+    return model.classifier(torch.nn.functional.gelu(model.dense(h)))  # type: ignore[no-any-return]
+
+
+#: Families tested with a pooling other than their default: name -> (model_type, config values).
+VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
+    "modernbert-mean": ("modernbert", {"classifier_pooling": "mean"}),
+    "eurobert-late": ("eurobert", {"classifier_pooling": "late"}),
+    "eurobert-mean": ("eurobert", {"classifier_pooling": "mean"}),
+}
+
+
 #: The head on one token's final hidden state, written out from each family's modules.
 DIRECT_HEADS: dict[str, Callable[[Any, torch.Tensor], torch.Tensor]] = {
     "albert": lambda m, h: m.classifier(torch.tanh(m.albert.pooler(h))),
     "electra": lambda m, h: m.classifier.out_proj(torch.nn.functional.gelu(m.classifier.dense(h))),
     "longformer": _tanh_dense_out,
-    "modernbert": lambda m, h: m.classifier(m.head.norm(m.head.act(m.head.dense(h)))),
+    "modernbert": _modernbert,
+    "modernbert-mean": _modernbert,
+    "eurobert-late": _eurobert,
+    "eurobert-mean": _eurobert,
     "mpnet": _tanh_dense_out,
     "gemma": _decoder,
     "gemma2": _decoder,
@@ -60,14 +81,14 @@ FAMILIES = sorted(DIRECT_HEADS)
 EVERY_FAMILY = [
     t
     for t in adapters.supported_model_types()
-    # eurobert's default late pooling is refused at load time (test_adapters covers it)
-    if t not in NOT_BUILT and t not in DIRECT_HEADS and t != "eurobert"
+    if t not in NOT_BUILT and t not in DIRECT_HEADS and t != "eurobert"  # eurobert: VARIANTS
 ]
 
 
-def build(model_type: str, directory: Path, tokenizer_dir: Path) -> LoadedModel:
+def build(name: str, directory: Path, tokenizer_dir: Path) -> LoadedModel:
+    model_type, values = VARIANTS.get(name, (name, {}))
     torch.manual_seed(0)
-    config = tiny_config(model_type, vocab_size=VOCAB)
+    config = tiny_config(model_type, vocab_size=VOCAB, **values)
     config.id2label = {0: "neg", 1: "mixed", 2: "pos"}
     config.label2id = {v: k for k, v in config.id2label.items()}
     AutoModelForSequenceClassification.from_config(config).save_pretrained(directory)
@@ -164,3 +185,85 @@ def test_every_served_family(model_type: str, built: Callable[[str], LoadedModel
 
     # ConvBERT's span convolution and Nystromformer's landmarks see padded positions.
     check_family(model, derived, atol=1e-3 if model_type in ("convbert", "nystromformer") else 1e-5)
+
+
+def test_variants_serve_their_declared_pooling(built: Callable[[str], LoadedModel]) -> None:
+    for name, (_, values) in VARIANTS.items():
+        assert built(name).adapter.pooling == values["classifier_pooling"], name
+
+
+def _job(model: LoadedModel, method: str, params: dict[str, Any], tmp_path: Path) -> np.ndarray:
+    methods = MethodRegistry.builtin()
+    settings = Settings(jobs="off", drift_enabled=False, cache_dir=tmp_path)
+    spec = JobSpec(method=method, text=TEXTS[0], params=methods.get(method).validate_params(params))
+    explanation = JobRunner(model, methods, settings).run(spec)
+    assert explanation.attribution.target_index == explanation.label_index
+    return np.asarray(explanation.attribution.scores)
+
+
+def _target(model: LoadedModel, ids: torch.Tensor) -> int:
+    with torch.no_grad():
+        return int(model.model(input_ids=ids).logits[0].argmax())
+
+
+@pytest.mark.parametrize("name", FAMILIES)
+def test_gradient_matches_transformers_autograd(
+    name: str, built: Callable[[str], LoadedModel], tmp_path: Path
+) -> None:
+    """``gradient``: ‖∂logit/∂e_i‖ through transformers' own classifier (its own pooling and
+    head, inputs_embeds), so the served target logit is the model's on every pooling."""
+    model = built(name)
+    ids = model.tokenizer(TEXTS[0], return_tensors="pt")["input_ids"]
+    target = _target(model, ids)
+    embeds = model.model.get_input_embeddings()(ids).detach().requires_grad_(True)
+    kwargs: dict[str, Any] = (
+        {"use_cache": False} if adapters._accepts(model.model, "use_cache") else {}
+    )
+    if model.architecture == "longformer":  # its classifier builds this from input_ids only
+        kwargs["global_attention_mask"] = torch.zeros_like(ids)
+        kwargs["global_attention_mask"][:, 0] = 1
+    logit = model.model(inputs_embeds=embeds.clone(), **kwargs).logits[0, target]
+    (grad,) = torch.autograd.grad(logit, embeds)
+    expected = grad[0].norm(dim=-1).numpy()
+    np.testing.assert_allclose(
+        _job(model, "gradient", {}, tmp_path), expected, rtol=1e-3, atol=1e-6
+    )
+
+
+@pytest.mark.parametrize(
+    "name", ["albert", "electra", "longformer", "modernbert", "modernbert-mean", "mpnet"]
+)
+def test_grad_x_input_matches_the_embedding_module(
+    name: str, built: Callable[[str], LoadedModel], tmp_path: Path
+) -> None:
+    """``grad_x_input`` equals Σ_k g·h0 at the output of the base's embeddings module, captured
+    with a hook during transformers' own classifier forward on the token ids. Longformer pads
+    to its attention window inside that forward and returns sliced copies of its hidden states,
+    which is why the method cannot simply differentiate hidden_states[0]."""
+    model = built(name)
+    ids = model.tokenizer(TEXTS[0], return_tensors="pt")["input_ids"]
+    n = ids.shape[1]
+    target = _target(model, ids)
+    captured: list[torch.Tensor] = []
+
+    def keep(_m: torch.nn.Module, _i: Any, out: torch.Tensor) -> None:
+        captured.append(out)
+
+    hook = model.model.base_model.embeddings.register_forward_hook(keep)
+    try:
+        logit = model.model(input_ids=ids).logits[0, target]
+    finally:
+        hook.remove()
+    (h0,) = [c for c in captured if c.shape[1] >= n]  # Longformer: padded to the window
+    (grad,) = torch.autograd.grad(logit, h0)
+    expected = (grad[0, :n] * h0[0, :n]).sum(dim=-1).detach().numpy()
+    np.testing.assert_allclose(
+        _job(model, "grad_x_input", {}, tmp_path), expected, rtol=1e-3, atol=1e-6
+    )
+
+
+def test_longformer_refuses_decoded_gradcam_with_the_reason(
+    built: Callable[[str], LoadedModel],
+) -> None:
+    reason = MethodRegistry.builtin().get("decoded_gradcam").unavailable_reason(built("longformer"))
+    assert "copies" in reason and "grad_x_input" in reason

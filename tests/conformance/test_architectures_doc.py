@@ -40,8 +40,13 @@ def test_generator_rows() -> None:
     served = survey_one("mpnet")
     assert served.status == "served" and "first pooling" in served.detail
     assert served.onnx == "yes"
-    late = survey_one("eurobert")
-    assert late.status == "refused" and "late pooling" in late.detail
+    assert served.jobs == ""
+    late = survey_one("eurobert")  # its default pooling: the mean of per-token logits
+    assert late.status == "served" and "late pooling" in late.detail
+    longformer = survey_one("longformer")
+    assert longformer.status == "served" and longformer.jobs.startswith("decoded_gradcam: ")
+    esm = survey_one("esm")  # token ids are rescaled: inputs_embeds changes the logits
+    assert esm.status == "served" and esm.jobs.startswith("gradient, grad_x_input")
 
 
 def test_readme_links_the_table() -> None:

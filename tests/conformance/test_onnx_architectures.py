@@ -4,6 +4,7 @@ EXPORTABLE, on tiny random-init models with right-padded batches."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -22,9 +23,9 @@ ORIGINAL = {"bert", "distilbert", "roberta", "xlm-roberta", "deberta-v2", "gpt2"
 OTHERS = [t for t in EXPORTABLE if t not in ORIGINAL and t not in NAMED]
 
 
-def build(model_type: str, directory: Path, tokenizer_dir: Path) -> LoadedModel:
+def build(model_type: str, directory: Path, tokenizer_dir: Path, **values: Any) -> LoadedModel:
     torch.manual_seed(0)
-    config = tiny_config(model_type, vocab_size=30522)
+    config = tiny_config(model_type, vocab_size=30522, **values)
     AutoModelForSequenceClassification.from_config(config).save_pretrained(directory)
     AutoTokenizer.from_pretrained(tokenizer_dir).save_pretrained(directory)
     return load_model(directory)
@@ -62,6 +63,29 @@ def test_onnx_parity(model_type: str, tmp_path: Path, tokenizer_dir: Path) -> No
 def test_onnx_parity_other_families(model_type: str, tmp_path: Path, tokenizer_dir: Path) -> None:
     model = build(model_type, tmp_path / model_type, tokenizer_dir)
     check_parity(model, tmp_path / "graph.onnx")
+
+
+@pytest.mark.parametrize(
+    ("model_type", "pooling"),
+    [("modernbert", "mean"), ("eurobert", "late"), ("eurobert", "mean"), ("eurobert", "bos")],
+)
+def test_onnx_parity_of_each_pooling(
+    model_type: str, pooling: str, tmp_path: Path, tokenizer_dir: Path
+) -> None:
+    """Mean- and late-pooled heads: the graph's logits are the model's own (transformers'
+    forward on the same right-padded batch), besides the parity with the adapter."""
+    model = build(model_type, tmp_path / model_type, tokenizer_dir, classifier_pooling=pooling)
+    out = tmp_path / "graph.onnx"
+    check_parity(model, out)
+    session = ort.InferenceSession(str(out), providers=["CPUExecutionProvider"])
+    enc = model.tokenizer(
+        ["a witty and gorgeous film , sadly too long", "dull"], padding=True, return_tensors="np"
+    )
+    feeds = {name: enc[name].astype(np.int64) for name in input_names(model)}
+    (logits,) = session.run(["logits"], feeds)
+    with torch.no_grad():
+        expected = model.model(**{k: torch.from_numpy(v) for k, v in feeds.items()}).logits
+    np.testing.assert_allclose(logits, expected.numpy(), atol=1e-4)
 
 
 def test_not_exportable_is_refused_with_the_list(tmp_path: Path, tokenizer_dir: Path) -> None:

@@ -156,9 +156,31 @@ def test_declared_pooling(model_type: str, setting: str, pooling: str) -> None:
     model = tiny_family(model_type, vocab_size=120, classifier_pooling=setting)
     adapter = GenericAdapter(model).derive()
     assert adapter.pooling == pooling
+    check_architecture(model.config)  # every pooling is served
     if pooling in ("mean", "late"):
         with pytest.raises(FailedPrecondition, match="no single position"):
             adapter.pooled_index(torch.ones(1, 4))
-        if not adapters.MEAN_POOLING_SERVED:
-            with pytest.raises(ModelLoadError, match="not served yet"):
-                check_architecture(model.config)
+    # What the runtime serves (logits_from, reusing the per-token logits) is the model's own
+    # logit of each row alone, unpadded, on a right-padded batch.
+    ids, mask = padded_batch()
+    with torch.no_grad():
+        expected = torch.cat(
+            [model(input_ids=ids[i : i + 1, : int(mask[i].sum())]).logits for i in range(3)]
+        )
+        hidden = adapter.run_base(ids, mask).last_hidden_state
+        served = adapter.logits_from(hidden, mask, adapter.head(hidden))
+    torch.testing.assert_close(served, expected, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize(
+    ("model_type", "problem"),
+    [("bert", ""), ("esm", "changes its logits by"), ("esmc", "token ids only")],
+)
+def test_inputs_embeds_are_checked_on_the_probe(model_type: str, problem: str) -> None:
+    """The gradient methods feed word embeddings; the probe says where that changes the logits
+    (ESM rescales embeddings from the token ids) or is impossible (ESMC)."""
+    adapter = GenericAdapter(tiny_family(model_type, vocab_size=120)).derive()
+    if problem:
+        assert problem in adapter.inputs_embeds_problem
+    else:
+        assert adapter.inputs_embeds_problem == ""

@@ -100,6 +100,13 @@ class DecodedGradCAM(JobMethod):
         self.lm_head_dir = settings.lm_head_dir
 
     def unavailable_reason(self, model: LoadedModel) -> str:
+        if model.adapter.hidden_state_copies:
+            return (
+                f"Decoded Grad-CAM differentiates a layer's hidden states, and the "
+                f"{model.architecture!r} base returns copies of them (sliced back from the "
+                "padding to its attention window), so no gradient can be taken there; use "
+                "grad_x_input, gradient or integrated_gradients"
+            )
         return lm_head_unavailable_reason(model, self.lm_head_dir)
 
     def resolve_layer(self, model: LoadedModel, layer: int) -> int:
@@ -146,7 +153,13 @@ class DecodedGradCAM(JobMethod):
                     "need a differentiable model"
                 )
             logit = target_logit(model, out.last_hidden_state, mask, target)
-            (grad,) = torch.autograd.grad(logit.sum(), hidden)
+            (grad,) = torch.autograd.grad(logit.sum(), hidden, allow_unused=True)
+        if grad is None:
+            raise FailedPrecondition(
+                f"architecture {model.architecture!r}: hidden state {layer} is not a tensor its "
+                "blocks compute with, so no gradient can be taken at it; use grad_x_input, "
+                "gradient or integrated_gradients"
+            )
         h = hidden.detach()[0]  # [n, K]
         alpha_sum = (grad[0] * h).sum(dim=-1).float()  # Σ_k α[j, k], [n]
 

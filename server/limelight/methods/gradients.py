@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 import torch
+from torch import nn
 
 from limelight.core.types import Encoded, FloatArray
 from limelight.errors import FailedPrecondition, InvalidArgument
@@ -51,11 +52,9 @@ def encoded_tensors(
 def target_logit(
     model: LoadedModel, last_hidden: torch.Tensor, mask: torch.Tensor, target: int
 ) -> torch.Tensor:
-    """[B] pre-softmax logit of class ``target`` from final hidden states [B, n, K]."""
-    adapter = model.adapter
-    rows = torch.arange(last_hidden.shape[0], device=last_hidden.device)
-    pooled = last_hidden[rows, adapter.pooled_index(mask)]  # [B, K]
-    return adapter.head(pooled[:, None, :])[:, 0, target]
+    """[B] pre-softmax logit of class ``target`` from final hidden states [B, n, K], pooled as
+    the model pools (first or last token, masked mean, or mean of per-token logits)."""
+    return model.adapter.pooled_logits(last_hidden, mask)[:, target]
 
 
 def logit_from_embeddings(
@@ -75,7 +74,19 @@ def logit_from_embeddings(
 
 def word_embeddings_of(model: LoadedModel, ids: torch.Tensor) -> torch.Tensor:
     with torch.no_grad():
-        return model.adapter.word_embeddings()(ids).detach()  # type: ignore[no-any-return]
+        return model.adapter.embed_words(ids).detach()
+
+
+def no_embeddings_input_reason(model: LoadedModel) -> str:
+    """Why the gradient methods cannot run on ``model`` (empty when they can): they feed the
+    word embeddings to the base, which must then reproduce the logits of the token ids."""
+    problem = model.adapter.inputs_embeds_problem
+    if not problem:
+        return ""
+    return (
+        f"the gradient methods differentiate the model fed its word embeddings, and for "
+        f"{model.architecture!r} {problem}; use slalom, shapley or normxlogit"
+    )
 
 
 def embedding_gradient(
@@ -98,14 +109,48 @@ def embedding_output_gradient(
     h0 is the base model's first hidden state: the input of the first transformer block
     (word + position + segment embeddings after the embedding LayerNorm for encoders; word +
     position embeddings for GPT-2; the word embeddings themselves for Llama-style decoders).
+    Where the base returns a copy of h0 rather than the tensor its blocks read (Longformer
+    pads to its attention window and slices every hidden state back), the gradient is taken at
+    the output of the base's ``embeddings`` module instead, once that output is checked to equal
+    h0 on the input's tokens; FailedPrecondition when no such tensor exists.
     """
     ids, mask, types = encoded_tensors(model, encoded)
+    n = ids.shape[1]
     embeds = word_embeddings_of(model, ids).requires_grad_(True)
-    with torch.enable_grad():
-        out = model.adapter.run_base(None, mask, types, inputs_embeds=embeds)
-        h0 = out.hidden_states[0]
-        logit = target_logit(model, out.last_hidden_state, mask, target)
-        (grad,) = torch.autograd.grad(logit.sum(), h0)
+    outputs: list[torch.Tensor] = []
+    embeddings = getattr(model.adapter.base, "embeddings", None)
+
+    def keep(_module: nn.Module, _inputs: Any, out: Any) -> None:
+        value = out[0] if isinstance(out, tuple) else out
+        if isinstance(value, torch.Tensor):
+            outputs.append(value)
+
+    hook = embeddings.register_forward_hook(keep) if isinstance(embeddings, nn.Module) else None
+    try:
+        with torch.enable_grad():
+            out = model.adapter.run_base(None, mask, types, inputs_embeds=embeds)
+            h0 = out.hidden_states[0]
+            logit = target_logit(model, out.last_hidden_state, mask, target)
+            # The same values as h0 on the n tokens (the base may have padded after them).
+            same = [
+                o
+                for o in outputs
+                if o.requires_grad
+                and o.shape[0] == h0.shape[0]
+                and o.shape[1] >= n
+                and torch.equal(o[:, :n], h0)
+            ]
+            grads = torch.autograd.grad(logit.sum(), [h0, *same], allow_unused=True)
+    finally:
+        if hook is not None:
+            hook.remove()
+    grad = next((g[:, :n] for g in grads if g is not None), None)
+    if grad is None:
+        raise FailedPrecondition(
+            f"architecture {model.architecture!r}: its first hidden state is not a tensor its "
+            "blocks compute with, so no gradient can be taken at it; use gradient or "
+            "integrated_gradients"
+        )
     return grad[0].detach(), h0[0].detach(), float(logit.detach().sum())
 
 
@@ -121,6 +166,9 @@ class GradientNorm(JobMethod):
 
     name = "gradient"
     description = "L2 norm of the target logit's gradient w.r.t. each token's embedding."
+
+    def unavailable_reason(self, model: LoadedModel) -> str:
+        return no_embeddings_input_reason(model)
 
     def run(
         self, ctx: JobContext, encoded: Encoded, target: int, params: Mapping[str, Any]
@@ -140,6 +188,9 @@ class GradXInput(JobMethod):
         "Gradient × input at the embedding layer's output (the first hidden state), summed "
         "over hidden features (signed)."
     )
+
+    def unavailable_reason(self, model: LoadedModel) -> str:
+        return no_embeddings_input_reason(model)
 
     def run(
         self, ctx: JobContext, encoded: Encoded, target: int, params: Mapping[str, Any]
@@ -226,6 +277,9 @@ class IntegratedGradients(JobMethod):
             int, 16, minimum=1, maximum=512, help="path points per forward/backward pass"
         ),
     }
+
+    def unavailable_reason(self, model: LoadedModel) -> str:
+        return no_embeddings_input_reason(model)
 
     def run(
         self, ctx: JobContext, encoded: Encoded, target: int, params: Mapping[str, Any]

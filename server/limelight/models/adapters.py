@@ -21,8 +21,10 @@ be served at all are declared in :data:`REFUSED` with the reason.
 Per-token forms: with first/last-token pooling, the model's logit is the head output at the
 pooled position. With mean pooling (ModernBERT's ``classifier_pooling="mean"``) LogAt_i is the
 head applied to h_L[i] alone — the logits of a sequence whose mean representation were token
-i's — and the model's logit is the head applied to the masked mean (see
-docs/methods/normxlogit.md).
+i's — and the model's logit is the head applied to the masked mean, computed by
+:meth:`HeadAdapter.pooled_logits` (the runtimes and the gradient methods use it). With late
+pooling (EuroBERT's default) the model's logit is the masked mean of the LogAt_i. See
+docs/methods/normxlogit.md.
 """
 
 from __future__ import annotations
@@ -43,9 +45,6 @@ Pooling = Literal["first", "last", "mean", "late"]
 of the tokens' (then the head), or every token's with the logits averaged ("late")."""
 #: Largest |derived - model| logit difference accepted at load time.
 PROBE_TOLERANCE = 1e-4
-#: Whether the torch runtime computes logits with :meth:`HeadAdapter.pooled_logits` (needed
-#: for mean pooling). Until it does, mean-pooled classifiers are refused at load time.
-MEAN_POOLING_SERVED = False
 
 
 class HeadAdapter(ABC):
@@ -55,6 +54,13 @@ class HeadAdapter(ABC):
     uses_token_type_ids = False
     #: Which position's head output is the model's logit.
     pooling: Pooling = "first"
+    #: Whether the base returns copies of its hidden states rather than the tensors its blocks
+    #: compute with (Longformer pads to its attention window and slices every state back), so
+    #: that no gradient can be taken at ``hidden_states[l]``.
+    hidden_state_copies = False
+    #: Why feeding the word embeddings (``inputs_embeds``, as the gradient methods do) does not
+    #: reproduce the model's logits; empty when it does (checked on the load-time probe).
+    inputs_embeds_problem = ""
 
     def __init__(self, model: nn.Module) -> None:
         # Any: transformers' per-architecture attributes (bert, classifier, ...) are untyped.
@@ -103,6 +109,20 @@ class HeadAdapter(ABC):
             return (token_logits * weights).sum(dim=1) / weights.sum(dim=1).clamp_min(1.0)
         return self.head(self.pool(hidden, attention_mask)[:, None, :])[:, 0]
 
+    def logits_from(
+        self, hidden: torch.Tensor, attention_mask: torch.Tensor, token_logits: torch.Tensor
+    ) -> torch.Tensor:
+        """[B, C] the model's own logits, reusing ``token_logits`` = ``head(hidden)`` where the
+        pooling allows (first, last and late pooling); mean pooling applies the head to the
+        masked mean of ``hidden``."""
+        if self.pooling in ("first", "last"):
+            rows = torch.arange(hidden.shape[0], device=hidden.device)
+            return token_logits[rows, self.pooled_index(attention_mask)]
+        if self.pooling == "late":
+            weights = attention_mask.to(token_logits.dtype).unsqueeze(-1)
+            return (token_logits * weights).sum(dim=1) / weights.sum(dim=1).clamp_min(1.0)
+        return self.pooled_logits(hidden, attention_mask)
+
     def base_inputs(
         self,
         input_ids: torch.Tensor | None,
@@ -112,7 +132,9 @@ class HeadAdapter(ABC):
     ) -> dict[str, Any]:
         kwargs: dict[str, Any] = {"attention_mask": attention_mask}
         if inputs_embeds is not None:
-            kwargs["inputs_embeds"] = inputs_embeds
+            # A copy: some bases scale their input embeddings in place (CTRL), which would
+            # change the caller's tensor or fail on a leaf that requires grad.
+            kwargs["inputs_embeds"] = inputs_embeds.clone()
         else:
             kwargs["input_ids"] = input_ids
         if self.uses_token_type_ids and token_type_ids is not None:
@@ -137,6 +159,19 @@ class HeadAdapter(ABC):
         """Base forward with hidden states; returns the transformers output object."""
         kwargs = self.base_inputs(input_ids, attention_mask, token_type_ids, inputs_embeds)
         return self.base(**kwargs, output_hidden_states=True, output_attentions=output_attentions)
+
+    @property
+    def takes_inputs_embeds(self) -> bool:
+        """Whether the base accepts ``inputs_embeds`` (the gradient methods feed it)."""
+        return _accepts(self.base, "inputs_embeds")
+
+    def embed_words(self, ids: torch.Tensor) -> torch.Tensor:
+        """[B, n] ids -> [B, n, K] the word embeddings the base would look up for them."""
+        out = self.word_embeddings()(ids)
+        if isinstance(out, tuple):  # I-BERT's quantised embedding: (values, scaling factor)
+            out = out[0]
+        assert isinstance(out, torch.Tensor)
+        return out
 
     def word_embeddings(self) -> nn.Module:
         emb = self.model.get_input_embeddings()
@@ -178,6 +213,8 @@ class Override:
     base_kwargs: Callable[[Any, torch.Tensor, torch.Tensor], dict[str, Any]] | None = None
     #: Config overrides that select the pooling, e.g. ModernBERT's classifier_pooling.
     pooling: Callable[[Any], Pooling] | None = None
+    #: See :attr:`HeadAdapter.hidden_state_copies`.
+    hidden_state_copies: bool = False
     note: str = ""
 
 
@@ -207,14 +244,20 @@ OVERRIDES: dict[str, Override] = {
     ),
     "longformer": Override(
         base_kwargs=_longformer_globals,
-        note="declared input: global attention on the first token, as its classifier",
+        hidden_state_copies=True,
+        note="declared input: global attention on the first token, as its classifier; its "
+        "hidden states are sliced copies (padded to the attention window inside the base)",
     ),
     "modernbert": Override(
         pooling=_modernbert_pooling,
-        note="declared pooling from classifier_pooling: cls is served, mean is derived "
-        "and checked but not served until the runtime uses pooled_logits",
+        note="declared pooling from classifier_pooling (cls or mean; the table's tiny model "
+        "uses its default)",
     ),
-    "eurobert": Override(pooling=_eurobert_pooling, note="bos, mean or late (mean of logits)"),
+    "eurobert": Override(
+        pooling=_eurobert_pooling,
+        note="declared pooling from classifier_pooling: bos, mean or late (mean of per-token "
+        "logits; the table's tiny model uses its default)",
+    ),
 }
 
 #: Architectures refused before loading, with the reason (one line each).
@@ -304,6 +347,7 @@ class GenericAdapter(HeadAdapter):
             _accepts(base, "token_type_ids") and int(getattr(config, "type_vocab_size", 0) or 0) > 1
         )
         self._use_cache = _accepts(base, "use_cache")
+        self.hidden_state_copies = self.override.hidden_state_copies
         self._head_fn: HeadFn | None = None
         self.derivation = ""
 
@@ -439,6 +483,7 @@ class GenericAdapter(HeadAdapter):
                     best = min(best, diff)
                     if diff <= PROBE_TOLERANCE:
                         self.derivation = f"{cand.name}, {pooling} pooling"
+                        self.inputs_embeds_problem = self._check_inputs_embeds(ids, mask, got)
                         return self
         self._head_fn = None
         closest = f" (closest: max |Δlogit| {best:.2g})" if best < float("inf") else ""
@@ -447,6 +492,26 @@ class GenericAdapter(HeadAdapter):
             f"own logits within {PROBE_TOLERANCE:g}{closest}; refusing rather than explaining "
             "wrongly"
         )
+
+    def _check_inputs_embeds(
+        self, ids: torch.Tensor, mask: torch.Tensor, logits: torch.Tensor
+    ) -> str:
+        """Why the base fed ``inputs_embeds`` instead of ``ids`` gives other logits ("" if not)."""
+        if not self.takes_inputs_embeds:
+            return "its base takes token ids only (no inputs_embeds)"
+        try:
+            out = self.run_base(None, mask, inputs_embeds=self.embed_words(ids))
+            got = self.pooled_logits(out.last_hidden_state, mask).float()
+        except Exception as exc:  # a base that accepts the argument but fails on it
+            return f"its base fails on inputs_embeds ({type(exc).__name__}: {_first_line(exc)})"
+        diff = float((got - logits).abs().max())
+        if diff > PROBE_TOLERANCE:
+            return (
+                f"feeding its word embeddings instead of the token ids changes its logits by "
+                f"{diff:.2g} (its base treats token ids specially, e.g. ESM's token-dropout "
+                "rescaling)"
+            )
+        return ""
 
     def _pad_id(self) -> int:
         pad = getattr(self.model.config, "pad_token_id", None)
@@ -495,18 +560,6 @@ def check_architecture(config: Any) -> None:
         raise ModelLoadError(
             f"architecture {model_type!r} has no sequence-classification model in the "
             "installed transformers"
-        )
-    override = OVERRIDES.get(model_type)
-    if (
-        not MEAN_POOLING_SERVED
-        and override is not None
-        and override.pooling is not None
-        and override.pooling(config) in ("mean", "late")
-    ):
-        raise ModelLoadError(
-            f"architecture {model_type!r} with {override.pooling(config)} pooling is not served "
-            "yet: the inline runtime reads the logit at one position (first-token pooling is "
-            "served)"
         )
 
 

@@ -22,7 +22,8 @@ from limelight.models.loaded import LoadedModel
 
 OPSET = 17
 GraphKind = Literal["inline", "plain"]
-#: Architectures whose export was checked for parity with torch (tests/conformance).
+#: Architectures whose export was checked for parity with torch (tests/conformance), with
+#: every pooling they declare (ModernBERT cls and mean, EuroBERT bos, mean and late).
 EXPORTABLE = (
     "bert",
     "distilbert",
@@ -38,6 +39,7 @@ EXPORTABLE = (
     "deberta",
     "electra",
     "ernie",
+    "eurobert",
     "gemma",
     "gemma2",
     "gpt_neox",

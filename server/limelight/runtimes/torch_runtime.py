@@ -50,8 +50,9 @@ class TorchRuntime(Runtime):
         out = adapter.run_base(ids, mask, types)
         h0 = out.hidden_states[0]
         token_logits = adapter.head(out.last_hidden_state)  # [B, n, C]
-        rows = torch.arange(ids.shape[0], device=ids.device)
-        logits = token_logits[rows, adapter.pooled_index(mask)]
+        # The model's own pooling: the head output at the pooled position, the head on the
+        # masked mean (mean pooling) or the mean of the token logits (late pooling).
+        logits = adapter.logits_from(out.last_hidden_state, mask, token_logits)
         norms = h0.float().norm(dim=-1)
         extra = {
             name: head(out.hidden_states, norms, token_logits, mask).float().cpu().numpy()
