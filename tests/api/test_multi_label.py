@@ -176,3 +176,38 @@ def test_unknown_threshold_label_is_a_startup_error(
 ) -> None:
     with pytest.raises(Exception, match="unknown labels 'toxicity'"):
         start_sidecar(model_dir=multi_label_dir, label_thresholds={"toxicity": 0.3})
+
+
+def test_search_jobs_play_each_labels_own_log_odds(multi_label_dir: Path) -> None:
+    """Shapley values add up (efficiency) to the label's logit on the full text minus on the
+    all-masked text: a sigmoid label's log-odds, not a softmax one-vs-rest."""
+    from limelight.core.jobs import JobSpec
+    from limelight.core.types import TargetSpec
+    from limelight.jobs.runner import JobRunner, load_job_methods
+    from limelight.models.loaded import load_model
+    from limelight.settings import Settings
+
+    settings = Settings(jobs="off")
+    model = load_model(multi_label_dir)
+    runner = JobRunner(model, load_job_methods(settings=settings), settings)
+    spec = JobSpec(
+        method="shapley",
+        text=TEXT,
+        target=TargetSpec(label="threat"),
+        params={"permutations": 2, "replace": "mask"},
+    )
+    result = runner.run(spec)
+    assert result.attribution.target_label == "threat" and result.multi_label
+    enc = model.tokenizer(TEXT, return_tensors="pt")
+    masked = enc["input_ids"].clone()
+    special = torch.tensor(
+        model.tokenizer.get_special_tokens_mask(
+            enc["input_ids"][0].tolist(), already_has_special_tokens=True
+        )
+    ).bool()
+    masked[0, ~special] = model.tokenizer.mask_token_id
+    with torch.no_grad():
+        full = model.model(input_ids=enc["input_ids"]).logits[0, 2]
+        empty = model.model(input_ids=masked).logits[0, 2]
+    total = float(np.sum(result.attribution.scores))
+    assert total == pytest.approx(float(full - empty), rel=1e-3, abs=1e-4)

@@ -30,11 +30,14 @@ from limelight.methods.base import JobContext, JobMethod, MethodOutput, Param
 REPLACEMENTS = ("mask", "delete")
 
 
-def class_values(logits: torch.Tensor, target: int) -> torch.Tensor:
+def class_values(logits: torch.Tensor, target: int, multi_label: bool = False) -> torch.Tensor:
     """The value a coalition game pays: the target's log-odds against every other class
-    (``logit_t - logsumexp(other logits)``); the raw output of a regression head."""
+    (``logit_t - logsumexp(other logits)``); for a multi-label (sigmoid) head the label's own
+    log-odds, its logit; the raw output of a regression head."""
     if logits.shape[-1] == 1:
         return logits[..., 0]
+    if multi_label:
+        return logits[..., target]
     others = torch.cat([logits[..., :target], logits[..., target + 1 :]], dim=-1)
     return logits[..., target] - torch.logsumexp(others, dim=-1)
 
@@ -102,7 +105,8 @@ class Coalitions:
         """[k] target log-odds of each coalition."""
         id_rows, type_rows = self.rows(present)
         logits = batched_logits(self.model, id_rows, type_rows, batch_size)
-        return class_values(logits, target).numpy().astype(np.float64)
+        multi = bool(getattr(self.model, "is_multi_label", False))
+        return class_values(logits, target, multi).numpy().astype(np.float64)
 
 
 def shapley_values(

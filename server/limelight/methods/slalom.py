@@ -29,6 +29,7 @@ Model output that F approximates (``target`` = the explained class c):
   "class c" against "any other class", i.e. log p_c / (1 − p_c): one SLALOM per explained
   class rather than the appendix C.1 model with one value map per class, so that each job
   fits exactly the quantity its scores are read against.
+* multi-label heads (a sigmoid per label): the label's own log-odds, its logit.
 * regression heads (one output): the raw output.
 
 Text pairs: only the first segment's tokens are sampled and explained; the pair segment and
@@ -290,10 +291,12 @@ def fit_quality(
     )
 
 
-def target_output(logits: torch.Tensor, target: int) -> torch.Tensor:
+def target_output(logits: torch.Tensor, target: int, multi_label: bool = False) -> torch.Tensor:
     """[B, C] logits → [B] the quantity SLALOM models (see the module docstring)."""
     if logits.shape[-1] == 1:
         return logits[:, 0]
+    if multi_label:  # a sigmoid per label: the label's log-odds is its logit
+        return logits[:, target]
     others = torch.cat([logits[:, :target], logits[:, target + 1 :]], dim=-1)
     return logits[:, target] - torch.logsumexp(others, dim=-1)
 
@@ -461,7 +464,13 @@ class Slalom(JobMethod):
             "batch_size": int(p["batch_size"]),
             "unique_tokens": num_tokens,
             "primary_score": p["score"],
-            "output": "raw output" if model.num_labels == 1 else "one-vs-rest log-odds",
+            "output": (
+                "raw output"
+                if model.num_labels == 1
+                else "label log-odds (logit)"
+                if model.is_multi_label
+                else "one-vs-rest log-odds"
+            ),
             "model_output": full_output,
             "surrogate_output": surrogate_full,
             "model_evaluations": n + 1,
@@ -528,4 +537,5 @@ class Slalom(JobMethod):
                 types = row.unsqueeze(0).expand_as(input_ids)
             kwargs = model.adapter.base_inputs(input_ids, mask, types)
             logits = model.model(**kwargs).logits.float()
-            return target_output(logits, target).double().cpu().numpy()
+            multi = bool(getattr(model, "is_multi_label", False))
+            return target_output(logits, target, multi).double().cpu().numpy()
