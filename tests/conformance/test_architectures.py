@@ -162,7 +162,7 @@ def test_one_job_method_per_family(
     model_type: str, built: Callable[[str], LoadedModel], tmp_path: Path
 ) -> None:
     model = built(model_type)
-    methods = MethodRegistry.builtin()
+    methods = MethodRegistry.load()
     settings = Settings(jobs="off", drift_enabled=False, cache_dir=tmp_path)
     method = "slalom"  # forward passes only, so it applies to every family
     params = methods.get(method).validate_params({"num_samples": 24, "epochs": 3, "batch_size": 8})
@@ -193,7 +193,7 @@ def test_variants_serve_their_declared_pooling(built: Callable[[str], LoadedMode
 
 
 def _job(model: LoadedModel, method: str, params: dict[str, Any], tmp_path: Path) -> np.ndarray:
-    methods = MethodRegistry.builtin()
+    methods = MethodRegistry.load()
     settings = Settings(jobs="off", drift_enabled=False, cache_dir=tmp_path)
     spec = JobSpec(method=method, text=TEXTS[0], params=methods.get(method).validate_params(params))
     explanation = JobRunner(model, methods, settings).run(spec)
@@ -265,5 +265,5 @@ def test_grad_x_input_matches_the_embedding_module(
 def test_longformer_refuses_decoded_gradcam_with_the_reason(
     built: Callable[[str], LoadedModel],
 ) -> None:
-    reason = MethodRegistry.builtin().get("decoded_gradcam").unavailable_reason(built("longformer"))
+    reason = MethodRegistry.load().get("decoded_gradcam").unavailable_reason(built("longformer"))
     assert "copies" in reason and "grad_x_input" in reason

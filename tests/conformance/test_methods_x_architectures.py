@@ -49,7 +49,7 @@ CHEAP: dict[str, dict[str, Any]] = {
     "slalom": {"num_samples": 24, "epochs": 3, "batch_size": 8},
 }
 TEXT = "a witty and gorgeous film , sadly too long"
-METHODS = MethodRegistry.builtin()
+METHODS = MethodRegistry.load()
 
 
 @pytest.fixture(scope="module")

@@ -18,8 +18,7 @@ def test_decoded_gradcam_runs_on_the_default_demo_model(minilm_dir: Path) -> Non
     assert fitted_head_dir(minilm_dir).exists()
     model = load_model(minilm_dir)
     settings = Settings(jobs="off")
-    methods = MethodRegistry.builtin()
-    methods.configure(settings)
+    methods = MethodRegistry.load(settings)
     assert methods.get("decoded_gradcam").unavailable_reason(model) == ""
     result = JobRunner(model, methods, settings).run(
         JobSpec(method="decoded_gradcam", text="a gorgeous, witty, seductive movie")

@@ -13,10 +13,10 @@ import pytest
 from limelight.core.jobs import JobSpec, JobState
 from limelight.errors import InvalidArgument
 from limelight.jobs.execution import job_timeout
-from limelight.jobs.runner import JobRunner, load_job_methods
+from limelight.jobs.runner import JobRunner
 from limelight.jobs.sqlite_backend import SqliteJobBackend
 from limelight.methods import gradients, slalom
-from limelight.methods.base import model_shape
+from limelight.methods.base import MethodRegistry, model_shape
 from limelight.models.loaded import LoadedModel
 from limelight.settings import Settings
 
@@ -29,7 +29,7 @@ def _settings(tmp_path: Path, **kw: Any) -> Settings:
 
 def _submit_all(settings: Settings, model: LoadedModel, specs: list[JobSpec]) -> list[Any]:
     """Submit each spec to a journal without workers; the exception or the record of each."""
-    runner = JobRunner(model, load_job_methods(), settings)
+    runner = JobRunner(model, MethodRegistry.load(settings), settings)
 
     async def main() -> list[Any]:
         backend = SqliteJobBackend(settings, runner=None)
@@ -117,14 +117,14 @@ def test_integrated_gradients_chunks_its_path_to_the_memory_budget(
         return real(model, points, *args, **kw)
 
     monkeypatch.setattr(gradients, "logit_from_embeddings", spy)
-    runner = JobRunner(tiny_model, load_job_methods(), settings)
+    runner = JobRunner(tiny_model, MethodRegistry.load(settings), settings)
     spec = JobSpec("integrated_gradients", TEXT, params={"steps": 16, "batch_size": 512})
     chunked = runner.run(spec)
     path = rows[:-1]  # the last pass evaluates the two ends of the path
     assert max(path) <= 3 and sum(path) == 16
 
     rows.clear()
-    roomy = JobRunner(tiny_model, load_job_methods(), _settings(tmp_path))
+    roomy = JobRunner(tiny_model, MethodRegistry.load(), _settings(tmp_path))
     whole = roomy.run(spec)
     assert rows[:-1] == [16]  # with room, the requested batch is kept
     assert chunked.attribution.scores == pytest.approx(whole.attribution.scores, abs=1e-5)
@@ -144,7 +144,7 @@ def test_slalom_queries_in_chunks_within_the_memory_budget(
         return real(ctx, ids, types_row, target)
 
     monkeypatch.setattr(slalom.Slalom, "_forward", staticmethod(spy))
-    runner = JobRunner(tiny_model, load_job_methods(), settings)
+    runner = JobRunner(tiny_model, MethodRegistry.load(settings), settings)
     spec = JobSpec(
         "slalom",
         TEXT,

@@ -12,8 +12,8 @@ from jobs_testing_methods import expected_scores
 from limelight.core.jobs import JobSpec
 from limelight.core.types import TargetSpec
 from limelight.errors import InvalidArgument
-from limelight.jobs.runner import JobRunner, load_job_methods
-from limelight.methods.base import JobCancelled, JobMethod
+from limelight.jobs.runner import JobRunner
+from limelight.methods.base import JobCancelled, JobMethod, MethodRegistry
 from limelight.models.loaded import LoadedModel
 from limelight.settings import Settings
 
@@ -99,7 +99,7 @@ def test_should_stop_raises_cancelled(tiny_model: LoadedModel, tmp_path: Path) -
 
 def test_real_job_methods_run(tiny_model: LoadedModel, tmp_path: Path) -> None:
     """Every built-in job method that exists and fits the tiny model runs through the runner."""
-    registry = load_job_methods()
+    registry = MethodRegistry.load()
     runner = JobRunner(tiny_model, registry, Settings(cache_dir=tmp_path))
     ran = []
     for method in registry:

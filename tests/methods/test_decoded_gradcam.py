@@ -180,7 +180,7 @@ def test_head_of_another_base_model_is_rejected(
 def test_unavailable_reason_follows_configured_lm_head(
     bert_tiny: LoadedModel, tokenizer_dir: Path
 ) -> None:
-    method = MethodRegistry.builtin().get("decoded_gradcam")
+    method = MethodRegistry.load().get("decoded_gradcam")
     assert isinstance(method, DecodedGradCAM)
     fresh = DecodedGradCAM()
     assert (

@@ -268,7 +268,7 @@ def test_trapezoid_needs_two_steps(
 
 
 def test_registry_has_the_gradient_methods() -> None:
-    registry = MethodRegistry.builtin()
+    registry = MethodRegistry.load()
     assert isinstance(registry.get("gradient"), GradientNorm)
     assert isinstance(registry.get("grad_x_input"), GradXInput)
     assert isinstance(registry.get("integrated_gradients"), IntegratedGradients)

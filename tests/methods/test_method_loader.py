@@ -7,7 +7,6 @@ from pathlib import Path
 import pytest
 
 from limelight.errors import InvalidArgument
-from limelight.jobs.runner import load_job_methods
 from limelight.methods.base import BUILTIN_METHODS, MethodRegistry, load_method_class
 from limelight.methods.decoded_gradcam import DecodedGradCAM
 from limelight.settings import Settings
@@ -20,7 +19,6 @@ def test_builtins_load_unconfigured_without_settings() -> None:
     registry = MethodRegistry.load()
     assert set(registry.names()) <= set(BUILTIN_METHODS)
     assert {"normxlogit", "integrated_gradients", "lrp", "slalom"} <= set(registry.names())
-    assert registry.names() == MethodRegistry.builtin().names()
 
 
 def test_plugins_from_settings_and_arguments_are_loaded_and_configured(tmp_path: Path) -> None:
@@ -34,12 +32,13 @@ def test_plugins_from_settings_and_arguments_are_loaded_and_configured(tmp_path:
 
 
 def test_sidecar_and_worker_see_the_same_methods() -> None:
-    """The sidecar (MethodRegistry.load) and a worker (load_job_methods) offer the same set, so
-    the sidecar accepts every job method its workers can run."""
+    """The sidecar (plug-ins from Settings) and a worker (``--method`` adds to them) build their
+    registries with the same loader, so the sidecar accepts every job method its workers run."""
     settings = Settings(method_plugins=[PLUGIN])
     assert "plugin_length" in MethodRegistry.load(settings).names()
-    assert load_job_methods(None, settings).names() == MethodRegistry.load(settings).names()
-    assert "plugin_length" in load_job_methods([PLUGIN]).names()
+    assert MethodRegistry.load(Settings(), plugins=[PLUGIN]).names() == (
+        MethodRegistry.load(settings).names()
+    )
 
 
 @pytest.mark.parametrize(

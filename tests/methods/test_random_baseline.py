@@ -48,7 +48,7 @@ def test_uniform_over_many_tokens(
 
 
 def test_seed_is_validated() -> None:
-    method = MethodRegistry.builtin().get("random")
+    method = MethodRegistry.load().get("random")
     assert isinstance(method, RandomBaseline)
     assert method.validate_params({}) == {"seed": 0}
     for bad in ({"seed": -1}, {"seed": "x"}, {"seed": 1.5}):

@@ -137,7 +137,7 @@ def test_class_values_are_log_odds() -> None:
 def test_registered_as_job_methods_with_progress(
     random_bert: LoadedModel, make_ctx: Callable[..., JobContext]
 ) -> None:
-    registry = MethodRegistry.builtin()
+    registry = MethodRegistry.load()
     encoded = random_bert.encode(TEXT)
     for name in ("shapley", "greedy_deletion"):
         method = registry.get(name)

@@ -467,7 +467,7 @@ def test_default_fit_beats_the_linear_baseline_on_the_demo_model(bert_tiny: Load
 
 
 def test_registered_as_a_builtin_job_method() -> None:
-    method = MethodRegistry.builtin().get("slalom")
+    method = MethodRegistry.load().get("slalom")
     assert isinstance(method, Slalom)
     assert method.defaults()["num_samples"] == 500
     assert method.defaults()["epochs"] == 300

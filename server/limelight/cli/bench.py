@@ -108,9 +108,11 @@ def long_texts(reviews: list[str], chars: int, count: int) -> list[str]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from limelight.app import inline_heads, load_served_model
+    from limelight.api.server_process import start_server_process
+    from limelight.app import load_served_model
     from limelight.core.service import resolve_default_method
     from limelight.demo.datasets import rotten_tomatoes
+    from limelight.distill.serving import inline_heads
     from limelight.evaluation import benchmark as b
     from limelight.methods.base import InlineMethod, MethodRegistry
     from limelight.runtimes.base import Runtime
@@ -138,7 +140,7 @@ def run(args: argparse.Namespace) -> int:
         runtimes["torch"] = TorchRuntime(model, heads)
     if "onnx" in names:
         runtimes["onnx"] = b.plain_onnx_runtime(model, work, heads)
-    default_inline = MethodRegistry.builtin().get(
+    default_inline = MethodRegistry.load(settings).get(
         resolve_default_method(settings.default_method, TorchRuntime(model, heads))
     )
     if not isinstance(default_inline, InlineMethod):
@@ -201,7 +203,7 @@ def run(args: argparse.Namespace) -> int:
             overrides: dict[str, Any] = {**common, "runtime": name}
             if name == "onnx":
                 overrides["onnx_path"] = work / "inline.onnx"
-            server = b.start_server_process(overrides)
+            server = start_server_process(overrides)
             try:
                 for n in clients:
                     load = b.run_load(
@@ -280,7 +282,7 @@ def run(args: argparse.Namespace) -> int:
             },
         }
         for label, policy in policies.items():
-            server = b.start_server_process({**common, **policy})
+            server = start_server_process({**common, **policy})
             try:
                 alone = b.run_load(
                     server.target,

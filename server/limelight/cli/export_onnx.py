@@ -65,7 +65,8 @@ def fidelity_report(model_dir: Path, fp32: Path, int8: Path, n: int) -> dict[str
 def run(args: argparse.Namespace) -> int:
     settings = settings_from_args(args)
     setup_logging(settings.log_level)
-    from limelight.app import inline_heads, load_served_model
+    from limelight.app import load_served_model
+    from limelight.distill.serving import inline_heads
     from limelight.runtimes.onnx_export import export_onnx
     from limelight.runtimes.onnx_runtime import DEFAULT_GRAPH
 

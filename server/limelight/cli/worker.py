@@ -70,7 +70,8 @@ def _child(settings: Settings, extra_methods: list[str], metrics_port: int) -> N
     from limelight import tracing
     from limelight.app import load_served_model
     from limelight.jobs.redis_worker import RedisWorker
-    from limelight.jobs.runner import JobRunner, load_job_methods
+    from limelight.jobs.runner import JobRunner
+    from limelight.methods.base import MethodRegistry
     from limelight.metrics import Metrics
 
     tracing.setup_tracing()  # OTEL_* variables; off by default
@@ -81,7 +82,7 @@ def _child(settings: Settings, extra_methods: list[str], metrics_port: int) -> N
         start_http_server(metrics_port, registry=metrics.registry)
     # Applies settings.torch_threads: with N workers on C cores, about C / N each.
     model = load_served_model(settings, progress=False)
-    runner = JobRunner(model, load_job_methods(extra_methods, settings), settings)
+    runner = JobRunner(model, MethodRegistry.load(settings, plugins=extra_methods), settings)
     worker = RedisWorker(settings, runner, metrics)
 
     def on_term(signum: int, frame: FrameType | None) -> None:

@@ -192,7 +192,7 @@ def job_method_ratios(
     from limelight.runtimes.base import InlineBatch
     from limelight.runtimes.torch_runtime import TorchRuntime
 
-    methods = MethodRegistry.builtin()
+    methods = MethodRegistry.load(settings)
     runner = JobRunner(model, methods, settings)
     runtime = TorchRuntime(model)
     rows: list[list[object]] = []
@@ -233,82 +233,6 @@ def process_cpu_seconds(pid: int) -> float:
         fields = fh.read().rsplit(")", 1)[1].split()
     # After the command name: state is field 3, utime 14 and stime 15 (1-based, man 5 proc).
     return (int(fields[11]) + int(fields[12])) / _clock_ticks()
-
-
-@dataclass
-class ServerProcess:
-    """A sidecar running in its own process on a loopback port."""
-
-    process: subprocess.Popen[bytes]
-    port: int
-
-    @property
-    def target(self) -> str:
-        return f"127.0.0.1:{self.port}"
-
-    @property
-    def pid(self) -> int:
-        return self.process.pid
-
-    def stop(self, timeout: float = 60.0) -> None:
-        if self.process.poll() is None:
-            self.process.terminate()  # SIGTERM: graceful drain
-            try:
-                self.process.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
-
-
-def start_server_process(
-    settings: dict[str, Any], timeout: float = 900.0, profile: Path | None = None
-) -> ServerProcess:
-    """Start ``limelight``'s sidecar in a child process with these Settings values (port and
-    metrics port are picked here); returns once it is SERVING. ``profile``: write a cProfile
-    of the server's event-loop thread there when it stops."""
-    values = {"port": 0, "metrics_port": 0, "jobs": "off", "drift_enabled": False}
-    values.update({k: str(v) if isinstance(v, Path) else v for k, v in settings.items()})
-    port_file = Path(tempfile.mkdtemp(prefix="limelight-bench-")) / "port"
-    code = "from limelight.evaluation.benchmark import _serve_main; _serve_main()"
-    args = [sys.executable, "-c", code, json.dumps(values), str(port_file), str(profile or "")]
-    process = subprocess.Popen(args)
-    end = time.monotonic() + timeout
-    while not port_file.exists():
-        if process.poll() is not None:
-            raise RuntimeError(f"the benchmark server exited with {process.returncode}")
-        if time.monotonic() > end:
-            process.kill()
-            raise TimeoutError("the benchmark server did not become ready")
-        time.sleep(0.05)
-    return ServerProcess(process, int(port_file.read_text()))
-
-
-def _serve_main() -> None:
-    """Entry point of the server child process (see ``start_server_process``)."""
-    import cProfile
-    import logging
-
-    from limelight.api.server import SidecarServer
-    from limelight.settings import Settings
-
-    logging.basicConfig(level=logging.WARNING)
-    values, port_file, profile_path = json.loads(sys.argv[1]), Path(sys.argv[2]), sys.argv[3]
-
-    def ready(server: SidecarServer) -> None:
-        partial = port_file.with_suffix(".partial")
-        partial.write_text(str(server.port))
-        partial.rename(port_file)
-
-    server = SidecarServer(Settings(**values), on_ready=ready)
-    profiler = cProfile.Profile() if profile_path else None
-    if profiler is not None:
-        profiler.enable()
-    try:
-        asyncio.run(server.run())
-    finally:
-        if profiler is not None:
-            profiler.disable()
-            profiler.dump_stats(profile_path)
 
 
 @dataclass

@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from limelight.core.types import Encoded, FloatArray
+from limelight.distill.serving import inline_heads
 from limelight.errors import InvalidArgument
 from limelight.evaluation.perturbation import probabilities
 from limelight.evaluation.runner import Explainer
@@ -27,8 +28,6 @@ PEERS: tuple[str, ...] = ("lime", "shap")
 
 
 def _inline(model: LoadedModel, method: InlineMethod) -> Explainer:
-    from limelight.app import inline_heads
-
     # The same extra heads as the server (e.g. the distilled explainer beside the model).
     runtime = TorchRuntime(model, inline_heads(model))
 
@@ -126,8 +125,7 @@ def build_explainers(
     seed: int = 0,
 ) -> tuple[dict[str, Explainer], dict[str, str]]:
     """Explainers for ``names`` and, for each that cannot run here, the reason it is skipped."""
-    registry = registry or MethodRegistry.builtin()
-    registry.configure(settings)  # e.g. the LM head directory for decoded_gradcam
+    registry = registry or MethodRegistry.load(settings)  # built-ins, plug-ins, configured
     params = params or {}
     ready: dict[str, Explainer] = {}
     skipped: dict[str, str] = {}

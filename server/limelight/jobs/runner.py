@@ -28,13 +28,16 @@ StopFn = Callable[[], bool]
 def load_job_methods(
     extra: list[str] | None = None, settings: Settings | None = None
 ) -> MethodRegistry:
-    """The registry a worker runs: ``MethodRegistry.load`` (built-ins, the settings' plug-ins
-    and ``extra``), the same loader the sidecar uses."""
+    """Deprecated spelling of ``MethodRegistry.load(settings, plugins=extra)``, the one loader
+    the sidecar, the workers, evaluation and distillation use."""
     return MethodRegistry.load(settings, plugins=extra or ())
 
 
 class JobRunner:
-    """Runs job specs against one loaded model in the calling thread."""
+    """Runs job specs against one loaded model in the calling thread.
+
+    ``methods`` comes configured from ``MethodRegistry.load(settings)``; the runner does not
+    change it."""
 
     def __init__(self, model: LoadedModel, methods: MethodRegistry, settings: Settings) -> None:
         self.model = model
@@ -47,7 +50,6 @@ class JobRunner:
             if model.is_multi_label
             else []
         )
-        methods.configure(settings)  # e.g. --lm-head for decoded_gradcam's availability
 
     def job_method(self, name: str) -> JobMethod:
         """The named job method, or InvalidArgument/FailedPrecondition saying why not."""

@@ -6,7 +6,7 @@ import importlib
 import logging
 import math
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -228,12 +228,14 @@ class MethodRegistry:
                 raise InvalidArgument(f"method plug-in {path!r} cannot be loaded: {exc}") from exc
             registry.register(method_cls())
         if settings is not None:
-            registry.configure(settings)
+            for method in registry._methods.values():
+                method.configure(settings)
         return registry
 
     @classmethod
     def builtin(cls) -> MethodRegistry:
-        """The built-in methods only, unconfigured: ``MethodRegistry.load()``."""
+        """Deprecated spelling of ``MethodRegistry.load()`` (built-ins, unconfigured); use
+        ``load(settings)`` so that plug-ins and settings apply."""
         return cls.load()
 
     def register(self, method: AttributionMethod) -> None:
@@ -246,13 +248,8 @@ class MethodRegistry:
             known = ", ".join(sorted(self._methods))
             raise InvalidArgument(f"unknown method {name!r} (known: {known})") from None
 
-    def configure(self, settings: Settings) -> None:
-        """Pass the settings to every registered method (see ``AttributionMethod.configure``)."""
-        for method in self._methods.values():
-            method.configure(settings)
-
     def names(self) -> list[str]:
         return sorted(self._methods)
 
-    def __iter__(self):  # type: ignore[no-untyped-def]
+    def __iter__(self) -> Iterator[AttributionMethod]:
         return iter(self._methods[name] for name in self.names())
