@@ -211,3 +211,35 @@ def test_search_jobs_play_each_labels_own_log_odds(multi_label_dir: Path) -> Non
         empty = model.model(input_ids=masked).logits[0, 2]
     total = float(np.sum(result.attribution.scores))
     assert total == pytest.approx(float(full - empty), rel=1e-3, abs=1e-4)
+
+
+def test_eval_scores_each_predicted_label(
+    multi_label_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``limelight eval`` on a multi-label model: one item per (text, predicted label)."""
+    import argparse
+    import json
+
+    from limelight.cli import eval as eval_cli
+
+    texts = [TEXT, "what a lovely day", "buy cheap watches now"]
+    data = tmp_path / "data.jsonl"
+    data.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts), encoding="utf-8")
+    expected = 0
+    for text in texts:
+        probs, _, _ = _reference(multi_label_dir, text)
+        expected += max(1, int((probs >= 0.5).sum()))
+    parser = argparse.ArgumentParser(prog="limelight")
+    eval_cli.register(parser.add_subparsers())
+    source = ["--model", str(multi_label_dir), "--data", str(data), "--n", "0"]
+    methods = ["--methods", "normxlogit,random", "--fractions", "0.5", "--game-steps", "2"]
+    out = ["--out", str(tmp_path / "out"), "--no-progress"]
+    args = parser.parse_args(["eval", *source, *methods, *out])
+    assert args.func(args) == 0
+    capsys.readouterr()
+    report = json.loads((tmp_path / "out" / "eval.json").read_text())
+    assert report["accuracy"] is None
+    assert any("multi-label: one item per (text, predicted label)" in n for n in report["notes"])
+    for m in report["methods"]:
+        assert m["status"] == "ok", m["reason"]
+        assert m["n"] == expected and len(m["aopc_deletion_per_input"]) == expected

@@ -7,6 +7,7 @@ per method) into ``--out``.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import platform
 import shlex
@@ -173,16 +174,24 @@ def run(args: argparse.Namespace) -> int:
         seed=args.seed,
     )
     evaluator = Evaluator(model, config)
-    encoded = evaluator.encode(data.examples)
+    examples = list(data.examples)
+    encoded = evaluator.encode(examples)
     probs = evaluator.predict(encoded)
     predicted = [int(p) for p in probs.argmax(axis=1)]
-    gold = [
-        (p, e.gold) for p, e in zip(predicted, data.examples, strict=True) if e.gold is not None
-    ]
-    accuracy = sum(p == g for p, g in gold) / len(gold) if gold else None
-    idf = token_idf(model, [e.text for e in data.examples], config.max_tokens)
     notes = list(data.notes)
-    notes.append("target class = the model's prediction on the unperturbed input")
+    if model.is_multi_label:
+        examples, encoded, predicted = _per_label(model, settings, examples, encoded, probs)
+        accuracy = None
+        notes.append(
+            "multi-label: one item per (text, predicted label) at the served thresholds (the "
+            "most probable label when none passes); AOPC perturbs that label's own sigmoid "
+            "probability; games count the arg-max label; no gold accuracy"
+        )
+    else:
+        gold = [(p, e.gold) for p, e in zip(predicted, examples, strict=True) if e.gold is not None]
+        accuracy = sum(p == g for p, g in gold) / len(gold) if gold else None
+        notes.append("target class = the model's prediction on the unperturbed input")
+    idf = token_idf(model, [e.text for e in data.examples], config.max_tokens)
     if args.replace == "mask" and model.mask_token_id is None:
         notes.append("the tokenizer has no mask token: perturbed tokens are deleted instead")
     if "lime" in explainers or "shap" in explainers:
@@ -194,7 +203,7 @@ def run(args: argparse.Namespace) -> int:
         bar.update(1)
 
     results: list[MethodResult] = []
-    bar = tqdm(total=len(explainers) * len(data.examples), disable=args.no_progress, unit="expl")
+    bar = tqdm(total=len(explainers) * len(examples), disable=args.no_progress, unit="expl")
     with bar:
         for name in names:
             if name in skipped:
@@ -206,7 +215,7 @@ def run(args: argparse.Namespace) -> int:
                     evaluator.evaluate_method(
                         name,
                         explainers[name],
-                        data.examples,
+                        examples,
                         encoded,
                         predicted,
                         idf,
@@ -229,3 +238,23 @@ def run(args: argparse.Namespace) -> int:
     print(paths["markdown"].read_text(encoding="utf-8"))
     print("wrote " + ", ".join(str(p) for p in paths.values()))
     return 0
+
+
+def _per_label(
+    model: Any, settings: Any, examples: list[Any], encoded: list[Any], probs: Any
+) -> tuple[list[Any], list[Any], list[int]]:
+    """Multi-label: every (text, explained label) pair becomes one evaluated item, the label
+    explained as the sidecar would explain it (each predicted label, else the top one)."""
+    import numpy as np
+
+    from limelight.core.prediction import label_thresholds
+
+    limits = label_thresholds(model.labels, settings.label_threshold, settings.label_thresholds)
+    out_examples, out_encoded, out_targets = [], [], []
+    for example, enc, row in zip(examples, encoded, probs, strict=True):
+        active = [int(c) for c in np.argsort(-row, kind="stable") if row[c] >= limits[c]]
+        for target in active or [int(np.argmax(row))]:
+            out_examples.append(dataclasses.replace(example, gold=None))
+            out_encoded.append(enc)
+            out_targets.append(target)
+    return out_examples, out_encoded, out_targets
