@@ -325,10 +325,13 @@ def open_viewer(driver: Any, sidecar: RunningSidecar, fragment: str = "") -> Non
 
 
 def heatmap(driver: Any, selector: str = "#heatmap") -> list[tuple[str, float, tuple[int, ...]]]:
-    """(text, score, background rgb) of every token span, as the browser computed them."""
+    """(text, score less the map's centre, background rgb) of every token span, as the browser
+    computed them (the centre is 0, or the median when every score has one sign)."""
     rows = driver.execute_script(
-        "return [...document.querySelectorAll(arguments[0] + ' .tok')].map(s => "
-        "[s.textContent, Number(s.dataset.score), getComputedStyle(s).backgroundColor])",
+        "const box = document.querySelector(arguments[0]);"
+        "const centre = Number(box.dataset.centre);"
+        "return [...box.querySelectorAll('.tok')].map(s => [s.textContent,"
+        " Number(s.dataset.score) - centre, getComputedStyle(s).backgroundColor])",
         selector,
     )
     out = []
@@ -511,3 +514,38 @@ def test_browser_script_injection_is_inert(
     assert INJECTION in row.text and not row.find_elements(By.TAG_NAME, "img")
     assert driver.execute_script("return window.__pwned === undefined")
     no_console_errors(driver)
+
+
+@needs_browser
+def test_browser_rank_agreement_and_colour_scale(
+    browser: Any, viewer_sidecar: RunningSidecar
+) -> None:
+    """The page's arithmetic: Spearman with ties, and the colour scale's centre."""
+    driver = browser
+    open_viewer(driver, viewer_sidecar)
+
+    def js(expression: str) -> Any:
+        return driver.execute_script(f"const v = window.limelightViewer; return {expression}")
+
+    assert js("v.spearman([1, 2, 3, 4], [10, 20, 30, 40])") == pytest.approx(1.0)
+    assert js("v.spearman([1, 2, 3, 4], [4, 3, 2, 1])") == pytest.approx(-1.0)
+    # Ties take their average rank: ranks (1.5, 1.5, 3, 4) against (1, 2, 3, 4).
+    assert js("v.spearman([5, 5, 6, 7], [1, 2, 3, 4])") == pytest.approx(0.9486833, abs=1e-6)
+    assert js("v.spearman([1, 1, 1], [1, 2, 3])") is None  # constant: undefined
+    units = "s => s.map(score => ({score}))"
+    # Mixed signs: white is 0 and the scale is the largest magnitude.
+    assert js(f"v.scaleOf(({units})([-0.5, 0.2, 1.0]))") == {"centre": 0, "scale": 1.0}
+    # One sign and close in size (NormXLogit-like): white is the median.
+    scale = js(f"v.scaleOf(({units})([1.0, 1.2, 1.1, 1.3, 1.25]))")
+    assert scale["centre"] == pytest.approx(1.2) and scale["scale"] == pytest.approx(0.2)
+    # One sign but far apart: still centred on 0.
+    assert js(f"v.scaleOf(({units})([0.1, 2.0, 0.5]))")["centre"] == 0
+    # The colour map: white at 0, orange above, blue below, the sign kept for grayscale.
+    assert js("v.colour(0, 1)")["background"] == "rgb(247, 247, 247)"
+    assert js("v.colour(1, 1)") == {
+        "background": "rgb(179, 88, 6)",
+        "foreground": "#ffffff",
+        "sign": "pos",
+    }
+    assert js("v.colour(-1, 1)")["background"] == "rgb(33, 102, 172)"
+    assert js("v.colour(-0.2, 1)")["sign"] == "neg"

@@ -182,8 +182,23 @@ function units(explanation, scores, level) {
   return out;
 }
 
+/** The score that colours as white: 0, unless every score has one sign and they are close in
+ * size (NormXLogit often is); then the median, so the colours still tell the tokens that
+ * matter more than a typical one from those that matter less. */
+function centreOf(list) {
+  const values = list.map((u) => u.score).filter(Number.isFinite).sort((a, b) => a - b);
+  if (values.length < 3 || (values[0] < 0 && values[values.length - 1] > 0)) return 0;
+  const top = Math.max(Math.abs(values[0]), Math.abs(values[values.length - 1]));
+  if (top === 0 || values[values.length - 1] - values[0] > 0.5 * top) return 0;
+  const mid = Math.floor(values.length / 2);
+  return values.length % 2 ? values[mid] : (values[mid - 1] + values[mid]) / 2;
+}
+
+/** {centre, scale}: colours run from centre - scale (blue) to centre + scale (orange). */
 function scaleOf(list) {
-  return list.reduce((m, u) => Math.max(m, Math.abs(u.score)), 0);
+  const centre = centreOf(list);
+  const scale = list.reduce((m, u) => Math.max(m, Math.abs(u.score - centre)), 0);
+  return { centre, scale };
 }
 
 function ranks(values) {
@@ -221,15 +236,18 @@ function spearman(a, b) {
 
 function renderHeatmap(container, list, info, label) {
   container.replaceChildren();
-  const scale = scaleOf(list);
+  const { centre, scale } = scaleOf(list);
+  container.dataset.centre = String(centre);
   const order = list.map((u, i) => [u.score, i]).sort((a, b) => b[0] - a[0]);
   const rankOf = new Map(order.map(([, i], r) => [i, r + 1]));
   const spans = [];
   list.forEach((unit, i) => {
     if (unit.newSegment) container.append(el("span", { class: "seg-break", "aria-hidden": "true" }));
     else if (unit.gap) container.append(document.createTextNode(unit.gap.replace(/\s+/g, " ")));
-    const c = colour(unit.score, scale);
-    const sign = c.sign === "pos" ? "positive" : c.sign === "neg" ? "negative" : "zero";
+    const c = colour(unit.score - centre, scale);
+    const sign = centre === 0
+      ? (c.sign === "pos" ? "positive" : c.sign === "neg" ? "negative" : "zero")
+      : (c.sign === "pos" ? "above the median" : c.sign === "neg" ? "below the median" : "median");
     const span = el("span", {
       class: `tok ${c.sign}${unit.kind === "piece" ? " piece" : ""}`,
       tabindex: spans.length === 0 ? "0" : "-1",
@@ -266,10 +284,10 @@ function renderHeatmap(container, list, info, label) {
     container.append(span);
   });
   if (label) container.setAttribute("aria-label", label);
-  return { scale, spans };
+  return { centre, scale, spans };
 }
 
-function renderLegend(container, scale) {
+function renderLegend(container, centre, scale) {
   container.replaceChildren();
   const ramp = el("span", { class: "ramp", "aria-hidden": "true" });
   for (const t of [-1, -0.66, -0.33, 0, 0.33, 0.66, 1]) {
@@ -278,11 +296,15 @@ function renderLegend(container, scale) {
     cell.style.backgroundColor = c.background;
     ramp.append(cell);
   }
+  const median = centre !== 0;
   container.append(
-    el("span", { text: `${fmt(-scale)} against` }),
+    el("span", { text: `${fmt(centre - scale)}${median ? "" : " against"}` }),
     ramp,
-    el("span", { text: `${fmt(scale)} for the class` }),
-    el("span", { class: "meta", text: "(blue, dotted underline: against; orange, solid underline: for)" }),
+    el("span", { text: `${fmt(centre + scale)}${median ? "" : " for the class"}` }),
+    el("span", { class: "meta", text: median
+      ? `(every score has one sign: white is the median ${fmt(centre)}; orange, solid ` +
+        "underline: more than a typical token; blue, dotted: less)"
+      : "(blue, dotted underline: against; orange, solid underline: for)" }),
   );
 }
 
@@ -336,8 +358,8 @@ function renderExplanation() {
   const list = units(e, currentScores(), state.level);
   const label = `Heat-map of ${state.level === "words" ? "words" : "word pieces"} for class ` +
     `${e.labels[state.targetIndex ?? e.target_index]}`;
-  const { scale } = renderHeatmap($("heatmap"), list, $("token-info"), label);
-  renderLegend($("legend"), scale);
+  const { centre, scale } = renderHeatmap($("heatmap"), list, $("token-info"), label);
+  renderLegend($("legend"), centre, scale);
   const t = e.timings_ms;
   $("explain-meta").textContent = `method ${e.method} · ${e.tokens.length} tokens` +
     `${e.truncated ? " (truncated)" : ""} · ${t.total.toFixed(1)} ms in the sidecar ` +
@@ -415,7 +437,7 @@ function exportTitle() {
 function heatmapSvg() {
   const e = state.explanation;
   const list = units(e, currentScores(), state.level);
-  const scale = scaleOf(list);
+  const { centre, scale } = scaleOf(list);
   const measure = document.createElement("canvas").getContext("2d");
   const font = "16px DejaVu Sans, Arial, sans-serif";
   measure.font = font;
@@ -432,7 +454,7 @@ function heatmapSvg() {
     } else if (unit.gap) {
       x += 6;
     }
-    const c = colour(unit.score, scale);
+    const c = colour(unit.score - centre, scale);
     const group = svg("g", {},
       svg("title", { text: `${unit.text}: ${fmt(unit.score, 4)}` }),
       svg("rect", { x, y: y - 19, width: w, height: 25, rx: 3, fill: c.background }),
@@ -467,18 +489,21 @@ function heatmapHtml() {
   const h1 = el("h1", { text: exportTitle() });
   const box = el("div", { class: "h" });
   const list = units(e, currentScores(), state.level);
-  const scale = scaleOf(list);
+  const { centre, scale } = scaleOf(list);
   for (const unit of list) {
     if (unit.newSegment) box.append(el("br"));
     else if (unit.gap) box.append(" ");
-    const c = colour(unit.score, scale);
+    const c = colour(unit.score - centre, scale);
     const span = el("span", { class: `t ${c.sign}`, title: fmt(unit.score, 4) }, unit.text);
     span.style.backgroundColor = c.background;
     span.style.color = c.foreground;
     box.append(span);
   }
-  const note = el("p", { class: "m", text: "Orange, solid underline: for the class; blue, " +
-    `dotted: against. Scale ±${scale.toFixed(4)}. Model ${e.model_name} ${e.model_version}.` });
+  const note = el("p", { class: "m", text: (centre === 0
+    ? "Orange, solid underline: for the class; blue, dotted: against. "
+    : `Every score has one sign: white is the median ${fmt(centre, 4)}; orange, solid ` +
+      "underline: more than a typical token; blue, dotted: less. ") +
+    `Scale ±${scale.toFixed(4)}. Model ${e.model_name} ${e.model_version}.` });
   return `<!doctype html>\n<html lang="en"><head><meta charset="utf-8">${title.outerHTML}` +
     `<style>${EXPORT_CSS}</style></head><body>${h1.outerHTML}${box.outerHTML}${note.outerHTML}` +
     "</body></html>\n";
@@ -850,7 +875,6 @@ function shiftChart(drift) {
     const delta = s.current_share - s.reference_share;
     const w = (Math.abs(delta) / maxDelta) * (mid - 90);
     const y = 5 + i * row;
-    const c = colour(delta, maxDelta);
     root.append(svg("g", {},
       svg("title", { text: `${s.token}: ${(s.reference_share * 100).toFixed(2)} % → ${(s.current_share * 100).toFixed(2)} %` }),
       svg("rect", { x: delta >= 0 ? mid : mid - w, y, width: Math.max(w, 1), height: row - 6,
@@ -859,7 +883,6 @@ function shiftChart(drift) {
         "text-anchor": delta >= 0 ? "end" : "start", text: `${delta >= 0 ? "▲" : "▼"} ${s.token}` }),
       svg("text", { x: delta >= 0 ? mid + w + 4 : mid - w - 4, y: y + row - 9,
         "text-anchor": delta >= 0 ? "start" : "end", text: `${delta >= 0 ? "+" : "−"}${(Math.abs(delta) * 100).toFixed(2)} pts` })));
-    void c;
   });
   return root;
 }
@@ -1091,8 +1114,9 @@ function wire() {
   });
 }
 
-// The exports, for scripts and tests that drive the page (the buttons download the same).
-window.limelightViewer = Object.freeze({ heatmapSvg, heatmapHtml });
+// The exports (the buttons download the same) and the page's arithmetic, for scripts and
+// tests that drive the page.
+window.limelightViewer = Object.freeze({ heatmapSvg, heatmapHtml, spearman, scaleOf, colour });
 
 async function main() {
   wire();
