@@ -3,6 +3,7 @@ sidecar, checked against transformers' own logits and a direct NormXLogit comput
 
 from __future__ import annotations
 
+import json
 import urllib.request
 from collections.abc import Callable
 from pathlib import Path
@@ -170,6 +171,22 @@ def test_per_label_thresholds_and_rendering(
     data = result.to_dict()
     assert [e["target_label"] for e in data["label_explanations"]] == ["spam"]
 
+    # Open Inference Protocol (REST): sigmoid probabilities and the predicted labels' mask.
+    name = result.model_name
+    body = {"inputs": [{"name": "text", "datatype": "BYTES", "shape": [1], "data": [TEXT]}]}
+    request = urllib.request.Request(
+        running.metrics_url.replace("/metrics", f"/v2/models/{name}/infer"),
+        data=json.dumps(body).encode(),
+        headers={"Content-Type": "application/json"},
+    )
+    with urllib.request.urlopen(request, timeout=30) as response:
+        outputs = {o["name"]: o for o in json.loads(response.read())["outputs"]}
+    assert outputs["predicted"]["datatype"] == "BOOL"
+    assert outputs["predicted"]["data"] == [True, False, False, True]
+    np.testing.assert_allclose(
+        outputs["probabilities"]["data"], [result.probabilities[n] for n in LABELS], rtol=1e-5
+    )
+
 
 def test_unknown_threshold_label_is_a_startup_error(
     start_sidecar: Callable[..., Any], multi_label_dir: Path
@@ -218,7 +235,6 @@ def test_eval_scores_each_predicted_label(
 ) -> None:
     """``limelight eval`` on a multi-label model: one item per (text, predicted label)."""
     import argparse
-    import json
 
     from limelight.cli import eval as eval_cli
 

@@ -17,7 +17,9 @@ Outputs (``T`` is the longest token count in the batch; shorter rows are padded)
 - ``target_label`` BYTES ``[N]``: the class the attributions explain;
 - ``tokens`` BYTES ``[N, T]`` (padding ``b""``), ``token_offsets`` INT64 ``[N, T, 2]`` (character
   ``start``/``end`` in the input text of the token's segment; padding ``-1``);
-- ``attributions`` FP32 ``[N, T]`` (padding 0), ``num_tokens`` INT64 ``[N]``.
+- ``attributions`` FP32 ``[N, T]`` (padding 0), ``num_tokens`` INT64 ``[N]``;
+- ``predicted`` BOOL ``[N, C]``: the predicted labels (multi-label: every label over its
+  threshold, ``probabilities`` being sigmoids; single-label: the one ``label``; regression: none).
 
 Request parameters: ``method`` (an inline method; default the server's), ``target`` (a class
 label) or ``target_index`` (a class index); neither: the predicted class.
@@ -55,6 +57,7 @@ OUTPUTS: dict[str, tuple[str, tuple[int | str, ...]]] = {
     "token_offsets": ("INT64", (-1, -1, 2)),
     "attributions": ("FP32", (-1, -1)),
     "num_tokens": ("INT64", (-1,)),
+    "predicted": ("BOOL", (-1, "C")),
 }
 
 #: Numpy dtypes of the fixed-size OIP datatypes (BYTES is an object array of ``bytes``).
@@ -300,6 +303,10 @@ def output_tensors(
         "token_offsets": offsets,
         "attributions": scores,
         "num_tokens": np.array([len(e.tokens) for e in explanations], dtype=np.int64),
+        "predicted": np.array(
+            [[name in e.predicted_labels for name in e.labels] for e in explanations],
+            dtype=np.bool_,
+        ),
     }
     return [
         Tensor(name, OUTPUTS[name][0], list(values[name].shape), values[name])
@@ -355,5 +362,11 @@ def model_metadata(info: ModelInfo) -> ModelMetadata:
             + ("supported" if info.supports_text_pair else "not supported by this model"),
             "max_tokens": str(info.max_tokens),
             "max_text_chars": str(info.max_text_chars),
+            "problem_type": info.problem_type,
+            **(
+                {"thresholds": ",".join(f"{t:g}" for t in info.thresholds)}
+                if info.thresholds
+                else {}
+            ),
         },
     )
