@@ -471,6 +471,20 @@ def test_browser_pages_explain_and_jobs(
     driver.save_screenshot(str(tmp_path / "viewer_jobs_open.png"))
     no_console_errors(driver)
 
+    # Responsive: on a phone-sized window no section scrolls sideways.
+    driver.set_window_size(390, 844)
+    try:
+        for view in ("explain", "compare", "jobs", "drift", "model"):
+            driver.find_element(By.CSS_SELECTOR, f"nav a[data-view={view}]").click()
+            wait(driver, lambda d, v=view: d.find_element(By.ID, f"view-{v}").is_displayed())
+            overflow = driver.execute_script(
+                "return document.documentElement.scrollWidth - window.innerWidth"
+            )
+            driver.save_screenshot(str(tmp_path / f"viewer_narrow_{view}.png"))
+            assert overflow <= 0, (view, overflow)
+    finally:
+        driver.set_window_size(1280, 1000)
+
 
 @needs_browser
 def test_browser_script_injection_is_inert(
@@ -549,3 +563,28 @@ def test_browser_rank_agreement_and_colour_scale(
     }
     assert js("v.colour(-1, 1)")["background"] == "rgb(33, 102, 172)"
     assert js("v.colour(-0.2, 1)")["sign"] == "neg"
+
+
+@needs_browser
+def test_browser_asks_for_the_bearer_token(
+    browser: Any, start_sidecar: Callable[..., RunningSidecar], random_bert_dir: Path
+) -> None:
+    from selenium.webdriver.common.by import By
+
+    sidecar = start_sidecar(model_dir=random_bert_dir, auth_token="viewer-secret")
+    driver = browser
+    driver.get(f"{base(sidecar)}/viewer/")
+    form = wait(driver, lambda d: [f for f in d.find_elements(By.ID, "auth") if f.is_displayed()])
+    assert "401" not in form[0].text and "bearer token" in form[0].text
+    assert "bearer token" in driver.find_element(By.ID, "error").text
+    driver.find_element(By.ID, "auth-token").send_keys("viewer-secret")
+    form[0].find_element(By.TAG_NAME, "button").click()
+    wait(driver, lambda d: "random-bert" in d.find_element(By.ID, "model-badge").text)
+    assert not driver.find_element(By.ID, "auth").is_displayed()
+    explain_in_page(driver, TEXT)
+    assert heatmap(driver)
+    # The token stays in the tab (session storage), never in the address.
+    assert "viewer-secret" not in driver.current_url
+    driver.find_element(By.ID, "permalink").click()
+    assert "viewer-secret" not in driver.find_element(By.ID, "permalink-out").get_attribute("value")
+    driver.execute_script("sessionStorage.clear()")
