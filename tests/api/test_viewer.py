@@ -267,6 +267,15 @@ def test_bearer_tokens_and_job_owners(
         assert job["id"] not in [j.id for j in client.jobs()]
 
 
+def test_without_jobs(start_sidecar: Callable[..., RunningSidecar], random_bert_dir: Path) -> None:
+    sidecar = start_sidecar(model_dir=random_bert_dir, jobs="off")
+    url = base(sidecar)
+    assert call(f"{url}/viewer/api/model")[1]["jobs"] is False
+    status, error, _ = call(f"{url}/viewer/api/jobs", {"method": "random", "text": TEXT})
+    assert status == 501 and "disabled" in error["error"]
+    assert call(f"{url}/viewer/api/explain", {"text": TEXT})[0] == 200
+
+
 def test_flag_turns_the_viewer_off(
     start_sidecar: Callable[..., RunningSidecar], random_bert_dir: Path
 ) -> None:
@@ -461,6 +470,13 @@ def test_browser_pages_explain_and_jobs(
     assert [t for t, _, _ in job_spans] == [t for t, _, _ in spans]
     check_colour_order(job_spans)
     driver.save_screenshot(str(tmp_path / "viewer_compare_done.png"))
+    # Its permalink shows the same comparison again in a fresh page.
+    link = driver.current_url
+    assert "#/compare?" in link and "jobs=" in link
+    driver.get("about:blank")
+    driver.get(link)
+    wait(driver, lambda d: d.find_elements(By.CSS_SELECTOR, ".run[data-state=succeeded] .tok"))
+    assert len(driver.find_elements(By.CSS_SELECTOR, "#compare-runs .run")) == 2
 
     # Jobs: the job is listed with its state; opening it shows its heat-map.
     driver.find_element(By.CSS_SELECTOR, "nav a[data-view=jobs]").click()

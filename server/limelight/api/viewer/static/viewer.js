@@ -547,7 +547,8 @@ function renderParams() {
   $("job-method-info").textContent = method
     ? method.description + (method.unavailable_reason ? ` — unavailable: ${method.unavailable_reason}` : "")
     : "";
-  $("compare-submit").disabled = !method || Boolean(method.unavailable_reason);
+  $("compare-submit").disabled = !method || Boolean(method.unavailable_reason) ||
+    !state.model.jobs;
   if (!method) return;
   for (const [name, value] of Object.entries(method.defaults)) {
     const id = `param-${name}`;
@@ -964,6 +965,10 @@ function renderModel() {
   if (firstAvailable) $("job-method").value = firstAvailable.name;
   renderParams();
   $("pair").disabled = !m.supports_text_pair;
+  if (!m.jobs) {
+    $("compare-submit").disabled = true;
+    $("job-method-info").textContent = "Jobs are disabled on this sidecar (LIMELIGHT_JOBS=off).";
+  }
 }
 
 async function loadModel() {
