@@ -204,6 +204,25 @@ def test_drift_report_and_history(viewer_sidecar: RunningSidecar) -> None:
     assert sum(history[-1]["counts"].values()) == report["window_count"] == 5
 
 
+def test_drift_is_sampled_in_the_background(
+    start_sidecar: Callable[..., RunningSidecar], random_bert_dir: Path
+) -> None:
+    """The chart has a history even when no page asks: the sidecar samples on its own."""
+    sidecar = start_sidecar(model_dir=random_bert_dir, viewer_drift_sample_s=0.05)
+    url = base(sidecar)
+    for i in range(sidecar.settings.drift_bootstrap_n + 3):
+        assert call(f"{url}/viewer/api/explain", {"text": f"{TEXT} {i}"})[0] == 200
+    while True:
+        _, report, _ = call(f"{url}/viewer/api/drift")
+        ready = [h for h in report["history"] if h["state"] == "ready"]
+        if len(ready) >= 3:
+            break
+        time.sleep(0.05)
+    times = [h["t"] for h in report["history"]]
+    assert times == sorted(times) and len(report["history"]) <= 720
+    assert ready[-1]["window_count"] == 3
+
+
 def test_static_assets_and_headers(viewer_sidecar: RunningSidecar) -> None:
     url = base(viewer_sidecar)
     status, page, headers = call(f"{url}/viewer/")
