@@ -469,6 +469,18 @@ def test_browser_pages_explain_and_jobs(
     assert exported_svg.startswith("<svg") and exported_svg.count("<rect") == len(words) + 1
     exported_html = driver.execute_script("return window.limelightViewer.heatmapHtml()")
     assert exported_html.startswith("<!doctype html>") and "seductive" in exported_html
+    # The buttons download them, the PNG drawn from the SVG on a canvas.
+    downloads = tmp_path / "downloads"
+    downloads.mkdir()
+    driver.execute_cdp_cmd(
+        "Browser.setDownloadBehavior", {"behavior": "allow", "downloadPath": str(downloads)}
+    )
+    for button in ("export-svg", "export-html", "export-png"):
+        driver.find_element(By.ID, button).click()
+    names = {"limelight-heatmap.svg", "limelight-heatmap.html", "limelight-heatmap.png"}
+    wait(driver, lambda d: {p.name for p in downloads.iterdir()} >= names)
+    assert (downloads / "limelight-heatmap.png").read_bytes().startswith(b"\x89PNG")
+    assert (downloads / "limelight-heatmap.svg").read_text().startswith("<svg")
 
     # Compare methods: submit a job from the page, watch it to completion, rank agreement.
     driver.find_element(By.CSS_SELECTOR, "input[name=level][value=tokens]").click()
@@ -504,6 +516,9 @@ def test_browser_pages_explain_and_jobs(
     row.find_element(By.XPATH, ".//button[text()='Open']").click()
     wait(driver, lambda d: d.find_elements(By.CSS_SELECTOR, "#job-detail .tok"))
     driver.save_screenshot(str(tmp_path / "viewer_jobs_open.png"))
+    job_detail = driver.find_element(By.ID, "job-detail")
+    job_detail.find_element(By.XPATH, ".//button[text()='Download SVG']").click()
+    wait(driver, lambda d: any(p.name.startswith("limelight-job-") for p in downloads.iterdir()))
     no_console_errors(driver)
 
     # Responsive: on a phone-sized window no section scrolls sideways.

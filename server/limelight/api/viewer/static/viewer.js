@@ -434,9 +434,15 @@ function exportTitle() {
     `${(e.probabilities[e.label_index] * 100).toFixed(1)} %)`;
 }
 
-function heatmapSvg() {
-  const e = state.explanation;
-  const list = units(e, currentScores(), state.level);
+/** What an export shows: the Explain view's heat-map unless told otherwise. */
+function currentView() {
+  return { explanation: state.explanation, scores: currentScores(), level: state.level,
+    title: exportTitle() };
+}
+
+function heatmapSvg(view = currentView()) {
+  const e = view.explanation;
+  const list = units(e, view.scores, view.level);
   const { centre, scale } = scaleOf(list);
   const measure = document.createElement("canvas").getContext("2d");
   const font = "16px DejaVu Sans, Arial, sans-serif";
@@ -468,12 +474,18 @@ function heatmapSvg() {
     items.push(group);
     x += w + 1;
   }
-  const height = y + 30;
+  const height = y + 48;
+  const legend = centre === 0
+    ? `orange, solid underline: for the class; blue, dotted: against (scale ±${scale.toFixed(4)})`
+    : `every score has one sign: white is the median ${fmt(centre, 4)}; orange, solid: more; ` +
+      `blue, dotted: less (±${scale.toFixed(4)})`;
   const root = svg("svg", { xmlns: SVG_NS, width, height, viewBox: `0 0 ${width} ${height}` },
     svg("rect", { width, height, fill: "#ffffff" }),
     svg("text", { x: 10, y: 24, "font-family": "DejaVu Sans, Arial, sans-serif", "font-size": 15,
-      fill: "#1b1b1b", text: exportTitle() }),
-    ...items);
+      fill: "#1b1b1b", text: view.title }),
+    ...items,
+    svg("text", { x: 10, y: height - 12, "font-family": "DejaVu Sans, Arial, sans-serif",
+      "font-size": 12, fill: "#555555", text: legend }));
   return new XMLSerializer().serializeToString(root);
 }
 
@@ -482,13 +494,13 @@ const EXPORT_CSS = "body{font-family:system-ui,sans-serif;margin:2rem;color:#1b1
   "border-bottom:3px solid transparent}.pos{border-bottom-color:#b35806}" +
   ".neg{border-bottom:3px dotted #2166ac}.m{color:#555;font-size:.9rem}";
 
-function heatmapHtml() {
+function heatmapHtml(view = currentView()) {
   // Built as elements (text through textContent) and serialised, which escapes every text.
-  const e = state.explanation;
-  const title = el("title", { text: `Limelight: ${exportTitle()}` });
-  const h1 = el("h1", { text: exportTitle() });
+  const e = view.explanation;
+  const title = el("title", { text: `Limelight: ${view.title}` });
+  const h1 = el("h1", { text: view.title });
   const box = el("div", { class: "h" });
-  const list = units(e, currentScores(), state.level);
+  const list = units(e, view.scores, view.level);
   const { centre, scale } = scaleOf(list);
   for (const unit of list) {
     if (unit.newSegment) box.append(el("br"));
@@ -509,8 +521,8 @@ function heatmapHtml() {
     "</body></html>\n";
 }
 
-async function exportPng() {
-  const text = heatmapSvg();
+async function exportPng(view = currentView()) {
+  const text = heatmapSvg(view);
   const url = URL.createObjectURL(new Blob([text], { type: "image/svg+xml" }));
   try {
     const image = new Image();
@@ -532,6 +544,18 @@ async function exportPng() {
   } finally {
     URL.revokeObjectURL(url);
   }
+}
+
+/** Download buttons for a heat-map other than the Explain view's (a job's). */
+function exportButtons(view, name) {
+  const base = `limelight-${name}`;
+  return el("div", { class: "row exports" },
+    el("button", { type: "button", class: "secondary", text: "Download SVG",
+      onclick: () => download(new Blob([heatmapSvg(view())], { type: "image/svg+xml" }), `${base}.svg`) }),
+    el("button", { type: "button", class: "secondary", text: "Download HTML",
+      onclick: () => download(new Blob([heatmapHtml(view())], { type: "text/html" }), `${base}.html`) }),
+    el("button", { type: "button", class: "secondary", text: "Download PNG",
+      onclick: () => exportPng(view()) }));
 }
 
 // --- Compare methods ----------------------------------------------------------------------------
@@ -784,8 +808,11 @@ async function openJob(id) {
     const info = el("p", { class: "token-info", "aria-live": "polite" });
     box.append(el("p", { class: "meta", text: `class ${r.target_label} · predicted ${r.label}` }), heat, info);
     renderHeatmap(heat, units(r, r.tokens.map((t) => t.score), state.level), info);
-    box.append(el("button", { type: "button", text: "Compare with the inline explanation",
-      onclick: () => compareJob(job) }));
+    const view = () => ({ explanation: r, scores: r.tokens.map((t) => t.score), level: state.level,
+      title: `${job.method} scores for class ${r.target_label} (predicted ${r.label}, job ${job.id})` });
+    box.append(exportButtons(view, `job-${job.id.slice(0, 12)}`),
+      el("button", { type: "button", text: "Compare with the inline explanation",
+        onclick: () => compareJob(job) }));
   } else if (!job.terminal) {
     clearTimeout(state.timers.job);
     state.timers.job = setTimeout(() => state.view === "jobs" && state.openJob === id && openJob(id), 1000);
@@ -1073,7 +1100,7 @@ function wire() {
     download(new Blob([heatmapSvg()], { type: "image/svg+xml" }), "limelight-heatmap.svg"));
   $("export-html").addEventListener("click", () =>
     download(new Blob([heatmapHtml()], { type: "text/html" }), "limelight-heatmap.html"));
-  $("export-png").addEventListener("click", exportPng);
+  $("export-png").addEventListener("click", () => exportPng());
   $("permalink").addEventListener("click", async () => {
     updateHash();
     const out = $("permalink-out");
