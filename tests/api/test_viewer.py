@@ -379,6 +379,22 @@ def check_colour_order(spans: list[tuple[str, float, tuple[int, ...]]]) -> None:
             assert (r >= b) if sign > 0 else (b >= r)
 
 
+def check_contrast(driver: Any, selector: str = "#heatmap") -> None:
+    """WCAG AA for every token: 4.5:1, or 3:1 for large text (bold at 18.66 px or more)."""
+    rows = driver.execute_script(
+        "const rgb = c => c.slice(c.indexOf('(') + 1, -1).split(',').slice(0, 3).map(Number);"
+        "return [...document.querySelectorAll(arguments[0] + ' .tok')].map(s => {"
+        " const st = getComputedStyle(s);"
+        " return [s.textContent, window.limelightViewer.contrast(rgb(st.color),"
+        " rgb(st.backgroundColor)), Number(st.fontWeight), parseFloat(st.fontSize)]; })",
+        selector,
+    )
+    assert rows
+    for text, ratio, weight, size in rows:
+        large = weight >= 700 and size >= 18.66
+        assert ratio >= (3.0 if large else 4.5), (text, ratio, weight, size)
+
+
 def explain_in_page(driver: Any, text: str, pair: str = "") -> None:
     from selenium.webdriver.common.by import By
 
@@ -432,6 +448,7 @@ def test_browser_pages_explain_and_jobs(
     spans = heatmap(driver)
     assert [t for t, _, _ in spans] == ["a", "gorgeous", ",", "witty", ",", "seductive", "movie"]
     check_colour_order(spans)
+    check_contrast(driver)
     predicted = driver.find_element(By.CSS_SELECTOR, "#prediction .predicted").text
     assert "(predicted)" in predicted
     driver.save_screenshot(str(tmp_path / "viewer_explain.png"))
@@ -500,6 +517,7 @@ def test_browser_pages_explain_and_jobs(
     job_spans = heatmap(driver, ".run[data-state=succeeded] .heatmap")
     assert [t for t, _, _ in job_spans] == [t for t, _, _ in spans]
     check_colour_order(job_spans)
+    check_contrast(driver, ".run[data-state=succeeded] .heatmap")
     driver.save_screenshot(str(tmp_path / "viewer_compare_done.png"))
     # Its permalink shows the same comparison again in a fresh page.
     link = driver.current_url
@@ -610,7 +628,15 @@ def test_browser_rank_agreement_and_colour_scale(
         "background": "rgb(179, 88, 6)",
         "foreground": "#ffffff",
         "sign": "pos",
+        "bold": False,
     }
+    # Every shade keeps AA contrast with its text colour (bold where 4.5:1 is out of reach).
+    for step in range(-20, 21):
+        cell = js(f"v.colour({step / 20}, 1)")
+        background = [int(x) for x in cell["background"][4:-1].split(",")]
+        text = [255, 255, 255] if cell["foreground"] == "#ffffff" else [27, 27, 27]
+        ratio = js(f"v.contrast({text}, {background})")
+        assert ratio >= (3.0 if cell["bold"] else 4.5), (step, cell, ratio)
     assert js("v.colour(-1, 1)")["background"] == "rgb(33, 102, 172)"
     assert js("v.colour(-0.2, 1)")["sign"] == "neg"
 

@@ -135,13 +135,35 @@ function mix(a, b, t) {
   return a.map((v, i) => Math.round(v + (b[i] - v) * t));
 }
 
+/** WCAG relative luminance and contrast ratio of sRGB colours. */
+function luminance(rgb) {
+  const [r, g, b] = rgb.map((v) => {
+    const c = v / 255;
+    return c <= 0.04045 ? c / 12.92 : ((c + 0.055) / 1.055) ** 2.4;
+  });
+  return 0.2126 * r + 0.7152 * g + 0.0722 * b;
+}
+
+function contrast(a, b) {
+  const [hi, lo] = [luminance(a), luminance(b)].sort((x, y) => y - x);
+  return (hi + 0.05) / (lo + 0.05);
+}
+
+const DARK = [27, 27, 27];
+const WHITE = [255, 255, 255];
+
+/** A cell's colours: background, the text colour with the better contrast on it, the sign,
+ * and whether the text must be bold (large text) to keep WCAG AA: mid-luminance cells
+ * offer 4.1:1 at best with either text colour. */
 function colour(score, scale) {
   const t = scale > 0 ? Math.min(1, Math.abs(score) / scale) : 0;
   const rgb = mix(MID, score >= 0 ? POS : NEG, t);
+  const fg = contrast(rgb, WHITE) > contrast(rgb, DARK) ? WHITE : DARK;
   return {
     background: `rgb(${rgb[0]}, ${rgb[1]}, ${rgb[2]})`,
-    foreground: t > 0.55 ? "#ffffff" : "#1b1b1b",
+    foreground: fg === WHITE ? "#ffffff" : "#1b1b1b",
     sign: score > 0 ? "pos" : score < 0 ? "neg" : "zero",
+    bold: contrast(rgb, fg) < 4.5,
   };
 }
 
@@ -249,7 +271,8 @@ function renderHeatmap(container, list, info, label) {
       ? (c.sign === "pos" ? "positive" : c.sign === "neg" ? "negative" : "zero")
       : (c.sign === "pos" ? "above the median" : c.sign === "neg" ? "below the median" : "median");
     const span = el("span", {
-      class: `tok ${c.sign}${unit.kind === "piece" ? " piece" : ""}`,
+      class: `tok ${c.sign}${unit.kind === "piece" ? " piece" : ""}${c.bold ? " bold" : ""}`,
+      role: "listitem",
       tabindex: spans.length === 0 ? "0" : "-1",
       "data-score": String(unit.score),
       "data-index": String(i),
@@ -465,7 +488,7 @@ function heatmapSvg(view = currentView()) {
       svg("title", { text: `${unit.text}: ${fmt(unit.score, 4)}` }),
       svg("rect", { x, y: y - 19, width: w, height: 25, rx: 3, fill: c.background }),
       svg("text", { x: x + 3, y, fill: c.foreground, "font-family": font.split(" ").slice(1).join(" "),
-        "font-size": 16, text: unit.text }));
+        "font-size": 16, "font-weight": c.bold ? 700 : null, text: unit.text }));
     if (c.sign !== "zero") {
       group.append(svg("line", { x1: x, x2: x + w, y1: y + 8, y2: y + 8, "stroke-width": 3,
         stroke: c.sign === "pos" ? "#b35806" : "#2166ac",
@@ -492,7 +515,7 @@ function heatmapSvg(view = currentView()) {
 const EXPORT_CSS = "body{font-family:system-ui,sans-serif;margin:2rem;color:#1b1b1b}" +
   ".h{font-size:1.15rem;line-height:2.3}.t{padding:.1rem .12rem;border-radius:3px;" +
   "border-bottom:3px solid transparent}.pos{border-bottom-color:#b35806}" +
-  ".neg{border-bottom:3px dotted #2166ac}.m{color:#555;font-size:.9rem}";
+  ".neg{border-bottom:3px dotted #2166ac}.b{font-weight:700}.m{color:#555;font-size:.9rem}";
 
 function heatmapHtml(view = currentView()) {
   // Built as elements (text through textContent) and serialised, which escapes every text.
@@ -506,7 +529,8 @@ function heatmapHtml(view = currentView()) {
     if (unit.newSegment) box.append(el("br"));
     else if (unit.gap) box.append(" ");
     const c = colour(unit.score - centre, scale);
-    const span = el("span", { class: `t ${c.sign}`, title: fmt(unit.score, 4) }, unit.text);
+    const span = el("span", { class: `t ${c.sign}${c.bold ? " b" : ""}`, title: fmt(unit.score, 4) },
+      unit.text);
     span.style.backgroundColor = c.background;
     span.style.color = c.foreground;
     box.append(span);
@@ -643,7 +667,7 @@ function agreement(scoresA, scoresB, level) {
 }
 
 function runCard(title) {
-  const heat = el("div", { class: "heatmap", role: "group", "aria-label": `Heat-map: ${title}` });
+  const heat = el("div", { class: "heatmap", role: "list", "aria-label": `Heat-map: ${title}` });
   const info = el("p", { class: "token-info", "aria-live": "polite" });
   const status = el("p", { class: "meta" });
   const progress = el("progress", { max: "1", value: "0", "aria-label": `Progress of ${title}` });
@@ -804,7 +828,7 @@ async function openJob(id) {
   box.replaceChildren(el("h3", { text: `Job ${job.id}` }), facts);
   if (job.result) {
     const r = job.result;
-    const heat = el("div", { class: "heatmap", role: "group", "aria-label": `Heat-map of job ${job.id}` });
+    const heat = el("div", { class: "heatmap", role: "list", "aria-label": `Heat-map of job ${job.id}` });
     const info = el("p", { class: "token-info", "aria-live": "polite" });
     box.append(el("p", { class: "meta", text: `class ${r.target_label} · predicted ${r.label}` }), heat, info);
     renderHeatmap(heat, units(r, r.tokens.map((t) => t.score), state.level), info);
@@ -1148,7 +1172,8 @@ function wire() {
 
 // The exports (the buttons download the same) and the page's arithmetic, for scripts and
 // tests that drive the page.
-window.limelightViewer = Object.freeze({ heatmapSvg, heatmapHtml, spearman, scaleOf, colour });
+window.limelightViewer = Object.freeze({ heatmapSvg, heatmapHtml, spearman, scaleOf, colour,
+  contrast });
 
 async function main() {
   wire();
