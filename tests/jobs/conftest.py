@@ -96,12 +96,13 @@ def redis_url(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-unty
     )
     url = f"redis://127.0.0.1:{port}/0"
     client = redis.Redis.from_url(url)
+    deadline = time.monotonic() + 60
     while True:
         try:
             client.ping()
             break
         except redis.ConnectionError:
-            if proc.poll() is not None:
+            if proc.poll() is not None or time.monotonic() > deadline:
                 pytest.fail("redis-server did not start")
             time.sleep(0.05)
     yield url

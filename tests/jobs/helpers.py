@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import inspect
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -13,6 +14,7 @@ import torch
 from jobs_testing_methods import BlockMethod, BrokenMethod, CrashMethod, StepMethod
 
 from limelight.core.jobs import JobBackend, JobRecord, JobState
+from limelight.errors import NotFound
 from limelight.methods.base import MethodRegistry
 from limelight.methods.normxlogit import NormXLogit
 from limelight.models.loaded import LoadedModel
@@ -40,21 +42,48 @@ async def wait_state(
     return await backend.get(job_id)
 
 
-def wait_until(predicate: Callable[[], Any], interval: float = 0.02) -> Any:
-    """Poll until ``predicate()`` is truthy (the test timeout bounds it)."""
+WAIT_S = 120.0
+"""How long a poll waits for its condition before the test fails (generous: shared CI cores)."""
+
+
+def wait_until(
+    predicate: Callable[[], Any], interval: float = 0.02, timeout: float = WAIT_S
+) -> Any:
+    """Poll until ``predicate()`` is truthy and return its value; AssertionError after
+    ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
     while True:
         value = predicate()
         if value:
             return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"condition not met within {timeout} s: {predicate!r}")
         time.sleep(interval)
 
 
-async def await_until(predicate: Callable[[], Any], interval: float = 0.02) -> Any:
+async def await_until(
+    predicate: Callable[[], Any], interval: float = 0.02, timeout: float = WAIT_S
+) -> Any:
+    """``wait_until`` inside an event loop; ``predicate`` may be a coroutine function."""
+    deadline = time.monotonic() + timeout
     while True:
         value = predicate()
+        if inspect.isawaitable(value):
+            value = await value
         if value:
             return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"condition not met within {timeout} s: {predicate!r}")
         await asyncio.sleep(interval)
+
+
+async def expired(backend: JobBackend, job_id: str) -> bool:
+    """True once ``backend`` no longer knows ``job_id`` (its result TTL has passed)."""
+    try:
+        await backend.get(job_id)
+    except NotFound:
+        return True
+    return False
 
 
 def reference_prediction(model: LoadedModel, text: str) -> tuple[list[int], np.ndarray]:

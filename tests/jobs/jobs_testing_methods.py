@@ -11,7 +11,7 @@ import signal
 import time
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -30,7 +30,7 @@ class StepMethod(JobMethod):
 
     name = "steps"
     description = "test method: checkpoints in steps"
-    params: Mapping[str, Param] = {
+    params: ClassVar[Mapping[str, Param]] = {
         "steps": Param(int, 4, minimum=1, maximum=10_000),
         "sleep": Param(float, 0.0, minimum=0.0, maximum=10.0),
     }
@@ -59,7 +59,7 @@ class BlockMethod(JobMethod):
 
     name = "block"
     description = "test method: blocks until a file appears"
-    params: Mapping[str, Param] = {
+    params: ClassVar[Mapping[str, Param]] = {
         "release": Param(str, ""),
         "started": Param(str, ""),
     }

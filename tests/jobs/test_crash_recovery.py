@@ -13,13 +13,13 @@ import socket
 import sqlite3
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers import wait_until
 
 from limelight.cli.main import main as cli
 from limelight_client import Client
@@ -64,14 +64,16 @@ def sidecar(model_dir: Path, db: Path, port: int, log: Path) -> Iterator[subproc
 
 
 def _ready(client: Client, proc: subprocess.Popen, log: Path) -> None:
-    while True:
+    def serving() -> bool:
         if proc.poll() is not None:
             raise AssertionError(f"sidecar exited early:\n{log.read_text()[-3000:]}")
         try:
             client.model(timeout=5)
-            return
         except LimelightError:
-            time.sleep(0.2)
+            return False
+        return True
+
+    wait_until(serving, interval=0.2, timeout=300)
 
 
 def test_kill_9_mid_job_then_restart(

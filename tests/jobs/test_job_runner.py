@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -18,7 +19,7 @@ from limelight.models.loaded import LoadedModel
 from limelight.settings import Settings
 
 
-def _runner(model: LoadedModel, tmp_path: Path, **kw: object) -> JobRunner:
+def _runner(model: LoadedModel, tmp_path: Path, **kw: Any) -> JobRunner:
     return JobRunner(model, test_registry(), Settings(cache_dir=tmp_path, **kw))
 
 

@@ -8,15 +8,23 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 import redis
-from helpers import await_until, reference_prediction, test_registry, touch, wait_state, wait_until
+from helpers import (
+    await_until,
+    expired,
+    reference_prediction,
+    test_registry,
+    touch,
+    wait_state,
+    wait_until,
+)
 from jobs_testing_methods import expected_scores
 from prometheus_client import CollectorRegistry
 
@@ -33,7 +41,7 @@ HERE = Path(__file__).parent
 ROOT = HERE.parent.parent
 
 
-def _settings(url: str, tmp_path: Path, **kw: object) -> Settings:
+def _settings(url: str, tmp_path: Path, **kw: Any) -> Settings:
     return Settings(cache_dir=tmp_path, jobs=url, **kw)
 
 
@@ -161,9 +169,8 @@ def test_idempotency_bounded_queue_and_ttl(redis_clean: str, tmp_path: Path) -> 
             await backend.cancel(a.id)
             await backend.cancel(b.id)
             c = await backend.submit(JobSpec(method="steps", text="c"))
-            await asyncio.sleep(0.5)
-            with pytest.raises(NotFound):
-                await backend.get(a.id)
+            await await_until(lambda: expired(backend, a.id))
+            await await_until(lambda: expired(backend, b.id))
             fresh = await backend.submit(JobSpec(method="steps", text="a", idempotency_key="k"))
             assert fresh.id != a.id
             assert [r.id for r in await backend.list(None, 10)] == [fresh.id, c.id]
@@ -267,7 +274,7 @@ def test_killed_worker_job_is_reclaimed(
                 victim = int(started.read_text().split()[0])  # pid of the child running it
                 client = redis.Redis.from_url(redis_clean, decode_responses=True)
                 owner = client.hget(f"limelight:job:{job.id}", "consumer")
-                assert owner is not None and owner.endswith(f"-{victim}")
+                assert isinstance(owner, str) and owner.endswith(f"-{victim}")
                 assert running.state is JobState.RUNNING and running.attempts == 1
                 os.kill(victim, signal.SIGKILL)
                 # The survivor (or the victim's replacement) reclaims it after the idle time.
@@ -369,13 +376,16 @@ def test_sidecar_enqueues_and_workers_run(
     worker: subprocess.Popen | None = None
     try:
         with Client(f"127.0.0.1:{port}", timeout=30) as client:
-            while True:
+
+            def serving() -> bool:
                 assert server.poll() is None, "sidecar exited"
                 try:
                     client.model(timeout=5)
-                    break
                 except LimelightError:
-                    time.sleep(0.2)
+                    return False
+                return True
+
+            wait_until(serving, interval=0.2)
             jobs = [
                 client.submit(text, "integrated_gradients", steps=8)
                 for text in ("a moving , funny film", "dull and far too long")

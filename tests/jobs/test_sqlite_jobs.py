@@ -9,12 +9,20 @@ import sqlite3
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
-from helpers import reference_prediction, test_registry, touch, wait_state, wait_until
+from helpers import (
+    await_until,
+    expired,
+    reference_prediction,
+    test_registry,
+    touch,
+    wait_state,
+    wait_until,
+)
 from jobs_testing_methods import expected_scores
 from prometheus_client import CollectorRegistry
 
@@ -29,7 +37,7 @@ from limelight.models.loaded import LoadedModel
 from limelight.settings import Settings
 
 
-def _settings(tmp_path: Path, **kw: object) -> Settings:
+def _settings(tmp_path: Path, **kw: Any) -> Settings:
     return Settings(cache_dir=tmp_path, jobs_db=tmp_path / "jobs.sqlite3", **kw)
 
 
@@ -197,9 +205,7 @@ def test_result_ttl(tiny_model: LoadedModel, tmp_path: Path) -> None:
             final = await wait_state(backend, job.id)
             assert final.state is JobState.SUCCEEDED
             assert final.finished_at is not None
-            await asyncio.sleep(max(0.0, final.finished_at + 0.35 - time.time()))
-            with pytest.raises(NotFound):
-                await backend.get(job.id)
+            await await_until(lambda: expired(backend, job.id))
             assert await backend.list(None, 10) == []
             # The expired job's idempotency key is free again: a new job.
             fresh = await backend.submit(JobSpec(method="steps", text="a", idempotency_key="k"))
@@ -347,7 +353,7 @@ _CRASH_SCRIPT = textwrap.dedent(
         for text in ("first", "second", "third"):
             job = await backend.submit(JobSpec(method="block", text=text, params=params))
             print(job.id, flush=True)
-        await asyncio.sleep(3600)
+        await asyncio.Event().wait()  # until the test kills this process
 
     asyncio.run(main())
     """

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from limelight.core.types import Encoded
-from limelight.methods.base import JobContext, MethodRegistry
+from limelight.methods.base import JobContext, JobMethod, MethodRegistry
 from limelight.methods.search import Coalitions, class_values, greedy_deletion, shapley_values
 from limelight.models.loaded import LoadedModel
 
@@ -141,6 +141,7 @@ def test_registered_as_job_methods_with_progress(
     encoded = random_bert.encode(TEXT)
     for name in ("shapley", "greedy_deletion"):
         method = registry.get(name)
+        assert isinstance(method, JobMethod)
         ctx = make_ctx(random_bert)
         out = method.run(ctx, encoded, 1, method.validate_params({}))
         assert out.scores.shape == (len(encoded),)

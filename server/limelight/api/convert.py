@@ -182,11 +182,11 @@ _STATE_TO_PROTO = {
     JobState.FAILED: pb.JOB_STATE_FAILED,
     JobState.CANCELLED: pb.JOB_STATE_CANCELLED,
 }
-_STATE_FROM_PROTO = {v: k for k, v in _STATE_TO_PROTO.items()}
+_STATE_FROM_PROTO: dict[int, JobState] = {int(v): k for k, v in _STATE_TO_PROTO.items()}
 
 
 def job_state_from_proto(value: int) -> JobState | None:
-    return _STATE_FROM_PROTO.get(value)  # type: ignore[call-overload]
+    return _STATE_FROM_PROTO.get(int(value))
 
 
 def _timestamp(seconds: float | None) -> timestamp_pb2.Timestamp | None:

@@ -20,7 +20,7 @@ from limelight.cli.common import add_model_args, settings_from_args
 SECTIONS = ("inline", "served", "mix", "jobs")
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = subparsers.add_parser(
         "bench", help="benchmark the inline path, the served path under load and job methods"
     )

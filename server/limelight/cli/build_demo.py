@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import cast
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add the ``build-demo`` subcommand."""
     p = subparsers.add_parser(
         "build-demo",

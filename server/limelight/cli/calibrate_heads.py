@@ -16,7 +16,7 @@ from limelight.methods.head_calibration import (
 )
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = subparsers.add_parser(
         "calibrate-heads",
         help="find important attention heads and write the LRP head mask",

@@ -8,7 +8,7 @@ from pathlib import Path
 from limelight.cli.common import add_model_args, parse_params, settings_from_args, setup_logging
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     from limelight.distill.train import DEFAULT_TEACHER, TEACHERS, TrainConfig
 
     defaults = TrainConfig()

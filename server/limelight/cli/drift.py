@@ -14,7 +14,7 @@ DEFAULT_DATA = "rotten_tomatoes:validation"
 DEFAULT_OUT = Path("limelight-drift-reference.json")
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = subparsers.add_parser(
         "drift",
         help="show attribution drift of a running sidecar",

@@ -20,7 +20,7 @@ from limelight.cli.common import add_model_args, settings_from_args
 DEFAULT_METHODS = "normxlogit,decoded_gradcam,lrp,slalom,grad_x_input,integrated_gradients,random"
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = subparsers.add_parser(
         "eval",
         help="measure explanation faithfulness (AOPC, hiding/revealing games, overlap, evidence)",

@@ -23,7 +23,7 @@ from limelight.cli.common import (
 )
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = subparsers.add_parser(
         "explain",
         help="explain one text (terminal heat-map, --html, --json)",

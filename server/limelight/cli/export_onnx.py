@@ -10,7 +10,7 @@ import numpy as np
 from limelight.cli.common import add_model_args, settings_from_args, setup_logging
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = subparsers.add_parser(
         "export-onnx",
         help="export the inline path to ONNX (for `serve --runtime onnx`)",

@@ -13,7 +13,7 @@ from limelight.cli.common import add_client_args, client_from_args
 _STATES = ["queued", "running", "succeeded", "failed", "cancelled"]
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = subparsers.add_parser(
         "jobs",
         help="list, show, watch or cancel explanation jobs",

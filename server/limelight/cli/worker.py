@@ -19,7 +19,7 @@ from limelight.settings import Settings
 log = logging.getLogger("limelight.worker")
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = subparsers.add_parser(
         "worker",
         help="run job workers that consume a Redis job queue",

@@ -17,7 +17,7 @@ import numpy as np
 import numpy.typing as npt
 
 from limelight.drift.report import TokenShift
-from limelight.drift.sketch import SpaceSaving
+from limelight.drift.sketch import SpaceSaving, json_int, json_number
 
 _WORD_START_MARKERS = ("\u0120", "\u2581")  # byte-level BPE "Ġ", SentencePiece "▁"
 
@@ -117,14 +117,14 @@ class Profile:
         sketches = data["sketches"]
         if not isinstance(label_counts, dict) or not isinstance(sketches, dict):
             raise ValueError("profile needs label_counts and sketches objects")
-        out = cls(list(label_counts), int(data["capacity"]))  # type: ignore[call-overload]
+        out = cls(list(label_counts), json_int(data, "capacity"))
         out.label_counts = {str(k): int(v) for k, v in label_counts.items()}
         out.sketches = {str(k): SpaceSaving.from_json(v) for k, v in sketches.items()}
         if set(out.sketches) != set(out.label_counts):
             raise ValueError("profile sketches and label_counts name different labels")
-        out.count = int(data["count"])  # type: ignore[call-overload]
-        out.entropy_sum = float(data["entropy_sum"])  # type: ignore[arg-type]
-        out.entropy_count = int(data["entropy_count"])  # type: ignore[call-overload]
+        out.count = json_int(data, "count")
+        out.entropy_sum = json_number(data, "entropy_sum")
+        out.entropy_count = json_int(data, "entropy_count")
         return out
 
 

@@ -35,6 +35,22 @@ class Estimate:
         return 0.5 * (self.lower + self.upper)
 
 
+def json_number(data: dict[str, object], key: str) -> float:
+    """``data[key]`` as a float; ValueError unless it is a number (or a numeric string)."""
+    value = data[key]
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        raise ValueError(f"{key} must be a number, not {type(value).__name__}")
+    return float(value)
+
+
+def json_int(data: dict[str, object], key: str) -> int:
+    """``data[key]`` as an int; ValueError unless it is an integer (or an integer string)."""
+    value = data[key]
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        raise ValueError(f"{key} must be an integer, not {type(value).__name__}")
+    return int(value)
+
+
 class SpaceSaving:
     """Weighted Space-Saving (Metwally et al.) over string tokens with positive weights."""
 
@@ -175,10 +191,10 @@ class SpaceSaving:
 
     @classmethod
     def from_json(cls, data: dict[str, object]) -> SpaceSaving:
-        capacity = int(data["capacity"])  # type: ignore[call-overload]
+        capacity = json_int(data, "capacity")
         out = cls(capacity)
-        out.total = float(data["total"])  # type: ignore[arg-type]
-        out.floor = float(data["floor"])  # type: ignore[arg-type]
+        out.total = json_number(data, "total")
+        out.floor = json_number(data, "floor")
         rows = data["tokens"]
         if not isinstance(rows, list) or len(rows) > capacity:
             raise ValueError("sketch tokens must be a list of at most `capacity` rows")

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 # Light imports only at module level: the out-of-process load generator imports this module
 # and must not pay for (or compete with) torch.
 if TYPE_CHECKING:
-    from limelight.core.types import Encoded
+    from limelight.core.types import Encoded, FloatArray
     from limelight.methods.base import InlineMethod
     from limelight.models.loaded import LoadedModel
     from limelight.runtimes.base import InlineBatch, Runtime
@@ -172,8 +172,9 @@ def plain_onnx_runtime(
         def run_inline(self, batch: InlineBatch) -> InlineOutputs:
             return inline.run_inline(batch)
 
-        def forward_logits(self, batch: InlineBatch):  # type: ignore[no-untyped-def]
-            return plain.run(["logits"], inline._feed(batch))[0]
+        def forward_logits(self, batch: InlineBatch) -> FloatArray:
+            logits: FloatArray = plain.run(["logits"], inline._feed(batch))[0]
+            return logits
 
     return _Both()
 

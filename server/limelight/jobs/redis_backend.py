@@ -254,7 +254,7 @@ class RedisJobBackend(JobBackend):
         await self._refresh_depth()
         return out[:limit]
 
-    async def watch(  # type: ignore[override]
+    async def watch(
         self, job_id: str, owner: str | None = None
     ) -> AsyncIterator[JobRecord]:
         channel = self.keys.events(job_id)
