@@ -305,6 +305,19 @@ def test_flag_turns_the_viewer_off(
     assert call(f"{url}/v2")[0] == 200  # the other APIs stay
 
 
+def test_serve_flag() -> None:
+    """``limelight serve --no-viewer`` is ``LIMELIGHT_VIEWER_ENABLED=false``."""
+    import argparse
+
+    from limelight.cli.common import settings_from_args
+    from limelight.cli.serve import register
+
+    parser = argparse.ArgumentParser()
+    register(parser.add_subparsers())
+    assert settings_from_args(parser.parse_args(["serve"])).viewer_enabled is True
+    assert settings_from_args(parser.parse_args(["serve", "--no-viewer"])).viewer_enabled is False
+
+
 # --- in a real browser ---------------------------------------------------------------------------
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")

@@ -70,6 +70,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
         action=argparse.BooleanOptionalAction,
         help="TLS on the HTTP port too when TLS is on (default: yes)",
     )
+    p.add_argument(
+        "--viewer",
+        dest="viewer_enabled",
+        action=argparse.BooleanOptionalAction,
+        help="the web viewer at /viewer/ on the HTTP port (default: yes)",
+    )
     p.add_argument("--auth-tokens-file", type=Path, help="accepted bearer tokens, one per line")
     p.add_argument("--grace-period-s", type=float, help="SIGTERM drain time")
     p.add_argument("--log-level", help="DEBUG, INFO, WARNING, ...")
