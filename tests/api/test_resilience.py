@@ -82,7 +82,7 @@ def served_process(bert_tiny_dir: Path, tmp_path: Path):  # type: ignore[no-unty
     target = f"127.0.0.1:{port}"
     health = health_pb2_grpc.HealthStub(grpc.insecure_channel(target))
     deadline = time.monotonic() + 300
-    while time.monotonic() < deadline:
+    while True:
         try:
             reply = health.Check(health_pb2.HealthCheckRequest(), timeout=2)
             if reply.status == health_pb2.HealthCheckResponse.SERVING:
@@ -90,6 +90,9 @@ def served_process(bert_tiny_dir: Path, tmp_path: Path):  # type: ignore[no-unty
         except grpc.RpcError:
             pass
         assert proc.poll() is None, proc.stdout.read() if proc.stdout else ""
+        if time.monotonic() > deadline:
+            proc.kill()
+            pytest.fail("the sidecar did not become SERVING")
         time.sleep(0.2)
     yield proc, target
     if proc.poll() is None:
