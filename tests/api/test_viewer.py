@@ -295,6 +295,67 @@ def test_without_jobs(start_sidecar: Callable[..., RunningSidecar], random_bert_
     assert call(f"{url}/viewer/api/explain", {"text": TEXT})[0] == 200
 
 
+def test_client_certificate_owns_the_same_jobs_on_both_ports(
+    start_sidecar: Callable[..., RunningSidecar], random_bert_dir: Path, tmp_path: Path
+) -> None:
+    """Under mutual TLS a job submitted from the viewer with a client certificate is the same
+    principal's job over gRPC (the subject as gRPC prints it), and no one else's."""
+    import ssl
+    import subprocess
+
+    def openssl(*args: str) -> None:
+        subprocess.run(["openssl", *args], cwd=tmp_path, check=True, capture_output=True)
+
+    openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj",
+            "/CN=viewer-test-ca", "-keyout", "ca.key", "-out", "ca.pem")  # fmt: skip
+    (tmp_path / "san.cnf").write_text("subjectAltName=DNS:localhost,IP:127.0.0.1\n")
+    subjects = {"server": "/CN=server", "alice": "/C=NL/O=Lime, Inc./CN=alice", "bob": "/CN=bob"}
+    for name, subject in subjects.items():
+        openssl("req", "-newkey", "rsa:2048", "-nodes", "-subj", subject,
+                "-keyout", f"{name}.key", "-out", f"{name}.csr")  # fmt: skip
+        extra = ["-extfile", "san.cnf"] if name == "server" else []
+        openssl("x509", "-req", "-in", f"{name}.csr", "-CA", "ca.pem", "-CAkey", "ca.key",
+                "-CAcreateserial", "-days", "2", "-out", f"{name}.pem", *extra)  # fmt: skip
+    sidecar = start_sidecar(
+        model_dir=random_bert_dir,
+        tls_cert=tmp_path / "server.pem",
+        tls_key=tmp_path / "server.key",
+        tls_client_ca=tmp_path / "ca.pem",
+    )
+    url = f"https://127.0.0.1:{sidecar.server.metrics_port}/viewer/api/jobs"
+
+    def https(name: str, path: str = "", body: Any = None) -> tuple[int, Any]:
+        context = ssl.create_default_context(cafile=str(tmp_path / "ca.pem"))
+        context.load_cert_chain(tmp_path / f"{name}.pem", tmp_path / f"{name}.key")
+        data = None if body is None else json.dumps(body).encode()
+        request = urllib.request.Request(url + path, data=data)
+        request.add_header("Content-Type", "application/json")
+        try:
+            with urllib.request.urlopen(request, timeout=120, context=context) as response:
+                return response.status, json.loads(response.read())
+        except urllib.error.HTTPError as exc:
+            return exc.code, json.loads(exc.read())
+
+    status, job = https("alice", body={"method": "random", "text": TEXT})
+    assert status == 201, job
+    assert https("bob", f"/{job['id']}")[0] == 404
+
+    def grpc_client(name: str) -> Client:
+        return Client(
+            f"localhost:{sidecar.server.port}",
+            tls=True,
+            ca_cert=(tmp_path / "ca.pem").read_bytes(),
+            client_cert=(tmp_path / f"{name}.pem").read_bytes(),
+            client_key=(tmp_path / f"{name}.key").read_bytes(),
+            timeout=30,
+        )
+
+    with grpc_client("alice") as client:
+        assert job["id"] in [j.id for j in client.jobs()]
+    with grpc_client("bob") as client:
+        assert job["id"] not in [j.id for j in client.jobs()]
+
+
 def test_flag_turns_the_viewer_off(
     start_sidecar: Callable[..., RunningSidecar], random_bert_dir: Path
 ) -> None:

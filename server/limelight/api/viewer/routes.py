@@ -234,11 +234,40 @@ def principal(request: web.Request) -> str:
         return "token:" + hashlib.sha256(token.strip().encode()).hexdigest()[:32]
     transport = request.transport
     cert = transport.get_extra_info("peercert") if transport is not None else None
-    if cert:
-        parts = [f"{k}={v}" for rdn in cert.get("subject", ()) for k, v in rdn]
-        if parts:
-            return "x509:" + ",".join(parts)
+    if cert and cert.get("subject"):
+        return "x509:" + rfc2253(cert["subject"])
     return ""
+
+
+#: Python's attribute names in ``getpeercert()`` as gRPC (BoringSSL, RFC 2253) prints them.
+_RDN_NAMES = {
+    "commonName": "CN",
+    "countryName": "C",
+    "localityName": "L",
+    "stateOrProvinceName": "ST",
+    "organizationName": "O",
+    "organizationalUnitName": "OU",
+    "streetAddress": "STREET",
+    "domainComponent": "DC",
+    "userId": "UID",
+}
+
+
+def rfc2253(subject: Sequence[Sequence[tuple[str, str]]]) -> str:
+    """A certificate subject from ``ssl.getpeercert()`` as the RFC 2253 string gRPC reports as
+    ``x509_subject`` (last RDN first), so a client certificate owns the same jobs on both
+    ports."""
+
+    def escape(value: str) -> str:
+        out = "".join("\\" + c if c in ',+"\\<>;' else c for c in value)
+        if out.startswith((" ", "#")):
+            out = "\\" + out
+        return out[:-1] + "\\ " if out.endswith(" ") else out
+
+    return ",".join(
+        "+".join(f"{_RDN_NAMES.get(k, k)}={escape(v)}" for k, v in rdn)
+        for rdn in reversed(subject)
+    )
 
 
 async def _body(request: web.Request) -> Mapping[str, Any]:
