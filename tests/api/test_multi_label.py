@@ -259,3 +259,21 @@ def test_eval_scores_each_predicted_label(
     for m in report["methods"]:
         assert m["status"] == "ok", m["reason"]
         assert m["n"] == expected and len(m["aopc_deletion_per_input"]) == expected
+
+
+def test_drift_reference_build_observes_each_predicted_label(multi_label_dir: Path) -> None:
+    from limelight.drift.build import explain_texts
+    from limelight.models.loaded import load_model
+
+    model = load_model(multi_label_dir)
+    _, normx, ids = _reference(multi_label_dir, TEXT)
+    special = np.array(
+        model.tokenizer.get_special_tokens_mask(ids, already_has_special_tokens=True), dtype=bool
+    )
+    observations = explain_texts(model, [TEXT])
+    assert [o.label for o in observations] == ["toxic", "insult"]
+    for obs in observations:
+        column = normx[~special, LABELS.index(obs.label)]
+        np.testing.assert_allclose(obs.scores, column, rtol=1e-4, atol=1e-5)
+    strict = explain_texts(model, [TEXT], thresholds=[0.5, 0.99, 0.5, 0.5])
+    assert [o.label for o in strict] == ["toxic"]

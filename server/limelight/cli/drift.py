@@ -89,6 +89,7 @@ def load_texts(
 def run_build(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
+    from limelight.core.prediction import label_thresholds
     from limelight.drift.build import build_reference
     from limelight.errors import LimelightError
     from limelight.models.loaded import load_model
@@ -120,6 +121,11 @@ def run_build(args: argparse.Namespace) -> int:
                 progress=bar,
                 source={"data": args.data, "n": len(texts)},
                 pairs=pairs,
+                thresholds=label_thresholds(
+                    model.labels, settings.label_threshold, settings.label_thresholds
+                )
+                if model.is_multi_label
+                else None,
             )
         reference.save(args.out)
     except LimelightError as exc:

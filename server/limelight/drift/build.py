@@ -8,6 +8,7 @@ from typing import Any
 
 import numpy as np
 
+from limelight.core.prediction import predict
 from limelight.drift.monitor import REFERENCE_CAPACITY_FACTOR
 from limelight.drift.profile import Profile, positive_shares
 from limelight.drift.reference import ReferenceFile
@@ -37,11 +38,14 @@ def explain_texts(
     progress: Any = None,
     max_tokens: int | None = None,
     pairs: Sequence[str | None] | None = None,
+    thresholds: Sequence[float] | None = None,
 ) -> list[Observation]:
     """Inline NormXLogit of the predicted class for every text (and pair), in input order.
 
     Texts are batched in order of token length (less padding); ``progress`` is an optional
-    tqdm-like object whose ``update(n)`` is called after each batch.
+    tqdm-like object whose ``update(n)`` is called after each batch. A multi-label model gives
+    one observation per predicted label (at ``thresholds``, default 0.5 each), as the
+    sidecar's monitor sees them; a text with none gives none.
     """
     runtime = runtime or TorchRuntime(model)
     method = NormXLogit()
@@ -52,24 +56,32 @@ def explain_texts(
         for i, t in enumerate(texts)
     ]
     order = sorted(range(len(encoded)), key=lambda i: len(encoded[i]))
-    results: list[Observation | None] = [None] * len(encoded)
+    results: list[list[Observation]] = [[] for _ in encoded]
+    limits = list(thresholds) if thresholds is not None else [0.5] * model.num_labels
     for start in range(0, len(order), batch_size):
         rows = order[start : start + batch_size]
         batch = InlineBatch.from_encoded([encoded[i] for i in rows], model.pad_id)
         outputs = runtime.run_inline(batch)
         for row, index in enumerate(rows):
             enc = encoded[index]
-            predicted = int(np.argmax(outputs.logits[row]))
-            scores = method.attribute(outputs, row, len(enc))[:, predicted]
+            if model.is_multi_label:
+                labels = predict(outputs.logits[row], model.problem_type, limits).active
+            else:
+                labels = [int(np.argmax(outputs.logits[row]))]
+            matrix = method.attribute(outputs, row, len(enc))
             keep = ~enc.special_mask
-            results[index] = Observation(
-                label=model.labels[predicted],
-                tokens=[t.text for t, k in zip(enc.tokens, keep, strict=True) if k],
-                scores=np.asarray(scores[keep], dtype=np.float32),
-            )
+            tokens = [t.text for t, k in zip(enc.tokens, keep, strict=True) if k]
+            results[index] = [
+                Observation(
+                    label=model.labels[label],
+                    tokens=tokens,
+                    scores=np.asarray(matrix[:, label][keep], dtype=np.float32),
+                )
+                for label in labels
+            ]
         if progress is not None:
             progress.update(len(rows))
-    return [r for r in results if r is not None]
+    return [obs for per_text in results for obs in per_text]
 
 
 def profile_of(
@@ -92,10 +104,12 @@ def build_reference(
     progress: Any = None,
     source: dict[str, Any] | None = None,
     pairs: Sequence[str | None] | None = None,
+    thresholds: Sequence[float] | None = None,
 ) -> ReferenceFile:
-    """A reference file of ``model``'s inline NormXLogit attributions on ``texts``."""
+    """A reference file of ``model``'s inline NormXLogit attributions on ``texts``
+    (multi-label: per predicted label at ``thresholds``)."""
     observations = explain_texts(
-        model, texts, batch_size=batch_size, progress=progress, pairs=pairs
+        model, texts, batch_size=batch_size, progress=progress, pairs=pairs, thresholds=thresholds
     )
     profile = profile_of(observations, model.labels, sketch_size * REFERENCE_CAPACITY_FACTOR)
     return ReferenceFile(
