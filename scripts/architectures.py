@@ -126,7 +126,7 @@ def render(rows: list[Row], version: str) -> str:
 
 
 def lrp_architectures() -> list[str]:
-    from limelight.methods.lrp import SUPPORTED_ARCHITECTURES
+    from limelight.models.encoder import SUPPORTED_ARCHITECTURES
 
     return list(SUPPORTED_ARCHITECTURES)
 

@@ -51,7 +51,7 @@ from limelight.methods.head_mask import (
     resolve_head_mask,
     write_mask,
 )
-from limelight.methods.lrp import encoder_attentions, unsupported_reason
+from limelight.models.encoder import encoder_attentions, unsupported_reason
 
 if TYPE_CHECKING:
     from limelight.models.loaded import LoadedModel
