@@ -501,9 +501,10 @@ class ExplanationService:
             logits=aggregate_logits([r.logits for r in results], settings.window_aggregation),
             matrix=layout.stitch([r.matrix for r in results]),
             normxlogit=layout.stitch(normx) if len(normx) == len(results) else None,
+            # Windows share batches (with each other and other traffic): each counts its share.
             queue_s=max(r.queue_s for r in results),
-            forward_s=sum(r.forward_s for r in results),
-            attribute_s=sum(r.attribute_s for r in results),
+            forward_s=sum(r.forward_s / r.batch_size for r in results),
+            attribute_s=sum(r.attribute_s / r.batch_size for r in results),
             batch_size=max(r.batch_size for r in results),
         )
         document = Encoded([t.id for t in layout.tokens], None, layout.tokens, truncated=False)
