@@ -36,6 +36,8 @@ class Row:
     #: Job methods unavailable for this family besides LRP's and Decoded Grad-CAM's general
     #: conditions, with the reason ("" when none).
     jobs: str = ""
+    #: Whether LRP propagates through this family.
+    lrp: bool = False
 
 
 def job_exceptions(adapter: object) -> str:
@@ -79,13 +81,17 @@ def survey_one(model_type: str) -> Row:
         adapter = GenericAdapter(model).derive()
     except ModelLoadError as exc:
         return Row(model_type, "refused", _reason(exc.message, model_type), "—")
+    from limelight.methods.lrp import unsupported_reason
+
     note = OVERRIDES[model_type].note if model_type in OVERRIDES else ""
     detail = adapter.derivation + (f"; {note}" if note else "")
-    return Row(model_type, "served", detail, onnx, job_exceptions(adapter))
+    lrp = not unsupported_reason(model)
+    return Row(model_type, "served", detail, onnx, job_exceptions(adapter), lrp)
 
 
 def render(rows: list[Row], version: str) -> str:
     served = sum(r.status == "served" for r in rows)
+    lrp = [f"`{r.model_type}`" for r in rows if r.lrp]
     lines = [
         "# Architectures",
         "",
@@ -109,7 +115,7 @@ def render(rows: list[Row], version: str) -> str:
         "",
         "Job methods run on every served family except where the **job methods** column names "
         "one, with the reason (found on the same load-time probe), and these two general "
-        f"conditions: LRP propagates through {', '.join(lrp_architectures())} only, and Decoded "
+        f"conditions: LRP propagates through {', '.join(lrp)} only, and Decoded "
         "Grad-CAM needs a masked-LM head (`--lm-head` or a fitted one). The service refuses an "
         "unavailable method with FAILED_PRECONDITION and the reason before anything is queued. "
         "**ONNX**: `yes` where the export was checked for parity with torch on a tiny model "
@@ -123,12 +129,6 @@ def render(rows: list[Row], version: str) -> str:
         jobs = r.jobs.replace("|", "\\|") or ("all" if r.status == "served" else "—")
         lines.append(f"| `{r.model_type}` | {r.status} | {detail} | {jobs} | {r.onnx} |")
     return "\n".join(lines) + "\n"
-
-
-def lrp_architectures() -> list[str]:
-    from limelight.models.encoder import SUPPORTED_ARCHITECTURES
-
-    return list(SUPPORTED_ARCHITECTURES)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -51,3 +51,18 @@ def test_generator_rows() -> None:
 
 def test_readme_links_the_table() -> None:
     assert "docs/architectures.md" in (ROOT / "README.md").read_text()
+
+
+def test_every_built_family_has_an_onnx_answer() -> None:
+    """Exported and checked for parity, or refused with the reason: none left unchecked."""
+    from limelight.models.adapters import supported_model_types
+    from limelight.models.tiny import NOT_BUILT
+    from limelight.runtimes.onnx_export import EXPORTABLE, NOT_EXPORTABLE
+
+    unchecked = [
+        t
+        for t in supported_model_types()
+        if t not in NOT_BUILT and t not in EXPORTABLE and t not in NOT_EXPORTABLE
+    ]
+    assert unchecked == []
+    assert not set(EXPORTABLE) & set(NOT_EXPORTABLE)

@@ -31,25 +31,38 @@ def build(model_type: str, directory: Path, tokenizer_dir: Path, **values: Any) 
     return load_model(directory)
 
 
+BATCHES = [
+    ["a witty and gorgeous film , sadly too long", "dull"],
+    ["x " * 30, "the plot is thin but the acting is great", "meh"],  # another shape
+]
+
+
+def feeds_for(model: LoadedModel, texts: list[str]) -> dict[str, np.ndarray]:
+    """Right-padded graph inputs; token types are zeros where the tokenizer gives none, as the
+    ONNX runtime feeds them."""
+    enc = model.tokenizer(texts, padding=True, return_tensors="np")
+    zeros = np.zeros_like(enc["input_ids"])
+    return {name: np.asarray(enc.get(name, zeros), dtype=np.int64) for name in input_names(model)}
+
+
 def check_parity(model: LoadedModel, out: Path) -> None:
     export_onnx(model, out)
     session = ort.InferenceSession(str(out), providers=["CPUExecutionProvider"])
-    enc = model.tokenizer(
-        ["a witty and gorgeous film , sadly too long", "dull"], padding=True, return_tensors="np"
-    )
-    feeds = {name: enc[name].astype(np.int64) for name in input_names(model)}
-    logits, norms, token_logits = session.run(["logits", "embedding_norms", "token_logits"], feeds)
-    tensors = {name: torch.from_numpy(value) for name, value in feeds.items()}
-    mask = tensors["attention_mask"]
-    with torch.no_grad():
-        base = model.adapter.run_base(tensors["input_ids"], mask, tensors.get("token_type_ids"))
-        expected_tokens = model.adapter.head(base.last_hidden_state)
-        expected_logits = model.adapter.pooled_logits(base.last_hidden_state, mask)
-        expected_norms = base.hidden_states[0].norm(dim=-1)
-    np.testing.assert_allclose(logits, expected_logits.numpy(), atol=1e-4)
-    keep = mask.bool().numpy()  # padded positions are not compared
-    np.testing.assert_allclose(norms[keep], expected_norms.numpy()[keep], atol=1e-4, rtol=1e-4)
-    np.testing.assert_allclose(token_logits[keep], expected_tokens.numpy()[keep], atol=1e-4)
+    for texts in BATCHES:
+        feeds = feeds_for(model, texts)
+        names = ["logits", "embedding_norms", "token_logits"]
+        logits, norms, token_logits = session.run(names, feeds)
+        tensors = {name: torch.from_numpy(value) for name, value in feeds.items()}
+        mask = tensors["attention_mask"]
+        with torch.no_grad():
+            base = model.adapter.run_base(tensors["input_ids"], mask, tensors.get("token_type_ids"))
+            expected_tokens = model.adapter.head(base.last_hidden_state)
+            expected_logits = model.adapter.pooled_logits(base.last_hidden_state, mask)
+            expected_norms = base.hidden_states[0].norm(dim=-1)
+        np.testing.assert_allclose(logits, expected_logits.numpy(), atol=1e-4)
+        keep = mask.bool().numpy()  # padded positions are not compared
+        np.testing.assert_allclose(norms[keep], expected_norms.numpy()[keep], atol=1e-4, rtol=1e-4)
+        np.testing.assert_allclose(token_logits[keep], expected_tokens.numpy()[keep], atol=1e-4)
 
 
 @pytest.mark.parametrize("model_type", NAMED)
@@ -78,10 +91,7 @@ def test_onnx_parity_of_each_pooling(
     out = tmp_path / "graph.onnx"
     check_parity(model, out)
     session = ort.InferenceSession(str(out), providers=["CPUExecutionProvider"])
-    enc = model.tokenizer(
-        ["a witty and gorgeous film , sadly too long", "dull"], padding=True, return_tensors="np"
-    )
-    feeds = {name: enc[name].astype(np.int64) for name in input_names(model)}
+    feeds = feeds_for(model, BATCHES[0])
     (logits,) = session.run(["logits"], feeds)
     with torch.no_grad():
         expected = model.model(**{k: torch.from_numpy(v) for k, v in feeds.items()}).logits
