@@ -144,6 +144,45 @@ def test_model_and_explain(viewer_sidecar: RunningSidecar) -> None:
     assert status == 400 and "application/json" in error["error"]
 
 
+@pytest.fixture
+def multi_label_sidecar(
+    start_sidecar: Callable[..., RunningSidecar], tmp_path: Path, tokenizer_dir: Path
+) -> RunningSidecar:
+    """A tiny random 3-label BERT whose biases put two labels over their thresholds."""
+    import torch
+    from transformers import AutoTokenizer, BertConfig, BertForSequenceClassification
+
+    labels = ["toxic", "insult", "spam"]
+    torch.manual_seed(3)
+    config = BertConfig(
+        vocab_size=30522,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=64,
+        num_labels=3,
+        id2label=dict(enumerate(labels)),
+        label2id={name: i for i, name in enumerate(labels)},
+        problem_type="multi_label_classification",
+    )
+    model = BertForSequenceClassification(config)
+    with torch.no_grad():
+        model.classifier.bias.copy_(torch.tensor([4.0, 3.0, -4.0]))
+    out = tmp_path / "multi-label"
+    model.save_pretrained(out, safe_serialization=True)
+    AutoTokenizer.from_pretrained(tokenizer_dir).save_pretrained(out)
+    return start_sidecar(model_dir=out)
+
+
+def test_multi_label_prediction(multi_label_sidecar: RunningSidecar) -> None:
+    url = base(multi_label_sidecar)
+    assert call(f"{url}/viewer/api/model")[1]["problem_type"] == "multi_label_classification"
+    status, e, _ = call(f"{url}/viewer/api/explain", {"text": TEXT})
+    assert status == 200, e
+    assert e["multi_label"] is True and e["predicted_labels"] == ["toxic", "insult"]
+    assert e["thresholds"] == [0.5, 0.5, 0.5] and sum(e["probabilities"]) > 1.0
+
+
 def test_jobs_submit_watch_list_cancel(viewer_sidecar: RunningSidecar) -> None:
     url = base(viewer_sidecar)
     status, job, _ = call(
@@ -713,6 +752,19 @@ def test_browser_rank_agreement_and_colour_scale(
         assert ratio >= (3.0 if cell["bold"] else 4.5), (step, cell, ratio)
     assert js("v.colour(-1, 1)")["background"] == "rgb(33, 102, 172)"
     assert js("v.colour(-0.2, 1)")["sign"] == "neg"
+
+
+@needs_browser
+def test_browser_multi_label(browser: Any, multi_label_sidecar: RunningSidecar) -> None:
+    from selenium.webdriver.common.by import By
+
+    driver = browser
+    open_viewer(driver, multi_label_sidecar)
+    explain_in_page(driver, TEXT)
+    predicted = [p.text for p in driver.find_elements(By.CSS_SELECTOR, "#prediction .predicted")]
+    assert "toxic (predicted)" in predicted and "insult (predicted)" in predicted
+    assert not any(p.startswith("spam") for p in predicted)
+    assert "multi-label" in driver.find_element(By.ID, "prediction").text
 
 
 @needs_browser

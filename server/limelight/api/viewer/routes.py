@@ -137,6 +137,10 @@ def explanation_json(e: Explanation, text: str, text_pair: str | None) -> dict[s
             else None
         ),
         "extra_scores": {name: _floats(v) for name, v in a.extra_scores.items()},
+        "predicted_labels": list(e.predicted_labels),
+        "multi_label": e.multi_label,
+        "thresholds": _floats(e.thresholds),
+        "windows": e.windows,
         "text": text,
         "text_pair": text_pair,
         "truncated": e.truncated,

@@ -348,17 +348,31 @@ function currentScores() {
 function renderPrediction(e) {
   const box = $("prediction");
   box.replaceChildren();
+  if (state.model && state.model.problem_type === "regression") {
+    box.append(el("span", { class: "predicted", text: e.labels[0] || "value" }), el("span"),
+      el("span", { class: "predicted", text: fmt(e.probabilities[0], 4) }));
+    return;
+  }
+  const predicted = new Set(e.predicted_labels && e.predicted_labels.length
+    ? e.predicted_labels : e.multi_label ? [] : [e.label]);
   e.labels.forEach((label, i) => {
     const p = e.probabilities[i] ?? 0;
     const bar = el("span");
     bar.style.width = `${Math.max(0, Math.min(1, p)) * 100}%`;
-    const cls = i === e.label_index ? "predicted" : "";
+    const cls = predicted.has(label) ? "predicted" : "";
+    const threshold = e.multi_label && e.thresholds[i] !== undefined
+      ? ` (threshold ${(e.thresholds[i] * 100).toFixed(0)} %)` : "";
     box.append(
-      el("span", { class: cls, text: i === e.label_index ? `${label} (predicted)` : label }),
-      el("span", { class: "bar", role: "img", "aria-label": `${label}: ${(p * 100).toFixed(1)} %` }, bar),
+      el("span", { class: cls, text: predicted.has(label) ? `${label} (predicted)` : label }),
+      el("span", { class: "bar", role: "img",
+        "aria-label": `${label}: ${(p * 100).toFixed(1)} %${threshold}` }, bar),
       el("span", { class: cls, text: `${(p * 100).toFixed(1)} %` }),
     );
   });
+  if (e.multi_label) {
+    box.append(el("span", { class: "meta", text: "multi-label: sigmoid per label, predicted " +
+      `at or above its threshold (${predicted.size ? [...predicted].join(", ") : "none"})` }));
+  }
 }
 
 function renderExplanation() {
@@ -385,7 +399,8 @@ function renderExplanation() {
   renderLegend($("legend"), centre, scale);
   const t = e.timings_ms;
   $("explain-meta").textContent = `method ${e.method} · ${e.tokens.length} tokens` +
-    `${e.truncated ? " (truncated)" : ""} · ${t.total.toFixed(1)} ms in the sidecar ` +
+    `${e.truncated ? " (truncated)" : ""}${e.windows ? ` in ${e.windows} windows` : ""} · ` +
+    `${t.total.toFixed(1)} ms in the sidecar ` +
     `(forward ${t.forward.toFixed(1)} ms) · model ${e.model_name} ${e.model_version}`;
   $("compare-text").textContent = `Text: “${e.text}”` + (e.text_pair ? ` / “${e.text_pair}”` : "");
 }
