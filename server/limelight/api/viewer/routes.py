@@ -269,8 +269,7 @@ def rfc2253(subject: Sequence[Sequence[tuple[str, str]]]) -> str:
         return out[:-1] + "\\ " if out.endswith(" ") else out
 
     return ",".join(
-        "+".join(f"{_RDN_NAMES.get(k, k)}={escape(v)}" for k, v in rdn)
-        for rdn in reversed(subject)
+        "+".join(f"{_RDN_NAMES.get(k, k)}={escape(v)}" for k, v in rdn) for rdn in reversed(subject)
     )
 
 
