@@ -85,7 +85,7 @@ class Settings(BaseSettings):
     """Over-long input: cut it to ``max_tokens`` and flag it, reject it with INVALID_ARGUMENT,
     or (``window``) explain all of it: overlapping windows of ``max_tokens``, the prediction
     aggregated over them (``window_aggregation``), the attributions stitched back onto the whole
-    text. Jobs and text pairs truncate under ``window``."""
+    text. Text pairs are truncated; a job runs its method on every window."""
     window_stride: int = 64
     """``truncation=window``: tokens each window shares with the previous one (at most half
     the token limit)."""

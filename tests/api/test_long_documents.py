@@ -146,3 +146,43 @@ def test_a_stride_over_half_the_window_is_refused(
         start_sidecar(
             model_dir=random_bert_dir, max_tokens=LIMIT, truncation="window", window_stride=20
         )
+
+
+def test_a_job_on_a_long_text_runs_on_every_window(
+    start_sidecar: Callable[..., Any], random_bert_dir: Path
+) -> None:
+    """Jobs follow the same policy: the method runs on each window alone, stitched back."""
+    from limelight.core.windows import encode_windows
+    from limelight.jobs.runner import load_job_methods
+    from limelight.methods.base import JobContext
+    from limelight.models.loaded import load_model
+    from limelight.settings import Settings
+
+    running = start_sidecar(
+        model_dir=random_bert_dir, max_tokens=LIMIT, truncation="window", window_stride=STRIDE
+    )
+    with Client(running.target, timeout=120) as client:
+        done = client.submit(TEXT, "grad_x_input", target="positive").result(timeout=300)
+        inline = client.explain(TEXT, method="normxlogit")
+    assert done.windows == inline.windows > 5
+    assert [(t.start, t.end) for t in done.tokens] == [(t.start, t.end) for t in inline.tokens]
+    assert done.details["windows"] == done.windows
+    np.testing.assert_allclose(
+        list(done.probabilities.values()), list(inline.probabilities.values()), rtol=1e-4
+    )
+    # Each window explained alone by the same method, stitched here by character offsets.
+    model = load_model(random_bert_dir)
+    settings = Settings(jobs="off")
+    method = load_job_methods(settings=settings).get("grad_x_input")
+    ctx = JobContext(model, settings)
+    target = model.labels.index("positive")
+    by_offset: dict[tuple[int, int], list[float]] = {}
+    for window in encode_windows(model, TEXT, LIMIT, STRIDE):
+        scores = method.run(ctx, window, target, method.validate_params({})).scores
+        for tok, score in zip(window.tokens, scores, strict=True):
+            if not tok.special:
+                by_offset.setdefault((tok.start, tok.end), []).append(float(score))
+    for tok, score in zip(done.tokens, done.scores, strict=True):
+        if not tok.special:
+            want = float(np.mean(by_offset[(tok.start, tok.end)]))
+            assert score == pytest.approx(want, rel=1e-4, abs=1e-6)

@@ -37,7 +37,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument(
         "--truncation",
         choices=["truncate", "reject", "window"],
-        help="over-long input policy (jobs truncate under window)",
+        help="over-long input policy (window: the method runs on every window)",
     )
     p.add_argument("--grace-period-s", type=float, help="SIGTERM: time to finish a running job")
     p.add_argument(

@@ -15,7 +15,9 @@ tokens). Then:
   overlap of two windows gets the mean of its two scores; the leading special tokens come from
   the first window and the trailing ones from the last. Every token of the text is explained.
 
-Text pairs are not windowed: a pair is truncated as with ``truncate``.
+Jobs follow the same policy (``limelight.jobs.runner``): the method runs on each window in
+turn and its arrays are stitched the same way. Text pairs are not windowed: a pair is truncated
+as with ``truncate``.
 """
 
 from __future__ import annotations

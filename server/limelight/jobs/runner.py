@@ -13,9 +13,16 @@ import torch
 from limelight.core.jobs import JobSpec
 from limelight.core.prediction import label_thresholds, predict
 from limelight.core.types import Attribution, Encoded, Explanation, FloatArray, Timings
+from limelight.core.windows import WindowLayout, aggregate_logits, encode_windows
 from limelight.errors import FailedPrecondition, InvalidArgument
 from limelight.jobs.budget import ESTIMATES, check_cost, check_memory, check_timeout
-from limelight.methods.base import JobContext, JobMethod, MethodRegistry, model_shape
+from limelight.methods.base import (
+    JobContext,
+    JobMethod,
+    MethodOutput,
+    MethodRegistry,
+    model_shape,
+)
 from limelight.models.loaded import LoadedModel
 from limelight.settings import Settings
 
@@ -78,7 +85,9 @@ class JobRunner:
         timeout = spec.timeout_s if spec.timeout_s > 0 else self.settings.job_timeout_s
         timeout = min(timeout, self.settings.job_timeout_max_s)
         if spec.method in ESTIMATES:
-            check_cost(spec.method, params, tokens, self.tokens_per_second(), timeout)
+            # Windowed (truncation=window): every window is one run of the method.
+            share = timeout / len(self._windows(spec, encoded))
+            check_cost(spec.method, params, tokens, self.tokens_per_second(), share)
         return params
 
     def tokens_per_second(self) -> float:
@@ -107,6 +116,15 @@ class JobRunner:
                 )
             return int(target.index)
         return predicted if predicted is not None else 0
+
+    def _windows(self, spec: JobSpec, encoded: Encoded) -> list[Encoded]:
+        """``[encoded]``, or under ``truncation=window`` a long text's overlapping windows."""
+        if not (
+            encoded.truncated and self.settings.truncation == "window" and spec.text_pair is None
+        ):
+            return [encoded]
+        limit = min(self.settings.max_tokens, self.model.max_tokens)
+        return encode_windows(self.model, spec.text, limit, self.settings.window_stride)
 
     def _classify(self, encoded: Encoded) -> FloatArray:
         device = self.model.device
@@ -137,8 +155,14 @@ class JobRunner:
         encoded = self.model.encode(
             spec.text, spec.text_pair, self.settings.max_tokens, self.settings.truncation
         )
+        windows = self._windows(spec, encoded)
         tokenized = time.perf_counter()
-        logits = self._classify(encoded)
+        if len(windows) == 1:
+            logits = self._classify(encoded)
+        else:  # the prediction the sidecar makes of the whole text
+            logits = aggregate_logits(
+                [self._classify(w) for w in windows], self.settings.window_aggregation
+            )
         forwarded = time.perf_counter()
         prediction = predict(logits, self.model.problem_type, self.thresholds)
         probabilities = [float(p) for p in prediction.probabilities]
@@ -150,7 +174,10 @@ class JobRunner:
             report=report or (lambda fraction, message: None),
             should_stop=should_stop or (lambda: False),
         )
-        output = method.run(ctx, encoded, target, params)
+        if len(windows) == 1:
+            output = method.run(ctx, encoded, target, params)
+        else:
+            output, encoded = _run_windows(method, ctx, windows, target, params)
         done = time.perf_counter()
         scores = np.asarray(output.scores, dtype=np.float32)
         if scores.shape != (len(encoded),):
@@ -187,6 +214,7 @@ class JobRunner:
             else [self.model.labels[i] for i in prediction.active],
             multi_label=self.model.is_multi_label,
             thresholds=list(self.thresholds),
+            windows=len(windows) if len(windows) > 1 else 0,
             timings=Timings(
                 queue_seconds=queue_seconds,
                 tokenize_seconds=tokenized - started,
@@ -196,3 +224,42 @@ class JobRunner:
                 batch_size=1,
             ),
         )
+
+
+def _run_windows(
+    method: JobMethod,
+    ctx: JobContext,
+    windows: list[Encoded],
+    target: int,
+    params: Mapping[str, Any],
+) -> tuple[MethodOutput, Encoded]:
+    """The method on every window in turn, its arrays stitched back onto the whole text the way
+    the inline path stitches them (``limelight.core.windows``)."""
+    count = len(windows)
+    outputs = []
+    for index, window in enumerate(windows):
+
+        def report(fraction: float, message: str, index: int = index) -> None:
+            ctx.report((index + fraction) / count, f"window {index + 1}/{count}: {message}")
+
+        part = JobContext(ctx.model, ctx.settings, report=report, should_stop=ctx.should_stop)
+        outputs.append(method.run(part, window, target, params))
+    layout = WindowLayout.of(windows)
+
+    def stitched(arrays: list[Any]) -> FloatArray:
+        return layout.stitch([np.asarray(a, dtype=np.float32) for a in arrays])
+
+    class_scores = (
+        stitched([o.class_scores for o in outputs])
+        if all(o.class_scores is not None for o in outputs)
+        else None
+    )
+    names = [k for k in outputs[0].extra_scores if all(k in o.extra_scores for o in outputs)]
+    output = MethodOutput(
+        scores=stitched([o.scores for o in outputs]),
+        class_scores=class_scores,
+        extra_scores={k: stitched([o.extra_scores[k] for o in outputs]) for k in names},
+        details={"windows": count, "per_window": [dict(o.details) for o in outputs]},
+    )
+    document = Encoded([t.id for t in layout.tokens], None, layout.tokens, truncated=False)
+    return output, document

@@ -109,6 +109,7 @@ def explanation_to_dict(expl: Explanation) -> dict[str, Any]:
         "predicted_labels": list(expl.predicted_labels),
         "multi_label": expl.multi_label,
         "thresholds": [float(t) for t in expl.thresholds],
+        "windows": expl.windows,
         "timings": {
             "queue_seconds": expl.timings.queue_seconds,
             "tokenize_seconds": expl.timings.tokenize_seconds,
@@ -148,4 +149,5 @@ def explanation_from_dict(data: dict[str, Any]) -> Explanation:
         predicted_labels=[str(x) for x in data.get("predicted_labels", [data["label"]])],
         multi_label=bool(data.get("multi_label", False)),
         thresholds=[float(t) for t in data.get("thresholds", [])],
+        windows=int(data.get("windows", 0)),
     )
