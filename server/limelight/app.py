@@ -8,16 +8,21 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from limelight.core.service import DriftSink, ExplanationService
+from limelight.demo.build import ensure_demo_model
 from limelight.distill.serving import inline_heads
+from limelight.drift.monitor import DriftMonitor
+from limelight.jobs.factory import create_backend
+from limelight.jobs.priority import InlineGate
+from limelight.jobs.runner import JobRunner
 from limelight.methods.base import MethodRegistry
 from limelight.metrics import Metrics
 from limelight.models.loaded import LoadedModel, load_model
 from limelight.runtimes.base import Runtime
+from limelight.runtimes.torch_runtime import TorchRuntime
 from limelight.settings import Settings
 
 if TYPE_CHECKING:
     from limelight.core.jobs import JobBackend
-    from limelight.jobs.priority import InlineGate
 
 log = logging.getLogger(__name__)
 
@@ -26,8 +31,6 @@ def resolve_model_dir(settings: Settings, progress: bool = True) -> Path:
     """The configured model directory, or the demo model (built and cached on first use)."""
     if settings.model_dir is not None:
         return settings.model_dir
-    from limelight.demo.build import ensure_demo_model
-
     return ensure_demo_model(settings.demo_model, settings.cache_dir, progress=progress)
 
 
@@ -46,8 +49,6 @@ def build_runtime(settings: Settings, model: LoadedModel) -> Runtime:
         from limelight.runtimes.onnx_runtime import OnnxRuntime
 
         return OnnxRuntime.for_model(model, settings)
-    from limelight.runtimes.torch_runtime import TorchRuntime
-
     return TorchRuntime(model, inline_heads(model))
 
 
@@ -58,17 +59,12 @@ def build_jobs(
     metrics: Metrics,
     gate: InlineGate | None,
 ) -> JobBackend | None:
-    from limelight.jobs.factory import create_backend
-    from limelight.jobs.runner import JobRunner
-
     return create_backend(settings, JobRunner(model, methods, settings), metrics, gate)
 
 
 def build_drift(settings: Settings, model: LoadedModel, metrics: Metrics) -> DriftSink | None:
     if not settings.drift_enabled:
         return None
-    from limelight.drift.monitor import DriftMonitor
-
     return DriftMonitor(settings, list(model.labels), metrics, model_version=model.version)
 
 
@@ -90,8 +86,6 @@ def build_application(
     gate = None
     jobs = None
     if settings.jobs != "off":
-        from limelight.jobs.priority import InlineGate
-
         gate = InlineGate()
         jobs = build_jobs(settings, model, methods, metrics, gate)
     service = ExplanationService(
