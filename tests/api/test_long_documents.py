@@ -186,3 +186,32 @@ def test_a_job_on_a_long_text_runs_on_every_window(
         if not tok.special:
             want = float(np.mean(by_offset[(tok.start, tok.end)]))
             assert score == pytest.approx(want, rel=1e-4, abs=1e-6)
+
+
+def test_window_layout_stitches_by_offsets_in_text_order() -> None:
+    from limelight.core.types import Encoded, TokenInfo
+    from limelight.core.windows import WindowLayout, aggregate_logits
+
+    def window(spans: list[tuple[int, int]]) -> Encoded:
+        tokens = [TokenInfo("[CLS]", 1, 0, 0, True)]
+        tokens += [TokenInfo(f"t{a}", 10 + a, a, b, False) for a, b in spans]
+        tokens.append(TokenInfo("[SEP]", 2, 0, 0, True))
+        return Encoded([t.id for t in tokens], None, tokens, False)
+
+    first, second = window([(0, 3), (4, 7), (8, 11)]), window([(8, 11), (12, 15)])
+    for order in ([first, second], [second, first]):  # left truncation returns them reversed
+        layout = WindowLayout.of(order)
+        assert [(t.start, t.end) for t in layout.tokens[1:-1]] == [
+            (0, 3),
+            (4, 7),
+            (8, 11),
+            (12, 15),
+        ]
+        assert layout.tokens[0].special and layout.tokens[-1].special
+    layout = WindowLayout.of([first, second])
+    a = np.array([[0.0], [1.0], [2.0], [3.0], [9.0]], dtype=np.float32)  # first window's rows
+    b = np.array([[5.0], [5.0], [7.0], [8.0]], dtype=np.float32)
+    np.testing.assert_allclose(layout.stitch([a, b])[:, 0], [0.0, 1.0, 2.0, 4.0, 7.0, 8.0])
+    logits = [np.array([1.0, -1.0], dtype=np.float32), np.array([3.0, -5.0], dtype=np.float32)]
+    assert aggregate_logits(logits, "mean").tolist() == [2.0, -3.0]
+    assert aggregate_logits(logits, "max").tolist() == [3.0, -1.0]

@@ -103,6 +103,10 @@ class WindowLayout:
                     sources.append([(w, row)])
                 else:
                     sources[index].append((w, row))
+        # Text order whatever order the tokenizer returned the windows in (left truncation).
+        body = sorted(range(lead, len(tokens)), key=lambda i: (tokens[i].start, tokens[i].end))
+        tokens[lead:] = [tokens[i] for i in body]
+        sources[lead:] = [sources[i] for i in body]
         for row in range(tail, len(last)):
             tokens.append(last[row])
             sources.append([(len(windows) - 1, row)])
