@@ -109,6 +109,34 @@ def test_greedy_deletion_matches_a_brute_force_search(random_bert: LoadedModel) 
     assert all(scores[k] < scores[r] for k in kept for r in removed)
 
 
+def test_greedy_deletion_in_rounds_matches_a_brute_force_search(random_bert: LoadedModel) -> None:
+    """With a step, each round removes the step's share of tokens with the largest single
+    drops given what earlier rounds removed, and rounds end at the deletion curve's fractions."""
+    encoded = random_bert.encode(TEXT + " and the second half drags on far too long")
+    target = 1
+    players = [i for i, tok in enumerate(encoded.tokens) if not tok.special]
+    m = len(players)
+    present = {i: True for i in players}
+    rounds: list[list[int]] = []
+    removed = 0
+    for fraction in (0.1, 0.2, 0.3, 0.4, 0.5):
+        end = max(1, round(fraction * m))
+        trials = {
+            i: _value(random_bert, encoded, {**present, i: False}, target, "mask")
+            for i in players
+            if present[i]
+        }
+        chosen = sorted(trials, key=lambda i: (trials[i], i))[: end - removed]
+        rounds.append(chosen)
+        for i in chosen:
+            present[i] = False
+        removed = end
+    scores = greedy_deletion(random_bert, encoded, target, max_fraction=0.5, step=0.1)
+    order = sorted(players, key=lambda i: -scores[i])
+    assert order[:removed] == [i for chosen in rounds for i in chosen]
+    assert all(scores[k] < scores[order[removed - 1]] for k in players if present[k])
+
+
 def test_removal_keeps_ids_segments_and_tokens_aligned(random_bert: LoadedModel) -> None:
     encoded = random_bert.encode("the plot is thin", "but the cast is great")
     game = Coalitions(random_bert, encoded, "delete")
