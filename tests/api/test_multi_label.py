@@ -186,6 +186,15 @@ def test_per_label_thresholds_and_rendering(
     np.testing.assert_allclose(
         outputs["probabilities"]["data"], [result.probabilities[n] for n in LABELS], rtol=1e-5
     )
+    # KServe v1: the predicted labels beside the most probable one.
+    request = urllib.request.Request(
+        running.metrics_url.replace("/metrics", f"/v1/models/{name}:predict"),
+        data=json.dumps({"instances": [TEXT]}).encode(),
+        headers={"Content-Type": "application/json"},
+    )
+    with urllib.request.urlopen(request, timeout=30) as response:
+        prediction = json.loads(response.read())["predictions"][0]
+    assert prediction["predicted_labels"] == ["toxic", "spam"] and prediction["label"] == "toxic"
 
 
 def test_unknown_threshold_label_is_a_startup_error(

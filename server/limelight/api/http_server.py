@@ -251,6 +251,8 @@ def v1_prediction(e: Explanation) -> dict[str, Any]:
         "label": e.label,
         "label_index": e.label_index,
         "probabilities": dict(zip(e.labels, e.probabilities, strict=True)),
+        # Multi-label: every label over its threshold (probabilities are then sigmoids).
+        "predicted_labels": list(e.predicted_labels),
     }
 
 
