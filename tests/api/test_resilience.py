@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import concurrent.futures
+import functools
 import os
 import signal
 import subprocess
 import sys
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import grpc
@@ -115,7 +116,7 @@ def test_sustained_load_has_no_errors_and_bounded_memory(served_process) -> None
                 break
             request = pb.ExplainRequest(text=f"film {index}-{i} was good")
             start = time.perf_counter()
-            codes[_code(lambda r=request: stub.Explain(r, timeout=60))] += 1
+            codes[_code(functools.partial(stub.Explain, request, timeout=60))] += 1
             latencies.append(time.perf_counter() - start)
 
     with concurrent.futures.ThreadPoolExecutor(8) as pool:
@@ -170,7 +171,7 @@ json_values = st.recursive(
 
 
 @pytest.fixture(scope="module")
-def fuzz_target(bert_tiny_dir: Path, tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
+def fuzz_target(bert_tiny_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     from limelight.settings import Settings
     from tests.conftest import _SidecarThread
 
@@ -204,8 +205,13 @@ def fuzz_target(bert_tiny_dir: Path, tmp_path_factory: pytest.TempPathFactory): 
     method=st.sampled_from(["", "normxlogit", "lrp", "nope", "slalom", "\x00"]),
 )
 def test_fuzzed_explain_always_answers_with_a_status(
-    fuzz_target, text, pair, label, index, method
-) -> None:  # type: ignore[no-untyped-def]
+    fuzz_target: str,
+    text: str,
+    pair: str | None,
+    label: str | None,
+    index: int | None,
+    method: str,
+) -> None:
     request = pb.ExplainRequest(text=text, method=method)
     if pair is not None:
         request.text_pair = pair

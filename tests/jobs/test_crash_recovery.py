@@ -16,6 +16,7 @@ import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -82,8 +83,8 @@ def test_kill_9_mid_job_then_restart(
     db, log = tmp_path / "jobs.sqlite3", tmp_path / "sidecar.log"
     port = _free_port()
     target = f"127.0.0.1:{port}"
-    slow = {"steps": 256, "batch_size": 1}  # 256 checkpoints: easy to catch mid-run
-    fast = {"steps": 8}
+    slow: dict[str, Any] = {"steps": 256, "batch_size": 1}  # 256 checkpoints: easy to catch
+    fast: dict[str, Any] = {"steps": 8}
 
     with sidecar(bert_tiny_dir, db, port, log) as proc, Client(target, timeout=30) as client:
         _ready(client, proc, log)
