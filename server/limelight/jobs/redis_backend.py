@@ -254,9 +254,7 @@ class RedisJobBackend(JobBackend):
         await self._refresh_depth()
         return out[:limit]
 
-    async def watch(
-        self, job_id: str, owner: str | None = None
-    ) -> AsyncIterator[JobRecord]:
+    async def watch(self, job_id: str, owner: str | None = None) -> AsyncIterator[JobRecord]:
         channel = self.keys.events(job_id)
         pubsub: Any = None
         outage: dict[str, float | None] = {"since": None}

@@ -368,9 +368,7 @@ class SqliteJobBackend(JobBackend):
             ).fetchall()
         return [self._record(r, with_result=False) for r in rows]
 
-    async def watch(
-        self, job_id: str, owner: str | None = None
-    ) -> AsyncIterator[JobRecord]:
+    async def watch(self, job_id: str, owner: str | None = None) -> AsyncIterator[JobRecord]:
         await self.get(job_id, owner)  # NotFound before subscribing
         loop = asyncio.get_running_loop()
         event = asyncio.Event()

@@ -7,8 +7,8 @@ Attention Visualization" (arXiv 2012.09838). Method note: docs/methods/lrp.md.
 The encoder is re-run layer by layer with the served model's own modules (embeddings, linear
 layers, LayerNorms, activations; ``models/encoder.py``), so every activation the relevance rules
 need is at hand and the attention probabilities exist whatever attention kernel (eager, sdpa,
-flash) the model was loaded with. Nothing on the model is changed: the served forward pass and its prediction are
-untouched, and a job can run while the same model serves inline traffic.
+flash) the model was loaded with. Nothing on the model is changed: the served forward pass and
+its prediction are untouched, and a job can run while the same model serves inline traffic.
 
 Relevance starts as 1 on the target logit (as Chefer et al. do) and is propagated explicitly:
 
