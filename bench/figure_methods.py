@@ -19,10 +19,10 @@ import numpy as np
 import torch
 
 from limelight.demo.build import ensure_demo_model
-from limelight.distill.head import load_head
 from limelight.distill.train import predict_scores
 from limelight.evaluation.perturbation import probabilities
 from limelight.methods.search import greedy_deletion, shapley_values
+from limelight.models.explainer_head import load_head
 from limelight.models.loaded import load_model
 from limelight.settings import Settings
 

@@ -9,13 +9,13 @@ from typing import TYPE_CHECKING
 
 from limelight.core.service import DriftSink, ExplanationService
 from limelight.demo.build import ensure_demo_model
-from limelight.distill.serving import inline_heads
 from limelight.drift.monitor import DriftMonitor
 from limelight.jobs.factory import create_backend
 from limelight.jobs.priority import InlineGate
 from limelight.jobs.runner import JobRunner
 from limelight.methods.base import MethodRegistry
 from limelight.metrics import Metrics
+from limelight.models.explainer_head import inline_heads
 from limelight.models.loaded import LoadedModel, load_model
 from limelight.runtimes.base import Runtime
 from limelight.runtimes.torch_runtime import TorchRuntime

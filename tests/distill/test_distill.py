@@ -17,11 +17,11 @@ import torch
 
 from limelight.demo.synthetic import build_synthetic_model, sample_linear_dataset
 from limelight.distill.build import HeadRecipe, build_head, head_is_current
-from limelight.distill.head import CARD_FORMAT, head_dir, load_head, read_card, save_head
 from limelight.distill.train import TrainConfig, distill, predict_scores, teacher_attributions
 from limelight.errors import FailedPrecondition
 from limelight.methods.distilled import DistilledExplainer
 from limelight.methods.normxlogit import NormXLogit
+from limelight.models.explainer_head import CARD_FORMAT, head_dir, load_head, read_card, save_head
 from limelight.models.loaded import load_model
 from limelight.runtimes.base import InlineBatch
 from limelight.runtimes.onnx_export import export_onnx

@@ -112,9 +112,9 @@ def run(args: argparse.Namespace) -> int:
     from limelight.app import load_served_model
     from limelight.core.service import resolve_default_method
     from limelight.demo.datasets import rotten_tomatoes
-    from limelight.distill.serving import inline_heads
     from limelight.evaluation import benchmark as b
     from limelight.methods.base import InlineMethod, MethodRegistry
+    from limelight.models.explainer_head import inline_heads
     from limelight.runtimes.base import Runtime
     from limelight.runtimes.torch_runtime import TorchRuntime
 

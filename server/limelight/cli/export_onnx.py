@@ -66,7 +66,7 @@ def run(args: argparse.Namespace) -> int:
     settings = settings_from_args(args)
     setup_logging(settings.log_level)
     from limelight.app import load_served_model
-    from limelight.distill.serving import inline_heads
+    from limelight.models.explainer_head import inline_heads
     from limelight.runtimes.onnx_export import export_onnx
     from limelight.runtimes.onnx_runtime import DEFAULT_GRAPH
 

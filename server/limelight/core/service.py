@@ -208,7 +208,7 @@ def resolve_default_method(name: str, runtime: Runtime) -> str:
     """``auto`` is the distilled head when the runtime computes one, else NormXLogit."""
     if name != "auto":
         return name
-    from limelight.methods.distilled import OUTPUT_NAME
+    from limelight.models.explainer_head import OUTPUT_NAME  # torch and safetensors: on use
 
     return "distilled" if OUTPUT_NAME in runtime.head_names else NORMXLOGIT
 

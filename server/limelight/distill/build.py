@@ -21,8 +21,8 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
-from limelight.distill.head import ExplainerHead, HeadCard, head_dir, read_card, save_head
 from limelight.distill.train import DEFAULT_TEACHER, DEFAULT_TEACHER_PARAMS, TrainConfig, distill
+from limelight.models.explainer_head import ExplainerHead, HeadCard, head_dir, read_card, save_head
 from limelight.models.loaded import LoadedModel
 from limelight.settings import Settings
 

@@ -33,8 +33,8 @@ from scipy.stats import spearmanr
 
 from limelight.core.jobs import JobSpec
 from limelight.core.types import Encoded
-from limelight.distill.head import ExplainerHead, HeadCard
 from limelight.methods.base import MethodRegistry
+from limelight.models.explainer_head import ExplainerHead, HeadCard
 from limelight.models.loaded import LoadedModel
 from limelight.runtimes.base import InlineBatch
 from limelight.runtimes.torch_runtime import batch_tensors
@@ -83,12 +83,14 @@ def teacher_attributions(
     texts: Sequence[str],
     cache: Path,
     progress: Progress | None = None,
+    methods: MethodRegistry | None = None,
 ) -> list[TeacherExample]:
     """Teacher scores for every text; finished ones are kept in ``cache`` (JSONL), so an
-    interrupted run resumes where it stopped."""
+    interrupted run resumes where it stopped. ``methods``: the registry to take the teacher
+    from (default: ``MethodRegistry.load(settings)``, plug-ins included)."""
     from limelight.jobs.runner import JobRunner
 
-    methods = MethodRegistry.builtin()
+    methods = methods if methods is not None else MethodRegistry.load(settings)
     method = methods.get(teacher)
     checked = method.validate_params(params)
     done: dict[str, TeacherExample] = {}
@@ -451,8 +453,9 @@ def distill(
     texts: ``validation_texts`` when given, else a ``validation_fraction`` of ``texts``."""
     config = config or TrainConfig()
     started = time.monotonic()
+    methods = MethodRegistry.load(settings)
     examples = teacher_attributions(
-        model, settings, teacher, teacher_params, texts, cache, progress
+        model, settings, teacher, teacher_params, texts, cache, progress, methods
     )
     if validation_texts is None:
         order = np.random.default_rng(config.seed).permutation(len(examples))
@@ -469,6 +472,7 @@ def distill(
             validation_texts,
             cache.with_name(cache.stem + ".validation.jsonl"),
             progress,
+            methods,
         )
     labelled = time.monotonic()
     head, info = train_head(model, train, config, progress=train_progress)
@@ -482,7 +486,7 @@ def distill(
         width=config.width,
         attention_heads=config.attention_heads,
         teacher=teacher,
-        teacher_params=MethodRegistry.builtin().get(teacher).validate_params(teacher_params),
+        teacher_params=methods.get(teacher).validate_params(teacher_params),
         data=data_name,
         train_texts=len(train),
         validation_texts=len(val),

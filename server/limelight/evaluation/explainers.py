@@ -14,11 +14,11 @@ from typing import Any
 import numpy as np
 
 from limelight.core.types import Encoded, FloatArray
-from limelight.distill.serving import inline_heads
 from limelight.errors import InvalidArgument
 from limelight.evaluation.perturbation import probabilities
 from limelight.evaluation.runner import Explainer
 from limelight.methods.base import InlineMethod, JobContext, JobMethod, MethodRegistry
+from limelight.models.explainer_head import inline_heads
 from limelight.models.loaded import LoadedModel
 from limelight.runtimes.base import InlineBatch
 from limelight.runtimes.torch_runtime import TorchRuntime

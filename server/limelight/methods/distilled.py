@@ -13,10 +13,11 @@ import numpy as np
 from limelight.core.types import FloatArray
 from limelight.errors import FailedPrecondition
 from limelight.methods.base import InlineMethod
+from limelight.models.explainer_head import OUTPUT_NAME, check_card, head_dir, read_card
 from limelight.models.loaded import LoadedModel
 from limelight.runtimes.base import InlineOutputs
 
-OUTPUT_NAME = "distilled"
+__all__ = ["OUTPUT_NAME", "DistilledExplainer"]
 
 
 class DistilledExplainer(InlineMethod):
@@ -32,8 +33,6 @@ class DistilledExplainer(InlineMethod):
     def unavailable_reason(self, model: LoadedModel) -> str:
         key = (str(model.directory), model.version)
         if key not in self._reasons:  # read the card once per model, not per request
-            from limelight.distill.head import check_card, head_dir, read_card
-
             card = read_card(head_dir(model))
             self._reasons[key] = (
                 check_card(card, model)

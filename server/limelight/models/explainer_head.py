@@ -6,11 +6,16 @@ and class. A token's importance depends on its neighbours ("not good"), so after
 projection one small self-attention block mixes context before the scores are read out.
 It is bound to one model by the model's fingerprint: a head distilled for another model
 refuses to load.
+
+It lives in ``models`` (not in ``distill``, which trains it) so that the runtimes, the
+``distilled`` method and everything that serves a model can load it without importing the
+training code.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -23,8 +28,12 @@ from torch import nn
 from limelight.errors import FailedPrecondition
 from limelight.models.loaded import LoadedModel
 
+log = logging.getLogger(__name__)
+
 HEAD_DIRNAME = "limelight_distilled"
 CARD_FORMAT = "limelight-distilled-head/2"
+OUTPUT_NAME = "distilled"
+"""The name of the head's output among a runtime's extra inline outputs."""
 
 
 @dataclass
@@ -203,3 +212,18 @@ def load_head(model: LoadedModel, directory: Path | None = None) -> ExplainerHea
     head = new_head(card)
     head.load_state_dict(load_file(directory / "head.safetensors"))
     return head.eval().to(model.device)
+
+
+def inline_heads(model: LoadedModel) -> dict[str, ExplainerHead]:
+    """The extra inline heads served beside ``model``, by output name: what the sidecar, the
+    benchmarks, the ONNX export and the evaluation hand to a runtime, so that all of them
+    compute the same outputs. A head whose card does not match the model is logged and left
+    out (the model is then served without it)."""
+    card = read_card(head_dir(model))
+    if card is None:
+        return {}
+    reason = check_card(card, model)
+    if reason:
+        log.warning("not loading the distilled head: %s", reason)
+        return {}
+    return {OUTPUT_NAME: load_head(model)}
