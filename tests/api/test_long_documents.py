@@ -153,8 +153,7 @@ def test_a_job_on_a_long_text_runs_on_every_window(
 ) -> None:
     """Jobs follow the same policy: the method runs on each window alone, stitched back."""
     from limelight.core.windows import encode_windows
-    from limelight.jobs.runner import load_job_methods
-    from limelight.methods.base import JobContext
+    from limelight.methods.base import JobContext, MethodRegistry
     from limelight.models.loaded import load_model
     from limelight.settings import Settings
 
@@ -173,7 +172,7 @@ def test_a_job_on_a_long_text_runs_on_every_window(
     # Each window explained alone by the same method, stitched here by character offsets.
     model = load_model(random_bert_dir)
     settings = Settings(jobs="off")
-    method = load_job_methods(settings=settings).get("grad_x_input")
+    method = MethodRegistry.load(settings).get("grad_x_input")
     ctx = JobContext(model, settings)
     target = model.labels.index("positive")
     by_offset: dict[tuple[int, int], list[float]] = {}

@@ -209,13 +209,14 @@ def test_search_jobs_play_each_labels_own_log_odds(multi_label_dir: Path) -> Non
     all-masked text: a sigmoid label's log-odds, not a softmax one-vs-rest."""
     from limelight.core.jobs import JobSpec
     from limelight.core.types import TargetSpec
-    from limelight.jobs.runner import JobRunner, load_job_methods
+    from limelight.jobs.runner import JobRunner
+    from limelight.methods.base import MethodRegistry
     from limelight.models.loaded import load_model
     from limelight.settings import Settings
 
     settings = Settings(jobs="off")
     model = load_model(multi_label_dir)
-    runner = JobRunner(model, load_job_methods(settings=settings), settings)
+    runner = JobRunner(model, MethodRegistry.load(settings), settings)
     spec = JobSpec(
         method="shapley",
         text=TEXT,

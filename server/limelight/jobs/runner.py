@@ -32,14 +32,6 @@ ProgressFn = Callable[[float, str], None]
 StopFn = Callable[[], bool]
 
 
-def load_job_methods(
-    extra: list[str] | None = None, settings: Settings | None = None
-) -> MethodRegistry:
-    """Deprecated spelling of ``MethodRegistry.load(settings, plugins=extra)``, the one loader
-    the sidecar, the workers, evaluation and distillation use."""
-    return MethodRegistry.load(settings, plugins=extra or ())
-
-
 class JobRunner:
     """Runs job specs against one loaded model in the calling thread.
 

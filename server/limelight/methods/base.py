@@ -232,12 +232,6 @@ class MethodRegistry:
                 method.configure(settings)
         return registry
 
-    @classmethod
-    def builtin(cls) -> MethodRegistry:
-        """Deprecated spelling of ``MethodRegistry.load()`` (built-ins, unconfigured); use
-        ``load(settings)`` so that plug-ins and settings apply."""
-        return cls.load()
-
     def register(self, method: AttributionMethod) -> None:
         self._methods[method.name] = method
 
