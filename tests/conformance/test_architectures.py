@@ -52,6 +52,11 @@ def _eurobert(model: Any, h: torch.Tensor) -> torch.Tensor:
     return model.classifier(torch.nn.functional.gelu(model.dense(h)))  # type: ignore[no-any-return]
 
 
+def _xlnet(model: Any, h: torch.Tensor) -> torch.Tensor:
+    summary = model.sequence_summary
+    return model.logits_proj(torch.tanh(summary.summary(h)))  # type: ignore[no-any-return]
+
+
 #: Families tested with a pooling other than their default: name -> (model_type, config values).
 VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
     "modernbert-mean": ("modernbert", {"classifier_pooling": "mean"}),
@@ -70,12 +75,15 @@ DIRECT_HEADS: dict[str, Callable[[Any, torch.Tensor], torch.Tensor]] = {
     "eurobert-late": _eurobert,
     "eurobert-mean": _eurobert,
     "mpnet": _tanh_dense_out,
+    "fnet": lambda m, h: m.classifier(torch.tanh(m.fnet.pooler.dense(h))),
     "gemma": _decoder,
     "gemma2": _decoder,
     "mixtral": _decoder,
     "phi": _decoder,
     "phi3": _decoder,
     "qwen2_moe": _decoder,
+    "xlnet": _xlnet,
+    "yoso": lambda m, h: m.classifier.out_proj(torch.nn.functional.gelu(m.classifier.dense(h))),
 }
 FAMILIES = sorted(DIRECT_HEADS)
 EVERY_FAMILY = [

@@ -1,9 +1,10 @@
 """Multi-label and regression heads across architectures.
 
 For a representative family of each head shape (pooler, pre-classifier, dense + tanh, context
-pooler, ELECTRA's head, ModernBERT's, and last-token decoders), a tiny random-init classifier is
-built once with a sigmoid multi-label head and once with a one-output regression head, saved,
-and loaded as the sidecar loads it. Checked against transformers' own forward: the multi-label
+pooler, ELECTRA's head, ModernBERT's, last-token decoders, XLNet's sequence summary, and the
+families whose rows run unpadded: FNet and YOSO), a tiny random-init classifier is built once
+with a sigmoid multi-label head and once with a one-output regression head, saved, and loaded as
+the sidecar loads it. Checked against transformers' own forward: the multi-label
 probabilities are ``torch.sigmoid`` of its logits and the predicted set follows the thresholds;
 the regression value is its output, and NormXLogit's distance form is measured from it.
 """
@@ -26,7 +27,19 @@ from limelight.models.tiny import tiny_config
 from limelight.runtimes.base import InlineBatch
 from limelight.runtimes.torch_runtime import TorchRuntime
 
-FAMILIES = ["bert", "distilbert", "roberta", "deberta-v2", "electra", "modernbert", "gpt2", "llama"]
+FAMILIES = [
+    "bert",
+    "distilbert",
+    "roberta",
+    "deberta-v2",
+    "electra",
+    "modernbert",
+    "gpt2",
+    "llama",
+    "xlnet",
+    "fnet",
+    "yoso",
+]
 TEXT = "a witty and gorgeous film , sadly too long"
 VOCAB = 30522  # the WordPiece tokenizer's
 LABELS = ["toxic", "insult", "threat", "spam"]

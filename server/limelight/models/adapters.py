@@ -29,6 +29,7 @@ docs/methods/normxlogit.md.
 
 from __future__ import annotations
 
+import functools
 import inspect
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
@@ -215,6 +216,9 @@ class Override:
     pooling: Callable[[Any], Pooling] | None = None
     #: See :attr:`HeadAdapter.hidden_state_copies`.
     hidden_state_copies: bool = False
+    #: Run once on the classifier when the adapter is built (e.g. XLNet: make its own forward
+    #: read each row's last non-pad token, so padded batches give every row its own logits).
+    prepare: Callable[[Any], None] | None = None
     note: str = ""
 
 
@@ -238,7 +242,131 @@ def _eurobert_pooling(config: Any) -> Pooling:
     return kinds.get(str(getattr(config, "classifier_pooling", "late")), "late")
 
 
+def _xlnet_summary_on_last_non_pad(model: Any) -> None:
+    """XLNet's sequence summary reads the last position whatever the padding, so the
+    classifier's own forward on a right-padded batch reads a pad token's state for the shorter
+    rows. Two hooks make it read each row's last non-pad token instead: one keeps the
+    attention mask of the classifier's call, the other moves that token's state to the last
+    position of the tensor the summary sees (a copy; the base's outputs are untouched)."""
+    if getattr(model, "_limelight_last_non_pad", False):
+        return
+    seen: dict[str, torch.Tensor | None] = {"mask": None}
+
+    def keep_mask(_m: nn.Module, _args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        seen["mask"] = kwargs.get("attention_mask")
+
+    def read_last_non_pad(_m: nn.Module, args: tuple[Any, ...]) -> tuple[Any, ...] | None:
+        mask = seen["mask"]
+        if not args or not isinstance(args[0], torch.Tensor) or mask is None:
+            return None
+        hidden = args[0]
+        if hidden.dim() != 3 or mask.shape != hidden.shape[:2]:
+            return None
+        rows = torch.arange(hidden.shape[0], device=hidden.device)
+        last = mask.long().sum(dim=1).clamp_min(1) - 1
+        moved = hidden.clone()
+        moved[:, -1] = hidden[rows, last.to(hidden.device)]
+        return (moved, *args[1:])
+
+    model.register_forward_pre_hook(keep_mask, with_kwargs=True)
+    model.sequence_summary.register_forward_pre_hook(read_last_non_pad)
+    model._limelight_last_non_pad = True
+
+
+def _pad_positions(t: torch.Tensor, n: int, dims: int) -> torch.Tensor:
+    """Zero-pad the last ``dims`` position axes of t (before the feature axis for states)."""
+    if dims == 1:  # [1, L, K] -> [1, n, K]
+        return torch.nn.functional.pad(t, (0, 0, 0, n - t.shape[1]))
+    return torch.nn.functional.pad(t, (0, n - t.shape[-1], 0, n - t.shape[-2]))
+
+
+def _rows_unpadded(model: Any) -> None:
+    """Make the base run every row of a right-padded batch at its own length and zero-pad the
+    outputs back, for bases whose mixing does not honour the attention mask (YOSO's attention
+    weights pad keys like real ones; FNet's Fourier mixing takes no mask). Patches the base's
+    forward, so that the classifier's own forward (perturbation methods) and the adapter's
+    base forward both get it; one forward pass per row. A classifier that does not hand the
+    mask on to its base (FNet's) has it kept by a hook for the duration of its call."""
+    base = model.base_model
+    if getattr(base, "_limelight_rows_unpadded", False):
+        return
+    original = base.forward
+    signature = inspect.signature(original)
+    held: dict[str, torch.Tensor | None] = {"mask": None}
+
+    def hold(_m: nn.Module, _args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        held["mask"] = kwargs.get("attention_mask")
+
+    def release(_m: nn.Module, _args: tuple[Any, ...], _out: Any) -> None:
+        held["mask"] = None
+
+    @functools.wraps(original)
+    def forward(*args: Any, **kwargs: Any) -> Any:
+        mask = kwargs.pop("attention_mask", None)
+        if mask is None:
+            mask = held["mask"]
+        bound = signature.bind(*args, **kwargs)
+        values = dict(bound.arguments)
+        extra = values.pop(
+            next((k for k, p in signature.parameters.items() if p.kind is p.VAR_KEYWORD), ""), {}
+        )
+        values.update(extra)
+        takes_mask = "attention_mask" in signature.parameters
+        if mask is None or mask.dim() != 2 or bool(mask.all()):
+            if takes_mask and mask is not None:
+                values["attention_mask"] = mask
+            return original(**values)
+        n = mask.shape[1]
+        outs = []
+        for i, length in enumerate(mask.long().sum(dim=1).clamp_min(1).tolist()):
+            row = {
+                k: v[i : i + 1, :length]
+                if isinstance(v, torch.Tensor) and v.dim() >= 2 and v.shape[:2] == mask.shape
+                else v
+                for k, v in values.items()
+            }
+            if takes_mask:
+                row["attention_mask"] = mask[i : i + 1, :length]
+            outs.append(original(**row))
+        merged: dict[str, Any] = {}
+        for key, first in outs[0].items():
+            if key in ("last_hidden_state", "hidden_states", "attentions"):
+                dims = 2 if key == "attentions" else 1
+                if isinstance(first, tuple):
+                    merged[key] = tuple(
+                        torch.cat([_pad_positions(o[key][j], n, dims) for o in outs])
+                        for j in range(len(first))
+                    )
+                else:
+                    merged[key] = torch.cat([_pad_positions(o[key], n, dims) for o in outs])
+            elif isinstance(first, torch.Tensor):
+                merged[key] = torch.cat([o[key] for o in outs])
+        return type(outs[0])(**merged)
+
+    base.forward = forward
+    base._limelight_rows_unpadded = True
+    model.register_forward_pre_hook(hold, with_kwargs=True)
+    model.register_forward_hook(release)
+
+
 OVERRIDES: dict[str, Override] = {
+    "fnet": Override(
+        prepare=_rows_unpadded,
+        note="declared: rows run unpadded, one forward pass each (its Fourier transform mixes "
+        "every position and takes no attention mask); it has no attention weights",
+    ),
+    "yoso": Override(
+        prepare=_rows_unpadded,
+        note="declared: rows run unpadded, one forward pass each (its attention weights every "
+        "key by int(1 + mask/10000), so pad tokens would be attended like real ones)",
+    ),
+    "xlnet": Override(
+        pooling=lambda _config: "last",
+        prepare=_xlnet_summary_on_last_non_pad,
+        note="declared pooling: its sequence summary on the last non-pad token (transformers "
+        "reads the last position whatever the padding; Limelight's padded batches read each "
+        "row's own last token, as one unpadded text would)",
+    ),
     "distilbert": Override(
         head=_distilbert_head, note="ReLU between pre_classifier and classifier"
     ),
@@ -299,14 +427,8 @@ REFUSED: dict[str, str] = {
     "qwen3_5_text, which is served",
     "funnel": "the encoder pools the sequence to fewer positions, so final hidden states do "
     "not line up with the input tokens",
-    "xlnet": "the head reads the last position whatever the padding, so right-padded batches "
-    "change its logits",
     "canine": "character-level model with downsampled final states that do not line up with "
     "tokenizer offsets",
-    "fnet": "mixes all positions with a Fourier transform and takes no attention mask, so "
-    "padding a batch changes its logits",
-    "yoso": "its hashing-based attention is approximate: padding a batch changes its logits by "
-    "more than the 1e-4 the load-time check allows",
     "reformer": "needs sequence lengths padded to its chunk length and axial position shapes; "
     "its final states do not line up with the unpadded input",
 }
@@ -337,6 +459,8 @@ class GenericAdapter(HeadAdapter):
         config = self.model.config
         self.model_type = str(getattr(config, "model_type", ""))
         self.override = override or OVERRIDES.get(self.model_type, Override())
+        if self.override.prepare is not None:
+            self.override.prepare(self.model)
         base = getattr(self.model, "base_model", None)
         if not isinstance(base, nn.Module) or base is self.model:
             raise ModelLoadError(

@@ -39,6 +39,7 @@ FAMILY: dict[str, dict[str, Any]] = {
     "mobilebert": dict(
         embedding_size=16, intra_bottleneck_size=32, true_hidden_size=32, num_feedforward_networks=1
     ),
+    "xlnet": dict(d_inner=64, d_head=16),
     "xmod": dict(default_language="en_XX"),
     "squeezebert": dict(
         embedding_size=32, q_groups=2, k_groups=2, v_groups=2, post_attention_groups=2
@@ -83,6 +84,8 @@ _SHRINK: dict[str, Any] = dict(
 )
 #: Config attributes that are derived (read-only) in some families.
 _READ_ONLY: dict[str, set[str]] = {"falcon": {"head_dim"}}
+#: Common settings a family's config refuses (XLNet has no position limit).
+_NOT_SETTABLE: dict[str, set[str]] = {"xlnet": {"max_position_embeddings"}}
 
 
 def tiny_config(model_type: str, vocab_size: int = 128, pad_token_id: int = 0, **extra: Any) -> Any:
@@ -91,6 +94,8 @@ def tiny_config(model_type: str, vocab_size: int = 128, pad_token_id: int = 0, *
 
     base = AutoConfig.for_model(model_type)
     values: dict[str, Any] = {**SMALL, **FAMILY.get(model_type, {})}
+    for key in _NOT_SETTABLE.get(model_type, set()):
+        values.pop(key, None)
     for key, value in _SHRINK.items():
         if hasattr(base, key) and key not in _READ_ONLY.get(model_type, set()):
             values.setdefault(key, value)

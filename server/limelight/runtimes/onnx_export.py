@@ -100,6 +100,7 @@ EXPORTABLE = (
     "ultrabert",
     "xlm",
     "xlm-roberta-xl",
+    "xlnet",
     "xmod",
 )
 _HISTC = "mixture-of-experts routing uses aten::histc, which has no ONNX export"
@@ -118,6 +119,7 @@ NOT_EXPORTABLE = {
     "ONNX export",
     "deepseek_v3": _HISTC,
     "diffllama": "aten::rms_norm has no ONNX export at opset 17",
+    "fnet": "its Fourier transform (aten::fft_fftn) has no ONNX export at opset 17",
     "glm": _PARTIAL_ROPE,
     "glm4": _PARTIAL_ROPE,
     "gpt_oss": _HISTC,
@@ -134,6 +136,8 @@ NOT_EXPORTABLE = {
     "qwen3_5_text": _SOLVE,
     "qwen3_moe": _HISTC,
     "qwen3_next": _SOLVE,
+    "yoso": "Limelight runs its rows unpadded one at a time (its attention does not mask pad "
+    "tokens); a traced graph would fix that loop to the export batch's lengths",
 }
 
 
