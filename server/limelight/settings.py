@@ -8,10 +8,13 @@ environment variables, then the defaults below. Nothing here is read at import t
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import Field
+from pydantic import Field, NonNegativeFloat, NonNegativeInt, PositiveInt
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+#: A TCP port; 0 picks a free one (or, where documented, turns the endpoint off).
+Port = Annotated[int, Field(ge=0, le=65535)]
 
 
 def default_cache_dir() -> Path:
@@ -30,13 +33,13 @@ class Settings(BaseSettings):
     model_name: str | None = None
     """Name the model is served under (Open Inference Protocol, KServe); unset: the directory's
     name."""
-    demo_model: Literal["minilm", "bert-tiny"] = "minilm"
+    demo_model: Literal["minilm", "bert-tiny", "bert-tiny-multilabel"] = "minilm"
     """Which demo model to build and serve when ``model_dir`` is unset."""
     cache_dir: Path = Field(default_factory=default_cache_dir)
     """Cache for built demo models (rebuilt only when their recipe changes)."""
     device: str = "cpu"
     """Torch device: ``cpu``, ``cuda``, ``cuda:1`` or ``auto`` (CUDA when available)."""
-    torch_threads: int = 0
+    torch_threads: NonNegativeInt = 0
     """Intra-op threads for torch; 0 keeps torch's default."""
     runtime: Literal["torch", "onnx"] = "torch"
     """Runtime of the inline path. Jobs always use torch on the same weights."""
@@ -50,12 +53,12 @@ class Settings(BaseSettings):
     # --- serving -----------------------------------------------------------------------------
     host: str = "127.0.0.1"
     """Interface the gRPC server binds to (``0.0.0.0`` in containers)."""
-    port: int = 50051
+    port: Port = 50051
     """gRPC port."""
-    metrics_port: int = 9464
+    metrics_port: Port = 9464
     """HTTP port: Prometheus ``/metrics``, the Open Inference Protocol REST routes (``/v2/...``)
     and KServe v1 (``/v1/models/NAME:predict|:explain``); 0 disables the HTTP endpoint."""
-    health_port: int = 0
+    health_port: Port = 0
     """Plaintext port serving only the gRPC health service, for kubelet gRPC probes (which
     cannot speak TLS) when the main port uses TLS; 0: off."""
     http_tls: bool = True
@@ -77,50 +80,50 @@ class Settings(BaseSettings):
     label_thresholds: dict[str, float] = {}
     """Multi-label: per-label thresholds overriding ``label_threshold``, by label name
     (``LIMELIGHT_LABEL_THRESHOLDS='{"toxic": 0.3}'``); an unknown label is a start-up error."""
-    max_text_chars: int = 20_000
+    max_text_chars: PositiveInt = 20_000
     """Longest accepted text (characters, text and pair together)."""
-    max_tokens: int = 512
+    max_tokens: PositiveInt = 512
     """Token limit per input, special tokens included (also capped by the model's limit)."""
     truncation: Literal["truncate", "reject", "window"] = "truncate"
     """Over-long input: cut it to ``max_tokens`` and flag it, reject it with INVALID_ARGUMENT,
     or (``window``) explain all of it: overlapping windows of ``max_tokens``, the prediction
     aggregated over them (``window_aggregation``), the attributions stitched back onto the whole
     text. Text pairs are truncated; a job runs its method on every window."""
-    window_stride: int = 64
+    window_stride: NonNegativeInt = 64
     """``truncation=window``: tokens each window shares with the previous one (at most half
     the token limit)."""
     window_aggregation: Literal["mean", "max"] = "mean"
     """``truncation=window``: the document's logits are the mean of its windows' logits, or
     their maximum per class (a label as strong as its strongest window)."""
-    max_message_bytes: int = 4 * 1024 * 1024
+    max_message_bytes: PositiveInt = 4 * 1024 * 1024
     """Largest gRPC message accepted or sent."""
-    max_batch_size: int = 32
+    max_batch_size: PositiveInt = 32
     """Most inline requests run in one forward pass."""
-    max_batch_wait_ms: float = 0.0
+    max_batch_wait_ms: NonNegativeFloat = 0.0
     """How long a request that finds the inference thread idle waits for company. 0: it is
     dispatched at once; requests that arrive while a batch runs form the next batch anyway."""
-    max_batch_tokens: int = 1024
+    max_batch_tokens: NonNegativeInt = 1024
     """Most padded tokens (requests x longest request) in one forward pass; a single longer
     request still runs, alone. 0: no token budget."""
-    batch_bucket_floor: int = 32
+    batch_bucket_floor: PositiveInt = 32
     """Length buckets: inputs of at most this many tokens may share a batch; above it a batch
     only holds inputs within a factor of two of each other, so short ones are never padded to
     long ones."""
-    batch_length_penalty: float = 0.25
+    batch_length_penalty: NonNegativeFloat = 0.25
     """Fair share between length buckets: a batch of bucket B is charged its padded tokens x
     (B / batch_bucket_floor) ** penalty. 0: equal padded tokens per bucket; 0.25: a 512-token
     request pays 2x its tokens, so short requests keep most of the thread, long ones a
     guaranteed share (docs/benchmarks.md compares 0, 0.25 and 0.5)."""
-    batch_anticipate_ms: float = 10.0
+    batch_anticipate_ms: NonNegativeFloat = 10.0
     """Right after a batch, while its length bucket is still owed the next turn and only other
     buckets have work, wait up to this long for its clients' next requests before starting a
     batch of another bucket (adaptive below it: about three times the usual return gap, and
     skipped while clients mostly do not come back in time). 0: never wait."""
-    max_pending: int = 1024
+    max_pending: PositiveInt = 1024
     """Inline requests waiting for a batch before new ones get RESOURCE_EXHAUSTED."""
     warmup: bool = True
     """Run a forward pass before reporting SERVING."""
-    grace_period_s: float = 20.0
+    grace_period_s: NonNegativeFloat = 20.0
     """On SIGTERM: how long in-flight work may take before the server stops."""
 
     # --- jobs --------------------------------------------------------------------------------
@@ -128,7 +131,7 @@ class Settings(BaseSettings):
     """Job backend: ``sqlite`` (embedded, journalled), ``redis://host:port/db``, or ``off``."""
     jobs_db: Path | None = None
     """SQLite journal path; unset: ``<cache_dir>/jobs.sqlite3``."""
-    job_workers: int = 1
+    job_workers: NonNegativeInt = 1
     """Job worker threads (embedded backend) or processes (``limelight worker``)."""
     method_plugins: list[str] = []
     """Extra attribution methods, as ``"module:Class"`` paths, loaded next to the built-in ones
@@ -144,9 +147,9 @@ class Settings(BaseSettings):
     to fit it, and a job that cannot fit even one input is rejected before it is queued."""
     job_result_ttl_s: float = 24 * 3600.0
     """How long finished jobs and their results stay readable."""
-    job_queue_max: int = 1000
+    job_queue_max: PositiveInt = 1000
     """Queued jobs before SubmitJob answers RESOURCE_EXHAUSTED."""
-    job_max_attempts: int = 3
+    job_max_attempts: PositiveInt = 3
     """Attempts before a job whose worker keeps dying is FAILED."""
     job_reclaim_idle_s: float = 30.0
     """Redis backend: a running job whose worker sent no heartbeat for this long is reclaimed
@@ -159,9 +162,9 @@ class Settings(BaseSettings):
     """Reference file from ``limelight drift-reference build``; unset: the first N requests."""
     drift_bootstrap_n: int = 500
     """Without a reference file: how many first requests become the reference."""
-    drift_window: int = 500
+    drift_window: PositiveInt = 500
     """Sliding window of recent explanations compared with the reference."""
-    drift_sketch_size: int = 256
+    drift_sketch_size: PositiveInt = 256
     """Tokens tracked per label by the heavy-hitter sketch (the rest go to "other")."""
     drift_alert_threshold: float = 0.02
     """JSD (base 2) above which a label's drift counts as an alert. Measured on the demo models

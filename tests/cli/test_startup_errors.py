@@ -62,6 +62,20 @@ def test_debug_log_level_shows_the_traceback(tmp_path: Path) -> None:
     assert out.stderr.strip().splitlines()[-1].startswith("limelight serve: error:")
 
 
+def test_invalid_batch_size_is_refused_before_anything_starts(tmp_path: Path) -> None:
+    # Settings are checked before a port opens or the model loads: no log line comes first.
+    for args, env in (
+        (("--max-batch-size", "-3"), None),
+        ((), {"LIMELIGHT_MAX_BATCH_SIZE": "-3"}),
+    ):
+        out = limelight(*SERVE, "--model", str(tmp_path / "unused"), *args, env=env)
+        assert out.returncode == EXIT_USAGE, out.stderr
+        assert out.stderr.strip().count("\n") == 0, out.stderr
+        line = error_line(out.stderr)
+        assert line.startswith("limelight serve: error: invalid setting max_batch_size:"), line
+        assert "--max-batch-size" in line and "LIMELIGHT_MAX_BATCH_SIZE" in line
+
+
 # --- in-process: the same handler for every mistake and every command -----------------------
 
 
@@ -173,3 +187,40 @@ def test_every_command_reports_a_missing_model_in_one_line(
     status, line = run_main(capsys, *command, "--model", str(tmp_path / "gone"))
     assert status != 0
     assert "does not exist" in line
+
+
+@pytest.mark.parametrize(
+    ("args", "env", "setting"),
+    [
+        (("--port", "70000"), {}, "port"),
+        (("--grace-period-s", "-1"), {}, "grace_period_s"),
+        ((), {"LIMELIGHT_MAX_PENDING": "0"}, "max_pending"),
+        ((), {"LIMELIGHT_MAX_BATCH_WAIT_MS": "soon"}, "max_batch_wait_ms"),
+        ((), {"LIMELIGHT_LABEL_THRESHOLDS": "toxic=0.3"}, "label_thresholds"),
+    ],
+)
+def test_invalid_settings_read_as_one_line_naming_the_setting(
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    args: tuple[str, ...],
+    env: dict[str, str],
+    setting: str,
+) -> None:
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    status, line = run_main(capsys, *SERVE, *args)
+    assert status == EXIT_USAGE
+    assert line.startswith(f"limelight serve: error: invalid setting {setting}:"), line
+    assert f"LIMELIGHT_{setting.upper()}" in line
+
+
+def test_calibrate_heads_reports_errors_like_every_other_command(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    status, line = run_main(capsys, "calibrate-heads", "--model", str(tmp_path / "gone"))
+    serve_status, serve_line = run_main(capsys, *SERVE, "--model", str(tmp_path / "gone"))
+    assert status == serve_status == EXIT_FAILURE
+    assert line.startswith("limelight calibrate-heads: error: model directory"), line
+    assert line.removeprefix("limelight calibrate-heads") == serve_line.removeprefix(
+        "limelight serve"
+    )

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import random
-import sys
 from pathlib import Path
 
 from limelight.methods.head_calibration import (
@@ -83,32 +82,29 @@ def read_texts(path: Path | None, text_field: str = "text") -> tuple[list[str], 
 def run(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
-    from limelight.errors import LimelightError
     from limelight.models.loaded import load_model
 
-    try:
-        model = load_model(args.model_dir, device=args.device)
-        texts, source = read_texts(args.data, args.text_field)
-        if args.n and len(texts) > args.n:
-            texts = random.Random(args.seed).sample(texts, args.n)
-        parser = None if args.no_syntax else load_parser()
+    # Mistakes (no model, unreadable data) end in `limelight.cli.main`, one line like every
+    # other command's.
+    model = load_model(args.model_dir, device=args.device)
+    texts, source = read_texts(args.data, args.text_field)
+    if args.n and len(texts) > args.n:
+        texts = random.Random(args.seed).sample(texts, args.n)
+    parser = None if args.no_syntax else load_parser()
 
-        def bar(items: list[str]) -> object:
-            return tqdm(items, desc="calibrating heads", unit="text", disable=args.quiet)
+    def bar(items: list[str]) -> object:
+        return tqdm(items, desc="calibrating heads", unit="text", disable=args.quiet)
 
-        cal = calibrate(
-            model,
-            texts,
-            positional_threshold=args.positional_threshold,
-            syntactic_threshold=args.syntactic_threshold,
-            min_relation_count=args.min_relation_count,
-            max_tokens=args.max_tokens,
-            parser=parser,
-            progress=bar,  # type: ignore[arg-type]
-        )
-    except LimelightError as exc:
-        print(f"calibrate-heads: {exc.message}", file=sys.stderr)
-        return 2
+    cal = calibrate(
+        model,
+        texts,
+        positional_threshold=args.positional_threshold,
+        syntactic_threshold=args.syntactic_threshold,
+        min_relation_count=args.min_relation_count,
+        max_tokens=args.max_tokens,
+        parser=parser,
+        progress=bar,  # type: ignore[arg-type]
+    )
     out = args.out or Path(model.directory) / MASK_FILENAME
     write_mask(mask_document(cal, model, source), out)
     important = cal.important()

@@ -102,6 +102,23 @@ def _validation_message(exc: Any) -> str:
     return "invalid setting " + "; ".join(parts)
 
 
+#: pydantic-settings' SettingsError: a LIMELIGHT_* value that could not even be decoded (JSON).
+_UNPARSABLE_SETTING = re.compile(r'error parsing value for field "(\w+)"')
+
+
+def _unparsable_setting_message(exc: BaseException) -> str | None:
+    """pydantic-settings' SettingsError (an undecodable environment value) as one line."""
+    match = _UNPARSABLE_SETTING.search(str(exc))
+    if match is None:
+        return None
+    name = match.group(1)
+    cause = f" ({exc.__cause__})" if exc.__cause__ is not None else ""
+    return (
+        f"invalid setting {name}: LIMELIGHT_{name.upper()} cannot be parsed{cause}; lists and "
+        "mappings are written as JSON"
+    )
+
+
 _BIND_FAILURE = re.compile(r"Failed to bind to address (\S+?);?\s")
 
 
@@ -119,6 +136,10 @@ def describe_error(exc: BaseException, args: argparse.Namespace) -> tuple[str, i
         return str(exc), EXIT_FAILURE
     if type(exc).__name__ == "ValidationError" and hasattr(exc, "errors"):
         return _validation_message(exc), EXIT_USAGE
+    if type(exc).__name__ == "SettingsError":
+        unparsable = _unparsable_setting_message(exc)
+        if unparsable is not None:
+            return unparsable, EXIT_USAGE
     if isinstance(exc, OSError):
         if exc.errno == errno.EADDRINUSE:
             port = getattr(args, "metrics_port", None)
