@@ -37,6 +37,10 @@ from limelight_client.proto import explainer_pb2
 
 log = logging.getLogger(__name__)
 
+#: Shutdown: after the drain, the gRPC server stops once no RPC has arrived for this long
+#: (clients that have not yet seen NOT_SERVING are refused UNAVAILABLE meanwhile).
+QUIET_BEFORE_STOP_S = 0.5
+
 
 def _read(path: Path | None) -> bytes | None:
     return Path(path).read_bytes() if path is not None else None
@@ -185,8 +189,13 @@ class SidecarServer:
 
     async def stop(self) -> None:
         """Graceful, within one deadline of ``grace_period_s`` for the whole shutdown:
-        NOT_SERVING, drain in-flight work and stop jobs, end the calls still open with
-        UNAVAILABLE, stop the server, close."""
+        NOT_SERVING, refuse new work (UNAVAILABLE) while every admitted request finishes and
+        jobs stop, wait for a quiet moment with no new RPC, end the calls still open with
+        UNAVAILABLE, stop the server, close.
+
+        The quiet moment matters: the gRPC server's own stop ends every call still in transit
+        (sent by a client, not yet handed to a handler) as CANCELLED, which clients do not
+        retry; while it runs, such a call is answered UNAVAILABLE instead."""
         grace = self.settings.grace_period_s
         deadline = time.monotonic() + grace
         # Keep a little of the budget for ending the calls still open and the final stop.
@@ -196,6 +205,7 @@ class SidecarServer:
         if self.app is not None:
             await self.app.service.drain(max(0.0, grace - final))
         if self._server is not None:
+            await self._servicer.wait_quiet(QUIET_BEFORE_STOP_S, deadline - final)
             self._servicer.end_calls()
             await self._server.stop(grace=max(0.05, deadline - time.monotonic()))
         if self._probes is not None:

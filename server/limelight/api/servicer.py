@@ -75,6 +75,8 @@ class ExplainerServicer:
         self.service = service
         self._calls: set[asyncio.Task[Any]] = set()
         self._ended: set[asyncio.Task[Any]] = set()
+        #: When the last RPC started (monotonic): shutdown waits for a quiet moment.
+        self._last_start = 0.0
 
     def _svc(self) -> ExplanationService:
         if self.service is None:
@@ -95,6 +97,7 @@ class ExplainerServicer:
         return code.name
 
     def _track(self) -> asyncio.Task[Any] | None:
+        self._last_start = time.monotonic()
         task = asyncio.current_task()
         if task is not None:
             self._calls.add(task)
@@ -110,6 +113,17 @@ class ExplainerServicer:
         context.set_code(grpc.StatusCode.UNAVAILABLE)
         context.set_details("the server is shutting down; retry on another replica")
         return True
+
+    async def wait_quiet(self, quiet_s: float, until: float) -> None:
+        """Shutdown, past the drain: wait until no RPC has started for ``quiet_s`` seconds (or
+        the monotonic time ``until``). While the server runs, a call that arrives is refused
+        UNAVAILABLE; one still in transit when the gRPC server stops is ended CANCELLED by gRPC
+        itself, before any handler sees it."""
+        while (now := time.monotonic()) < until:
+            quiet_for = now - self._last_start
+            if quiet_for >= quiet_s:
+                return
+            await asyncio.sleep(min(quiet_s - quiet_for, until - now))
 
     def end_calls(self) -> int:
         """Shutdown, past the drain: end every call still in flight with UNAVAILABLE (clients

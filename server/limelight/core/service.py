@@ -4,11 +4,12 @@ the doors to jobs and drift. It knows nothing about gRPC."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import threading
 import time
 import weakref
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, Protocol
@@ -276,6 +277,12 @@ class ExplanationService:
             for name in ("tokenize", "queue", "forward", "attribute")
         }
         self._ready = False
+        # Inline requests admitted (past the readiness check) and not yet answered: draining
+        # waits for these, so a request accepted before SIGTERM is never refused half-way
+        # (say between the tokenizer and the batcher).
+        self._admitted = 0
+        self._all_answered = asyncio.Event()
+        self._all_answered.set()
         default = methods.get(resolve_default_method(settings.default_method, runtime))
         if not isinstance(default, InlineMethod):
             raise FailedPrecondition(
@@ -344,6 +351,10 @@ class ExplanationService:
         self._ready = False
         self.metrics.ready.set(0)
         end = time.monotonic() + grace_s
+        # Every admitted request first: each goes through the tokenizer and then the batcher,
+        # and neither may close while one is between the two.
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._all_answered.wait(), grace_s)
         if self._tokenizer is not None:  # requests being tokenised still go on to a batch
             await self._tokenizer.drain(grace_s)
         if self._batcher is not None:
@@ -362,6 +373,19 @@ class ExplanationService:
     def _require_ready(self) -> None:
         if not self._ready:
             raise Unavailable("the model is not loaded yet or the server is draining")
+
+    @contextlib.contextmanager
+    def _admit(self) -> Iterator[None]:
+        """Admit one inline request (refused once draining) and count it until answered."""
+        self._require_ready()
+        self._admitted += 1
+        self._all_answered.clear()
+        try:
+            yield
+        finally:
+            self._admitted -= 1
+            if self._admitted == 0:
+                self._all_answered.set()
 
     # --- inline explanations -------------------------------------------------------------------
 
@@ -445,7 +469,10 @@ class ExplanationService:
         self.metrics.inline_pending.set(self._batcher.pending if self._batcher else 0)
 
     async def explain(self, request: ExplainInput) -> Explanation:
-        self._require_ready()
+        with self._admit():
+            return await self._explain(request)
+
+    async def _explain(self, request: ExplainInput) -> Explanation:
         assert self._batcher is not None
         began = time.monotonic()
         if request.expired():
