@@ -6,8 +6,8 @@ Two stages, both deterministic for a seed:
    (default: Shapley values of its log-odds from two antithetic permutations — cheap, noisy and
    unbiased, so many texts beat few exact labels). The head's column of that class is fitted to
    the teacher's scores standardised per text (rankings and relative sizes matter, scales do
-   not); with two classes the other column gets the negated scores, which is exact for
-   log-odds. Special tokens are ignored.
+   not); with two (softmax) classes the other column gets the negated scores, which is exact
+   for log-odds. Special tokens are ignored.
 2. **The classifier in the loop** (``loop_steps`` > 0). The head's scores pick the top share
    of tokens; the classifier, frozen, sees the text with those tokens masked (the class
    probability must fall) and with only those tokens kept (it must stay). The mask is hard in
@@ -15,6 +15,14 @@ Two stages, both deterministic for a seed:
    (straight-through), so the head is trained on the faithfulness objective itself. The
    amortisation loss stays on as an anchor, so the ranking does not drift onto artefacts of
    the mask token.
+
+Multi-label models (an independent sigmoid per label) are taught per (text, label): the
+teacher explains every label the sidecar explains for the text — those at or above their
+served thresholds (``Settings.label_threshold``, ``label_thresholds``), or the most probable
+one when none is — so one text gives as many examples as it has predicted labels. Each
+example teaches its label's column only (no negated column: the labels are independent), the
+loop stage reads that label's sigmoid instead of a softmax, and validation is per (text,
+label). Texts are held out whole, never some of their labels.
 """
 
 from __future__ import annotations
@@ -32,7 +40,9 @@ import torch
 from scipy.stats import spearmanr
 
 from limelight.core.jobs import JobSpec
-from limelight.core.types import Encoded
+from limelight.core.prediction import label_thresholds, predict
+from limelight.core.service import explained_targets
+from limelight.core.types import Encoded, TargetSpec
 from limelight.methods.base import MethodRegistry
 from limelight.models.explainer_head import ExplainerHead, HeadCard
 from limelight.models.loaded import LoadedModel
@@ -85,16 +95,56 @@ def teacher_attributions(
     progress: Progress | None = None,
     methods: MethodRegistry | None = None,
 ) -> list[TeacherExample]:
-    """Teacher scores for every text; finished ones are kept in ``cache`` (JSONL), so an
-    interrupted run resumes where it stopped. ``methods``: the registry to take the teacher
-    from (default: ``MethodRegistry.load(settings)``, plug-ins included)."""
+    """Teacher scores for every text (multi-label: for every label the sidecar explains for
+    it, see :func:`explained_labels`), in the order of ``texts``; finished ones are kept in
+    ``cache`` (JSONL), so an interrupted run resumes where it stopped. ``methods``: the
+    registry to take the teacher from (default: ``MethodRegistry.load(settings)``, plug-ins
+    included)."""
+    per_text = _teacher_examples(model, settings, teacher, params, texts, cache, progress, methods)
+    return [example for examples in per_text for example in examples]
+
+
+def explained_labels(
+    model: LoadedModel, settings: Settings, encoded: Sequence[Encoded]
+) -> list[list[int]]:
+    """Multi-label: per text, the labels an inline explanation of it explains (those at or
+    above their served thresholds, most probable first, or the most probable label when none
+    is), from the model's sigmoid outputs on ``encoded``."""
+    thresholds = label_thresholds(model.labels, settings.label_threshold, settings.label_thresholds)
+    logits = _sequence_logits(model, encoded)
+    return [
+        explained_targets(model, None, predict(row, model.problem_type, thresholds))
+        for row in logits
+    ]
+
+
+def _teacher_examples(
+    model: LoadedModel,
+    settings: Settings,
+    teacher: str,
+    params: dict[str, Any],
+    texts: Sequence[str],
+    cache: Path,
+    progress: Progress | None = None,
+    methods: MethodRegistry | None = None,
+) -> list[list[TeacherExample]]:
+    """:func:`teacher_attributions` grouped by text: one example per text, or per (text,
+    explained label) for multi-label models."""
     from limelight.jobs.runner import JobRunner
 
     methods = methods if methods is not None else MethodRegistry.load(settings)
     method = methods.get(teacher)
     checked = method.validate_params(params)
     done: dict[str, TeacherExample] = {}
-    stamp = {"model": model.version, "teacher": teacher, "params": checked}
+    stamp: dict[str, Any] = {"model": model.version, "teacher": teacher, "params": checked}
+    labels: list[list[int]] | None = None
+    if model.is_multi_label:
+        # The labels taught depend on the thresholds: other thresholds, another label set.
+        stamp["thresholds"] = label_thresholds(
+            model.labels, settings.label_threshold, settings.label_thresholds
+        )
+        encoded = [model.encode(t, None, settings.max_tokens) for t in texts]
+        labels = explained_labels(model, settings, encoded)
     if cache.exists():
         content = cache.read_text()
         if content and not content.endswith("\n"):  # a write cut by a kill: end that line
@@ -112,22 +162,46 @@ def teacher_attributions(
         cache.parent.mkdir(parents=True, exist_ok=True)
         cache.write_text(json.dumps(stamp) + "\n")
     runner = JobRunner(model, methods, settings)
-    out = []
+    out: list[list[TeacherExample]] = []
     with cache.open("a") as fh:
-        for text in texts:
-            key = _key(text)
-            if key not in done:
-                result = runner.run(JobSpec(method=teacher, text=text, params=checked))
-                example = TeacherExample(
-                    text, result.attribution.target_index, result.attribution.scores.tolist()
-                )
-                fh.write(json.dumps({"key": key, **example.__dict__}) + "\n")
-                fh.flush()
-                done[key] = example
-            out.append(done[key])
+        for i, text in enumerate(texts):
+            # Single-label: the job explains the predicted class; multi-label: each label.
+            targets: list[int | None] = list(labels[i]) if labels is not None else [None]
+            group = []
+            for target in targets:
+                key = _key(text) if target is None else f"{_key(text)}:{target}"
+                if key not in done:
+                    spec = JobSpec(
+                        method=teacher,
+                        text=text,
+                        params=checked,
+                        target=TargetSpec(index=target) if target is not None else None,
+                    )
+                    result = runner.run(spec)
+                    example = TeacherExample(
+                        text, result.attribution.target_index, result.attribution.scores.tolist()
+                    )
+                    fh.write(json.dumps({"key": key, **example.__dict__}) + "\n")
+                    fh.flush()
+                    done[key] = example
+                group.append(done[key])
+            out.append(group)
             if progress is not None:
                 progress(1)
     return out
+
+
+@torch.inference_mode()
+def _sequence_logits(
+    model: LoadedModel, items: Sequence[Encoded], batch_size: int = 32
+) -> np.ndarray:
+    """[len(items), C] the classifier's logits."""
+    out = []
+    for start in range(0, len(items), batch_size):
+        ids, mask, types = _tensors(model, items[start : start + batch_size])
+        kwargs = model.adapter.base_inputs(ids, mask, types)
+        out.append(model.model(**kwargs).logits.float().cpu().numpy())
+    return np.concatenate(out, axis=0) if out else np.zeros((0, model.num_labels), np.float32)
 
 
 def _standardise(scores: np.ndarray, keep: np.ndarray) -> np.ndarray:
@@ -207,17 +281,29 @@ def _pad(items: Sequence[_Item]) -> tuple[torch.Tensor, ...]:
     return x, mask, y, keep, target
 
 
-def _amortisation_loss(
-    scores: torch.Tensor, y: torch.Tensor, keep: torch.Tensor, target: torch.Tensor
+def negates_other_class(model: LoadedModel) -> bool:
+    """Whether the other column learns the negated scores: two softmax classes share one
+    log-odds, so one class's attribution is the other's negated. Multi-label sigmoids are
+    independent: every label's column is taught by its own examples only."""
+    return model.num_labels == 2 and not model.is_multi_label
+
+
+def amortisation_loss(
+    scores: torch.Tensor,
+    y: torch.Tensor,
+    keep: torch.Tensor,
+    target: torch.Tensor,
+    negate_other: bool,
 ) -> torch.Tensor:
-    """Per-text mean squared error on the target column (every text weighs the same); with two
-    classes the other column learns the negated scores (exact for log-odds)."""
+    """Per-example mean squared error on the target column (every example weighs the same);
+    with ``negate_other`` (see :func:`negates_other_class`) the other of two columns learns
+    the negated scores (exact for log-odds)."""
     rows = torch.arange(scores.shape[0])
     pred = scores[rows, :, target]  # [B, n]
     k = keep.float()
     per_text = ((pred - y) ** 2 * k).sum(1) / k.sum(1).clamp(min=1)
     loss = per_text.mean()
-    if scores.shape[-1] == 2:
+    if negate_other:
         other = scores[rows, :, 1 - target]
         loss = loss + (((other + y) ** 2 * k).sum(1) / k.sum(1).clamp(min=1)).mean()
     return loss
@@ -260,13 +346,14 @@ def train_head(
     schedule = torch.optim.lr_scheduler.OneCycleLR(
         optimizer, max_lr=config.lr, total_steps=config.epochs * steps_per_epoch
     )
+    negate_other = negates_other_class(model)
     head.train()
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(config.seed)
         for epoch in range(config.epochs):
             for batch in _batches(len(items), config.batch_size, rng, lengths):
                 x, mask, y, keep, target = _pad([items[i] for i in batch])
-                loss = _amortisation_loss(head.score(x, mask), y, keep, target)
+                loss = amortisation_loss(head.score(x, mask), y, keep, target, negate_other)
                 optimizer.zero_grad(set_to_none=True)
                 loss.backward()
                 optimizer.step()
@@ -360,11 +447,12 @@ def _loop(
             if types is not None:
                 kwargs["token_type_ids"] = torch.cat([types, types])
             logits = classifier(**kwargs).logits.float()
-            probs = torch.softmax(logits, dim=-1)
+            # A multi-label example is about its own label's sigmoid, not a share of a softmax.
+            probs = torch.sigmoid(logits) if model.is_multi_label else torch.softmax(logits, dim=-1)
             t2 = torch.cat([target, target])
             p = probs[torch.arange(len(t2)), t2]
             faithfulness = p[: len(chosen)].mean() - p[len(chosen) :].mean()
-            anchor = _amortisation_loss(scores, y, keep, target)
+            anchor = amortisation_loss(scores, y, keep, target, negates_other_class(model))
             loss = config.loop_weight * faithfulness + anchor
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
@@ -389,8 +477,11 @@ def validate(
     head: ExplainerHead,
     examples: Sequence[TeacherExample],
 ) -> dict[str, float]:
-    """Held-out figures: mean per-text Spearman with the teacher, and deletion AOPC (mask,
-    10-50 %) of the head, the teacher and NormXLogit on the same texts, with standard errors."""
+    """Held-out figures: mean per-example Spearman with the teacher, and deletion AOPC (mask,
+    10-50 %) of the head, the teacher and NormXLogit on the same examples, with standard
+    errors. Multi-label, an example is one (text, label): its column of each explainer, and
+    the label's own sigmoid in the deletion curve. ``texts`` counts the examples with a
+    defined correlation, ``examples`` those in the AOPC figures."""
     from limelight.evaluation.perturbation import deletion_curve
 
     correlations = []
@@ -414,6 +505,7 @@ def validate(
     out = {
         "spearman_vs_teacher": float(np.mean(correlations)) if correlations else float("nan"),
         "texts": float(len(correlations)),
+        "examples": float(len(aopc["head"])),
     }
     for name, values in aopc.items():
         if values:
@@ -454,17 +546,18 @@ def distill(
     config = config or TrainConfig()
     started = time.monotonic()
     methods = MethodRegistry.load(settings)
-    examples = teacher_attributions(
+    groups = _teacher_examples(
         model, settings, teacher, teacher_params, texts, cache, progress, methods
     )
+    # Held out by text: a multi-label text's examples (one per label) stay on one side.
     if validation_texts is None:
-        order = np.random.default_rng(config.seed).permutation(len(examples))
-        n_val = max(1, round(validation_fraction * len(examples)))
-        val = [examples[i] for i in order[:n_val]]
-        train = [examples[i] for i in order[n_val:]]
+        order = np.random.default_rng(config.seed).permutation(len(groups))
+        n_val = max(1, round(validation_fraction * len(groups)))
+        val_groups = [groups[i] for i in order[:n_val]]
+        train_groups = [groups[i] for i in order[n_val:]]
     else:
-        train = list(examples)
-        val = teacher_attributions(
+        train_groups = groups
+        val_groups = _teacher_examples(
             model,
             settings,
             teacher,
@@ -474,6 +567,8 @@ def distill(
             progress,
             methods,
         )
+    train = [example for group in train_groups for example in group]
+    val = [example for group in val_groups for example in group]
     labelled = time.monotonic()
     head, info = train_head(model, train, config, progress=train_progress)
     # Labels resumed from the cache cost nothing here: this is the time of this run.
@@ -488,8 +583,8 @@ def distill(
         teacher=teacher,
         teacher_params=methods.get(teacher).validate_params(teacher_params),
         data=data_name,
-        train_texts=len(train),
-        validation_texts=len(val),
+        train_texts=len(train_groups),
+        validation_texts=len(val_groups),
         validation=validate(model, head, val),
         training=info,
         seed=config.seed,
