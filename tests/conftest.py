@@ -32,6 +32,7 @@ SLOW_FIXTURES = frozenset(
     {
         "bert_tiny_dir",  # the BERT-tiny demo model (fine-tuned on first use)
         "minilm_dir",  # the MiniLM demo model (fine-tuned, LM head fitted on first use)
+        "bert_tiny_multilabel_dir",  # the multi-label BERT-tiny demo (fine-tuned on first use)
         "trigger_setup",  # tests/evaluation: a BERT trained for the known-answer checks
         "synthetic_model",  # tests/methods/test_slalom.py: the SLALOM paper's linear task
         "synthetic",  # tests/distill: the same task, plus a distilled head
@@ -52,6 +53,14 @@ def bert_tiny_dir() -> Path:
     from limelight.demo.build import ensure_demo_model
 
     return ensure_demo_model("bert-tiny", cache_dir(), progress=False)
+
+
+@pytest.fixture(scope="session")
+def bert_tiny_multilabel_dir() -> Path:
+    """The multi-label BERT-tiny demo (sigmoid per label, fine-tuned on tagged drugsCom)."""
+    from limelight.demo.build import ensure_demo_model
+
+    return ensure_demo_model("bert-tiny-multilabel", cache_dir(), progress=False)
 
 
 @pytest.fixture(scope="session")

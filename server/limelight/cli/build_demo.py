@@ -20,7 +20,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     p.add_argument(
         "--model",
-        choices=["minilm", "bert-tiny", "all"],
+        choices=["minilm", "bert-tiny", "bert-tiny-multilabel", "all"],
         default="all",
         help="which demo model to build (default: all)",
     )
@@ -78,7 +78,14 @@ def run(args: argparse.Namespace) -> int:
         print(
             f"  test accuracy {card.accuracy:.4f} ({card.n_test} held-out reviews), "
             f"validation {card.validation_accuracy:.4f}"
+            + (" (exact match: every label right)" if card.metrics else "")
         )
+        if card.metrics:
+            per_label = ", ".join(f"{k} {v:.3f}" for k, v in card.metrics["per_label_f1"].items())
+            print(
+                f"  micro-F1 {card.metrics['micro_f1']:.4f}, macro-F1 "
+                f"{card.metrics['macro_f1']:.4f} on {card.metrics['split']} ({per_label})"
+            )
         print(
             f"  built {card.built_at} in {card.build_seconds:.0f} s"
             + (f" ({card.cpu_seconds:.0f} CPU-s)" if card.cpu_seconds else "")

