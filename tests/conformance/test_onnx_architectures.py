@@ -18,13 +18,29 @@ from limelight.runtimes.onnx_export import EXPORTABLE, NOT_EXPORTABLE, export_on
 
 ort = pytest.importorskip("onnxruntime")
 
-NAMED = ["albert", "electra", "gemma", "gemma2", "modernbert", "mpnet", "phi", "phi3", "xlnet"]
+NAMED = [
+    "albert",
+    "bart",
+    "electra",
+    "gemma",
+    "gemma2",
+    "modernbert",
+    "mpnet",
+    "phi",
+    "phi3",
+    "t5",
+    "xlnet",
+]
+#: Their heads read the last end-of-sequence token: the WordPiece [SEP] (id 102).
+ENCODER_DECODERS = {"bart", "bigbird_pegasus", "mbart", "mt5", "mvp", "plbart", "t5", "umt5"}
 ORIGINAL = {"bert", "distilbert", "roberta", "xlm-roberta", "deberta-v2", "gpt2", "llama"}
 OTHERS = [t for t in EXPORTABLE if t not in ORIGINAL and t not in NAMED]
 
 
 def build(model_type: str, directory: Path, tokenizer_dir: Path, **values: Any) -> LoadedModel:
     torch.manual_seed(0)
+    if model_type in ENCODER_DECODERS:
+        values = {"eos_token_id": 102, **values}
     config = tiny_config(model_type, vocab_size=30522, **values)
     AutoModelForSequenceClassification.from_config(config).save_pretrained(directory)
     AutoTokenizer.from_pretrained(tokenizer_dir).save_pretrained(directory)

@@ -25,6 +25,14 @@ i's — and the model's logit is the head applied to the masked mean, computed b
 :meth:`HeadAdapter.pooled_logits` (the runtimes and the gradient methods use it). With late
 pooling (EuroBERT's default) the model's logit is the masked mean of the LogAt_i. See
 docs/methods/normxlogit.md.
+
+Encoder-decoders (BART, mBART, PLBART, MVP, BigBird-Pegasus, T5, mT5, UMT5) classify from the
+decoder's final state at the last end-of-sequence token, with the input ids shifted right as the
+decoder's input. Their per-token form: the embedding output is the encoder's input embeddings
+(``hidden_states[0]``), the final hidden state of token i is the decoder's at position i (it has
+read the whole encoded input and the input up to token i-1), and the pooling is the last non-pad
+token — the last end-of-sequence token for tokenizers that end every text with it, which the
+load-time probe with the model's own tokenizer checks.
 """
 
 from __future__ import annotations
@@ -349,7 +357,21 @@ def _rows_unpadded(model: Any) -> None:
     model.register_forward_hook(release)
 
 
+def _t5_decoder_inputs(model: Any, source: torch.Tensor, mask: torch.Tensor) -> dict[str, Any]:
+    # T5's base does not build the decoder's input itself (its classifier shifts the ids).
+    if source.is_floating_point():
+        return {}  # inputs_embeds: GenericAdapter.base_inputs adds decoder_inputs_embeds
+    return {"decoder_input_ids": model._shift_right(source)}
+
+
 OVERRIDES: dict[str, Override] = {
+    **{
+        t: Override(
+            base_kwargs=_t5_decoder_inputs,
+            note="declared input: the decoder reads the ids shifted right, as its classifier",
+        )
+        for t in ("t5", "mt5", "umt5")
+    },
     "fnet": Override(
         prepare=_rows_unpadded,
         note="declared: rows run unpadded, one forward pass each (its Fourier transform mixes "
@@ -391,20 +413,10 @@ OVERRIDES: dict[str, Override] = {
 #: Architectures refused before loading, with the reason (one line each).
 REFUSED: dict[str, str] = {
     **{
-        t: "encoder-decoder: the head reads the decoder's state at the last end-of-sequence "
-        "token, so no per-input-token form of the head exists"
-        for t in (
-            "bart",
-            "bigbird_pegasus",
-            "mbart",
-            "mt5",
-            "mvp",
-            "plbart",
-            "t5",
-            "t5gemma",
-            "t5gemma2",
-            "umt5",
-        )
+        t: "encoder-decoder built from separate encoder and decoder configs: its tiny model "
+        "did not finish building and checking here (two minutes), so it is refused rather "
+        "than served unchecked"
+        for t in ("t5gemma", "t5gemma2")
     },
     **{
         t: "not text-only: built for layout, image, entity or table inputs besides the tokens"
@@ -471,6 +483,8 @@ class GenericAdapter(HeadAdapter):
             _accepts(base, "token_type_ids") and int(getattr(config, "type_vocab_size", 0) or 0) > 1
         )
         self._use_cache = _accepts(base, "use_cache")
+        #: Encoder-decoder classifiers (BART-style): see :meth:`run_base`.
+        self.encoder_decoder = bool(getattr(config, "is_encoder_decoder", False))
         self.hidden_state_copies = self.override.hidden_state_copies
         self._head_fn: HeadFn | None = None
         self.derivation = ""
@@ -498,11 +512,52 @@ class GenericAdapter(HeadAdapter):
         inputs_embeds: torch.Tensor | None = None,
     ) -> dict[str, Any]:
         kwargs = super().base_inputs(input_ids, attention_mask, token_type_ids, inputs_embeds)
+        if self.encoder_decoder and inputs_embeds is not None:
+            kwargs["decoder_inputs_embeds"] = self._shifted_right(kwargs["inputs_embeds"])
         if self.override.base_kwargs is not None:
             source = inputs_embeds if inputs_embeds is not None else input_ids
             assert source is not None
             kwargs.update(self.override.base_kwargs(self.model, source, attention_mask))
         return kwargs
+
+    def _shifted_right(self, embeds: torch.Tensor) -> torch.Tensor:
+        """The decoder's input embeddings for ``embeds``: the decoder start token's, then every
+        input token's but the last (what the base builds from token ids by shifting them)."""
+        config = self.model.config
+        start = getattr(config, "decoder_start_token_id", None)
+        if not isinstance(start, int):
+            start = self._pad_id()
+        ids = torch.full(embeds.shape[:1], start, dtype=torch.long, device=embeds.device)
+        first = self.embed_words(ids[:, None]).to(embeds.dtype)
+        return torch.cat([first, embeds[:, :-1]], dim=1)
+
+    def run_base(
+        self,
+        input_ids: torch.Tensor | None,
+        attention_mask: torch.Tensor,
+        token_type_ids: torch.Tensor | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        output_attentions: bool = False,
+    ) -> Any:
+        """Base forward with hidden states. An encoder-decoder's is given one position per input
+        token: ``hidden_states`` are the encoder's (its input embeddings first) followed by the
+        decoder's layers, and ``last_hidden_state`` is the decoder's final state — at position
+        i, after reading the input up to token i-1 (shifted right) and the whole encoded input,
+        which is what its classification head reads at the last end-of-sequence token."""
+        out = super().run_base(
+            input_ids, attention_mask, token_type_ids, inputs_embeds, output_attentions
+        )
+        if not self.encoder_decoder:
+            return out
+        from transformers.modeling_outputs import BaseModelOutput
+
+        encoder = tuple(out.encoder_hidden_states or ())
+        decoder = tuple(out.decoder_hidden_states or ())
+        return BaseModelOutput(
+            last_hidden_state=out.last_hidden_state,
+            hidden_states=(*encoder, *decoder[1:]) if encoder and decoder else None,
+            attentions=out.encoder_attentions,
+        )
 
     # --- derivation ----------------------------------------------------------------------
 
@@ -629,6 +684,13 @@ class GenericAdapter(HeadAdapter):
         except Exception as exc:  # a base that accepts the argument but fails on it
             return f"its base fails on inputs_embeds ({type(exc).__name__}: {_first_line(exc)})"
         diff = float((got - logits).abs().max())
+        if diff > PROBE_TOLERANCE and self.encoder_decoder:
+            return (
+                f"feeding its word embeddings instead of the token ids changes its logits by "
+                f"{diff:.2g} (its base builds the decoder's input from the token ids otherwise "
+                "than shifting them right after the decoder start token, e.g. mBART-style "
+                "wrapping of the last token)"
+            )
         if diff > PROBE_TOLERANCE:
             return (
                 f"feeding its word embeddings instead of the token ids changes its logits by "
@@ -658,7 +720,11 @@ class GenericAdapter(HeadAdapter):
             for t in torch.randperm(vocab, generator=generator)[:64].tolist()
             if t not in special and t > 3
         ]
-        return [pool[:9], pool[9:14]]
+        rows = [pool[:9], pool[9:14]]
+        eos = getattr(config, "eos_token_id", None)
+        if self.encoder_decoder and isinstance(eos, int):  # their heads read the last EOS
+            rows = [[*r, eos] for r in rows]
+        return rows
 
 
 def _first_line(exc: BaseException) -> str:

@@ -40,6 +40,8 @@ FAMILY: dict[str, dict[str, Any]] = {
         embedding_size=16, intra_bottleneck_size=32, true_hidden_size=32, num_feedforward_networks=1
     ),
     "xlnet": dict(d_inner=64, d_head=16),
+    "plbart": dict(decoder_attention_heads=2),
+    **{t: dict(decoder_start_token_id=0, d_ff=64, d_kv=16) for t in ("t5", "mt5", "umt5")},
     "xmod": dict(default_language="en_XX"),
     "squeezebert": dict(
         embedding_size=32, q_groups=2, k_groups=2, v_groups=2, post_attention_groups=2
