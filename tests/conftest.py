@@ -84,7 +84,7 @@ def random_bert_dir(tmp_path_factory: pytest.TempPathFactory, tokenizer_dir: Pat
     out = tmp_path_factory.mktemp("random-bert")
     torch.manual_seed(0)
     labels = {0: "negative", 1: "neutral", 2: "positive"}
-    config = BertConfig(
+    config = BertConfig(  # type: ignore[call-arg]  # the stubs omit PretrainedConfig kwargs
         vocab_size=30522,
         hidden_size=32,
         num_hidden_layers=2,

@@ -153,7 +153,7 @@ def test_a_job_on_a_long_text_runs_on_every_window(
 ) -> None:
     """Jobs follow the same policy: the method runs on each window alone, stitched back."""
     from limelight.core.windows import encode_windows
-    from limelight.methods.base import JobContext, MethodRegistry
+    from limelight.methods.base import JobContext, JobMethod, MethodRegistry
     from limelight.models.loaded import load_model
     from limelight.settings import Settings
 
@@ -173,6 +173,7 @@ def test_a_job_on_a_long_text_runs_on_every_window(
     model = load_model(random_bert_dir)
     settings = Settings(jobs="off")
     method = MethodRegistry.load(settings).get("grad_x_input")
+    assert isinstance(method, JobMethod)
     ctx = JobContext(model, settings)
     target = model.labels.index("positive")
     by_offset: dict[tuple[int, int], list[float]] = {}
@@ -181,9 +182,9 @@ def test_a_job_on_a_long_text_runs_on_every_window(
         for tok, score in zip(window.tokens, scores, strict=True):
             if not tok.special:
                 by_offset.setdefault((tok.start, tok.end), []).append(float(score))
-    for tok, score in zip(done.tokens, done.scores, strict=True):
-        if not tok.special:
-            want = float(np.mean(by_offset[(tok.start, tok.end)]))
+    for token, score in zip(done.tokens, done.scores, strict=True):
+        if not token.special:
+            want = float(np.mean(by_offset[(token.start, token.end)]))
             assert score == pytest.approx(want, rel=1e-4, abs=1e-6)
 
 

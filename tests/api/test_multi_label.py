@@ -30,7 +30,7 @@ def multi_label_dir(tmp_path_factory: pytest.TempPathFactory, tokenizer_dir: Pat
     """A tiny randomly initialised 4-label BERT (problem_type multi_label_classification)."""
     out = tmp_path_factory.mktemp("multi-label-bert")
     torch.manual_seed(1)
-    config = BertConfig(
+    config = BertConfig(  # type: ignore[call-arg]  # the stubs omit PretrainedConfig kwargs
         vocab_size=30522,
         hidden_size=32,
         num_hidden_layers=2,

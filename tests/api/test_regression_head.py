@@ -26,7 +26,7 @@ def regression_dir(tmp_path_factory: pytest.TempPathFactory, tokenizer_dir: Path
     """A tiny randomly initialised BERT regressor (num_labels 1, problem_type regression)."""
     out = tmp_path_factory.mktemp("regression-bert")
     torch.manual_seed(2)
-    config = BertConfig(
+    config = BertConfig(  # type: ignore[call-arg]  # the stubs omit PretrainedConfig kwargs
         vocab_size=30522,
         hidden_size=32,
         num_hidden_layers=2,

@@ -154,7 +154,7 @@ def multi_label_sidecar(
 
     labels = ["toxic", "insult", "spam"]
     torch.manual_seed(3)
-    config = BertConfig(
+    config = BertConfig(  # type: ignore[call-arg]  # the stubs omit PretrainedConfig kwargs
         vocab_size=30522,
         hidden_size=32,
         num_hidden_layers=2,
@@ -547,7 +547,11 @@ def test_browser_pages_explain_and_jobs(
         ("compare", "#compare-form"),
     ]:
         driver.find_element(By.CSS_SELECTOR, f"nav a[data-view={view}]").click()
-        wait(driver, lambda d, p=probe: d.find_elements(By.CSS_SELECTOR, p))
+
+        def probed(d: Any, p: str = probe) -> Any:
+            return d.find_elements(By.CSS_SELECTOR, p)
+
+        wait(driver, probed)
         assert driver.find_element(By.ID, f"view-{view}").is_displayed()
         current = driver.find_element(By.CSS_SELECTOR, "nav a[aria-current=page]")
         assert current.get_attribute("data-view") == view
@@ -657,7 +661,11 @@ def test_browser_pages_explain_and_jobs(
     try:
         for view in ("explain", "compare", "jobs", "drift", "model"):
             driver.find_element(By.CSS_SELECTOR, f"nav a[data-view={view}]").click()
-            wait(driver, lambda d, v=view: d.find_element(By.ID, f"view-{v}").is_displayed())
+
+            def shown(d: Any, v: str = view) -> Any:
+                return d.find_element(By.ID, f"view-{v}").is_displayed()
+
+            wait(driver, shown)
             overflow = driver.execute_script(
                 "return document.documentElement.scrollWidth - window.innerWidth"
             )

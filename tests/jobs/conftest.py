@@ -20,12 +20,16 @@ WORDS = [
 def build_tiny_bert(directory: Path) -> Path:
     """A 2-layer, 16-wide random BERT with a word-level vocabulary (built, never downloaded)."""
     import torch
-    from transformers import BertConfig, BertForSequenceClassification, BertTokenizerFast
+    from transformers import (  # type: ignore[attr-defined]  # lazily exported, absent from stubs
+        BertConfig,
+        BertForSequenceClassification,
+        BertTokenizerFast,
+    )
 
     directory.mkdir(parents=True, exist_ok=True)
     vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *WORDS]
     tokenizer = BertTokenizerFast(vocab={w: i for i, w in enumerate(vocab)}, do_lower_case=True)
-    config = BertConfig(
+    config = BertConfig(  # type: ignore[call-arg]  # the stubs omit PretrainedConfig kwargs
         vocab_size=len(vocab),
         hidden_size=16,
         num_hidden_layers=2,

@@ -60,7 +60,7 @@ def build_planted_model(out: Path, layer: int, head: int, offset: int) -> None:
     those dimensions, so its most-attended key depends on content, not on position."""
     torch.manual_seed(0)
     hidden, heads, max_pos = 32, 4, 64
-    config = BertConfig(
+    config = BertConfig(  # type: ignore[call-arg]  # the stubs omit PretrainedConfig kwargs
         vocab_size=30522,
         hidden_size=hidden,
         num_hidden_layers=2,

@@ -300,8 +300,9 @@ def _randomised(model: LoadedModel) -> Any:
         for module in clone.modules():
             if isinstance(module, (torch.nn.Linear, torch.nn.Embedding)):
                 module.weight.copy_(torch.randn(module.weight.shape, generator=gen) * 0.02)
-                if getattr(module, "bias", None) is not None:
-                    module.bias.zero_()
+                bias = getattr(module, "bias", None)
+                if bias is not None:
+                    bias.zero_()
     return clone
 
 
