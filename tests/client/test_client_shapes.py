@@ -70,6 +70,14 @@ def test_drift_types_use_the_servers_names() -> None:
     assert shift.delta == pytest.approx(server.TokenShift("refund", 0.01, 0.2).delta)
 
 
+def test_token_uses_the_servers_token_info_names() -> None:
+    from limelight.core.types import TokenInfo
+
+    assert [f.name for f in dataclasses.fields(Token)] == [
+        f.name for f in dataclasses.fields(TokenInfo)
+    ]
+
+
 def test_token_shift_change_is_a_deprecated_alias_of_delta() -> None:
     shift = TokenShift("refund", reference_share=0.01, current_share=0.2)
     with pytest.warns(DeprecationWarning, match="delta"):
