@@ -123,8 +123,9 @@ def test_generic_head_reproduces_logits_of_every_family(model_type: str) -> None
     model = tiny_family(model_type, vocab_size=120)
     adapter = GenericAdapter(model).derive()
     ids, mask = padded_batch()
-    if model.config.is_encoder_decoder:  # their heads read each row's last end-of-sequence
-        ids[torch.arange(3), mask.sum(dim=1) - 1] = model.config.eos_token_id
+    config: Any = model.config
+    if config.is_encoder_decoder:  # their heads read each row's last end-of-sequence token
+        ids[torch.arange(3), mask.sum(dim=1) - 1] = int(config.eos_token_id)
     extra = {"use_cache": False} if adapters._accepts(model, "use_cache") else {}
     with torch.no_grad():
         expected = torch.cat(
