@@ -2,11 +2,12 @@
 
 For a representative family of each head shape (pooler, pre-classifier, dense + tanh, context
 pooler, ELECTRA's head, ModernBERT's, last-token decoders, XLNet's sequence summary, and the
-families whose rows run unpadded: FNet and YOSO), a tiny random-init classifier is built once
-with a sigmoid multi-label head and once with a one-output regression head, saved, and loaded as
-the sidecar loads it. Checked against transformers' own forward: the multi-label
-probabilities are ``torch.sigmoid`` of its logits and the predicted set follows the thresholds;
-the regression value is its output, and NormXLogit's distance form is measured from it.
+families whose rows run unpadded: FNet and YOSO; BART for the encoder-decoders), a tiny
+random-init classifier is built once with a sigmoid multi-label head and once with a one-output
+regression head, saved, and loaded as the sidecar loads it. Checked against transformers' own
+forward: the multi-label probabilities are ``torch.sigmoid`` of its logits and the predicted set
+follows the thresholds; the regression value is its output, and NormXLogit's distance form is
+measured from it.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ FAMILIES = [
     "xlnet",
     "fnet",
     "yoso",
+    "bart",
 ]
 TEXT = "a witty and gorgeous film , sadly too long"
 VOCAB = 30522  # the WordPiece tokenizer's
@@ -57,7 +59,10 @@ HEADS: dict[str, dict[str, Any]] = {
 
 def build(model_type: str, head: str, directory: Path, tokenizer_dir: Path) -> LoadedModel:
     torch.manual_seed(0)
-    config = tiny_config(model_type, vocab_size=VOCAB, **HEADS[head])
+    values = dict(HEADS[head])
+    if model_type == "bart":  # its head reads the last end-of-sequence token: WordPiece [SEP]
+        values["eos_token_id"] = 102
+    config = tiny_config(model_type, vocab_size=VOCAB, **values)
     AutoModelForSequenceClassification.from_config(config).save_pretrained(directory)
     AutoTokenizer.from_pretrained(tokenizer_dir).save_pretrained(directory)
     return load_model(directory)

@@ -441,8 +441,10 @@ REFUSED: dict[str, str] = {
     "not line up with the input tokens",
     "canine": "character-level model with downsampled final states that do not line up with "
     "tokenizer offsets",
-    "reformer": "needs sequence lengths padded to its chunk length and axial position shapes; "
-    "its final states do not line up with the unpadded input",
+    "reformer": "its base pads the input to a multiple of its attention chunk length and its "
+    "reversible layers return two concatenated streams, so its hidden states have neither one "
+    "position per input token nor the embedding width; its LSH attention also draws new random "
+    "rotations on every forward unless the config sets hash_seed",
 }
 
 _DROPOUT = (nn.Dropout, nn.Dropout1d, nn.Dropout2d)
