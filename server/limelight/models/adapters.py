@@ -439,8 +439,9 @@ REFUSED: dict[str, str] = {
     "qwen3_5_text, which is served",
     "funnel": "the encoder pools the sequence to fewer positions, so final hidden states do "
     "not line up with the input tokens",
-    "canine": "character-level model with downsampled final states that do not line up with "
-    "tokenizer offsets",
+    "canine": "character-level: its deep stack runs on characters downsampled by "
+    "downsampling_rate (4 by default), so its inner hidden states have fewer positions than "
+    "the input; only the character embeddings and the upsampled final states are per character",
     "reformer": "its base pads the input to a multiple of its attention chunk length and its "
     "reversible layers return two concatenated streams, so its hidden states have neither one "
     "position per input token nor the embedding width; its LSH attention also draws new random "
