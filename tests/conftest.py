@@ -110,7 +110,7 @@ class RunningSidecar:
         return f"http://127.0.0.1:{self.server.metrics_port}/metrics"
 
 
-class _SidecarThread:
+class SidecarThread:
     """Runs a SidecarServer with its own event loop in a background thread."""
 
     def __init__(self, settings: Settings) -> None:
@@ -156,7 +156,7 @@ class _SidecarThread:
 @pytest.fixture
 def start_sidecar(tmp_path: Path) -> Iterator[Callable[..., RunningSidecar]]:
     """Start real sidecars on free loopback ports: ``start_sidecar(model_dir=..., **settings)``."""
-    running: list[_SidecarThread] = []
+    running: list[SidecarThread] = []
 
     def start(**overrides: Any) -> RunningSidecar:
         values: dict[str, Any] = {
@@ -169,7 +169,7 @@ def start_sidecar(tmp_path: Path) -> Iterator[Callable[..., RunningSidecar]]:
             "drift_window": 50,
         }
         values.update(overrides)
-        handle = _SidecarThread(Settings(**values))
+        handle = SidecarThread(Settings(**values))
         running.append(handle)
         return handle.start()
 

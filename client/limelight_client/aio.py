@@ -41,7 +41,7 @@ from limelight_client._common import (
     submit_request,
     terminal_state,
 )
-from limelight_client.client import PemArg, _deadline_error, job_outcome
+from limelight_client.client import PemArg, deadline_error, job_outcome
 from limelight_client.errors import (
     DeadlineExceeded,
     LimelightError,
@@ -128,7 +128,7 @@ class AsyncClient:
             return None
         left = deadline - time.monotonic()
         if left <= 0:
-            raise _deadline_error(what)
+            raise deadline_error(what)
         return left
 
     async def _backoff(self, attempt: int, deadline: float | None) -> bool:

@@ -59,7 +59,7 @@ _T = TypeVar("_T")
 PemArg = str | bytes | Path | None
 
 
-def _deadline_error(what: str) -> DeadlineExceeded:
+def deadline_error(what: str) -> DeadlineExceeded:
     return DeadlineExceeded(grpc.StatusCode.DEADLINE_EXCEEDED, f"deadline exceeded {what}")
 
 
@@ -164,7 +164,7 @@ class Client:
             return None
         left = deadline - time.monotonic()
         if left <= 0:
-            raise _deadline_error(what)
+            raise deadline_error(what)
         return left
 
     def _backoff(self, attempt: int, deadline: float | None) -> bool:

@@ -195,9 +195,9 @@ json_values = st.recursive(
 @pytest.fixture(scope="module")
 def fuzz_target(bert_tiny_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     from limelight.settings import Settings
-    from tests.conftest import _SidecarThread
+    from tests.conftest import SidecarThread
 
-    handle = _SidecarThread(
+    handle = SidecarThread(
         Settings(
             model_dir=bert_tiny_dir,
             port=0,
@@ -319,10 +319,10 @@ def test_shutdown_keeps_one_deadline_and_ends_open_calls_unavailable(
     from google.protobuf import struct_pb2
 
     from limelight.settings import Settings
-    from tests.conftest import _SidecarThread
+    from tests.conftest import SidecarThread
 
     grace = 3.0
-    handle = _SidecarThread(
+    handle = SidecarThread(
         Settings(
             model_dir=bert_tiny_dir,
             port=0,

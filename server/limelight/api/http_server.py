@@ -299,7 +299,7 @@ class HttpServer:
         self._runner: web.AppRunner | None = None
         self.port = 0
 
-    def _svc(self) -> ExplanationService:
+    def ready_service(self) -> ExplanationService:
         service = self._service()
         if service is None:
             raise Unavailable("the model is still loading")
@@ -383,7 +383,7 @@ class HttpServer:
         )
 
     def _model(self, request: web.Request) -> ExplanationService:
-        service = self._svc()
+        service = self.ready_service()
         info = service.model_info()
         oip.check_model(info, request.match_info["name"], request.match_info.get("version", ""))
         return service
@@ -403,11 +403,11 @@ class HttpServer:
         parsed, binary_outputs, binary_default = infer_request(
             request.match_info["name"], request.match_info.get("version", ""), body, binary
         )
-        response = await oip.infer(self._svc(), parsed, None)
+        response = await oip.infer(self.ready_service(), parsed, None)
         return infer_response(response, binary_outputs, binary_default)
 
     async def v1_models(self, request: web.Request) -> web.StreamResponse:
-        return web.json_response({"models": [self._svc().model_info().name]})
+        return web.json_response({"models": [self.ready_service().model_info().name]})
 
     async def v1_model(self, request: web.Request) -> web.StreamResponse:
         self._model(request)

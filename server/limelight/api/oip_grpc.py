@@ -13,7 +13,7 @@ import grpc
 import numpy as np
 
 from limelight.api import oip
-from limelight.api.servicer import ExplainerServicer, _check, _deadline, _safe_parser
+from limelight.api.servicer import ExplainerServicer, check_request, request_deadline, safe_parser
 from limelight.errors import InvalidArgument
 from limelight_client.proto import open_inference_grpc_pb2 as pb
 
@@ -127,8 +127,8 @@ class InferenceServicer:
 
     async def ModelReady(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         async def call() -> pb.ModelReadyResponse:
-            _check(request)
-            service = self._explainer._svc()
+            check_request(request)
+            service = self._explainer.ready_service()
             oip.check_model(service.model_info(), request.name, request.version)
             return pb.ModelReadyResponse(ready=self._ready())
 
@@ -144,8 +144,8 @@ class InferenceServicer:
 
     async def ModelMetadata(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         async def call() -> pb.ModelMetadataResponse:
-            _check(request)
-            info = self._explainer._svc().model_info()
+            check_request(request)
+            info = self._explainer.ready_service().model_info()
             oip.check_model(info, request.name, request.version)
             return metadata_response(oip.model_metadata(info))
 
@@ -153,9 +153,9 @@ class InferenceServicer:
 
     async def ModelInfer(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         async def call() -> pb.ModelInferResponse:
-            _check(request)
+            check_request(request)
             response = await oip.infer(
-                self._explainer._svc(), infer_request(request), _deadline(context)
+                self._explainer.ready_service(), infer_request(request), request_deadline(context)
             )
             return infer_response(response)
 
@@ -175,7 +175,7 @@ def add_to_server(servicer: InferenceServicer, server: grpc.aio.Server) -> None:
     handlers = {
         name: grpc.unary_unary_rpc_method_handler(
             getattr(servicer, name),
-            request_deserializer=_safe_parser(req),
+            request_deserializer=safe_parser(req),
             response_serializer=resp.SerializeToString,
         )
         for name, (req, resp) in rpcs.items()

@@ -38,7 +38,7 @@ class MalformedRequest:
         self.reason = reason
 
 
-def _safe_parser(message_cls: Any) -> Callable[[bytes], Any]:
+def safe_parser(message_cls: Any) -> Callable[[bytes], Any]:
     def parse(data: bytes) -> Any:
         try:
             return message_cls.FromString(data)
@@ -48,14 +48,14 @@ def _safe_parser(message_cls: Any) -> Callable[[bytes], Any]:
     return parse
 
 
-def _check(request: Any) -> None:
+def check_request(request: Any) -> None:
     if isinstance(request, MalformedRequest):
         raise InvalidArgument(
             f"malformed request: {request.reason} (string fields must be valid UTF-8)"
         )
 
 
-def _deadline(context: grpc.aio.ServicerContext) -> float | None:
+def request_deadline(context: grpc.aio.ServicerContext) -> float | None:
     remaining = context.time_remaining()
     if remaining is None:
         return None
@@ -78,7 +78,8 @@ class ExplainerServicer:
         #: When the last RPC started (monotonic): shutdown waits for a quiet moment.
         self._last_start = 0.0
 
-    def _svc(self) -> ExplanationService:
+    def ready_service(self) -> ExplanationService:
+        """The explanation service, or Unavailable while the model is still loading."""
         if self.service is None:
             raise Unavailable("the model is still loading")
         return self.service
@@ -201,8 +202,10 @@ class ExplainerServicer:
 
     async def Explain(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         async def call() -> pb.ExplainResponse:
-            _check(request)
-            result = await self._svc().explain(convert.explain_input(request, _deadline(context)))
+            check_request(request)
+            result = await self.ready_service().explain(
+                convert.explain_input(request, request_deadline(context))
+            )
             return convert.explanation_to_proto(result)
 
         return await self._guard("Explain", context, call)
@@ -210,15 +213,15 @@ class ExplainerServicer:
     async def ExplainStream(
         self, requests: AsyncIterator[Any], context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.ExplainResponse]:
-        deadline = _deadline(context)
+        deadline = request_deadline(context)
 
         async def inputs() -> AsyncIterator[Any]:
             async for request in requests:
-                _check(request)
+                check_request(request)
                 yield convert.explain_input(request, deadline)
 
         async def stream() -> AsyncIterator[pb.ExplainResponse]:
-            async for result in self._svc().explain_many(inputs()):
+            async for result in self.ready_service().explain_many(inputs()):
                 yield convert.explanation_to_proto(result)
 
         async for item in self._guard_stream("ExplainStream", context, stream):
@@ -226,15 +229,15 @@ class ExplainerServicer:
 
     async def GetModel(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         async def call() -> pb.ModelInfo:
-            _check(request)
-            return convert.model_info_to_proto(self._svc().model_info())
+            check_request(request)
+            return convert.model_info_to_proto(self.ready_service().model_info())
 
         return await self._guard("GetModel", context, call)
 
     async def SubmitJob(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         async def call() -> pb.Job:
-            _check(request)
-            job = await self._svc().submit_job(
+            check_request(request)
+            job = await self.ready_service().submit_job(
                 request.method,
                 request.text,
                 request.text_pair if request.HasField("text_pair") else None,
@@ -250,8 +253,10 @@ class ExplainerServicer:
 
     async def GetJob(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         async def call() -> pb.Job:
-            _check(request)
-            return convert.job_to_proto(await self._svc().get_job(request.id, principal(context)))
+            check_request(request)
+            return convert.job_to_proto(
+                await self.ready_service().get_job(request.id, principal(context))
+            )
 
         return await self._guard("GetJob", context, call)
 
@@ -259,8 +264,8 @@ class ExplainerServicer:
         self, request: Any, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.Job]:
         async def stream() -> AsyncIterator[pb.Job]:
-            _check(request)
-            async for job in self._svc().watch_job(request.id, principal(context)):
+            check_request(request)
+            async for job in self.ready_service().watch_job(request.id, principal(context)):
                 yield convert.job_to_proto(job)
 
         async for item in self._guard_stream("WatchJob", context, stream):
@@ -268,31 +273,31 @@ class ExplainerServicer:
 
     async def CancelJob(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         async def call() -> pb.Job:
-            _check(request)
+            check_request(request)
             return convert.job_to_proto(
-                await self._svc().cancel_job(request.id, principal(context))
+                await self.ready_service().cancel_job(request.id, principal(context))
             )
 
         return await self._guard("CancelJob", context, call)
 
     async def ListJobs(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         async def call() -> pb.ListJobsResponse:
-            _check(request)
+            check_request(request)
             states = []
             for value in request.states:
                 state = convert.job_state_from_proto(value)
                 if state is None:
                     raise InvalidArgument(f"unknown job state {value}")
                 states.append(state)
-            jobs = await self._svc().list_jobs(states, request.limit, principal(context))
+            jobs = await self.ready_service().list_jobs(states, request.limit, principal(context))
             return pb.ListJobsResponse(jobs=[convert.job_to_proto(j) for j in jobs])
 
         return await self._guard("ListJobs", context, call)
 
     async def GetDrift(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         async def call() -> pb.DriftReport:
-            _check(request)
-            return convert.drift_to_proto(self._svc().drift_report(request.top_k))
+            check_request(request)
+            return convert.drift_to_proto(self.ready_service().drift_report(request.top_k))
 
         return await self._guard("GetDrift", context, call)
 
@@ -311,19 +316,19 @@ def add_to_server(servicer: ExplainerServicer, server: grpc.aio.Server) -> None:
     handlers: dict[str, grpc.RpcMethodHandler] = {
         name: grpc.unary_unary_rpc_method_handler(
             getattr(servicer, name),
-            request_deserializer=_safe_parser(req),
+            request_deserializer=safe_parser(req),
             response_serializer=resp.SerializeToString,
         )
         for name, (req, resp) in unary.items()
     }
     handlers["ExplainStream"] = grpc.stream_stream_rpc_method_handler(
         servicer.ExplainStream,
-        request_deserializer=_safe_parser(pb.ExplainRequest),
+        request_deserializer=safe_parser(pb.ExplainRequest),
         response_serializer=pb.ExplainResponse.SerializeToString,
     )
     handlers["WatchJob"] = grpc.unary_stream_rpc_method_handler(
         servicer.WatchJob,
-        request_deserializer=_safe_parser(pb.GetJobRequest),
+        request_deserializer=safe_parser(pb.GetJobRequest),
         response_serializer=pb.Job.SerializeToString,
     )
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE_NAME, handlers),))

@@ -197,9 +197,6 @@ def load_method_class(path: str) -> type[AttributionMethod]:
     return cls
 
 
-_load = load_method_class  # the name callers used before load_method_class was public
-
-
 class MethodRegistry:
     """Methods by name. :meth:`load` is the one way to build the registry the server, workers,
     evaluation and distillation use; the methods are configured there, once."""

@@ -312,7 +312,7 @@ class Viewer:
         self._assets: dict[str, bytes] = {}
         self.history: deque[dict[str, Any]] = deque(maxlen=DRIFT_HISTORY)
 
-    def _svc(self) -> ExplanationService:
+    def ready_service(self) -> ExplanationService:
         service = self._service()
         if service is None:
             raise Unavailable("the model is still loading")
@@ -348,7 +348,7 @@ class Viewer:
     # --- API -----------------------------------------------------------------------------------
 
     async def model(self, request: web.Request) -> web.StreamResponse:
-        service = self._svc()
+        service = self.ready_service()
         info = service.model_info()
         body = jsonable(dataclasses.asdict(info))
         body.update(
@@ -375,7 +375,7 @@ class Viewer:
             all_classes=True,
             method=_string(body, "method") or "",
         )
-        explanation = await self._svc().explain(request_input)
+        explanation = await self.ready_service().explain(request_input)
         return _json(explanation_json(explanation, text, pair))
 
     async def submit(self, request: web.Request) -> web.StreamResponse:
@@ -389,7 +389,7 @@ class Viewer:
         timeout = body.get("timeout_s", 0.0) or 0.0
         if not isinstance(timeout, int | float) or isinstance(timeout, bool):
             raise InvalidArgument("'timeout_s' must be a number")
-        job = await self._svc().submit_job(
+        job = await self.ready_service().submit_job(
             _string(body, "method", required=True) or "",
             text,
             _string(body, "text_pair"),
@@ -412,18 +412,18 @@ class Viewer:
                 states.append(JobState(name))
             except ValueError:
                 raise InvalidArgument(f"unknown job state {name!r}") from None
-        records = await self._svc().list_jobs(
+        records = await self.ready_service().list_jobs(
             states or None, max(1, min(limit, MAX_LIST)), principal(request)
         )
         return _json({"jobs": [job_json(j, full=False) for j in records]})
 
     async def job(self, request: web.Request) -> web.StreamResponse:
-        record = await self._svc().get_job(request.match_info["id"], principal(request))
+        record = await self.ready_service().get_job(request.match_info["id"], principal(request))
         return _json(job_json(record))
 
     async def cancel(self, request: web.Request) -> web.StreamResponse:
         await _body(request)  # JSON only, like every POST here
-        record = await self._svc().cancel_job(request.match_info["id"], principal(request))
+        record = await self.ready_service().cancel_job(request.match_info["id"], principal(request))
         return _json(job_json(record))
 
     async def drift(self, request: web.Request) -> web.StreamResponse:
@@ -431,7 +431,7 @@ class Viewer:
             top_k = int(request.query.get("top_k", "10"))
         except ValueError:
             raise InvalidArgument("'top_k' must be an integer") from None
-        report = self._svc().drift_report(max(1, min(top_k, 50)))
+        report = self.ready_service().drift_report(max(1, min(top_k, 50)))
         self._record(report)
         return _json({**drift_json(report), "history": list(self.history)})
 
