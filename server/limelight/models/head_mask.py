@@ -1,8 +1,8 @@
 """The head mask file of head-masked LRP: reading, writing and finding it for a model.
 
-Kept apart from the calibration (``head_calibration``, which needs the LRP encoder view) so
-that the LRP method can read a mask without importing the calibration: the imports run one
-way, ``head_calibration → lrp → head_mask``. The file format is described in
+Kept apart from the calibration (``models.head_calibration``, which runs the encoder view of
+``models.encoder``) so that the LRP method can read a mask without importing the calibration:
+``methods.lrp → models.head_mask ← models.head_calibration``. The file format is described in
 ``head_calibration``'s docstring and in docs/methods/lrp.md.
 """
 

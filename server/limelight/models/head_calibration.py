@@ -39,7 +39,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from limelight.errors import FailedPrecondition, InvalidArgument
-from limelight.methods.head_mask import (
+from limelight.models.encoder import encoder_attentions, unsupported_reason
+from limelight.models.head_mask import (
     MASK_FILENAME,
     MASK_FORMAT,
     MASK_VERSION,
@@ -51,7 +52,6 @@ from limelight.methods.head_mask import (
     resolve_head_mask,
     write_mask,
 )
-from limelight.models.encoder import encoder_attentions, unsupported_reason
 
 if TYPE_CHECKING:
     from limelight.models.loaded import LoadedModel
