@@ -121,11 +121,11 @@ def test_remote_code(
 def test_refused_architecture(
     capsys: pytest.CaptureFixture[str], random_bert_dir: Path, tmp_path: Path
 ) -> None:
-    model = copy_model(random_bert_dir, tmp_path / "bart")
-    (model / "config.json").write_text(json.dumps({"model_type": "bart", "vocab_size": 30522}))
+    model = copy_model(random_bert_dir, tmp_path / "funnel")
+    (model / "config.json").write_text(json.dumps({"model_type": "funnel", "vocab_size": 30522}))
     status, line = run_main(capsys, *SERVE, "--model", str(model))
     assert status == EXIT_FAILURE
-    assert "'bart' is not supported: encoder-decoder" in line
+    assert "'funnel' is not supported: the encoder pools the sequence" in line
 
 
 def test_grpc_port_in_use(
