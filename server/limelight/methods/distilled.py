@@ -23,8 +23,8 @@ __all__ = ["OUTPUT_NAME", "DistilledExplainer"]
 class DistilledExplainer(InlineMethod):
     name = "distilled"
     description = (
-        "A small head distilled from an expensive teacher (SLALOM, integrated gradients, LRP); "
-        "runs on the serving forward pass."
+        "A small head distilled from an expensive teacher (Shapley values, greedy deletion or "
+        "another job method); runs on the serving forward pass."
     )
 
     def __init__(self) -> None:
@@ -39,8 +39,7 @@ class DistilledExplainer(InlineMethod):
                 if card is not None
                 else (
                     f"no distilled head beside the model; create one with "
-                    f"`limelight distill --model {model.directory} --teacher "
-                    f"integrated_gradients`"
+                    f"`limelight distill --model {model.directory}`"
                 )
             )
         return self._reasons[key]
