@@ -90,6 +90,8 @@ def survey_one(model_type: str) -> Row:
 
 
 def render(rows: list[Row], version: str) -> str:
+    from limelight.models.tiny import HEAD_KIND_FAMILIES
+
     served = sum(r.status == "served" for r in rows)
     lrp = [f"`{r.model_type}`" for r in rows if r.lrp]
     lines = [
@@ -120,6 +122,13 @@ def render(rows: list[Row], version: str) -> str:
         "unavailable method with FAILED_PRECONDITION and the reason before anything is queued. "
         "**ONNX**: `yes` where the export was checked for parity with torch on a tiny model "
         "(`limelight export-onnx`; every declared pooling), otherwise why not.",
+        "",
+        "**Multi-label and regression heads** (`problem_type` `multi_label_classification`, or "
+        "one output) use the same derived head; only the link changes: a sigmoid per label, or "
+        "the raw value. Checked against transformers' own outputs, with NormXLogit per label "
+        "and its distance form, on "
+        + ", ".join(f"`{f}`" for f in HEAD_KIND_FAMILIES)
+        + " (`tests/conformance/test_heads_x_architectures.py`).",
         "",
         "| architecture | status | head and pooling, or reason | job methods | ONNX |",
         "|---|---|---|---|---|",

@@ -68,3 +68,14 @@ def test_every_built_family_has_an_onnx_answer() -> None:
     ]
     assert unchecked == []
     assert not set(EXPORTABLE) & set(NOT_EXPORTABLE)
+
+
+def test_the_table_names_the_families_whose_head_kinds_are_checked() -> None:
+    """The multi-label/regression paragraph is the generator's, over the families the head-kind
+    conformance test runs."""
+    rendered = generator().render([], "x").splitlines()
+    paragraph = next(line for line in rendered if line.startswith("**Multi-label"))
+    assert paragraph in (ROOT / "docs" / "architectures.md").read_text()
+    from limelight.models.tiny import HEAD_KIND_FAMILIES
+
+    assert all(f"`{family}`" in paragraph for family in HEAD_KIND_FAMILIES)

@@ -24,24 +24,11 @@ from limelight.core.prediction import predict
 from limelight.methods.normxlogit import NormXLogit
 from limelight.models import adapters
 from limelight.models.loaded import LoadedModel, load_model
-from limelight.models.tiny import tiny_config
+from limelight.models.tiny import HEAD_KIND_FAMILIES, tiny_config
 from limelight.runtimes.base import InlineBatch
 from limelight.runtimes.torch_runtime import TorchRuntime
 
-FAMILIES = [
-    "bert",
-    "distilbert",
-    "roberta",
-    "deberta-v2",
-    "electra",
-    "modernbert",
-    "gpt2",
-    "llama",
-    "xlnet",
-    "fnet",
-    "yoso",
-    "bart",
-]
+FAMILIES = list(HEAD_KIND_FAMILIES)
 TEXT = "a witty and gorgeous film , sadly too long"
 VOCAB = 30522  # the WordPiece tokenizer's
 LABELS = ["toxic", "insult", "threat", "spam"]

@@ -56,6 +56,23 @@ NOT_BUILT: dict[str, str] = {
 }
 
 #: Shrunk when a config has them (mixture-of-experts, state-space and other extras).
+#: Families whose multi-label (sigmoid) and regression heads are checked against transformers'
+#: own outputs (tests/conformance/test_heads_x_architectures.py; listed in docs/architectures.md).
+HEAD_KIND_FAMILIES: tuple[str, ...] = (
+    "bert",
+    "distilbert",
+    "roberta",
+    "deberta-v2",
+    "electra",
+    "modernbert",
+    "gpt2",
+    "llama",
+    "xlnet",
+    "fnet",
+    "yoso",
+    "bart",
+)
+
 _SHRINK: dict[str, Any] = dict(
     head_dim=16,
     num_experts=4,
