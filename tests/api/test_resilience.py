@@ -21,7 +21,8 @@ from hypothesis import strategies as st
 
 from limelight_client.proto import explainer_pb2 as pb
 from limelight_client.proto import explainer_pb2_grpc
-from tests.conftest import RunningSidecar, free_port
+from tests.conftest import RunningSidecar
+from tests.ports import free_port
 
 
 def _stub(target: str) -> explainer_pb2_grpc.ExplainerStub:

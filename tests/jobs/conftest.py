@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.ports import free_port
+
 HERE = Path(__file__).parent
 if str(HERE) not in sys.path:
     sys.path.insert(0, str(HERE))
@@ -59,14 +61,6 @@ def tiny_model(tiny_model_dir: Path):  # type: ignore[no-untyped-def]
     return load_model(tiny_model_dir)
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.fixture(scope="session")
 def redis_url(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
     """A real redis-server on a free loopback port, without persistence, for this session."""
@@ -80,7 +74,7 @@ def redis_url(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-unty
     if exe is None:
         pytest.fail("redis-server is not installed (run `make sysdeps`)")
     workdir = tmp_path_factory.mktemp("redis")
-    port = _free_port()
+    port = free_port()
     proc = subprocess.Popen(
         [
             exe,

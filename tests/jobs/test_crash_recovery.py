@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import sqlite3
 import subprocess
 import sys
@@ -26,6 +25,7 @@ from limelight.cli.main import main as cli
 from limelight_client import Client
 from limelight_client.errors import LimelightError
 from limelight_client.types import JobState
+from tests.ports import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 TEXTS = [
@@ -34,12 +34,6 @@ TEXTS = [
     "not bad , but far too long",
     "one of the best movies of the year",
 ]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @contextmanager
@@ -81,7 +75,7 @@ def test_kill_9_mid_job_then_restart(
     bert_tiny_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     db, log = tmp_path / "jobs.sqlite3", tmp_path / "sidecar.log"
-    port = _free_port()
+    port = free_port()
     target = f"127.0.0.1:{port}"
     slow: dict[str, Any] = {"steps": 256, "batch_size": 1}  # 256 checkpoints: easy to catch
     fast: dict[str, Any] = {"steps": 8}

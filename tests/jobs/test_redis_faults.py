@@ -23,6 +23,7 @@ from limelight.jobs.redis_worker import RedisWorker
 from limelight.jobs.runner import JobRunner
 from limelight.models.loaded import LoadedModel
 from limelight.settings import Settings
+from tests.ports import free_port
 
 
 class RedisProcess:
@@ -63,9 +64,7 @@ class RedisProcess:
 
 @pytest.fixture
 def restartable_redis(tmp_path: Path) -> Iterator[RedisProcess]:
-    from conftest import _free_port
-
-    server = RedisProcess(tmp_path / "redis", _free_port())
+    server = RedisProcess(tmp_path / "redis", free_port())
     server.workdir.mkdir()
     server.start()
     yield server

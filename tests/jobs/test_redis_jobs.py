@@ -36,6 +36,7 @@ from limelight.jobs.runner import JobRunner
 from limelight.metrics import Metrics
 from limelight.models.loaded import LoadedModel
 from limelight.settings import Settings
+from tests.ports import free_port
 
 HERE = Path(__file__).parent
 ROOT = HERE.parent.parent
@@ -367,7 +368,7 @@ def test_sidecar_enqueues_and_workers_run(
     from limelight_client.errors import LimelightError
     from limelight_client.types import JobState as ClientState
 
-    port = _free_port()
+    port = free_port()
     env = {**os.environ, "LIMELIGHT_TORCH_THREADS": "1"}
     argv = [sys.executable, "-m", "limelight.cli.main", "serve", "--model", str(bert_tiny_dir)]
     argv += ["--port", str(port), "--metrics-port", "0", "--jobs", redis_clean]
@@ -401,11 +402,3 @@ def test_sidecar_enqueues_and_workers_run(
         for proc in (worker, server):
             if proc is not None:
                 _stop(proc)
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
