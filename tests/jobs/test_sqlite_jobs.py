@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import os
 import signal
 import sqlite3
@@ -21,7 +20,6 @@ from helpers import (
     test_registry,
     touch,
     wait_state,
-    wait_until,
 )
 from jobs_testing_methods import expected_scores
 from prometheus_client import CollectorRegistry
@@ -57,25 +55,31 @@ def _sample(metrics: Metrics, name: str, labels: dict[str, str]) -> float:
     return 0.0 if value is None else value
 
 
-def test_lifecycle_result_and_metrics(tiny_model: LoadedModel, tmp_path: Path) -> None:
+@pytest.mark.asyncio
+async def test_lifecycle_result_and_metrics(tiny_model: LoadedModel, tmp_path: Path) -> None:
     metrics = Metrics(CollectorRegistry())
     text = "the film was great"
     ids, probs = reference_prediction(tiny_model, text)
 
-    async def main() -> list:
-        backend = _backend(tiny_model, _settings(tmp_path), metrics)
-        await backend.start()
-        try:
-            job = await backend.submit(JobSpec(method="steps", text=text, params={"steps": 5}))
-            assert job.state is JobState.QUEUED and job.attempts == 0
-            seen = [r async for r in backend.watch(job.id)]
-            final = await backend.get(job.id)
-            listed = await backend.list(None, 10)
-            return [seen, final, listed]
-        finally:
-            await backend.stop(5)
+    # The gate holds the job at its first checkpoint until the watch has seen it running: a
+    # five-step job can otherwise finish before the watch's first read (then only SUCCEEDED).
+    gate = InlineGate()
+    backend = _backend(tiny_model, _settings(tmp_path), metrics, gate=gate, yield_timeout_s=600)
+    await backend.start()
+    try:
+        gate.enter()
+        job = await backend.submit(JobSpec(method="steps", text=text, params={"steps": 5}))
+        assert job.state is JobState.QUEUED and job.attempts == 0
+        seen = []
+        async for record in backend.watch(job.id):
+            seen.append(record)
+            if record.state is JobState.RUNNING and gate.active:
+                gate.exit()
+        final = await backend.get(job.id)
+        listed = await backend.list(None, 10)
+    finally:
+        await backend.stop(5)
 
-    seen, final, listed = asyncio.run(main())
     states = [r.state for r in seen]
     assert states[-1] is JobState.SUCCEEDED
     assert JobState.RUNNING in states
@@ -97,176 +101,163 @@ def test_lifecycle_result_and_metrics(tiny_model: LoadedModel, tmp_path: Path) -
     assert _sample(metrics, "limelight_job_queue_depth", {"method": "steps"}) == 0
 
 
-def test_validation_before_queueing(tiny_model: LoadedModel, tmp_path: Path) -> None:
-    async def main() -> None:
-        backend = _backend(tiny_model, _settings(tmp_path))
-        await backend.start()
-        try:
-            with pytest.raises(InvalidArgument):
-                await backend.submit(JobSpec(method="steps", text="x", params={"steps": -1}))
-            with pytest.raises(InvalidArgument):
-                await backend.submit(
-                    JobSpec(method="steps", text="x", target=TargetSpec(label="nope"))
-                )
-            assert await backend.list(None, 10) == []
-            with pytest.raises(NotFound):
-                await backend.get("missing")
-            with pytest.raises(NotFound):
-                await backend.cancel("missing")
-            # Defaults are journalled with the job: what ran is what the record says.
-            job = await backend.submit(JobSpec(method="steps", text="x"))
-            assert job.spec.params == {"steps": 4, "sleep": 0.0}
-        finally:
-            await backend.stop(5)
-
-    asyncio.run(main())
+@pytest.mark.asyncio
+async def test_validation_before_queueing(tiny_model: LoadedModel, tmp_path: Path) -> None:
+    backend = _backend(tiny_model, _settings(tmp_path))
+    await backend.start()
+    try:
+        with pytest.raises(InvalidArgument):
+            await backend.submit(JobSpec(method="steps", text="x", params={"steps": -1}))
+        with pytest.raises(InvalidArgument):
+            await backend.submit(JobSpec(method="steps", text="x", target=TargetSpec(label="nope")))
+        assert await backend.list(None, 10) == []
+        with pytest.raises(NotFound):
+            await backend.get("missing")
+        with pytest.raises(NotFound):
+            await backend.cancel("missing")
+        # Defaults are journalled with the job: what ran is what the record says.
+        job = await backend.submit(JobSpec(method="steps", text="x"))
+        assert job.spec.params == {"steps": 4, "sleep": 0.0}
+    finally:
+        await backend.stop(5)
 
 
-def test_failures_are_reported_without_internals(tiny_model: LoadedModel, tmp_path: Path) -> None:
+@pytest.mark.asyncio
+async def test_failures_are_reported_without_internals(
+    tiny_model: LoadedModel, tmp_path: Path
+) -> None:
     metrics = Metrics(CollectorRegistry())
 
-    async def main() -> None:
-        backend = _backend(tiny_model, _settings(tmp_path), metrics)
-        await backend.start()
-        try:
-            job = await backend.submit(JobSpec(method="broken", text="the plot"))
-            final = await wait_state(backend, job.id)
-            assert final.state is JobState.FAILED
-            assert "internal error" in final.error and "secret" not in final.error
-            assert final.result is None
-        finally:
-            await backend.stop(5)
-
-    asyncio.run(main())
+    backend = _backend(tiny_model, _settings(tmp_path), metrics)
+    await backend.start()
+    try:
+        job = await backend.submit(JobSpec(method="broken", text="the plot"))
+        final = await wait_state(backend, job.id)
+        assert final.state is JobState.FAILED
+        assert "internal error" in final.error and "secret" not in final.error
+        assert final.result is None
+    finally:
+        await backend.stop(5)
     assert _sample(metrics, "limelight_jobs_total", {"method": "broken", "outcome": "failed"}) == 1
 
 
-def test_timeout(tiny_model: LoadedModel, tmp_path: Path) -> None:
-    async def main() -> None:
-        backend = _backend(tiny_model, _settings(tmp_path, job_timeout_s=0.2))
-        await backend.start()
-        try:
-            never = str(tmp_path / "never")
-            job = await backend.submit(JobSpec(method="block", text="a", params={"release": never}))
-            final = await wait_state(backend, job.id)
-            assert final.state is JobState.FAILED
-            assert final.error == "timed out after 0.2s"
-            own = await backend.submit(
-                JobSpec(method="block", text="a", params={"release": never}, timeout_s=0.1)
-            )
-            final = await wait_state(backend, own.id)
-            assert final.error == "timed out after 0.1s"
-        finally:
-            await backend.stop(5)
-
-    asyncio.run(main())
+@pytest.mark.asyncio
+async def test_timeout(tiny_model: LoadedModel, tmp_path: Path) -> None:
+    backend = _backend(tiny_model, _settings(tmp_path, job_timeout_s=0.2))
+    await backend.start()
+    try:
+        never = str(tmp_path / "never")
+        job = await backend.submit(JobSpec(method="block", text="a", params={"release": never}))
+        final = await wait_state(backend, job.id)
+        assert final.state is JobState.FAILED
+        assert final.error == "timed out after 0.2s"
+        own = await backend.submit(
+            JobSpec(method="block", text="a", params={"release": never}, timeout_s=0.1)
+        )
+        final = await wait_state(backend, own.id)
+        assert final.error == "timed out after 0.1s"
+    finally:
+        await backend.stop(5)
 
 
-def test_cancel_queued_and_running(tiny_model: LoadedModel, tmp_path: Path) -> None:
+@pytest.mark.asyncio
+async def test_cancel_queued_and_running(tiny_model: LoadedModel, tmp_path: Path) -> None:
     metrics = Metrics(CollectorRegistry())
     started = tmp_path / "started"
 
-    async def main() -> None:
-        backend = _backend(tiny_model, _settings(tmp_path, job_workers=1), metrics)
-        await backend.start()
-        try:
-            params = {"release": str(tmp_path / "never"), "started": str(started)}
-            running = await backend.submit(JobSpec(method="block", text="a", params=params))
-            await wait_state(backend, running.id, {JobState.RUNNING})
-            queued = await backend.submit(JobSpec(method="steps", text="b"))
-            assert _sample(metrics, "limelight_job_queue_depth", {"method": "steps"}) == 1
-            cancelled = await backend.cancel(queued.id)
-            assert cancelled.state is JobState.CANCELLED
-            assert _sample(metrics, "limelight_job_queue_depth", {"method": "steps"}) == 0
-            pending = await backend.cancel(running.id)
-            assert pending.state is JobState.RUNNING and pending.message == "cancelling"
-            final = await wait_state(backend, running.id)
-            assert final.state is JobState.CANCELLED and final.result is None
-            again = await backend.cancel(running.id)  # cancelling a finished job is a no-op
-            assert again.state is JobState.CANCELLED
-            # The worker is free again.
-            after = await backend.submit(JobSpec(method="steps", text="c"))
-            assert (await wait_state(backend, after.id)).state is JobState.SUCCEEDED
-            assert (await backend.get(queued.id)).state is JobState.CANCELLED
-        finally:
-            await backend.stop(5)
-
-    asyncio.run(main())
+    backend = _backend(tiny_model, _settings(tmp_path, job_workers=1), metrics)
+    await backend.start()
+    try:
+        params = {"release": str(tmp_path / "never"), "started": str(started)}
+        running = await backend.submit(JobSpec(method="block", text="a", params=params))
+        await wait_state(backend, running.id, {JobState.RUNNING})
+        queued = await backend.submit(JobSpec(method="steps", text="b"))
+        assert _sample(metrics, "limelight_job_queue_depth", {"method": "steps"}) == 1
+        cancelled = await backend.cancel(queued.id)
+        assert cancelled.state is JobState.CANCELLED
+        assert _sample(metrics, "limelight_job_queue_depth", {"method": "steps"}) == 0
+        pending = await backend.cancel(running.id)
+        assert pending.state is JobState.RUNNING and pending.message == "cancelling"
+        final = await wait_state(backend, running.id)
+        assert final.state is JobState.CANCELLED and final.result is None
+        again = await backend.cancel(running.id)  # cancelling a finished job is a no-op
+        assert again.state is JobState.CANCELLED
+        # The worker is free again.
+        after = await backend.submit(JobSpec(method="steps", text="c"))
+        assert (await wait_state(backend, after.id)).state is JobState.SUCCEEDED
+        assert (await backend.get(queued.id)).state is JobState.CANCELLED
+    finally:
+        await backend.stop(5)
     for method in ("steps", "block"):
         assert _sample(metrics, "limelight_jobs_total", {"method": method, "outcome": "cancelled"})
 
 
-def test_result_ttl(tiny_model: LoadedModel, tmp_path: Path) -> None:
-    async def main() -> None:
-        backend = _backend(tiny_model, _settings(tmp_path, job_result_ttl_s=0.3))
-        await backend.start()
-        try:
-            job = await backend.submit(JobSpec(method="steps", text="a", idempotency_key="k"))
-            final = await wait_state(backend, job.id)
-            assert final.state is JobState.SUCCEEDED
-            assert final.finished_at is not None
-            await await_until(lambda: expired(backend, job.id))
-            assert await backend.list(None, 10) == []
-            # The expired job's idempotency key is free again: a new job.
-            fresh = await backend.submit(JobSpec(method="steps", text="a", idempotency_key="k"))
-            assert fresh.id != job.id
-        finally:
-            await backend.stop(5)
-
-    asyncio.run(main())
+@pytest.mark.asyncio
+async def test_result_ttl(tiny_model: LoadedModel, tmp_path: Path) -> None:
+    backend = _backend(tiny_model, _settings(tmp_path, job_result_ttl_s=0.3))
+    await backend.start()
+    try:
+        job = await backend.submit(JobSpec(method="steps", text="a", idempotency_key="k"))
+        final = await wait_state(backend, job.id)
+        assert final.state is JobState.SUCCEEDED
+        assert final.finished_at is not None
+        await await_until(lambda: expired(backend, job.id))
+        assert await backend.list(None, 10) == []
+        # The expired job's idempotency key is free again: a new job.
+        fresh = await backend.submit(JobSpec(method="steps", text="a", idempotency_key="k"))
+        assert fresh.id != job.id
+    finally:
+        await backend.stop(5)
     rows = sqlite3.connect(tmp_path / "jobs.sqlite3").execute("SELECT COUNT(*) FROM jobs")
     assert rows.fetchone()[0] == 1  # the expired row was purged, not just hidden
 
 
-def test_idempotency_and_bounded_queue(tmp_path: Path) -> None:
-    async def main() -> None:
-        # No runner: nothing runs, so the queue fills.
-        backend = _backend(None, _settings(tmp_path, job_queue_max=2))
-        await backend.start()
-        try:
-            a = await backend.submit(JobSpec(method="steps", text="a", idempotency_key="same"))
-            a2 = await backend.submit(JobSpec(method="steps", text="a", idempotency_key="same"))
-            assert a2.id == a.id
-            b = await backend.submit(JobSpec(method="steps", text="b"))
-            assert b.id != a.id
-            with pytest.raises(ResourceExhausted, match="queue is full"):
-                await backend.submit(JobSpec(method="steps", text="c"))
-            # An existing key still answers while the queue is full.
-            assert (await backend.submit(JobSpec("steps", "a", idempotency_key="same"))).id == a.id
-            await backend.cancel(b.id)
-            c = await backend.submit(JobSpec(method="steps", text="c"))
-            listed = await backend.list([JobState.QUEUED], 10)
-            assert [r.id for r in listed] == [c.id, a.id]  # newest first
-            assert [r.id for r in await backend.list(None, 1)] == [c.id]
-        finally:
-            await backend.stop(1)
-
-    asyncio.run(main())
+@pytest.mark.asyncio
+async def test_idempotency_and_bounded_queue(tmp_path: Path) -> None:
+    # No runner: nothing runs, so the queue fills.
+    backend = _backend(None, _settings(tmp_path, job_queue_max=2))
+    await backend.start()
+    try:
+        a = await backend.submit(JobSpec(method="steps", text="a", idempotency_key="same"))
+        a2 = await backend.submit(JobSpec(method="steps", text="a", idempotency_key="same"))
+        assert a2.id == a.id
+        b = await backend.submit(JobSpec(method="steps", text="b"))
+        assert b.id != a.id
+        with pytest.raises(ResourceExhausted, match="queue is full"):
+            await backend.submit(JobSpec(method="steps", text="c"))
+        # An existing key still answers while the queue is full.
+        assert (await backend.submit(JobSpec("steps", "a", idempotency_key="same"))).id == a.id
+        await backend.cancel(b.id)
+        c = await backend.submit(JobSpec(method="steps", text="c"))
+        listed = await backend.list([JobState.QUEUED], 10)
+        assert [r.id for r in listed] == [c.id, a.id]  # newest first
+        assert [r.id for r in await backend.list(None, 1)] == [c.id]
+    finally:
+        await backend.stop(1)
 
 
-def test_priority_gate_holds_jobs(tiny_model: LoadedModel, tmp_path: Path) -> None:
+@pytest.mark.asyncio
+async def test_priority_gate_holds_jobs(tiny_model: LoadedModel, tmp_path: Path) -> None:
     gate = InlineGate()
 
-    async def main() -> None:
-        backend = _backend(tiny_model, _settings(tmp_path), gate=gate, yield_timeout_s=600)
-        await backend.start()
-        try:
-            gate.enter()  # an inline forward pass is running
-            job = await backend.submit(JobSpec(method="steps", text="a", params={"steps": 3}))
-            await asyncio.to_thread(wait_until, lambda: gate.yields >= 1)
-            held = await backend.get(job.id)
-            # Blocked at its first checkpoint: running, but no step reported yet.
-            assert held.state is JobState.RUNNING and held.progress == 0.0
-            assert held.message == "running"
-            gate.exit()
-            assert (await wait_state(backend, job.id)).state is JobState.SUCCEEDED
-        finally:
-            await backend.stop(5)
-
-    asyncio.run(main())
+    backend = _backend(tiny_model, _settings(tmp_path), gate=gate, yield_timeout_s=600)
+    await backend.start()
+    try:
+        gate.enter()  # an inline forward pass is running
+        job = await backend.submit(JobSpec(method="steps", text="a", params={"steps": 3}))
+        await await_until(lambda: gate.yields >= 1)
+        held = await backend.get(job.id)
+        # Blocked at its first checkpoint: running, but no step reported yet.
+        assert held.state is JobState.RUNNING and held.progress == 0.0
+        assert held.message == "running"
+        gate.exit()
+        assert (await wait_state(backend, job.id)).state is JobState.SUCCEEDED
+    finally:
+        await backend.stop(5)
 
 
-def test_stop_requeues_and_restart_resumes(tiny_model: LoadedModel, tmp_path: Path) -> None:
+@pytest.mark.asyncio
+async def test_stop_requeues_and_restart_resumes(tiny_model: LoadedModel, tmp_path: Path) -> None:
     settings = _settings(tmp_path, job_workers=1)
     release = tmp_path / "release"
     started = tmp_path / "started"
@@ -290,19 +281,20 @@ def test_stop_requeues_and_restart_resumes(tiny_model: LoadedModel, tmp_path: Pa
         finally:
             await backend.stop(5)
 
-    ids = asyncio.run(first())
+    ids = await first()
     states = dict(
         sqlite3.connect(settings.resolved_jobs_db()).execute("SELECT id, state FROM jobs")
     )
     assert states == {ids[0]: "queued", ids[1]: "queued"}
-    done = asyncio.run(second(ids))
+    done = await second(ids)
     assert [r.state for r in done] == [JobState.SUCCEEDED, JobState.SUCCEEDED]
     # A hand-back at shutdown is not a failed attempt.
     assert done[0].attempts == 1 and done[1].attempts == 1
     assert done[0].result is not None and done[1].result is not None
 
 
-def test_job_interrupted_too_often_fails(tmp_path: Path) -> None:
+@pytest.mark.asyncio
+async def test_job_interrupted_too_often_fails(tmp_path: Path) -> None:
     settings = _settings(tmp_path, job_max_attempts=2)
 
     async def submit() -> list[str]:
@@ -313,7 +305,7 @@ def test_job_interrupted_too_often_fails(tmp_path: Path) -> None:
         finally:
             await backend.stop(1)
 
-    ids = asyncio.run(submit())
+    ids = await submit()
     # What the journal holds after the process died while running both, once and twice.
     with sqlite3.connect(settings.resolved_jobs_db()) as db:
         db.execute("UPDATE jobs SET state='running', attempts=1 WHERE id=?", (ids[0],))
@@ -327,7 +319,7 @@ def test_job_interrupted_too_often_fails(tmp_path: Path) -> None:
         finally:
             await backend.stop(1)
 
-    first, second = asyncio.run(reopen())
+    first, second = await reopen()
     assert (first.state, first.attempts) == (JobState.QUEUED, 1)
     assert second.state is JobState.FAILED
     assert second.error == "server died while running it 2 times"
@@ -360,7 +352,8 @@ _CRASH_SCRIPT = textwrap.dedent(
 )
 
 
-def test_kill_9_loses_nothing(
+@pytest.mark.asyncio
+async def test_kill_9_loses_nothing(
     tiny_model: LoadedModel, tiny_model_dir: Path, tmp_path: Path
 ) -> None:
     settings = _settings(tmp_path, job_workers=1)
@@ -376,20 +369,17 @@ def test_kill_9_loses_nothing(
     proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
     assert proc.stdout is not None
     ids = [proc.stdout.readline().strip() for _ in range(3)]
-    wait_until(started.exists)  # the first job is running in the child
+    await await_until(started.exists)  # the first job is running in the child
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
 
-    async def resume() -> list:
-        backend = _backend(tiny_model, settings)
-        await backend.start()
-        try:
-            touch(release)
-            return [await wait_state(backend, i) for i in ids]
-        finally:
-            await backend.stop(5)
-
-    done = asyncio.run(resume())
+    backend = _backend(tiny_model, settings)
+    await backend.start()
+    try:
+        touch(release)
+        done = [await wait_state(backend, i) for i in ids]
+    finally:
+        await backend.stop(5)
     assert [r.state for r in done] == [JobState.SUCCEEDED] * 3
     assert [r.attempts for r in done] == [2, 1, 1]
     assert [r.spec.text for r in done] == ["first", "second", "third"]
