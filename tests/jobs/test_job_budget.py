@@ -3,7 +3,6 @@ memory budget, estimated run time; and methods chunk their passes to the memory 
 
 from __future__ import annotations
 
-import asyncio
 import math
 from pathlib import Path
 from typing import Any
@@ -27,49 +26,50 @@ def _settings(tmp_path: Path, **kw: Any) -> Settings:
     return Settings(cache_dir=tmp_path, jobs="sqlite", **kw)
 
 
-def _submit_all(settings: Settings, model: LoadedModel, specs: list[JobSpec]) -> list[Any]:
+async def _submit_all(settings: Settings, model: LoadedModel, specs: list[JobSpec]) -> list[Any]:
     """Submit each spec to a journal without workers; the exception or the record of each."""
     runner = JobRunner(model, MethodRegistry.load(settings), settings)
-
-    async def main() -> list[Any]:
-        backend = SqliteJobBackend(settings, runner=None)
-        await backend.start()  # no worker threads: jobs stay queued
-        backend.runner = runner  # validates on submit
-        out: list[Any] = []
-        try:
-            for spec in specs:
-                try:
-                    out.append(await backend.submit(spec))
-                except InvalidArgument as exc:
-                    out.append(exc)
-            queued = await backend.list([JobState.QUEUED], 100)
-            assert len(queued) == sum(not isinstance(o, Exception) for o in out)
-        finally:
-            await backend.stop(1.0)
-        return out
-
-    return asyncio.run(main())
+    backend = SqliteJobBackend(settings, runner=None)
+    await backend.start()  # no worker threads: jobs stay queued
+    backend.runner = runner  # validates on submit
+    out: list[Any] = []
+    try:
+        for spec in specs:
+            try:
+                out.append(await backend.submit(spec))
+            except InvalidArgument as exc:
+                out.append(exc)
+        queued = await backend.list([JobState.QUEUED], 100)
+        assert len(queued) == sum(not isinstance(o, Exception) for o in out)
+    finally:
+        await backend.stop(1.0)
+    return out
 
 
+@pytest.mark.asyncio
 @pytest.mark.parametrize("timeout", [math.nan, math.inf, -math.inf, -1.0, 1e9])
-def test_absurd_timeouts_are_rejected(
+async def test_absurd_timeouts_are_rejected(
     tiny_model: LoadedModel, tmp_path: Path, timeout: float
 ) -> None:
     settings = _settings(tmp_path, job_timeout_max_s=120)
-    (result,) = _submit_all(settings, tiny_model, [JobSpec("gradient", TEXT, timeout_s=timeout)])
+    (result,) = await _submit_all(
+        settings, tiny_model, [JobSpec("gradient", TEXT, timeout_s=timeout)]
+    )
     assert isinstance(result, InvalidArgument)
     assert "timeout_seconds" in result.message
 
 
-def test_timeout_up_to_the_ceiling_is_accepted_and_the_default_is_capped(
+@pytest.mark.asyncio
+async def test_timeout_up_to_the_ceiling_is_accepted_and_the_default_is_capped(
     tiny_model: LoadedModel, tmp_path: Path
 ) -> None:
     settings = _settings(tmp_path, job_timeout_max_s=120, job_timeout_s=600)
-    (record,) = _submit_all(settings, tiny_model, [JobSpec("gradient", TEXT, timeout_s=120)])
+    (record,) = await _submit_all(settings, tiny_model, [JobSpec("gradient", TEXT, timeout_s=120)])
     assert record.state is JobState.QUEUED
     assert job_timeout(JobSpec("gradient", TEXT), settings) == 120
 
 
+@pytest.mark.asyncio
 @pytest.mark.parametrize(
     ("method", "params"),
     [
@@ -80,21 +80,24 @@ def test_timeout_up_to_the_ceiling_is_accepted_and_the_default_is_capped(
         ("slalom", {"lr": math.inf}),
     ],
 )
-def test_non_finite_parameters_are_invalid_arguments(
+async def test_non_finite_parameters_are_invalid_arguments(
     tiny_model: LoadedModel, tmp_path: Path, method: str, params: dict[str, Any]
 ) -> None:
-    (result,) = _submit_all(_settings(tmp_path), tiny_model, [JobSpec(method, TEXT, params=params)])
+    (result,) = await _submit_all(
+        _settings(tmp_path), tiny_model, [JobSpec(method, TEXT, params=params)]
+    )
     assert isinstance(result, InvalidArgument)
     assert "finite" in result.message
 
 
-def test_a_job_that_cannot_fit_the_memory_budget_is_rejected_before_queueing(
+@pytest.mark.asyncio
+async def test_a_job_that_cannot_fit_the_memory_budget_is_rejected_before_queueing(
     tiny_model: LoadedModel, tmp_path: Path
 ) -> None:
     tokens = len(tiny_model.encode(TEXT, None, 512, "truncate"))
     one_row_mb = model_shape(tiny_model).row_bytes(tokens, backward=True) / 2**20
     settings = _settings(tmp_path, job_memory_mb=one_row_mb / 2)
-    rejected, short = _submit_all(
+    rejected, short = await _submit_all(
         settings,
         tiny_model,
         [JobSpec("integrated_gradients", TEXT), JobSpec("integrated_gradients", "fun")],
@@ -154,11 +157,12 @@ def test_slalom_queries_in_chunks_within_the_memory_budget(
     assert rows and max(rows) <= 7
 
 
-def test_jobs_estimated_far_beyond_their_timeout_are_refused(
+@pytest.mark.asyncio
+async def test_jobs_estimated_far_beyond_their_timeout_are_refused(
     tiny_model: LoadedModel, tmp_path: Path
 ) -> None:
     settings = _settings(tmp_path)
-    huge, fine = _submit_all(
+    huge, fine = await _submit_all(
         settings,
         tiny_model,
         [

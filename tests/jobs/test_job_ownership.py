@@ -45,53 +45,49 @@ async def _raises(kind: type[Exception], call: Callable[[], object]) -> None:
             await result
 
 
+@pytest.mark.asyncio
 @pytest.mark.parametrize("kind", ["sqlite", "redis"])
-def test_other_principals_cannot_see_or_cancel_a_job(
+async def test_other_principals_cannot_see_or_cancel_a_job(
     kind: str, tmp_path: Path, tiny_model: LoadedModel, request: pytest.FixtureRequest
 ) -> None:
     backend = _backend(kind, tmp_path, tiny_model, request)
 
-    async def main() -> None:
-        await backend.start()
-        try:
-            mine = await backend.submit(_spec("the plot is great fun", ALICE))
-            assert mine.spec.owner == ALICE
-            await _raises(NotFound, lambda: backend.get(mine.id, BOB))
-            await _raises(NotFound, lambda: backend.get(mine.id, ""))  # anonymous is no owner
-            await _raises(NotFound, lambda: backend.cancel(mine.id, BOB))
-            with pytest.raises(NotFound):
-                async for _ in backend.watch(mine.id, BOB):
-                    pass
-            assert await backend.list(None, 100, BOB) == []
-            assert [j.id for j in await backend.list(None, 100, ALICE)] == [mine.id]
-            assert (await backend.get(mine.id, ALICE)).state is JobState.QUEUED
-            assert (await backend.get(mine.id)).spec.owner == ALICE  # in-process: unchecked
-            assert (await backend.cancel(mine.id, ALICE)).state is JobState.CANCELLED
-        finally:
-            await backend.stop(1.0)
-
-    asyncio.run(main())
+    await backend.start()
+    try:
+        mine = await backend.submit(_spec("the plot is great fun", ALICE))
+        assert mine.spec.owner == ALICE
+        await _raises(NotFound, lambda: backend.get(mine.id, BOB))
+        await _raises(NotFound, lambda: backend.get(mine.id, ""))  # anonymous is no owner
+        await _raises(NotFound, lambda: backend.cancel(mine.id, BOB))
+        with pytest.raises(NotFound):
+            async for _ in backend.watch(mine.id, BOB):
+                pass
+        assert await backend.list(None, 100, BOB) == []
+        assert [j.id for j in await backend.list(None, 100, ALICE)] == [mine.id]
+        assert (await backend.get(mine.id, ALICE)).state is JobState.QUEUED
+        assert (await backend.get(mine.id)).spec.owner == ALICE  # in-process: unchecked
+        assert (await backend.cancel(mine.id, ALICE)).state is JobState.CANCELLED
+    finally:
+        await backend.stop(1.0)
 
 
+@pytest.mark.asyncio
 @pytest.mark.parametrize("kind", ["sqlite", "redis"])
-def test_idempotency_keys_are_per_owner_and_bound_to_their_request(
+async def test_idempotency_keys_are_per_owner_and_bound_to_their_request(
     kind: str, tmp_path: Path, tiny_model: LoadedModel, request: pytest.FixtureRequest
 ) -> None:
     backend = _backend(kind, tmp_path, tiny_model, request)
 
-    async def main() -> None:
-        await backend.start()
-        try:
-            first = await backend.submit(_spec("a fun film", ALICE, key="k-1"))
-            again = await backend.submit(_spec("a fun film", ALICE, key="k-1"))
-            assert again.id == first.id
-            with pytest.raises(InvalidArgument, match="idempotency key"):
-                await backend.submit(_spec("a different film", ALICE, key="k-1"))
-            # Bob's "k-1" is his own key: a job of his, not Alice's.
-            bobs = await backend.submit(_spec("a fun film", BOB, key="k-1"))
-            assert bobs.id != first.id and bobs.spec.owner == BOB
-            assert (await backend.get(first.id, ALICE)).spec.text == "a fun film"
-        finally:
-            await backend.stop(1.0)
-
-    asyncio.run(main())
+    await backend.start()
+    try:
+        first = await backend.submit(_spec("a fun film", ALICE, key="k-1"))
+        again = await backend.submit(_spec("a fun film", ALICE, key="k-1"))
+        assert again.id == first.id
+        with pytest.raises(InvalidArgument, match="idempotency key"):
+            await backend.submit(_spec("a different film", ALICE, key="k-1"))
+        # Bob's "k-1" is his own key: a job of his, not Alice's.
+        bobs = await backend.submit(_spec("a fun film", BOB, key="k-1"))
+        assert bobs.id != first.id and bobs.spec.owner == BOB
+        assert (await backend.get(first.id, ALICE)).spec.text == "a fun film"
+    finally:
+        await backend.stop(1.0)
