@@ -62,7 +62,8 @@ def _sample(metrics: Metrics, name: str, labels: dict[str, str]) -> float:
     return 0.0 if value is None else value
 
 
-def test_lifecycle_cancel_timeout(
+@pytest.mark.asyncio
+async def test_lifecycle_cancel_timeout(
     tiny_model: LoadedModel, redis_clean: str, tmp_path: Path
 ) -> None:
     settings = _settings(redis_clean, tmp_path, job_timeout_s=600)
@@ -72,74 +73,69 @@ def test_lifecycle_cancel_timeout(
     ids, probs = reference_prediction(tiny_model, text)
     started = tmp_path / "started"
 
-    async def main() -> None:
-        backend = RedisJobBackend(settings, side_metrics, runner=runner)
-        backend.depth_interval_s = 0.05
-        await backend.start()
-        try:
-            with pytest.raises(InvalidArgument):
-                await backend.submit(JobSpec(method="steps", text="x", params={"bad": 1}))
-            job = await backend.submit(JobSpec(method="steps", text=text, params={"steps": 4}))
-            assert job.state is JobState.QUEUED and job.spec.params == {"steps": 4, "sleep": 0.0}
-            assert _sample(side_metrics, "limelight_job_queue_depth", {"method": "steps"}) == 1
-            worker = RedisWorker(settings, runner, worker_metrics, name="w-inproc")
-            with worker_thread(worker):
-                seen = [r async for r in backend.watch(job.id)]
-                assert seen[-1].state is JobState.SUCCEEDED
-                progress = [r.progress for r in seen]
-                assert progress == sorted(progress) and progress[-1] == 1.0
-                final = await backend.get(job.id)
-                assert final.attempts == 1 and final.result is not None
-                # The gauge follows the queue drained by the worker, without any sidecar call.
-                await await_until(
-                    lambda: (
-                        _sample(side_metrics, "limelight_job_queue_depth", {"method": "steps"}) == 0
-                    )
-                )
-                predicted = int(np.argmax(probs))
-                np.testing.assert_array_equal(
-                    final.result.attribution.scores, expected_scores(ids, predicted)
-                )
-                np.testing.assert_allclose(final.result.probabilities, probs, rtol=1e-5)
+    backend = RedisJobBackend(settings, side_metrics, runner=runner)
+    backend.depth_interval_s = 0.05
+    await backend.start()
+    try:
+        with pytest.raises(InvalidArgument):
+            await backend.submit(JobSpec(method="steps", text="x", params={"bad": 1}))
+        job = await backend.submit(JobSpec(method="steps", text=text, params={"steps": 4}))
+        assert job.state is JobState.QUEUED and job.spec.params == {"steps": 4, "sleep": 0.0}
+        assert _sample(side_metrics, "limelight_job_queue_depth", {"method": "steps"}) == 1
+        worker = RedisWorker(settings, runner, worker_metrics, name="w-inproc")
+        with worker_thread(worker):
+            seen = [r async for r in backend.watch(job.id)]
+            assert seen[-1].state is JobState.SUCCEEDED
+            progress = [r.progress for r in seen]
+            assert progress == sorted(progress) and progress[-1] == 1.0
+            final = await backend.get(job.id)
+            assert final.attempts == 1 and final.result is not None
+            # The gauge follows the queue drained by the worker, without any sidecar call.
+            await await_until(
+                lambda: _sample(side_metrics, "limelight_job_queue_depth", {"method": "steps"}) == 0
+            )
+            predicted = int(np.argmax(probs))
+            np.testing.assert_array_equal(
+                final.result.attribution.scores, expected_scores(ids, predicted)
+            )
+            np.testing.assert_allclose(final.result.probabilities, probs, rtol=1e-5)
 
-                # Cancel a running job (flag read at checkpoints), then a queued one.
-                params = {"release": str(tmp_path / "never"), "started": str(started)}
-                blocking = await backend.submit(JobSpec(method="block", text="a", params=params))
-                await wait_state(backend, blocking.id, {JobState.RUNNING})
-                queued = await backend.submit(JobSpec(method="steps", text="b"))
-                cancelled = await backend.cancel(queued.id)
-                assert cancelled.state is JobState.CANCELLED
-                pending = await backend.cancel(blocking.id)
-                # The worker may already have seen the flag by the time the record is read.
-                assert (pending.state, pending.message) in (
-                    (JobState.RUNNING, "cancelling"),
-                    (JobState.CANCELLED, "cancelled"),
-                )
-                assert (await wait_state(backend, blocking.id)).state is JobState.CANCELLED
+            # Cancel a running job (flag read at checkpoints), then a queued one.
+            params = {"release": str(tmp_path / "never"), "started": str(started)}
+            blocking = await backend.submit(JobSpec(method="block", text="a", params=params))
+            await wait_state(backend, blocking.id, {JobState.RUNNING})
+            queued = await backend.submit(JobSpec(method="steps", text="b"))
+            cancelled = await backend.cancel(queued.id)
+            assert cancelled.state is JobState.CANCELLED
+            pending = await backend.cancel(blocking.id)
+            # The worker may already have seen the flag by the time the record is read.
+            assert (pending.state, pending.message) in (
+                (JobState.RUNNING, "cancelling"),
+                (JobState.CANCELLED, "cancelled"),
+            )
+            assert (await wait_state(backend, blocking.id)).state is JobState.CANCELLED
 
-                # Timeout.
-                slow = await backend.submit(
-                    JobSpec(method="block", text="a", params=params, timeout_s=0.2)
-                )
-                final = await wait_state(backend, slow.id)
-                assert (final.state, final.error) == (JobState.FAILED, "timed out after 0.2s")
+            # Timeout.
+            slow = await backend.submit(
+                JobSpec(method="block", text="a", params=params, timeout_s=0.2)
+            )
+            final = await wait_state(backend, slow.id)
+            assert (final.state, final.error) == (JobState.FAILED, "timed out after 0.2s")
 
-                broken = await backend.submit(JobSpec(method="broken", text="a"))
-                final = await wait_state(backend, broken.id)
-                assert final.state is JobState.FAILED and "secret" not in final.error
+            broken = await backend.submit(JobSpec(method="broken", text="a"))
+            final = await wait_state(backend, broken.id)
+            assert final.state is JobState.FAILED and "secret" not in final.error
 
-            listed = await backend.list(None, 10)
-            assert [r.id for r in listed] == [broken.id, slow.id, queued.id, blocking.id, job.id]
-            only = await backend.list([JobState.CANCELLED], 10)
-            assert {r.id for r in only} == {queued.id, blocking.id}
-            with pytest.raises(NotFound):
-                await backend.get("nope")
-            with pytest.raises(NotFound):
-                await backend.cancel("nope")
-        finally:
-            await backend.stop(1)
-
-    asyncio.run(main())
+        listed = await backend.list(None, 10)
+        assert [r.id for r in listed] == [broken.id, slow.id, queued.id, blocking.id, job.id]
+        only = await backend.list([JobState.CANCELLED], 10)
+        assert {r.id for r in only} == {queued.id, blocking.id}
+        with pytest.raises(NotFound):
+            await backend.get("nope")
+        with pytest.raises(NotFound):
+            await backend.cancel("nope")
+    finally:
+        await backend.stop(1)
     for method, outcome in (("steps", "succeeded"), ("block", "cancelled"), ("block", "failed")):
         labels = {"method": method, "outcome": outcome}
         assert _sample(worker_metrics, "limelight_jobs_total", labels) == 1
@@ -153,37 +149,36 @@ def test_lifecycle_cancel_timeout(
     assert client.xpending("limelight:stream", "workers")["pending"] == 0
 
 
-def test_idempotency_bounded_queue_and_ttl(redis_clean: str, tmp_path: Path) -> None:
+@pytest.mark.asyncio
+async def test_idempotency_bounded_queue_and_ttl(redis_clean: str, tmp_path: Path) -> None:
     settings = _settings(redis_clean, tmp_path, job_queue_max=2, job_result_ttl_s=0.3)
 
-    async def main() -> None:
-        backend = RedisJobBackend(settings)  # no workers: jobs stay queued
-        await backend.start()
-        try:
-            a = await backend.submit(JobSpec(method="steps", text="a", idempotency_key="k"))
-            assert (await backend.submit(JobSpec("steps", "a", idempotency_key="k"))).id == a.id
-            b = await backend.submit(JobSpec(method="steps", text="b"))
-            with pytest.raises(ResourceExhausted, match="queue is full"):
-                await backend.submit(JobSpec(method="steps", text="c"))
-            assert (await backend.submit(JobSpec("steps", "a", idempotency_key="k"))).id == a.id
-            # A cancelled job frees its slot and expires after the TTL, key included.
-            await backend.cancel(a.id)
-            await backend.cancel(b.id)
-            c = await backend.submit(JobSpec(method="steps", text="c"))
-            await await_until(lambda: expired(backend, a.id))
-            await await_until(lambda: expired(backend, b.id))
-            fresh = await backend.submit(JobSpec(method="steps", text="a", idempotency_key="k"))
-            assert fresh.id != a.id
-            assert [r.id for r in await backend.list(None, 10)] == [fresh.id, c.id]
-        finally:
-            await backend.stop(1)
-
-    asyncio.run(main())
+    backend = RedisJobBackend(settings)  # no workers: jobs stay queued
+    await backend.start()
+    try:
+        a = await backend.submit(JobSpec(method="steps", text="a", idempotency_key="k"))
+        assert (await backend.submit(JobSpec("steps", "a", idempotency_key="k"))).id == a.id
+        b = await backend.submit(JobSpec(method="steps", text="b"))
+        with pytest.raises(ResourceExhausted, match="queue is full"):
+            await backend.submit(JobSpec(method="steps", text="c"))
+        assert (await backend.submit(JobSpec("steps", "a", idempotency_key="k"))).id == a.id
+        # A cancelled job frees its slot and expires after the TTL, key included.
+        await backend.cancel(a.id)
+        await backend.cancel(b.id)
+        c = await backend.submit(JobSpec(method="steps", text="c"))
+        await await_until(lambda: expired(backend, a.id))
+        await await_until(lambda: expired(backend, b.id))
+        fresh = await backend.submit(JobSpec(method="steps", text="a", idempotency_key="k"))
+        assert fresh.id != a.id
+        assert [r.id for r in await backend.list(None, 10)] == [fresh.id, c.id]
+    finally:
+        await backend.stop(1)
     client = redis.Redis.from_url(redis_clean)
     assert client.zcard("limelight:index") == 2  # expired ids pruned from the index
 
 
-def test_stopping_worker_hands_job_back(
+@pytest.mark.asyncio
+async def test_stopping_worker_hands_job_back(
     tiny_model: LoadedModel, redis_clean: str, tmp_path: Path
 ) -> None:
     settings = _settings(redis_clean, tmp_path)
@@ -191,27 +186,24 @@ def test_stopping_worker_hands_job_back(
     release = tmp_path / "release"
     params = {"release": str(release), "started": str(tmp_path / "started")}
 
-    async def main() -> None:
-        backend = RedisJobBackend(settings)
-        await backend.start()
-        try:
-            job = await backend.submit(JobSpec(method="block", text="a", params=params))
-            first = RedisWorker(settings, runner, name="w-first")
-            thread = threading.Thread(target=first.run, daemon=True)
-            thread.start()
-            await wait_state(backend, job.id, {JobState.RUNNING})
-            first.abandon()
-            await asyncio.to_thread(thread.join)
-            back = await backend.get(job.id)
-            assert back.state is JobState.QUEUED and back.attempts == 0
-            touch(release)
-            with worker_thread(RedisWorker(settings, runner, name="w-second")):
-                final = await wait_state(backend, job.id)
-            assert final.state is JobState.SUCCEEDED and final.attempts == 1
-        finally:
-            await backend.stop(1)
-
-    asyncio.run(main())
+    backend = RedisJobBackend(settings)
+    await backend.start()
+    try:
+        job = await backend.submit(JobSpec(method="block", text="a", params=params))
+        first = RedisWorker(settings, runner, name="w-first")
+        thread = threading.Thread(target=first.run, daemon=True)
+        thread.start()
+        await wait_state(backend, job.id, {JobState.RUNNING})
+        first.abandon()
+        await asyncio.to_thread(thread.join)
+        back = await backend.get(job.id)
+        assert back.state is JobState.QUEUED and back.attempts == 0
+        touch(release)
+        with worker_thread(RedisWorker(settings, runner, name="w-second")):
+            final = await wait_state(backend, job.id)
+        assert final.state is JobState.SUCCEEDED and final.attempts == 1
+    finally:
+        await backend.stop(1)
 
 
 def _worker_proc(url: str, model_dir: Path, tmp_path: Path, **env: str) -> subprocess.Popen:
@@ -255,7 +247,8 @@ def _stop(proc: subprocess.Popen) -> None:
             proc.wait()
 
 
-def test_killed_worker_job_is_reclaimed(
+@pytest.mark.asyncio
+async def test_killed_worker_job_is_reclaimed(
     tiny_model_dir: Path, redis_clean: str, tmp_path: Path
 ) -> None:
     settings = _settings(redis_clean, tmp_path, job_reclaim_idle_s=2.0)
@@ -264,40 +257,37 @@ def test_killed_worker_job_is_reclaimed(
     params = {"release": str(release), "started": str(started)}
     workers = [_worker_proc(redis_clean, tiny_model_dir, tmp_path, **env) for _ in range(2)]
     try:
-
-        async def main() -> None:
-            backend = RedisJobBackend(settings)
-            await backend.start()
-            try:
-                job = await backend.submit(JobSpec(method="block", text="a", params=params))
-                await asyncio.to_thread(wait_until, started.exists)
-                running = await backend.get(job.id)
-                victim = int(started.read_text().split()[0])  # pid of the child running it
-                client = redis.Redis.from_url(redis_clean, decode_responses=True)
-                owner = client.hget(f"limelight:job:{job.id}", "consumer")
-                assert isinstance(owner, str) and owner.endswith(f"-{victim}")
-                assert running.state is JobState.RUNNING and running.attempts == 1
-                os.kill(victim, signal.SIGKILL)
-                # The survivor (or the victim's replacement) reclaims it after the idle time.
-                await asyncio.to_thread(wait_until, lambda: len(started.read_text().split()) >= 2)
-                touch(release)
-                final = await wait_state(backend, job.id)
-                assert final.state is JobState.SUCCEEDED
-                assert final.attempts == 2
-                new_owner = client.hget(f"limelight:job:{job.id}", "consumer")
-                assert new_owner != owner
-                assert client.xpending("limelight:stream", "workers")["pending"] == 0
-            finally:
-                await backend.stop(1)
-
-        asyncio.run(main())
+        backend = RedisJobBackend(settings)
+        await backend.start()
+        try:
+            job = await backend.submit(JobSpec(method="block", text="a", params=params))
+            await await_until(started.exists)
+            running = await backend.get(job.id)
+            victim = int(started.read_text().split()[0])  # pid of the child running it
+            client = redis.Redis.from_url(redis_clean, decode_responses=True)
+            owner = client.hget(f"limelight:job:{job.id}", "consumer")
+            assert isinstance(owner, str) and owner.endswith(f"-{victim}")
+            assert running.state is JobState.RUNNING and running.attempts == 1
+            os.kill(victim, signal.SIGKILL)
+            # The survivor (or the victim's replacement) reclaims it after the idle time.
+            await await_until(lambda: len(started.read_text().split()) >= 2)
+            touch(release)
+            final = await wait_state(backend, job.id)
+            assert final.state is JobState.SUCCEEDED
+            assert final.attempts == 2
+            new_owner = client.hget(f"limelight:job:{job.id}", "consumer")
+            assert new_owner != owner
+            assert client.xpending("limelight:stream", "workers")["pending"] == 0
+        finally:
+            await backend.stop(1)
     finally:
         for proc in workers:
             _stop(proc)
     assert [p.returncode for p in workers] == [0, 0]
 
 
-def test_job_whose_worker_keeps_dying_fails(
+@pytest.mark.asyncio
+async def test_job_whose_worker_keeps_dying_fails(
     tiny_model_dir: Path, redis_clean: str, tmp_path: Path
 ) -> None:
     settings = _settings(redis_clean, tmp_path, job_max_attempts=2, job_reclaim_idle_s=0.5)
@@ -308,45 +298,37 @@ def test_job_whose_worker_keeps_dying_fails(
     never = {"release": str(tmp_path / "never"), "started": str(started)}
     stuck_id = ""
     try:
-
-        async def main() -> None:
-            nonlocal stuck_id
-            backend = RedisJobBackend(settings)
-            await backend.start()
-            try:
-                job = await backend.submit(JobSpec(method="crash", text="a"))
-                final = await wait_state(backend, job.id)
-                assert final.state is JobState.FAILED
-                assert final.error == "worker died 2 times"
-                assert final.attempts == 2
-                # The queue keeps working afterwards.
-                ok = await backend.submit(
-                    JobSpec(method="block", text="b", params={"release": str(tmp_path)})
-                )
-                assert (await wait_state(backend, ok.id)).state is JobState.SUCCEEDED
-                # SIGTERM while a job runs past the grace period: it goes back to the queue.
-                stuck = await backend.submit(JobSpec(method="block", text="c", params=never))
-                stuck_id = stuck.id
-                await wait_state(backend, stuck.id, {JobState.RUNNING})
-            finally:
-                await backend.stop(1)
-
-        asyncio.run(main())
+        backend = RedisJobBackend(settings)
+        await backend.start()
+        try:
+            job = await backend.submit(JobSpec(method="crash", text="a"))
+            final = await wait_state(backend, job.id)
+            assert final.state is JobState.FAILED
+            assert final.error == "worker died 2 times"
+            assert final.attempts == 2
+            # The queue keeps working afterwards.
+            ok = await backend.submit(
+                JobSpec(method="block", text="b", params={"release": str(tmp_path)})
+            )
+            assert (await wait_state(backend, ok.id)).state is JobState.SUCCEEDED
+            # SIGTERM while a job runs past the grace period: it goes back to the queue.
+            stuck = await backend.submit(JobSpec(method="block", text="c", params=never))
+            stuck_id = stuck.id
+            await wait_state(backend, stuck.id, {JobState.RUNNING})
+        finally:
+            await backend.stop(1)
     finally:
         _stop(proc)
     assert proc.returncode == 0
 
-    async def after() -> None:
-        backend = RedisJobBackend(settings)
-        await backend.start()
-        try:
-            back = await backend.get(stuck_id)
-            assert (back.state, back.attempts) == (JobState.QUEUED, 0)
-            assert back.message == "re-queued: its worker stopped"
-        finally:
-            await backend.stop(1)
-
-    asyncio.run(after())
+    backend = RedisJobBackend(settings)
+    await backend.start()
+    try:
+        back = await backend.get(stuck_id)
+        assert (back.state, back.attempts) == (JobState.QUEUED, 0)
+        assert back.message == "re-queued: its worker stopped"
+    finally:
+        await backend.stop(1)
 
 
 def test_worker_refuses_non_redis_queue(tmp_path: Path) -> None:
