@@ -90,44 +90,42 @@ def _kind(exc: BaseException) -> ErrorKind | None:
     return exc.kind if isinstance(exc, LimelightError) else None
 
 
-def test_backend_answers_unavailable_while_redis_is_down_and_reconnects(
+@pytest.mark.asyncio
+async def test_backend_answers_unavailable_while_redis_is_down_and_reconnects(
     tiny_model: LoadedModel, restartable_redis: RedisProcess, tmp_path: Path
 ) -> None:
     settings = _settings(restartable_redis.url, tmp_path)
     runner = JobRunner(tiny_model, test_registry(), settings)
 
-    async def main() -> None:
-        backend = RedisJobBackend(settings, runner=runner)
-        await backend.start()
-        try:
-            jobs = [
-                await backend.submit(JobSpec(method="steps", text=f"good film {i}"))
-                for i in range(12)
-            ]
-            restartable_redis.stop()
-            calls = {
-                "submit": backend.submit(JobSpec(method="steps", text="bad")),
-                "get": backend.get(jobs[0].id),
-                "list": backend.list(None, 10),
-                "cancel": backend.cancel(jobs[0].id),
-            }
-            for name, call in calls.items():
-                with pytest.raises(Unavailable) as err:
-                    await call
-                assert _kind(err.value) is ErrorKind.UNAVAILABLE, name
-            restartable_redis.start()
-            # Same backend, no restart: it reconnects on the next command, and with
-            # append-only persistence every queued job is still there.
-            listed = await backend.list([JobState.QUEUED], 100)
-            assert {j.id for j in listed} == {j.id for j in jobs}
-            assert (await backend.cancel(jobs[0].id)).state is JobState.CANCELLED
-        finally:
-            await backend.stop(1.0)
-
-    asyncio.run(main())
+    backend = RedisJobBackend(settings, runner=runner)
+    await backend.start()
+    try:
+        jobs = [
+            await backend.submit(JobSpec(method="steps", text=f"good film {i}")) for i in range(12)
+        ]
+        restartable_redis.stop()
+        calls = {
+            "submit": backend.submit(JobSpec(method="steps", text="bad")),
+            "get": backend.get(jobs[0].id),
+            "list": backend.list(None, 10),
+            "cancel": backend.cancel(jobs[0].id),
+        }
+        for name, call in calls.items():
+            with pytest.raises(Unavailable) as err:
+                await call
+            assert _kind(err.value) is ErrorKind.UNAVAILABLE, name
+        restartable_redis.start()
+        # Same backend, no restart: it reconnects on the next command, and with
+        # append-only persistence every queued job is still there.
+        listed = await backend.list([JobState.QUEUED], 100)
+        assert {j.id for j in listed} == {j.id for j in jobs}
+        assert (await backend.cancel(jobs[0].id)).state is JobState.CANCELLED
+    finally:
+        await backend.stop(1.0)
 
 
-def test_watch_and_workers_survive_a_redis_restart(
+@pytest.mark.asyncio
+async def test_watch_and_workers_survive_a_redis_restart(
     tiny_model: LoadedModel, restartable_redis: RedisProcess, tmp_path: Path
 ) -> None:
     settings = _settings(restartable_redis.url, tmp_path)
@@ -135,45 +133,43 @@ def test_watch_and_workers_survive_a_redis_restart(
     release, started = tmp_path / "release", tmp_path / "started"
     worker = RedisWorker(settings, runner, name="w-faults", backoff_max_s=0.2)
 
-    async def main() -> None:
-        backend = RedisJobBackend(settings, runner=runner)
-        backend.watch_reconnect_s = 120
-        await backend.start()
-        try:
-            job = await backend.submit(
-                JobSpec(
-                    method="block",
-                    text="the plot is great fun",
-                    params={"release": str(release), "started": str(started)},
-                )
+    backend = RedisJobBackend(settings, runner=runner)
+    backend.watch_reconnect_s = 120
+    await backend.start()
+    try:
+        job = await backend.submit(
+            JobSpec(
+                method="block",
+                text="the plot is great fun",
+                params={"release": str(release), "started": str(started)},
             )
-            seen: list[JobState] = []
+        )
+        seen: list[JobState] = []
 
-            async def follow() -> None:
-                async for record in backend.watch(job.id):
-                    seen.append(record.state)
+        async def follow() -> None:
+            async for record in backend.watch(job.id):
+                seen.append(record.state)
 
-            watcher = asyncio.create_task(follow())
-            with running(worker) as thread:
-                await await_until(lambda: started.exists() and JobState.RUNNING in seen)
-                restartable_redis.stop()
-                # The worker notices (its next progress poll fails) and waits, alive.
-                await await_until(lambda: not worker.ready)
-                assert thread.is_alive()
-                restartable_redis.start()
-                await await_until(lambda: worker.ready)
-                touch(release)
-                await asyncio.wait_for(watcher, timeout=120)
-                assert thread.is_alive() and worker.outages >= 1
-            assert seen[-1] is JobState.SUCCEEDED
-            assert (await backend.get(job.id)).state is JobState.SUCCEEDED
-        finally:
-            await backend.stop(1.0)
-
-    asyncio.run(main())
+        watcher = asyncio.create_task(follow())
+        with running(worker) as thread:
+            await await_until(lambda: started.exists() and JobState.RUNNING in seen)
+            restartable_redis.stop()
+            # The worker notices (its next progress poll fails) and waits, alive.
+            await await_until(lambda: not worker.ready)
+            assert thread.is_alive()
+            restartable_redis.start()
+            await await_until(lambda: worker.ready)
+            touch(release)
+            await asyncio.wait_for(watcher, timeout=120)
+            assert thread.is_alive() and worker.outages >= 1
+        assert seen[-1] is JobState.SUCCEEDED
+        assert (await backend.get(job.id)).state is JobState.SUCCEEDED
+    finally:
+        await backend.stop(1.0)
 
 
-def test_a_worker_started_while_redis_is_down_waits_for_it(
+@pytest.mark.asyncio
+async def test_a_worker_started_while_redis_is_down_waits_for_it(
     tiny_model: LoadedModel, restartable_redis: RedisProcess, tmp_path: Path
 ) -> None:
     settings = _settings(restartable_redis.url, tmp_path)
@@ -183,18 +179,17 @@ def test_a_worker_started_while_redis_is_down_waits_for_it(
     with running(worker) as thread:
         assert not worker.ready and thread.is_alive()
         restartable_redis.start()
-        wait_until(lambda: worker.ready)
+        await await_until(lambda: worker.ready)
 
-        async def submit_and_wait() -> JobState:
-            backend = RedisJobBackend(settings, runner=runner)
-            await backend.start()
-            try:
-                job = await backend.submit(JobSpec(method="steps", text="fun"))
-                async for record in backend.watch(job.id):
-                    if record.state.terminal:
-                        return record.state
-                raise AssertionError("watch ended before the job did")
-            finally:
-                await backend.stop(1.0)
-
-        assert asyncio.run(submit_and_wait()) is JobState.SUCCEEDED
+        backend = RedisJobBackend(settings, runner=runner)
+        await backend.start()
+        try:
+            job = await backend.submit(JobSpec(method="steps", text="fun"))
+            final: JobState | None = None
+            async for record in backend.watch(job.id):
+                if record.state.terminal:
+                    final = record.state
+                    break
+            assert final is JobState.SUCCEEDED  # None: the watch ended before the job did
+        finally:
+            await backend.stop(1.0)
