@@ -30,7 +30,8 @@ async def until(condition: Callable[[], bool], timeout_s: float = 10.0) -> None:
         await asyncio.sleep(0.001)
 
 
-def test_concurrent_items_share_batches_and_keep_order() -> None:
+@pytest.mark.asyncio
+async def test_concurrent_items_share_batches_and_keep_order() -> None:
     seen: list[int] = []
     release = threading.Event()
 
@@ -39,21 +40,19 @@ def test_concurrent_items_share_batches_and_keep_order() -> None:
         release.wait(10)  # hold the inference thread until every item is queued
         return [i * 10 for i in items]
 
-    async def go() -> list[int]:
-        batcher = make(process)
-        await batcher.start()
-        tasks = [asyncio.ensure_future(batcher.submit(i)) for i in range(20)]
-        await until(lambda: bool(seen) and sum(seen) + batcher.pending == 20)
-        release.set()
-        results = await asyncio.gather(*tasks)
-        await batcher.stop()
-        return list(results)
-
-    assert asyncio.run(go()) == [i * 10 for i in range(20)]
+    batcher = make(process)
+    await batcher.start()
+    tasks = [asyncio.ensure_future(batcher.submit(i)) for i in range(20)]
+    await until(lambda: bool(seen) and sum(seen) + batcher.pending == 20)
+    release.set()
+    results = await asyncio.gather(*tasks)
+    await batcher.stop()
+    assert results == [i * 10 for i in range(20)]
     assert max(seen) > 1 and max(seen) <= 8 and sum(seen) == 20
 
 
-def test_full_backlog_is_rejected() -> None:
+@pytest.mark.asyncio
+async def test_full_backlog_is_rejected() -> None:
     running: list[int] = []
     release = threading.Event()
 
@@ -62,18 +61,14 @@ def test_full_backlog_is_rejected() -> None:
         release.wait(10)  # the backlog stays full until every submit has been answered or queued
         return items
 
-    async def go() -> list[object]:
-        batcher = make(process, max_pending=2, max_batch_size=1)
-        await batcher.start()
-        tasks = [asyncio.ensure_future(batcher.submit(i)) for i in range(6)]
-        # Every submit is either rejected (done), waiting in the backlog, or being processed.
-        await until(lambda: sum(t.done() for t in tasks) + batcher.pending + len(running) == 6)
-        release.set()
-        results = await asyncio.gather(*tasks, return_exceptions=True)
-        await batcher.stop()
-        return list(results)
-
-    results = asyncio.run(go())
+    batcher = make(process, max_pending=2, max_batch_size=1)
+    await batcher.start()
+    tasks = [asyncio.ensure_future(batcher.submit(i)) for i in range(6)]
+    # Every submit is either rejected (done), waiting in the backlog, or being processed.
+    await until(lambda: sum(t.done() for t in tasks) + batcher.pending + len(running) == 6)
+    release.set()
+    results = await asyncio.gather(*tasks, return_exceptions=True)
+    await batcher.stop()
     rejected = [r for r in results if isinstance(r, ResourceExhausted)]
     served = [(i, r) for i, r in enumerate(results) if not isinstance(r, BaseException)]
     assert rejected and all("backlog is full" in str(r) for r in rejected)
@@ -81,47 +76,44 @@ def test_full_backlog_is_rejected() -> None:
     assert len(rejected) + len(served) == 6
 
 
-def test_expired_work_is_skipped_not_computed() -> None:
+@pytest.mark.asyncio
+async def test_expired_work_is_skipped_not_computed() -> None:
     computed: list[int] = []
 
     def process(items: list[int]) -> list[int]:
         computed.extend(items)
         return items
 
-    async def go() -> None:
-        batcher = make(process)
-        await batcher.start()
-        with pytest.raises(DeadlineExceeded):
-            await batcher.submit(1, deadline=time.monotonic() - 1)
-        assert await batcher.submit(2) == 2
-        await batcher.stop()
-
-    asyncio.run(go())
+    batcher = make(process)
+    await batcher.start()
+    with pytest.raises(DeadlineExceeded):
+        await batcher.submit(1, deadline=time.monotonic() - 1)
+    assert await batcher.submit(2) == 2
+    await batcher.stop()
     assert computed == [2]
 
 
-def test_a_failing_batch_fails_its_callers_and_the_batcher_survives() -> None:
+@pytest.mark.asyncio
+async def test_a_failing_batch_fails_its_callers_and_the_batcher_survives() -> None:
     def process(items: list[int]) -> list[int]:
         if 13 in items:
             raise ValueError("boom")
         return items
 
-    async def go() -> None:
-        batcher = make(process, max_wait_s=0)
-        await batcher.start()
-        with pytest.raises(ValueError):
-            await batcher.submit(13)
-        assert await batcher.submit(7) == 7
-        assert await batcher.drain(1.0)
-        await batcher.stop()
-
-    asyncio.run(go())
+    batcher = make(process, max_wait_s=0)
+    await batcher.start()
+    with pytest.raises(ValueError):
+        await batcher.submit(13)
+    assert await batcher.submit(7) == 7
+    assert await batcher.drain(1.0)
+    await batcher.stop()
 
 
 # --- idle dispatch ------------------------------------------------------------------------------
 
 
-def test_an_idle_request_is_dispatched_alone_and_queued_ones_batch() -> None:
+@pytest.mark.asyncio
+async def test_an_idle_request_is_dispatched_alone_and_queued_ones_batch() -> None:
     """With the inference thread idle a request runs at once, without waiting for company;
     requests that arrive while it runs form the next batch together."""
     started = threading.Event()
@@ -134,22 +126,18 @@ def test_an_idle_request_is_dispatched_alone_and_queued_ones_batch() -> None:
         release.wait(10)
         return items
 
-    async def go() -> None:
-        batcher = make(process, max_wait_s=0)
-        await batcher.start()
-        first = asyncio.ensure_future(batcher.submit(1))
-        # The batcher runs [1] although nothing else is queued and no wait has elapsed.
-        assert await asyncio.to_thread(started.wait, 10)
-        assert batches == [[1]]
-        later = [asyncio.ensure_future(batcher.submit(i)) for i in (2, 3, 4)]
-        await asyncio.sleep(0)
-        assert batcher.pending == 3
-        release.set()
-        assert await first == 1
-        assert await asyncio.gather(*later) == [2, 3, 4]
-        await batcher.stop()
-
-    asyncio.run(go())
+    batcher = make(process, max_wait_s=0)
+    await batcher.start()
+    first = asyncio.ensure_future(batcher.submit(1))
+    # The batcher runs [1] although nothing else is queued and no wait has elapsed.
+    assert await asyncio.to_thread(started.wait, 10)
+    assert batches == [[1]]
+    later = [asyncio.ensure_future(batcher.submit(i)) for i in (2, 3, 4)]
+    await until(lambda: batcher.pending == 3)  # queued behind [1], which is still running
+    release.set()
+    assert await first == 1
+    assert await asyncio.gather(*later) == [2, 3, 4]
+    await batcher.stop()
     assert batches == [[1], [2, 3, 4]]
 
 
@@ -183,28 +171,26 @@ def _blocking_batcher(
     return batcher, started, release
 
 
-def test_batches_never_mix_lengths_beyond_the_policy() -> None:
+@pytest.mark.asyncio
+async def test_batches_never_mix_lengths_beyond_the_policy() -> None:
     rng = random.Random(7)
     sizes = {0: 5}
     sizes.update({i: rng.choice([3, 9, 20, 31, 40, 60, 100, 200, 400, 512]) for i in range(1, 300)})
     batches: list[list[int]] = []
     policy = LengthPolicy(max_batch_size=16, max_batch_tokens=1024, bucket_floor=32)
 
-    async def go() -> None:
-        batcher, started, release = _blocking_batcher(
-            sizes, batches, max_batch_size=16, max_batch_tokens=1024, max_pending=1000
-        )
-        await batcher.start()
-        first = asyncio.ensure_future(batcher.submit(0))
-        assert await asyncio.to_thread(started.wait, 10)
-        rest = [asyncio.ensure_future(batcher.submit(i)) for i in range(1, 300)]
-        await asyncio.sleep(0)
-        release.set()
-        assert await first == 0
-        assert await asyncio.gather(*rest) == list(range(1, 300))
-        await batcher.stop()
-
-    asyncio.run(go())
+    batcher, started, release = _blocking_batcher(
+        sizes, batches, max_batch_size=16, max_batch_tokens=1024, max_pending=1000
+    )
+    await batcher.start()
+    first = asyncio.ensure_future(batcher.submit(0))
+    assert await asyncio.to_thread(started.wait, 10)
+    rest = [asyncio.ensure_future(batcher.submit(i)) for i in range(1, 300)]
+    await until(lambda: batcher.pending == 299)  # the whole backlog is queued behind [0]
+    release.set()
+    assert await first == 0
+    assert await asyncio.gather(*rest) == list(range(1, 300))
+    await batcher.stop()
     assert sorted(i for b in batches for i in b) == list(range(300))
     for batch in batches[1:]:
         lengths = [sizes[i] for i in batch]
@@ -215,7 +201,7 @@ def test_batches_never_mix_lengths_beyond_the_policy() -> None:
         assert batch == sorted(batch)  # first come, first served within a bucket
 
 
-def _closed_loop(
+async def _closed_loop(
     n_long: int, n_short: int = 16, **kw: object
 ) -> tuple[list[list[int]], dict[int, int], list[int]]:
     """``n_short`` closed-loop clients of 10-token requests, and a client that sends
@@ -230,31 +216,28 @@ def _closed_loop(
         batches.append(list(items))
         return items
 
-    async def go() -> None:
-        options: dict[str, object] = {"max_batch_size": 8, "max_batch_tokens": 512}
-        options.update(kw)
-        batcher = make(process, size=sizes.__getitem__, **options)
-        await batcher.start()
-        stop = asyncio.Event()
+    options: dict[str, object] = {"max_batch_size": 8, "max_batch_tokens": 512}
+    options.update(kw)
+    batcher = make(process, size=sizes.__getitem__, **options)
+    await batcher.start()
+    stop = asyncio.Event()
 
-        async def short_client() -> None:
-            while not stop.is_set():
-                i = next(next_id)
-                sizes[i] = 10
-                await batcher.submit(i)
-
-        shorts = [asyncio.ensure_future(short_client()) for _ in range(n_short)]
-        await asyncio.sleep(0)
-        for _ in range(n_long):
+    async def short_client() -> None:
+        while not stop.is_set():
             i = next(next_id)
-            sizes[i] = 500
-            longs.append(i)
+            sizes[i] = 10
             await batcher.submit(i)
-        stop.set()
-        await asyncio.gather(*shorts)
-        await batcher.stop()
 
-    asyncio.run(go())
+    shorts = [asyncio.ensure_future(short_client()) for _ in range(n_short)]
+    await asyncio.sleep(0)  # one turn: every short client sends its first request first
+    for _ in range(n_long):
+        i = next(next_id)
+        sizes[i] = 500
+        longs.append(i)
+        await batcher.submit(i)
+    stop.set()
+    await asyncio.gather(*shorts)
+    await batcher.stop()
     return batches, sizes, longs
 
 
@@ -264,11 +247,12 @@ def _gaps(batches: list[list[int]], longs: list[int]) -> list[int]:
     return [b - a for a, b in zip([0, *positions], positions, strict=False)]
 
 
-def test_long_requests_are_not_starved_by_a_stream_of_short_ones() -> None:
+@pytest.mark.asyncio
+async def test_long_requests_are_not_starved_by_a_stream_of_short_ones() -> None:
     """Short requests keep arriving (more than fill a batch); each long request queued behind
     them runs after a bounded number of short batches: the fair share of padded tokens."""
     for penalty in (0.0, 0.5):
-        batches, sizes, longs = _closed_loop(4, length_penalty=penalty, anticipate_s=10.0)
+        batches, sizes, longs = await _closed_loop(4, length_penalty=penalty, anticipate_s=10.0)
         policy = LengthPolicy(8, 512, 32, penalty)
         # A long batch is charged charge(512, 1, 500); a full short batch charge(32, 8, 10).
         bound = policy.charge(512, 1, 500) / policy.charge(32, 8, 10) + 2
@@ -277,7 +261,8 @@ def test_long_requests_are_not_starved_by_a_stream_of_short_ones() -> None:
         assert sum(1 for b in batches if all(sizes[i] == 10 for i in b)) >= 3
 
 
-def test_short_clients_keep_their_turns_while_long_work_waits() -> None:
+@pytest.mark.asyncio
+async def test_short_clients_keep_their_turns_while_long_work_waits() -> None:
     """Anticipation: 8 short clients fill exactly one batch, so right after it the short
     bucket is empty until they resubmit; with a long request waiting the batcher waits for
     them while they are owed the next turn, instead of starting the long batch every time."""
@@ -285,15 +270,16 @@ def test_short_clients_keep_their_turns_while_long_work_waits() -> None:
     policy = LengthPolicy(8, 512, 32, penalty)
     owed = policy.charge(512, 1, 500) / policy.charge(32, 8, 10)  # short batches per long
     kw = {"n_short": 8, "length_penalty": penalty}
-    batches, _, longs = _closed_loop(3, anticipate_s=10.0, **kw)  # type: ignore[arg-type]
+    batches, _, longs = await _closed_loop(3, anticipate_s=10.0, **kw)  # type: ignore[arg-type]
     assert all(gap >= owed - 2 for gap in _gaps(batches, longs)[1:]), _gaps(batches, longs)
     # Without anticipation a waiting long request takes the thread whenever the short bucket
     # is momentarily empty, i.e. right after every short batch.
-    batches, _, longs = _closed_loop(3, anticipate_s=0.0, **kw)  # type: ignore[arg-type]
+    batches, _, longs = await _closed_loop(3, anticipate_s=0.0, **kw)  # type: ignore[arg-type]
     assert all(gap <= 2 for gap in _gaps(batches, longs)[1:]), _gaps(batches, longs)
 
 
-def test_short_requests_are_not_held_behind_a_backlog_of_long_ones() -> None:
+@pytest.mark.asyncio
+async def test_short_requests_are_not_held_behind_a_backlog_of_long_ones() -> None:
     """Many long requests queued first; short ones arriving later are interleaved with them
     instead of waiting for the whole long backlog."""
     sizes = {0: 500}
@@ -301,21 +287,18 @@ def test_short_requests_are_not_held_behind_a_backlog_of_long_ones() -> None:
     sizes.update({i: 12 for i in range(21, 29)})
     batches: list[list[int]] = []
 
-    async def go() -> None:
-        batcher, started, release = _blocking_batcher(
-            sizes, batches, max_batch_size=8, max_batch_tokens=512
-        )
-        await batcher.start()
-        first = asyncio.ensure_future(batcher.submit(0))
-        assert await asyncio.to_thread(started.wait, 10)
-        rest = [asyncio.ensure_future(batcher.submit(i)) for i in range(1, 29)]
-        await asyncio.sleep(0)
-        release.set()
-        await first
-        await asyncio.gather(*rest)
-        await batcher.stop()
-
-    asyncio.run(go())
+    batcher, started, release = _blocking_batcher(
+        sizes, batches, max_batch_size=8, max_batch_tokens=512
+    )
+    await batcher.start()
+    first = asyncio.ensure_future(batcher.submit(0))
+    assert await asyncio.to_thread(started.wait, 10)
+    rest = [asyncio.ensure_future(batcher.submit(i)) for i in range(1, 29)]
+    await until(lambda: batcher.pending == 28)  # the whole backlog is queued behind [0]
+    release.set()
+    await first
+    await asyncio.gather(*rest)
+    await batcher.stop()
     short_at = next(n for n, b in enumerate(batches) if sizes[b[0]] == 12)
     assert short_at <= 2, [len(b) for b in batches]
     assert batches[short_at] == list(range(21, 29))
