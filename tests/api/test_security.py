@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import subprocess
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -204,8 +205,10 @@ def test_rotated_tokens_file_is_picked_up_without_a_restart(
     replacement = tmp_path / "tokens.new"
     replacement.write_text("new-token\n")
     replacement.replace(tokens)  # an atomic swap, as a secret volume update does
-    while not accepted("new-token"):  # picked up within the store's check interval
-        pass
+    deadline = time.monotonic() + 120  # picked up within the store's check interval
+    while not accepted("new-token"):
+        assert time.monotonic() < deadline, "the rotated token was never accepted"
+        time.sleep(0.05)
     assert not accepted("old-token")
 
 
