@@ -233,10 +233,10 @@ def test_plaintext_health_port_for_probes_beside_a_tls_port(
     assert err.value.code() == grpc.StatusCode.UNIMPLEMENTED
 
 
-def test_refused_client_streams_read_unauthenticated_from_an_aio_client(
+@pytest.mark.asyncio
+async def test_refused_client_streams_read_unauthenticated_from_an_aio_client(
     start_sidecar: Callable[..., RunningSidecar], bert_tiny_dir: Path
 ) -> None:
-    import asyncio
     from collections import Counter
 
     side = start_sidecar(model_dir=bert_tiny_dir, jobs="off", auth_token="delta-token")
@@ -256,4 +256,4 @@ def test_refused_client_streams_read_unauthenticated_from_an_aio_client(
 
     # Refused while the client was still sending, the call used to end INTERNAL ("Internal
     # error from Core") for most calls instead of UNAUTHENTICATED.
-    assert asyncio.run(refused()) == Counter({"UNAUTHENTICATED": 100})
+    assert await refused() == Counter({"UNAUTHENTICATED": 100})

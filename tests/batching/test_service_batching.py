@@ -6,6 +6,8 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
+import pytest
+
 from limelight.app import build_application
 from limelight.batching import LengthPolicy
 from limelight.core.types import ExplainInput
@@ -14,7 +16,8 @@ from limelight.runtimes.base import InlineBatch, InlineOutputs
 from limelight.settings import Settings
 
 
-def test_mixed_lengths_are_batched_by_the_policy(bert_tiny_dir: Path) -> None:
+@pytest.mark.asyncio
+async def test_mixed_lengths_are_batched_by_the_policy(bert_tiny_dir: Path) -> None:
     settings = Settings(
         model_dir=bert_tiny_dir,
         jobs="off",
@@ -62,7 +65,7 @@ def test_mixed_lengths_are_batched_by_the_policy(bert_tiny_dir: Path) -> None:
             assert len(together.tokens) == len(single.tokens)
         return [len(e.tokens) for e in done]
 
-    lengths = asyncio.run(go())
+    lengths = await go()
     assert any(n > 256 for n in lengths) and any(n <= 32 for n in lengths)
     policy = LengthPolicy(8, 512, 32)
     batched = [w for w in widths[1:] if len(w) > 1]  # after the warm-up
