@@ -28,7 +28,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 import torch
 from tqdm.auto import tqdm
@@ -43,12 +43,12 @@ from limelight.demo.datasets import (
     minilm_base_dir,
     rotten_tomatoes,
 )
+from limelight.distill.build import HeadRecipe, build_head, head_is_current, report
+from limelight.distill.train import TrainConfig
 from limelight.errors import FailedPrecondition, InvalidArgument
 from limelight.models.lm_head import FitConfig, fit_and_save_lm_head, fitted_head_dir
 from limelight.models.loaded import load_model
-
-if TYPE_CHECKING:
-    from limelight.distill.build import HeadRecipe
+from limelight.settings import Settings
 
 DemoName = Literal["minilm", "bert-tiny", "bert-tiny-multilabel"]
 DEMO_NAMES: tuple[DemoName, ...] = ("minilm", "bert-tiny", "bert-tiny-multilabel")
@@ -681,9 +681,6 @@ def ensure_demo_model(
 def demo_head_recipe(name: DemoName) -> HeadRecipe:
     """The inline explainer head each demo model is served with (see docs/distillation.md),
     sized so the first `make serve` stays within its time budget."""
-    from limelight.distill.build import HeadRecipe
-    from limelight.distill.train import TrainConfig
-
     head = DEMO_HEADS[name]
     return HeadRecipe(
         teacher=head.teacher,
@@ -718,9 +715,6 @@ def _ensure_inline_head(
 ) -> None:
     """Build the distilled inline explainer beside the model once per recipe; a failure leaves
     the model served with NormXLogit (logged), never a broken model."""
-    from limelight.distill.build import build_head, head_is_current, report
-    from limelight.models.loaded import load_model
-    from limelight.settings import Settings
 
     lock = model_dir.parent / f".{model_dir.name}.inline-head.lock"
     with _build_lock(lock), _torch_threads(threads or _available_threads()):

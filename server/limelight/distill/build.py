@@ -21,6 +21,7 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
+from limelight.demo import datasets
 from limelight.distill.train import DEFAULT_TEACHER, DEFAULT_TEACHER_PARAMS, TrainConfig, distill
 from limelight.models.explainer_head import ExplainerHead, HeadCard, head_dir, read_card, save_head
 from limelight.models.loaded import LoadedModel
@@ -55,8 +56,6 @@ class HeadRecipe:
 def training_texts(data: str, n: int, validation: int) -> tuple[list[str], list[str]]:
     """The first ``n`` texts of ``data`` for training and the last ``validation`` for checking
     (disjoint; both from the training split of a built-in dataset, never its test split)."""
-    from limelight.demo import datasets
-
     if data == "rotten_tomatoes":
         examples = datasets.rotten_tomatoes("train")
     elif data == "drugscom":
