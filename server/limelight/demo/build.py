@@ -322,6 +322,58 @@ def evaluate_accuracy(
     return correct / len(examples)
 
 
+def _fine_tune(
+    model: Any,
+    ids: list[list[int]],
+    targets: torch.Tensor,
+    pad_id: int,
+    recipe: Recipe,
+    name: str,
+    progress: bool,
+) -> None:
+    """The recipe's epochs of AdamW with linear warm-up and decay, in seeded length-pooled
+    batches, with a progress bar showing the smoothed loss."""
+    schedule = [_batches([len(x) for x in ids], recipe, e) for e in range(recipe.epochs)]
+    total = sum(len(s) for s in schedule)
+    warmup = max(1, math.ceil(total * recipe.warmup_fraction))
+    decay = [p for n, p in model.named_parameters() if not _no_decay(n)]
+    no_decay = [p for n, p in model.named_parameters() if _no_decay(n)]
+    optimiser = torch.optim.AdamW(
+        [
+            {"params": decay, "weight_decay": recipe.weight_decay},
+            {"params": no_decay, "weight_decay": 0.0},
+        ],
+        lr=recipe.learning_rate,
+    )
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimiser,
+        lambda step: min((step + 1) / warmup, max(0.0, (total - step) / max(1, total - warmup))),
+    )
+    torch.manual_seed(recipe.seed + 1)  # dropout masks
+    running: float | None = None
+    with tqdm(
+        total=total,
+        desc=f"training {name}",
+        unit="batch",
+        disable=not progress,
+        file=sys.stderr,
+        dynamic_ncols=True,
+    ) as bar:
+        for epoch_batches in schedule:
+            for batch in epoch_batches:
+                input_ids, mask = _collate([ids[i] for i in batch], pad_id)
+                out = model(input_ids=input_ids, attention_mask=mask, labels=targets[batch])
+                out.loss.backward()
+                torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+                optimiser.step()
+                scheduler.step()
+                optimiser.zero_grad(set_to_none=True)
+                loss = float(out.loss.detach())
+                running = loss if running is None else 0.95 * running + 0.05 * loss
+                bar.set_postfix(loss=f"{running:.3f}", refresh=False)
+                bar.update(1)
+
+
 def _train(
     recipe: Recipe, out_dir: Path, name: str, progress: bool, threads: int | None
 ) -> DemoCard:
@@ -359,49 +411,7 @@ def _train(
         ids: list[list[int]] = encoded["input_ids"]
         labels = torch.tensor([e.label for e in train], dtype=torch.long)
         pad_id = tokenizer.pad_token_id or 0
-        schedule = [_batches([len(x) for x in ids], recipe, e) for e in range(recipe.epochs)]
-        total = sum(len(s) for s in schedule)
-        warmup = max(1, math.ceil(total * recipe.warmup_fraction))
-
-        decay = [p for n, p in model.named_parameters() if not _no_decay(n)]
-        no_decay = [p for n, p in model.named_parameters() if _no_decay(n)]
-        optimiser = torch.optim.AdamW(
-            [
-                {"params": decay, "weight_decay": recipe.weight_decay},
-                {"params": no_decay, "weight_decay": 0.0},
-            ],
-            lr=recipe.learning_rate,
-        )
-        scheduler = torch.optim.lr_scheduler.LambdaLR(
-            optimiser,
-            lambda step: min(
-                (step + 1) / warmup, max(0.0, (total - step) / max(1, total - warmup))
-            ),
-        )
-        torch.manual_seed(recipe.seed + 1)  # dropout masks
-        bar = tqdm(
-            total=total,
-            desc=f"training {name}",
-            unit="batch",
-            disable=not progress,
-            file=sys.stderr,
-            dynamic_ncols=True,
-        )
-        running: float | None = None
-        with bar:
-            for epoch_batches in schedule:
-                for batch in epoch_batches:
-                    input_ids, mask = _collate([ids[i] for i in batch], pad_id)
-                    out = model(input_ids=input_ids, attention_mask=mask, labels=labels[batch])
-                    out.loss.backward()
-                    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-                    optimiser.step()
-                    scheduler.step()
-                    optimiser.zero_grad(set_to_none=True)
-                    loss = float(out.loss.detach())
-                    running = loss if running is None else 0.95 * running + 0.05 * loss
-                    bar.set_postfix(loss=f"{running:.3f}", refresh=False)
-                    bar.update(1)
+        _fine_tune(model, ids, labels, pad_id, recipe, name, progress)
 
         validation_accuracy = evaluate_accuracy(model, tokenizer, validation, recipe.max_length)
         accuracy = evaluate_accuracy(model, tokenizer, test, recipe.max_length)
@@ -536,52 +546,8 @@ def _train_multi_label(
         )["input_ids"]
         targets = torch.tensor([e.vector(labels) for e in train], dtype=torch.float32)
         pad_id = tokenizer.pad_token_id or 0
-        schedule = [_batches([len(x) for x in ids], recipe, e) for e in range(recipe.epochs)]
-        total = sum(len(s) for s in schedule)
-        warmup = max(1, math.ceil(total * recipe.warmup_fraction))
-        optimiser = torch.optim.AdamW(
-            [
-                {
-                    "params": [p for n, p in model.named_parameters() if not _no_decay(n)],
-                    "weight_decay": recipe.weight_decay,
-                },
-                {
-                    "params": [p for n, p in model.named_parameters() if _no_decay(n)],
-                    "weight_decay": 0.0,
-                },
-            ],
-            lr=recipe.learning_rate,
-        )
-        scheduler = torch.optim.lr_scheduler.LambdaLR(
-            optimiser,
-            lambda step: min(
-                (step + 1) / warmup, max(0.0, (total - step) / max(1, total - warmup))
-            ),
-        )
-        torch.manual_seed(recipe.seed + 1)  # dropout masks
-        running: float | None = None
-        with tqdm(
-            total=total,
-            desc=f"training {name}",
-            unit="batch",
-            disable=not progress,
-            file=sys.stderr,
-            dynamic_ncols=True,
-        ) as bar:
-            for epoch_batches in schedule:
-                for batch in epoch_batches:
-                    input_ids, mask = _collate([ids[i] for i in batch], pad_id)
-                    # labels given as floats with this problem_type: BCE with logits per label
-                    out = model(input_ids=input_ids, attention_mask=mask, labels=targets[batch])
-                    out.loss.backward()
-                    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-                    optimiser.step()
-                    scheduler.step()
-                    optimiser.zero_grad(set_to_none=True)
-                    loss = float(out.loss.detach())
-                    running = loss if running is None else 0.95 * running + 0.05 * loss
-                    bar.set_postfix(loss=f"{running:.3f}", refresh=False)
-                    bar.update(1)
+        # labels given as floats with this problem_type: BCE with logits per label
+        _fine_tune(model, ids, targets, pad_id, recipe, name, progress)
 
         args = (tokenizer, labels, recipe.max_length, recipe.threshold)
         on_validation = evaluate_multi_label(model, args[0], validation, *args[1:])
