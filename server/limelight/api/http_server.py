@@ -263,17 +263,7 @@ def v1_explanation(e: Explanation) -> dict[str, Any]:
         "method": a.method,
         "target_label": a.target_label,
         "target_index": a.target_index,
-        "tokens": [
-            {
-                "text": t.text,
-                "start": t.start,
-                "end": t.end,
-                "special": t.special,
-                "segment": t.segment,
-                "score": float(score),
-            }
-            for t, score in zip(e.tokens, a.scores.tolist(), strict=True)
-        ],
+        "tokens": [t.scored(score) for t, score in zip(e.tokens, a.scores.tolist(), strict=True)],
     }
 
 

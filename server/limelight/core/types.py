@@ -46,6 +46,18 @@ class TokenInfo:
     special: bool
     segment: int = 0
 
+    def scored(self, score: float | None) -> dict[str, Any]:
+        """The token as JSON with its score (the HTTP APIs' and the viewer's token shape;
+        None where the viewer has no finite score)."""
+        return {
+            "text": self.text,
+            "start": self.start,
+            "end": self.end,
+            "special": self.special,
+            "segment": self.segment,
+            "score": None if score is None else float(score),
+        }
+
 
 @dataclass(frozen=True)
 class Encoded:

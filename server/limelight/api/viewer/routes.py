@@ -119,17 +119,7 @@ def explanation_json(e: Explanation, text: str, text_pair: str | None) -> dict[s
         "details": jsonable(a.details),
         "target_label": a.target_label,
         "target_index": a.target_index,
-        "tokens": [
-            {
-                "text": t.text,
-                "start": t.start,
-                "end": t.end,
-                "special": t.special,
-                "segment": t.segment,
-                "score": s,
-            }
-            for t, s in zip(e.tokens, scores, strict=True)
-        ],
+        "tokens": [t.scored(s) for t, s in zip(e.tokens, scores, strict=True)],
         "words": word_spans(e.tokens, text, text_pair),
         "class_scores": (
             [_floats(row) for row in np.asarray(a.class_scores).T]
