@@ -17,11 +17,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import torch
-from transformers import AutoTokenizer, BertConfig, BertForSequenceClassification
 
 from limelight.settings import Settings
 from tests.ports import free_port
+from tests.tiny_bert import save_tiny_bert
 
 __all__ = ["SLOW_FIXTURES", "RunningSidecar", "cache_dir", "free_port"]
 
@@ -82,21 +81,7 @@ def tokenizer_dir() -> Path:
 def random_bert_dir(tmp_path_factory: pytest.TempPathFactory, tokenizer_dir: Path) -> Path:
     """A tiny randomly initialised 3-class BERT with a real WordPiece tokenizer."""
     out = tmp_path_factory.mktemp("random-bert")
-    torch.manual_seed(0)
-    labels = {0: "negative", 1: "neutral", 2: "positive"}
-    config = BertConfig(  # type: ignore[call-arg]  # the stubs omit PretrainedConfig kwargs
-        vocab_size=30522,
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        intermediate_size=64,
-        num_labels=3,
-        id2label=labels,
-        label2id={v: k for k, v in labels.items()},
-    )
-    BertForSequenceClassification(config).save_pretrained(out, safe_serialization=True)
-    AutoTokenizer.from_pretrained(tokenizer_dir).save_pretrained(out)
-    return out
+    return save_tiny_bert(out, tokenizer_dir, ["negative", "neutral", "positive"], seed=0)
 
 
 @dataclass

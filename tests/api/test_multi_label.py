@@ -12,12 +12,13 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from transformers import AutoTokenizer, BertConfig, BertForSequenceClassification
+from transformers import AutoTokenizer, BertForSequenceClassification
 
 from limelight.core.prediction import label_thresholds, predict, sigmoid
 from limelight.errors import InvalidArgument
 from limelight_client import Client
 from limelight_client.errors import InvalidArgument as InvalidArgumentError
+from tests.tiny_bert import save_tiny_bert
 
 LABELS = ["toxic", "insult", "threat", "spam"]
 #: Head biases that put the labels clearly above or below 0.5 whatever the random weights say.
@@ -29,24 +30,9 @@ TEXT = "you are a dreadful person and this is a terrible, awful idea"
 def multi_label_dir(tmp_path_factory: pytest.TempPathFactory, tokenizer_dir: Path) -> Path:
     """A tiny randomly initialised 4-label BERT (problem_type multi_label_classification)."""
     out = tmp_path_factory.mktemp("multi-label-bert")
-    torch.manual_seed(1)
-    config = BertConfig(  # type: ignore[call-arg]  # the stubs omit PretrainedConfig kwargs
-        vocab_size=30522,
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        intermediate_size=64,
-        num_labels=len(LABELS),
-        id2label=dict(enumerate(LABELS)),
-        label2id={name: i for i, name in enumerate(LABELS)},
-        problem_type="multi_label_classification",
+    return save_tiny_bert(
+        out, tokenizer_dir, LABELS, seed=1, problem_type="multi_label_classification", biases=BIASES
     )
-    model = BertForSequenceClassification(config)
-    with torch.no_grad():
-        model.classifier.bias.copy_(torch.tensor(BIASES))
-    model.save_pretrained(out, safe_serialization=True)
-    AutoTokenizer.from_pretrained(tokenizer_dir).save_pretrained(out)
-    return out
 
 
 def _reference(model_dir: Path, text: str) -> tuple[np.ndarray, np.ndarray, list[int]]:

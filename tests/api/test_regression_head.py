@@ -10,9 +10,10 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from transformers import AutoTokenizer, BertConfig, BertForSequenceClassification
+from transformers import AutoTokenizer, BertForSequenceClassification
 
 from limelight_client import Client
+from tests.tiny_bert import save_tiny_bert
 
 TEXTS = [
     "the room was clean and the staff were friendly",
@@ -25,25 +26,14 @@ TEXTS = [
 def regression_dir(tmp_path_factory: pytest.TempPathFactory, tokenizer_dir: Path) -> Path:
     """A tiny randomly initialised BERT regressor (num_labels 1, problem_type regression)."""
     out = tmp_path_factory.mktemp("regression-bert")
-    torch.manual_seed(2)
-    config = BertConfig(  # type: ignore[call-arg]  # the stubs omit PretrainedConfig kwargs
-        vocab_size=30522,
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        intermediate_size=64,
-        num_labels=1,
-        id2label={0: "score"},
-        label2id={"score": 0},
-        problem_type="regression",
-    )
-    model = BertForSequenceClassification(config)
-    with torch.no_grad():
+
+    def rating_like(model: BertForSequenceClassification) -> None:
         model.classifier.bias.fill_(2.5)  # a rating-like offset
         model.classifier.weight.mul_(20)  # so that tokens' outputs differ visibly
-    model.save_pretrained(out, safe_serialization=True)
-    AutoTokenizer.from_pretrained(tokenizer_dir).save_pretrained(out)
-    return out
+
+    return save_tiny_bert(
+        out, tokenizer_dir, ["score"], seed=2, problem_type="regression", edit=rating_like
+    )
 
 
 def _reference(model_dir: Path, text: str) -> tuple[float, np.ndarray]:

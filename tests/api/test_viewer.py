@@ -19,6 +19,7 @@ from limelight.api.viewer import word_spans
 from limelight.core.types import TokenInfo
 from limelight_client import Client
 from tests.conftest import RunningSidecar
+from tests.tiny_bert import save_tiny_bert
 
 INJECTION = '<img src=x onerror="window.__pwned=1">'
 INJECTION_SCRIPT = "<script>window.__pwned=2</script>"
@@ -149,28 +150,14 @@ def multi_label_sidecar(
     start_sidecar: Callable[..., RunningSidecar], tmp_path: Path, tokenizer_dir: Path
 ) -> RunningSidecar:
     """A tiny random 3-label BERT whose biases put two labels over their thresholds."""
-    import torch
-    from transformers import AutoTokenizer, BertConfig, BertForSequenceClassification
-
-    labels = ["toxic", "insult", "spam"]
-    torch.manual_seed(3)
-    config = BertConfig(  # type: ignore[call-arg]  # the stubs omit PretrainedConfig kwargs
-        vocab_size=30522,
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        intermediate_size=64,
-        num_labels=3,
-        id2label=dict(enumerate(labels)),
-        label2id={name: i for i, name in enumerate(labels)},
+    out = save_tiny_bert(
+        tmp_path / "multi-label",
+        tokenizer_dir,
+        ["toxic", "insult", "spam"],
+        seed=3,
         problem_type="multi_label_classification",
+        biases=[4.0, 3.0, -4.0],
     )
-    model = BertForSequenceClassification(config)
-    with torch.no_grad():
-        model.classifier.bias.copy_(torch.tensor([4.0, 3.0, -4.0]))
-    out = tmp_path / "multi-label"
-    model.save_pretrained(out, safe_serialization=True)
-    AutoTokenizer.from_pretrained(tokenizer_dir).save_pretrained(out)
     return start_sidecar(model_dir=out)
 
 

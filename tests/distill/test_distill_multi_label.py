@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from transformers import AutoTokenizer, BertConfig, BertForSequenceClassification
+from transformers import AutoTokenizer, BertForSequenceClassification
 
 from limelight.distill.train import (
     TrainConfig,
@@ -37,6 +37,7 @@ from limelight.runtimes.base import InlineBatch
 from limelight.runtimes.torch_runtime import TorchRuntime
 from limelight.settings import Settings
 from limelight_client import Client
+from tests.tiny_bert import save_tiny_bert
 
 LABELS = ["toxic", "insult", "threat"]
 #: Head biases that put two labels clearly over 0.5 and one clearly under, whatever the text.
@@ -57,24 +58,9 @@ CONFIG = TrainConfig(epochs=3, width=16, attention_heads=2, loop_steps=2, loop_b
 def multi_label_dir(tmp_path_factory: pytest.TempPathFactory, tokenizer_dir: Path) -> Path:
     """A tiny randomly initialised 3-label BERT (problem_type multi_label_classification)."""
     out = tmp_path_factory.mktemp("multi-label-distill")
-    torch.manual_seed(3)
-    shape: dict[str, Any] = dict(
-        vocab_size=30522,
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        intermediate_size=64,
-        num_labels=len(LABELS),
-        id2label=dict(enumerate(LABELS)),
-        label2id={name: i for i, name in enumerate(LABELS)},
-        problem_type="multi_label_classification",
+    return save_tiny_bert(
+        out, tokenizer_dir, LABELS, seed=3, problem_type="multi_label_classification", biases=BIASES
     )
-    model = BertForSequenceClassification(BertConfig(**shape))
-    with torch.no_grad():
-        model.classifier.bias.copy_(torch.tensor(BIASES))
-    model.save_pretrained(out, safe_serialization=True)
-    AutoTokenizer.from_pretrained(tokenizer_dir).save_pretrained(out)
-    return out
 
 
 def _predicted(model_dir: Path, text: str, thresholds: list[float]) -> list[int]:
