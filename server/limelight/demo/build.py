@@ -322,6 +322,40 @@ def evaluate_accuracy(
     return correct / len(examples)
 
 
+def _card(
+    name: str,
+    recipe: Recipe,
+    sizes: tuple[int, int, int],
+    clocks: tuple[float, float],
+    threads: int,
+    scores: tuple[float, float],
+    metrics: dict[str, Any] | None = None,
+) -> DemoCard:
+    """The card of a build that started at ``clocks`` (wall, CPU) and scored ``scores``
+    (test, validation)."""
+    return DemoCard(
+        name=name,
+        recipe=recipe.as_dict(),
+        recipe_hash=recipe.digest(),
+        accuracy=scores[0],
+        validation_accuracy=scores[1],
+        seed=recipe.seed,
+        n_train=sizes[0],
+        n_validation=sizes[1],
+        n_test=sizes[2],
+        build_seconds=round(time.perf_counter() - clocks[0], 2),
+        cpu_seconds=round(time.process_time() - clocks[1], 2),
+        built_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        threads=threads,
+        versions={
+            "torch": torch.__version__,
+            "transformers": _dist_version("transformers"),
+            "limelight": _limelight_version(),
+        },
+        metrics=metrics or {},
+    )
+
+
 def _fine_tune(
     model: Any,
     ids: list[list[int]],
@@ -419,25 +453,9 @@ def _train(
         model.save_pretrained(out_dir)
         tokenizer.save_pretrained(out_dir)
 
-    card = DemoCard(
-        name=name,
-        recipe=recipe.as_dict(),
-        recipe_hash=recipe.digest(),
-        accuracy=accuracy,
-        validation_accuracy=validation_accuracy,
-        seed=recipe.seed,
-        n_train=len(train),
-        n_validation=len(validation),
-        n_test=len(test),
-        build_seconds=round(time.perf_counter() - started, 2),
-        cpu_seconds=round(time.process_time() - cpu_started, 2),
-        built_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        threads=threads,
-        versions={
-            "torch": torch.__version__,
-            "transformers": _dist_version("transformers"),
-            "limelight": _limelight_version(),
-        },
+    sizes = (len(train), len(validation), len(test))
+    card = _card(
+        name, recipe, sizes, (started, cpu_started), threads, (accuracy, validation_accuracy)
     )
     card.write(out_dir)
     return card
@@ -563,27 +581,9 @@ def _train_multi_label(
         "validation_micro_f1": on_validation["micro_f1"],
         "validation_macro_f1": on_validation["macro_f1"],
     }
-    card = DemoCard(
-        name=name,
-        recipe=recipe.as_dict(),
-        recipe_hash=recipe.digest(),
-        accuracy=on_test["exact_match"],
-        validation_accuracy=on_validation["exact_match"],
-        seed=recipe.seed,
-        n_train=len(train),
-        n_validation=len(validation),
-        n_test=len(test),
-        build_seconds=round(time.perf_counter() - started, 2),
-        cpu_seconds=round(time.process_time() - cpu_started, 2),
-        built_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        threads=threads,
-        versions={
-            "torch": torch.__version__,
-            "transformers": _dist_version("transformers"),
-            "limelight": _limelight_version(),
-        },
-        metrics=metrics,
-    )
+    sizes = (len(train), len(validation), len(test))
+    scores = (on_test["exact_match"], on_validation["exact_match"])
+    card = _card(name, recipe, sizes, (started, cpu_started), threads, scores, metrics)
     if progress:
         per_label = ", ".join(f"{k} {v:.3f}" for k, v in on_test["per_label_f1"].items())
         tqdm.write(
