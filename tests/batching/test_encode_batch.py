@@ -36,6 +36,16 @@ def test_encode_batch_matches_encode(bert_tiny_dir: Path) -> None:
             ] * 4
 
 
+def test_encode_batch_of_one_matches_encode(bert_tiny_dir: Path) -> None:
+    """A batch of one (an idle server's request) takes the backend's single-input call."""
+    model = load_model(bert_tiny_dir)
+    for limit in (64, 512):
+        for text, pair in INPUTS:
+            assert encode_batch(model, [(text, pair)], limit, "truncate") == [
+                model.encode(text, pair, limit, "truncate")
+            ]
+
+
 def test_encode_batch_rejects_only_the_over_long_inputs(bert_tiny_dir: Path) -> None:
     model = load_model(bert_tiny_dir)
     batch = encode_batch(model, INPUTS, 64, "reject")

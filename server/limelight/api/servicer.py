@@ -77,6 +77,23 @@ class ExplainerServicer:
         self._ended: set[asyncio.Task[Any]] = set()
         #: When the last RPC started (monotonic): shutdown waits for a quiet moment.
         self._last_start = 0.0
+        # Metric children by label values, made on first use: ``labels()`` builds and looks
+        # up a key under a lock on every call, which the per-request path need not repeat.
+        self._in_flight: dict[str, Any] = {}
+        self._duration: dict[tuple[str, str], Any] = {}
+
+    def _in_flight_gauge(self, rpc: str) -> Any:
+        gauge = self._in_flight.get(rpc)
+        if gauge is None:
+            gauge = self._in_flight[rpc] = self.metrics.requests_in_flight.labels(rpc)
+        return gauge
+
+    def _observe_duration(self, rpc: str, code: str, seconds: float) -> None:
+        histogram = self._duration.get((rpc, code))
+        if histogram is None:
+            histogram = self.metrics.request_duration.labels(rpc, code)
+            self._duration[(rpc, code)] = histogram
+        histogram.observe(seconds)
 
     def ready_service(self) -> ExplanationService:
         """The explanation service, or Unavailable while the model is still loading."""
@@ -143,7 +160,7 @@ class ExplainerServicer:
     ) -> Resp | None:
         start = time.monotonic()
         code = "OK"
-        in_flight = self.metrics.requests_in_flight.labels(rpc)
+        in_flight = self._in_flight_gauge(rpc)
         in_flight.inc()
         task = self._track()
         try:
@@ -165,7 +182,7 @@ class ExplainerServicer:
         finally:
             self._calls.discard(task)
             in_flight.dec()
-            self.metrics.request_duration.labels(rpc, code).observe(time.monotonic() - start)
+            self._observe_duration(rpc, code, time.monotonic() - start)
 
     async def _guard_stream(
         self,
@@ -175,7 +192,7 @@ class ExplainerServicer:
     ) -> AsyncIterator[Resp]:
         start = time.monotonic()
         code = "OK"
-        in_flight = self.metrics.requests_in_flight.labels(rpc)
+        in_flight = self._in_flight_gauge(rpc)
         in_flight.inc()
         task = self._track()
         try:
@@ -196,7 +213,7 @@ class ExplainerServicer:
         finally:
             self._calls.discard(task)
             in_flight.dec()
-            self.metrics.request_duration.labels(rpc, code).observe(time.monotonic() - start)
+            self._observe_duration(rpc, code, time.monotonic() - start)
 
     # --- RPCs -----------------------------------------------------------------------------------
 

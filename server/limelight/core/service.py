@@ -166,7 +166,14 @@ def encode_batch(
         (text[:cut] if len(text) > cut else text) if pair is None else (text, pair)
         for text, pair in inputs
     ]
-    encodings = backend.encode_batch(batch, add_special_tokens=True)
+    if len(batch) == 1:
+        # One input (every request on an idle server): ``encode_batch`` would hand it to the
+        # backend's thread pool and wait for it, which costs more than tokenising it here.
+        text, pair = inputs[0]
+        first = text[:cut] if pair is None and len(text) > cut else text
+        encodings = [backend.encode(first, pair, add_special_tokens=True)]
+    else:
+        encodings = backend.encode_batch(batch, add_special_tokens=True)
     for index, (enc, (text, pair)) in enumerate(zip(encodings, inputs, strict=True)):
         if pair is None and len(text) > cut:
             ends = [
@@ -290,6 +297,14 @@ class ExplanationService:
             )
         self.default_method = default
         self._normxlogit = NormXLogit()
+        # Read once: the model's config answers these through transformers' attribute
+        # machinery, which costs more per request than the rest of the answer's bookkeeping.
+        self._problem = model.problem_type
+        self._multi_label = model.is_multi_label
+        self._regression = model.is_regression
+        self._labels = list(model.labels)
+        #: Label index -> its predictions counter, made on first use (as ``labels()`` would).
+        self._predicted_counter: dict[int, Any] = {}
         if settings.truncation == "window":
             check_stride(settings.window_stride, min(settings.max_tokens, model.max_tokens))
         #: Multi-label: one threshold per label (an unknown label in the settings fails here).
@@ -579,14 +594,18 @@ class ExplanationService:
         model = self.model
         prediction = self.predict(result.logits)
         predicted = prediction.index
-        targets = explained_targets(model, request.target, prediction)
+        labels = self._labels
+        if request.target is None and not self._multi_label:
+            targets = [predicted]  # what explained_targets answers, without its config reads
+        else:
+            targets = explained_targets(model, request.target, prediction)
 
         def attribution(target: int, primary: bool) -> Attribution:
             return Attribution(
                 method=method.name,
                 parameters={},
                 target_index=target,
-                target_label=model.labels[target],
+                target_label=labels[target],
                 scores=np.ascontiguousarray(result.matrix[:, target]),
                 class_scores=result.matrix if request.all_classes and primary else None,
                 extra_scores=(
@@ -596,18 +615,16 @@ class ExplanationService:
                 ),
             )
 
-        multi = model.is_multi_label
+        multi = self._multi_label
         return Explanation(
             request_id=request.request_id,
             label_index=predicted,
-            label=model.labels[predicted],
+            label=labels[predicted],
             probabilities=[float(p) for p in prediction.probabilities],
-            labels=list(model.labels),
+            labels=list(labels),
             tokens=list(encoded.tokens),
             attribution=attribution(targets[0], True),
-            predicted_labels=[]
-            if model.is_regression
-            else [model.labels[i] for i in prediction.active],
+            predicted_labels=[] if self._regression else [labels[i] for i in prediction.active],
             multi_label=multi,
             thresholds=list(self.thresholds),
             label_attributions=[attribution(t, False) for t in targets[1:]],
@@ -624,7 +641,7 @@ class ExplanationService:
 
     def predict(self, logits: FloatArray) -> Prediction:
         """Probabilities, top label and predicted set of one row of logits."""
-        return predict(logits, self.model.problem_type, self.thresholds)
+        return predict(logits, self._problem, self.thresholds)
 
     def _observe(self, explanation: Explanation, matrix: FloatArray) -> None:
         """Metrics, and drift with each predicted class's scores (whatever the target was):
@@ -638,12 +655,15 @@ class ExplanationService:
         stage["forward"].observe(t.forward_seconds)
         stage["attribute"].observe(t.attribute_seconds)
         if explanation.multi_label:
-            predicted = [self.model.label_index(name) for name in explanation.predicted_labels]
+            predicted = [self._labels.index(name) for name in explanation.predicted_labels]
         else:
             predicted = [explanation.label_index]
         for index in predicted:
-            m.predictions.labels(self.model.labels[index]).inc()
-        if not self.model.is_regression:
+            counter = self._predicted_counter.get(index)
+            if counter is None:
+                counter = self._predicted_counter[index] = m.predictions.labels(self._labels[index])
+            counter.inc()
+        if not self._regression:
             m.confidence.observe(explanation.probabilities[explanation.label_index])
         if explanation.truncated:
             m.truncated.inc()
@@ -652,9 +672,7 @@ class ExplanationService:
             texts = [explanation.tokens[i].text for i in keep]
             for index in predicted:
                 column = matrix[:, index]
-                self.drift.observe(
-                    self.model.labels[index], texts, [float(column[i]) for i in keep]
-                )
+                self.drift.observe(self._labels[index], texts, [float(column[i]) for i in keep])
 
     # --- model info ----------------------------------------------------------------------------
 
