@@ -17,7 +17,13 @@ import torch
 
 from limelight.demo.synthetic import build_synthetic_model, sample_linear_dataset
 from limelight.distill.build import HeadRecipe, build_head, head_is_current
-from limelight.distill.train import TrainConfig, distill, predict_scores, teacher_attributions
+from limelight.distill.train import (
+    TrainConfig,
+    distill,
+    normalise_labels,
+    predict_scores,
+    teacher_attributions,
+)
 from limelight.errors import FailedPrecondition
 from limelight.methods.distilled import DistilledExplainer
 from limelight.methods.normxlogit import NormXLogit
@@ -178,3 +184,38 @@ def test_build_head_is_cached_by_recipe(synthetic: Path, tmp_path: Path) -> None
     assert head_is_current(model, recipe, out)
     assert not head_is_current(model, replace(recipe, n_texts=20), out)
     assert card.train_texts == 30 and card.validation_texts == 10
+
+
+def test_label_scaling_keeps_signs_unless_asked_to_centre() -> None:
+    """``rms`` divides by the root mean square of the non-special tokens, so a token the
+    teacher scored against the class stays negative; ``standard`` centres per text, which
+    turns every all-positive label half negative."""
+    scores = np.array([9.0, 3.0, 1.0, 2.0, -2.0, 9.0], dtype=np.float32)
+    keep = np.array([False, True, True, True, True, False])
+    rms = normalise_labels(scores, keep, "rms")
+    assert np.array_equal(np.sign(rms[keep]), np.sign(scores[keep]))
+    assert float(np.sqrt(np.mean(rms[keep] ** 2))) == pytest.approx(1.0)
+    ranks = np.array([0.0, 4.0, 3.0, 2.0, 1.0, 0.0], dtype=np.float32)
+    assert (normalise_labels(ranks, keep, "rms")[keep] > 0).all()
+    centred = normalise_labels(ranks, keep, "standard")[keep]
+    assert centred.mean() == pytest.approx(0.0, abs=1e-6) and (centred < 0).sum() == 2
+    assert np.array_equal(normalise_labels(np.zeros(6, np.float32), keep), np.zeros(6))
+
+
+def test_serving_forward_equals_the_training_path(distilled: Path) -> None:
+    """The head serves through per-hidden-state slices of its projection; training reads the
+    wide feature matrix (``features`` then ``score``). Both must give the same scores, padding
+    included."""
+    model = load_model(distilled)
+    head = load_head(model)
+    texts = sample_linear_dataset(3, seed=7).texts()
+    batch = InlineBatch.from_encoded([model.encode(t) for t in texts], model.pad_id)
+    ids, mask, types = TorchRuntime(model)._tensors(batch)
+    with torch.inference_mode():
+        out = model.adapter.run_base(ids, mask, types)
+        logits = model.adapter.head(out.last_hidden_state)
+        norms = out.hidden_states[0].float().norm(dim=-1)
+        served = head(out.hidden_states, norms, logits, mask)
+        trained = head.score(head.features(out.hidden_states, norms, logits), mask)
+    assert served.abs().max() > 0.1  # not a degenerate head
+    torch.testing.assert_close(served, trained, atol=1e-5, rtol=1e-5)

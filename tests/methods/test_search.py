@@ -137,6 +137,39 @@ def test_greedy_deletion_in_rounds_matches_a_brute_force_search(random_bert: Loa
     assert all(scores[k] < scores[order[removed - 1]] for k in players if present[k])
 
 
+def test_signed_greedy_deletion_signs_each_token_by_its_measured_drop(
+    random_bert: LoadedModel,
+) -> None:
+    """Signed: a token is positive exactly when removing it lowered the target's log-odds the
+    last time the search measured it (brute force), and the order is the search's with the
+    negative tokens moved behind the positive ones."""
+    encoded = random_bert.encode(TEXT + " but the cast is wonderful")
+    target = 1
+    players = [i for i, tok in enumerate(encoded.tokens) if not tok.special]
+    present = {i: True for i in players}
+    current = _value(random_bert, encoded, present, target, "mask")
+    last_drop: dict[int, float] = {}
+    for _ in range(math.ceil(0.5 * len(players))):
+        trials = {
+            i: _value(random_bert, encoded, {**present, i: False}, target, "mask")
+            for i in players
+            if present[i]
+        }
+        last_drop.update({i: current - v for i, v in trials.items()})
+        best = min(trials, key=lambda i: trials[i])
+        present[best] = False
+        current = trials[best]
+    plain = greedy_deletion(random_bert, encoded, target, max_fraction=0.5)
+    signed = greedy_deletion(random_bert, encoded, target, max_fraction=0.5, signed=True)
+    assert {i for i in players if signed[i] > 0} == {i for i in players if last_drop[i] > 0}
+    assert all(signed[i] != 0 for i in players)
+    searched = sorted(players, key=lambda i: -plain[i])
+    towards = [i for i in searched if last_drop[i] > 0]
+    against = [i for i in searched if last_drop[i] <= 0]
+    assert towards and against  # the text has both kinds, so the test can fail
+    assert sorted(players, key=lambda i: -signed[i]) == towards + against
+
+
 def test_removal_keeps_ids_segments_and_tokens_aligned(random_bert: LoadedModel) -> None:
     encoded = random_bert.encode("the plot is thin", "but the cast is great")
     game = Coalitions(random_bert, encoded, "delete")

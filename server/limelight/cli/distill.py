@@ -9,7 +9,7 @@ from limelight.cli.common import add_model_args, parse_params, settings_from_arg
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    from limelight.distill.train import DEFAULT_TEACHER, TEACHERS, TrainConfig
+    from limelight.distill.train import DEFAULT_TEACHER, LABEL_SCALES, TEACHERS, TrainConfig
 
     defaults = TrainConfig()
     p = subparsers.add_parser(
@@ -46,6 +46,13 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="steps with the classifier in the loop (deletion/sufficiency objective)",
     )
     p.add_argument("--width", type=int, default=defaults.width)
+    p.add_argument(
+        "--label-scale",
+        default=defaults.label_scale,
+        choices=list(LABEL_SCALES),
+        help="per-text scaling of the teacher's scores: rms keeps their signs (default), "
+        "standard centres them",
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", type=Path, help="head directory (default: beside the model)")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
@@ -69,7 +76,11 @@ def run(args: argparse.Namespace) -> int:
         n_texts=args.n,
         validation_texts=args.validation,
         train=TrainConfig(
-            epochs=args.epochs, loop_steps=args.loop_steps, width=args.width, seed=args.seed
+            epochs=args.epochs,
+            loop_steps=args.loop_steps,
+            width=args.width,
+            label_scale=args.label_scale,
+            seed=args.seed,
         ),
     )
     _, card, out = build_head(model, settings, recipe, args.out, progress=not args.no_progress)

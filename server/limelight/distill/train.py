@@ -5,9 +5,10 @@ Two stages, both deterministic for a seed:
 1. **Amortisation.** For each training text the teacher explains the model's predicted class
    (default: Shapley values of its log-odds from two antithetic permutations — cheap, noisy and
    unbiased, so many texts beat few exact labels). The head's column of that class is fitted to
-   the teacher's scores standardised per text (rankings and relative sizes matter, scales do
-   not); with two (softmax) classes the other column gets the negated scores, which is exact
-   for log-odds. Special tokens are ignored.
+   the teacher's scores divided by their root mean square per text (rankings, relative sizes
+   and signs matter, scales do not: a token against the class stays negative in the heat-map);
+   with two (softmax) classes the other column gets the negated scores, which is exact for
+   log-odds. Special tokens are ignored.
 2. **The classifier in the loop** (``loop_steps`` > 0). The head's scores pick the top share
    of tokens; the classifier, frozen, sees the text with those tokens masked (the class
    probability must fall) and with only those tokens kept (it must stay). The mask is hard in
@@ -78,6 +79,9 @@ class TrainConfig:
     loop_lr: float = 5e-4
     loop_weight: float = 1.0
     """Weight of the faithfulness loss against the amortisation anchor in stage 2."""
+    label_scale: str = "rms"
+    """How each text's teacher scores are scaled before regression (see
+    :func:`normalise_labels`): ``rms`` keeps their signs, ``standard`` centres them."""
     seed: int = 0
 
 
@@ -204,10 +208,20 @@ def _sequence_logits(
     return np.concatenate(out, axis=0) if out else np.zeros((0, model.num_labels), np.float32)
 
 
-def _standardise(scores: np.ndarray, keep: np.ndarray) -> np.ndarray:
+LABEL_SCALES = ("rms", "standard")
+
+
+def normalise_labels(scores: np.ndarray, keep: np.ndarray, scale: str = "rms") -> np.ndarray:
+    """One text's teacher scores on a common scale. ``rms``: divided by their root mean square
+    over the non-special tokens — signs and zero kept, so a token the teacher found against
+    the class stays negative in the head's heat-map. ``standard``: centred and divided by the
+    standard deviation (the sign of every token then depends on the text's mean)."""
     values = scores[keep]
-    std = float(values.std()) if values.size > 1 else 1.0
-    return (scores - float(values.mean())) / (std if std > 1e-12 else 1.0)
+    if scale == "standard":
+        std = float(values.std()) if values.size > 1 else 1.0
+        return (scores - float(values.mean())) / (std if std > 1e-12 else 1.0)
+    rms = float(np.sqrt(np.mean(values**2))) if values.size else 0.0
+    return scores / (rms if rms > 1e-12 else 1.0)
 
 
 def default_layers(model: LoadedModel) -> list[int]:
@@ -220,7 +234,7 @@ class _Item:
     encoded: Encoded
     features: torch.Tensor  # [n, F]
     target: int
-    labels: torch.Tensor  # [n] standardised teacher scores
+    labels: torch.Tensor  # [n] teacher scores on a per-text scale (normalise_labels)
     keep: torch.Tensor  # [n] bool: non-special
 
 
@@ -248,7 +262,10 @@ def head_features(
 
 
 def _items(
-    model: LoadedModel, head: ExplainerHead, examples: Sequence[TeacherExample]
+    model: LoadedModel,
+    head: ExplainerHead,
+    examples: Sequence[TeacherExample],
+    label_scale: str = "rms",
 ) -> list[_Item]:
     encoded = [model.encode(ex.text) for ex in examples]
     feats = head_features(model, head, encoded)
@@ -257,7 +274,7 @@ def _items(
         keep = ~enc.special_mask
         if keep.sum() == 0 or len(ex.scores) != len(enc):
             continue
-        labels = _standardise(np.asarray(ex.scores, dtype=np.float32), keep)
+        labels = normalise_labels(np.asarray(ex.scores, dtype=np.float32), keep, label_scale)
         items.append(
             _Item(enc, f, ex.target, torch.from_numpy(labels).float(), torch.from_numpy(keep))
         )
@@ -338,7 +355,7 @@ def train_head(
             config.width,
             config.attention_heads,
         ).to(model.device)
-    items = _items(model, head, examples)
+    items = _items(model, head, examples, config.label_scale)
     rng = np.random.default_rng(config.seed)
     lengths = [len(i.encoded) for i in items]
     optimizer = torch.optim.AdamW(head.parameters(), lr=config.lr, weight_decay=1e-2)

@@ -159,10 +159,17 @@ def greedy_deletion(
     max_fraction: float = 0.5,
     batch_size: int = 64,
     step: float = 0.0,
+    signed: bool = False,
     ctx: JobContext | None = None,
 ) -> FloatArray:
     """[n] scores from greedy deletion: the k-th token removed scores ``m - k``; tokens never
     removed (past ``max_fraction``) score below them, ordered by their drop in the last round.
+
+    ``signed``: a token's sign is the sign of its drop when it was last measured (removing it
+    lowered the target: positive; raised it: negative). Positive tokens score their count down
+    to 1 in the search's order, negative ones -1, -2, ... in the same order, so the ranking is
+    the search's with the tokens that work against the target moved last — what a heat-map
+    needs, where colour is read as direction.
 
     ``step`` = 0 removes one token per round (about n²/3 forward passes). ``step`` > 0 removes
     a share of the tokens per round — the ``step`` share with the largest single drops, in that
@@ -207,6 +214,11 @@ def greedy_deletion(
     if rest.size:  # below every removed token, in the order of their last measured drop
         order = np.argsort(np.argsort(last_drop[rest]))
         rank[rest] = (order + 1) / (rest.size + 1)
+    if signed:
+        searched = np.argsort(-rank, kind="stable")
+        towards = last_drop[searched] > 0
+        rank[searched[towards]] = np.arange(int(towards.sum()), 0, -1)
+        rank[searched[~towards]] = -np.arange(1, int((~towards).sum()) + 1)
     scores[game.players] = rank
     return scores
 
@@ -262,6 +274,11 @@ class GreedyDeletion(JobMethod):
             maximum=0.5,
             help="share of tokens removed per round (0 = one token; 0.1 = rounds at 10 %, 20 %, …)",
         ),
+        "signed": Param(
+            bool,
+            False,
+            help="signed ranks: tokens whose removal raised the target score negative, last",
+        ),
     }
 
     def run(
@@ -275,6 +292,7 @@ class GreedyDeletion(JobMethod):
             max_fraction=float(params["max_fraction"]),
             batch_size=int(params["batch_size"]),
             step=float(params["step"]),
+            signed=bool(params["signed"]),
             ctx=ctx,
         )
         return MethodOutput(scores=scores)
