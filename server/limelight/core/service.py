@@ -167,8 +167,8 @@ def encode_batch(
         for text, pair in inputs
     ]
     if len(batch) == 1:
-        # One input (every request on an idle server): ``encode_batch`` would hand it to the
-        # backend's thread pool and wait for it, which costs more than tokenising it here.
+        # One input (every request on an idle server): the single-input call, without the
+        # backend's parallel batch machinery, which one input has no use for.
         text, pair = inputs[0]
         first = text[:cut] if pair is None and len(text) > cut else text
         encodings = [backend.encode(first, pair, add_special_tokens=True)]
