@@ -139,7 +139,7 @@ def run(args: argparse.Namespace) -> int:
     if "torch" in names:
         runtimes["torch"] = TorchRuntime(model, heads)
     if "onnx" in names:
-        runtimes["onnx"] = b.plain_onnx_runtime(model, work, heads)
+        runtimes["onnx"] = b.plain_onnx_runtime(model, work, heads, settings.torch_threads)
     default_inline = MethodRegistry.load(settings).get(
         resolve_default_method(settings.default_method, TorchRuntime(model, heads))
     )

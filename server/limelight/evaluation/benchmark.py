@@ -152,19 +152,28 @@ def inline_vs_forward(
 
 
 def plain_onnx_runtime(
-    model: LoadedModel, workdir: Path, heads: Mapping[str, Any] | None = None
+    model: LoadedModel, workdir: Path, heads: Mapping[str, Any] | None = None, threads: int = 0
 ) -> Runtime:
     """ONNX Runtime with an inline graph (with ``heads``) and a plain (logits-only) graph for
-    the baseline."""
+    the baseline, both on ``threads`` intra-op threads (0: ONNX Runtime's default) — the
+    server's setting, so that served and in-process figures compare like with like."""
     from limelight.runtimes.base import InlineOutputs, Runtime
     from limelight.runtimes.onnx_export import export_onnx
     from limelight.runtimes.onnx_runtime import OnnxRuntime
 
-    inline = OnnxRuntime(export_onnx(model, workdir / "inline.onnx", heads=heads), model)
+    inline = OnnxRuntime(
+        export_onnx(model, workdir / "inline.onnx", heads=heads), model, threads=threads
+    )
     plain_path = export_onnx(model, workdir / "plain.onnx", kind="plain")
     import onnxruntime as ort
 
-    plain = ort.InferenceSession(str(plain_path), providers=["CPUExecutionProvider"])
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    if threads > 0:
+        options.intra_op_num_threads = threads
+    plain = ort.InferenceSession(
+        str(plain_path), sess_options=options, providers=["CPUExecutionProvider"]
+    )
 
     class _Both(Runtime):
         name = "onnx"
