@@ -171,26 +171,33 @@ def _blocking_batcher(
     return batcher, started, release
 
 
+async def _run_backlog(sizes: dict[int, int], **kw: object) -> tuple[list[int], list[list[int]]]:
+    """Submit item 0, hold its batch, queue every other item of ``sizes`` behind it, then let
+    the batcher drain: the results in submission order and the batches it formed."""
+    batches: list[list[int]] = []
+    batcher, started, release = _blocking_batcher(sizes, batches, **kw)
+    await batcher.start()
+    first = asyncio.ensure_future(batcher.submit(0))
+    assert await asyncio.to_thread(started.wait, 10)
+    rest = [asyncio.ensure_future(batcher.submit(i)) for i in range(1, len(sizes))]
+    await until(lambda: batcher.pending == len(sizes) - 1)  # the backlog is queued behind [0]
+    release.set()
+    results = [await first, *await asyncio.gather(*rest)]
+    await batcher.stop()
+    return results, batches
+
+
 @pytest.mark.asyncio
 async def test_batches_never_mix_lengths_beyond_the_policy() -> None:
     rng = random.Random(7)
     sizes = {0: 5}
     sizes.update({i: rng.choice([3, 9, 20, 31, 40, 60, 100, 200, 400, 512]) for i in range(1, 300)})
-    batches: list[list[int]] = []
     policy = LengthPolicy(max_batch_size=16, max_batch_tokens=1024, bucket_floor=32)
 
-    batcher, started, release = _blocking_batcher(
-        sizes, batches, max_batch_size=16, max_batch_tokens=1024, max_pending=1000
+    results, batches = await _run_backlog(
+        sizes, max_batch_size=16, max_batch_tokens=1024, max_pending=1000
     )
-    await batcher.start()
-    first = asyncio.ensure_future(batcher.submit(0))
-    assert await asyncio.to_thread(started.wait, 10)
-    rest = [asyncio.ensure_future(batcher.submit(i)) for i in range(1, 300)]
-    await until(lambda: batcher.pending == 299)  # the whole backlog is queued behind [0]
-    release.set()
-    assert await first == 0
-    assert await asyncio.gather(*rest) == list(range(1, 300))
-    await batcher.stop()
+    assert results == list(range(300))
     assert sorted(i for b in batches for i in b) == list(range(300))
     for batch in batches[1:]:
         lengths = [sizes[i] for i in batch]
@@ -285,20 +292,9 @@ async def test_short_requests_are_not_held_behind_a_backlog_of_long_ones() -> No
     sizes = {0: 500}
     sizes.update({i: 400 for i in range(1, 21)})
     sizes.update({i: 12 for i in range(21, 29)})
-    batches: list[list[int]] = []
 
-    batcher, started, release = _blocking_batcher(
-        sizes, batches, max_batch_size=8, max_batch_tokens=512
-    )
-    await batcher.start()
-    first = asyncio.ensure_future(batcher.submit(0))
-    assert await asyncio.to_thread(started.wait, 10)
-    rest = [asyncio.ensure_future(batcher.submit(i)) for i in range(1, 29)]
-    await until(lambda: batcher.pending == 28)  # the whole backlog is queued behind [0]
-    release.set()
-    await first
-    await asyncio.gather(*rest)
-    await batcher.stop()
+    results, batches = await _run_backlog(sizes, max_batch_size=8, max_batch_tokens=512)
+    assert results == list(range(29))
     short_at = next(n for n, b in enumerate(batches) if sizes[b[0]] == 12)
     assert short_at <= 2, [len(b) for b in batches]
     assert batches[short_at] == list(range(21, 29))
