@@ -27,7 +27,14 @@ from limelight.distill.train import (
 from limelight.errors import FailedPrecondition
 from limelight.methods.distilled import DistilledExplainer
 from limelight.methods.normxlogit import NormXLogit
-from limelight.models.explainer_head import CARD_FORMAT, head_dir, load_head, read_card, save_head
+from limelight.models.explainer_head import (
+    CARD_FORMAT,
+    _ContextBlock,
+    head_dir,
+    load_head,
+    read_card,
+    save_head,
+)
 from limelight.models.loaded import load_model
 from limelight.runtimes.base import InlineBatch
 from limelight.runtimes.onnx_export import export_onnx
@@ -219,3 +226,23 @@ def test_serving_forward_equals_the_training_path(distilled: Path) -> None:
         trained = head.score(head.features(out.hidden_states, norms, logits), mask)
     assert served.abs().max() > 0.1  # not a degenerate head
     torch.testing.assert_close(served, trained, atol=1e-5, rtol=1e-5)
+
+
+def test_fused_attention_equals_the_exported_ops(monkeypatch: pytest.MonkeyPatch) -> None:
+    """torch serves the context block's attention fused; the ONNX export traces it written out.
+    Same scores either way, padded positions masked in both (a padded key changes nothing)."""
+    torch.manual_seed(0)
+    block = _ContextBlock(32, 4).eval()
+    x = torch.randn(3, 9, 32)
+    key_bias = torch.zeros(3, 9)
+    key_bias[1, 6:] = -1e4
+    key_bias[2, 2:] = -1e4
+    with torch.inference_mode():
+        fused = block(x, key_bias)
+        monkeypatch.setattr(torch.onnx, "is_in_onnx_export", lambda: True)
+        written = block(x, key_bias)
+        moved = x.clone()
+        moved[1, 6:] += 100.0  # padding content must not reach real tokens
+        written_moved = block(moved, key_bias)
+    torch.testing.assert_close(fused, written, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(written[1, :6], written_moved[1, :6], atol=1e-5, rtol=1e-5)
