@@ -246,3 +246,37 @@ def test_fused_attention_equals_the_exported_ops(monkeypatch: pytest.MonkeyPatch
         written_moved = block(moved, key_bias)
     torch.testing.assert_close(fused, written, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(written[1, :6], written_moved[1, :6], atol=1e-5, rtol=1e-5)
+
+
+def test_distill_cli_with_a_search_teacher_and_an_out_directory(
+    synthetic: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`limelight distill --teacher greedy_insertion --out DIR`: the head and its card land in
+    DIR, labels beside it, nothing beside the model; the output says how to serve it."""
+    from limelight.cli.main import main
+
+    data = tmp_path / "texts.jsonl"
+    data.write_text(
+        "\n".join(json.dumps({"text": t}) for t in sample_linear_dataset(40, seed=3).texts())
+    )
+    out = tmp_path / "head"
+    code = main(
+        [
+            "distill", "--model", str(synthetic), "--data", str(data),
+            "--teacher", "greedy_insertion", "--param", "step=0.1", "--param", "signed=true",
+            "--n", "30", "--validation", "8", "--epochs", "2", "--loop-steps", "0",
+            "--out", str(out), "--no-progress",
+        ]
+    )  # fmt: skip
+    assert code == 0
+    card = read_card(out)
+    assert card is not None and card.teacher == "greedy_insertion"
+    assert card.teacher_params["step"] == 0.1 and card.teacher_params["signed"] is True
+    assert (tmp_path / "head.teacher-greedy_insertion.jsonl").exists()
+    assert (
+        not head_dir(load_model(synthetic))
+        .with_name("limelight_distilled.teacher-greedy_insertion.jsonl")
+        .exists()
+    )
+    printed = capsys.readouterr().out
+    assert f"saved to {out}" in printed and "move it beside the model" in printed

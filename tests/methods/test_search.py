@@ -1,4 +1,5 @@
-"""Shapley values and greedy deletion against brute force on a tiny real model."""
+"""Shapley values, greedy deletion and greedy insertion against brute force on a tiny real
+model."""
 
 from __future__ import annotations
 
@@ -12,7 +13,13 @@ import torch
 
 from limelight.core.types import Encoded
 from limelight.methods.base import JobContext, JobMethod, MethodRegistry
-from limelight.methods.search import Coalitions, class_values, greedy_deletion, shapley_values
+from limelight.methods.search import (
+    Coalitions,
+    class_values,
+    greedy_deletion,
+    greedy_insertion,
+    shapley_values,
+)
 from limelight.models.loaded import LoadedModel
 
 TEXT = "a dull and silly film"
@@ -170,6 +177,47 @@ def test_signed_greedy_deletion_signs_each_token_by_its_measured_drop(
     assert sorted(players, key=lambda i: -signed[i]) == towards + against
 
 
+@pytest.mark.parametrize(("step", "replace"), [(0.0, "mask"), (0.1, "mask"), (0.0, "delete")])
+def test_greedy_insertion_matches_a_brute_force_search(
+    random_bert: LoadedModel, step: float, replace: str
+) -> None:
+    """From no token present, each round adds the token (or the step's share of tokens) whose
+    single addition raises the target most given what earlier rounds added; signed, a token is
+    positive exactly when its last measured gain was."""
+    encoded = random_bert.encode(TEXT + " but the cast is wonderful")
+    target = 1
+    players = [i for i, tok in enumerate(encoded.tokens) if not tok.special]
+    m = len(players)
+    present = {i: False for i in players}
+    current = _value(random_bert, encoded, present, target, replace)
+    gains: dict[int, float] = {}
+    added: list[int] = []
+    ends = (
+        [max(1, round(f * m)) for f in (0.1, 0.2, 0.3, 0.4, 0.5)]
+        if step
+        else list(range(1, math.ceil(0.5 * m) + 1))
+    )
+    for end in ends:
+        trials = {
+            i: _value(random_bert, encoded, {**present, i: True}, target, replace)
+            for i in players
+            if not present[i]
+        }
+        gains.update({i: v - current for i, v in trials.items()})
+        chosen = sorted(trials, key=lambda i: (-trials[i], i))[: end - len(added)]
+        added += chosen
+        for i in chosen:
+            present[i] = True
+        current = _value(random_bert, encoded, present, target, replace)
+    scores = greedy_insertion(random_bert, encoded, target, replace=replace, step=step)
+    order = sorted(players, key=lambda i: -scores[i])
+    assert order[: len(added)] == added
+    assert all(scores[k] < scores[added[-1]] for k in players if not present[k])
+    signed = greedy_insertion(random_bert, encoded, target, replace=replace, step=step, signed=True)
+    assert {i for i in players if signed[i] > 0} == {i for i in players if gains[i] > 0}
+    assert any(gains[i] <= 0 for i in players)  # the text has tokens of both kinds
+
+
 def test_removal_keeps_ids_segments_and_tokens_aligned(random_bert: LoadedModel) -> None:
     encoded = random_bert.encode("the plot is thin", "but the cast is great")
     game = Coalitions(random_bert, encoded, "delete")
@@ -200,7 +248,7 @@ def test_registered_as_job_methods_with_progress(
 ) -> None:
     registry = MethodRegistry.load()
     encoded = random_bert.encode(TEXT)
-    for name in ("shapley", "greedy_deletion"):
+    for name in ("shapley", "greedy_deletion", "greedy_insertion"):
         method = registry.get(name)
         assert isinstance(method, JobMethod)
         ctx = make_ctx(random_bert)

@@ -63,6 +63,7 @@ def run(args: argparse.Namespace) -> int:
     from limelight.app import load_served_model
     from limelight.distill.build import HeadRecipe, build_head, report
     from limelight.distill.train import DEFAULT_TEACHER_PARAMS, TrainConfig
+    from limelight.models.explainer_head import head_dir
 
     settings = settings_from_args(args)
     setup_logging("WARNING")
@@ -85,5 +86,9 @@ def run(args: argparse.Namespace) -> int:
     )
     _, card, out = build_head(model, settings, recipe, args.out, progress=not args.no_progress)
     print(report(card))
-    print(f"saved to {out}\nserved by default: limelight serve --model {model.directory}")
+    print(f"saved to {out}")
+    if out.resolve() == head_dir(model).resolve():
+        print(f"served by default: limelight serve --model {model.directory}")
+    else:  # the server loads the head from beside the model only
+        print(f"to serve it, move it beside the model: mv {out} {head_dir(model)}")
     return 0

@@ -51,7 +51,15 @@ from limelight.runtimes.base import InlineBatch
 from limelight.runtimes.torch_runtime import batch_tensors
 from limelight.settings import Settings
 
-TEACHERS = ("shapley", "greedy_deletion", "slalom", "integrated_gradients", "lrp", "grad_x_input")
+TEACHERS = (
+    "shapley",
+    "greedy_deletion",
+    "greedy_insertion",
+    "slalom",
+    "integrated_gradients",
+    "lrp",
+    "grad_x_input",
+)
 DEFAULT_TEACHER = "shapley"
 DEFAULT_TEACHER_PARAMS: dict[str, dict[str, Any]] = {"shapley": {"permutations": 2}}
 Progress = Callable[[int], None]

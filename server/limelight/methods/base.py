@@ -182,6 +182,7 @@ BUILTIN_METHODS: dict[str, str] = {
     "random": "limelight.methods.random_baseline:RandomBaseline",
     "shapley": "limelight.methods.search:ShapleyValues",
     "greedy_deletion": "limelight.methods.search:GreedyDeletion",
+    "greedy_insertion": "limelight.methods.search:GreedyInsertion",
 }
 
 

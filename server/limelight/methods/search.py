@@ -176,6 +176,47 @@ def greedy_deletion(
     order — so the rounds end at the fractions where a deletion curve is read (0.1 → 10 %,
     20 %, …) at about n / step forward passes.
     """
+    return greedy_search(
+        model, encoded, target, False, replace, max_fraction, batch_size, step, signed, ctx
+    )
+
+
+def greedy_insertion(
+    model: Any,
+    encoded: Encoded,
+    target: int,
+    replace: str = "mask",
+    max_fraction: float = 0.5,
+    batch_size: int = 64,
+    step: float = 0.0,
+    signed: bool = False,
+    ctx: JobContext | None = None,
+) -> FloatArray:
+    """[n] scores from greedy insertion, the search on the sufficiency metric: from the text
+    with every token absent, repeatedly add the token whose addition raises the target most;
+    the k-th token added scores ``m - k``. ``max_fraction``, ``step`` and ``signed`` as for
+    :func:`greedy_deletion`, with the gain of adding a token in place of the drop of removing
+    it."""
+    return greedy_search(
+        model, encoded, target, True, replace, max_fraction, batch_size, step, signed, ctx
+    )
+
+
+def greedy_search(
+    model: Any,
+    encoded: Encoded,
+    target: int,
+    insert: bool,
+    replace: str = "mask",
+    max_fraction: float = 0.5,
+    batch_size: int = 64,
+    step: float = 0.0,
+    signed: bool = False,
+    ctx: JobContext | None = None,
+) -> FloatArray:
+    """Greedy deletion (``insert`` False: start from the whole text, remove) or insertion
+    (True: start from no token, add). A token's *effect* is what moving it changes in the
+    target's value in the search's direction: the drop when removed, the gain when added."""
     game = Coalitions(model, encoded, replace)
     m = len(game.players)
     scores = np.zeros(len(encoded), dtype=np.float32)
@@ -187,36 +228,40 @@ def greedy_deletion(
         ends = sorted({min(limit, max(1, round((j + 1) * step * m))) for j in range(rounds)})
     else:
         ends = list(range(1, limit + 1))
-    present = np.ones(m, dtype=bool)
+    # ``waiting``: the tokens the search has not moved yet (present for deletion, absent
+    # for insertion).
+    waiting = np.ones(m, dtype=bool)
     rank = np.zeros(m)
-    last_drop = np.zeros(m)
-    current = game.values(present[None, :], target, batch_size)[0]
-    removed = 0
+    last_effect = np.zeros(m)
+    current = game.values((waiting != insert)[None, :], target, batch_size)[0]
+    moved = 0
+    verb = "added" if insert else "removed"
     for done, end in enumerate(ends):
-        candidates = np.flatnonzero(present)
+        candidates = np.flatnonzero(waiting)
         if candidates.size == 0:
             break
-        trial = np.repeat(present[None, :], candidates.size, axis=0)
+        trial = np.repeat(waiting[None, :], candidates.size, axis=0)
         trial[np.arange(candidates.size), candidates] = False
-        values = game.values(trial, target, batch_size)
-        last_drop[candidates] = current - values
-        chosen = np.argsort(values, kind="stable")[: end - removed]
-        rank[candidates[chosen]] = m - removed - np.arange(chosen.size)
-        present[candidates[chosen]] = False
-        removed = end
+        values = game.values(trial != insert, target, batch_size)
+        effect = values - current if insert else current - values
+        last_effect[candidates] = effect
+        chosen = np.argsort(-values if insert else values, kind="stable")[: end - moved]
+        rank[candidates[chosen]] = m - moved - np.arange(chosen.size)
+        waiting[candidates[chosen]] = False
+        moved = end
         if chosen.size == 1:
             current = values[chosen[0]]
-        else:  # the tokens were removed together: measure what is left
-            current = game.values(present[None, :], target, batch_size)[0]
+        else:  # the tokens moved together: measure where the search stands
+            current = game.values((waiting != insert)[None, :], target, batch_size)[0]
         if ctx is not None:
-            ctx.checkpoint((done + 1) / len(ends), f"removed {removed} of {limit} tokens")
-    rest = np.flatnonzero(present)
-    if rest.size:  # below every removed token, in the order of their last measured drop
-        order = np.argsort(np.argsort(last_drop[rest]))
+            ctx.checkpoint((done + 1) / len(ends), f"{verb} {moved} of {limit} tokens")
+    rest = np.flatnonzero(waiting)
+    if rest.size:  # below every moved token, in the order of their last measured effect
+        order = np.argsort(np.argsort(last_effect[rest]))
         rank[rest] = (order + 1) / (rest.size + 1)
     if signed:
         searched = np.argsort(-rank, kind="stable")
-        towards = last_drop[searched] > 0
+        towards = last_effect[searched] > 0
         rank[searched[towards]] = np.arange(int(towards.sum()), 0, -1)
         rank[searched[~towards]] = -np.arange(1, int((~towards).sum()) + 1)
     scores[game.players] = rank
@@ -261,8 +306,9 @@ class GreedyDeletion(JobMethod):
         "the target most; earlier removal scores higher (about n^2/3 forward passes, or n/step "
         "with a step share per round)."
     )
+    insert = False
     params: ClassVar[Mapping[str, Param]] = {
-        "replace": Param(str, "mask", choices=REPLACEMENTS, help="how a token is removed"),
+        "replace": Param(str, "mask", choices=REPLACEMENTS, help="how a token is absent"),
         "max_fraction": Param(
             float, 0.5, minimum=0.01, maximum=1.0, help="stop after this share of tokens"
         ),
@@ -272,22 +318,23 @@ class GreedyDeletion(JobMethod):
             0.0,
             minimum=0.0,
             maximum=0.5,
-            help="share of tokens removed per round (0 = one token; 0.1 = rounds at 10 %, 20 %, …)",
+            help="share of tokens moved per round (0 = one token; 0.1 = rounds at 10 %, 20 %, …)",
         ),
         "signed": Param(
             bool,
             False,
-            help="signed ranks: tokens whose removal raised the target score negative, last",
+            help="signed ranks: tokens that moved the target the wrong way negative, last",
         ),
     }
 
     def run(
         self, ctx: JobContext, encoded: Encoded, target: int, params: Mapping[str, Any]
     ) -> MethodOutput:
-        scores = greedy_deletion(
+        scores = greedy_search(
             ctx.model,
             encoded,
             target,
+            self.insert,
             replace=str(params["replace"]),
             max_fraction=float(params["max_fraction"]),
             batch_size=int(params["batch_size"]),
@@ -296,3 +343,13 @@ class GreedyDeletion(JobMethod):
             ctx=ctx,
         )
         return MethodOutput(scores=scores)
+
+
+class GreedyInsertion(GreedyDeletion):
+    name = "greedy_insertion"
+    description = (
+        "Greedy search on the sufficiency metric: from the text with every token absent, "
+        "repeatedly add the token whose addition raises the target most; earlier addition "
+        "scores higher (about n^2/3 forward passes, or n/step with a step share per round)."
+    )
+    insert = True
