@@ -18,6 +18,7 @@ they are the references (and the teachers) of the distilled inline explainer.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
@@ -151,72 +152,38 @@ def shapley_values(
     return scores
 
 
-def greedy_deletion(
-    model: Any,
-    encoded: Encoded,
-    target: int,
-    replace: str = "mask",
-    max_fraction: float = 0.5,
-    batch_size: int = 64,
-    step: float = 0.0,
-    signed: bool = False,
-    ctx: JobContext | None = None,
-) -> FloatArray:
-    """[n] scores from greedy deletion: the k-th token removed scores ``m - k``; tokens never
-    removed (past ``max_fraction``) score below them, ordered by their drop in the last round.
-
-    ``signed``: a token's sign is the sign of its drop when it was last measured (removing it
-    lowered the target: positive; raised it: negative). Positive tokens score their count down
-    to 1 in the search's order, negative ones -1, -2, ... in the same order, so the ranking is
-    the search's with the tokens that work against the target moved last — what a heat-map
-    needs, where colour is read as direction.
-
-    ``step`` = 0 removes one token per round (about n²/3 forward passes). ``step`` > 0 removes
-    a share of the tokens per round — the ``step`` share with the largest single drops, in that
-    order — so the rounds end at the fractions where a deletion curve is read (0.1 → 10 %,
-    20 %, …) at about n / step forward passes.
-    """
-    return greedy_search(
-        model, encoded, target, False, replace, max_fraction, batch_size, step, signed, ctx
-    )
-
-
-def greedy_insertion(
-    model: Any,
-    encoded: Encoded,
-    target: int,
-    replace: str = "mask",
-    max_fraction: float = 0.5,
-    batch_size: int = 64,
-    step: float = 0.0,
-    signed: bool = False,
-    ctx: JobContext | None = None,
-) -> FloatArray:
-    """[n] scores from greedy insertion, the search on the sufficiency metric: from the text
-    with every token absent, repeatedly add the token whose addition raises the target most;
-    the k-th token added scores ``m - k``. ``max_fraction``, ``step`` and ``signed`` as for
-    :func:`greedy_deletion`, with the gain of adding a token in place of the drop of removing
-    it."""
-    return greedy_search(
-        model, encoded, target, True, replace, max_fraction, batch_size, step, signed, ctx
-    )
-
-
 def greedy_search(
     model: Any,
     encoded: Encoded,
     target: int,
-    insert: bool,
     replace: str = "mask",
     max_fraction: float = 0.5,
     batch_size: int = 64,
     step: float = 0.0,
     signed: bool = False,
     ctx: JobContext | None = None,
+    *,
+    insert: bool = False,
 ) -> FloatArray:
-    """Greedy deletion (``insert`` False: start from the whole text, remove) or insertion
-    (True: start from no token, add). A token's *effect* is what moving it changes in the
-    target's value in the search's direction: the drop when removed, the gain when added."""
+    """[n] scores from greedy deletion (``insert`` False) or greedy insertion (True).
+
+    Deletion starts from the whole text and repeatedly removes the token whose removal lowers
+    the target most; insertion, the search on the sufficiency metric, starts from the text
+    with every token absent and repeatedly adds the token whose addition raises the target
+    most. A token's *effect* is what moving it changes in the search's direction (the drop
+    when removed, the gain when added). The k-th token moved scores ``m - k``; tokens never
+    moved (past ``max_fraction``) score below them, ordered by their effect in the last round.
+
+    ``signed``: a token's sign is the sign of its effect when it was last measured. Positive
+    tokens score their count down to 1 in the search's order, negative ones -1, -2, ... in
+    the same order, so the ranking is the search's with the tokens that work against the
+    target moved last — what a heat-map needs, where colour is read as direction.
+
+    ``step`` = 0 moves one token per round (about n²/3 forward passes). ``step`` > 0 moves a
+    share of the tokens per round — the ``step`` share with the largest single effects, in
+    that order — so the rounds end at the fractions where a deletion or sufficiency curve is
+    read (0.1 → 10 %, 20 %, …) at about n / step forward passes.
+    """
     game = Coalitions(model, encoded, replace)
     m = len(game.players)
     scores = np.zeros(len(encoded), dtype=np.float32)
@@ -266,6 +233,10 @@ def greedy_search(
         rank[searched[~towards]] = -np.arange(1, int((~towards).sum()) + 1)
     scores[game.players] = rank
     return scores
+
+
+greedy_deletion = greedy_search
+greedy_insertion = functools.partial(greedy_search, insert=True)
 
 
 class ShapleyValues(JobMethod):
@@ -334,7 +305,7 @@ class GreedyDeletion(JobMethod):
             ctx.model,
             encoded,
             target,
-            self.insert,
+            insert=self.insert,
             replace=str(params["replace"]),
             max_fraction=float(params["max_fraction"]),
             batch_size=int(params["batch_size"]),
