@@ -210,3 +210,24 @@ def test_a_small_build_is_deterministic_and_skips_the_inline_head(tmp_path: Path
     with pytest.raises(DemoBuildError, match="micro-F1"):
         ensure_demo_model("bert-tiny-multilabel", tmp_path / "c", progress=False, recipe=strict)
     assert not demo_model_dir("bert-tiny-multilabel", tmp_path / "c", strict).exists()
+
+
+def test_eval_and_drift_reference_default_to_the_demos_own_data(
+    bert_tiny_multilabel_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """With `--demo bert-tiny-multilabel` and no --data, both read drugsCom (what the model
+    was trained on), not the sentiment reviews of the other demos."""
+    import json
+
+    cache = str(bert_tiny_multilabel_dir.parent.parent)
+    demo = ["--demo", "bert-tiny-multilabel", "--cache-dir", cache]
+    out = tmp_path / "eval"
+    quick = ["--methods", "random", "--n", "3", "--fractions", "0.5", "--game-steps", "2"]
+    assert main(["eval", *demo, *quick, "--out", str(out), "--no-progress"]) == 0
+    report = json.loads((out / "eval.json").read_text())
+    assert report["dataset"].startswith("drugscom (test)")
+    reference = tmp_path / "ref.json"
+    args = ["--n", "4", "--out", str(reference), "--no-progress"]
+    assert main(["drift-reference", "build", *demo, *args]) == 0
+    assert json.loads(reference.read_text())["source"]["data"] == "drugscom:test"
+    capsys.readouterr()

@@ -44,10 +44,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     add_model_args(build)
     build.add_argument(
         "--data",
-        default=DEFAULT_DATA,
         help="CSV/TSV/JSONL file with a text column, or a built-in set: "
         "rotten_tomatoes:{train,validation,test} or drugscom:{train,test} "
-        f"(default {DEFAULT_DATA})",
+        f"(default {DEFAULT_DATA}; drugscom:test for --demo bert-tiny-multilabel)",
     )
     build.add_argument("--text-field", default="text", help="text column of --data files")
     build.add_argument("--pair-field", help="second-segment column for text-pair models")
@@ -96,6 +95,10 @@ def run_build(args: argparse.Namespace) -> int:
 
     settings = settings_from_args(args)
     setup_logging(settings.log_level)
+    if args.data is None:
+        args.data = DEFAULT_DATA
+        if settings.model_dir is None and settings.demo_model == "bert-tiny-multilabel":
+            args.data = "drugscom:test"
     try:
         texts, pairs = load_texts(args.data, args.text_field, args.pair_field)
         if args.n is not None:

