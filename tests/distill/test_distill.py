@@ -18,8 +18,12 @@ import torch
 from limelight.demo.synthetic import build_synthetic_model, sample_linear_dataset
 from limelight.distill.build import HeadRecipe, build_head, head_is_current
 from limelight.distill.train import (
+    Mixture,
+    TeacherExample,
     TrainConfig,
     distill,
+    mix_labels,
+    mixture_cache,
     normalise_labels,
     predict_scores,
     teacher_attributions,
@@ -280,3 +284,75 @@ def test_distill_cli_with_a_search_teacher_and_an_out_directory(
     )
     printed = capsys.readouterr().out
     assert f"saved to {out}" in printed and "move it beside the model" in printed
+
+
+def test_mixed_labels_are_the_weighted_mean_of_each_teachers_scaled_scores(
+    synthetic: Path,
+) -> None:
+    """Per text: (1 - w) * first + w * second, each divided by its own root mean square over
+    the non-special tokens; an example the second teacher explained for another label keeps
+    the first teacher's scores."""
+    model = load_model(synthetic)
+    texts = sample_linear_dataset(3, seed=5).texts()
+    rng = np.random.default_rng(0)
+    first, second = [], []
+    for i, text in enumerate(texts):
+        n = len(model.encode(text))
+        a, b = rng.normal(size=n), rng.normal(size=n) * 10.0
+        first.append([TeacherExample(text, 1, a.tolist())])
+        second.append([TeacherExample(text, 0 if i == 2 else 1, b.tolist())])
+    mixed = mix_labels(model, first, second, 0.25)
+    for i, text in enumerate(texts[:2]):
+        keep = ~model.encode(text).special_mask
+        a, b = np.asarray(first[i][0].scores), np.asarray(second[i][0].scores)
+        rms_a, rms_b = np.sqrt(np.mean(a[keep] ** 2)), np.sqrt(np.mean(b[keep] ** 2))
+        expected = 0.75 * a / rms_a + 0.25 * b / rms_b
+        np.testing.assert_allclose(mixed[i][0].scores, expected, rtol=1e-6)
+        assert mixed[i][0].target == 1
+    assert mixed[2][0].scores == first[2][0].scores
+
+
+def test_a_mixture_is_part_of_the_recipe_and_the_card(synthetic: Path, tmp_path: Path) -> None:
+    data = tmp_path / "texts.jsonl"
+    rows = [json.dumps({"text": t}) for t in sample_linear_dataset(24, seed=6).texts()]
+    data.write_text("\n".join(rows) + "\n")
+    model = load_model(synthetic)
+    plain = HeadRecipe(data=str(data), n_texts=18, validation_texts=6, train=CONFIG)
+    mixture = Mixture("greedy_insertion", {"step": 0.2}, 0.5)
+    mixed = replace(plain, mixture=mixture)
+    assert mixed.digest() != plain.digest()
+    assert mixed.digest() != replace(mixed, mixture=replace(mixture, weight=0.3)).digest()
+    out = tmp_path / "head"
+    _, card, _ = build_head(model, Settings(jobs="off"), mixed, out, progress=False)
+    assert card.mixture["teacher"] == "greedy_insertion" and card.mixture["weight"] == 0.5
+    assert card.mixture["params"]["step"] == 0.2 and card.teacher == "shapley"
+    assert head_is_current(model, mixed, out) and not head_is_current(model, plain, out)
+    first = tmp_path / "head.teacher-shapley.jsonl"
+    second = mixture_cache(first, "greedy_insertion")
+    for path in (first, second):  # each teacher's labels in its own resumable cache
+        assert len(path.read_text().splitlines()) == 1 + 18
+    assert json.loads(second.read_text().splitlines()[0])["teacher"] == "greedy_insertion"
+    assert read_card(out) == card
+
+
+def test_distill_cli_mix_flag(
+    synthetic: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from limelight.cli.main import main
+
+    data = tmp_path / "texts.jsonl"
+    data.write_text(
+        "\n".join(json.dumps({"text": t}) for t in sample_linear_dataset(20, seed=7).texts())
+    )
+    base = [
+        "distill", "--model", str(synthetic), "--data", str(data), "--n", "14",
+        "--validation", "6", "--epochs", "2", "--out", str(tmp_path / "head"), "--no-progress",
+    ]  # fmt: skip
+    for bad in ("greedy_insertion:1.5", "nonsense:0.5", "greedy_insertion"):
+        assert main([*base, "--mix", bad]) == 2
+        assert "--mix expects TEACHER:WEIGHT" in capsys.readouterr().err
+    mix = ["--mix", "greedy_insertion:0.3", "--mix-param", "step=0.2"]
+    assert main([*base, *mix]) == 0
+    assert "teacher 0.7 shapley + 0.3 greedy_insertion on 14 texts" in capsys.readouterr().out
+    card = read_card(tmp_path / "head")
+    assert card is not None and card.mixture["params"]["step"] == 0.2

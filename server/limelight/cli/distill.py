@@ -4,8 +4,13 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from limelight.cli.common import add_model_args, parse_params, settings_from_args, setup_logging
+from limelight.errors import InvalidArgument
+
+if TYPE_CHECKING:
+    from limelight.distill.train import Mixture
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -33,6 +38,19 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         default=[],
         metavar="KEY=VALUE",
         help="teacher parameter (default for shapley: permutations=2)",
+    )
+    p.add_argument(
+        "--mix",
+        metavar="TEACHER:WEIGHT",
+        help="mix a second teacher's labels in at this share, e.g. greedy_insertion:0.5 "
+        "(buys sufficiency at a cost in deletion; labels are kept beside the first's)",
+    )
+    p.add_argument(
+        "--mix-param",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="parameter of the --mix teacher",
     )
     p.add_argument("--n", type=int, default=1000, help="training texts (default: 1000)")
     p.add_argument(
@@ -67,6 +85,7 @@ def run(args: argparse.Namespace) -> int:
 
     settings = settings_from_args(args)
     setup_logging("WARNING")
+    mixture = parse_mixture(args.mix, args.mix_param) if args.mix else None
     model = load_served_model(settings)
     params = dict(DEFAULT_TEACHER_PARAMS.get(args.teacher, {}))
     params.update(parse_params(args.param))
@@ -83,6 +102,7 @@ def run(args: argparse.Namespace) -> int:
             label_scale=args.label_scale,
             seed=args.seed,
         ),
+        mixture=mixture,
     )
     _, card, out = build_head(model, settings, recipe, args.out, progress=not args.no_progress)
     print(report(card))
@@ -92,3 +112,22 @@ def run(args: argparse.Namespace) -> int:
     else:  # the server loads the head from beside the model only
         print(f"to serve it, move it beside the model: mv {out} {head_dir(model)}")
     return 0
+
+
+def parse_mixture(spec: str, params: list[str]) -> Mixture:
+    """``TEACHER:WEIGHT`` (and ``KEY=VALUE`` parameters) -> a :class:`Mixture`."""
+    from limelight.distill.train import DEFAULT_TEACHER_PARAMS, TEACHERS, Mixture
+
+    teacher, sep, raw = spec.rpartition(":")
+    try:
+        weight = float(raw) if sep else float("nan")
+    except ValueError:
+        weight = float("nan")
+    if teacher not in TEACHERS or not 0.0 < weight < 1.0:
+        raise InvalidArgument(
+            f"--mix expects TEACHER:WEIGHT with a teacher of {', '.join(TEACHERS)} and a weight "
+            f"strictly between 0 and 1, got {spec!r}"
+        )
+    chosen = dict(DEFAULT_TEACHER_PARAMS.get(teacher, {}))
+    chosen.update(parse_params(params))
+    return Mixture(teacher, chosen, weight)

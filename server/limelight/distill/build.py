@@ -22,7 +22,13 @@ from typing import Any
 from tqdm.auto import tqdm
 
 from limelight.demo import datasets
-from limelight.distill.train import DEFAULT_TEACHER, DEFAULT_TEACHER_PARAMS, TrainConfig, distill
+from limelight.distill.train import (
+    DEFAULT_TEACHER,
+    DEFAULT_TEACHER_PARAMS,
+    Mixture,
+    TrainConfig,
+    distill,
+)
 from limelight.models.explainer_head import ExplainerHead, HeadCard, head_dir, read_card, save_head
 from limelight.models.loaded import LoadedModel
 from limelight.settings import Settings
@@ -46,10 +52,15 @@ class HeadRecipe:
     validation_texts: int = 100
     """Held out from the end of the data, never trained on."""
     train: TrainConfig = field(default_factory=TrainConfig)
+    mixture: Mixture | None = None
+    """A second teacher mixed into the labels (``limelight distill --mix``)."""
     version: str = HEAD_RECIPE_VERSION
 
     def digest(self) -> str:
-        blob = json.dumps(asdict(self), sort_keys=True, default=str)
+        fields = asdict(self)
+        if self.mixture is None:  # recipes without a mixture keep the digests they had
+            del fields["mixture"]
+        blob = json.dumps(fields, sort_keys=True, default=str)
         return hashlib.sha256(blob.encode()).hexdigest()[:12]
 
 
@@ -83,9 +94,10 @@ def build_head(
     out = out or head_dir(model)
     texts, held_out = training_texts(recipe.data, recipe.n_texts, recipe.validation_texts)
     cache = label_cache(out, recipe.teacher)
+    teachers = [recipe.teacher] + ([recipe.mixture.teacher] if recipe.mixture else [])
     bar = tqdm(
-        total=len(texts) + len(held_out),
-        desc=f"{recipe.teacher} labels",
+        total=(len(texts) + len(held_out)) * len(teachers),
+        desc=" + ".join(teachers) + " labels",
         unit="text",
         disable=not progress,
         file=sys.stderr,
@@ -116,6 +128,7 @@ def build_head(
             train_progress=advance_training,
             data_name=f"{recipe.data} (first {len(texts)} of the training split)",
             validation_texts=held_out,
+            mixture=recipe.mixture,
         )
     finally:
         bar.close()
@@ -143,9 +156,11 @@ def report(card: HeadCard) -> str:
     """A few readable lines about a head's held-out quality, with a warning when it is not
     better than NormXLogit."""
     v = card.validation
-    lines = [
-        f"head: {card.parameters:,} parameters, teacher {card.teacher} on {card.train_texts} texts"
-    ]
+    teacher = card.teacher
+    if card.mixture:
+        w = float(card.mixture["weight"])
+        teacher = f"{1 - w:g} {card.teacher} + {w:g} {card.mixture['teacher']}"
+    lines = [f"head: {card.parameters:,} parameters, teacher {teacher} on {card.train_texts} texts"]
     if "deletion_aopc_head" in v:
         lines.append(
             "held-out deletion AOPC ({n:.0f} texts): head {h:.3f} ± {hs:.3f}, teacher {t:.3f} ± "

@@ -32,7 +32,7 @@ import hashlib
 import json
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -73,6 +73,22 @@ class TeacherExample:
 
 
 @dataclass(frozen=True)
+class Mixture:
+    """A second teacher whose labels are averaged with the first's, per text, after each is
+    scaled by :func:`normalise_labels`: ``(1 - weight) * first + weight * second``. Deletion
+    and sufficiency ask for different tokens; a greedy-insertion mixture buys sufficiency at
+    a cost in deletion (docs/distillation.md)."""
+
+    teacher: str
+    params: dict[str, Any] = field(default_factory=dict)
+    weight: float = 0.5
+    """The second teacher's share, strictly between 0 and 1."""
+
+    def describe(self) -> dict[str, Any]:
+        return {"teacher": self.teacher, "params": dict(self.params), "weight": self.weight}
+
+
+@dataclass(frozen=True)
 class TrainConfig:
     """How the head is trained (everything here is recorded in its card)."""
 
@@ -91,6 +107,11 @@ class TrainConfig:
     """How each text's teacher scores are scaled before regression (see
     :func:`normalise_labels`): ``rms`` keeps their signs, ``standard`` centres them."""
     seed: int = 0
+
+
+def mixture_cache(cache: Path, teacher: str) -> Path:
+    """Where a mixture's second teacher keeps its labels: beside the first's, never on it."""
+    return cache.with_name(f"{cache.stem}.mix-{teacher}.jsonl")
 
 
 def _key(text: str) -> str:
@@ -230,6 +251,36 @@ def normalise_labels(scores: np.ndarray, keep: np.ndarray, scale: str = "rms") -
         return (scores - float(values.mean())) / (std if std > 1e-12 else 1.0)
     rms = float(np.sqrt(np.mean(values**2))) if values.size else 0.0
     return scores / (rms if rms > 1e-12 else 1.0)
+
+
+def mix_labels(
+    model: LoadedModel,
+    first: Sequence[list[TeacherExample]],
+    second: Sequence[list[TeacherExample]],
+    weight: float,
+    scale: str = "rms",
+) -> list[list[TeacherExample]]:
+    """Per text, ``(1 - weight) * first + weight * second`` of the two teachers' scores, each
+    scaled by :func:`normalise_labels` over the text's non-special tokens. An example the
+    second teacher explained for another label or length keeps the first's scores."""
+    out: list[list[TeacherExample]] = []
+    for group_a, group_b in zip(first, second, strict=True):
+        by_target = {ex.target: ex for ex in group_b}
+        mixed = []
+        for a in group_a:
+            b = by_target.get(a.target)
+            if b is None or len(b.scores) != len(a.scores):
+                mixed.append(a)
+                continue
+            keep = ~model.encode(a.text).special_mask
+            if len(keep) != len(a.scores):
+                mixed.append(a)
+                continue
+            x = normalise_labels(np.asarray(a.scores, dtype=np.float64), keep, scale)
+            y = normalise_labels(np.asarray(b.scores, dtype=np.float64), keep, scale)
+            mixed.append(TeacherExample(a.text, a.target, ((1 - weight) * x + weight * y).tolist()))
+        out.append(mixed)
+    return out
 
 
 def default_layers(model: LoadedModel) -> list[int]:
@@ -565,15 +616,35 @@ def distill(
     train_progress: Callable[[str, int, int], None] | None = None,
     data_name: str = "",
     validation_texts: Sequence[str] | None = None,
+    mixture: Mixture | None = None,
 ) -> tuple[ExplainerHead, HeadCard]:
     """Teacher labels for ``texts`` (resumable), a head trained on them, validated on held-out
-    texts: ``validation_texts`` when given, else a ``validation_fraction`` of ``texts``."""
+    texts: ``validation_texts`` when given, else a ``validation_fraction`` of ``texts``. With
+    a ``mixture``, the second teacher labels the same texts (its own resumable cache beside
+    ``cache``) and the head learns the per-text mixture of the two."""
     config = config or TrainConfig()
     started = time.monotonic()
     methods = MethodRegistry.load(settings)
-    groups = _teacher_examples(
-        model, settings, teacher, teacher_params, texts, cache, progress, methods
-    )
+
+    def labels(chosen: Sequence[str], path: Path) -> list[list[TeacherExample]]:
+        groups = _teacher_examples(
+            model, settings, teacher, teacher_params, chosen, path, progress, methods
+        )
+        if mixture is None:
+            return groups
+        other = _teacher_examples(
+            model,
+            settings,
+            mixture.teacher,
+            mixture.params,
+            chosen,
+            mixture_cache(path, mixture.teacher),
+            progress,
+            methods,
+        )
+        return mix_labels(model, groups, other, mixture.weight, config.label_scale)
+
+    groups = labels(texts, cache)
     # Held out by text: a multi-label text's examples (one per label) stay on one side.
     if validation_texts is None:
         order = np.random.default_rng(config.seed).permutation(len(groups))
@@ -582,16 +653,7 @@ def distill(
         train_groups = [groups[i] for i in order[n_val:]]
     else:
         train_groups = groups
-        val_groups = _teacher_examples(
-            model,
-            settings,
-            teacher,
-            teacher_params,
-            validation_texts,
-            cache.with_name(cache.stem + ".validation.jsonl"),
-            progress,
-            methods,
-        )
+        val_groups = labels(validation_texts, cache.with_name(cache.stem + ".validation.jsonl"))
     train = [example for group in train_groups for example in group]
     val = [example for group in val_groups for example in group]
     labelled = time.monotonic()
@@ -607,6 +669,15 @@ def distill(
         attention_heads=config.attention_heads,
         teacher=teacher,
         teacher_params=methods.get(teacher).validate_params(teacher_params),
+        mixture=(
+            {}
+            if mixture is None
+            else Mixture(
+                mixture.teacher,
+                methods.get(mixture.teacher).validate_params(mixture.params),
+                mixture.weight,
+            ).describe()
+        ),
         data=data_name,
         train_texts=len(train_groups),
         validation_texts=len(val_groups),

@@ -48,6 +48,8 @@ class HeadCard:
     width: int
     teacher: str
     teacher_params: dict[str, Any] = field(default_factory=dict)
+    mixture: dict[str, Any] = field(default_factory=dict)
+    """A second teacher mixed into the labels (teacher, params, weight); empty when none."""
     attention_heads: int = 4
     data: str = ""
     train_texts: int = 0
