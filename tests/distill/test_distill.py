@@ -72,6 +72,14 @@ def distilled(synthetic: Path, tmp_path_factory: pytest.TempPathFactory) -> Path
     return synthetic
 
 
+def texts_file(directory: Path, n: int, seed: int) -> Path:
+    """A JSONL file of ``n`` synthetic linear-words texts, as `--data` reads it."""
+    data = directory / "texts.jsonl"
+    rows = [json.dumps({"text": t}) for t in sample_linear_dataset(n, seed=seed).texts()]
+    data.write_text("\n".join(rows) + "\n")
+    return data
+
+
 def test_card_records_the_held_out_validation(distilled: Path) -> None:
     card = read_card(head_dir(load_model(distilled)))
     assert card is not None and card.teacher == TEACHER and card.format == CARD_FORMAT
@@ -183,9 +191,7 @@ def test_teacher_labels_resume_after_an_interruption(synthetic: Path, tmp_path: 
 
 
 def test_build_head_is_cached_by_recipe(synthetic: Path, tmp_path: Path) -> None:
-    data = tmp_path / "texts.jsonl"
-    rows = [json.dumps({"text": t}) for t in sample_linear_dataset(40, seed=4).texts()]
-    data.write_text("\n".join(rows) + "\n")
+    data = texts_file(tmp_path, 40, seed=4)
     model = load_model(synthetic)
     recipe = HeadRecipe(data=str(data), n_texts=30, validation_texts=10, train=CONFIG)
     out = tmp_path / "head"
@@ -259,10 +265,7 @@ def test_distill_cli_with_a_search_teacher_and_an_out_directory(
     DIR, labels beside it, nothing beside the model; the output says how to serve it."""
     from limelight.cli.main import main
 
-    data = tmp_path / "texts.jsonl"
-    data.write_text(
-        "\n".join(json.dumps({"text": t}) for t in sample_linear_dataset(40, seed=3).texts())
-    )
+    data = texts_file(tmp_path, 40, seed=3)
     out = tmp_path / "head"
     code = main(
         [
@@ -313,9 +316,7 @@ def test_mixed_labels_are_the_weighted_mean_of_each_teachers_scaled_scores(
 
 
 def test_a_mixture_is_part_of_the_recipe_and_the_card(synthetic: Path, tmp_path: Path) -> None:
-    data = tmp_path / "texts.jsonl"
-    rows = [json.dumps({"text": t}) for t in sample_linear_dataset(24, seed=6).texts()]
-    data.write_text("\n".join(rows) + "\n")
+    data = texts_file(tmp_path, 24, seed=6)
     model = load_model(synthetic)
     plain = HeadRecipe(data=str(data), n_texts=18, validation_texts=6, train=CONFIG)
     mixture = Mixture("greedy_insertion", {"step": 0.2}, 0.5)
@@ -340,10 +341,7 @@ def test_distill_cli_mix_flag(
 ) -> None:
     from limelight.cli.main import main
 
-    data = tmp_path / "texts.jsonl"
-    data.write_text(
-        "\n".join(json.dumps({"text": t}) for t in sample_linear_dataset(20, seed=7).texts())
-    )
+    data = texts_file(tmp_path, 20, seed=7)
     base = [
         "distill", "--model", str(synthetic), "--data", str(data), "--n", "14",
         "--validation", "6", "--epochs", "2", "--out", str(tmp_path / "head"), "--no-progress",
