@@ -58,6 +58,15 @@ class Settings(BaseSettings):
     metrics_port: Port = 9464
     """HTTP port: Prometheus ``/metrics``, the Open Inference Protocol REST routes (``/v2/...``)
     and KServe v1 (``/v1/models/NAME:predict|:explain``); 0 disables the HTTP endpoint."""
+    workers: PositiveInt = 1
+    """Sidecar processes sharing the gRPC port (``SO_REUSEPORT``: the kernel spreads client
+    connections over them, each connection stays on one worker). Above 1 the job backend must
+    be Redis or off; the first worker alone serves the HTTP port, whose ``/metrics`` adds up
+    every worker's. Each worker loads its own copy of the model."""
+    reuse_port: bool = False
+    """Bind the gRPC and health ports with ``SO_REUSEPORT``. ``workers`` sets it in each worker;
+    off otherwise, so that a second sidecar started on a taken port fails instead of sharing
+    it."""
     health_port: Port = 0
     """Plaintext port serving only the gRPC health service, for kubelet gRPC probes (which
     cannot speak TLS) when the main port uses TLS; 0: off."""

@@ -55,6 +55,13 @@ def test_invalid_setting_from_the_environment_exits_2() -> None:
     assert "invalid setting truncation" in line and "LIMELIGHT_TRUNCATION" in line
 
 
+def test_workers_refuse_the_one_process_job_backend() -> None:
+    out = limelight("serve", "--port", "0", "--metrics-port", "0", "--workers", "2")
+    assert out.returncode == EXIT_USAGE
+    line = error_line(out.stderr)
+    assert "--workers 2 needs --jobs off or --jobs redis://" in line and "SQLite" in line
+
+
 def test_debug_log_level_shows_the_traceback(tmp_path: Path) -> None:
     out = limelight(*SERVE, "--model", str(tmp_path / "missing"), "--log-level", "debug")
     assert out.returncode == EXIT_FAILURE

@@ -7,8 +7,6 @@ from pathlib import Path
 
 import pytest
 
-from tests.ports import free_port
-
 HERE = Path(__file__).parent
 if str(HERE) not in sys.path:
     sys.path.insert(0, str(HERE))
@@ -59,53 +57,6 @@ def tiny_model(tiny_model_dir: Path):  # type: ignore[no-untyped-def]
     from limelight.models.loaded import load_model
 
     return load_model(tiny_model_dir)
-
-
-@pytest.fixture(scope="session")
-def redis_url(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
-    """A real redis-server on a free loopback port, without persistence, for this session."""
-    import shutil
-    import subprocess
-    import time
-
-    import redis
-
-    exe = shutil.which("redis-server")
-    if exe is None:
-        pytest.fail("redis-server is not installed (run `make sysdeps`)")
-    workdir = tmp_path_factory.mktemp("redis")
-    port = free_port()
-    proc = subprocess.Popen(
-        [
-            exe,
-            "--port",
-            str(port),
-            "--bind",
-            "127.0.0.1",
-            "--save",
-            "",
-            "--appendonly",
-            "no",
-            "--dir",
-            str(workdir),
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.STDOUT,
-    )
-    url = f"redis://127.0.0.1:{port}/0"
-    client = redis.Redis.from_url(url)
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            client.ping()
-            break
-        except redis.ConnectionError:
-            if proc.poll() is not None or time.monotonic() > deadline:
-                pytest.fail("redis-server did not start")
-            time.sleep(0.05)
-    yield url
-    proc.terminate()
-    proc.wait()
 
 
 @pytest.fixture

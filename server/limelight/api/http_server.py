@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 from aiohttp import web
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST
 
 from limelight import tracing
 from limelight.api import oip
@@ -355,7 +355,7 @@ class HttpServer:
     # --- handlers -------------------------------------------------------------------------------
 
     async def metrics_page(self, request: web.Request) -> web.StreamResponse:
-        body = generate_latest(self.metrics.registry)
+        body = self.metrics.exposition()
         response = web.Response(body=body)
         response.headers["Content-Type"] = CONTENT_TYPE_LATEST
         return response

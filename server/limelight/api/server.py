@@ -2,8 +2,10 @@
 order and graceful shutdown.
 
 Start-up: the port opens at once with health NOT_SERVING; the model loads in a thread; the
-service warms up; then health goes SERVING. SIGTERM: health NOT_SERVING, no new work, in-flight
-requests finish within the grace period, running jobs finish or go back to the durable queue.
+service warms up; then health goes SERVING. (A worker that shares its port with others,
+``--workers``, loads first and binds after, so connections that reach it find it ready.)
+SIGTERM: health NOT_SERVING, no new work, in-flight requests finish within the grace period,
+running jobs finish or go back to the durable queue.
 """
 
 from __future__ import annotations
@@ -95,9 +97,23 @@ class SidecarServer:
         for name in ("", SERVICE_NAME):
             await self._health.set(name, status)
 
+    async def _load(self) -> Application:
+        loop = asyncio.get_running_loop()
+        app = await loop.run_in_executor(
+            None, lambda: build_application(self.settings, self.metrics, self._model)
+        )
+        self.app = app
+        await app.service.start()
+        self._servicer.service = app.service
+        return app
+
     async def start(self) -> None:
         settings = self.settings
         self._stopping = asyncio.Event()
+        if settings.reuse_port:
+            # One of several workers on the port: bind only once the model is in, or the
+            # kernel would hand new connections to a worker that can only refuse them.
+            await self._load()
         tokens = TokenStore(settings)  # the tokens file is re-read when it changes
         interceptors: list[grpc.aio.ServerInterceptor] = []
         if tracing.setup_tracing():  # OTEL_* variables; off by default
@@ -107,7 +123,9 @@ class SidecarServer:
         options = [
             ("grpc.max_receive_message_length", settings.max_message_bytes),
             ("grpc.max_send_message_length", settings.max_message_bytes),
-            ("grpc.so_reuseport", 0),
+            # Off unless several workers share the port: a second sidecar started on a taken
+            # port must fail rather than silently split the traffic.
+            ("grpc.so_reuseport", int(settings.reuse_port)),
         ]
         server = grpc.aio.server(interceptors=interceptors, options=options)
         self._health = HealthServicer()
@@ -129,6 +147,7 @@ class SidecarServer:
             Gauge(
                 "limelight_tls_certificate_expiry_timestamp_seconds",
                 "When the server's TLS certificate expires (Unix time).",
+                multiprocess_mode="livemax",
                 registry=self.metrics.registry,
             ).set(expires)
         credentials = server_credentials(settings)
@@ -142,7 +161,7 @@ class SidecarServer:
         if settings.health_port:
             # Health only, plaintext: kubelet gRPC probes cannot use TLS. Nothing else is
             # served here, so the main port can require TLS and tokens.
-            probes = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
+            probes = grpc.aio.server(options=[("grpc.so_reuseport", int(settings.reuse_port))])
             health_pb2_grpc.add_HealthServicer_to_server(self._health, probes)
             self.health_port = probes.add_insecure_port(f"{settings.host}:{settings.health_port}")
             await probes.start()
@@ -155,24 +174,20 @@ class SidecarServer:
             self.metrics_port = await http.start(settings.host, settings.metrics_port, http_tls)
             self._http = http
         log.info(
-            "listening on %s:%d (gRPC%s), metrics on port %s; loading the model",
+            "listening on %s:%d (gRPC%s), metrics on port %s%s",
             settings.host,
             self.port,
             ", TLS" if credentials else "",
             self.metrics_port or "off",
+            "" if self.app is not None else "; loading the model",
         )
-        loop = asyncio.get_running_loop()
-        self.app = await loop.run_in_executor(
-            None, lambda: build_application(settings, self.metrics, self._model)
-        )
-        await self.app.service.start()
-        self._servicer.service = self.app.service
+        app = self.app or await self._load()
         await self._set_health(True)
         log.info(
             "SERVING %s (%s, version %s) on %s:%d",
-            self.app.model.name,
-            self.app.model.architecture,
-            self.app.model.version,
+            app.model.name,
+            app.model.architecture,
+            app.model.version,
             settings.host,
             self.port,
         )

@@ -67,17 +67,24 @@ def start_server_process(
     return ServerProcess(process, int(port_file.read_text()))
 
 
+def publish_port(path: Path, port: int) -> None:
+    """Say "ready on ``port``" to a waiting parent: the file appears whole or not at all."""
+    partial = path.with_suffix(".partial")
+    partial.write_text(str(port))
+    partial.rename(path)
+
+
 def serve_main() -> None:
     """Entry point of the server child process (see ``start_server_process``)."""
     logging.basicConfig(level=logging.WARNING)
     values, port_file, profile_path = json.loads(sys.argv[1]), Path(sys.argv[2]), sys.argv[3]
 
-    def ready(server: SidecarServer) -> None:
-        partial = port_file.with_suffix(".partial")
-        partial.write_text(str(server.port))
-        partial.rename(port_file)
+    settings = Settings(**values)
+    if settings.workers > 1:  # a supervisor with its worker processes (`--workers`)
+        from limelight.api.workers import Supervisor
 
-    server = SidecarServer(Settings(**values), on_ready=ready)
+        sys.exit(Supervisor(settings, on_ready=lambda port: publish_port(port_file, port)).run())
+    server = SidecarServer(settings, on_ready=lambda s: publish_port(port_file, s.port))
     profiler = cProfile.Profile() if profile_path else None
     if profiler is not None:
         profiler.enable()

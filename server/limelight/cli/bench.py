@@ -30,6 +30,18 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument(
         "--clients", default="1,8,32", help="concurrent clients of the out-of-process load"
     )
+    p.add_argument(
+        "--workers",
+        type=int,
+        default=1,
+        help="sidecar processes sharing the port in the served section (serve --workers)",
+    )
+    p.add_argument(
+        "--channels",
+        type=int,
+        default=1,
+        help="gRPC channels (connections) the load generator spreads its clients over",
+    )
     p.add_argument("--duration", type=float, default=10.0, help="seconds measured per load point")
     p.add_argument(
         "--load-warmup", type=float, default=2.0, help="seconds of load before measuring"
@@ -200,14 +212,20 @@ def run(args: argparse.Namespace) -> int:
                 b.single_forward_ms(model, runtime, text, repeats) for text in short[:16]
             )
             base = b.in_process_baseline(model, runtime, short, 32, repeats, "short")
-            overrides: dict[str, Any] = {**common, "runtime": name}
+            overrides: dict[str, Any] = {**common, "runtime": name, "workers": args.workers}
             if name == "onnx":
                 overrides["onnx_path"] = work / "inline.onnx"
             server = start_server_process(overrides)
             try:
                 for n in clients:
                     load = b.run_load(
-                        server.target, {"short": short}, {"short": n}, duration, warmup, server.pid
+                        server.target,
+                        {"short": short},
+                        {"short": n},
+                        duration,
+                        warmup,
+                        server.pid,
+                        args.channels,
                     )
                     row: dict[str, Any] = {
                         "runtime": name,
@@ -264,8 +282,9 @@ def run(args: argparse.Namespace) -> int:
                 ],
                 rows,
             ),
-            "The load generator is a separate process (closed loop, one gRPC channel); server "
-            "CPU is the sidecar process's user+system time over the measured window. "
+            f"The load generator is a separate process (closed loop, {args.channels} gRPC "
+            f"channel(s)); the sidecar ran {args.workers} worker process(es). Server CPU is the "
+            "sidecar's user+system time (every process) over the measured window. "
             "In-process: batch tokenizer + one forward + NormXLogit, batch 32. Plain forward: "
             "median over 16 short texts at batch 1.",
         )
@@ -361,7 +380,9 @@ def _argv(args: argparse.Namespace) -> list[str]:
         out += ["--model", str(args.model_dir)]
     if args.demo_model:
         out += ["--demo", args.demo_model]
-    for flag in ("runtimes", "clients", "mix", "sections"):
+    if getattr(args, "torch_threads", None):
+        out += ["--torch-threads", str(args.torch_threads)]
+    for flag in ("runtimes", "clients", "mix", "sections", "workers", "channels"):
         out += [f"--{flag}", str(getattr(args, flag))]
     out += ["--duration", f"{args.duration:g}"]
     if args.quick:

@@ -5,6 +5,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import logging
+import os
+import sys
+import threading
 from pathlib import Path
 
 from limelight.cli.common import add_model_args, settings_from_args, setup_logging
@@ -22,6 +26,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     add_model_args(p)
     p.add_argument("--host", help="bind address (default 127.0.0.1; 0.0.0.0 in containers)")
     p.add_argument("--port", type=int, help="gRPC port (default 50051; 0 picks a free one)")
+    p.add_argument(
+        "--workers",
+        type=int,
+        help="sidecar processes sharing the gRPC port (default 1; above 1: --jobs off or redis)",
+    )
     p.add_argument(
         "--metrics-port",
         type=int,
@@ -110,13 +119,49 @@ def preflight(settings: Settings) -> None:
     _check_readable("--auth-tokens-file", settings.auth_tokens_file)
     if settings.runtime == "onnx" and settings.onnx_path is not None:
         _check_readable("--onnx-path", settings.onnx_path)
+    from limelight.api.workers import check_workers
+
+    check_workers(settings)
 
 
 def run(args: argparse.Namespace) -> int:
     settings = settings_from_args(args)
     setup_logging(settings.log_level)
     preflight(settings)
+    if settings.workers > 1:
+        from limelight.api.workers import Supervisor
+
+        return Supervisor(settings).run()
     from limelight.api.server import SidecarServer
 
     asyncio.run(SidecarServer(settings).run())
     return 0
+
+
+def worker_main() -> None:
+    """Entry point of one ``--workers`` process, started by ``limelight.api.workers.Supervisor``
+    with its settings file, the file to announce its port in, and its index."""
+    from limelight.api.server import SidecarServer
+    from limelight.api.server_process import publish_port
+    from limelight.api.workers import exit_with_parent
+    from limelight.cli.main import describe_error
+    from limelight.metrics import Metrics
+
+    settings_file, ready_file, index = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3]
+    settings = Settings.model_validate(json.loads(settings_file.read_text()))
+    logging.basicConfig(
+        level=getattr(logging, settings.log_level.upper(), logging.INFO),
+        format=f"%(asctime)s %(levelname)-7s [worker {index}] %(name)s: %(message)s",
+    )
+    threading.Thread(target=exit_with_parent, args=(os.getppid(),), daemon=True).start()
+    metrics = Metrics(multiprocess_dir=Path(os.environ["PROMETHEUS_MULTIPROC_DIR"]))
+    server = SidecarServer(
+        settings, metrics=metrics, on_ready=lambda s: publish_port(ready_file, s.port)
+    )
+    try:
+        asyncio.run(server.run())
+    except Exception as exc:  # one line, like `limelight serve` itself
+        args = argparse.Namespace(**settings.model_dump())
+        message, status = describe_error(exc, args)
+        print(f"limelight serve: error: worker {index}: {message}", file=sys.stderr)
+        sys.exit(status)

@@ -30,7 +30,12 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     add_model_args(p)
     p.add_argument("--jobs", help="queue address redis://host:port/db (or $LIMELIGHT_JOBS)")
-    p.add_argument("--workers", type=int, help="worker processes (default: job_workers)")
+    p.add_argument(
+        "--workers",
+        dest="job_processes",  # not Settings.workers: that one counts sidecar processes
+        type=int,
+        help="worker processes (default: job_workers)",
+    )
     p.add_argument("--lm-head", dest="lm_head_dir", type=Path, help="masked-LM head directory")
     p.add_argument("--head-mask", dest="head_mask_path", type=Path, help="LRP head mask file")
     p.add_argument("--max-tokens", type=int, help="token limit per input")
@@ -110,7 +115,7 @@ def run(args: argparse.Namespace) -> int:
     if not settings.jobs.startswith(("redis://", "rediss://", "unix://")):
         log.error("limelight worker needs a Redis queue: --jobs redis://host:port/db")
         return 2
-    count = max(1, args.workers or settings.job_workers)
+    count = max(1, args.job_processes or settings.job_workers)
     # spawn, not fork: forking a process that has touched torch threads can deadlock.
     ctx = mp.get_context("spawn")
     slots: list[Any] = [None] * count

@@ -245,6 +245,22 @@ def process_cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / _clock_ticks()
 
 
+def process_tree_cpu_seconds(pid: int) -> float:
+    """CPU seconds of a process and every live descendant (a ``--workers`` supervisor's
+    workers); what ended before the call is not counted."""
+    total, stack = 0.0, [pid]
+    while stack:
+        current = stack.pop()
+        try:
+            total += process_cpu_seconds(current)
+            for task in os.listdir(f"/proc/{current}/task"):
+                with open(f"/proc/{current}/task/{task}/children") as fh:
+                    stack.extend(int(child) for child in fh.read().split())
+        except FileNotFoundError:  # it ended meanwhile
+            continue
+    return total
+
+
 @dataclass
 class LoadResult:
     """What the load generator measured in its window, per kind of text ("short", "long")."""
@@ -286,10 +302,13 @@ def run_load(
     duration_s: float,
     warmup_s: float = 2.0,
     server_pid: int | None = None,
+    channels: int = 1,
 ) -> LoadResult:
     """Closed-loop load from a separate process: ``clients[kind]`` concurrent clients each send
-    texts of that kind one after another; only requests that finish inside the measured window
-    (after ``warmup_s``) count. Server CPU is read from ``/proc`` over the same window."""
+    texts of that kind one after another, spread over ``channels`` gRPC channels (each its own
+    connection); only requests that finish inside the measured window (after ``warmup_s``)
+    count. Server CPU (the process and its children) is read from ``/proc`` over the same
+    window."""
     config = {
         "target": target,
         "texts": texts,
@@ -297,6 +316,7 @@ def run_load(
         "duration_s": duration_s,
         "warmup_s": warmup_s,
         "server_pid": server_pid,
+        "channels": channels,
     }
     code = "from limelight.evaluation.benchmark import loadgen_main; loadgen_main()"
     done = subprocess.run(
@@ -333,15 +353,20 @@ async def _generate_load(config: dict[str, Any]) -> dict[str, Any]:
 
     texts: dict[str, list[str]] = config["texts"]
     pid: int | None = config["server_pid"]
-    channel = grpc.aio.insecure_channel(
-        config["target"],
-        options=[
-            ("grpc.max_send_message_length", 64 << 20),
-            ("grpc.max_receive_message_length", 64 << 20),
-        ],
-    )
-    stub = explainer_pb2_grpc.ExplainerStub(channel)
-    await stub.Explain(pb.ExplainRequest(text="warm up"), timeout=600)
+    options = [
+        ("grpc.max_send_message_length", 64 << 20),
+        ("grpc.max_receive_message_length", 64 << 20),
+        # A connection per channel (not one shared by all): with several server workers on
+        # the port, the kernel spreads connections, not calls.
+        ("grpc.use_local_subchannel_pool", 1),
+    ]
+    channels = [
+        grpc.aio.insecure_channel(config["target"], options=options)
+        for _ in range(max(1, int(config.get("channels", 1))))
+    ]
+    stubs = [explainer_pb2_grpc.ExplainerStub(channel) for channel in channels]
+    for stub in stubs:
+        await stub.Explain(pb.ExplainRequest(text="warm up"), timeout=600)
     loop = asyncio.get_running_loop()
     begin = loop.time() + config["warmup_s"]
     end = begin + config["duration_s"]
@@ -352,6 +377,7 @@ async def _generate_load(config: dict[str, Any]) -> dict[str, Any]:
     async def client(kind: str, index: int) -> None:
         nonlocal errors
         pool = texts[kind]
+        stub = stubs[index % len(stubs)]
         i = index
         while (started := loop.time()) < end:
             request = pb.ExplainRequest(text=pool[i % len(pool)])
@@ -368,15 +394,16 @@ async def _generate_load(config: dict[str, Any]) -> dict[str, Any]:
 
     async def cpu_window() -> float:
         await asyncio.sleep(max(0.0, begin - loop.time()))
-        before = process_cpu_seconds(pid) if pid else 0.0
+        before = process_tree_cpu_seconds(pid) if pid else 0.0
         await asyncio.sleep(max(0.0, end - loop.time()))
-        return (process_cpu_seconds(pid) if pid else 0.0) - before
+        return (process_tree_cpu_seconds(pid) if pid else 0.0) - before
 
     tasks = [
         client(kind, index) for kind, n in config["clients"].items() for index in range(int(n))
     ]
     cpu, *_ = await asyncio.gather(cpu_window(), *tasks)
-    await channel.close()
+    for channel in channels:
+        await channel.close()
     return {
         "duration_s": config["duration_s"],
         "latencies": latencies,

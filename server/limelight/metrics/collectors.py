@@ -6,18 +6,56 @@ are bounded: RPC names, status codes, method names, model labels; never a token 
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
+from collections.abc import Iterable
+from pathlib import Path
+
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    Info,
+    Metric,
+    generate_latest,
+)
+from prometheus_client.multiprocess import MultiProcessCollector
+from prometheus_client.registry import Collector
 
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 _JOB_BUCKETS = (0.01, 0.05, 0.1, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0, 3600.0)
 _BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
 
 
-class Metrics:
-    """Every collector of the sidecar, on one registry (a fresh one per server or test)."""
+class _InfoOnly(Collector):
+    """This process's info metrics, which Prometheus' multiprocess mode does not share."""
 
-    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self._registry = registry
+
+    def collect(self) -> Iterable[Metric]:
+        return [m for m in self._registry.collect() if m.type == "info"]
+
+
+class Metrics:
+    """Every collector of the sidecar, on one registry (a fresh one per server or test).
+
+    ``multiprocess_dir``: this process is one of several sidecar workers (``--workers``) whose
+    values prometheus_client keeps in that directory (``PROMETHEUS_MULTIPROC_DIR``, set before
+    the process imported it); ``exposition()`` then adds up every worker's. Gauges say how
+    (``multiprocess_mode``): in-flight counts are summed, readiness is the least ready worker,
+    drift is per worker (a ``pid`` label: each monitor sees its own share of the traffic).
+    """
+
+    def __init__(
+        self, registry: CollectorRegistry | None = None, multiprocess_dir: Path | None = None
+    ) -> None:
         self.registry = registry if registry is not None else CollectorRegistry()
+        self.multiprocess_dir = multiprocess_dir
+        self._exposed = self.registry
+        if multiprocess_dir is not None:
+            self._exposed = CollectorRegistry(auto_describe=False)
+            MultiProcessCollector(self._exposed, path=str(multiprocess_dir))
+            self._exposed.register(_InfoOnly(self.registry))
         r = self.registry
         self.request_duration = Histogram(
             "limelight_request_duration_seconds",
@@ -27,7 +65,11 @@ class Metrics:
             registry=r,
         )
         self.requests_in_flight = Gauge(
-            "limelight_requests_in_flight", "gRPC calls being served now.", ["rpc"], registry=r
+            "limelight_requests_in_flight",
+            "gRPC calls being served now.",
+            ["rpc"],
+            multiprocess_mode="livesum",
+            registry=r,
         )
         self.stage_duration = Histogram(
             "limelight_inline_stage_duration_seconds",
@@ -45,6 +87,7 @@ class Metrics:
         self.inline_pending = Gauge(
             "limelight_inline_pending_requests",
             "Inline requests waiting for a micro-batch.",
+            multiprocess_mode="livesum",
             registry=r,
         )
         self.predictions = Counter(
@@ -65,10 +108,19 @@ class Metrics:
             registry=r,
         )
         self.model_info = Info("limelight_model", "The served model.", registry=r)
-        self.ready = Gauge("limelight_ready", "1 when the model is loaded and warmed.", registry=r)
+        self.ready = Gauge(
+            "limelight_ready",
+            "1 when the model is loaded and warmed.",
+            multiprocess_mode="livemin",
+            registry=r,
+        )
         # Jobs.
         self.job_queue_depth = Gauge(
-            "limelight_job_queue_depth", "Jobs waiting to run, by method.", ["method"], registry=r
+            "limelight_job_queue_depth",
+            "Jobs waiting to run, by method.",
+            ["method"],
+            multiprocess_mode="livemax",
+            registry=r,
         )
         self.job_wait = Histogram(
             "limelight_job_wait_seconds",
@@ -96,12 +148,14 @@ class Metrics:
             "Jensen-Shannon divergence (base 2, 0..1) of the positive attribution mass over "
             "tokens, window vs reference, by predicted label; NaN while not comparable.",
             ["label"],
+            multiprocess_mode="liveall",
             registry=r,
         )
         self.label_mix_drift = Gauge(
             "limelight_label_mix_drift",
             "Jensen-Shannon divergence (base 2, 0..1) of the predicted-label mix, window vs "
             "reference.",
+            multiprocess_mode="liveall",
             registry=r,
         )
         self.attribution_entropy = Gauge(
@@ -110,26 +164,35 @@ class Metrics:
             "Mean Shannon entropy (in bits) of each explanation's positive attribution mass, "
             "by window (reference, current).",
             ["window"],
+            multiprocess_mode="liveall",
             registry=r,
         )
         self.drift_reference_state = Gauge(
             "limelight_drift_reference_state",
             "1 for the drift reference's current state (building, ready, disabled), else 0.",
             ["state"],
+            multiprocess_mode="liveall",
             registry=r,
         )
         self.drift_reference_explanations = Gauge(
             "limelight_drift_reference_explanations",
             "Explanations in the drift reference.",
+            multiprocess_mode="liveall",
             registry=r,
         )
         self.drift_window_explanations = Gauge(
             "limelight_drift_window_explanations",
             "Explanations in the drift monitor's sliding window.",
+            multiprocess_mode="liveall",
             registry=r,
         )
         self.drift_alert_threshold = Gauge(
             "limelight_drift_alert_threshold",
             "Configured divergence above which a label's drift is an alert.",
+            multiprocess_mode="livemax",
             registry=r,
         )
+
+    def exposition(self) -> bytes:
+        """The text format of ``/metrics``: this process's metrics, or every worker's."""
+        return generate_latest(self._exposed)

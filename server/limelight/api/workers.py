@@ -1,0 +1,210 @@
+"""Several sidecar processes on one port: ``limelight serve --workers N``.
+
+One Python process serves gRPC from one event loop, so with a cheap forward pass (a small model,
+a GPU) the per-request Python work of that one thread is the ceiling, whatever the cores. The
+supervisor here starts N complete sidecars (gRPC, batcher, inference thread, their own copy of
+the model), which bind the same gRPC port with ``SO_REUSEPORT``; the kernel hands each new
+client connection to one of them. A gRPC channel is one connection and stays on its worker, so
+traffic spreads over the workers only across connections (several clients, or a client with
+several channels).
+
+Shared between the workers: the port; the metrics (Prometheus multiprocess mode in a private
+directory; the first worker alone serves the HTTP port, and its ``/metrics`` adds up every
+worker's); the job queue, which must therefore be Redis (or off). Not shared: each worker's
+micro-batches and its drift monitor (drift gauges carry a ``pid`` label).
+
+The supervisor builds or finds the model once, before any worker starts (N workers must not
+build the demo model side by side); restarts a worker that dies, giving up when one dies at
+start three times in a row; and on SIGTERM or SIGINT passes the signal on and waits for every
+worker's own graceful drain.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import FrameType
+
+from prometheus_client import multiprocess
+
+from limelight.errors import InvalidArgument, Unavailable
+from limelight.settings import Settings
+
+log = logging.getLogger(__name__)
+
+#: A worker that dies this soon after it started counts as a failed start.
+FAILED_START_S = 60.0
+#: Failed starts in a row after which the supervisor gives up.
+MAX_FAILED_STARTS = 3
+#: How long a worker may take to load its model and report SERVING.
+READY_TIMEOUT_S = 900.0
+
+
+def check_workers(settings: Settings) -> None:
+    """Refuse settings that several workers cannot share."""
+    if settings.workers > 1 and settings.jobs == "sqlite":
+        raise InvalidArgument(
+            f"--workers {settings.workers} needs --jobs off or --jobs redis://HOST:PORT/DB: the "
+            "embedded SQLite job backend runs in one process"
+        )
+
+
+@dataclass
+class _Worker:
+    index: int
+    process: subprocess.Popen[bytes]
+    ready_file: Path
+    started: float = field(default_factory=time.monotonic)
+    ready: bool = False
+
+
+class Supervisor:
+    """Runs ``settings.workers`` sidecar processes on one port until SIGTERM or SIGINT."""
+
+    def __init__(self, settings: Settings, on_ready: Callable[[int], None] | None = None) -> None:
+        """``on_ready(port)`` is called once every worker is SERVING."""
+        check_workers(settings)
+        self.settings = settings
+        self._on_ready = on_ready
+        self._stop = threading.Event()
+        self._workers: dict[int, _Worker] = {}
+        self._failed_starts = 0
+        self._generation = 0
+        self._run_dir = Path()
+        self.port = settings.port
+
+    @property
+    def metrics_dir(self) -> Path:
+        return self._run_dir / "metrics"
+
+    def worker_pids(self) -> list[int]:
+        return [w.process.pid for w in self._workers.values()]
+
+    def request_stop(self, signum: int | None = None, frame: FrameType | None = None) -> None:
+        self._stop.set()
+
+    def run(self) -> int:
+        """Serve until asked to stop (then 0). Raises ``Unavailable`` when a worker fails to
+        start, or workers keep dying; the workers print their own errors."""
+        from limelight.app import resolve_model_dir
+
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, self.request_stop)
+        model_dir = resolve_model_dir(self.settings)  # built here once, not by N workers
+        self._run_dir = Path(tempfile.mkdtemp(prefix="limelight-workers-"))
+        self.metrics_dir.mkdir()
+        self._base = self.settings.model_copy(
+            update={"workers": 1, "reuse_port": True, "model_dir": model_dir}
+        )
+        try:
+            return self._serve()
+        finally:
+            self._shutdown()
+            shutil.rmtree(self._run_dir, ignore_errors=True)
+
+    def _serve(self) -> int:
+        # The first worker binds first: with port 0 it picks the port the others then share.
+        first = self._spawn(0)
+        if not self._wait_ready([first]):
+            return 0
+        self.port = int(first.ready_file.read_text())
+        self._base = self._base.model_copy(update={"port": self.port})
+        if not self._wait_ready([self._spawn(i) for i in range(1, self.settings.workers)]):
+            return 0
+        log.info(
+            "SERVING on %s:%d with %d worker processes (pids %s)",
+            self.settings.host,
+            self.port,
+            len(self._workers),
+            ", ".join(map(str, self.worker_pids())),
+        )
+        if self._on_ready is not None:
+            self._on_ready(self.port)
+        while not self._stop.wait(0.2):
+            for worker in list(self._workers.values()):
+                self._check(worker)
+        return 0
+
+    def _worker_settings(self, index: int) -> Settings:
+        # Only the first worker serves the HTTP port: /metrics there adds up every worker's.
+        return self._base if index == 0 else self._base.model_copy(update={"metrics_port": 0})
+
+    def _spawn(self, index: int) -> _Worker:
+        self._generation += 1
+        settings_file = self._run_dir / f"settings-{index}.json"
+        # A file, not argv: the settings may hold a bearer token, and argv is world-readable.
+        settings_file.write_text(self._worker_settings(index).model_dump_json())
+        settings_file.chmod(0o600)
+        ready_file = self._run_dir / f"ready-{index}-{self._generation}"
+        env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(self.metrics_dir)}
+        code = "from limelight.cli.serve import worker_main; worker_main()"
+        argv = [sys.executable, "-c", code, str(settings_file), str(ready_file), str(index)]
+        worker = _Worker(index, subprocess.Popen(argv, env=env), ready_file)
+        self._workers[index] = worker
+        log.info("worker %d started (pid %d)", index, worker.process.pid)
+        return worker
+
+    def _wait_ready(self, workers: list[_Worker]) -> bool:
+        """True once every one of ``workers`` is SERVING; False when asked to stop first."""
+        end = time.monotonic() + READY_TIMEOUT_S
+        while not all(w.ready_file.exists() for w in workers):
+            for w in workers:
+                if w.process.poll() is not None:
+                    raise Unavailable(
+                        f"worker {w.index} exited with status {w.process.returncode} before it "
+                        "was serving (its error is above)"
+                    )
+            if time.monotonic() > end:
+                raise Unavailable(f"workers were not serving after {READY_TIMEOUT_S:g} s")
+            if self._stop.wait(0.05):
+                return False
+        for w in workers:
+            w.ready = True
+        return True
+
+    def _check(self, worker: _Worker) -> None:
+        """Restart ``worker`` if it died; raise when restarts keep failing."""
+        if not worker.ready and worker.ready_file.exists():
+            worker.ready = True
+            self._failed_starts = 0
+            log.info("worker %d (pid %d) is serving", worker.index, worker.process.pid)
+        code = worker.process.poll()
+        if code is None:
+            return
+        multiprocess.mark_process_dead(worker.process.pid, str(self.metrics_dir))
+        if not worker.ready or time.monotonic() - worker.started < FAILED_START_S:
+            self._failed_starts += 1
+        log.error("worker %d (pid %d) exited with %s", worker.index, worker.process.pid, code)
+        if self._failed_starts >= MAX_FAILED_STARTS:
+            raise Unavailable(f"{self._failed_starts} worker starts failed in a row; stopping")
+        self._spawn(worker.index)
+
+    def _shutdown(self) -> None:
+        alive = [w for w in self._workers.values() if w.process.poll() is None]
+        for w in alive:
+            w.process.send_signal(signal.SIGTERM)  # each worker drains on its own
+        end = time.monotonic() + self.settings.grace_period_s + 10.0
+        for w in alive:
+            try:
+                w.process.wait(max(0.1, end - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                log.error("worker %d did not stop in time; killing it", w.index)
+                w.process.kill()
+                w.process.wait()
+
+
+def exit_with_parent(parent: int) -> None:
+    """A worker whose supervisor is gone (killed outright) stops gracefully by itself."""
+    while os.getppid() == parent:
+        time.sleep(1.0)
+    os.kill(os.getpid(), signal.SIGTERM)

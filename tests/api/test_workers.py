@@ -1,0 +1,228 @@
+"""``limelight serve --workers N``: several sidecar processes on one gRPC port.
+
+Real processes started by the real CLI, real gRPC clients on loopback. Connections spread over
+the workers, /metrics adds up every worker's values, a killed worker is replaced while the
+port keeps serving, and SIGTERM stops them all.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+import pytest
+
+from limelight_client.proto import explainer_pb2 as pb
+from limelight_client.proto import explainer_pb2_grpc as pb_grpc
+from tests.ports import free_port
+
+WORKERS = 2
+
+
+@dataclass
+class Workers:
+    process: subprocess.Popen[bytes]
+    port: int
+    metrics_port: int
+    log: Path
+
+    @property
+    def target(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def children(self) -> set[int]:
+        """The supervisor's child processes: its workers."""
+        path = Path(f"/proc/{self.process.pid}/task/{self.process.pid}/children")
+        return {int(pid) for pid in path.read_text().split()}
+
+    def metrics(self) -> str:
+        url = f"http://127.0.0.1:{self.metrics_port}/metrics"
+        return urllib.request.urlopen(url, timeout=10).read().decode()
+
+    def wait_for_log(self, pattern: str, count: int = 1) -> None:
+        """Wait until ``pattern`` has appeared ``count`` times in the log (or the process ended)."""
+        while len(re.findall(pattern, self.log.read_text())) < count:
+            assert self.process.poll() is None, self.log.read_text()[-3000:]
+            time.sleep(0.1)
+
+
+def start_workers(model_dir: Path, log: Path, jobs: str = "off") -> Workers:
+    port, metrics_port = free_port(), free_port()
+    argv = [sys.executable, "-m", "limelight.cli.main", "serve", "--model", str(model_dir)]
+    argv += ["--workers", str(WORKERS), "--jobs", jobs, "--port", str(port)]
+    argv += ["--metrics-port", str(metrics_port), "--grace-period-s", "5"]
+    with log.open("wb") as out:
+        process = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT)
+    workers = Workers(process, port, metrics_port, log)
+    workers.wait_for_log(f"with {WORKERS} worker processes")
+    return workers
+
+
+def stop(workers: Workers) -> int:
+    workers.process.send_signal(signal.SIGTERM)
+    try:
+        return workers.process.wait(60)
+    finally:
+        if workers.process.poll() is None:
+            workers.process.kill()
+
+
+@pytest.fixture(scope="module")
+def served(
+    bert_tiny_dir: Path, tmp_path_factory: pytest.TempPathFactory, redis_url: str
+) -> Iterator[Workers]:
+    folder = tmp_path_factory.mktemp("workers")
+    workers = start_workers(bert_tiny_dir, folder / "serve.log", jobs=redis_url)
+    # Jobs queued in Redis run in `limelight worker` processes, whichever sidecar took them.
+    argv = [sys.executable, "-m", "limelight.cli.main", "worker", "--model", str(bert_tiny_dir)]
+    with (folder / "jobs.log").open("wb") as out:
+        job_worker = subprocess.Popen([*argv, "--jobs", redis_url], stdout=out, stderr=out)
+    yield workers
+    stop(workers)
+    job_worker.terminate()
+    job_worker.wait(60)
+
+
+def open_channels(target: str, count: int) -> list[grpc.Channel]:
+    # A local subchannel pool: each channel its own connection, not one shared by all.
+    options = [("grpc.use_local_subchannel_pool", 1)]
+    return [grpc.insecure_channel(target, options=options) for _ in range(count)]
+
+
+def explain_over_channels(target: str, channels: int, per_channel: int) -> list[str]:
+    """``per_channel`` Explain calls on each of ``channels`` new connections; the labels.
+    The calls wait for a connection rather than fail on a refused one (``wait_for_ready``), as
+    a client that rides out a worker's restart would."""
+    opened = open_channels(target, channels)
+    try:
+        return explain_on(opened, per_channel, wait_for_ready=True)
+    finally:
+        for channel in opened:
+            channel.close()
+
+
+def explain_on(
+    channels: list[grpc.Channel], per_channel: int, wait_for_ready: bool = False
+) -> list[str]:
+    labels = []
+    for i, channel in enumerate(channels):
+        stub = pb_grpc.ExplainerStub(channel)
+        for j in range(per_channel):
+            request = pb.ExplainRequest(text=f"review {i}.{j}: a gorgeous, witty film")
+            answer = stub.Explain(request, timeout=60, wait_for_ready=wait_for_ready)
+            labels.append(answer.label)
+    return labels
+
+
+def per_worker(body: str, metric: str) -> dict[str, float]:
+    """``metric``'s value by ``pid`` label (gauges that each worker reports for itself)."""
+    found = re.findall(rf'^{metric}\{{pid="(\d+)"\}} (\S+)$', body, flags=re.M)
+    return {pid: float(value) for pid, value in found}
+
+
+def test_connections_spread_over_the_workers_and_metrics_add_up(served: Workers) -> None:
+    before = served.metrics()
+    channels, per_channel = open_channels(served.target, 16), 5
+    try:
+        labels = explain_on(channels, per_channel)
+        assert len(labels) == 16 * per_channel and set(labels) <= {"rotten", "fresh"}
+        # GetDrift makes the worker behind each connection refresh its drift gauges now.
+        for channel in channels:
+            pb_grpc.ExplainerStub(channel).GetDrift(pb.GetDriftRequest(), timeout=30)
+    finally:
+        for channel in channels:
+            channel.close()
+
+    body = served.metrics()
+    ok = r'^limelight_request_duration_seconds_count\{code="OK",rpc="Explain"\} (\S+)$'
+    counted = [float(m) for m in re.findall(ok, body, flags=re.M)]
+    earlier = [float(m) for m in re.findall(ok, before, flags=re.M)] or [0.0]
+    # One series, the sum over both workers' processes: every call counted once.
+    assert len(counted) == 1 and counted[0] - earlier[0] == 16 * per_channel
+    # Each worker's drift monitor saw its own share of the traffic (a pid label per worker);
+    # with 16 connections both got some (all on one: probability 2 ** -15).
+    seen = per_worker(body, "limelight_drift_reference_explanations")
+    assert set(seen) == {str(pid) for pid in served.children()}
+    assert len(seen) == WORKERS and all(n > 0 for n in seen.values()), seen
+    assert sum(seen.values()) == 16 * per_channel
+    assert "limelight_ready 1.0" in body  # the least ready worker is ready
+    assert 'limelight_model_info{architecture="bert"' in body  # the first worker's info
+    assert "limelight_requests_in_flight" in body
+    lint = subprocess.run(
+        ["promtool", "check", "metrics"], input=body, capture_output=True, text=True, check=False
+    )
+    assert lint.returncode == 0, lint.stdout + lint.stderr
+
+
+def test_a_job_submitted_to_one_worker_is_seen_by_all(served: Workers) -> None:
+    """Jobs live in Redis: any worker runs them, every connection reads the same job."""
+    channels = open_channels(served.target, 8)
+    try:
+        stubs = [pb_grpc.ExplainerStub(channel) for channel in channels]
+        request = pb.SubmitJobRequest(text="a gorgeous, witty film", method="grad_x_input")
+        job = stubs[0].SubmitJob(request, timeout=60)
+        done = (pb.JOB_STATE_SUCCEEDED, pb.JOB_STATE_FAILED, pb.JOB_STATE_CANCELLED)
+        while job.state not in done:
+            time.sleep(0.1)
+            job = stubs[1].GetJob(pb.GetJobRequest(id=job.id), timeout=30)
+        assert job.state == pb.JOB_STATE_SUCCEEDED, job.error
+        seen = [s.GetJob(pb.GetJobRequest(id=job.id), timeout=30) for s in stubs]
+        assert {j.state for j in seen} == {pb.JOB_STATE_SUCCEEDED}
+        scores = list(job.result.explanation.scores)
+        assert scores and all(list(j.result.explanation.scores) == scores for j in seen)
+    finally:
+        for channel in channels:
+            channel.close()
+
+
+def test_a_killed_worker_is_replaced_and_sigterm_stops_all(
+    bert_tiny_dir: Path, tmp_path: Path
+) -> None:
+    workers = start_workers(bert_tiny_dir, tmp_path / "serve.log")
+    try:
+        first = workers.children()
+        assert len(first) == WORKERS
+        victim = min(first)
+        os.kill(victim, signal.SIGKILL)
+        # The port keeps serving: connections go to the survivor while the supervisor restarts
+        # (one that the kernel had queued for the victim as it died is reset, and retried).
+        assert len(explain_over_channels(workers.target, 4, 2)) == 8
+        workers.wait_for_log(r"\[worker \d\] limelight\.api\.server: SERVING", WORKERS + 1)
+        now = workers.children()
+        assert victim not in now and len(now) == WORKERS and first - {victim} <= now
+        assert len(explain_over_channels(workers.target, 8, 2)) == 16
+        # The dead worker's live gauges are gone from /metrics, the new worker's are there.
+        shown = per_worker(workers.metrics(), "limelight_drift_reference_explanations")
+        assert set(shown) == {str(pid) for pid in now}
+    finally:
+        code = stop(workers)
+    assert code == 0, workers.log.read_text()[-3000:]
+    for pid in now:  # every worker stopped and was reaped
+        assert not Path(f"/proc/{pid}").exists()
+
+
+def test_a_taken_port_is_one_line_per_process(bert_tiny_dir: Path, tmp_path: Path) -> None:
+    with socket.socket() as taken:  # listening without SO_REUSEPORT: nobody may share it
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        argv = [sys.executable, "-m", "limelight.cli.main", "serve", "--model", str(bert_tiny_dir)]
+        argv += ["--workers", "2", "--jobs", "off", "--port", str(port), "--metrics-port", "0"]
+        out = subprocess.run(argv, capture_output=True, text=True, timeout=300, check=False)
+    assert out.returncode == 1 and "Traceback" not in out.stderr, out.stderr
+    lines = out.stderr.strip().splitlines()
+    assert any(
+        line.startswith(f"limelight serve: error: worker 0: cannot listen on 127.0.0.1:{port}")
+        for line in lines
+    ), out.stderr
+    assert lines[-1].startswith("limelight serve: error: worker 0 exited with status 1")
