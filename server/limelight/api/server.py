@@ -174,11 +174,11 @@ class SidecarServer:
             self.metrics_port = await http.start(settings.host, settings.metrics_port, http_tls)
             self._http = http
         log.info(
-            "listening on %s:%d (gRPC%s), metrics on port %s%s",
+            "listening on %s:%d (gRPC%s), %s%s",
             settings.host,
             self.port,
             ", TLS" if credentials else "",
-            self.metrics_port or "off",
+            f"HTTP (metrics) on port {self.metrics_port}" if self.metrics_port else "no HTTP port",
             "" if self.app is not None else "; loading the model",
         )
         app = self.app or await self._load()
