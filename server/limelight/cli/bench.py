@@ -39,8 +39,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument(
         "--channels",
         type=int,
-        default=1,
-        help="gRPC channels (connections) the load generator spreads its clients over",
+        default=None,
+        help="gRPC channels (connections) the load generator spreads its clients over "
+        "(default: 1, or 8 with --workers above 1: one channel reaches one worker)",
     )
     p.add_argument("--duration", type=float, default=10.0, help="seconds measured per load point")
     p.add_argument(
@@ -130,6 +131,8 @@ def run(args: argparse.Namespace) -> int:
     from limelight.runtimes.base import Runtime
     from limelight.runtimes.torch_runtime import TorchRuntime
 
+    if args.channels is None:
+        args.channels = 8 if args.workers > 1 else 1
     sections = {s for s in args.sections.split(",") if s}
     unknown = sections - set(SECTIONS)
     if unknown:
