@@ -7,6 +7,8 @@ For each length (tokens per text, real reviews joined and truncated) and batch s
 interleaved in rounds so that a busy minute hits every variant alike:
 
 - the plain forward pass (the model's own classification, the baseline),
+- the inline pass without any head (hidden states, per-token logits and embedding norms: what
+  NormXLogit needs, the floor of any head's cost),
 - the inline pass as served by torch (forward with hidden states, per-token logits and the
   head, whose attention runs as one fused ``scaled_dot_product_attention``),
 - the same inline pass with the attention written out as separate ops (what the ONNX export
@@ -58,6 +60,7 @@ def median_ms(run: Callable[[], object], calls: int) -> float:
 def measure(
     runtime: TorchRuntime, head: torch.nn.Module, batch: InlineBatch, calls: int, repeats: int
 ) -> tuple[dict[str, float], dict[str, float]]:
+    bare = TorchRuntime(runtime.model)
     """Median times (ms) of every variant over ``repeats`` interleaved rounds, and the median
     ratio of each inline variant to the plain forward of the same round."""
     adapter = runtime.model.adapter
@@ -77,12 +80,16 @@ def measure(
     def inline() -> object:
         return runtime.run_inline(batch)
 
+    def no_head() -> object:
+        return bare.run_inline(batch)
+
     rows: dict[str, list[float]] = {
-        k: [] for k in ("forward", "fused", "written", "head", "head_written")
+        k: [] for k in ("forward", "no_head", "fused", "written", "head", "head_written")
     }
-    ratios: dict[str, list[float]] = {"fused": [], "written": []}
+    ratios: dict[str, list[float]] = {"no_head": [], "fused": [], "written": []}
     for _ in range(repeats):
         rows["forward"].append(median_ms(forward, calls))
+        rows["no_head"].append(median_ms(no_head, calls))
         rows["fused"].append(median_ms(inline, calls))
         rows["head"].append(median_ms(head_only, 4 * calls))
         with written_out():
@@ -115,10 +122,10 @@ def main() -> None:
     words = " ".join(e.text for e in datasets.rotten_tomatoes("test")[:400]).split()
     print(f"model: {directory.name}, torch {torch.__version__}, {args.torch_threads} thread(s)")
     print(
-        "| tokens | batch | forward ms | inline fused ms | ratio | inline written-out ms | ratio "
-        "| head fused ms | head written-out ms |"
+        "| tokens | batch | forward ms | inline, no head: ratio | inline fused ms | ratio "
+        "| inline written-out ms | ratio | head fused ms | head written-out ms |"
     )
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for length in (int(x) for x in args.lengths.split(",")):
         for size in (int(x) for x in args.batches.split(",")):
             texts = [" ".join(words[i * 7 : i * 7 + length]) for i in range(size)]
@@ -129,6 +136,7 @@ def main() -> None:
             med, rat = measure(runtime, head, batch, calls, args.repeats)
             print(
                 f"| {batch.input_ids.shape[1]} | {size} | {med['forward']:.3g} | "
+                f"{rat['no_head']:.2f}× | "
                 f"{med['fused']:.3g} | {rat['fused']:.2f}× | {med['written']:.3g} | "
                 f"{rat['written']:.2f}× | {med['head']:.3g} | {med['head_written']:.3g} |",
                 flush=True,

@@ -81,7 +81,8 @@ def main(argv: list[str] | None = None) -> int:
             parser=load_parser(),
         )
         calibration_s = time.perf_counter() - start
-        mask_path = Path(tempfile.mkdtemp(prefix="limelight-bench-")) / "mask.json"
+        scratch = tempfile.TemporaryDirectory(prefix="limelight-bench-")  # gone at exit
+        mask_path = Path(scratch.name) / "mask.json"
         write_mask(mask_document(cal, model, f"rotten_tomatoes:train[{len(texts)}]"), mask_path)
         print(cal.head_map(), file=sys.stderr)
 

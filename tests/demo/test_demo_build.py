@@ -14,15 +14,18 @@ from safetensors.torch import load_file
 
 from limelight.demo.build import (
     CARD_FILE,
+    DEMO_HEADS,
     RECIPES,
     DemoBuildError,
     DemoCard,
     Recipe,
+    demo_head_recipe,
     demo_model_dir,
     ensure_demo_model,
 )
 from limelight.demo.datasets import Example, rotten_tomatoes
 from limelight.errors import InvalidArgument
+from limelight.models.explainer_head import head_dir, load_head, read_card
 from limelight.models.loaded import load_model
 
 # A few batches of real training: enough to exercise every step of a build in seconds.
@@ -71,6 +74,20 @@ def test_bert_tiny_demo_model_loads_and_its_accuracy_is_recomputed(bert_tiny_dir
     # Clearly better than the majority class (58% fresh) on held-out reviews.
     majority = max(sum(e.label == c for e in test) for c in (0, 1)) / len(test)
     assert accuracy > majority + 0.05
+
+
+def test_the_demo_inline_head_is_built_to_its_recipe(bert_tiny_dir: Path) -> None:
+    """The head beside the demo model has the recipe's shape (its width is paid on every
+    request) and hash, and loads."""
+    model = load_model(bert_tiny_dir)
+    card = read_card(head_dir(model))
+    recipe = demo_head_recipe("bert-tiny")
+    assert card is not None and card.recipe_hash == recipe.digest()
+    wanted = DEMO_HEADS["bert-tiny"]
+    assert (card.width, card.attention_heads) == (wanted.width, wanted.attention_heads)
+    assert (recipe.train.width, recipe.train.attention_heads) == (card.width, card.attention_heads)
+    head = load_head(model)
+    assert sum(p.numel() for p in head.parameters()) == card.parameters
 
 
 def test_second_ensure_call_reuses_the_cached_model(bert_tiny_dir: Path) -> None:

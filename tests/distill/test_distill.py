@@ -36,6 +36,7 @@ from limelight.models.explainer_head import (
     _ContextBlock,
     head_dir,
     load_head,
+    new_head,
     read_card,
     save_head,
 )
@@ -349,8 +350,19 @@ def test_distill_cli_mix_flag(
     for bad in ("greedy_insertion:1.5", "nonsense:0.5", "greedy_insertion"):
         assert main([*base, "--mix", bad]) == 2
         assert "--mix expects TEACHER:WEIGHT" in capsys.readouterr().err
+    # A head shape that cannot be built is refused before any label is computed.
+    assert main([*base, "--width", "16", "--attention-heads", "3"]) == 2
+    assert "--width 16 must be a positive multiple of --attention-heads 3" in (
+        capsys.readouterr().err
+    )
+    assert not (tmp_path / "head.teacher-shapley.jsonl").exists()
     mix = ["--mix", "greedy_insertion:0.3", "--mix-param", "step=0.2"]
     assert main([*base, *mix]) == 0
     assert "teacher 0.7 shapley + 0.3 greedy_insertion on 14 texts" in capsys.readouterr().out
     card = read_card(tmp_path / "head")
     assert card is not None and card.mixture["params"]["step"] == 0.2
+    # --width and --attention-heads shape the head and are recorded in its card.
+    assert main([*base, "--width", "16", "--attention-heads", "2"]) == 0
+    card = read_card(tmp_path / "head")
+    assert card is not None and (card.width, card.attention_heads) == (16, 2)
+    assert card.parameters == sum(p.numel() for p in new_head(card).parameters())

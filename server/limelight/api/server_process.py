@@ -52,19 +52,21 @@ def start_server_process(
     of the server's event-loop thread there when it stops."""
     values = {"port": 0, "metrics_port": 0, "jobs": "off", "drift_enabled": False}
     values.update({k: str(v) if isinstance(v, Path) else v for k, v in settings.items()})
-    port_file = Path(tempfile.mkdtemp(prefix="limelight-bench-")) / "port"
-    code = "from limelight.api.server_process import serve_main; serve_main()"
-    args = [sys.executable, "-c", code, json.dumps(values), str(port_file), str(profile or "")]
-    process = subprocess.Popen(args)
-    end = time.monotonic() + timeout
-    while not port_file.exists():
-        if process.poll() is not None:
-            raise RuntimeError(f"the benchmark server exited with {process.returncode}")
-        if time.monotonic() > end:
-            process.kill()
-            raise TimeoutError("the benchmark server did not become ready")
-        time.sleep(0.05)
-    return ServerProcess(process, int(port_file.read_text()))
+    # The child says "ready" by writing its port here; the folder goes once it is read.
+    with tempfile.TemporaryDirectory(prefix="limelight-bench-") as folder:
+        port_file = Path(folder) / "port"
+        code = "from limelight.api.server_process import serve_main; serve_main()"
+        args = [sys.executable, "-c", code, json.dumps(values), str(port_file), str(profile or "")]
+        process = subprocess.Popen(args)
+        end = time.monotonic() + timeout
+        while not port_file.exists():
+            if process.poll() is not None:
+                raise RuntimeError(f"the benchmark server exited with {process.returncode}")
+            if time.monotonic() > end:
+                process.kill()
+                raise TimeoutError("the benchmark server did not become ready")
+            time.sleep(0.05)
+        return ServerProcess(process, int(port_file.read_text()))
 
 
 def publish_port(path: Path, port: int) -> None:

@@ -121,6 +121,13 @@ def long_texts(reviews: list[str], chars: int, count: int) -> list[str]:
 
 
 def run(args: argparse.Namespace) -> int:
+    from limelight.evaluation.benchmark import workdir
+
+    with workdir() as work:
+        return _run(args, work)
+
+
+def _run(args: argparse.Namespace, work: Path) -> int:
     from limelight.api.server_process import start_server_process
     from limelight.app import load_served_model
     from limelight.core.service import resolve_default_method
@@ -146,7 +153,6 @@ def run(args: argparse.Namespace) -> int:
     repeats = 3 if args.quick else 15
     duration = min(args.duration, 3.0) if args.quick else args.duration
     warmup = min(args.load_warmup, 1.0) if args.quick else args.load_warmup
-    work = b.workdir()
     runtimes: dict[str, Runtime] = {}
     names = [r for r in args.runtimes.split(",") if r]
     # What the server runs: the heads found beside the model, and its default inline method.

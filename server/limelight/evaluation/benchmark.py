@@ -16,7 +16,8 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -188,8 +189,11 @@ def plain_onnx_runtime(
     return _Both()
 
 
-def workdir() -> Path:
-    return Path(tempfile.mkdtemp(prefix="limelight-bench-"))
+@contextmanager
+def workdir() -> Iterator[Path]:
+    """A scratch folder for the run's ONNX exports, removed when the run ends."""
+    with tempfile.TemporaryDirectory(prefix="limelight-bench-") as folder:
+        yield Path(folder)
 
 
 def job_method_ratios(
