@@ -3,20 +3,41 @@ processes: calls spread over channels, server CPU counted over the whole process
 
 from __future__ import annotations
 
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from limelight.api.server_process import ServerProcess, start_server_process
 from limelight.evaluation.benchmark import process_cpu_seconds, process_tree_cpu_seconds, run_load
+from tests.ports import free_port
+
+METRICS = free_port()
+"""The sidecar's Prometheus port (the supervisor's, every worker's series merged)."""
 
 
 @pytest.fixture(scope="module")
 def two_workers(bert_tiny_dir: Path) -> Iterator[ServerProcess]:
-    server = start_server_process({"model_dir": bert_tiny_dir, "workers": 2})
+    server = start_server_process(
+        {"model_dir": bert_tiny_dir, "workers": 2, "metrics_port": METRICS}
+    )
     yield server
     server.stop()
+
+
+def calls(rpc: str) -> float:
+    """Finished calls of ``rpc`` with status OK, from the sidecar's Prometheus exposition."""
+    text = urllib.request.urlopen(f"http://127.0.0.1:{METRICS}/metrics", timeout=10).read()
+    for family in text_string_to_metric_families(text.decode()):
+        if family.name == "limelight_request_duration_seconds":
+            return sum(
+                s.value
+                for s in family.samples
+                if s.name.endswith("_count") and s.labels == {"rpc": rpc, "code": "OK"}
+            )
+    return 0.0
 
 
 def children(pid: int) -> list[int]:
@@ -38,3 +59,22 @@ def test_load_over_several_channels(two_workers: ServerProcess) -> None:
     load = run_load(two_workers.target, texts, {"short": 8}, 1.5, 0.5, two_workers.pid, channels=8)
     assert load.errors == 0 and load.count("short") > 0
     assert load.server_cpu_s > 0
+
+
+def test_stream_load_keeps_one_stream_per_client(two_workers: ServerProcess) -> None:
+    texts = {"short": ["a gorgeous, witty film", "flat and tedious", "a fine cast"]}
+    unary, streams = calls("Explain"), calls("ExplainStream")
+    load = run_load(
+        two_workers.target, texts, {"short": 6}, 1.5, 0.5, two_workers.pid, channels=4, rpc="stream"
+    )
+    assert load.errors == 0 and load.count("short") > 6
+    assert load.tokens["short"] > 0
+    # Each client sent all its requests down one stream and closed it cleanly; the only unary
+    # calls are the load generator's warm-up, one per channel.
+    assert calls("ExplainStream") - streams == 6
+    assert calls("Explain") - unary == 4
+
+
+def test_an_unknown_rpc_is_refused() -> None:
+    with pytest.raises(ValueError, match="unknown rpc"):
+        run_load("127.0.0.1:1", {"short": ["x"]}, {"short": 1}, 0.1, rpc="bidi")

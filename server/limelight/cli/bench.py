@@ -43,6 +43,13 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="gRPC channels (connections) the load generator spreads its clients over "
         "(default: 1, or 8 with --workers above 1: one channel reaches one worker)",
     )
+    p.add_argument(
+        "--rpc",
+        choices=("unary", "stream"),
+        default="unary",
+        help="how the load generator calls the sidecar in the served section: one Explain call "
+        "per request, or one ExplainStream per client (the high-throughput path)",
+    )
     p.add_argument("--duration", type=float, default=10.0, help="seconds measured per load point")
     p.add_argument(
         "--load-warmup", type=float, default=2.0, help="seconds of load before measuring"
@@ -235,6 +242,7 @@ def _run(args: argparse.Namespace, work: Path) -> int:
                         warmup,
                         server.pid,
                         args.channels,
+                        args.rpc,
                     )
                     row: dict[str, Any] = {
                         "runtime": name,
@@ -291,9 +299,10 @@ def _run(args: argparse.Namespace, work: Path) -> int:
                 ],
                 rows,
             ),
-            f"The load generator is a separate process (closed loop, {args.channels} gRPC "
-            f"channel(s)); the sidecar ran {args.workers} worker process(es). Server CPU is the "
-            "sidecar's user+system time (every process) over the measured window. "
+            f"The load generator is a separate process (closed loop, {args.rpc} calls, "
+            f"{args.channels} gRPC channel(s)); the sidecar ran {args.workers} worker "
+            "process(es). Server CPU is the sidecar's user+system time (every process) over "
+            "the measured window. "
             "In-process: batch tokenizer + one forward + NormXLogit, batch 32. Plain forward: "
             "median over 16 short texts at batch 1.",
         )
@@ -391,7 +400,7 @@ def _argv(args: argparse.Namespace) -> list[str]:
         out += ["--demo", args.demo_model]
     if getattr(args, "torch_threads", None):
         out += ["--torch-threads", str(args.torch_threads)]
-    for flag in ("runtimes", "clients", "mix", "sections", "workers", "channels"):
+    for flag in ("runtimes", "clients", "mix", "sections", "workers", "channels", "rpc"):
         out += [f"--{flag}", str(getattr(args, flag))]
     out += ["--duration", f"{args.duration:g}"]
     if args.quick:

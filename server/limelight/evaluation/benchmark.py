@@ -299,6 +299,11 @@ class LoadResult:
         return self.server_cpu_s / max(1, self.count()) * 1e3
 
 
+RPCS = ("unary", "stream")
+"""How the load generator calls the sidecar: ``Explain`` per request, or one ``ExplainStream``
+per client."""
+
+
 def run_load(
     target: str,
     texts: dict[str, list[str]],
@@ -307,12 +312,17 @@ def run_load(
     warmup_s: float = 2.0,
     server_pid: int | None = None,
     channels: int = 1,
+    rpc: str = "unary",
 ) -> LoadResult:
     """Closed-loop load from a separate process: ``clients[kind]`` concurrent clients each send
     texts of that kind one after another, spread over ``channels`` gRPC channels (each its own
     connection); only requests that finish inside the measured window (after ``warmup_s``)
-    count. Server CPU (the process and its children) is read from ``/proc`` over the same
-    window."""
+    count. ``rpc``: ``unary`` (one ``Explain`` call per request) or ``stream`` (each client
+    keeps one ``ExplainStream`` open and sends its next request when the answer to the last
+    one has come back). Server CPU (the process and its children) is read from ``/proc`` over
+    the same window."""
+    if rpc not in RPCS:
+        raise ValueError(f"unknown rpc {rpc!r}; use one of {', '.join(RPCS)}")
     config = {
         "target": target,
         "texts": texts,
@@ -321,6 +331,7 @@ def run_load(
         "warmup_s": warmup_s,
         "server_pid": server_pid,
         "channels": channels,
+        "rpc": rpc,
     }
     code = "from limelight.evaluation.benchmark import loadgen_main; loadgen_main()"
     done = subprocess.run(
@@ -378,6 +389,12 @@ async def _generate_load(config: dict[str, Any]) -> dict[str, Any]:
     tokens: dict[str, int] = dict.fromkeys(texts, 0)
     errors = 0
 
+    def record(kind: str, started: float, response: Any) -> None:
+        finished = loop.time()
+        if begin <= started and finished <= end:
+            latencies[kind].append(finished - started)
+            tokens[kind] += len(response.explanation.tokens)
+
     async def client(kind: str, index: int) -> None:
         nonlocal errors
         pool = texts[kind]
@@ -391,10 +408,29 @@ async def _generate_load(config: dict[str, Any]) -> dict[str, Any]:
             except grpc.aio.AioRpcError:
                 errors += 1
                 continue
-            finished = loop.time()
-            if begin <= started and finished <= end:
-                latencies[kind].append(finished - started)
-                tokens[kind] += len(response.explanation.tokens)
+            record(kind, started, response)
+
+    async def stream_client(kind: str, index: int) -> None:
+        nonlocal errors
+        pool = texts[kind]
+        stub = stubs[index % len(stubs)]
+        i = index
+        while loop.time() < end:  # a failed stream is counted and reopened
+            call = stub.ExplainStream(timeout=600)
+            try:
+                while (started := loop.time()) < end:
+                    await call.write(pb.ExplainRequest(text=pool[i % len(pool)]))
+                    i += 7
+                    response = await call.read()
+                    if response is grpc.aio.EOF:
+                        raise RuntimeError("the sidecar ended the stream early")
+                    record(kind, started, response)
+                await call.done_writing()
+                if await call.code() != grpc.StatusCode.OK:
+                    errors += 1
+            except (grpc.aio.AioRpcError, RuntimeError):
+                errors += 1
+                call.cancel()
 
     async def cpu_window() -> float:
         await asyncio.sleep(max(0.0, begin - loop.time()))
@@ -402,9 +438,8 @@ async def _generate_load(config: dict[str, Any]) -> dict[str, Any]:
         await asyncio.sleep(max(0.0, end - loop.time()))
         return (process_tree_cpu_seconds(pid) if pid else 0.0) - before
 
-    tasks = [
-        client(kind, index) for kind, n in config["clients"].items() for index in range(int(n))
-    ]
+    run = stream_client if config.get("rpc", "unary") == "stream" else client
+    tasks = [run(kind, index) for kind, n in config["clients"].items() for index in range(int(n))]
     cpu, *_ = await asyncio.gather(cpu_window(), *tasks)
     for channel in channels:
         await channel.close()
