@@ -206,6 +206,9 @@ def channel_options(
         "grpc.initial_reconnect_backoff_ms": 100,
         "grpc.min_reconnect_backoff_ms": 100,
         "grpc.max_reconnect_backoff_ms": 5000,
+        # Each channel its own connection: gRPC shares one between equal channels in a
+        # process, and a sidecar's worker processes (`--workers`) are reached per connection.
+        "grpc.use_local_subchannel_pool": 1,
     }
     if options:
         items = options.items() if isinstance(options, Mapping) else options

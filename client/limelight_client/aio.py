@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 import time
-from collections import deque
 from collections.abc import (
     AsyncIterable,
     AsyncIterator,
@@ -37,10 +37,10 @@ from limelight_client._common import (
     health_status_name,
     list_jobs_request,
     new_request_id,
-    split_item,
     submit_request,
     terminal_state,
 )
+from limelight_client._streams import AsyncStreamFeed, answer, request_builder, stream_cut_short
 from limelight_client.client import PemArg, deadline_error, job_outcome
 from limelight_client.errors import (
     DeadlineExceeded,
@@ -79,28 +79,50 @@ class AsyncClient:
         options: Mapping[str, Any] | Sequence[tuple[str, Any]] | None = None,
         max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
         max_backoff: float = 5.0,
+        connections: int = 1,
     ) -> None:
+        if connections < 1:
+            raise ValueError("connections must be >= 1")
         self.target = target
         self.timeout = timeout
         self.retry_policy = RetryPolicy(retries=retries, backoff=backoff, max_backoff=max_backoff)
         self._metadata = call_metadata(token)
         creds = channel_credentials(tls, ca_cert, client_cert, client_key)
         opts = channel_options(options, max_message_bytes)
-        self._channel = (
+        self._channels = [
             grpc.aio.secure_channel(target, creds, options=opts)
             if creds is not None
             else grpc.aio.insecure_channel(target, options=opts)
-        )
-        self._stub = pb_grpc.ExplainerStub(self._channel)
-        self._health = self._channel.unary_unary(
-            HEALTH_CHECK_METHOD,
-            request_serializer=HealthCheckRequest.SerializeToString,
-            response_deserializer=HealthCheckResponse.FromString,
-        )
+            for _ in range(connections)
+        ]
+        self._stubs = [pb_grpc.ExplainerStub(channel) for channel in self._channels]
+        self._healths = [
+            channel.unary_unary(
+                HEALTH_CHECK_METHOD,
+                request_serializer=HealthCheckRequest.SerializeToString,
+                response_deserializer=HealthCheckResponse.FromString,
+            )
+            for channel in self._channels
+        ]
+        self._turn = itertools.cycle(range(connections))
         self._sleep: Callable[[float], Awaitable[None]] = asyncio.sleep
 
+    @property
+    def connections(self) -> int:
+        """See ``Client.connections``."""
+        return len(self._channels)
+
+    @property
+    def _stub(self) -> pb_grpc.ExplainerStub:
+        return self._stubs[next(self._turn)]
+
+    @property
+    def _health(self) -> Callable[..., Any]:
+        return self._healths[next(self._turn)]
+
     async def close(self) -> None:
-        await self._channel.close()
+        for channel in self._channels:
+            await channel.close()
 
     async def __aenter__(self) -> AsyncClient:
         return self
@@ -114,7 +136,8 @@ class AsyncClient:
         await self.close()
 
     def __repr__(self) -> str:
-        return f"AsyncClient({self.target!r})"
+        more = f", connections={self.connections}" if self.connections > 1 else ""
+        return f"AsyncClient({self.target!r}{more})"
 
     # -- plumbing --------------------------------------------------------------------------
 
@@ -193,50 +216,35 @@ class AsyncClient:
         timeout: float | None = None,
     ) -> AsyncIterator[Explanation]:
         """See ``Client.explain_many``; ``texts`` may also be an async iterable."""
-        sent: deque[tuple[str, str | None, str]] = deque()
-        bad_input: list[BaseException] = []
-
-        def build(item: TextItem) -> pb.ExplainRequest:
-            text, pair = split_item(item)
-            rid = new_request_id()
-            req = explain_request(text, pair, target, all_classes, method, rid)
-            sent.append((text, pair, rid))
-            return req
-
-        async def requests() -> AsyncIterator[pb.ExplainRequest]:
-            try:
-                if isinstance(texts, AsyncIterable):
-                    async for item in texts:
-                        yield build(item)
-                else:
-                    for item in texts:
-                        yield build(item)
-            except Exception as exc:
-                bad_input.append(exc)
-                raise
-
-        call = self._stub.ExplainStream(requests(), timeout=timeout, metadata=self._metadata)
+        build = request_builder(target, all_classes, method)
+        feed = AsyncStreamFeed(texts, self.connections, build)
+        calls = [
+            stub.ExplainStream(feed.requests(k), timeout=timeout, metadata=self._metadata)
+            for k, stub in enumerate(self._stubs)
+        ]
         try:
-            async for resp in call:
-                text, pair, rid = sent.popleft()
-                known = not resp.request_id or resp.request_id == rid
-                yield Explanation.from_proto(
-                    resp, text=text if known else None, text_pair=pair if known else None
-                )
+            for k in itertools.cycle(range(len(calls))):
+                resp = await calls[k].read()
+                if resp is grpc.aio.EOF:  # item i went to stream i % streams: the last one
+                    break
+                yield answer(resp, feed.sent[k].popleft())
         except grpc.RpcError as err:
-            if bad_input:
-                raise bad_input[0] from None
+            if feed.error is not None:
+                raise feed.error from None
             raise from_rpc_error(err) from err
         except asyncio.CancelledError:
             # grpc.aio cancels the call when the request iterator raises; report the cause.
             # A real cancellation of our task (no bad input) propagates unchanged.
-            if bad_input:
-                raise bad_input[0] from None
+            if feed.error is not None:
+                raise feed.error from None
             raise
         finally:
-            call.cancel()
-        if bad_input:  # some grpc versions end the stream quietly instead of failing it
-            raise bad_input[0]
+            for call in calls:
+                call.cancel()
+        if feed.error is not None:  # some grpc versions end the stream quietly instead
+            raise feed.error
+        if feed.unanswered():
+            raise stream_cut_short(feed.unanswered())
 
     # -- model and drift -------------------------------------------------------------------
 
@@ -264,13 +272,14 @@ class AsyncClient:
         """See ``Client.wait_ready``."""
         deadline = time.monotonic() + timeout
         status = "UNREACHABLE"
-        while True:
+        waiting = list(self._healths)
+        while waiting:
             left = deadline - time.monotonic()
             if left <= 0:
                 raise TimeoutError(f"{self.target} not ready after {timeout} s (last: {status})")
             try:
                 resp = await self._unary(
-                    self._health,
+                    waiting[0],
                     HealthCheckRequest(service=EXPLAINER_SERVICE),
                     min(left, 5.0),
                     idempotent=False,
@@ -279,8 +288,9 @@ class AsyncClient:
             except (Unavailable, DeadlineExceeded, NotFound) as exc:
                 status = type(exc).__name__
             if status == "SERVING":
-                return
-            await self._sleep(min(poll, max(deadline - time.monotonic(), 0.0)))
+                waiting.pop(0)
+            else:
+                await self._sleep(min(poll, max(deadline - time.monotonic(), 0.0)))
 
     # -- jobs ------------------------------------------------------------------------------
 

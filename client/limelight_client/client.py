@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
 import time
-from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
@@ -28,10 +28,10 @@ from limelight_client._common import (
     health_status_name,
     list_jobs_request,
     new_request_id,
-    split_item,
     submit_request,
     terminal_state,
 )
+from limelight_client._streams import StreamFeed, answer, request_builder, stream_cut_short
 from limelight_client.errors import (
     DeadlineExceeded,
     Internal,
@@ -93,8 +93,13 @@ class Client:
             the defaults, e.g. ``{"grpc.max_receive_message_length": 128 << 20}``.
         max_message_bytes: send/receive message size limit (default 64 MiB).
         max_backoff: cap on one backoff wait, in seconds.
+        connections: how many connections to open to the sidecar. A sidecar run with
+            ``limelight serve --workers N`` serves each connection from one worker process,
+            so open at least ``N`` to use them all: unary calls take the connections in turn
+            and ``explain_many`` keeps a stream on each. Every client has its own
+            connections (gRPC would otherwise share one between clients in a process).
 
-    Use it as a context manager (or call :meth:`close`) to release the channel.
+    Use it as a context manager (or call :meth:`close`) to release the connections.
     """
 
     def __init__(
@@ -112,31 +117,45 @@ class Client:
         options: Mapping[str, Any] | Sequence[tuple[str, Any]] | None = None,
         max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
         max_backoff: float = 5.0,
+        connections: int = 1,
     ) -> None:
+        if connections < 1:
+            raise ValueError("connections must be >= 1")
         self.target = target
         self.timeout = timeout
         self.retry_policy = RetryPolicy(retries=retries, backoff=backoff, max_backoff=max_backoff)
         self._metadata = call_metadata(token)
         creds = channel_credentials(tls, ca_cert, client_cert, client_key)
         opts = channel_options(options, max_message_bytes)
-        self._channel = (
+        self._channels = [
             grpc.secure_channel(target, creds, options=opts)
             if creds is not None
             else grpc.insecure_channel(target, options=opts)
-        )
-        self._stub = pb_grpc.ExplainerStub(self._channel)
-        self._health = self._channel.unary_unary(
-            HEALTH_CHECK_METHOD,
-            request_serializer=HealthCheckRequest.SerializeToString,
-            response_deserializer=HealthCheckResponse.FromString,
-        )
+            for _ in range(connections)
+        ]
+        self._stubs = [pb_grpc.ExplainerStub(channel) for channel in self._channels]
+        self._healths = [
+            channel.unary_unary(
+                HEALTH_CHECK_METHOD,
+                request_serializer=HealthCheckRequest.SerializeToString,
+                response_deserializer=HealthCheckResponse.FromString,
+            )
+            for channel in self._channels
+        ]
+        self._turn = itertools.cycle(range(connections))
         self._sleep: Callable[[float], None] = time.sleep
 
     # -- lifecycle -------------------------------------------------------------------------
 
+    @property
+    def connections(self) -> int:
+        """How many connections this client keeps to the sidecar."""
+        return len(self._channels)
+
     def close(self) -> None:
-        """Close the channel; calls in flight are cancelled."""
-        self._channel.close()
+        """Close the connections; calls in flight are cancelled."""
+        for channel in self._channels:
+            channel.close()
 
     def __enter__(self) -> Client:
         return self
@@ -150,9 +169,19 @@ class Client:
         self.close()
 
     def __repr__(self) -> str:
-        return f"Client({self.target!r})"
+        more = f", connections={self.connections}" if self.connections > 1 else ""
+        return f"Client({self.target!r}{more})"
 
     # -- plumbing --------------------------------------------------------------------------
+
+    @property
+    def _stub(self) -> pb_grpc.ExplainerStub:
+        """The next connection's stub, in turn (one call per connection, round robin)."""
+        return self._stubs[next(self._turn)]
+
+    @property
+    def _health(self) -> Callable[..., Any]:
+        return self._healths[next(self._turn)]
 
     def _deadline(self, timeout: float | None, *, default: bool = True) -> float | None:
         t = timeout if timeout is not None else (self.timeout if default else None)
@@ -234,44 +263,36 @@ class Client:
         method: str | None = None,
         timeout: float | None = None,
     ) -> Iterator[Explanation]:
-        """Explain many inputs over one ExplainStream; yields results in input order.
+        """Explain many inputs over ExplainStream; yields results in input order.
 
         Items are texts or ``(text, text_pair)`` tuples; ``texts`` is consumed lazily, so it
-        may be a generator. ``timeout`` bounds the whole stream (default: no deadline, since a
-        stream's length is open-ended). A stream is not retried: a failure raises.
+        may be a generator. With several ``connections`` the items are dealt in turn to one
+        stream per connection. ``timeout`` bounds the whole stream (default: no deadline,
+        since a stream's length is open-ended). A stream is not retried: a failure raises.
         """
-        sent: deque[tuple[str, str | None, str]] = deque()
-        bad_input: list[BaseException] = []
-
-        def requests() -> Iterator[pb.ExplainRequest]:
-            try:
-                for item in texts:
-                    text, pair = split_item(item)
-                    rid = new_request_id()
-                    req = explain_request(text, pair, target, all_classes, method, rid)
-                    sent.append((text, pair, rid))
-                    yield req
-            except Exception as exc:
-                # gRPC would turn this into an opaque CANCELLED; re-raise it to the caller.
-                bad_input.append(exc)
-                raise
-
-        call = self._stub.ExplainStream(requests(), timeout=timeout, metadata=self._metadata)
+        build = request_builder(target, all_classes, method)
+        feed = StreamFeed(texts, self.connections, build)
+        calls = [
+            stub.ExplainStream(feed.requests(k), timeout=timeout, metadata=self._metadata)
+            for k, stub in enumerate(self._stubs)
+        ]
         try:
-            for resp in call:
-                text, pair, rid = sent.popleft()
-                known = not resp.request_id or resp.request_id == rid
-                yield Explanation.from_proto(
-                    resp, text=text if known else None, text_pair=pair if known else None
-                )
+            for k in itertools.cycle(range(len(calls))):
+                resp = next(calls[k], None)
+                if resp is None:  # item i went to stream i % streams: this one was the last
+                    break
+                yield answer(resp, feed.sent[k].popleft())
         except grpc.RpcError as err:
-            if bad_input:
-                raise bad_input[0] from None
+            if feed.error is not None:
+                raise feed.error from None
             raise from_rpc_error(err) from err
         finally:
-            call.cancel()  # no-op when finished; stops the stream if the caller broke off
-        if bad_input:  # some grpc versions end the stream quietly instead of failing it
-            raise bad_input[0]
+            for call in calls:
+                call.cancel()  # no-op when finished; stops the streams if the caller broke off
+        if feed.error is not None:  # some grpc versions end the stream quietly instead
+            raise feed.error
+        if feed.unanswered():
+            raise stream_cut_short(feed.unanswered())
 
     # -- model and drift -------------------------------------------------------------------
 
@@ -299,20 +320,23 @@ class Client:
         return health_status_name(resp)
 
     def wait_ready(self, timeout: float = 60.0, poll: float = 0.2) -> None:
-        """Block until the sidecar reports SERVING; ``TimeoutError`` after ``timeout`` s.
+        """Block until the sidecar reports SERVING on every connection; ``TimeoutError``
+        after ``timeout`` s.
 
-        Useful right after start-up: the port opens before the model is loaded.
+        Useful right after start-up: the port opens before the model is loaded (and with
+        ``--workers``, each connection's worker loads its own).
         """
         deadline = time.monotonic() + timeout
         status = "UNREACHABLE"
-        while True:
+        waiting = list(self._healths)
+        while waiting:
             left = deadline - time.monotonic()
             if left <= 0:
                 raise TimeoutError(f"{self.target} not ready after {timeout} s (last: {status})")
             try:
                 status = health_status_name(
                     self._unary(
-                        self._health,
+                        waiting[0],
                         HealthCheckRequest(service=EXPLAINER_SERVICE),
                         min(left, 5.0),
                         idempotent=False,  # this loop is the retry
@@ -321,8 +345,9 @@ class Client:
             except (Unavailable, DeadlineExceeded, NotFound) as exc:
                 status = type(exc).__name__
             if status == "SERVING":
-                return
-            self._sleep(min(poll, max(deadline - time.monotonic(), 0.0)))
+                waiting.pop(0)
+            else:
+                self._sleep(min(poll, max(deadline - time.monotonic(), 0.0)))
 
     # -- jobs ------------------------------------------------------------------------------
 

@@ -22,6 +22,7 @@ from pathlib import Path
 import grpc
 import pytest
 
+from limelight_client import Client
 from limelight_client.proto import explainer_pb2 as pb
 from limelight_client.proto import explainer_pb2_grpc as pb_grpc
 from tests.ports import free_port
@@ -162,6 +163,26 @@ def test_connections_spread_over_the_workers_and_metrics_add_up(served: Workers)
         ["promtool", "check", "metrics"], input=body, capture_output=True, text=True, check=False
     )
     assert lint.returncode == 0, lint.stdout + lint.stderr
+
+
+def test_one_sdk_client_reaches_every_worker(served: Workers) -> None:
+    """``Client(connections=N)``: unary calls and ``explain_many``'s streams are spread over
+    its connections, so one client uses every worker; answers come back in input order."""
+    metric = "limelight_drift_reference_explanations"  # each worker's count of explanations
+    before = per_worker(served.metrics(), metric)
+    texts = [f"review {i}: a gorgeous, witty film" + " indeed" * (i % 7) for i in range(64)]
+    with Client(served.target, connections=16) as client:
+        client.wait_ready(timeout=60)
+        answers = list(client.explain_many(texts))
+        for _ in range(client.connections):
+            client.drift()  # each connection's worker refreshes its drift gauges now
+    assert [a.text for a in answers] == texts
+    assert all(a.label in {"rotten", "fresh"} and a.tokens for a in answers)
+    after = per_worker(served.metrics(), metric)
+    gained = {pid: after[pid] - before.get(pid, 0.0) for pid in after}
+    # 16 connections over 2 workers: all on one has probability 2 ** -15.
+    assert len(gained) == WORKERS and all(n > 0 for n in gained.values()), gained
+    assert sum(gained.values()) == len(texts)
 
 
 def test_a_job_submitted_to_one_worker_is_seen_by_all(served: Workers) -> None:

@@ -88,6 +88,8 @@ class Call:
     metadata: dict[str, str]
     time: float
     time_remaining: float | None
+    #: The client's address and port: one per connection.
+    peer: str = ""
 
 
 @dataclass
@@ -115,7 +117,10 @@ class ScriptedExplainer(pb_grpc.ExplainerServicer):
     def _enter(self, method: str, request: Any, context: grpc.ServicerContext) -> None:
         md = {k: v for k, v in context.invocation_metadata() if isinstance(v, str)}
         with self.cond:
-            self.calls.append(Call(method, request, md, time.monotonic(), context.time_remaining()))
+            call = Call(
+                method, request, md, time.monotonic(), context.time_remaining(), context.peer()
+            )
+            self.calls.append(call)
             failure = self.failures[method].pop(0) if self.failures[method] else None
         token = self.required_token
         if token is not None and md.get("authorization") != f"Bearer {token}":
@@ -138,10 +143,14 @@ class ScriptedExplainer(pb_grpc.ExplainerServicer):
         )
 
     def ExplainStream(self, request_iterator: Iterator[pb.ExplainRequest], context: Any) -> Any:
-        self._enter("ExplainStream", None, context)
+        received: list[str] = []  # the texts of this stream, in the order they came
+        self._enter("ExplainStream", received, context)
         for request in request_iterator:
+            received.append(request.text)
             if request.text == "boom":
                 context.abort(grpc.StatusCode.INVALID_ARGUMENT, "boom is not a review")
+            if request.text == "hang up":  # end the stream (OK) without answering
+                return
             yield make_response(
                 request.text,
                 request.text_pair if request.HasField("text_pair") else None,

@@ -66,7 +66,10 @@ async def test_deadline_and_token(scripted: ScriptedServer) -> None:
     assert all(call.metadata["authorization"] == "Bearer tok" for call in calls)
 
 
-async def test_explain_many_sync_and_async_inputs(scripted: ScriptedServer) -> None:
+@pytest.mark.parametrize("connections", [1, 3])
+async def test_explain_many_sync_and_async_inputs(
+    scripted: ScriptedServer, connections: int
+) -> None:
     texts = [f"text {i} " + "x " * i for i in range(12)]
 
     async def agen() -> AsyncIterator[str]:
@@ -74,15 +77,25 @@ async def test_explain_many_sync_and_async_inputs(scripted: ScriptedServer) -> N
             await asyncio.sleep(0)
             yield t
 
-    async with connect(scripted) as c:
+    async with connect(scripted, connections=connections) as c:
         a = [e.text async for e in c.explain_many(texts)]
         b = [e.text async for e in c.explain_many(agen())]
+        assert [e.text async for e in c.explain_many([])] == []
     assert a == texts and b == texts
+    # The first two calls: a stream on each connection. (Of the empty call's streams, some may
+    # be cancelled before they reach the server: nothing was sent on them.)
+    streams = scripted.servicer.calls_to("ExplainStream")[: 2 * connections]
+    assert len(streams) == 2 * connections
+    assert len({s.peer for s in streams}) == connections
+    assert sorted(s.request for s in streams[:connections]) == sorted(
+        texts[k::connections] for k in range(connections)
+    )
 
 
-async def test_explain_many_server_error(scripted: ScriptedServer) -> None:
+@pytest.mark.parametrize("connections", [1, 2])
+async def test_explain_many_server_error(scripted: ScriptedServer, connections: int) -> None:
     got: list[str | None] = []
-    async with connect(scripted) as c:
+    async with connect(scripted, connections=connections) as c:
         with pytest.raises(errors.InvalidArgument, match="boom"):
             # Nothing is sent after "boom": when the server aborts while grpc.aio is still
             # writing requests, grpc-core may report INTERNAL instead of the server's status.
@@ -121,8 +134,9 @@ async def test_jobs(scripted: ScriptedServer) -> None:
     assert len(set(keys)) == 4 and all(keys)
 
 
-async def test_explain_many_bad_item(scripted: ScriptedServer) -> None:
-    async with connect(scripted) as c:
+@pytest.mark.parametrize("connections", [1, 3])
+async def test_explain_many_bad_item(scripted: ScriptedServer, connections: int) -> None:
+    async with connect(scripted, connections=connections) as c:
         with pytest.raises(TypeError):
             async for _ in c.explain_many(["fine", 42]):  # type: ignore[list-item]
                 pass

@@ -21,10 +21,22 @@ SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
 
 
+class RecordingHealth(health.HealthServicer):  # type: ignore[misc]
+    """The standard health servicer, noting which connection each check came on."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.peers: list[str] = []
+
+    def Check(self, request: object, context: grpc.ServicerContext) -> object:
+        self.peers.append(context.peer())
+        return super().Check(request, context)
+
+
 @pytest.fixture
-def healthy() -> Iterator[tuple[str, health.HealthServicer]]:
+def healthy() -> Iterator[tuple[str, RecordingHealth]]:
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
-    servicer = health.HealthServicer()
+    servicer = RecordingHealth()
     health_pb2_grpc.add_HealthServicer_to_server(servicer, server)
     pb_grpc.add_ExplainerServicer_to_server(ScriptedExplainer(), server)
     port = server.add_insecure_port("127.0.0.1:0")
@@ -54,6 +66,26 @@ def test_wait_ready_returns_once_serving(healthy: tuple[str, health.HealthServic
         assert c.health() == "SERVING"
         assert c.model().name == "tiny"
     timer.join()
+
+
+def test_wait_ready_asks_every_connection(healthy: tuple[str, RecordingHealth]) -> None:
+    # With `--workers`, each connection is served by its own worker, each loading its model.
+    target, servicer = healthy
+    servicer.set(EXPLAINER_SERVICE, SERVING)
+    with Client(target, connections=3) as c:
+        c.wait_ready(timeout=30, poll=0.05)
+    assert len(servicer.peers) == 3 and len(set(servicer.peers)) == 3
+
+
+@pytest.mark.asyncio
+async def test_async_wait_ready_asks_every_connection(
+    healthy: tuple[str, RecordingHealth],
+) -> None:
+    target, servicer = healthy
+    servicer.set(EXPLAINER_SERVICE, SERVING)
+    async with AsyncClient(target, connections=3) as c:
+        await c.wait_ready(timeout=30, poll=0.05)
+    assert len(servicer.peers) == 3 and len(set(servicer.peers)) == 3
 
 
 def test_wait_ready_times_out(healthy: tuple[str, health.HealthServicer]) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import itertools
 import random
 import threading
+from collections.abc import Iterator
 
 import grpc
 import pytest
@@ -288,32 +289,99 @@ def test_explain_many_text_pairs(scripted: ScriptedServer) -> None:
     assert results[0].text_pair == "Nobody sleeps." and results[1].text_pair is None
 
 
-def test_explain_many_server_error(scripted: ScriptedServer) -> None:
-    with client_for(scripted) as c:
+@pytest.mark.parametrize("connections", [1, 3])
+def test_explain_many_server_error(scripted: ScriptedServer, connections: int) -> None:
+    with client_for(scripted, connections=connections) as c:
         it = c.explain_many(["fine", "boom", "never"])
         assert next(it).text == "fine"
         with pytest.raises(errors.InvalidArgument, match="boom"):
             list(it)
 
 
-def test_explain_many_bad_item_raises_type_error(scripted: ScriptedServer) -> None:
-    with client_for(scripted) as c, pytest.raises(TypeError):
+@pytest.mark.parametrize("connections", [1, 3])
+def test_explain_many_bad_item_raises_type_error(
+    scripted: ScriptedServer, connections: int
+) -> None:
+    with client_for(scripted, connections=connections) as c, pytest.raises(TypeError):
         list(c.explain_many(["fine", 42]))  # type: ignore[list-item]
 
 
-def test_explain_many_early_break_cancels(scripted: ScriptedServer) -> None:
+@pytest.mark.parametrize("connections", [1, 3])
+def test_explain_many_early_break_cancels(scripted: ScriptedServer, connections: int) -> None:
     def endless() -> object:
         i = 0
         while True:
             yield f"text {i}"
             i += 1
 
-    with client_for(scripted) as c:
+    with client_for(scripted, connections=connections) as c:
         for n, _ in enumerate(c.explain_many(endless())):  # type: ignore[arg-type]
             if n == 5:
                 break
         # The channel is still usable after the abandoned stream.
         assert c.model().name == "tiny"
+
+
+def test_explain_many_stream_ended_early_is_an_error(scripted: ScriptedServer) -> None:
+    # A stream that ends with answers missing must not look like a finished one.
+    with client_for(scripted) as c:
+        it = c.explain_many(["fine", "hang up", "never answered"])
+        assert next(it).text == "fine"
+        with pytest.raises(errors.Unavailable, match=r"before \d request"):
+            list(it)
+
+
+# -- several connections -----------------------------------------------------------------------
+
+
+def test_each_client_has_its_own_connections_taken_in_turn(scripted: ScriptedServer) -> None:
+    with client_for(scripted, connections=3) as c, client_for(scripted) as other:
+        assert c.connections == 3 and "connections=3" in repr(c)
+        for _ in range(6):
+            c.explain(TEXT)
+        other.explain(TEXT)
+    peers = [call.peer for call in scripted.servicer.calls_to("Explain")]
+    assert len(set(peers[:6])) == 3 and peers[:3] == peers[3:6]
+    assert peers[6] not in peers[:6]  # not shared with another client in the process
+    with pytest.raises(ValueError, match="connections"):
+        Client(scripted.target, connections=0)
+
+
+def test_explain_many_deals_the_input_over_one_stream_per_connection(
+    scripted: ScriptedServer,
+) -> None:
+    texts = [f"review number {i}" for i in range(50)]
+    with client_for(scripted, connections=3) as c:
+        assert [r.text for r in c.explain_many(iter(texts))] == texts
+        assert list(c.explain_many([])) == []
+        assert [r.text for r in c.explain_many(["only one"])] == ["only one"]
+    # The first call's three streams (the later calls' empty streams may be cancelled before
+    # they reach the server: nothing was sent on them).
+    streams = scripted.servicer.calls_to("ExplainStream")[:3]
+    assert len(streams) == 3 and len({s.peer for s in streams}) == 3
+    # Item i went to stream i % 3, in order (the server saw the streams in any order).
+    assert sorted(s.request for s in streams[:3]) == sorted(texts[k::3] for k in range(3))
+
+
+def test_explain_many_sends_a_dealt_item_without_waiting_for_the_next(
+    scripted: ScriptedServer,
+) -> None:
+    read_both = threading.Event()
+
+    def producer() -> Iterator[str]:
+        yield "first"
+        yield "second"
+        # The next item comes only once "second" was answered; were it held back until the
+        # producer gives a third, this would wait forever.
+        if not read_both.wait(10):
+            raise AssertionError("the second item was held back")
+        yield "third"
+
+    with client_for(scripted, connections=2) as c:
+        it = c.explain_many(producer())
+        assert next(it).text == "first" and next(it).text == "second"
+        read_both.set()
+        assert [e.text for e in it] == ["third"]
 
 
 # -- jobs --------------------------------------------------------------------------------------

@@ -1,0 +1,218 @@
+"""One lazy input dealt over several ``ExplainStream`` calls, one per connection.
+
+With ``limelight serve --workers N`` every connection is served by one worker process, so a
+client that keeps one stream reaches one worker. ``explain_many`` therefore opens a stream on
+each of the client's connections and deals the input to them in turn: item ``i`` goes to stream
+``i % streams``. Each stream answers in its own order, so reading the streams in the same turn
+gives the answers back in input order. The input is pulled only when a stream has nothing left
+to send, one item at a time and outside any lock, so a slow producer (a generator reading a
+queue) never holds an item back from the stream it was dealt to.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections import deque
+from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterable, Iterator
+
+import grpc
+
+from limelight_client._common import (
+    TargetArg,
+    TextItem,
+    explain_request,
+    new_request_id,
+    split_item,
+)
+from limelight_client.errors import Unavailable
+from limelight_client.proto import explainer_pb2 as pb
+from limelight_client.types import Explanation
+
+#: What the reader needs to pair an answer with its input: text, text pair, request id.
+Sent = tuple[str, str | None, str]
+Build = Callable[[TextItem], tuple[pb.ExplainRequest, Sent]]
+
+
+def request_builder(target: TargetArg, all_classes: bool, method: str | None) -> Build:
+    """How ``explain_many`` turns one input item into its request (a fresh request id each)."""
+
+    def build(item: TextItem) -> tuple[pb.ExplainRequest, Sent]:
+        text, pair = split_item(item)
+        rid = new_request_id()
+        return explain_request(text, pair, target, all_classes, method, rid), (text, pair, rid)
+
+    return build
+
+
+def answer(response: pb.ExplainResponse, sent: Sent) -> Explanation:
+    """The explanation of one streamed answer, with the text it was sent for (unless the
+    server echoed another request id, which would mean the pairing is off)."""
+    text, pair, rid = sent
+    known = not response.request_id or response.request_id == rid
+    return Explanation.from_proto(
+        response, text=text if known else None, text_pair=pair if known else None
+    )
+
+
+def stream_cut_short(unanswered: int) -> Unavailable:
+    """The error for streams that ended without answering everything sent on them."""
+    return Unavailable(
+        grpc.StatusCode.UNAVAILABLE,
+        f"the stream ended before {unanswered} request(s) sent on it were answered",
+    )
+
+
+class _Deal:
+    """Round-robin bookkeeping shared by the sync and asyncio feeds (no locking of its own)."""
+
+    def __init__(self, streams: int, build: Build) -> None:
+        if streams < 1:
+            raise ValueError("streams must be >= 1")
+        self.streams = streams
+        self._build = build
+        self._dealt: list[deque[tuple[pb.ExplainRequest, Sent]]] = [deque() for _ in range(streams)]
+        #: Per stream, what was handed to gRPC and awaits its answer, oldest first.
+        self.sent: list[deque[Sent]] = [deque() for _ in range(streams)]
+        #: The exception the input (or building a request from it) raised, if any.
+        self.error: BaseException | None = None
+        self._turn = 0
+        self._pulling = False
+        self._exhausted = False
+
+    def _step(self, k: int) -> pb.ExplainRequest | bool | None:
+        """Stream ``k``'s next move: its next request, ``None`` when it is done, ``True``
+        when it should pull the next item of the input, ``False`` when it should wait."""
+        if self._dealt[k]:
+            request, sent = self._dealt[k].popleft()
+            self.sent[k].append(sent)
+            return request
+        if self._exhausted:
+            return None
+        if self._pulling:
+            return False
+        self._pulling = True
+        return True
+
+    def _pulled(self, item: TextItem) -> None:
+        self._pulling = False
+        try:
+            built = self._build(item)
+        except Exception as exc:
+            self._failed(exc)
+            raise
+        self._dealt[self._turn].append(built)
+        self._turn = (self._turn + 1) % self.streams
+
+    def _ended(self) -> None:
+        self._pulling = False
+        self._exhausted = True
+
+    def _failed(self, exc: BaseException) -> None:
+        # Every stream ends; the reader raises this instead of gRPC's opaque CANCELLED.
+        self._pulling = False
+        self._exhausted = True
+        self.error = exc
+
+    def unanswered(self) -> int:
+        """Requests sent that got no answer (non-zero only if a stream ended early)."""
+        return sum(len(s) for s in self.sent)
+
+
+class StreamFeed(_Deal):
+    """The sync client's feed: each stream's request iterator runs in a gRPC thread."""
+
+    def __init__(self, items: Iterable[TextItem], streams: int, build: Build) -> None:
+        super().__init__(streams, build)
+        self._items = iter(items)
+        self._cond = threading.Condition()
+
+    def requests(self, k: int) -> Iterator[pb.ExplainRequest]:
+        """The request iterator of stream ``k``."""
+        while True:
+            with self._cond:
+                step = self._step(k)
+                while step is False:
+                    self._cond.wait()
+                    step = self._step(k)
+            if step is None:
+                return
+            if step is not True:
+                yield step
+                continue
+            try:
+                item = next(self._items)
+            except StopIteration:
+                with self._cond:
+                    self._ended()
+                    self._cond.notify_all()
+                return
+            except Exception as exc:
+                with self._cond:
+                    self._failed(exc)
+                    self._cond.notify_all()
+                raise
+            with self._cond:
+                try:
+                    self._pulled(item)
+                finally:
+                    self._cond.notify_all()
+
+
+class AsyncStreamFeed(_Deal):
+    """The asyncio client's feed: the request iterators run on the event loop."""
+
+    def __init__(
+        self, items: Iterable[TextItem] | AsyncIterable[TextItem], streams: int, build: Build
+    ) -> None:
+        super().__init__(streams, build)
+        self._items = items
+        self._aiter: AsyncIterator[TextItem] | None = None
+        self._iter: Iterator[TextItem] | None = None
+        self._cond: asyncio.Condition | None = None  # made inside the running loop
+
+    async def _next_item(self) -> TextItem:
+        if isinstance(self._items, AsyncIterable):
+            if self._aiter is None:
+                self._aiter = aiter(self._items)
+            return await anext(self._aiter)
+        if self._iter is None:
+            self._iter = iter(self._items)
+        try:
+            return next(self._iter)
+        except StopIteration:
+            raise StopAsyncIteration from None
+
+    async def requests(self, k: int) -> AsyncIterator[pb.ExplainRequest]:
+        """The request iterator of stream ``k``."""
+        if self._cond is None:
+            self._cond = asyncio.Condition()
+        cond = self._cond
+        while True:
+            async with cond:
+                step = self._step(k)
+                while step is False:
+                    await cond.wait()
+                    step = self._step(k)
+            if step is None:
+                return
+            if step is not True:
+                yield step
+                continue
+            try:
+                item = await self._next_item()
+            except StopAsyncIteration:
+                async with cond:
+                    self._ended()
+                    cond.notify_all()
+                return
+            except Exception as exc:
+                async with cond:
+                    self._failed(exc)
+                    cond.notify_all()
+                raise
+            async with cond:
+                try:
+                    self._pulled(item)
+                finally:
+                    cond.notify_all()
