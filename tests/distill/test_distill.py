@@ -16,7 +16,14 @@ import pytest
 import torch
 
 from limelight.demo.synthetic import build_synthetic_model, sample_linear_dataset
-from limelight.distill.build import HeadRecipe, build_head, head_is_current
+from limelight.distill.build import (
+    HeadRecipe,
+    build_head,
+    head_is_current,
+    restore_head,
+    shelve_head,
+    shelved_head_dir,
+)
 from limelight.distill.train import (
     Mixture,
     TeacherExample,
@@ -202,6 +209,36 @@ def test_build_head_is_cached_by_recipe(synthetic: Path, tmp_path: Path) -> None
     assert head_is_current(model, recipe, out)
     assert not head_is_current(model, replace(recipe, n_texts=20), out)
     assert card.train_texts == 30 and card.validation_texts == 10
+
+
+def test_a_replaced_head_is_shelved_by_recipe_and_restored(
+    synthetic: Path, tmp_path: Path
+) -> None:
+    """Two versions sharing one cache (another recipe each) swap heads, never retrain them."""
+    data = texts_file(tmp_path, 40, seed=4)
+    model = load_model(synthetic)
+    first = HeadRecipe(data=str(data), n_texts=30, validation_texts=10, train=CONFIG)
+    second = replace(first, n_texts=20)
+    out = tmp_path / "head"
+    settings = Settings(jobs="off")
+    build_head(model, settings, first, out, progress=False)
+    weights = (out / "head.safetensors").read_bytes()
+    build_head(model, settings, second, out, progress=False)
+    assert head_is_current(model, second, out)
+    shelf = shelved_head_dir(out, first.digest())
+    assert (shelf / "head.safetensors").read_bytes() == weights
+
+    assert restore_head(model, first, out)  # the first recipe's head, as it was built
+    assert head_is_current(model, first, out)
+    assert (out / "head.safetensors").read_bytes() == weights
+    assert head_is_current(model, second, shelved_head_dir(out, second.digest()))
+    assert not restore_head(model, replace(first, n_texts=25), out)  # never built: build it
+    assert head_is_current(model, first, out)
+
+    # Only the most recently shelved heads are kept.
+    shelve_head(out, keep=1)
+    assert not out.exists()
+    assert sorted(p.name for p in tmp_path.glob("head.recipe-*")) == [shelf.name]
 
 
 def test_label_scaling_keeps_signs_unless_asked_to_centre() -> None:

@@ -43,7 +43,13 @@ from limelight.demo.datasets import (
     minilm_base_dir,
     rotten_tomatoes,
 )
-from limelight.distill.build import HeadRecipe, build_head, head_is_current, report
+from limelight.distill.build import (
+    HeadRecipe,
+    build_head,
+    head_is_current,
+    report,
+    restore_head,
+)
 from limelight.distill.train import TrainConfig
 from limelight.errors import FailedPrecondition, InvalidArgument
 from limelight.models.lm_head import FitConfig, fit_and_save_lm_head, fitted_head_dir
@@ -714,6 +720,13 @@ def _ensure_inline_head(
     with _build_lock(lock), _torch_threads(threads or _available_threads()):
         model = load_model(model_dir)
         if head_is_current(model, recipe):
+            return
+        if restore_head(model, recipe):  # built before, replaced since by another recipe's
+            if progress:
+                tqdm.write(
+                    f"restored the inline head of {model_dir.name} built by this recipe",
+                    file=sys.stderr,
+                )
             return
         if progress:
             tqdm.write(

@@ -138,9 +138,53 @@ def build_head(
     staging = out.with_name(f".{out.name}.{os.getpid()}")
     save_head(head, card, staging)
     if out.exists():
-        shutil.rmtree(out)
+        shelve_head(out)
     staging.rename(out)
     return head, card, out
+
+
+#: How many replaced heads are kept beside the model (the most recently replaced first).
+SHELVED_HEADS = 3
+
+
+def shelved_head_dir(directory: Path, recipe_hash: str) -> Path:
+    """Where a head replaced by another recipe's is kept, named by its own recipe."""
+    return directory.with_name(f"{directory.name}.recipe-{recipe_hash[:16]}")
+
+
+def shelve_head(directory: Path, keep: int = SHELVED_HEADS) -> None:
+    """Move the head at ``directory`` aside under its recipe's name rather than delete it: two
+    checkouts of different versions sharing one cache then swap heads instead of retraining
+    them in turn. Only the ``keep`` most recently shelved heads stay."""
+    card = read_card(directory)
+    if card is None or not card.recipe_hash:  # not a head a recipe can ask for again
+        shutil.rmtree(directory)
+        return
+    shelf = shelved_head_dir(directory, card.recipe_hash)
+    if shelf.exists():
+        shutil.rmtree(shelf)
+    directory.rename(shelf)
+    os.utime(shelf)  # the shelf's age is when it was shelved
+    shelves = sorted(
+        directory.parent.glob(f"{directory.name}.recipe-*"),
+        key=lambda p: p.stat().st_mtime,
+        reverse=True,
+    )
+    for old in shelves[keep:]:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def restore_head(model: LoadedModel, recipe: HeadRecipe, directory: Path | None = None) -> bool:
+    """Put back a shelved head built by ``recipe`` for this model (shelving the current one);
+    False when there is none and the head must be built."""
+    out = directory or head_dir(model)
+    shelf = shelved_head_dir(out, recipe.digest())
+    if not head_is_current(model, recipe, shelf):
+        return False
+    if out.exists():
+        shelve_head(out)
+    shelf.rename(out)
+    return True
 
 
 def head_is_current(model: LoadedModel, recipe: HeadRecipe, directory: Path | None = None) -> bool:
