@@ -211,9 +211,7 @@ def test_build_head_is_cached_by_recipe(synthetic: Path, tmp_path: Path) -> None
     assert card.train_texts == 30 and card.validation_texts == 10
 
 
-def test_a_replaced_head_is_shelved_by_recipe_and_restored(
-    synthetic: Path, tmp_path: Path
-) -> None:
+def test_a_replaced_head_is_shelved_by_recipe_and_restored(synthetic: Path, tmp_path: Path) -> None:
     """Two versions sharing one cache (another recipe each) swap heads, never retrain them."""
     data = texts_file(tmp_path, 40, seed=4)
     model = load_model(synthetic)
