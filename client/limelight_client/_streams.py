@@ -127,6 +127,14 @@ class StreamFeed(_Deal):
         self._items = iter(items)
         self._cond = threading.Condition()
 
+    def close(self) -> None:
+        """Stop every stream's request iterator (the reader is done or gave up): one waiting
+        for another stream's pull would otherwise hold its gRPC thread."""
+        with self._cond:
+            self._dealt = [deque() for _ in range(self.streams)]
+            self._exhausted = True
+            self._cond.notify_all()
+
     def requests(self, k: int) -> Iterator[pb.ExplainRequest]:
         """The request iterator of stream ``k``."""
         while True:

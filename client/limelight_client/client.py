@@ -287,6 +287,7 @@ class Client:
                 raise feed.error from None
             raise from_rpc_error(err) from err
         finally:
+            feed.close()
             for call in calls:
                 call.cancel()  # no-op when finished; stops the streams if the caller broke off
         if feed.error is not None:  # some grpc versions end the stream quietly instead
