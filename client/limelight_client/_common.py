@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+import itertools
 import random
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Generic, TypeVar
 
 import grpc
+import grpc.aio
 
 from limelight_client.proto import explainer_pb2 as pb
+from limelight_client.proto import explainer_pb2_grpc as pb_grpc
 from limelight_client.types import JobInfo, JobState, dict_to_struct
 
 #: Default cap on message sizes in both directions (long texts with all-class matrices).
@@ -315,3 +318,51 @@ class JobHandleBase(Generic[ClientT]):
             f"{type(self).__name__}(id={self.id!r}, state={self.state.name}, "
             f"progress={self._info.progress:.2f})"
         )
+
+
+ChannelT = TypeVar("ChannelT", grpc.Channel, grpc.aio.Channel)
+
+
+class Connections(Generic[ChannelT]):
+    """A client's own ``count`` connections to the sidecar, with the Explainer stub and health
+    check of each, taken in turn."""
+
+    def __init__(
+        self,
+        secure: Callable[..., ChannelT],
+        insecure: Callable[..., ChannelT],
+        target: str,
+        credentials: grpc.ChannelCredentials | None,
+        options: list[tuple[str, Any]],
+        count: int,
+    ) -> None:
+        """``secure`` / ``insecure``: grpc's (or grpc.aio's) channel constructors."""
+        if count < 1:
+            raise ValueError("connections must be >= 1")
+        self.channels = [
+            secure(target, credentials, options=options)
+            if credentials is not None
+            else insecure(target, options=options)
+            for _ in range(count)
+        ]
+        self.stubs = [pb_grpc.ExplainerStub(channel) for channel in self.channels]
+        self.healths: list[Callable[..., Any]] = [
+            channel.unary_unary(
+                HEALTH_CHECK_METHOD,
+                request_serializer=HealthCheckRequest.SerializeToString,
+                response_deserializer=HealthCheckResponse.FromString,
+            )
+            for channel in self.channels
+        ]
+        self._turn = itertools.cycle(range(count))
+
+    def __len__(self) -> int:
+        return len(self.channels)
+
+    def stub(self) -> pb_grpc.ExplainerStub:
+        """The next connection's stub (one call per connection, round robin)."""
+        return self.stubs[next(self._turn)]
+
+    def health(self) -> Callable[..., Any]:
+        """The next connection's health check."""
+        return self.healths[next(self._turn)]

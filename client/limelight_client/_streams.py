@@ -63,6 +63,13 @@ def stream_cut_short(unanswered: int) -> Unavailable:
     )
 
 
+class _End:
+    """The input's end, as a pull's outcome (``None`` could be an item, if a wrong one)."""
+
+
+END = _End()
+
+
 class _Deal:
     """Round-robin bookkeeping shared by the sync and asyncio feeds (no locking of its own)."""
 
@@ -93,6 +100,18 @@ class _Deal:
             return False
         self._pulling = True
         return True
+
+    def _settle(self, outcome: TextItem | BaseException | _End) -> bool:
+        """Record what a pull of the input gave (an item, ``END`` at its end, or the error it
+        raised, re-raised here); True when the pulling stream is done."""
+        if isinstance(outcome, _End):
+            self._ended()
+            return True
+        if isinstance(outcome, BaseException):
+            self._failed(outcome)
+            raise outcome
+        self._pulled(outcome)
+        return False
 
     def _pulled(self, item: TextItem) -> None:
         self._pulling = False
@@ -148,21 +167,17 @@ class StreamFeed(_Deal):
             if step is not True:
                 yield step
                 continue
+            outcome: TextItem | BaseException | _End
             try:
-                item = next(self._items)
+                outcome = next(self._items)
             except StopIteration:
-                with self._cond:
-                    self._ended()
-                    self._cond.notify_all()
-                return
+                outcome = END
             except Exception as exc:
-                with self._cond:
-                    self._failed(exc)
-                    self._cond.notify_all()
-                raise
+                outcome = exc
             with self._cond:
                 try:
-                    self._pulled(item)
+                    if self._settle(outcome):
+                        return
                 finally:
                     self._cond.notify_all()
 
@@ -207,20 +222,16 @@ class AsyncStreamFeed(_Deal):
             if step is not True:
                 yield step
                 continue
+            outcome: TextItem | BaseException | _End
             try:
-                item = await self._next_item()
+                outcome = await self._next_item()
             except StopAsyncIteration:
-                async with cond:
-                    self._ended()
-                    cond.notify_all()
-                return
+                outcome = END
             except Exception as exc:
-                async with cond:
-                    self._failed(exc)
-                    cond.notify_all()
-                raise
+                outcome = exc
             async with cond:
                 try:
-                    self._pulled(item)
+                    if self._settle(outcome):
+                        return
                 finally:
                     cond.notify_all()

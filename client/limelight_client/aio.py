@@ -23,9 +23,8 @@ import grpc.aio
 from limelight_client._common import (
     DEFAULT_MAX_MESSAGE_BYTES,
     EXPLAINER_SERVICE,
-    HEALTH_CHECK_METHOD,
+    Connections,
     HealthCheckRequest,
-    HealthCheckResponse,
     JobHandleBase,
     RetryPolicy,
     TargetArg,
@@ -81,47 +80,32 @@ class AsyncClient:
         max_backoff: float = 5.0,
         connections: int = 1,
     ) -> None:
-        if connections < 1:
-            raise ValueError("connections must be >= 1")
         self.target = target
         self.timeout = timeout
         self.retry_policy = RetryPolicy(retries=retries, backoff=backoff, max_backoff=max_backoff)
         self._metadata = call_metadata(token)
         creds = channel_credentials(tls, ca_cert, client_cert, client_key)
         opts = channel_options(options, max_message_bytes)
-        self._channels = [
-            grpc.aio.secure_channel(target, creds, options=opts)
-            if creds is not None
-            else grpc.aio.insecure_channel(target, options=opts)
-            for _ in range(connections)
-        ]
-        self._stubs = [pb_grpc.ExplainerStub(channel) for channel in self._channels]
-        self._healths = [
-            channel.unary_unary(
-                HEALTH_CHECK_METHOD,
-                request_serializer=HealthCheckRequest.SerializeToString,
-                response_deserializer=HealthCheckResponse.FromString,
-            )
-            for channel in self._channels
-        ]
-        self._turn = itertools.cycle(range(connections))
+        self._connections = Connections(
+            grpc.aio.secure_channel, grpc.aio.insecure_channel, target, creds, opts, connections
+        )
         self._sleep: Callable[[float], Awaitable[None]] = asyncio.sleep
 
     @property
     def connections(self) -> int:
         """See ``Client.connections``."""
-        return len(self._channels)
+        return len(self._connections)
 
     @property
     def _stub(self) -> pb_grpc.ExplainerStub:
-        return self._stubs[next(self._turn)]
+        return self._connections.stub()
 
     @property
     def _health(self) -> Callable[..., Any]:
-        return self._healths[next(self._turn)]
+        return self._connections.health()
 
     async def close(self) -> None:
-        for channel in self._channels:
+        for channel in self._connections.channels:
             await channel.close()
 
     async def __aenter__(self) -> AsyncClient:
@@ -220,7 +204,7 @@ class AsyncClient:
         feed = AsyncStreamFeed(texts, self.connections, build)
         calls = [
             stub.ExplainStream(feed.requests(k), timeout=timeout, metadata=self._metadata)
-            for k, stub in enumerate(self._stubs)
+            for k, stub in enumerate(self._connections.stubs)
         ]
         try:
             for k in itertools.cycle(range(len(calls))):
@@ -272,7 +256,7 @@ class AsyncClient:
         """See ``Client.wait_ready``."""
         deadline = time.monotonic() + timeout
         status = "UNREACHABLE"
-        waiting = list(self._healths)
+        waiting = list(self._connections.healths)
         while waiting:
             left = deadline - time.monotonic()
             if left <= 0:

@@ -14,9 +14,8 @@ import grpc
 from limelight_client._common import (
     DEFAULT_MAX_MESSAGE_BYTES,
     EXPLAINER_SERVICE,
-    HEALTH_CHECK_METHOD,
+    Connections,
     HealthCheckRequest,
-    HealthCheckResponse,
     JobHandleBase,
     RetryPolicy,
     TargetArg,
@@ -119,30 +118,15 @@ class Client:
         max_backoff: float = 5.0,
         connections: int = 1,
     ) -> None:
-        if connections < 1:
-            raise ValueError("connections must be >= 1")
         self.target = target
         self.timeout = timeout
         self.retry_policy = RetryPolicy(retries=retries, backoff=backoff, max_backoff=max_backoff)
         self._metadata = call_metadata(token)
         creds = channel_credentials(tls, ca_cert, client_cert, client_key)
         opts = channel_options(options, max_message_bytes)
-        self._channels = [
-            grpc.secure_channel(target, creds, options=opts)
-            if creds is not None
-            else grpc.insecure_channel(target, options=opts)
-            for _ in range(connections)
-        ]
-        self._stubs = [pb_grpc.ExplainerStub(channel) for channel in self._channels]
-        self._healths = [
-            channel.unary_unary(
-                HEALTH_CHECK_METHOD,
-                request_serializer=HealthCheckRequest.SerializeToString,
-                response_deserializer=HealthCheckResponse.FromString,
-            )
-            for channel in self._channels
-        ]
-        self._turn = itertools.cycle(range(connections))
+        self._connections = Connections(
+            grpc.secure_channel, grpc.insecure_channel, target, creds, opts, connections
+        )
         self._sleep: Callable[[float], None] = time.sleep
 
     # -- lifecycle -------------------------------------------------------------------------
@@ -150,11 +134,11 @@ class Client:
     @property
     def connections(self) -> int:
         """How many connections this client keeps to the sidecar."""
-        return len(self._channels)
+        return len(self._connections)
 
     def close(self) -> None:
         """Close the connections; calls in flight are cancelled."""
-        for channel in self._channels:
+        for channel in self._connections.channels:
             channel.close()
 
     def __enter__(self) -> Client:
@@ -177,11 +161,11 @@ class Client:
     @property
     def _stub(self) -> pb_grpc.ExplainerStub:
         """The next connection's stub, in turn (one call per connection, round robin)."""
-        return self._stubs[next(self._turn)]
+        return self._connections.stub()
 
     @property
     def _health(self) -> Callable[..., Any]:
-        return self._healths[next(self._turn)]
+        return self._connections.health()
 
     def _deadline(self, timeout: float | None, *, default: bool = True) -> float | None:
         t = timeout if timeout is not None else (self.timeout if default else None)
@@ -274,7 +258,7 @@ class Client:
         feed = StreamFeed(texts, self.connections, build)
         calls = [
             stub.ExplainStream(feed.requests(k), timeout=timeout, metadata=self._metadata)
-            for k, stub in enumerate(self._stubs)
+            for k, stub in enumerate(self._connections.stubs)
         ]
         try:
             for k in itertools.cycle(range(len(calls))):
@@ -329,7 +313,7 @@ class Client:
         """
         deadline = time.monotonic() + timeout
         status = "UNREACHABLE"
-        waiting = list(self._healths)
+        waiting = list(self._connections.healths)
         while waiting:
             left = deadline - time.monotonic()
             if left <= 0:

@@ -304,6 +304,8 @@ def test_explain_many_bad_item_raises_type_error(
 ) -> None:
     with client_for(scripted, connections=connections) as c, pytest.raises(TypeError):
         list(c.explain_many(["fine", 42]))  # type: ignore[list-item]
+    with client_for(scripted, connections=connections) as c, pytest.raises(TypeError):
+        list(c.explain_many(["fine", None, "more"]))  # type: ignore[list-item]  # not an end
 
 
 @pytest.mark.parametrize("connections", [1, 3])
