@@ -2,12 +2,14 @@
 by the number of connections the client opens (``Client(connections=...)``).
 
     .venv/bin/python bench/bench_sdk_connections.py [--demo bert-tiny] [--workers 2]
-        [--runtime onnx] [--texts 3000] [--connections 1,2,4] [--rounds 3]
+        [--runtime onnx] [--texts 3000] [--connections 1,2,4] [--spread on] [--rounds 3]
 
 Starts the sidecar as its own process group with ``--workers N`` and drives it from this
 process (a separate process, as a caller would) with one ``Client``; each round runs every
 connection count once, in turn, over the same reviews. The baseline is one connection in the
-same run: the ratio says what spreading one caller over the workers buys.
+same run: the ratio says what spreading one caller over the workers buys. ``--spread on,off``
+also runs each count with the client's spreading off (connections left where the kernel put
+them); every run reports how its connections fell on the workers.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import Counter
 from itertools import islice
 from pathlib import Path
 
@@ -33,6 +36,7 @@ from limelight.models.loaded import load_model
 from limelight.runtimes.onnx_export import export_onnx
 from limelight.settings import Settings
 from limelight_client import Client
+from limelight_client.errors import LimelightError
 
 
 def free_port() -> int:
@@ -41,26 +45,34 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def wait_serving(server: subprocess.Popen[bytes], target: str, connections: int) -> None:
-    """Until every worker answers health checks; fails at once if the sidecar exits."""
-    with Client(target, connections=connections) as client:
-        while True:
-            if server.poll() is not None:
-                raise SystemExit(f"the sidecar exited with status {server.returncode}")
+def wait_serving(server: subprocess.Popen[bytes], target: str, workers: int) -> None:
+    """Until every worker serves (the supervisor starts the others once the first is up);
+    fails at once if the sidecar exits."""
+    while server.poll() is None:
+        with Client(target, connections=4 * workers, spread=False) as client:
             try:
                 client.wait_ready(timeout=2)
-                return
-            except TimeoutError:
+                seen = {client.model().instance for _ in range(client.connections)}
+            except (TimeoutError, LimelightError):
                 continue
+        if len(seen) == workers:
+            return
+        time.sleep(0.5)
+    raise SystemExit(f"the sidecar exited with status {server.returncode}")
 
 
-def texts_per_s(target: str, connections: int, texts: list[str]) -> float:
-    with Client(target, connections=connections, timeout=120) as client:
+def texts_per_s(target: str, connections: int, spread: bool, texts: list[str]) -> tuple[float, str]:
+    """The client's texts/s, and how its connections fell on the workers ("3+1": three on one
+    worker, one on another)."""
+    with Client(target, connections=connections, spread=spread, timeout=120) as client:
         # Warm every connection's worker before the clock starts.
         list(client.explain_many(texts[: 8 * connections]))
         start = time.perf_counter()
         n = sum(1 for _ in client.explain_many(texts))
-        return n / (time.perf_counter() - start)
+        rate = n / (time.perf_counter() - start)
+        # GetModel takes the connections in turn: one call on each.
+        on = Counter(client.model().instance for _ in range(connections))
+        return rate, "+".join(str(n) for n in sorted(on.values(), reverse=True))
 
 
 def main() -> int:
@@ -70,9 +82,12 @@ def main() -> int:
     parser.add_argument("--runtime", default="onnx", choices=["torch", "onnx"])
     parser.add_argument("--texts", type=int, default=3000)
     parser.add_argument("--connections", default="1,2,4")
+    parser.add_argument("--spread", default="on", help="on, off or both (on,off)")
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
     counts = [int(c) for c in args.connections.split(",")]
+    spreads = [{"on": True, "off": False}[s] for s in args.spread.split(",")]
+    runs = [(c, spread) for c in counts for spread in spreads if c > 1 or spread == spreads[0]]
     model_dir = ensure_demo_model(args.demo, Settings().cache_dir)
     reviews = [e.text for e in rotten_tomatoes("test")]
     texts = list(islice((reviews[i % len(reviews)] for i in range(args.texts)), args.texts))
@@ -90,33 +105,43 @@ def main() -> int:
         argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
     )
     target = f"127.0.0.1:{port}"
-    results: dict[int, list[float]] = {c: [] for c in counts}
+    results: dict[tuple[int, bool], list[float]] = {run: [] for run in runs}
+    placed: dict[tuple[int, bool], list[str]] = {run: [] for run in runs}
     try:
-        wait_serving(server, target, max(4 * args.workers, max(counts)))
+        wait_serving(server, target, args.workers)
         for r in range(args.rounds):
-            for c in counts:
-                results[c].append(texts_per_s(target, c, texts))
-                print(f"round {r + 1}: {c} connection(s) {results[c][-1]:,.0f} texts/s", flush=True)
+            for c, spread in runs:
+                rate, split = texts_per_s(target, c, spread, texts)
+                results[c, spread].append(rate)
+                placed[c, spread].append(split)
+                print(
+                    f"round {r + 1}: {c} connection(s), spread {'on' if spread else 'off'}: "
+                    f"{rate:,.0f} texts/s, connections per worker {split}",
+                    flush=True,
+                )
     finally:
         os.killpg(server.pid, signal.SIGTERM)
         server.wait(60)
         shutil.rmtree(workdir, ignore_errors=True)
 
-    base = statistics.median(results[counts[0]])
+    base = statistics.median(results[runs[0]])
     rows = [
         [
             c,
-            " / ".join(f"{v:,.0f}" for v in results[c]),
-            f"{statistics.median(results[c]) / base:.2f}×",
+            "on" if spread else "off",
+            " / ".join(f"{v:,.0f}" for v in results[c, spread]),
+            " / ".join(placed[c, spread]),
+            f"{statistics.median(results[c, spread]) / base:.2f}×",
         ]
-        for c in counts
+        for c, spread in runs
     ]
     print()
     print(
         f"{args.demo}, {args.runtime}, --workers {args.workers}, {args.texts} reviews per run, "
         f"one Client in a separate process; {machine()}"
     )
-    print(markdown_table(["connections", "texts/s (each round)", f"median vs {counts[0]}"], rows))
+    head = ["connections", "spread", "texts/s (each round)", "per worker", "median vs first"]
+    print(markdown_table(head, rows))
     return 0
 
 

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import collections
 import itertools
 import random
+import time
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Generator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, TypeAlias, TypeVar
 
 import grpc
 import grpc.aio
@@ -322,10 +324,43 @@ class JobHandleBase(Generic[ClientT]):
 
 ChannelT = TypeVar("ChannelT", grpc.Channel, grpc.aio.Channel)
 
+#: Spreading (see ``Connections``): new connections dialled per attempt, beyond a base of 16.
+#: The kernel places each at random, so with two workers up a needed one lands right half the
+#: time; a worker that is not listening yet (a sidecar still starting) is never reached.
+SPREAD_DIALS_PER_CONNECTION = 4
+#: Deadline of each ``GetModel`` call that asks which worker a connection reached.
+SPREAD_TIMEOUT_S = 5.0
+#: An attempt that could not reach every worker is tried again this many seconds later,
+#: doubling each time, ``SPREAD_ATTEMPTS`` attempts in all.
+SPREAD_RETRY_S = 5.0
+SPREAD_ATTEMPTS = 6
+
+#: What the spreading dialogue is told about one connection: the server's answer, or the
+#: status code of the call that failed.
+SpreadAnswer: TypeAlias = pb.ModelInfo | grpc.StatusCode
+
+
+def resume(
+    dialogue: Generator[pb_grpc.ExplainerStub, SpreadAnswer, None], answer: SpreadAnswer
+) -> pb_grpc.ExplainerStub | None:
+    """Send ``answer`` to a spreading dialogue: its next question, or None once it ended."""
+    try:
+        return dialogue.send(answer)
+    except StopIteration:
+        return None
+
 
 class Connections(Generic[ChannelT]):
     """A client's own ``count`` connections to the sidecar, with the Explainer stub and health
-    check of each, taken in turn."""
+    check of each, taken in turn.
+
+    With several connections and a sidecar of several worker processes (``--workers``), the
+    kernel places each connection on a worker at random, so two of two connections share one
+    worker half of the time. With ``spread``, before the first explanation the client asks each
+    connection which process answers it (``GetModel``'s ``instance``), then dials new
+    connections and keeps those that reach a worker below an even share in place of ones
+    beyond it (``spreading``).
+    """
 
     def __init__(
         self,
@@ -335,34 +370,126 @@ class Connections(Generic[ChannelT]):
         credentials: grpc.ChannelCredentials | None,
         options: list[tuple[str, Any]],
         count: int,
+        spread: bool = True,
     ) -> None:
         """``secure`` / ``insecure``: grpc's (or grpc.aio's) channel constructors."""
         if count < 1:
             raise ValueError("connections must be >= 1")
-        self.channels = [
-            secure(target, credentials, options=options)
+        self._dial: Callable[[], ChannelT] = (
+            (lambda: secure(target, credentials, options=options))
             if credentials is not None
-            else insecure(target, options=options)
-            for _ in range(count)
-        ]
-        self.stubs = [pb_grpc.ExplainerStub(channel) for channel in self.channels]
-        self.healths: list[Callable[..., Any]] = [
-            channel.unary_unary(
-                HEALTH_CHECK_METHOD,
-                request_serializer=HealthCheckRequest.SerializeToString,
-                response_deserializer=HealthCheckResponse.FromString,
-            )
-            for channel in self.channels
-        ]
+            else (lambda: insecure(target, options=options))
+        )
+        self.channels: list[ChannelT] = []
+        self.stubs: list[pb_grpc.ExplainerStub] = []
+        self.healths: list[Callable[..., Any]] = []
+        for _ in range(count):
+            self._attach(self._dial())
         self._turn = itertools.cycle(range(count))
+        #: The server process each connection reached ("" until asked).
+        self.instances = [""] * count
+        #: Nothing (more) to spread: one connection, spreading off, done or given up.
+        self.spread_done = count == 1 or not spread
+        #: No spreading attempt before this time (``time.monotonic``).
+        self.spread_after = 0.0
+        self._attempts = 0
+        #: Replaced channels that a call may still be using: closed with the client.
+        self.retired: list[ChannelT] = []
+        #: Channels no call has used, for the client to close after spreading.
+        self.closing: list[ChannelT] = []
+        self._handed_out = False
+
+    def _attach(self, channel: ChannelT, k: int | None = None) -> None:
+        health = channel.unary_unary(
+            HEALTH_CHECK_METHOD,
+            request_serializer=HealthCheckRequest.SerializeToString,
+            response_deserializer=HealthCheckResponse.FromString,
+        )
+        if k is None:
+            self.channels.append(channel)
+            self.stubs.append(pb_grpc.ExplainerStub(channel))
+            self.healths.append(health)
+        else:
+            self.channels[k], self.stubs[k], self.healths[k] = (
+                channel,
+                pb_grpc.ExplainerStub(channel),
+                health,
+            )
 
     def __len__(self) -> int:
         return len(self.channels)
 
     def stub(self) -> pb_grpc.ExplainerStub:
         """The next connection's stub (one call per connection, round robin)."""
+        self._handed_out = True
         return self.stubs[next(self._turn)]
 
     def health(self) -> Callable[..., Any]:
         """The next connection's health check."""
+        self._handed_out = True
         return self.healths[next(self._turn)]
+
+    def every_stub(self) -> list[pb_grpc.ExplainerStub]:
+        """Every connection's stub, in order (a stream on each)."""
+        self._handed_out = True
+        return list(self.stubs)
+
+    def every_health(self) -> list[Callable[..., Any]]:
+        """Every connection's health check, in order."""
+        self._handed_out = True
+        return list(self.healths)
+
+    def every_channel(self) -> list[ChannelT]:
+        """What closing the client closes: the connections and any replaced ones."""
+        return [*self.channels, *self.retired, *self.closing]
+
+    def spread_due(self) -> bool:
+        """Whether the client should run ``spreading`` before its next explanation."""
+        return not self.spread_done and time.monotonic() >= self.spread_after
+
+    def take_closing(self) -> list[ChannelT]:
+        """The channels a spreading attempt left for the client to close now."""
+        closing, self.closing = self.closing, []
+        return closing
+
+    def spreading(self) -> Generator[pb_grpc.ExplainerStub, SpreadAnswer, None]:
+        """One spreading attempt as a dialogue without I/O (drive it with ``resume``): yields
+        the stub to ask (``GetModel``) and is sent its answer; nothing when no attempt is due
+        (another caller made it meanwhile). A connection in use is never cut: it is replaced
+        only by a new connection that has already answered, and kept open (for the calls on
+        it) until the client closes; new connections not kept are left in ``closing``."""
+        if not self.spread_due():
+            return
+        workers = 1
+        for k in range(len(self)):
+            answer = yield self.stubs[k]
+            if isinstance(answer, grpc.StatusCode):
+                # UNAVAILABLE: the sidecar is not up yet, ask again at the next call.
+                self.spread_done = answer != grpc.StatusCode.UNAVAILABLE
+                return
+            if not answer.instance:  # a server that does not say which process answers
+                self.spread_done = True
+                return
+            self.instances[k] = answer.instance
+            workers = max(workers, answer.workers)
+        share = -(-len(self) // workers)  # an even share of the connections, rounded up
+        for _ in range(16 + SPREAD_DIALS_PER_CONNECTION * len(self)):
+            held = collections.Counter(self.instances)
+            crowded = [k for k, i in enumerate(self.instances) if held[i] > share]
+            if not crowded:
+                self.spread_done = True
+                return
+            candidate = self._dial()
+            self.closing.append(candidate)  # unless kept: closed even if the caller breaks off
+            answer = yield pb_grpc.ExplainerStub(candidate)
+            if isinstance(answer, grpc.StatusCode) or held[answer.instance] >= share:
+                continue
+            self.closing.remove(candidate)
+            k = crowded[-1]
+            (self.retired if self._handed_out else self.closing).append(self.channels[k])
+            self._attach(candidate, k)
+            self.instances[k] = answer.instance
+        # Some worker was never reached: it may not be listening yet (a sidecar starting).
+        self._attempts += 1
+        self.spread_done = self._attempts >= SPREAD_ATTEMPTS
+        self.spread_after = time.monotonic() + SPREAD_RETRY_S * 2 ** (self._attempts - 1)

@@ -23,10 +23,12 @@ import grpc.aio
 from limelight_client._common import (
     DEFAULT_MAX_MESSAGE_BYTES,
     EXPLAINER_SERVICE,
+    SPREAD_TIMEOUT_S,
     Connections,
     HealthCheckRequest,
     JobHandleBase,
     RetryPolicy,
+    SpreadAnswer,
     TargetArg,
     TextItem,
     call_metadata,
@@ -36,12 +38,14 @@ from limelight_client._common import (
     health_status_name,
     list_jobs_request,
     new_request_id,
+    resume,
     submit_request,
     terminal_state,
 )
 from limelight_client._streams import AsyncStreamFeed, answer, request_builder, stream_cut_short
 from limelight_client.client import PemArg, deadline_error, job_outcome
 from limelight_client.errors import (
+    Cancelled,
     DeadlineExceeded,
     LimelightError,
     NotFound,
@@ -79,6 +83,7 @@ class AsyncClient:
         max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
         max_backoff: float = 5.0,
         connections: int = 1,
+        spread: bool = True,
     ) -> None:
         self.target = target
         self.timeout = timeout
@@ -87,8 +92,15 @@ class AsyncClient:
         creds = channel_credentials(tls, ca_cert, client_cert, client_key)
         opts = channel_options(options, max_message_bytes)
         self._connections = Connections(
-            grpc.aio.secure_channel, grpc.aio.insecure_channel, target, creds, opts, connections
+            grpc.aio.secure_channel,
+            grpc.aio.insecure_channel,
+            target,
+            creds,
+            opts,
+            connections,
+            spread,
         )
+        self._spread_lock = asyncio.Lock()
         self._sleep: Callable[[float], Awaitable[None]] = asyncio.sleep
 
     @property
@@ -104,8 +116,27 @@ class AsyncClient:
     def _health(self) -> Callable[..., Any]:
         return self._connections.health()
 
+    async def _spread(self) -> None:
+        """See ``Client._spread``."""
+        if self._connections.spread_due():
+            async with self._spread_lock:
+                dialogue = self._connections.spreading()
+                stub = next(dialogue, None)
+                while stub is not None:
+                    stub = resume(dialogue, await self._ask_instance(stub))
+                for channel in self._connections.take_closing():
+                    await channel.close()
+
+    async def _ask_instance(self, stub: pb_grpc.ExplainerStub) -> SpreadAnswer:
+        try:
+            return await stub.GetModel(
+                pb.GetModelRequest(), timeout=SPREAD_TIMEOUT_S, metadata=self._metadata
+            )
+        except grpc.RpcError as err:
+            return err.code()
+
     async def close(self) -> None:
-        for channel in self._connections.channels:
+        for channel in self._connections.every_channel():
             await channel.close()
 
     async def __aenter__(self) -> AsyncClient:
@@ -187,6 +218,7 @@ class AsyncClient:
         req = explain_request(
             text, text_pair, target, all_classes, method, request_id or new_request_id()
         )
+        await self._spread()
         resp = await self._unary(self._stub.Explain, req, timeout)
         return Explanation.from_proto(resp, text=text, text_pair=text_pair)
 
@@ -202,9 +234,10 @@ class AsyncClient:
         """See ``Client.explain_many``; ``texts`` may also be an async iterable."""
         build = request_builder(target, all_classes, method)
         feed = AsyncStreamFeed(texts, self.connections, build)
+        await self._spread()
         calls = [
             stub.ExplainStream(feed.requests(k), timeout=timeout, metadata=self._metadata)
-            for k, stub in enumerate(self._connections.stubs)
+            for k, stub in enumerate(self._connections.every_stub())
         ]
         try:
             for k in itertools.cycle(range(len(calls))):
@@ -256,25 +289,26 @@ class AsyncClient:
         """See ``Client.wait_ready``."""
         deadline = time.monotonic() + timeout
         status = "UNREACHABLE"
-        waiting = list(self._connections.healths)
+        waiting = list(range(self.connections))  # indices: see Client.wait_ready
         while waiting:
             left = deadline - time.monotonic()
             if left <= 0:
                 raise TimeoutError(f"{self.target} not ready after {timeout} s (last: {status})")
             try:
                 resp = await self._unary(
-                    waiting[0],
+                    self._connections.healths[waiting[0]],
                     HealthCheckRequest(service=EXPLAINER_SERVICE),
                     min(left, 5.0),
                     idempotent=False,
                 )
                 status = health_status_name(resp)
-            except (Unavailable, DeadlineExceeded, NotFound) as exc:
+            except (Unavailable, DeadlineExceeded, NotFound, Cancelled) as exc:
                 status = type(exc).__name__
             if status == "SERVING":
                 waiting.pop(0)
             else:
                 await self._sleep(min(poll, max(deadline - time.monotonic(), 0.0)))
+        await self._spread()
 
     # -- jobs ------------------------------------------------------------------------------
 

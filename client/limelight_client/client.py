@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
@@ -14,10 +15,12 @@ import grpc
 from limelight_client._common import (
     DEFAULT_MAX_MESSAGE_BYTES,
     EXPLAINER_SERVICE,
+    SPREAD_TIMEOUT_S,
     Connections,
     HealthCheckRequest,
     JobHandleBase,
     RetryPolicy,
+    SpreadAnswer,
     TargetArg,
     TextItem,
     call_metadata,
@@ -27,11 +30,13 @@ from limelight_client._common import (
     health_status_name,
     list_jobs_request,
     new_request_id,
+    resume,
     submit_request,
     terminal_state,
 )
 from limelight_client._streams import StreamFeed, answer, request_builder, stream_cut_short
 from limelight_client.errors import (
+    Cancelled,
     DeadlineExceeded,
     Internal,
     JobCancelled,
@@ -97,6 +102,12 @@ class Client:
             so open at least ``N`` to use them all: unary calls take the connections in turn
             and ``explain_many`` keeps a stream on each. Every client has its own
             connections (gRPC would otherwise share one between clients in a process).
+        spread: with several connections, spread them evenly over the sidecar's workers:
+            before the first explanation (or at the end of :meth:`wait_ready`) the client asks
+            each connection which worker answers it and swaps those beyond an even share of
+            one worker for new connections that reach another (the kernel places connections
+            at random). A worker not reached yet, e.g. still starting, is looked for again
+            later (after 5 s, doubling, six attempts). Off: connections stay as placed.
 
     Use it as a context manager (or call :meth:`close`) to release the connections.
     """
@@ -117,6 +128,7 @@ class Client:
         max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
         max_backoff: float = 5.0,
         connections: int = 1,
+        spread: bool = True,
     ) -> None:
         self.target = target
         self.timeout = timeout
@@ -125,8 +137,9 @@ class Client:
         creds = channel_credentials(tls, ca_cert, client_cert, client_key)
         opts = channel_options(options, max_message_bytes)
         self._connections = Connections(
-            grpc.secure_channel, grpc.insecure_channel, target, creds, opts, connections
+            grpc.secure_channel, grpc.insecure_channel, target, creds, opts, connections, spread
         )
+        self._spread_lock = threading.Lock()
         self._sleep: Callable[[float], None] = time.sleep
 
     # -- lifecycle -------------------------------------------------------------------------
@@ -138,7 +151,7 @@ class Client:
 
     def close(self) -> None:
         """Close the connections; calls in flight are cancelled."""
-        for channel in self._connections.channels:
+        for channel in self._connections.every_channel():
             channel.close()
 
     def __enter__(self) -> Client:
@@ -166,6 +179,25 @@ class Client:
     @property
     def _health(self) -> Callable[..., Any]:
         return self._connections.health()
+
+    def _spread(self) -> None:
+        """Spread the connections over the sidecar's workers (``Connections.spreading``)."""
+        if self._connections.spread_due():
+            with self._spread_lock:
+                dialogue = self._connections.spreading()
+                stub = next(dialogue, None)
+                while stub is not None:
+                    stub = resume(dialogue, self._ask_instance(stub))
+                for channel in self._connections.take_closing():
+                    channel.close()
+
+    def _ask_instance(self, stub: pb_grpc.ExplainerStub) -> SpreadAnswer:
+        try:
+            return stub.GetModel(
+                pb.GetModelRequest(), timeout=SPREAD_TIMEOUT_S, metadata=self._metadata
+            )
+        except grpc.RpcError as err:
+            return err.code()
 
     def _deadline(self, timeout: float | None, *, default: bool = True) -> float | None:
         t = timeout if timeout is not None else (self.timeout if default else None)
@@ -235,6 +267,7 @@ class Client:
         req = explain_request(
             text, text_pair, target, all_classes, method, request_id or new_request_id()
         )
+        self._spread()
         resp = self._unary(self._stub.Explain, req, timeout)
         return Explanation.from_proto(resp, text=text, text_pair=text_pair)
 
@@ -256,9 +289,10 @@ class Client:
         """
         build = request_builder(target, all_classes, method)
         feed = StreamFeed(texts, self.connections, build)
+        self._spread()
         calls = [
             stub.ExplainStream(feed.requests(k), timeout=timeout, metadata=self._metadata)
-            for k, stub in enumerate(self._connections.stubs)
+            for k, stub in enumerate(self._connections.every_stub())
         ]
         try:
             for k in itertools.cycle(range(len(calls))):
@@ -309,11 +343,14 @@ class Client:
         after ``timeout`` s.
 
         Useful right after start-up: the port opens before the model is loaded (and with
-        ``--workers``, each connection's worker loads its own).
+        ``--workers``, each connection's worker loads its own). Then, with several
+        connections, spreads them over the workers (see ``spread``).
         """
         deadline = time.monotonic() + timeout
         status = "UNREACHABLE"
-        waiting = list(self._connections.healths)
+        # Connection indices, not their channels: spreading (here at the end, or by another
+        # thread) may replace a connection; a call cut off by that is asked again.
+        waiting = list(range(self.connections))
         while waiting:
             left = deadline - time.monotonic()
             if left <= 0:
@@ -321,18 +358,19 @@ class Client:
             try:
                 status = health_status_name(
                     self._unary(
-                        waiting[0],
+                        self._connections.healths[waiting[0]],
                         HealthCheckRequest(service=EXPLAINER_SERVICE),
                         min(left, 5.0),
                         idempotent=False,  # this loop is the retry
                     )
                 )
-            except (Unavailable, DeadlineExceeded, NotFound) as exc:
+            except (Unavailable, DeadlineExceeded, NotFound, Cancelled) as exc:
                 status = type(exc).__name__
             if status == "SERVING":
                 waiting.pop(0)
             else:
                 self._sleep(min(poll, max(deadline - time.monotonic(), 0.0)))
+        self._spread()
 
     # -- jobs ------------------------------------------------------------------------------
 

@@ -455,6 +455,11 @@ class ModelInfo(_Shape):
     """``single_label_classification``, ``multi_label_classification`` or ``regression``."""
     thresholds: dict[str, float] = field(default_factory=dict)
     """Multi-label: each label's threshold."""
+    instance: str = ""
+    """An opaque id of the server process that answered (each ``--workers`` process has its
+    own; new at every start)."""
+    workers: int = 1
+    """How many server processes share the sidecar's port."""
 
     @classmethod
     def from_proto(cls, message: pb.ModelInfo) -> ModelInfo:
@@ -474,6 +479,8 @@ class ModelInfo(_Shape):
             supports_text_pair=message.supports_text_pair,
             problem_type=message.problem_type,
             thresholds=dict(zip(message.labels, message.thresholds, strict=False)),
+            instance=message.instance,
+            workers=message.workers or 1,
         )
 
     def method(self, name: str) -> MethodInfo:

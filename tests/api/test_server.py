@@ -105,6 +105,9 @@ def test_get_model(sidecar: RunningSidecar) -> None:
     methods = {m.name: m for m in info.methods}
     assert methods["normxlogit"].cost == "inline"
     assert info.runtime == "torch" and info.num_layers == 2
+    # One process: it names itself (the same on every call) and counts one worker.
+    again = stub(sidecar.target).GetModel(pb.GetModelRequest(), timeout=10)
+    assert len(info.instance) == 16 and again.instance == info.instance and info.workers == 1
 
 
 BAD_REQUESTS = [

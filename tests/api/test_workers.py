@@ -185,6 +185,26 @@ def test_one_sdk_client_reaches_every_worker(served: Workers) -> None:
     assert sum(gained.values()) == len(texts)
 
 
+def test_two_connections_are_spread_over_the_two_workers(served: Workers) -> None:
+    """Each worker says who it is (``GetModel``); a client with as many connections as workers
+    re-dials until every worker has one, so its stream work is split evenly between them."""
+    metric = "limelight_drift_reference_explanations"
+    before = per_worker(served.metrics(), metric)
+    texts = [f"review {i}: an overwrought misfire" + " sadly" * (i % 5) for i in range(40)]
+    with Client(served.target, connections=2) as client:
+        client.wait_ready(timeout=60)
+        infos = [client.model() for _ in range(2)]  # one on each connection, in turn
+        assert {i.workers for i in infos} == {WORKERS}
+        assert len({i.instance for i in infos}) == 2
+        assert [a.text for a in client.explain_many(texts)] == texts
+        for _ in range(client.connections):
+            client.drift()
+    after = per_worker(served.metrics(), metric)
+    gained = {pid: after[pid] - before.get(pid, 0.0) for pid in after}
+    # Item i went to connection i % 2; the two connections reached different workers.
+    assert sorted(gained.values()) == [len(texts) / 2] * 2, gained
+
+
 def test_a_job_submitted_to_one_worker_is_seen_by_all(served: Workers) -> None:
     """Jobs live in Redis: any worker runs them, every connection reads the same job."""
     channels = open_channels(served.target, 8)

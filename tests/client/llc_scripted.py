@@ -10,7 +10,7 @@ import re
 import threading
 import time
 from collections import defaultdict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from concurrent import futures
 from dataclasses import dataclass, field
 from typing import Any
@@ -107,6 +107,10 @@ class ScriptedExplainer(pb_grpc.ExplainerServicer):
     keys: dict[str, str] = field(default_factory=dict)
     watch_opens: dict[str, int] = field(default_factory=lambda: defaultdict(int))
     cond: threading.Condition = field(default_factory=threading.Condition)
+    #: Which worker process a connection (the client's peer address) "reached", for
+    #: GetModel's ``instance``; None: a server that does not say.
+    instance_of: Callable[[str], str] | None = None
+    workers: int = 1
 
     def fail(self, method: str, code: grpc.StatusCode, times: int = 1, msg: str = "") -> None:
         self.failures[method].extend([(code, msg or f"scripted {code.name}")] * times)
@@ -184,6 +188,8 @@ class ScriptedExplainer(pb_grpc.ExplainerServicer):
             max_text_chars=10000,
             runtime="torch",
             supports_text_pair=True,
+            instance=self.instance_of(context.peer()) if self.instance_of else "",
+            workers=self.workers,
         )
 
     def GetDrift(self, request: pb.GetDriftRequest, context: grpc.ServicerContext) -> Any:
@@ -334,3 +340,18 @@ def start_server(
         port = server.add_secure_port("127.0.0.1:0", credentials)
     server.start()
     return ScriptedServer(servicer, f"127.0.0.1:{port}", server)
+
+
+class Placement:
+    """Where each new connection "lands": the next of ``workers`` for each new peer address,
+    the same for every later call on that connection (as the kernel does with
+    ``SO_REUSEPORT``, but scripted)."""
+
+    def __init__(self, workers: Iterable[str]) -> None:
+        self._next = iter(workers)
+        self.of: dict[str, str] = {}
+
+    def __call__(self, peer: str) -> str:
+        if peer not in self.of:
+            self.of[peer] = next(self._next)
+        return self.of[peer]

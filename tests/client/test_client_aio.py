@@ -10,7 +10,7 @@ import grpc
 import pytest
 
 from limelight_client import AsyncClient, JobState, errors
-from tests.client.llc_scripted import ScriptedServer
+from tests.client.llc_scripted import Placement, ScriptedServer
 
 pytestmark = pytest.mark.asyncio
 
@@ -90,6 +90,25 @@ async def test_explain_many_sync_and_async_inputs(
     assert sorted(s.request for s in streams[:connections]) == sorted(
         texts[k::connections] for k in range(connections)
     )
+
+
+async def test_connections_are_spread_over_the_workers(scripted: ScriptedServer) -> None:
+    """As with ``Client``: three connections on worker a of three re-dialled until each
+    worker has one; the replaced channels are closed; a token goes with the questions."""
+    placement = Placement(["a", "a", "a", "b", "a", "c"])
+    scripted.servicer.instance_of, scripted.servicer.workers = placement, 3
+    async with connect(scripted, connections=3, token="tok") as c:
+        texts = [f"review {i}" for i in range(9)]
+        assert [e.text async for e in c.explain_many(texts)] == texts
+        assert len(c._connections.every_channel()) == 3
+        for _ in range(3):
+            await c.explain("a gorgeous film")
+    asked = scripted.servicer.calls_to("GetModel")
+    assert len(asked) == 6 and all(a.metadata["authorization"] == "Bearer tok" for a in asked)
+    streams = scripted.servicer.calls_to("ExplainStream")
+    assert sorted(placement.of[s.peer] for s in streams) == ["a", "b", "c"]
+    explained = {call.peer for call in scripted.servicer.calls_to("Explain")}
+    assert explained == {s.peer for s in streams}
 
 
 @pytest.mark.parametrize("connections", [1, 2])

@@ -11,10 +11,10 @@ from collections.abc import Iterator
 import grpc
 import pytest
 
-from limelight_client import Client, JobState, errors
+from limelight_client import Client, JobState, _common, errors
 from limelight_client._common import RetryPolicy
 from limelight_client.proto import explainer_pb2 as pb
-from tests.client.llc_scripted import ScriptedServer
+from tests.client.llc_scripted import Placement, ScriptedServer
 from tests.ports import free_port
 
 TEXT = "The movie wasn't bad at all!"
@@ -384,6 +384,81 @@ def test_explain_many_sends_a_dealt_item_without_waiting_for_the_next(
         assert next(it).text == "first" and next(it).text == "second"
         read_both.set()
         assert [e.text for e in it] == ["third"]
+
+
+def test_connections_are_spread_over_the_workers(scripted: ScriptedServer) -> None:
+    """Four connections that all land on worker a of two: before its first explanation the
+    client re-dials those beyond two per worker until two reach b, and closes the ones it
+    replaced."""
+    placement = Placement(["a", "a", "a", "a", "a", "b", "a", "b"])
+    scripted.servicer.instance_of, scripted.servicer.workers = placement, 2
+    with client_for(scripted, connections=4) as c:
+        for _ in range(8):
+            c.explain(TEXT)
+        answers = list(c.explain_many([f"review {i}" for i in range(8)]))
+        assert len(c._connections.every_channel()) == 4  # nothing replaced kept open
+    # Four connections asked, then the two beyond a's share, then one, then one more.
+    assert len(scripted.servicer.calls_to("GetModel")) == 8
+    peers = {call.peer for call in scripted.servicer.calls_to("Explain")}
+    assert sorted(placement.of[p] for p in peers) == ["a", "a", "b", "b"]
+    streams = scripted.servicer.calls_to("ExplainStream")
+    assert {s.peer for s in streams} == peers and [a.text for a in answers][:2] == [
+        "review 0",
+        "review 1",
+    ]
+
+
+def test_spreading_is_asked_once_and_can_be_turned_off(scripted: ScriptedServer) -> None:
+    # A server that does not say which process answers: its first answer ends the spreading.
+    with client_for(scripted, connections=3) as c:
+        for _ in range(3):
+            c.explain(TEXT)
+    assert len(scripted.servicer.calls_to("GetModel")) == 1
+    scripted.servicer.instance_of, scripted.servicer.workers = Placement(["a"] * 3), 2
+    with client_for(scripted, connections=3, spread=False) as c:
+        list(c.explain_many(["one", "two", "three"]))
+    assert len(scripted.servicer.calls_to("GetModel")) == 1  # none more
+    with client_for(scripted) as c:  # one connection: nothing to spread
+        c.explain(TEXT)
+    assert len(scripted.servicer.calls_to("GetModel")) == 1
+
+
+def test_spreading_waits_for_a_sidecar_that_is_starting(scripted: ScriptedServer) -> None:
+    """UNAVAILABLE (the model still loading) leaves the spreading to the next call; the
+    connections handed out meanwhile are kept open until the client closes, not cut off."""
+    placement = Placement(["a", "a", "b"])
+    scripted.servicer.instance_of, scripted.servicer.workers = placement, 2
+    scripted.servicer.fail("GetModel", grpc.StatusCode.UNAVAILABLE)
+    with client_for(scripted, connections=2) as c:
+        c.explain(TEXT)  # spreading failed: this call went out on a connection as placed
+        c.explain(TEXT)  # spread now: the second connection re-dialled
+        assert len(c._connections.every_channel()) == 3  # the replaced one still open
+        c.explain(TEXT)
+        c.explain(TEXT)
+    explain_peers = [call.peer for call in scripted.servicer.calls_to("Explain")]
+    assert sorted(placement.of[p] for p in set(explain_peers[2:])) == ["a", "b"]
+
+
+def test_a_worker_not_listening_yet_is_looked_for_again_later(
+    scripted: ScriptedServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two workers, but every new connection lands on a (b is still starting): the attempt
+    gives up after its dials and closes them; a later call, once the retry time has come,
+    finds b. The connection it replaces was in use, so it stays open until the client closes."""
+    monkeypatch.setattr(_common, "SPREAD_RETRY_S", 0.0)
+    dials = 16 + _common.SPREAD_DIALS_PER_CONNECTION * 2
+    placement = Placement(itertools.chain(["a"] * (2 + dials), itertools.repeat("b")))
+    scripted.servicer.instance_of, scripted.servicer.workers = placement, 2
+    with client_for(scripted, connections=2) as c:
+        c.explain(TEXT)
+        assert len(c._connections.every_channel()) == 2  # the dials that found a: closed
+        c.explain(TEXT)  # the second attempt
+        assert len(c._connections.every_channel()) == 3
+        c.explain(TEXT)
+        c.explain(TEXT)
+    assert len(scripted.servicer.calls_to("GetModel")) == (2 + dials) + (2 + 1)
+    last_two = [call.peer for call in scripted.servicer.calls_to("Explain")][2:]
+    assert sorted(placement.of[p] for p in last_two) == ["a", "b"]
 
 
 # -- jobs --------------------------------------------------------------------------------------

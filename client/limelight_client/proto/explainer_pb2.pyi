@@ -177,7 +177,7 @@ class MethodInfo(_message.Message):
     def __init__(self, name: _Optional[str] = ..., cost: _Optional[str] = ..., description: _Optional[str] = ..., defaults: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., unavailable_reason: _Optional[str] = ...) -> None: ...
 
 class ModelInfo(_message.Message):
-    __slots__ = ("name", "version", "architecture", "labels", "num_layers", "num_heads", "hidden_size", "methods", "default_method", "max_tokens", "max_text_chars", "runtime", "supports_text_pair", "problem_type", "thresholds")
+    __slots__ = ("name", "version", "architecture", "labels", "num_layers", "num_heads", "hidden_size", "methods", "default_method", "max_tokens", "max_text_chars", "runtime", "supports_text_pair", "problem_type", "thresholds", "instance", "workers")
     NAME_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     ARCHITECTURE_FIELD_NUMBER: _ClassVar[int]
@@ -193,6 +193,8 @@ class ModelInfo(_message.Message):
     SUPPORTS_TEXT_PAIR_FIELD_NUMBER: _ClassVar[int]
     PROBLEM_TYPE_FIELD_NUMBER: _ClassVar[int]
     THRESHOLDS_FIELD_NUMBER: _ClassVar[int]
+    INSTANCE_FIELD_NUMBER: _ClassVar[int]
+    WORKERS_FIELD_NUMBER: _ClassVar[int]
     name: str
     version: str
     architecture: str
@@ -208,7 +210,9 @@ class ModelInfo(_message.Message):
     supports_text_pair: bool
     problem_type: str
     thresholds: _containers.RepeatedScalarFieldContainer[float]
-    def __init__(self, name: _Optional[str] = ..., version: _Optional[str] = ..., architecture: _Optional[str] = ..., labels: _Optional[_Iterable[str]] = ..., num_layers: _Optional[int] = ..., num_heads: _Optional[int] = ..., hidden_size: _Optional[int] = ..., methods: _Optional[_Iterable[_Union[MethodInfo, _Mapping]]] = ..., default_method: _Optional[str] = ..., max_tokens: _Optional[int] = ..., max_text_chars: _Optional[int] = ..., runtime: _Optional[str] = ..., supports_text_pair: _Optional[bool] = ..., problem_type: _Optional[str] = ..., thresholds: _Optional[_Iterable[float]] = ...) -> None: ...
+    instance: str
+    workers: int
+    def __init__(self, name: _Optional[str] = ..., version: _Optional[str] = ..., architecture: _Optional[str] = ..., labels: _Optional[_Iterable[str]] = ..., num_layers: _Optional[int] = ..., num_heads: _Optional[int] = ..., hidden_size: _Optional[int] = ..., methods: _Optional[_Iterable[_Union[MethodInfo, _Mapping]]] = ..., default_method: _Optional[str] = ..., max_tokens: _Optional[int] = ..., max_text_chars: _Optional[int] = ..., runtime: _Optional[str] = ..., supports_text_pair: _Optional[bool] = ..., problem_type: _Optional[str] = ..., thresholds: _Optional[_Iterable[float]] = ..., instance: _Optional[str] = ..., workers: _Optional[int] = ...) -> None: ...
 
 class SubmitJobRequest(_message.Message):
     __slots__ = ("text", "text_pair", "target", "method", "parameters", "idempotency_key", "timeout_seconds")

@@ -82,7 +82,7 @@ class SidecarServer:
         self._server: grpc.aio.Server | None = None
         self._probes: grpc.aio.Server | None = None
         self.health_port = settings.health_port
-        self._servicer = ExplainerServicer(self.metrics)
+        self._servicer = ExplainerServicer(self.metrics, workers=settings.workers)
         self._inference = oip_grpc.InferenceServicer(self._servicer, __version__)
         self._stopping: asyncio.Event | None = None
         self._http: HttpServer | None = None

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
 
@@ -69,8 +70,14 @@ def _expired(context: grpc.aio.ServicerContext) -> bool:
 
 
 class ExplainerServicer:
-    def __init__(self, metrics: Metrics, service: ExplanationService | None = None) -> None:
+    def __init__(
+        self, metrics: Metrics, service: ExplanationService | None = None, workers: int = 1
+    ) -> None:
         self.metrics = metrics
+        #: Who answered, for ``GetModel``: this process (new at every start) and how many
+        #: worker processes share its port.
+        self.instance = uuid.uuid4().hex[:16]
+        self.workers = workers
         #: Set once the model is loaded; until then every RPC answers UNAVAILABLE.
         self.service = service
         self._calls: set[asyncio.Task[Any]] = set()
@@ -247,7 +254,9 @@ class ExplainerServicer:
     async def GetModel(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         async def call() -> pb.ModelInfo:
             check_request(request)
-            return convert.model_info_to_proto(self.ready_service().model_info())
+            info = convert.model_info_to_proto(self.ready_service().model_info())
+            info.instance, info.workers = self.instance, self.workers
+            return info
 
         return await self._guard("GetModel", context, call)
 

@@ -6,7 +6,8 @@ supervisor here starts N complete sidecars (gRPC, batcher, inference thread, the
 the model), which bind the same gRPC port with ``SO_REUSEPORT``; the kernel hands each new
 client connection to one of them. A gRPC channel is one connection and stays on its worker, so
 traffic spreads over the workers only across connections (several clients, or a client with
-several channels).
+several channels). Each worker names itself in ``GetModel`` (``instance``, with ``workers``),
+so that a client can tell where its connections landed and spread them (the SDK does).
 
 Shared between the workers: the port; the metrics (Prometheus multiprocess mode in a private
 directory; the first worker alone serves the HTTP port, and its ``/metrics`` adds up every
@@ -103,9 +104,9 @@ class Supervisor:
         model_dir = resolve_model_dir(self.settings)  # built here once, not by N workers
         self._run_dir = Path(tempfile.mkdtemp(prefix="limelight-workers-"))
         self.metrics_dir.mkdir()
-        self._base = self.settings.model_copy(
-            update={"workers": 1, "reuse_port": True, "model_dir": model_dir}
-        )
+        # Each worker keeps ``workers`` (it tells clients how many share the port) but is
+        # started as a plain sidecar, never as another supervisor.
+        self._base = self.settings.model_copy(update={"reuse_port": True, "model_dir": model_dir})
         try:
             return self._serve()
         finally:
