@@ -324,9 +324,10 @@ class JobHandleBase(Generic[ClientT]):
 
 ChannelT = TypeVar("ChannelT", grpc.Channel, grpc.aio.Channel)
 
-#: Spreading (see ``Connections``): new connections dialled per attempt, beyond a base of 16.
-#: The kernel places each at random, so with two workers up a needed one lands right half the
-#: time; a worker that is not listening yet (a sidecar still starting) is never reached.
+#: Spreading (see ``Connections``): new connections dialled per attempt, a base and so many
+#: per connection. The kernel places each at random, so with two workers up a needed one lands
+#: right half the time; a worker that is not listening yet (a sidecar starting) is never reached.
+SPREAD_BASE_DIALS = 16
 SPREAD_DIALS_PER_CONNECTION = 4
 #: Deadline of each ``GetModel`` call that asks which worker a connection reached.
 SPREAD_TIMEOUT_S = 5.0
@@ -434,11 +435,6 @@ class Connections(Generic[ChannelT]):
         self._handed_out = True
         return list(self.stubs)
 
-    def every_health(self) -> list[Callable[..., Any]]:
-        """Every connection's health check, in order."""
-        self._handed_out = True
-        return list(self.healths)
-
     def every_channel(self) -> list[ChannelT]:
         """What closing the client closes: the connections and any replaced ones."""
         return [*self.channels, *self.retired, *self.closing]
@@ -473,7 +469,7 @@ class Connections(Generic[ChannelT]):
             self.instances[k] = answer.instance
             workers = max(workers, answer.workers)
         share = -(-len(self) // workers)  # an even share of the connections, rounded up
-        for _ in range(16 + SPREAD_DIALS_PER_CONNECTION * len(self)):
+        for _ in range(SPREAD_BASE_DIALS + SPREAD_DIALS_PER_CONNECTION * len(self)):
             held = collections.Counter(self.instances)
             crowded = [k for k, i in enumerate(self.instances) if held[i] > share]
             if not crowded:

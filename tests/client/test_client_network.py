@@ -446,7 +446,7 @@ def test_a_worker_not_listening_yet_is_looked_for_again_later(
     gives up after its dials and closes them; a later call, once the retry time has come,
     finds b. The connection it replaces was in use, so it stays open until the client closes."""
     monkeypatch.setattr(_common, "SPREAD_RETRY_S", 0.0)
-    dials = 16 + _common.SPREAD_DIALS_PER_CONNECTION * 2
+    dials = _common.SPREAD_BASE_DIALS + _common.SPREAD_DIALS_PER_CONNECTION * 2
     placement = Placement(itertools.chain(["a"] * (2 + dials), itertools.repeat("b")))
     scripted.servicer.instance_of, scripted.servicer.workers = placement, 2
     with client_for(scripted, connections=2) as c:
