@@ -60,6 +60,11 @@ def test_load_over_several_channels(two_workers: ServerProcess) -> None:
     load = run_load(two_workers.target, texts, {"short": 8}, 1.5, 0.5, two_workers.pid, channels=8)
     assert load.errors == 0 and load.count("short") > 0
     assert load.server_cpu_s > 0
+    assert load.placement == "4+4"  # spread evenly over the two workers (by GetModel)
+    as_placed = run_load(
+        two_workers.target, texts, {"short": 2}, 0.5, 0.2, two_workers.pid, channels=3, spread=False
+    )
+    assert as_placed.errors == 0 and sum(map(int, as_placed.placement.split("+"))) == 3
 
 
 def test_stream_load_keeps_one_stream_per_client(two_workers: ServerProcess) -> None:

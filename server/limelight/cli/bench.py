@@ -44,6 +44,13 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "(default: 1, or 8 with --workers above 1: one channel reaches one worker)",
     )
     p.add_argument(
+        "--spread",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="place the load generator's channels evenly over the workers (by the worker "
+        "each names in GetModel); --no-spread keeps the kernel's random placement",
+    )
+    p.add_argument(
         "--rpc",
         choices=("unary", "stream"),
         default="unary",
@@ -243,10 +250,12 @@ def _run(args: argparse.Namespace, work: Path) -> int:
                         server.pid,
                         args.channels,
                         args.rpc,
+                        args.spread,
                     )
                     row: dict[str, Any] = {
                         "runtime": name,
                         "clients": n,
+                        "channels_per_worker": load.placement,
                         "p50": load.p50_ms("short"),
                         "p99": load.p99_ms("short"),
                         "per_s": load.per_s(),
@@ -257,7 +266,7 @@ def _run(args: argparse.Namespace, work: Path) -> int:
                     rows.append(
                         [
                             name,
-                            n,
+                            f"{n} ({load.placement})" if args.workers > 1 else n,
                             row["p50"],
                             row["p99"],
                             row["per_s"],
@@ -301,7 +310,8 @@ def _run(args: argparse.Namespace, work: Path) -> int:
             ),
             f"The load generator is a separate process (closed loop, {args.rpc} calls, "
             f"{args.channels} gRPC channel(s)); the sidecar ran {args.workers} worker "
-            "process(es). Server CPU is the sidecar's user+system time (every process) over "
+            "process(es) (with several: the channels per worker in brackets). Server CPU is "
+            "the sidecar's user+system time (every process) over "
             "the measured window. "
             "In-process: batch tokenizer + one forward + NormXLogit, batch 32. Plain forward: "
             "median over 16 short texts at batch 1.",
@@ -403,6 +413,8 @@ def _argv(args: argparse.Namespace) -> list[str]:
     for flag in ("runtimes", "clients", "mix", "sections", "workers", "channels", "rpc"):
         out += [f"--{flag}", str(getattr(args, flag))]
     out += ["--duration", f"{args.duration:g}"]
+    if not args.spread:
+        out.append("--no-spread")
     if args.quick:
         out.append("--quick")
     return out

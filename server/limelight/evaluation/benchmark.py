@@ -8,6 +8,7 @@ the in-process path, job methods vs one forward pass.
 from __future__ import annotations
 
 import asyncio
+import collections
 import json
 import os
 import platform
@@ -276,6 +277,9 @@ class LoadResult:
     errors: int
     server_cpu_s: float
     extra: dict[str, Any] = field(default_factory=dict)
+    placement: str = ""
+    """How the load generator's channels fell on the sidecar's workers: "4+4" is four on each
+    of two (read from ``GetModel``'s ``instance``)."""
 
     def count(self, kind: str | None = None) -> int:
         kinds = [kind] if kind else list(self.latencies)
@@ -313,14 +317,16 @@ def run_load(
     server_pid: int | None = None,
     channels: int = 1,
     rpc: str = "unary",
+    spread: bool = True,
 ) -> LoadResult:
     """Closed-loop load from a separate process: ``clients[kind]`` concurrent clients each send
     texts of that kind one after another, spread over ``channels`` gRPC channels (each its own
     connection); only requests that finish inside the measured window (after ``warmup_s``)
     count. ``rpc``: ``unary`` (one ``Explain`` call per request) or ``stream`` (each client
     keeps one ``ExplainStream`` open and sends its next request when the answer to the last
-    one has come back). Server CPU (the process and its children) is read from ``/proc`` over
-    the same window."""
+    one has come back). With ``spread`` the channels are spread evenly over the sidecar's
+    workers (``limelight serve --workers``; the kernel alone places connections at random).
+    Server CPU (the process and its children) is read from ``/proc`` over the same window."""
     if rpc not in RPCS:
         raise ValueError(f"unknown rpc {rpc!r}; use one of {', '.join(RPCS)}")
     config = {
@@ -332,6 +338,7 @@ def run_load(
         "server_pid": server_pid,
         "channels": channels,
         "rpc": rpc,
+        "spread": spread,
     }
     code = "from limelight.evaluation.benchmark import loadgen_main; loadgen_main()"
     done = subprocess.run(
@@ -351,6 +358,7 @@ def run_load(
         tokens=out["tokens"],
         errors=out["errors"],
         server_cpu_s=out["server_cpu_s"],
+        placement=out["placement"],
     )
 
 
@@ -375,10 +383,9 @@ async def _generate_load(config: dict[str, Any]) -> dict[str, Any]:
         # the port, the kernel spreads connections, not calls.
         ("grpc.use_local_subchannel_pool", 1),
     ]
-    channels = [
-        grpc.aio.insecure_channel(config["target"], options=options)
-        for _ in range(max(1, int(config.get("channels", 1))))
-    ]
+    channels, placed = await _open_channels(
+        config["target"], options, max(1, int(config.get("channels", 1))), config["spread"]
+    )
     stubs = [explainer_pb2_grpc.ExplainerStub(channel) for channel in channels]
     for stub in stubs:
         await stub.Explain(pb.ExplainRequest(text="warm up"), timeout=600)
@@ -449,7 +456,37 @@ async def _generate_load(config: dict[str, Any]) -> dict[str, Any]:
         "tokens": tokens,
         "errors": errors,
         "server_cpu_s": cpu,
+        "placement": "+".join(str(n) for n in sorted(placed.values(), reverse=True)),
     }
+
+
+async def _open_channels(
+    target: str, options: list[tuple[str, Any]], n: int, spread: bool
+) -> tuple[list[Any], collections.Counter[str]]:
+    """``n`` channels, and how many reached each worker. With ``spread``, a new channel is
+    kept only while its worker holds less than an even share (a few hundred dials at most;
+    then it takes what comes), so that no worker gets more of the load than another."""
+    import grpc
+
+    from limelight_client.proto import explainer_pb2 as pb
+    from limelight_client.proto import explainer_pb2_grpc
+
+    channels: list[Any] = []
+    placed: collections.Counter[str] = collections.Counter()
+    dials = 0
+    while len(channels) < n:
+        channel = grpc.aio.insecure_channel(target, options=options)
+        info = await explainer_pb2_grpc.ExplainerStub(channel).GetModel(
+            pb.GetModelRequest(), timeout=600
+        )
+        dials += 1
+        share = -(-n // max(1, info.workers))
+        if not spread or placed[info.instance] < share or dials > 32 * n:
+            channels.append(channel)
+            placed[info.instance] += 1
+        else:
+            await channel.close()
+    return channels, placed
 
 
 @dataclass
