@@ -332,13 +332,36 @@ SPREAD_DIALS_PER_CONNECTION = 4
 #: Deadline of each ``GetModel`` call that asks which worker a connection reached.
 SPREAD_TIMEOUT_S = 5.0
 #: An attempt that could not reach every worker is tried again this many seconds later,
-#: doubling each time, ``SPREAD_ATTEMPTS`` attempts in all.
+#: doubling each time, ``SPREAD_ATTEMPTS`` attempts in all; one that found the sidecar
+#: unreachable or slow (or ran out of the call's deadline), this many seconds later.
 SPREAD_RETRY_S = 5.0
 SPREAD_ATTEMPTS = 6
+#: Failures of a spreading question that say "not now" rather than "never".
+SPREAD_LATER = frozenset(
+    {
+        grpc.StatusCode.UNAVAILABLE,
+        grpc.StatusCode.DEADLINE_EXCEEDED,
+        grpc.StatusCode.RESOURCE_EXHAUSTED,
+        grpc.StatusCode.CANCELLED,
+    }
+)
 
 #: What the spreading dialogue is told about one connection: the server's answer, or the
 #: status code of the call that failed.
 SpreadAnswer: TypeAlias = pb.ModelInfo | grpc.StatusCode
+
+
+def spread_question_timeout(deadline: float | None) -> float:
+    """The deadline of one spreading question within a call's own ``deadline``
+    (``time.monotonic``): spreading never makes a call later than it allowed."""
+    if deadline is None:
+        return SPREAD_TIMEOUT_S
+    return min(SPREAD_TIMEOUT_S, max(deadline - time.monotonic(), 0.0))
+
+
+def time_left(deadline: float | None) -> float | None:
+    """Seconds until ``deadline`` (``time.monotonic``; None: no deadline), at least 0."""
+    return None if deadline is None else max(deadline - time.monotonic(), 0.0)
 
 
 def resume(
@@ -459,9 +482,8 @@ class Connections(Generic[ChannelT]):
         workers = 1
         for k in range(len(self)):
             answer = yield self.stubs[k]
-            if isinstance(answer, grpc.StatusCode):
-                # UNAVAILABLE: the sidecar is not up yet, ask again at the next call.
-                self.spread_done = answer != grpc.StatusCode.UNAVAILABLE
+            if isinstance(answer, grpc.StatusCode):  # e.g. a sidecar not up yet: later
+                self._later(answer, counted=False)
                 return
             if not answer.instance:  # a server that does not say which process answers
                 self.spread_done = True
@@ -478,6 +500,9 @@ class Connections(Generic[ChannelT]):
             candidate = self._dial()
             self.closing.append(candidate)  # unless kept: closed even if the caller breaks off
             answer = yield pb_grpc.ExplainerStub(candidate)
+            if answer == grpc.StatusCode.DEADLINE_EXCEEDED:  # the call's time is up
+                self._later(answer, counted=False)
+                return
             if isinstance(answer, grpc.StatusCode) or held[answer.instance] >= share:
                 continue
             self.closing.remove(candidate)
@@ -486,6 +511,17 @@ class Connections(Generic[ChannelT]):
             self._attach(candidate, k)
             self.instances[k] = answer.instance
         # Some worker was never reached: it may not be listening yet (a sidecar starting).
-        self._attempts += 1
-        self.spread_done = self._attempts >= SPREAD_ATTEMPTS
-        self.spread_after = time.monotonic() + SPREAD_RETRY_S * 2 ** (self._attempts - 1)
+        self._later(None, counted=True)
+
+    def _later(self, failure: grpc.StatusCode | None, counted: bool) -> None:
+        """Leave the spreading to a later call, or give it up (a ``failure`` that will not
+        pass, or the last of the ``counted`` attempts)."""
+        if failure is not None and failure not in SPREAD_LATER:
+            self.spread_done = True
+            return
+        wait = SPREAD_RETRY_S
+        if counted:
+            self._attempts += 1
+            self.spread_done = self._attempts >= SPREAD_ATTEMPTS
+            wait *= 2 ** (self._attempts - 1)
+        self.spread_after = time.monotonic() + wait

@@ -23,7 +23,6 @@ import grpc.aio
 from limelight_client._common import (
     DEFAULT_MAX_MESSAGE_BYTES,
     EXPLAINER_SERVICE,
-    SPREAD_TIMEOUT_S,
     Connections,
     HealthCheckRequest,
     JobHandleBase,
@@ -39,8 +38,10 @@ from limelight_client._common import (
     list_jobs_request,
     new_request_id,
     resume,
+    spread_question_timeout,
     submit_request,
     terminal_state,
+    time_left,
 )
 from limelight_client._streams import AsyncStreamFeed, answer, request_builder, stream_cut_short
 from limelight_client.client import PemArg, deadline_error, job_outcome
@@ -116,21 +117,26 @@ class AsyncClient:
     def _health(self) -> Callable[..., Any]:
         return self._connections.health()
 
-    async def _spread(self) -> None:
+    async def _spread(self, deadline: float | None) -> None:
         """See ``Client._spread``."""
         if self._connections.spread_due():
             async with self._spread_lock:
                 dialogue = self._connections.spreading()
                 stub = next(dialogue, None)
                 while stub is not None:
-                    stub = resume(dialogue, await self._ask_instance(stub))
+                    stub = resume(dialogue, await self._ask_instance(stub, deadline))
                 for channel in self._connections.take_closing():
                     await channel.close()
 
-    async def _ask_instance(self, stub: pb_grpc.ExplainerStub) -> SpreadAnswer:
+    async def _ask_instance(
+        self, stub: pb_grpc.ExplainerStub, deadline: float | None
+    ) -> SpreadAnswer:
+        timeout = spread_question_timeout(deadline)
+        if timeout <= 0:
+            return grpc.StatusCode.DEADLINE_EXCEEDED
         try:
             return await stub.GetModel(
-                pb.GetModelRequest(), timeout=SPREAD_TIMEOUT_S, metadata=self._metadata
+                pb.GetModelRequest(), timeout=timeout, metadata=self._metadata
             )
         except grpc.RpcError as err:
             return err.code()
@@ -218,8 +224,9 @@ class AsyncClient:
         req = explain_request(
             text, text_pair, target, all_classes, method, request_id or new_request_id()
         )
-        await self._spread()
-        resp = await self._unary(self._stub.Explain, req, timeout)
+        deadline = self._deadline(timeout)  # spreading first (once) takes its share of it
+        await self._spread(deadline)
+        resp = await self._unary(self._stub.Explain, req, time_left(deadline))
         return Explanation.from_proto(resp, text=text, text_pair=text_pair)
 
     async def explain_many(
@@ -234,9 +241,12 @@ class AsyncClient:
         """See ``Client.explain_many``; ``texts`` may also be an async iterable."""
         build = request_builder(target, all_classes, method)
         feed = AsyncStreamFeed(texts, self.connections, build)
-        await self._spread()
+        deadline = self._deadline(timeout, default=False)
+        await self._spread(deadline)
         calls = [
-            stub.ExplainStream(feed.requests(k), timeout=timeout, metadata=self._metadata)
+            stub.ExplainStream(
+                feed.requests(k), timeout=time_left(deadline), metadata=self._metadata
+            )
             for k, stub in enumerate(self._connections.every_stub())
         ]
         try:
@@ -308,7 +318,7 @@ class AsyncClient:
                 waiting.pop(0)
             else:
                 await self._sleep(min(poll, max(deadline - time.monotonic(), 0.0)))
-        await self._spread()
+        await self._spread(deadline)
 
     # -- jobs ------------------------------------------------------------------------------
 

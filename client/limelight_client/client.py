@@ -15,7 +15,6 @@ import grpc
 from limelight_client._common import (
     DEFAULT_MAX_MESSAGE_BYTES,
     EXPLAINER_SERVICE,
-    SPREAD_TIMEOUT_S,
     Connections,
     HealthCheckRequest,
     JobHandleBase,
@@ -31,8 +30,10 @@ from limelight_client._common import (
     list_jobs_request,
     new_request_id,
     resume,
+    spread_question_timeout,
     submit_request,
     terminal_state,
+    time_left,
 )
 from limelight_client._streams import StreamFeed, answer, request_builder, stream_cut_short
 from limelight_client.errors import (
@@ -107,7 +108,9 @@ class Client:
             each connection which worker answers it and swaps those beyond an even share of
             one worker for new connections that reach another (the kernel places connections
             at random). A worker not reached yet, e.g. still starting, is looked for again
-            later (after 5 s, doubling, six attempts). Off: connections stay as placed.
+            later (after 5 s, doubling, six attempts); a sidecar not up yet, 5 s later. The
+            questions count against the deadline of the call that asks them. Off:
+            connections stay as placed.
 
     Use it as a context manager (or call :meth:`close`) to release the connections.
     """
@@ -180,22 +183,23 @@ class Client:
     def _health(self) -> Callable[..., Any]:
         return self._connections.health()
 
-    def _spread(self) -> None:
+    def _spread(self, deadline: float | None) -> None:
         """Spread the connections over the sidecar's workers (``Connections.spreading``)."""
         if self._connections.spread_due():
             with self._spread_lock:
                 dialogue = self._connections.spreading()
                 stub = next(dialogue, None)
                 while stub is not None:
-                    stub = resume(dialogue, self._ask_instance(stub))
+                    stub = resume(dialogue, self._ask_instance(stub, deadline))
                 for channel in self._connections.take_closing():
                     channel.close()
 
-    def _ask_instance(self, stub: pb_grpc.ExplainerStub) -> SpreadAnswer:
+    def _ask_instance(self, stub: pb_grpc.ExplainerStub, deadline: float | None) -> SpreadAnswer:
+        timeout = spread_question_timeout(deadline)
+        if timeout <= 0:
+            return grpc.StatusCode.DEADLINE_EXCEEDED
         try:
-            return stub.GetModel(
-                pb.GetModelRequest(), timeout=SPREAD_TIMEOUT_S, metadata=self._metadata
-            )
+            return stub.GetModel(pb.GetModelRequest(), timeout=timeout, metadata=self._metadata)
         except grpc.RpcError as err:
             return err.code()
 
@@ -267,8 +271,9 @@ class Client:
         req = explain_request(
             text, text_pair, target, all_classes, method, request_id or new_request_id()
         )
-        self._spread()
-        resp = self._unary(self._stub.Explain, req, timeout)
+        deadline = self._deadline(timeout)  # spreading first (once) takes its share of it
+        self._spread(deadline)
+        resp = self._unary(self._stub.Explain, req, time_left(deadline))
         return Explanation.from_proto(resp, text=text, text_pair=text_pair)
 
     def explain_many(
@@ -289,9 +294,12 @@ class Client:
         """
         build = request_builder(target, all_classes, method)
         feed = StreamFeed(texts, self.connections, build)
-        self._spread()
+        deadline = self._deadline(timeout, default=False)
+        self._spread(deadline)
         calls = [
-            stub.ExplainStream(feed.requests(k), timeout=timeout, metadata=self._metadata)
+            stub.ExplainStream(
+                feed.requests(k), timeout=time_left(deadline), metadata=self._metadata
+            )
             for k, stub in enumerate(self._connections.every_stub())
         ]
         try:
@@ -370,7 +378,7 @@ class Client:
                 waiting.pop(0)
             else:
                 self._sleep(min(poll, max(deadline - time.monotonic(), 0.0)))
-        self._spread()
+        self._spread(deadline)
 
     # -- jobs ------------------------------------------------------------------------------
 

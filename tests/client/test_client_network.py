@@ -423,9 +423,12 @@ def test_spreading_is_asked_once_and_can_be_turned_off(scripted: ScriptedServer)
     assert len(scripted.servicer.calls_to("GetModel")) == 1
 
 
-def test_spreading_waits_for_a_sidecar_that_is_starting(scripted: ScriptedServer) -> None:
-    """UNAVAILABLE (the model still loading) leaves the spreading to the next call; the
+def test_spreading_waits_for_a_sidecar_that_is_starting(
+    scripted: ScriptedServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """UNAVAILABLE (the model still loading) leaves the spreading to a later call; the
     connections handed out meanwhile are kept open until the client closes, not cut off."""
+    monkeypatch.setattr(_common, "SPREAD_RETRY_S", 0.0)
     placement = Placement(["a", "a", "b"])
     scripted.servicer.instance_of, scripted.servicer.workers = placement, 2
     scripted.servicer.fail("GetModel", grpc.StatusCode.UNAVAILABLE)
@@ -437,6 +440,24 @@ def test_spreading_waits_for_a_sidecar_that_is_starting(scripted: ScriptedServer
         c.explain(TEXT)
     explain_peers = [call.peer for call in scripted.servicer.calls_to("Explain")]
     assert sorted(placement.of[p] for p in set(explain_peers[2:])) == ["a", "b"]
+
+
+def test_spreading_stays_within_the_calls_deadline(
+    scripted: ScriptedServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A slow answer: the first call's deadline covers its spreading question too (the call
+    fails on time, not five seconds later); the spreading is done by a later call."""
+    monkeypatch.setattr(_common, "SPREAD_RETRY_S", 0.0)
+    scripted.servicer.instance_of, scripted.servicer.workers = Placement(["a", "b"]), 2
+    scripted.servicer.delays["GetModel"] = 0.5
+    with client_for(scripted, connections=2) as c:
+        with pytest.raises(errors.DeadlineExceeded):
+            c.explain(TEXT, timeout=0.2)
+        asked = scripted.servicer.calls_to("GetModel")[0]
+        assert asked.time_remaining is not None and asked.time_remaining <= 0.2
+        del scripted.servicer.delays["GetModel"]
+        c.explain(TEXT)
+    assert len(scripted.servicer.calls_to("GetModel")) == 3  # the slow one, then both
 
 
 def test_a_worker_not_listening_yet_is_looked_for_again_later(
