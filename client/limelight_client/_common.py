@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import collections
+import contextlib
 import itertools
 import random
+import threading
 import time
 import uuid
-from collections.abc import Callable, Generator, Mapping, Sequence
+from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Generic, TypeAlias, TypeVar
@@ -336,6 +338,11 @@ SPREAD_TIMEOUT_S = 5.0
 #: unreachable or slow (or ran out of the call's deadline), this many seconds later.
 SPREAD_RETRY_S = 5.0
 SPREAD_ATTEMPTS = 6
+#: Once spread (or given up), the client asks again this often where its connections are: a
+#: connection re-established after its worker restarted, or after it was idle, lands wherever
+#: the kernel puts it. A call that fails with UNAVAILABLE brings the next look forward to
+#: ``SPREAD_RETRY_S`` from then.
+SPREAD_RECHECK_S = 30.0
 #: Failures of a spreading question that say "not now" rather than "never".
 SPREAD_LATER = frozenset(
     {
@@ -345,6 +352,8 @@ SPREAD_LATER = frozenset(
         grpc.StatusCode.CANCELLED,
     }
 )
+#: ``Connection.rpc``'s name for the standard health check.
+HEALTH_RPC = "Health.Check"
 
 #: What the spreading dialogue is told about one connection: the server's answer, or the
 #: status code of the call that failed.
@@ -374,16 +383,35 @@ def resume(
         return None
 
 
+@dataclass(eq=False)
+class Connection(Generic[ChannelT]):
+    """One connection to the sidecar: its channel, stubs, and what the client knows of it."""
+
+    channel: ChannelT
+    stub: pb_grpc.ExplainerStub
+    health: Callable[..., Any]
+    instance: str = ""
+    """The server process it reached when last asked ("" until asked)."""
+    calls: int = 0
+    """Calls using it now (``Connections.lease``)."""
+
+    def rpc(self, name: str) -> Callable[..., Any]:
+        """The Explainer method ``name``, or the health check (``HEALTH_RPC``)."""
+        return self.health if name == HEALTH_RPC else getattr(self.stub, name)
+
+
 class Connections(Generic[ChannelT]):
-    """A client's own ``count`` connections to the sidecar, with the Explainer stub and health
-    check of each, taken in turn.
+    """A client's own ``count`` connections to the sidecar, taken in turn by calls that hold
+    them for their length (``lease``).
 
     With several connections and a sidecar of several worker processes (``--workers``), the
     kernel places each connection on a worker at random, so two of two connections share one
     worker half of the time. With ``spread``, before the first explanation the client asks each
     connection which process answers it (``GetModel``'s ``instance``), then dials new
     connections and keeps those that reach a worker below an even share in place of ones
-    beyond it (``spreading``).
+    beyond it (``spreading``); every ``SPREAD_RECHECK_S`` it asks again and, if a connection
+    now reaches another process (its worker restarted), spreads again. A replaced connection
+    is closed as soon as no call uses it.
     """
 
     def __init__(
@@ -404,98 +432,116 @@ class Connections(Generic[ChannelT]):
             if credentials is not None
             else (lambda: insecure(target, options=options))
         )
-        self.channels: list[ChannelT] = []
-        self.stubs: list[pb_grpc.ExplainerStub] = []
-        self.healths: list[Callable[..., Any]] = []
-        for _ in range(count):
-            self._attach(self._dial())
+        self.open = [self._connect(self._dial()) for _ in range(count)]
         self._turn = itertools.cycle(range(count))
-        #: The server process each connection reached ("" until asked).
-        self.instances = [""] * count
-        #: Nothing (more) to spread: one connection, spreading off, done or given up.
+        # Leases are taken and given back by the calling threads (the sync client is shared).
+        self._lock = threading.Lock()
+        #: Nothing (more) to spread: one connection, spreading off, or a server that does not
+        #: say which process answers it (or refuses to).
         self.spread_done = count == 1 or not spread
         #: No spreading attempt before this time (``time.monotonic``).
         self.spread_after = 0.0
         self._attempts = 0
-        #: Replaced channels that a call may still be using: closed with the client.
-        self.retired: list[ChannelT] = []
-        #: Channels no call has used, for the client to close after spreading.
+        #: Replaced connections that calls still use: closed when the last call ends.
+        self.retired: list[Connection[ChannelT]] = []
+        #: Channels no call uses any more, for the client to close (``take_closing``).
         self.closing: list[ChannelT] = []
-        self._handed_out = False
 
-    def _attach(self, channel: ChannelT, k: int | None = None) -> None:
+    @staticmethod
+    def _connect(channel: ChannelT) -> Connection[ChannelT]:
         health = channel.unary_unary(
             HEALTH_CHECK_METHOD,
             request_serializer=HealthCheckRequest.SerializeToString,
             response_deserializer=HealthCheckResponse.FromString,
         )
-        if k is None:
-            self.channels.append(channel)
-            self.stubs.append(pb_grpc.ExplainerStub(channel))
-            self.healths.append(health)
-        else:
-            self.channels[k], self.stubs[k], self.healths[k] = (
-                channel,
-                pb_grpc.ExplainerStub(channel),
-                health,
-            )
+        return Connection(channel, pb_grpc.ExplainerStub(channel), health)
 
     def __len__(self) -> int:
-        return len(self.channels)
+        return len(self.open)
 
-    def stub(self) -> pb_grpc.ExplainerStub:
-        """The next connection's stub (one call per connection, round robin)."""
-        self._handed_out = True
-        return self.stubs[next(self._turn)]
+    @contextlib.contextmanager
+    def lease(self, k: int | None = None) -> Iterator[Connection[ChannelT]]:
+        """Connection ``k``, or the next one in turn, held for one call (or one stream)."""
+        with self._lock:
+            conn = self.open[next(self._turn) if k is None else k]
+            conn.calls += 1
+        try:
+            yield conn
+        finally:
+            self._give_back([conn])
 
-    def health(self) -> Callable[..., Any]:
-        """The next connection's health check."""
-        self._handed_out = True
-        return self.healths[next(self._turn)]
+    @contextlib.contextmanager
+    def lease_all(self) -> Iterator[list[Connection[ChannelT]]]:
+        """Every connection, in order, held together (a stream on each)."""
+        with self._lock:
+            held = list(self.open)
+            for conn in held:
+                conn.calls += 1
+        try:
+            yield held
+        finally:
+            self._give_back(held)
 
-    def every_stub(self) -> list[pb_grpc.ExplainerStub]:
-        """Every connection's stub, in order (a stream on each)."""
-        self._handed_out = True
-        return list(self.stubs)
+    def _give_back(self, held: list[Connection[ChannelT]]) -> None:
+        with self._lock:
+            for conn in held:
+                conn.calls -= 1
+                if not conn.calls and conn in self.retired:
+                    self.retired.remove(conn)
+                    self.closing.append(conn.channel)
 
     def every_channel(self) -> list[ChannelT]:
         """What closing the client closes: the connections and any replaced ones."""
-        return [*self.channels, *self.retired, *self.closing]
+        return [c.channel for c in (*self.open, *self.retired)] + self.closing
 
     def spread_due(self) -> bool:
         """Whether the client should run ``spreading`` before its next explanation."""
         return not self.spread_done and time.monotonic() >= self.spread_after
 
+    def look_again_soon(self) -> None:
+        """A call failed as if its worker went away: look where the connections are
+        ``SPREAD_RETRY_S`` from now rather than at the next regular look."""
+        self.spread_after = min(self.spread_after, time.monotonic() + SPREAD_RETRY_S)
+
     def take_closing(self) -> list[ChannelT]:
-        """The channels a spreading attempt left for the client to close now."""
-        closing, self.closing = self.closing, []
+        """The channels left for the client to close now."""
+        with self._lock:
+            closing, self.closing = self.closing, []
         return closing
 
     def spreading(self) -> Generator[pb_grpc.ExplainerStub, SpreadAnswer, None]:
         """One spreading attempt as a dialogue without I/O (drive it with ``resume``): yields
         the stub to ask (``GetModel``) and is sent its answer; nothing when no attempt is due
         (another caller made it meanwhile). A connection in use is never cut: it is replaced
-        only by a new connection that has already answered, and kept open (for the calls on
-        it) until the client closes; new connections not kept are left in ``closing``."""
+        only by a new connection that has already answered, and closed once its calls end;
+        new connections not kept are left in ``closing``."""
         if not self.spread_due():
             return
-        workers = 1
-        for k in range(len(self)):
-            answer = yield self.stubs[k]
+        workers, moved = 1, False
+        for conn in list(self.open):
+            answer = yield conn.stub
             if isinstance(answer, grpc.StatusCode):  # e.g. a sidecar not up yet: later
                 self._later(answer, counted=False)
                 return
             if not answer.instance:  # a server that does not say which process answers
                 self.spread_done = True
                 return
-            self.instances[k] = answer.instance
+            # Re-established elsewhere (its worker restarted, or it was idle): start over.
+            moved |= conn.instance not in ("", answer.instance)
+            conn.instance = answer.instance
             workers = max(workers, answer.workers)
+        if moved:
+            self._attempts = 0
+        elif self._attempts >= SPREAD_ATTEMPTS:  # given up, and nothing changed since
+            self.spread_after = time.monotonic() + SPREAD_RECHECK_S
+            return
         share = -(-len(self) // workers)  # an even share of the connections, rounded up
         for _ in range(SPREAD_BASE_DIALS + SPREAD_DIALS_PER_CONNECTION * len(self)):
-            held = collections.Counter(self.instances)
-            crowded = [k for k, i in enumerate(self.instances) if held[i] > share]
+            held = collections.Counter(c.instance for c in self.open)
+            crowded = [k for k, c in enumerate(self.open) if held[c.instance] > share]
             if not crowded:
-                self.spread_done = True
+                self._attempts = 0
+                self.spread_after = time.monotonic() + SPREAD_RECHECK_S
                 return
             candidate = self._dial()
             self.closing.append(candidate)  # unless kept: closed even if the caller breaks off
@@ -505,23 +551,33 @@ class Connections(Generic[ChannelT]):
                 return
             if isinstance(answer, grpc.StatusCode) or held[answer.instance] >= share:
                 continue
-            self.closing.remove(candidate)
-            k = crowded[-1]
-            (self.retired if self._handed_out else self.closing).append(self.channels[k])
-            self._attach(candidate, k)
-            self.instances[k] = answer.instance
+            self._replace(crowded[-1], candidate, answer.instance)
         # Some worker was never reached: it may not be listening yet (a sidecar starting).
         self._later(None, counted=True)
 
+    def _replace(self, k: int, channel: ChannelT, instance: str) -> None:
+        """Put ``channel`` (already asked: it reaches ``instance``) in connection ``k``'s
+        place; the old one is closed now, or when the calls that use it end."""
+        new = self._connect(channel)
+        new.instance = instance
+        with self._lock:
+            self.closing.remove(channel)
+            old, self.open[k] = self.open[k], new
+            if old.calls:
+                self.retired.append(old)
+            else:
+                self.closing.append(old.channel)
+
     def _later(self, failure: grpc.StatusCode | None, counted: bool) -> None:
         """Leave the spreading to a later call, or give it up (a ``failure`` that will not
-        pass, or the last of the ``counted`` attempts)."""
+        pass; after the last of the ``counted`` attempts, until the placement changes)."""
         if failure is not None and failure not in SPREAD_LATER:
             self.spread_done = True
             return
         wait = SPREAD_RETRY_S
         if counted:
             self._attempts += 1
-            self.spread_done = self._attempts >= SPREAD_ATTEMPTS
             wait *= 2 ** (self._attempts - 1)
+            if self._attempts >= SPREAD_ATTEMPTS:
+                wait = SPREAD_RECHECK_S
         self.spread_after = time.monotonic() + wait

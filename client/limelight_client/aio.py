@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import time
 from collections.abc import (
@@ -15,7 +16,7 @@ from collections.abc import (
     Sequence,
 )
 from types import TracebackType
-from typing import Any, TypeVar
+from typing import Any
 
 import grpc
 import grpc.aio
@@ -23,6 +24,8 @@ import grpc.aio
 from limelight_client._common import (
     DEFAULT_MAX_MESSAGE_BYTES,
     EXPLAINER_SERVICE,
+    HEALTH_RPC,
+    Connection,
     Connections,
     HealthCheckRequest,
     JobHandleBase,
@@ -58,8 +61,6 @@ from limelight_client.proto import explainer_pb2_grpc as pb_grpc
 from limelight_client.types import DriftReport, Explanation, JobInfo, JobState, ModelInfo
 
 __all__ = ["AsyncClient", "AsyncJob"]
-
-_T = TypeVar("_T")
 
 
 class AsyncClient:
@@ -109,13 +110,26 @@ class AsyncClient:
         """See ``Client.connections``."""
         return len(self._connections)
 
-    @property
-    def _stub(self) -> pb_grpc.ExplainerStub:
-        return self._connections.stub()
+    @contextlib.asynccontextmanager
+    async def _lease(self, k: int | None = None) -> AsyncIterator[Connection[grpc.aio.Channel]]:
+        """See ``Client._lease``."""
+        try:
+            with self._connections.lease(k) as conn:
+                yield conn
+        finally:
+            await self._close_released()
 
-    @property
-    def _health(self) -> Callable[..., Any]:
-        return self._connections.health()
+    @contextlib.asynccontextmanager
+    async def _lease_all(self) -> AsyncIterator[list[Connection[grpc.aio.Channel]]]:
+        try:
+            with self._connections.lease_all() as conns:
+                yield conns
+        finally:
+            await self._close_released()
+
+    async def _close_released(self) -> None:
+        for channel in self._connections.take_closing():
+            await channel.close()
 
     async def _spread(self, deadline: float | None) -> None:
         """See ``Client._spread``."""
@@ -125,8 +139,7 @@ class AsyncClient:
                 stub = next(dialogue, None)
                 while stub is not None:
                     stub = resume(dialogue, await self._ask_instance(stub, deadline))
-                for channel in self._connections.take_closing():
-                    await channel.close()
+                await self._close_released()
 
     async def _ask_instance(
         self, stub: pb_grpc.ExplainerStub, deadline: float | None
@@ -184,29 +197,35 @@ class AsyncClient:
 
     async def _unary(
         self,
-        rpc: Callable[..., Awaitable[_T]],
+        method: str,
         request: Any,
         timeout: float | None,
         *,
         idempotent: bool = True,
-    ) -> _T:
+        connection: int | None = None,
+    ) -> Any:
+        """See ``Client._unary``."""
         deadline = self._deadline(timeout)
         attempt = 0
-        while True:
-            remaining = self._remaining(deadline, "before the call could be (re)tried")
-            try:
-                return await rpc(request, timeout=remaining, metadata=self._metadata)
-            except grpc.RpcError as err:
-                error = from_rpc_error(err)
-                if (
-                    idempotent
-                    and attempt < self.retry_policy.retries
-                    and RetryPolicy.retryable(error.code)
-                    and await self._backoff(attempt, deadline)
-                ):
-                    attempt += 1
-                    continue
-                raise error from err
+        async with self._lease(connection) as conn:
+            rpc = conn.rpc(method)
+            while True:
+                remaining = self._remaining(deadline, "before the call could be (re)tried")
+                try:
+                    return await rpc(request, timeout=remaining, metadata=self._metadata)
+                except grpc.RpcError as err:
+                    error = from_rpc_error(err)
+                    if error.code == grpc.StatusCode.UNAVAILABLE:
+                        self._connections.look_again_soon()
+                    if (
+                        idempotent
+                        and attempt < self.retry_policy.retries
+                        and RetryPolicy.retryable(error.code)
+                        and await self._backoff(attempt, deadline)
+                    ):
+                        attempt += 1
+                        continue
+                    raise error from err
 
     # -- inline explanations ---------------------------------------------------------------
 
@@ -226,7 +245,7 @@ class AsyncClient:
         )
         deadline = self._deadline(timeout)  # spreading first (once) takes its share of it
         await self._spread(deadline)
-        resp = await self._unary(self._stub.Explain, req, time_left(deadline))
+        resp = await self._unary("Explain", req, time_left(deadline))
         return Explanation.from_proto(resp, text=text, text_pair=text_pair)
 
     async def explain_many(
@@ -243,31 +262,34 @@ class AsyncClient:
         feed = AsyncStreamFeed(texts, self.connections, build)
         deadline = self._deadline(timeout, default=False)
         await self._spread(deadline)
-        calls = [
-            stub.ExplainStream(
-                feed.requests(k), timeout=time_left(deadline), metadata=self._metadata
-            )
-            for k, stub in enumerate(self._connections.every_stub())
-        ]
-        try:
-            for k in itertools.cycle(range(len(calls))):
-                resp = await calls[k].read()
-                if resp is grpc.aio.EOF:  # item i went to stream i % streams: the last one
-                    break
-                yield answer(resp, feed.sent[k].popleft())
-        except grpc.RpcError as err:
-            if feed.error is not None:
-                raise feed.error from None
-            raise from_rpc_error(err) from err
-        except asyncio.CancelledError:
-            # grpc.aio cancels the call when the request iterator raises; report the cause.
-            # A real cancellation of our task (no bad input) propagates unchanged.
-            if feed.error is not None:
-                raise feed.error from None
-            raise
-        finally:
-            for call in calls:
-                call.cancel()
+        async with self._lease_all() as conns:
+            calls = [
+                conn.stub.ExplainStream(
+                    feed.requests(k), timeout=time_left(deadline), metadata=self._metadata
+                )
+                for k, conn in enumerate(conns)
+            ]
+            try:
+                for k in itertools.cycle(range(len(calls))):
+                    resp = await calls[k].read()
+                    if resp is grpc.aio.EOF:  # item i went to stream i % streams: the last one
+                        break
+                    yield answer(resp, feed.sent[k].popleft())
+            except grpc.RpcError as err:
+                if feed.error is not None:
+                    raise feed.error from None
+                if err.code() == grpc.StatusCode.UNAVAILABLE:
+                    self._connections.look_again_soon()
+                raise from_rpc_error(err) from err
+            except asyncio.CancelledError:
+                # grpc.aio cancels the call when the request iterator raises; report the cause.
+                # A real cancellation of our task (no bad input) propagates unchanged.
+                if feed.error is not None:
+                    raise feed.error from None
+                raise
+            finally:
+                for call in calls:
+                    call.cancel()
         if feed.error is not None:  # some grpc versions end the stream quietly instead
             raise feed.error
         if feed.unanswered():
@@ -277,12 +299,12 @@ class AsyncClient:
 
     async def model(self, timeout: float | None = None) -> ModelInfo:
         """See ``Client.model``."""
-        resp = await self._unary(self._stub.GetModel, pb.GetModelRequest(), timeout)
+        resp = await self._unary("GetModel", pb.GetModelRequest(), timeout)
         return ModelInfo.from_proto(resp)
 
     async def drift(self, top_k: int = 10, timeout: float | None = None) -> DriftReport:
         """See ``Client.drift``."""
-        resp = await self._unary(self._stub.GetDrift, pb.GetDriftRequest(top_k=top_k), timeout)
+        resp = await self._unary("GetDrift", pb.GetDriftRequest(top_k=top_k), timeout)
         return DriftReport.from_proto(resp)
 
     # -- health ----------------------------------------------------------------------------
@@ -290,7 +312,7 @@ class AsyncClient:
     async def health(self, service: str = EXPLAINER_SERVICE, timeout: float | None = None) -> str:
         """See ``Client.health``."""
         try:
-            resp = await self._unary(self._health, HealthCheckRequest(service=service), timeout)
+            resp = await self._unary(HEALTH_RPC, HealthCheckRequest(service=service), timeout)
         except NotFound:
             return "SERVICE_UNKNOWN"
         return health_status_name(resp)
@@ -306,10 +328,11 @@ class AsyncClient:
                 raise TimeoutError(f"{self.target} not ready after {timeout} s (last: {status})")
             try:
                 resp = await self._unary(
-                    self._connections.healths[waiting[0]],
+                    HEALTH_RPC,
                     HealthCheckRequest(service=EXPLAINER_SERVICE),
                     min(left, 5.0),
                     idempotent=False,
+                    connection=waiting[0],
                 )
                 status = health_status_name(resp)
             except (Unavailable, DeadlineExceeded, NotFound, Cancelled) as exc:
@@ -338,7 +361,7 @@ class AsyncClient:
         req = submit_request(
             text, method, text_pair, target, idempotency_key, timeout_seconds, params
         )
-        resp = await self._unary(self._stub.SubmitJob, req, timeout)
+        resp = await self._unary("SubmitJob", req, timeout)
         return AsyncJob(self, JobInfo.from_proto(resp), text=text, text_pair=text_pair)
 
     async def job(self, job_id: str, timeout: float | None = None) -> AsyncJob:
@@ -352,7 +375,7 @@ class AsyncClient:
         timeout: float | None = None,
     ) -> list[JobInfo]:
         """See ``Client.jobs``."""
-        resp = await self._unary(self._stub.ListJobs, list_jobs_request(states, limit), timeout)
+        resp = await self._unary("ListJobs", list_jobs_request(states, limit), timeout)
         return [JobInfo.from_proto(j) for j in resp.jobs]
 
     async def _get_job(
@@ -362,35 +385,36 @@ class AsyncClient:
         text: str | None = None,
         text_pair: str | None = None,
     ) -> JobInfo:
-        resp = await self._unary(self._stub.GetJob, pb.GetJobRequest(id=job_id), timeout)
+        resp = await self._unary("GetJob", pb.GetJobRequest(id=job_id), timeout)
         return JobInfo.from_proto(resp, text=text, text_pair=text_pair)
 
     async def _cancel_job(
         self, job_id: str, timeout: float | None, text: str | None, text_pair: str | None
     ) -> JobInfo:
-        resp = await self._unary(self._stub.CancelJob, pb.CancelJobRequest(id=job_id), timeout)
+        resp = await self._unary("CancelJob", pb.CancelJobRequest(id=job_id), timeout)
         return JobInfo.from_proto(resp, text=text, text_pair=text_pair)
 
     async def _watch_job(self, job_id: str, deadline: float | None) -> AsyncIterator[pb.Job]:
         failures = 0
         while True:
             remaining = self._remaining(deadline, f"while watching job {job_id}")
-            call = self._stub.WatchJob(
-                pb.GetJobRequest(id=job_id), timeout=remaining, metadata=self._metadata
-            )
             error: LimelightError | None = None
-            try:
-                async for msg in call:
-                    failures = 0
-                    yield msg
-                    if terminal_state(msg.state):
-                        return
-            except grpc.RpcError as err:
-                error = from_rpc_error(err)
-                if not RetryPolicy.retryable(error.code):
-                    raise error from err
-            finally:
-                call.cancel()
+            async with self._lease() as conn:
+                call = conn.stub.WatchJob(
+                    pb.GetJobRequest(id=job_id), timeout=remaining, metadata=self._metadata
+                )
+                try:
+                    async for msg in call:
+                        failures = 0
+                        yield msg
+                        if terminal_state(msg.state):
+                            return
+                except grpc.RpcError as err:
+                    error = from_rpc_error(err)
+                    if not RetryPolicy.retryable(error.code):
+                        raise error from err
+                finally:
+                    call.cancel()
             if failures >= self.retry_policy.retries or not await self._backoff(failures, deadline):
                 raise error or Unavailable(
                     grpc.StatusCode.UNAVAILABLE, f"watch of job {job_id} ended before it finished"

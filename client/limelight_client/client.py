@@ -2,19 +2,22 @@
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import Any, TypeVar
+from typing import Any
 
 import grpc
 
 from limelight_client._common import (
     DEFAULT_MAX_MESSAGE_BYTES,
     EXPLAINER_SERVICE,
+    HEALTH_RPC,
+    Connection,
     Connections,
     HealthCheckRequest,
     JobHandleBase,
@@ -59,7 +62,6 @@ from limelight_client.types import (
 
 __all__ = ["Client", "Job"]
 
-_T = TypeVar("_T")
 
 PemArg = str | bytes | Path | None
 
@@ -108,9 +110,12 @@ class Client:
             each connection which worker answers it and swaps those beyond an even share of
             one worker for new connections that reach another (the kernel places connections
             at random). A worker not reached yet, e.g. still starting, is looked for again
-            later (after 5 s, doubling, six attempts); a sidecar not up yet, 5 s later. The
-            questions count against the deadline of the call that asks them. Off:
-            connections stay as placed.
+            later (after 5 s, doubling, six attempts); a sidecar not up yet, 5 s later. Then
+            it asks again every 30 s (5 s after a call failed with ``UNAVAILABLE``): a
+            connection whose worker restarted is re-established wherever the kernel puts it,
+            and one found on another process starts the spreading over. A replaced connection
+            is closed when the last call on it ends. The questions count against the deadline
+            of the call that asks them. Off: connections stay as placed.
 
     Use it as a context manager (or call :meth:`close`) to release the connections.
     """
@@ -174,14 +179,27 @@ class Client:
 
     # -- plumbing --------------------------------------------------------------------------
 
-    @property
-    def _stub(self) -> pb_grpc.ExplainerStub:
-        """The next connection's stub, in turn (one call per connection, round robin)."""
-        return self._connections.stub()
+    @contextlib.contextmanager
+    def _lease(self, k: int | None = None) -> Iterator[Connection[grpc.Channel]]:
+        """Connection ``k`` or the next in turn, held for one call (``Connections.lease``)."""
+        try:
+            with self._connections.lease(k) as conn:
+                yield conn
+        finally:
+            self._close_released()
 
-    @property
-    def _health(self) -> Callable[..., Any]:
-        return self._connections.health()
+    @contextlib.contextmanager
+    def _lease_all(self) -> Iterator[list[Connection[grpc.Channel]]]:
+        try:
+            with self._connections.lease_all() as conns:
+                yield conns
+        finally:
+            self._close_released()
+
+    def _close_released(self) -> None:
+        """Close what spreading replaced or dialled and no call uses any more."""
+        for channel in self._connections.take_closing():
+            channel.close()
 
     def _spread(self, deadline: float | None) -> None:
         """Spread the connections over the sidecar's workers (``Connections.spreading``)."""
@@ -191,8 +209,7 @@ class Client:
                 stub = next(dialogue, None)
                 while stub is not None:
                     stub = resume(dialogue, self._ask_instance(stub, deadline))
-                for channel in self._connections.take_closing():
-                    channel.close()
+                self._close_released()
 
     def _ask_instance(self, stub: pb_grpc.ExplainerStub, deadline: float | None) -> SpreadAnswer:
         timeout = spread_question_timeout(deadline)
@@ -226,30 +243,36 @@ class Client:
 
     def _unary(
         self,
-        rpc: Callable[..., _T],
+        method: str,
         request: Any,
         timeout: float | None,
         *,
         idempotent: bool = True,
-    ) -> _T:
-        """One unary call under one deadline, retried on UNAVAILABLE when idempotent."""
+        connection: int | None = None,
+    ) -> Any:
+        """One unary call of ``method`` (``Connection.rpc``) under one deadline, on connection
+        ``connection`` or the next in turn, retried on UNAVAILABLE when idempotent."""
         deadline = self._deadline(timeout)
         attempt = 0
-        while True:
-            remaining = self._remaining(deadline, "before the call could be (re)tried")
-            try:
-                return rpc(request, timeout=remaining, metadata=self._metadata)
-            except grpc.RpcError as err:
-                error = from_rpc_error(err)
-                if (
-                    idempotent
-                    and attempt < self.retry_policy.retries
-                    and RetryPolicy.retryable(error.code)
-                    and self._backoff(attempt, deadline)
-                ):
-                    attempt += 1
-                    continue
-                raise error from err
+        with self._lease(connection) as conn:
+            rpc = conn.rpc(method)
+            while True:
+                remaining = self._remaining(deadline, "before the call could be (re)tried")
+                try:
+                    return rpc(request, timeout=remaining, metadata=self._metadata)
+                except grpc.RpcError as err:
+                    error = from_rpc_error(err)
+                    if error.code == grpc.StatusCode.UNAVAILABLE:
+                        self._connections.look_again_soon()  # its worker may have gone
+                    if (
+                        idempotent
+                        and attempt < self.retry_policy.retries
+                        and RetryPolicy.retryable(error.code)
+                        and self._backoff(attempt, deadline)
+                    ):
+                        attempt += 1
+                        continue
+                    raise error from err
 
     # -- inline explanations ---------------------------------------------------------------
 
@@ -273,7 +296,7 @@ class Client:
         )
         deadline = self._deadline(timeout)  # spreading first (once) takes its share of it
         self._spread(deadline)
-        resp = self._unary(self._stub.Explain, req, time_left(deadline))
+        resp = self._unary("Explain", req, time_left(deadline))
         return Explanation.from_proto(resp, text=text, text_pair=text_pair)
 
     def explain_many(
@@ -296,26 +319,29 @@ class Client:
         feed = StreamFeed(texts, self.connections, build)
         deadline = self._deadline(timeout, default=False)
         self._spread(deadline)
-        calls = [
-            stub.ExplainStream(
-                feed.requests(k), timeout=time_left(deadline), metadata=self._metadata
-            )
-            for k, stub in enumerate(self._connections.every_stub())
-        ]
-        try:
-            for k in itertools.cycle(range(len(calls))):
-                resp = next(calls[k], None)
-                if resp is None:  # item i went to stream i % streams: this one was the last
-                    break
-                yield answer(resp, feed.sent[k].popleft())
-        except grpc.RpcError as err:
-            if feed.error is not None:
-                raise feed.error from None
-            raise from_rpc_error(err) from err
-        finally:
-            feed.close()
-            for call in calls:
-                call.cancel()  # no-op when finished; stops the streams if the caller broke off
+        with self._lease_all() as conns:
+            calls = [
+                conn.stub.ExplainStream(
+                    feed.requests(k), timeout=time_left(deadline), metadata=self._metadata
+                )
+                for k, conn in enumerate(conns)
+            ]
+            try:
+                for k in itertools.cycle(range(len(calls))):
+                    resp = next(calls[k], None)
+                    if resp is None:  # item i went to stream i % streams: this was the last
+                        break
+                    yield answer(resp, feed.sent[k].popleft())
+            except grpc.RpcError as err:
+                if feed.error is not None:
+                    raise feed.error from None
+                if err.code() == grpc.StatusCode.UNAVAILABLE:
+                    self._connections.look_again_soon()
+                raise from_rpc_error(err) from err
+            finally:
+                feed.close()
+                for call in calls:
+                    call.cancel()  # no-op when finished; stops the streams if the caller broke off
         if feed.error is not None:  # some grpc versions end the stream quietly instead
             raise feed.error
         if feed.unanswered():
@@ -325,11 +351,11 @@ class Client:
 
     def model(self, timeout: float | None = None) -> ModelInfo:
         """Labels, methods, layers and limits of the served model."""
-        return ModelInfo.from_proto(self._unary(self._stub.GetModel, pb.GetModelRequest(), timeout))
+        return ModelInfo.from_proto(self._unary("GetModel", pb.GetModelRequest(), timeout))
 
     def drift(self, top_k: int = 10, timeout: float | None = None) -> DriftReport:
         """The attribution-drift report (``top_k`` rising and falling tokens per label)."""
-        resp = self._unary(self._stub.GetDrift, pb.GetDriftRequest(top_k=top_k), timeout)
+        resp = self._unary("GetDrift", pb.GetDriftRequest(top_k=top_k), timeout)
         return DriftReport.from_proto(resp)
 
     # -- health ----------------------------------------------------------------------------
@@ -341,7 +367,7 @@ class Client:
         draining), ``"SERVICE_UNKNOWN"`` or ``"UNKNOWN"``.
         """
         try:
-            resp = self._unary(self._health, HealthCheckRequest(service=service), timeout)
+            resp = self._unary(HEALTH_RPC, HealthCheckRequest(service=service), timeout)
         except NotFound:
             return "SERVICE_UNKNOWN"
         return health_status_name(resp)
@@ -356,8 +382,8 @@ class Client:
         """
         deadline = time.monotonic() + timeout
         status = "UNREACHABLE"
-        # Connection indices, not their channels: spreading (here at the end, or by another
-        # thread) may replace a connection; a call cut off by that is asked again.
+        # Connection indices, not the connections: spreading (by another thread) may replace
+        # one meanwhile.
         waiting = list(range(self.connections))
         while waiting:
             left = deadline - time.monotonic()
@@ -366,10 +392,11 @@ class Client:
             try:
                 status = health_status_name(
                     self._unary(
-                        self._connections.healths[waiting[0]],
+                        HEALTH_RPC,
                         HealthCheckRequest(service=EXPLAINER_SERVICE),
                         min(left, 5.0),
                         idempotent=False,  # this loop is the retry
+                        connection=waiting[0],
                     )
                 )
             except (Unavailable, DeadlineExceeded, NotFound, Cancelled) as exc:
@@ -404,7 +431,7 @@ class Client:
         req = submit_request(
             text, method, text_pair, target, idempotency_key, timeout_seconds, params
         )
-        resp = self._unary(self._stub.SubmitJob, req, timeout, idempotent=True)
+        resp = self._unary("SubmitJob", req, timeout, idempotent=True)
         return Job(self, JobInfo.from_proto(resp), text=text, text_pair=text_pair)
 
     def job(self, job_id: str, timeout: float | None = None) -> Job:
@@ -418,7 +445,7 @@ class Client:
         timeout: float | None = None,
     ) -> list[JobInfo]:
         """Recent jobs, optionally only those in ``states`` (names like ``"running"`` work)."""
-        resp = self._unary(self._stub.ListJobs, list_jobs_request(states, limit), timeout)
+        resp = self._unary("ListJobs", list_jobs_request(states, limit), timeout)
         return [JobInfo.from_proto(j) for j in resp.jobs]
 
     def _get_job(
@@ -428,14 +455,14 @@ class Client:
         text: str | None = None,
         text_pair: str | None = None,
     ) -> JobInfo:
-        resp = self._unary(self._stub.GetJob, pb.GetJobRequest(id=job_id), timeout)
+        resp = self._unary("GetJob", pb.GetJobRequest(id=job_id), timeout)
         return JobInfo.from_proto(resp, text=text, text_pair=text_pair)
 
     def _cancel_job(
         self, job_id: str, timeout: float | None, text: str | None, text_pair: str | None
     ) -> JobInfo:
         # Cancelling twice has the same effect as once, so retrying is safe.
-        resp = self._unary(self._stub.CancelJob, pb.CancelJobRequest(id=job_id), timeout)
+        resp = self._unary("CancelJob", pb.CancelJobRequest(id=job_id), timeout)
         return JobInfo.from_proto(resp, text=text, text_pair=text_pair)
 
     def _watch_job(self, job_id: str, deadline: float | None) -> Iterator[pb.Job]:
@@ -443,22 +470,23 @@ class Client:
         failures = 0
         while True:
             remaining = self._remaining(deadline, f"while watching job {job_id}")
-            call = self._stub.WatchJob(
-                pb.GetJobRequest(id=job_id), timeout=remaining, metadata=self._metadata
-            )
             error: LimelightError | None = None
-            try:
-                for msg in call:
-                    failures = 0
-                    yield msg
-                    if terminal_state(msg.state):
-                        return
-            except grpc.RpcError as err:
-                error = from_rpc_error(err)
-                if not RetryPolicy.retryable(error.code):
-                    raise error from err
-            finally:
-                call.cancel()
+            with self._lease() as conn:
+                call = conn.stub.WatchJob(
+                    pb.GetJobRequest(id=job_id), timeout=remaining, metadata=self._metadata
+                )
+                try:
+                    for msg in call:
+                        failures = 0
+                        yield msg
+                        if terminal_state(msg.state):
+                            return
+                except grpc.RpcError as err:
+                    error = from_rpc_error(err)
+                    if not RetryPolicy.retryable(error.code):
+                        raise error from err
+                finally:
+                    call.cancel()
             # The stream broke (UNAVAILABLE) or ended early (server draining): reopen it.
             if failures >= self.retry_policy.retries or not self._backoff(failures, deadline):
                 raise error or Unavailable(

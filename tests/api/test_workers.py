@@ -7,6 +7,7 @@ port keeps serving, and SIGTERM stops them all.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
@@ -15,14 +16,14 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
 import pytest
 
-from limelight_client import Client
+from limelight_client import Client, _common, errors
 from limelight_client.proto import explainer_pb2 as pb
 from limelight_client.proto import explainer_pb2_grpc as pb_grpc
 from tests.ports import free_port
@@ -227,17 +228,27 @@ def test_a_job_submitted_to_one_worker_is_seen_by_all(served: Workers) -> None:
 
 
 def test_a_killed_worker_is_replaced_and_sigterm_stops_all(
-    bert_tiny_dir: Path, tmp_path: Path
+    bert_tiny_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    monkeypatch.setattr(_common, "SPREAD_RECHECK_S", 0.0)  # the SDK looks before every call
+    monkeypatch.setattr(_common, "SPREAD_RETRY_S", 0.2)
     workers = start_workers(bert_tiny_dir, tmp_path / "serve.log")
+    client = Client(workers.target, connections=2)
     try:
         first = workers.children()
         assert len(first) == WORKERS
+        client.wait_ready(timeout=60)
+        before = {client.model().instance for _ in range(2)}
+        assert len(before) == 2  # spread: one connection on each worker
         victim = min(first)
         os.kill(victim, signal.SIGKILL)
         # The port keeps serving: connections go to the survivor while the supervisor restarts
         # (one that the kernel had queued for the victim as it died is reset, and retried).
         assert len(explain_over_channels(workers.target, 4, 2)) == 8
+        # Meanwhile the SDK client's connection to the victim is re-established on the
+        # survivor, the only worker listening until the new one is warm.
+        during = {client.model(timeout=30).instance for _ in range(2)}
+        assert len(during) == 1 and during <= before
         workers.wait_for_log(r"\[worker \d\] limelight\.api\.server: SERVING", WORKERS + 1)
         now = workers.children()
         assert victim not in now and len(now) == WORKERS and first - {victim} <= now
@@ -245,11 +256,33 @@ def test_a_killed_worker_is_replaced_and_sigterm_stops_all(
         # The dead worker's live gauges are gone from /metrics, the new worker's are there.
         shown = per_worker(workers.metrics(), "limelight_drift_reference_explanations")
         assert set(shown) == {str(pid) for pid in now}
+        # The SDK client's next looks find its two connections on one worker and re-dial until
+        # the new worker has one again.
+        after = reached_instances(client, until=lambda found: len(found) == 2)
+        assert len(after) == 2 and len(after & before) == 1, (before, after)
     finally:
+        client.close()
         code = stop(workers)
     assert code == 0, workers.log.read_text()[-3000:]
     for pid in now:  # every worker stopped and was reaped
         assert not Path(f"/proc/{pid}").exists()
+
+
+def reached_instances(
+    client: Client, until: Callable[[set[str]], bool], patience_s: float = 60.0
+) -> set[str]:
+    """The processes ``client``'s connections reach after an explanation, asked again (each
+    time after another explanation) until ``until`` holds or ``patience_s`` passed; a
+    connection still reconnecting (UNAVAILABLE) counts as reaching none."""
+    end = time.monotonic() + patience_s
+    while True:
+        found: set[str] = set()
+        with contextlib.suppress(errors.Unavailable):
+            client.explain("a gorgeous, witty film", timeout=30)
+            found = {client.model(timeout=30).instance for _ in range(client.connections)}
+        if until(found) or time.monotonic() > end:
+            return found
+        time.sleep(0.1)
 
 
 def test_a_taken_port_is_one_line_per_process(bert_tiny_dir: Path, tmp_path: Path) -> None:

@@ -9,7 +9,7 @@ from contextlib import asynccontextmanager
 import grpc
 import pytest
 
-from limelight_client import AsyncClient, JobState, errors
+from limelight_client import AsyncClient, JobState, _common, errors
 from tests.client.llc_scripted import Placement, ScriptedServer
 
 pytestmark = pytest.mark.asyncio
@@ -109,6 +109,34 @@ async def test_connections_are_spread_over_the_workers(scripted: ScriptedServer)
     assert sorted(placement.of[s.peer] for s in streams) == ["a", "b", "c"]
     explained = {call.peer for call in scripted.servicer.calls_to("Explain")}
     assert explained == {s.peer for s in streams}
+
+
+async def test_a_moved_connection_is_spread_again_and_one_in_use_closed_after_its_stream(
+    scripted: ScriptedServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As with ``Client``: b restarts and its connection is re-established on a while a stream
+    uses it; the next look dials until it reaches the new b, and the replaced connection is
+    closed when the stream ends, after its last answer."""
+    monkeypatch.setattr(_common, "SPREAD_RECHECK_S", 0.0)
+    placement = Placement(["a", "b", "b-restarted"])
+    scripted.servicer.instance_of, scripted.servicer.workers = placement, 2
+    texts = [f"review {i}" for i in range(6)]
+    async with connect(scripted, connections=2) as c:
+        await c.explain("a gorgeous film")  # spread already: a and b
+        stream = c.explain_many(texts)
+        got = [(await anext(stream)).text]
+        on_b = next(peer for peer, worker in placement.of.items() if worker == "b")
+        placement.of[on_b] = "a"
+        await c.explain("a gorgeous film")
+        assert len(c._connections.retired) == 1 and len(c._connections.every_channel()) == 3
+        got += [e.text async for e in stream]
+        assert got == texts
+        assert not c._connections.retired and len(c._connections.every_channel()) == 2
+        monkeypatch.setattr(_common, "SPREAD_RECHECK_S", 1000.0)
+        await c.explain("a gorgeous film")
+        await c.explain("a gorgeous film")
+    last_two = [call.peer for call in scripted.servicer.calls_to("Explain")][-2:]
+    assert sorted(placement.of[p] for p in last_two) == ["a", "b-restarted"]
 
 
 @pytest.mark.parametrize("connections", [1, 2])

@@ -14,6 +14,7 @@ import pytest
 from limelight_client import Client, JobState, _common, errors
 from limelight_client._common import RetryPolicy
 from limelight_client.proto import explainer_pb2 as pb
+from limelight_client.proto import explainer_pb2_grpc as pb_grpc
 from tests.client.llc_scripted import Placement, ScriptedServer
 from tests.ports import free_port
 
@@ -426,8 +427,8 @@ def test_spreading_is_asked_once_and_can_be_turned_off(scripted: ScriptedServer)
 def test_spreading_waits_for_a_sidecar_that_is_starting(
     scripted: ScriptedServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """UNAVAILABLE (the model still loading) leaves the spreading to a later call; the
-    connections handed out meanwhile are kept open until the client closes, not cut off."""
+    """UNAVAILABLE (the model still loading) leaves the spreading to a later call, which
+    replaces the connection beyond a's share and closes it (no call uses it)."""
     monkeypatch.setattr(_common, "SPREAD_RETRY_S", 0.0)
     placement = Placement(["a", "a", "b"])
     scripted.servicer.instance_of, scripted.servicer.workers = placement, 2
@@ -435,7 +436,7 @@ def test_spreading_waits_for_a_sidecar_that_is_starting(
     with client_for(scripted, connections=2) as c:
         c.explain(TEXT)  # spreading failed: this call went out on a connection as placed
         c.explain(TEXT)  # spread now: the second connection re-dialled
-        assert len(c._connections.every_channel()) == 3  # the replaced one still open
+        assert len(c._connections.every_channel()) == 2  # the replaced one closed
         c.explain(TEXT)
         c.explain(TEXT)
     explain_peers = [call.peer for call in scripted.servicer.calls_to("Explain")]
@@ -465,7 +466,7 @@ def test_a_worker_not_listening_yet_is_looked_for_again_later(
 ) -> None:
     """Two workers, but every new connection lands on a (b is still starting): the attempt
     gives up after its dials and closes them; a later call, once the retry time has come,
-    finds b. The connection it replaces was in use, so it stays open until the client closes."""
+    finds b."""
     monkeypatch.setattr(_common, "SPREAD_RETRY_S", 0.0)
     dials = _common.SPREAD_BASE_DIALS + _common.SPREAD_DIALS_PER_CONNECTION * 2
     placement = Placement(itertools.chain(["a"] * (2 + dials), itertools.repeat("b")))
@@ -474,12 +475,106 @@ def test_a_worker_not_listening_yet_is_looked_for_again_later(
         c.explain(TEXT)
         assert len(c._connections.every_channel()) == 2  # the dials that found a: closed
         c.explain(TEXT)  # the second attempt
-        assert len(c._connections.every_channel()) == 3
+        assert len(c._connections.every_channel()) == 2
         c.explain(TEXT)
         c.explain(TEXT)
     assert len(scripted.servicer.calls_to("GetModel")) == (2 + dials) + (2 + 1)
     last_two = [call.peer for call in scripted.servicer.calls_to("Explain")][2:]
     assert sorted(placement.of[p] for p in last_two) == ["a", "b"]
+
+
+def test_a_connection_in_use_is_closed_only_when_its_calls_end(
+    scripted: ScriptedServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Spreading replaces a connection that a stream is using: the stream goes on to its last
+    answer on it, and the connection is closed once the stream ends."""
+    monkeypatch.setattr(_common, "SPREAD_RETRY_S", 0.0)
+    scripted.servicer.instance_of, scripted.servicer.workers = Placement(["a", "a", "b"]), 2
+    scripted.servicer.fail("GetModel", grpc.StatusCode.UNAVAILABLE)  # still starting
+    texts = [f"review {i}" for i in range(8)]
+    with client_for(scripted, connections=2) as c:
+        it = c.explain_many(texts)
+        first = next(it)  # both streams open, on a, as placed
+        c.explain(TEXT)  # spreads: the second connection is replaced by one on b
+        connections = c._connections
+        assert len(connections.retired) == 1 and len(connections.every_channel()) == 3
+        replaced = connections.retired[0].channel
+        assert [first.text] + [e.text for e in it] == texts  # not cut off
+        assert not connections.retired and len(connections.every_channel()) == 2
+        with pytest.raises(ValueError, match="closed channel"):
+            pb_grpc.ExplainerStub(replaced).GetModel(pb.GetModelRequest(), timeout=5)
+        c.explain(TEXT)
+        c.explain(TEXT)
+    last_two = [call.peer for call in scripted.servicer.calls_to("Explain")][-2:]
+    placed = scripted.servicer.instance_of
+    assert isinstance(placed, Placement)
+    assert sorted(placed.of[p] for p in last_two) == ["a", "b"]
+
+
+def test_connections_are_spread_again_when_one_reaches_another_worker(
+    scripted: ScriptedServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Spread over a and b; then b restarts and its connection is re-established on a (as the
+    kernel places a reconnection): the next look finds the move and dials until it reaches
+    the new b. A look that finds nothing changed only asks."""
+    monkeypatch.setattr(_common, "SPREAD_RECHECK_S", 0.0)  # look before every explanation
+    placement = Placement(["a", "b", "b-restarted"])
+    scripted.servicer.instance_of, scripted.servicer.workers = placement, 2
+    with client_for(scripted, connections=2) as c:
+        c.explain(TEXT)
+        assert len(scripted.servicer.calls_to("GetModel")) == 2  # asked both: already even
+        c.explain(TEXT)
+        assert len(scripted.servicer.calls_to("GetModel")) == 4  # asked again, no dial
+        on_b = next(peer for peer, worker in placement.of.items() if worker == "b")
+        placement.of[on_b] = "a"  # b's connection re-established on a
+        c.explain(TEXT)
+        assert len(scripted.servicer.calls_to("GetModel")) == 4 + 2 + 1  # one dial reached b
+        assert len(c._connections.every_channel()) == 2
+        monkeypatch.setattr(_common, "SPREAD_RECHECK_S", 1000.0)
+        c.explain(TEXT)  # the look after that one is not due yet
+        c.explain(TEXT)
+    assert len(scripted.servicer.calls_to("GetModel")) == 4 + 2 + 1 + 2
+    last_two = [call.peer for call in scripted.servicer.calls_to("Explain")][-2:]
+    assert sorted(placement.of[p] for p in last_two) == ["a", "b-restarted"]
+
+
+def test_a_spreading_given_up_dials_again_only_when_a_connection_moved(
+    scripted: ScriptedServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """After its last attempt the client still looks now and then, but only asks; it dials
+    again once a connection reaches another process."""
+    monkeypatch.setattr(_common, "SPREAD_RETRY_S", 0.0)
+    monkeypatch.setattr(_common, "SPREAD_ATTEMPTS", 1)
+    monkeypatch.setattr(_common, "SPREAD_RECHECK_S", 0.0)
+    dials = _common.SPREAD_BASE_DIALS + _common.SPREAD_DIALS_PER_CONNECTION * 3
+    placement = Placement(itertools.chain(["a"] * (3 + dials), ["c"]))
+    scripted.servicer.instance_of, scripted.servicer.workers = placement, 3
+    with client_for(scripted, connections=3) as c:
+        c.explain(TEXT)  # the one attempt: every dial found a
+        c.explain(TEXT)  # a later look: nothing moved, nothing dialled
+        assert len(scripted.servicer.calls_to("GetModel")) == (3 + dials) + 3
+        placement.of[next(iter(placement.of))] = "b"  # one connection now reaches b
+        c.explain(TEXT)  # moved: a new attempt, whose first dial reaches c
+        assert len(scripted.servicer.calls_to("GetModel")) == (3 + dials) + 3 + (3 + 1)
+        for _ in range(3):
+            c.explain(TEXT)
+    last = [call.peer for call in scripted.servicer.calls_to("Explain")][-3:]
+    assert sorted(placement.of[p] for p in last) == ["a", "b", "c"]
+
+
+def test_an_unavailable_call_brings_the_next_look_forward(
+    scripted: ScriptedServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(_common, "SPREAD_RETRY_S", 0.0)
+    scripted.servicer.instance_of, scripted.servicer.workers = Placement(["a", "b"]), 2
+    with client_for(scripted, connections=2) as c:
+        c.explain(TEXT)
+        c.explain(TEXT)  # the next look is SPREAD_RECHECK_S away
+        assert len(scripted.servicer.calls_to("GetModel")) == 2
+        scripted.servicer.fail("Explain", grpc.StatusCode.UNAVAILABLE)  # a worker going away
+        c.explain(TEXT)  # retried, and the next look is now
+        c.explain(TEXT)
+    assert len(scripted.servicer.calls_to("GetModel")) == 4
 
 
 # -- jobs --------------------------------------------------------------------------------------
