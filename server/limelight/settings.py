@@ -61,12 +61,12 @@ class Settings(BaseSettings):
     workers: PositiveInt = 1
     """Sidecar processes sharing the gRPC port (``SO_REUSEPORT``: the kernel spreads client
     connections over them, each connection stays on one worker). Above 1 the job backend must
-    be Redis or off; the first worker alone serves the HTTP port, whose ``/metrics`` adds up
-    every worker's. Each worker loads its own copy of the model."""
+    be Redis or off. The workers share the HTTP port the same way; ``/metrics`` on any of them
+    adds up every worker's. Each worker loads its own copy of the model."""
     reuse_port: bool = False
-    """Bind the gRPC and health ports with ``SO_REUSEPORT``. ``workers`` sets it in each worker;
-    off otherwise, so that a second sidecar started on a taken port fails instead of sharing
-    it."""
+    """Bind the gRPC, health and HTTP ports with ``SO_REUSEPORT``. ``workers`` sets it in each
+    worker; off otherwise, so that a second sidecar started on a taken port fails instead of
+    sharing it."""
     health_port: Port = 0
     """Plaintext port serving only the gRPC health service, for kubelet gRPC probes (which
     cannot speak TLS) when the main port uses TLS; 0: off."""

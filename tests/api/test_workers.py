@@ -8,6 +8,7 @@ port keeps serving, and SIGTERM stops them all.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import signal
@@ -19,6 +20,7 @@ import urllib.request
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
@@ -126,6 +128,14 @@ def explain_on(
     return labels
 
 
+def ok_calls(body: str, rpc: str) -> float:
+    """The count of ``rpc``'s successful calls in a /metrics page (one series, or none yet)."""
+    series = rf'^limelight_request_duration_seconds_count\{{code="OK",rpc="{re.escape(rpc)}"\}} '
+    found = re.findall(series + r"(\S+)$", body, flags=re.M)
+    assert len(found) <= 1, found
+    return float(found[0]) if found else 0.0
+
+
 def per_worker(body: str, metric: str) -> dict[str, float]:
     """``metric``'s value by ``pid`` label (gauges that each worker reports for itself)."""
     found = re.findall(rf'^{metric}\{{pid="(\d+)"\}} (\S+)$', body, flags=re.M)
@@ -146,11 +156,8 @@ def test_connections_spread_over_the_workers_and_metrics_add_up(served: Workers)
             channel.close()
 
     body = served.metrics()
-    ok = r'^limelight_request_duration_seconds_count\{code="OK",rpc="Explain"\} (\S+)$'
-    counted = [float(m) for m in re.findall(ok, body, flags=re.M)]
-    earlier = [float(m) for m in re.findall(ok, before, flags=re.M)] or [0.0]
     # One series, the sum over both workers' processes: every call counted once.
-    assert len(counted) == 1 and counted[0] - earlier[0] == 16 * per_channel
+    assert ok_calls(body, "Explain") - ok_calls(before, "Explain") == 16 * per_channel
     # Each worker's drift monitor saw its own share of the traffic (a pid label per worker);
     # with 16 connections both got some (all on one: probability 2 ** -15).
     seen = per_worker(body, "limelight_drift_reference_explanations")
@@ -158,12 +165,50 @@ def test_connections_spread_over_the_workers_and_metrics_add_up(served: Workers)
     assert len(seen) == WORKERS and all(n > 0 for n in seen.values()), seen
     assert sum(seen.values()) == 16 * per_channel
     assert "limelight_ready 1.0" in body  # the least ready worker is ready
-    assert 'limelight_model_info{architecture="bert"' in body  # the first worker's info
+    assert 'limelight_model_info{architecture="bert"' in body  # the answering worker's info
     assert "limelight_requests_in_flight" in body
     lint = subprocess.run(
         ["promtool", "check", "metrics"], input=body, capture_output=True, text=True, check=False
     )
     assert lint.returncode == 0, lint.stdout + lint.stderr
+
+
+def test_the_http_port_is_shared_too(served: Workers) -> None:
+    """Every worker serves the HTTP port (``SO_REUSEPORT``, like the gRPC port): KServe v1
+    ``:predict`` calls, each on its own connection, are answered by both workers, and
+    ``/metrics`` from whichever worker answers it adds up every worker's counts."""
+    metric = "limelight_drift_reference_explanations"
+    before = served.metrics()
+    (name,) = http_json(f"http://127.0.0.1:{served.metrics_port}/v1/models")["models"]
+    url = f"http://127.0.0.1:{served.metrics_port}/v1/models/{name}:predict"
+    calls = 16
+    for i in range(calls):  # urllib opens a new connection for every request
+        body = {"instances": [f"review {i}: a gorgeous, witty film"]}
+        assert http_json(url, body)["predictions"][0]["label"] in {"rotten", "fresh"}
+    channels = open_channels(served.target, 16)
+    try:  # each worker refreshes its drift gauges now
+        for channel in channels:
+            pb_grpc.ExplainerStub(channel).GetDrift(pb.GetDriftRequest(), timeout=30)
+    finally:
+        for channel in channels:
+            channel.close()
+    for _ in range(4):  # whichever worker answers /metrics, the same sums
+        body = served.metrics()
+        gained = {
+            pid: n - per_worker(before, metric).get(pid, 0.0)
+            for pid, n in per_worker(body, metric).items()
+        }
+        # 16 connections over 2 workers: all on one has probability 2 ** -15.
+        assert len(gained) == WORKERS and all(n > 0 for n in gained.values()), gained
+        assert sum(gained.values()) == calls
+        assert ok_calls(body, "v1.predict") - ok_calls(before, "v1.predict") == calls
+
+
+def http_json(url: str, body: Any = None) -> Any:
+    data = None if body is None else json.dumps(body).encode()
+    request = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=60) as response:
+        return json.loads(response.read())
 
 
 def test_one_sdk_client_reaches_every_worker(served: Workers) -> None:

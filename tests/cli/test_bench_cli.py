@@ -1,14 +1,18 @@
-"""`limelight bench` as a user runs it: a quick served run over streams writes its report."""
+"""`limelight bench` as a user runs it: a quick served run writes its report."""
 
 from __future__ import annotations
 
 import re
 from pathlib import Path
 
+import pytest
+
 from tests.cli.test_explain_cli import limelight
 
 
-def test_quick_served_bench_over_streams(bert_tiny_dir: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize(("rpc", "workers"), [("stream", 1), ("http", 2)])
+def test_quick_served_bench(bert_tiny_dir: Path, tmp_path: Path, rpc: str, workers: int) -> None:
+    """Over streams, and over the HTTP port of two workers (which share it)."""
     out = tmp_path / "bench"
     done = limelight(
         "bench",
@@ -22,14 +26,16 @@ def test_quick_served_bench_over_streams(bert_tiny_dir: Path, tmp_path: Path) ->
         "--clients",
         "2",
         "--rpc",
-        "stream",
+        rpc,
+        "--workers",
+        str(workers),
         "--out",
         str(out),
     )
     assert done.returncode == 0, done.stderr[-2000:]
     report = (out / "bench.md").read_text()
-    assert "--rpc stream" in report  # the command that made it, for the docs
-    assert "closed loop, stream calls" in report
+    assert f"--rpc {rpc}" in report  # the command that made it, for the docs
+    assert f"closed loop, {rpc} calls" in report
     row = re.search(r"^\| onnx \| 2 \| ([\d.]+) \| [\d.]+ \| ([\d.e+]+) \|", report, re.M)
     assert row is not None, report
     assert float(row.group(1)) > 0 and float(row.group(2)) > 0  # p50 and req/s were measured

@@ -81,6 +81,22 @@ def test_stream_load_keeps_one_stream_per_client(two_workers: ServerProcess) -> 
     assert calls("Explain") - unary == 4
 
 
+def test_http_load_posts_kserve_explain_on_one_connection_per_client(
+    two_workers: ServerProcess,
+) -> None:
+    texts = {"short": ["a gorgeous, witty film", "flat and tedious", "a fine cast"]}
+    explained, unary = calls("v1.explain"), calls("Explain")
+    load = run_load(
+        f"127.0.0.1:{METRICS}", texts, {"short": 5}, 1.5, 0.5, two_workers.pid, rpc="http"
+    )
+    assert load.errors == 0 and load.count("short") > 5 and load.tokens["short"] > 0
+    assert load.server_cpu_s > 0 and load.placement == ""
+    # Every request went over HTTP (five warm-up calls, then the measured and the unmeasured
+    # ones at the window's edges); none over gRPC.
+    assert calls("v1.explain") - explained >= 5 + load.count("short")
+    assert calls("Explain") == unary
+
+
 def test_an_unknown_rpc_is_refused() -> None:
     with pytest.raises(ValueError, match="unknown rpc"):
         run_load("127.0.0.1:1", {"short": ["x"]}, {"short": 1}, 0.1, rpc="bidi")

@@ -451,7 +451,15 @@ class HttpServer:
     async def start(self, host: str, port: int, context: ssl.SSLContext | None = None) -> int:
         runner = web.AppRunner(self.application(), access_log=None, handle_signals=False)
         await runner.setup()
-        site = web.TCPSite(runner, host, port, ssl_context=context, reuse_address=True)
+        # Several workers (``reuse_port``) share the HTTP port as they share the gRPC port.
+        site = web.TCPSite(
+            runner,
+            host,
+            port,
+            ssl_context=context,
+            reuse_address=True,
+            reuse_port=self.settings.reuse_port,
+        )
         await site.start()
         self._runner = runner
         addresses = runner.addresses

@@ -9,9 +9,10 @@ traffic spreads over the workers only across connections (several clients, or a 
 several channels). Each worker names itself in ``GetModel`` (``instance``, with ``workers``),
 so that a client can tell where its connections landed and spread them (the SDK does).
 
-Shared between the workers: the port; the metrics (Prometheus multiprocess mode in a private
-directory; the first worker alone serves the HTTP port, and its ``/metrics`` adds up every
-worker's); the job queue, which must therefore be Redis (or off). Not shared: each worker's
+Shared between the workers: the gRPC port and the HTTP port (the kernel spreads HTTP
+connections the same way); the metrics (Prometheus multiprocess mode in a private directory:
+``/metrics`` on any worker adds up every worker's); the job queue, which must therefore be Redis
+(or off). Not shared: each worker's
 micro-batches and its drift monitor (drift gauges carry a ``pid`` label).
 
 The supervisor builds or finds the model once, before any worker starts (N workers must not
@@ -136,15 +137,11 @@ class Supervisor:
                 self._check(worker)
         return 0
 
-    def _worker_settings(self, index: int) -> Settings:
-        # Only the first worker serves the HTTP port: /metrics there adds up every worker's.
-        return self._base if index == 0 else self._base.model_copy(update={"metrics_port": 0})
-
     def _spawn(self, index: int) -> _Worker:
         self._generation += 1
         settings_file = self._run_dir / f"settings-{index}.json"
         # A file, not argv: the settings may hold a bearer token, and argv is world-readable.
-        settings_file.write_text(self._worker_settings(index).model_dump_json())
+        settings_file.write_text(self._base.model_dump_json())
         settings_file.chmod(0o600)
         ready_file = self._run_dir / f"ready-{index}-{self._generation}"
         env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(self.metrics_dir)}

@@ -11,6 +11,7 @@ Markdown tables and writes a PNG plot.
 from __future__ import annotations
 
 import argparse
+import socket
 import statistics
 from pathlib import Path
 from typing import Any
@@ -52,10 +53,11 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     p.add_argument(
         "--rpc",
-        choices=("unary", "stream"),
+        choices=("unary", "stream", "http"),
         default="unary",
         help="how the load generator calls the sidecar in the served section: one Explain call "
-        "per request, or one ExplainStream per client (the high-throughput path)",
+        "per request, one ExplainStream per client (the high-throughput path), or KServe v1 "
+        ":explain on the HTTP port, one keep-alive connection per client",
     )
     p.add_argument("--duration", type=float, default=10.0, help="seconds measured per load point")
     p.add_argument(
@@ -238,11 +240,16 @@ def _run(args: argparse.Namespace, work: Path) -> int:
             overrides: dict[str, Any] = {**common, "runtime": name, "workers": args.workers}
             if name == "onnx":
                 overrides["onnx_path"] = work / "inline.onnx"
+            if args.rpc == "http":
+                overrides["metrics_port"] = unused_port()
             server = start_server_process(overrides)
+            target = server.target
+            if args.rpc == "http":
+                target = f"127.0.0.1:{overrides['metrics_port']}"
             try:
                 for n in clients:
                     load = b.run_load(
-                        server.target,
+                        target,
                         {"short": short},
                         {"short": n},
                         duration,
@@ -266,7 +273,7 @@ def _run(args: argparse.Namespace, work: Path) -> int:
                     rows.append(
                         [
                             name,
-                            f"{n} ({load.placement})" if args.workers > 1 else n,
+                            f"{n} ({load.placement})" if args.workers > 1 and load.placement else n,
                             row["p50"],
                             row["p99"],
                             row["per_s"],
@@ -309,7 +316,12 @@ def _run(args: argparse.Namespace, work: Path) -> int:
                 rows,
             ),
             f"The load generator is a separate process (closed loop, {args.rpc} calls, "
-            f"{args.channels} gRPC channel(s)); the sidecar ran {args.workers} worker "
+            + (
+                "one HTTP connection per client"
+                if args.rpc == "http"
+                else f"{args.channels} gRPC channel(s)"
+            )
+            + f"); the sidecar ran {args.workers} worker "
             "process(es) (with several: the channels per worker in brackets). Server CPU is "
             "the sidecar's user+system time (every process) over "
             "the measured window. "
@@ -418,3 +430,10 @@ def _argv(args: argparse.Namespace) -> list[str]:
     if args.quick:
         out.append("--quick")
     return out
+
+
+def unused_port() -> int:
+    """A TCP port nothing listens on now (for the sidecar's HTTP port under ``--rpc http``)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])

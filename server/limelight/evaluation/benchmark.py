@@ -303,9 +303,10 @@ class LoadResult:
         return self.server_cpu_s / max(1, self.count()) * 1e3
 
 
-RPCS = ("unary", "stream")
-"""How the load generator calls the sidecar: ``Explain`` per request, or one ``ExplainStream``
-per client."""
+RPCS = ("unary", "stream", "http")
+"""How the load generator calls the sidecar: ``Explain`` per request, one ``ExplainStream``
+per client, or KServe v1 ``:explain`` on the HTTP port, each client on its own keep-alive
+connection (as separate HTTP callers are)."""
 
 
 def run_load(
@@ -324,9 +325,12 @@ def run_load(
     connection); only requests that finish inside the measured window (after ``warmup_s``)
     count. ``rpc``: ``unary`` (one ``Explain`` call per request) or ``stream`` (each client
     keeps one ``ExplainStream`` open and sends its next request when the answer to the last
-    one has come back). With ``spread`` the channels are spread evenly over the sidecar's
-    workers (``limelight serve --workers``; the kernel alone places connections at random).
-    Server CPU (the process and its children) is read from ``/proc`` over the same window."""
+    one has come back) or ``http`` (``target`` is then the HTTP port's ``host:port``; each
+    client keeps its own connection and posts KServe v1 ``:explain``; ``channels`` and
+    ``spread`` do not apply). With ``spread`` the channels are spread evenly over the
+    sidecar's workers (``limelight serve --workers``; the kernel alone places connections at
+    random). Server CPU (the process and its children) is read from ``/proc`` over the same
+    window."""
     if rpc not in RPCS:
         raise ValueError(f"unknown rpc {rpc!r}; use one of {', '.join(RPCS)}")
     config = {
@@ -376,6 +380,8 @@ async def _generate_load(config: dict[str, Any]) -> dict[str, Any]:
 
     texts: dict[str, list[str]] = config["texts"]
     pid: int | None = config["server_pid"]
+    if config.get("rpc") == "http":
+        return await _generate_http_load(config)
     options = [
         ("grpc.max_send_message_length", 64 << 20),
         ("grpc.max_receive_message_length", 64 << 20),
@@ -439,15 +445,9 @@ async def _generate_load(config: dict[str, Any]) -> dict[str, Any]:
                 errors += 1
                 call.cancel()
 
-    async def cpu_window() -> float:
-        await asyncio.sleep(max(0.0, begin - loop.time()))
-        before = process_tree_cpu_seconds(pid) if pid else 0.0
-        await asyncio.sleep(max(0.0, end - loop.time()))
-        return (process_tree_cpu_seconds(pid) if pid else 0.0) - before
-
     run = stream_client if config.get("rpc", "unary") == "stream" else client
     tasks = [run(kind, index) for kind, n in config["clients"].items() for index in range(int(n))]
-    cpu, *_ = await asyncio.gather(cpu_window(), *tasks)
+    cpu, *_ = await asyncio.gather(_cpu_window(pid, begin, end), *tasks)
     for channel in channels:
         await channel.close()
     return {
@@ -457,6 +457,79 @@ async def _generate_load(config: dict[str, Any]) -> dict[str, Any]:
         "errors": errors,
         "server_cpu_s": cpu,
         "placement": "+".join(str(n) for n in sorted(placed.values(), reverse=True)),
+    }
+
+
+async def _cpu_window(pid: int | None, begin: float, end: float) -> float:
+    """The server's CPU seconds between the loop times ``begin`` and ``end``."""
+    loop = asyncio.get_running_loop()
+    await asyncio.sleep(max(0.0, begin - loop.time()))
+    before = process_tree_cpu_seconds(pid) if pid else 0.0
+    await asyncio.sleep(max(0.0, end - loop.time()))
+    return (process_tree_cpu_seconds(pid) if pid else 0.0) - before
+
+
+async def _generate_http_load(config: dict[str, Any]) -> dict[str, Any]:
+    """``_generate_load`` over the HTTP port: KServe v1 ``:explain``, one text per call."""
+    import aiohttp
+
+    texts: dict[str, list[str]] = config["texts"]
+    base = f"http://{config['target']}"
+    loop = asyncio.get_running_loop()
+    latencies: dict[str, list[float]] = {kind: [] for kind in texts}
+    tokens: dict[str, int] = dict.fromkeys(texts, 0)
+    errors = 0
+    timeout = aiohttp.ClientTimeout(total=600)
+    async with (
+        aiohttp.ClientSession(timeout=timeout) as session,
+        session.get(f"{base}/v1/models") as response,
+    ):
+        (name,) = (await response.json())["models"]
+    url = f"{base}/v1/models/{name}:explain"
+    clients = [(kind, index) for kind, n in config["clients"].items() for index in range(int(n))]
+    # One connection per client (a connector of one), kept alive between its calls.
+    sessions = [
+        aiohttp.ClientSession(timeout=timeout, connector=aiohttp.TCPConnector(limit=1))
+        for _ in clients
+    ]
+    try:
+        for session in sessions:
+            async with session.post(url, json={"instances": ["warm up"]}) as response:
+                response.raise_for_status()
+        begin = loop.time() + config["warmup_s"]
+        end = begin + config["duration_s"]
+
+        async def client(kind: str, index: int, session: aiohttp.ClientSession) -> None:
+            nonlocal errors
+            pool = texts[kind]
+            i = index
+            while (started := loop.time()) < end:
+                body = {"instances": [pool[i % len(pool)]]}
+                i += 7
+                try:
+                    async with session.post(url, json=body) as response:
+                        response.raise_for_status()
+                        answer = await response.json()
+                except aiohttp.ClientError:
+                    errors += 1
+                    continue
+                finished = loop.time()
+                if begin <= started and finished <= end:
+                    latencies[kind].append(finished - started)
+                    tokens[kind] += len(answer["explanations"][0]["tokens"])
+
+        tasks = [client(kind, i, s) for (kind, i), s in zip(clients, sessions, strict=True)]
+        cpu, *_ = await asyncio.gather(_cpu_window(config["server_pid"], begin, end), *tasks)
+    finally:
+        for session in sessions:
+            await session.close()
+    return {
+        "duration_s": config["duration_s"],
+        "latencies": latencies,
+        "tokens": tokens,
+        "errors": errors,
+        "server_cpu_s": cpu,
+        "placement": "",
     }
 
 
