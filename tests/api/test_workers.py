@@ -183,8 +183,8 @@ def test_the_http_port_is_shared_too(served: Workers) -> None:
     url = f"http://127.0.0.1:{served.metrics_port}/v1/models/{name}:predict"
     calls = 16
     for i in range(calls):  # urllib opens a new connection for every request
-        body = {"instances": [f"review {i}: a gorgeous, witty film"]}
-        assert http_json(url, body)["predictions"][0]["label"] in {"rotten", "fresh"}
+        instances = {"instances": [f"review {i}: a gorgeous, witty film"]}
+        assert http_json(url, instances)["predictions"][0]["label"] in {"rotten", "fresh"}
     channels = open_channels(served.target, 16)
     try:  # each worker refreshes its drift gauges now
         for channel in channels:
