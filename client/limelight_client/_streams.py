@@ -14,18 +14,22 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections import deque
-from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterable, Iterator
+from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterable, Iterator, Sequence
+from typing import Any
 
 import grpc
 
 from limelight_client._common import (
+    Connection,
+    Connections,
     TargetArg,
     TextItem,
     explain_request,
     new_request_id,
     split_item,
+    time_left,
 )
-from limelight_client.errors import Unavailable
+from limelight_client.errors import Unavailable, from_rpc_error
 from limelight_client.proto import explainer_pb2 as pb
 from limelight_client.types import Explanation
 
@@ -86,6 +90,33 @@ class _Deal:
         self._turn = 0
         self._pulling = False
         self._exhausted = False
+
+    def open(
+        self,
+        connections: Sequence[Connection[Any]],
+        deadline: float | None,
+        metadata: tuple[tuple[str, str], ...],
+    ) -> list[Any]:
+        """One ``ExplainStream`` call per connection, stream ``k`` fed by ``requests(k)``."""
+        return [
+            conn.stub.ExplainStream(
+                self.requests(k), timeout=time_left(deadline), metadata=metadata
+            )
+            for k, conn in enumerate(connections)
+        ]
+
+    def requests(self, k: int) -> Any:
+        """Stream ``k``'s requests (an iterator, or an async one for grpc.aio)."""
+        raise NotImplementedError
+
+    def failure(self, err: grpc.RpcError, connections: Connections[Any]) -> BaseException:
+        """What a broken stream raises: the input's own error when it caused the break, else
+        the SDK's error for the status (an UNAVAILABLE worker may have gone: look again soon)."""
+        if self.error is not None:
+            return self.error
+        if err.code() == grpc.StatusCode.UNAVAILABLE:
+            connections.look_again_soon()
+        return from_rpc_error(err)
 
     def _step(self, k: int) -> pb.ExplainRequest | bool | None:
         """Stream ``k``'s next move: its next request, ``None`` when it is done, ``True``

@@ -47,7 +47,7 @@ from limelight_client._common import (
     time_left,
 )
 from limelight_client._streams import AsyncStreamFeed, answer, request_builder, stream_cut_short
-from limelight_client.client import PemArg, deadline_error, job_outcome
+from limelight_client.client import PemArg, deadline_error, job_outcome, watch_broke
 from limelight_client.errors import (
     Cancelled,
     DeadlineExceeded,
@@ -263,12 +263,7 @@ class AsyncClient:
         deadline = self._deadline(timeout, default=False)
         await self._spread(deadline)
         async with self._lease_all() as conns:
-            calls = [
-                conn.stub.ExplainStream(
-                    feed.requests(k), timeout=time_left(deadline), metadata=self._metadata
-                )
-                for k, conn in enumerate(conns)
-            ]
+            calls = feed.open(conns, deadline, self._metadata)
             try:
                 for k in itertools.cycle(range(len(calls))):
                     resp = await calls[k].read()
@@ -276,11 +271,7 @@ class AsyncClient:
                         break
                     yield answer(resp, feed.sent[k].popleft())
             except grpc.RpcError as err:
-                if feed.error is not None:
-                    raise feed.error from None
-                if err.code() == grpc.StatusCode.UNAVAILABLE:
-                    self._connections.look_again_soon()
-                raise from_rpc_error(err) from err
+                raise feed.failure(err, self._connections) from (None if feed.error else err)
             except asyncio.CancelledError:
                 # grpc.aio cancels the call when the request iterator raises; report the cause.
                 # A real cancellation of our task (no bad input) propagates unchanged.
@@ -410,9 +401,7 @@ class AsyncClient:
                         if terminal_state(msg.state):
                             return
                 except grpc.RpcError as err:
-                    error = from_rpc_error(err)
-                    if not RetryPolicy.retryable(error.code):
-                        raise error from err
+                    error = watch_broke(err)
                 finally:
                     call.cancel()
             if failures >= self.retry_policy.retries or not await self._backoff(failures, deadline):

@@ -70,6 +70,15 @@ def deadline_error(what: str) -> DeadlineExceeded:
     return DeadlineExceeded(grpc.StatusCode.DEADLINE_EXCEEDED, f"deadline exceeded {what}")
 
 
+def watch_broke(err: grpc.RpcError) -> LimelightError:
+    """Why a job's watch stream broke, to reopen it after; raised at once unless retryable
+    (shared with the async client)."""
+    error = from_rpc_error(err)
+    if not RetryPolicy.retryable(error.code):
+        raise error from err
+    return error
+
+
 def job_outcome(info: JobInfo) -> Explanation:
     """The explanation of a finished job, or the matching error (shared with the async job)."""
     if info.state == JobState.SUCCEEDED:
@@ -320,12 +329,7 @@ class Client:
         deadline = self._deadline(timeout, default=False)
         self._spread(deadline)
         with self._lease_all() as conns:
-            calls = [
-                conn.stub.ExplainStream(
-                    feed.requests(k), timeout=time_left(deadline), metadata=self._metadata
-                )
-                for k, conn in enumerate(conns)
-            ]
+            calls = feed.open(conns, deadline, self._metadata)
             try:
                 for k in itertools.cycle(range(len(calls))):
                     resp = next(calls[k], None)
@@ -333,11 +337,7 @@ class Client:
                         break
                     yield answer(resp, feed.sent[k].popleft())
             except grpc.RpcError as err:
-                if feed.error is not None:
-                    raise feed.error from None
-                if err.code() == grpc.StatusCode.UNAVAILABLE:
-                    self._connections.look_again_soon()
-                raise from_rpc_error(err) from err
+                raise feed.failure(err, self._connections) from (None if feed.error else err)
             finally:
                 feed.close()
                 for call in calls:
@@ -482,9 +482,7 @@ class Client:
                         if terminal_state(msg.state):
                             return
                 except grpc.RpcError as err:
-                    error = from_rpc_error(err)
-                    if not RetryPolicy.retryable(error.code):
-                        raise error from err
+                    error = watch_broke(err)
                 finally:
                     call.cancel()
             # The stream broke (UNAVAILABLE) or ended early (server draining): reopen it.

@@ -17,7 +17,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -396,20 +396,13 @@ async def _generate_load(config: dict[str, Any]) -> dict[str, Any]:
     for stub in stubs:
         await stub.Explain(pb.ExplainRequest(text="warm up"), timeout=600)
     loop = asyncio.get_running_loop()
-    begin = loop.time() + config["warmup_s"]
-    end = begin + config["duration_s"]
-    latencies: dict[str, list[float]] = {kind: [] for kind in texts}
-    tokens: dict[str, int] = dict.fromkeys(texts, 0)
-    errors = 0
+    tally = _Tally.starting(config)
+    end = tally.end
 
     def record(kind: str, started: float, response: Any) -> None:
-        finished = loop.time()
-        if begin <= started and finished <= end:
-            latencies[kind].append(finished - started)
-            tokens[kind] += len(response.explanation.tokens)
+        tally.record(kind, started, len(response.explanation.tokens))
 
     async def client(kind: str, index: int) -> None:
-        nonlocal errors
         pool = texts[kind]
         stub = stubs[index % len(stubs)]
         i = index
@@ -419,12 +412,11 @@ async def _generate_load(config: dict[str, Any]) -> dict[str, Any]:
             try:
                 response = await stub.Explain(request, timeout=600)
             except grpc.aio.AioRpcError:
-                errors += 1
+                tally.errors += 1
                 continue
             record(kind, started, response)
 
     async def stream_client(kind: str, index: int) -> None:
-        nonlocal errors
         pool = texts[kind]
         stub = stubs[index % len(stubs)]
         i = index
@@ -440,24 +432,66 @@ async def _generate_load(config: dict[str, Any]) -> dict[str, Any]:
                     record(kind, started, response)
                 await call.done_writing()
                 if await call.code() != grpc.StatusCode.OK:
-                    errors += 1
+                    tally.errors += 1
             except (grpc.aio.AioRpcError, RuntimeError):
-                errors += 1
+                tally.errors += 1
                 call.cancel()
 
     run = stream_client if config.get("rpc", "unary") == "stream" else client
     tasks = [run(kind, index) for kind, n in config["clients"].items() for index in range(int(n))]
-    cpu, *_ = await asyncio.gather(_cpu_window(pid, begin, end), *tasks)
+    cpu = await _cpu_during(pid, tally, tasks)
     for channel in channels:
         await channel.close()
-    return {
-        "duration_s": config["duration_s"],
-        "latencies": latencies,
-        "tokens": tokens,
-        "errors": errors,
-        "server_cpu_s": cpu,
-        "placement": "+".join(str(n) for n in sorted(placed.values(), reverse=True)),
-    }
+    placement = "+".join(str(n) for n in sorted(placed.values(), reverse=True))
+    return tally.report(config, cpu, placement)
+
+
+@dataclass
+class _Tally:
+    """What the load generator's clients measured inside the window ``[begin, end]`` (the
+    event loop's clock): latencies and answered tokens per kind of text, and failures."""
+
+    begin: float
+    end: float
+    latencies: dict[str, list[float]]
+    tokens: dict[str, int]
+    errors: int = 0
+
+    @classmethod
+    def starting(cls, config: dict[str, Any]) -> _Tally:
+        """A window opening ``warmup_s`` from now and lasting ``duration_s``."""
+        begin = asyncio.get_running_loop().time() + config["warmup_s"]
+        kinds = list(config["texts"])
+        return cls(
+            begin, begin + config["duration_s"], {k: [] for k in kinds}, dict.fromkeys(kinds, 0)
+        )
+
+    def record(self, kind: str, started: float, tokens: int) -> None:
+        """A request of ``kind`` sent at ``started`` was answered now with ``tokens`` tokens."""
+        finished = asyncio.get_running_loop().time()
+        if self.begin <= started and finished <= self.end:
+            self.latencies[kind].append(finished - started)
+            self.tokens[kind] += tokens
+
+    def report(self, config: dict[str, Any], cpu: float, placement: str) -> dict[str, Any]:
+        """The load generator's JSON answer (read back by ``run_load``)."""
+        return {
+            "duration_s": config["duration_s"],
+            "latencies": self.latencies,
+            "tokens": self.tokens,
+            "errors": self.errors,
+            "server_cpu_s": cpu,
+            "placement": placement,
+        }
+
+
+async def _cpu_during(
+    pid: int | None, tally: _Tally, clients: Sequence[Coroutine[Any, Any, None]]
+) -> float:
+    """Run the ``clients``; the server's CPU seconds over the tally's window."""
+    window = asyncio.ensure_future(_cpu_window(pid, tally.begin, tally.end))
+    await asyncio.gather(*clients)
+    return await window
 
 
 async def _cpu_window(pid: int | None, begin: float, end: float) -> float:
@@ -476,9 +510,6 @@ async def _generate_http_load(config: dict[str, Any]) -> dict[str, Any]:
     texts: dict[str, list[str]] = config["texts"]
     base = f"http://{config['target']}"
     loop = asyncio.get_running_loop()
-    latencies: dict[str, list[float]] = {kind: [] for kind in texts}
-    tokens: dict[str, int] = dict.fromkeys(texts, 0)
-    errors = 0
     timeout = aiohttp.ClientTimeout(total=600)
     async with (
         aiohttp.ClientSession(timeout=timeout) as session,
@@ -496,14 +527,12 @@ async def _generate_http_load(config: dict[str, Any]) -> dict[str, Any]:
         for session in sessions:
             async with session.post(url, json={"instances": ["warm up"]}) as response:
                 response.raise_for_status()
-        begin = loop.time() + config["warmup_s"]
-        end = begin + config["duration_s"]
+        tally = _Tally.starting(config)
 
         async def client(kind: str, index: int, session: aiohttp.ClientSession) -> None:
-            nonlocal errors
             pool = texts[kind]
             i = index
-            while (started := loop.time()) < end:
+            while (started := loop.time()) < tally.end:
                 body = {"instances": [pool[i % len(pool)]]}
                 i += 7
                 try:
@@ -511,26 +540,16 @@ async def _generate_http_load(config: dict[str, Any]) -> dict[str, Any]:
                         response.raise_for_status()
                         answer = await response.json()
                 except aiohttp.ClientError:
-                    errors += 1
+                    tally.errors += 1
                     continue
-                finished = loop.time()
-                if begin <= started and finished <= end:
-                    latencies[kind].append(finished - started)
-                    tokens[kind] += len(answer["explanations"][0]["tokens"])
+                tally.record(kind, started, len(answer["explanations"][0]["tokens"]))
 
         tasks = [client(kind, i, s) for (kind, i), s in zip(clients, sessions, strict=True)]
-        cpu, *_ = await asyncio.gather(_cpu_window(config["server_pid"], begin, end), *tasks)
+        cpu = await _cpu_during(config["server_pid"], tally, tasks)
     finally:
         for session in sessions:
             await session.close()
-    return {
-        "duration_s": config["duration_s"],
-        "latencies": latencies,
-        "tokens": tokens,
-        "errors": errors,
-        "server_cpu_s": cpu,
-        "placement": "",
-    }
+    return tally.report(config, cpu, placement="")
 
 
 async def _open_channels(
