@@ -3,13 +3,16 @@ by the number of connections the client opens (``Client(connections=...)``).
 
     .venv/bin/python bench/bench_sdk_connections.py [--demo bert-tiny] [--workers 2]
         [--runtime onnx] [--texts 3000] [--connections 1,2,4] [--spread on] [--rounds 3]
+        [--looks 200]
 
 Starts the sidecar as its own process group with ``--workers N`` and drives it from this
 process (a separate process, as a caller would) with one ``Client``; each round runs every
 connection count once, in turn, over the same reviews. The baseline is one connection in the
 same run: the ratio says what spreading one caller over the workers buys. ``--spread on,off``
 also runs each count with the client's spreading off (connections left where the kernel put
-them); every run reports how its connections fell on the workers.
+them); every run reports how its connections fell on the workers. ``--looks N`` times what
+the client's regular look at its connections (every ``SPREAD_RECHECK_S``) adds to the one
+call that makes it: N calls with a look due, each next to one without, for every count.
 """
 
 from __future__ import annotations
@@ -75,6 +78,22 @@ def texts_per_s(target: str, connections: int, spread: bool, texts: list[str]) -
         return rate, "+".join(str(n) for n in sorted(on.values(), reverse=True))
 
 
+def look_ms(target: str, connections: int, text: str, n: int) -> tuple[float, float]:
+    """Median milliseconds of an ``explain`` call that makes a look and of one that does not,
+    interleaved, on one spread client."""
+    with Client(target, connections=connections, timeout=120) as client:
+        client.explain(text)  # the first look, and the spreading
+        looking: list[float] = []
+        plain: list[float] = []
+        for _ in range(n):
+            client._connections.spread_after = 0.0  # due now, as every SPREAD_RECHECK_S
+            for times in (looking, plain):
+                start = time.perf_counter()
+                client.explain(text)
+                times.append(1000 * (time.perf_counter() - start))
+        return statistics.median(looking), statistics.median(plain)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--demo", default="bert-tiny", choices=["bert-tiny", "minilm"])
@@ -84,6 +103,7 @@ def main() -> int:
     parser.add_argument("--connections", default="1,2,4")
     parser.add_argument("--spread", default="on", help="on, off or both (on,off)")
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--looks", type=int, default=0, help="calls timed with a look due")
     args = parser.parse_args()
     counts = [int(c) for c in args.connections.split(",")]
     spreads = [{"on": True, "off": False}[s] for s in args.spread.split(",")]
@@ -119,11 +139,28 @@ def main() -> int:
                     f"{rate:,.0f} texts/s, connections per worker {split}",
                     flush=True,
                 )
+        looks = [
+            (c, *look_ms(target, c, texts[0], args.looks)) for c in counts if c > 1 and args.looks
+        ]
     finally:
         os.killpg(server.pid, signal.SIGTERM)
         server.wait(60)
         shutil.rmtree(workdir, ignore_errors=True)
 
+    title = (
+        f"{args.demo}, {args.runtime}, --workers {args.workers}, one Client in a separate "
+        f"process; {machine()}"
+    )
+    if looks:
+        print(f"\n{title}; {args.looks} calls each")
+        head = ["connections", "call with a look, ms (median)", "call without", "the look adds"]
+        print(
+            markdown_table(
+                head, [[c, f"{a:.2f}", f"{b:.2f}", f"{a - b:+.2f}"] for c, a, b in looks]
+            )
+        )
+    if not args.rounds:
+        return 0
     base = statistics.median(results[runs[0]])
     rows = [
         [
@@ -135,11 +172,7 @@ def main() -> int:
         ]
         for c, spread in runs
     ]
-    print()
-    print(
-        f"{args.demo}, {args.runtime}, --workers {args.workers}, {args.texts} reviews per run, "
-        f"one Client in a separate process; {machine()}"
-    )
+    print(f"\n{title}; {args.texts} reviews per run")
     head = ["connections", "spread", "texts/s (each round)", "per worker", "median vs first"]
     print(markdown_table(head, rows))
     return 0
