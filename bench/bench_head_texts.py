@@ -21,17 +21,12 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from bench_head_width import cached_labels
+from bench_head_width import HeldOut, cached_labels
 
-from limelight.core.types import Encoded, FloatArray
 from limelight.demo import datasets
 from limelight.demo.build import DEMO_HEADS, ensure_demo_model
 from limelight.distill.train import TeacherExample, TrainConfig, teacher_attributions, train_head
-from limelight.evaluation.data import load_examples
-from limelight.evaluation.runner import EvalConfig, Evaluator
 from limelight.models.loaded import LoadedModel, load_model
-from limelight.runtimes.base import InlineBatch
-from limelight.runtimes.torch_runtime import TorchRuntime
 from limelight.settings import Settings
 
 
@@ -93,11 +88,7 @@ def main() -> None:
     variants = [["demo"], *[[name] for name in extras]]
     if len(extras) > 1:
         variants.append(list(extras))
-    data = load_examples("rotten_tomatoes", model.labels, n=args.n, seed=args.seed_data)
-    masked = Evaluator(model, EvalConfig(replace="mask", game_fractions=()))
-    removed = Evaluator(model, EvalConfig(replace="delete", game_fractions=()))
-    encoded = masked.encode(data.examples)
-    predicted = [int(p) for p in masked.predict(encoded).argmax(axis=1)]
+    scorer = HeldOut(model, args.n, args.seed_data)
     print("| labels | texts | seed | deletion | sufficiency | removed | Δ deletion | "
           "Δ sufficiency | Δ removed |")  # fmt: skip
     print("|---|---|---|---|---|---|---|---|---|")
@@ -112,31 +103,9 @@ def main() -> None:
                 seed=seed,
             )
             head, _ = train_head(model, examples, config)
-            runtime = TorchRuntime(model, {"distilled": head})
-
-            def explain(enc: Encoded, target: int, runtime: TorchRuntime = runtime) -> FloatArray:
-                batch = InlineBatch.from_encoded([enc], model.pad_id)  # as the sidecar serves it
-                return np.asarray(runtime.run_inline(batch).extra["distilled"][0, :, target])
-
-            m = masked.evaluate_method("head", explain, data.examples, encoded, predicted)
-            r = removed.evaluate_method("head", explain, data.examples, encoded, predicted)
-            per = [
-                np.asarray(m.aopc_deletion_per_input),
-                np.asarray(m.aopc_sufficiency_per_input),
-                np.asarray(r.aopc_deletion_per_input),
-            ]
-            baseline = first.setdefault(seed, per)
-            deltas = ["–"] * 3
-            if baseline is not per:
-                deltas = [
-                    f"{d.mean():+.3f} ± {d.std(ddof=1) / np.sqrt(len(d)):.3f}"
-                    for d in (mine - theirs for mine, theirs in zip(per, baseline, strict=True))
-                ]
-            means = " | ".join(
-                f"{v.mean():+.3f}" if i == 1 else f"{v.mean():.3f}" for i, v in enumerate(per)
-            )
-            name = " + ".join(variant)
-            print(f"| {name} | {len(examples):,} | {seed} | {means} | {' | '.join(deltas)} |")
+            per = scorer.score(head)
+            cells = scorer.cells(per, first.setdefault(seed, per))
+            print(f"| {' + '.join(variant)} | {len(examples):,} | {seed} | {cells} |", flush=True)
 
 
 if __name__ == "__main__":

@@ -2,12 +2,16 @@
 
     .venv/bin/python bench/bench_head_width.py --demo bert-tiny --widths 64,32,16 --seeds 0,1,2
     .venv/bin/python bench/bench_head_width.py --demo minilm --epochs 5 --widths 64,32,16
+    .venv/bin/python bench/bench_head_width.py --demo bert-tiny --widths 16 --seeds 0 \
+        --train ";loop_steps=1000;loop_steps=3000,loop_weight=5"
 
 For each width and seed it trains a head exactly as the demo build does (`train_head`) on the
 teacher labels cached beside the demo model (build it first: `limelight build-demo`), then
 scores it on held-out test reviews (`--n` sampled with `--seed-data`, the sample of
 `limelight eval --n N --seed S`): deletion and sufficiency AOPC with `[MASK]`, and deletion
-with the top tokens removed. Each row's Δ is paired against the first width at the same seed.
+with the top tokens removed. ``--train`` gives variants of the training (``TrainConfig`` fields,
+``;`` between variants, the first — empty: the demo's — is the baseline). Each row's Δ is
+paired against the first width and variant at the same seed.
 Every unit of width is paid on every request, so the narrowest width that holds its
 faithfulness is the one to serve (docs/distillation.md, "Narrower heads").
 """
@@ -18,6 +22,7 @@ import argparse
 import json
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -27,8 +32,8 @@ from limelight.demo.build import DEMO_HEADS, ensure_demo_model
 from limelight.distill.train import TeacherExample, TrainConfig, train_head
 from limelight.evaluation.data import load_examples
 from limelight.evaluation.runner import EvalConfig, Evaluator
-from limelight.models.explainer_head import head_dir
-from limelight.models.loaded import load_model
+from limelight.models.explainer_head import ExplainerHead, head_dir
+from limelight.models.loaded import LoadedModel, load_model
 from limelight.runtimes.base import InlineBatch
 from limelight.runtimes.torch_runtime import TorchRuntime
 from limelight.settings import Settings
@@ -43,6 +48,18 @@ def cached_labels(model_dir: Path, teacher: str) -> list[TeacherExample]:
     return [TeacherExample(r["text"], r["target"], r["scores"]) for r in rows]
 
 
+def train_variants(spec: str) -> list[dict[str, int | float]]:
+    """``"a=1,b=0.5;c=2"`` → ``[{"a": 1, "b": 0.5}, {"c": 2}]`` (``TrainConfig`` overrides)."""
+    variants: list[dict[str, int | float]] = []
+    for variant in spec.split(";"):
+        fields: dict[str, int | float] = {}
+        for pair in filter(None, variant.split(",")):
+            name, value = pair.split("=")
+            fields[name.strip()] = float(value) if "." in value else int(value)
+        variants.append(fields)
+    return variants
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--demo", choices=sorted(DEMO_HEADS), default="bert-tiny")
@@ -52,6 +69,7 @@ def main() -> None:
     parser.add_argument("--n", type=int, default=120, help="held-out test reviews")
     parser.add_argument("--seed-data", type=int, default=0, help="seed of the review sample")
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: default)")
+    parser.add_argument("--train", default="", help="training variants (see above)")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -59,52 +77,74 @@ def main() -> None:
     model = load_model(model_dir)
     examples = cached_labels(model_dir, DEMO_HEADS[args.demo].teacher)
     epochs = args.epochs or DEMO_HEADS[args.demo].epochs
-    data = load_examples("rotten_tomatoes", model.labels, n=args.n, seed=args.seed_data)
-    masked = Evaluator(model, EvalConfig(replace="mask", game_fractions=()))
-    removed = Evaluator(model, EvalConfig(replace="delete", game_fractions=()))
-    encoded = masked.encode(data.examples)
-    predicted = [int(p) for p in masked.predict(encoded).argmax(axis=1)]
     print(f"{args.demo}: {len(examples)} cached labels, {epochs} epochs, {args.n} test reviews")
-    print("| width | seed | parameters | deletion | sufficiency | removed | Δ deletion | "
-          "Δ sufficiency | Δ removed |")  # fmt: skip
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("| width | training | seed | parameters | deletion | sufficiency | removed | "
+          "Δ deletion | Δ sufficiency | Δ removed |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|---|---|")
     widths = [int(w) for w in args.widths.split(",")]
+    scorer = HeldOut(model, args.n, args.seed_data)
     first: dict[int, list[np.ndarray]] = {}
     for width in widths:
-        for seed in (int(s) for s in args.seeds.split(",")):
-            heads = 4 if width >= 64 else 2
-            config = TrainConfig(width=width, attention_heads=heads, epochs=epochs, seed=seed)
-            start = time.monotonic()
-            head, _ = train_head(model, examples, config)
-            runtime = TorchRuntime(model, {"distilled": head})
+        for variant in train_variants(args.train):
+            for seed in (int(s) for s in args.seeds.split(",")):
+                heads = 4 if width >= 64 else 2
+                fields: dict[str, Any] = {"epochs": epochs, **variant}
+                config = TrainConfig(width=width, attention_heads=heads, seed=seed, **fields)
+                start = time.monotonic()
+                head, _ = train_head(model, examples, config)
+                per = scorer.score(head)
+                base = first.setdefault(seed, per)  # the first row of each seed: the baseline
+                params = sum(p.numel() for p in head.parameters())
+                trained = ", ".join(f"{k}={v}" for k, v in variant.items()) or "demo"
+                print(
+                    f"| {width} | {trained} | {seed} | {params:,} | {scorer.cells(per, base)} |"
+                    f"  <!-- {time.monotonic() - start:.0f} s -->",
+                    flush=True,
+                )
 
-            def explain(enc: Encoded, target: int, runtime: TorchRuntime = runtime) -> FloatArray:
-                batch = InlineBatch.from_encoded([enc], model.pad_id)  # as the sidecar serves it
-                return np.asarray(runtime.run_inline(batch).extra["distilled"][0, :, target])
 
-            m = masked.evaluate_method("head", explain, data.examples, encoded, predicted)
-            r = removed.evaluate_method("head", explain, data.examples, encoded, predicted)
-            per = [
-                np.asarray(m.aopc_deletion_per_input),
-                np.asarray(m.aopc_sufficiency_per_input),
-                np.asarray(r.aopc_deletion_per_input),
+class HeldOut:
+    """Held-out test reviews (the sample of `limelight eval --n N --seed S`) and a head's
+    faithfulness on them, served as the sidecar serves it: deletion and sufficiency AOPC with
+    ``[MASK]``, and deletion with the top tokens removed, per review."""
+
+    def __init__(self, model: LoadedModel, n: int, seed: int) -> None:
+        self.model = model
+        self.data = load_examples("rotten_tomatoes", model.labels, n=n, seed=seed)
+        self.masked = Evaluator(model, EvalConfig(replace="mask", game_fractions=()))
+        self.removed = Evaluator(model, EvalConfig(replace="delete", game_fractions=()))
+        self.encoded = self.masked.encode(self.data.examples)
+        self.predicted = [int(p) for p in self.masked.predict(self.encoded).argmax(axis=1)]
+
+    def score(self, head: ExplainerHead) -> list[np.ndarray]:
+        """Per review: deletion, sufficiency, removed."""
+        runtime = TorchRuntime(self.model, {"distilled": head})
+
+        def explain(enc: Encoded, target: int) -> FloatArray:
+            batch = InlineBatch.from_encoded([enc], self.model.pad_id)  # as the sidecar serves
+            return np.asarray(runtime.run_inline(batch).extra["distilled"][0, :, target])
+
+        args = (self.data.examples, self.encoded, self.predicted)
+        m = self.masked.evaluate_method("head", explain, *args)
+        r = self.removed.evaluate_method("head", explain, *args)
+        return [
+            np.asarray(m.aopc_deletion_per_input),
+            np.asarray(m.aopc_sufficiency_per_input),
+            np.asarray(r.aopc_deletion_per_input),
+        ]
+
+    @staticmethod
+    def cells(per: list[np.ndarray], base: list[np.ndarray]) -> str:
+        """Table cells: the three means, then their paired differences from ``base`` (– for
+        the baseline itself)."""
+        means = [f"{v.mean():+.3f}" if i == 1 else f"{v.mean():.3f}" for i, v in enumerate(per)]
+        deltas = ["–"] * 3
+        if base is not per:
+            deltas = [
+                f"{d.mean():+.3f} ± {d.std(ddof=1) / np.sqrt(len(d)):.3f}"
+                for d in (mine - theirs for mine, theirs in zip(per, base, strict=True))
             ]
-            base = first.setdefault(seed, per)
-            deltas = ["–"] * 3  # the first width is the baseline of its seed
-            if base is not per:
-                deltas = [
-                    f"{d.mean():+.3f} ± {d.std(ddof=1) / np.sqrt(len(d)):.3f}"
-                    for d in (mine - theirs for mine, theirs in zip(per, base, strict=True))
-                ]
-            params = sum(p.numel() for p in head.parameters())
-            means = " | ".join(
-                f"{v.mean():+.3f}" if i == 1 else f"{v.mean():.3f}" for i, v in enumerate(per)
-            )
-            print(
-                f"| {width} | {seed} | {params:,} | {means} | {' | '.join(deltas)} |"
-                f"  <!-- {time.monotonic() - start:.0f} s -->",
-                flush=True,
-            )
+        return " | ".join(means + deltas)
 
 
 if __name__ == "__main__":
