@@ -61,7 +61,15 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "--loop-steps",
         type=int,
         default=defaults.loop_steps,
-        help="steps with the classifier in the loop (deletion/sufficiency objective)",
+        help="steps with the classifier in the loop after the amortisation epochs",
+    )
+    p.add_argument(
+        "--loop-estimator",
+        choices=["policy", "straight_through"],
+        default=defaults.loop_estimator,
+        help="how the loop learns what masking the head's top tokens does: policy (sampled "
+        "token orders scored by the classifier's deletion curve; default) or straight_through "
+        "(the mask's derivative, measured worse; kept to reproduce earlier heads)",
     )
     p.add_argument(
         "--width",
@@ -117,6 +125,7 @@ def run(args: argparse.Namespace) -> int:
         train=TrainConfig(
             epochs=args.epochs,
             loop_steps=args.loop_steps,
+            loop_estimator=args.loop_estimator,
             width=args.width,
             attention_heads=args.attention_heads,
             label_scale=args.label_scale,

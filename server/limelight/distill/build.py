@@ -60,6 +60,9 @@ class HeadRecipe:
         fields = asdict(self)
         if self.mixture is None:  # recipes without a mixture keep the digests they had
             del fields["mixture"]
+        if not self.train.loop_steps:  # the loop's settings cannot change a head without it
+            for name in [n for n in fields["train"] if n.startswith("loop_") and n != "loop_steps"]:
+                del fields["train"][name]
         blob = json.dumps(fields, sort_keys=True, default=str)
         return hashlib.sha256(blob.encode()).hexdigest()[:12]
 

@@ -100,9 +100,20 @@ class TrainConfig:
     loop_steps: int = 0
     """Steps of stage 2 (the classifier in the loop); 0 = amortisation only."""
     loop_batch_size: int = 16
-    loop_lr: float = 5e-4
+    loop_lr: float = 1e-3
     loop_weight: float = 1.0
-    """Weight of the faithfulness loss against the amortisation anchor in stage 2."""
+    """Weight of the faithfulness loss against the amortisation anchor in stage 2
+    (``straight_through``); the ``policy`` stage uses no anchor."""
+    loop_estimator: str = "policy"
+    """How stage 2 learns what masking the head's top tokens does: ``policy`` (token orders
+    sampled from the head's scores, each scored by the classifier's own deletion curve;
+    self-critical policy gradient) or ``straight_through`` (the derivative of the class
+    probability with respect to each token's mask: a first-order estimate, measured to make
+    the head worse; kept to reproduce earlier heads)."""
+    loop_temperature: float = 0.25
+    """``policy``: temperature of the sampled orders (Gumbel noise on score / temperature)."""
+    loop_samples: int = 4
+    """``policy``: orders sampled per text and step."""
     label_scale: str = "rms"
     """How each text's teacher scores are scaled before regression (see
     :func:`normalise_labels`): ``rms`` keeps their signs, ``standard`` centres them."""
@@ -463,7 +474,12 @@ def _train_in_the_loop(
     for p in frozen:
         p.requires_grad_(False)
     try:
-        _loop(model, head, items, config, rng, progress)
+        if config.loop_estimator == "policy":
+            _policy_loop(model, head, items, config, rng, progress)
+        elif config.loop_estimator == "straight_through":
+            _loop(model, head, items, config, rng, progress)
+        else:
+            raise ValueError(f"unknown loop estimator {config.loop_estimator!r}")
     finally:
         for p in frozen:
             p.requires_grad_(True)
@@ -532,6 +548,107 @@ def _loop(
             loss = config.loop_weight * faithfulness + anchor
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
+            optimizer.step()
+            step += 1
+            if progress is not None:
+                progress("classifier in the loop", step, config.loop_steps)
+
+
+LOOP_FRACTIONS = (0.1, 0.2, 0.3, 0.4, 0.5)
+"""The shares of each text's tokens that the stage-2 loops mask (where the curves are read)."""
+
+
+def _class_probability(
+    model: LoadedModel, logits: torch.Tensor, target: torch.Tensor
+) -> torch.Tensor:
+    """The explained class's probability per row: its own sigmoid for a multi-label model,
+    its share of the softmax otherwise."""
+    probs = torch.sigmoid(logits) if model.is_multi_label else torch.softmax(logits, dim=-1)
+    return probs[torch.arange(len(target)), target]
+
+
+@torch.no_grad()
+def deletion_curve(
+    model: LoadedModel,
+    order: torch.Tensor,
+    tensors: tuple[torch.Tensor, torch.Tensor, torch.Tensor | None],
+    keep: torch.Tensor,
+    target: torch.Tensor,
+) -> torch.Tensor:
+    """Per text, the mean class probability with the first 10, 20, … 50 % of its tokens in
+    ``order`` ([B, n] positions, most important first) replaced by the mask token: the curve
+    the deletion metric reads, lower is better."""
+    ids, attn, types = tensors
+    mask_id = int(model.mask_token_id if model.mask_token_id is not None else model.pad_id)
+    rank = torch.empty_like(order)
+    rank.scatter_(1, order, torch.arange(order.shape[1]).expand_as(order))
+    n = keep.sum(1)
+    total = torch.zeros(len(order))
+    for fraction in LOOP_FRACTIONS:
+        # The evaluator's count of tokens (round half to even in float64, at least one).
+        k = torch.tensor([max(1, min(m, round(fraction * m))) for m in n.tolist()])
+        top = (rank < k[:, None]) & keep
+        kwargs: dict[str, Any] = {
+            "input_ids": ids.masked_fill(top, mask_id),
+            "attention_mask": attn,
+        }
+        if types is not None:
+            kwargs["token_type_ids"] = types
+        total += _class_probability(model, model.model(**kwargs).logits.float(), target)
+    return total / len(LOOP_FRACTIONS)
+
+
+def plackett_luce_log_prob(
+    logits: torch.Tensor, order: torch.Tensor, first: torch.Tensor
+) -> torch.Tensor:
+    """Per row, the log-probability that a Plackett–Luce model with ``logits`` ([B, n]; -inf
+    for positions never drawn) draws the first ``first[b]`` positions of ``order`` in that
+    order."""
+    ordered = logits.gather(1, order)
+    finite = torch.isfinite(ordered)
+    # The denominator of each draw: every position not drawn yet.
+    remaining = torch.logcumsumexp(ordered.flip(1), dim=1).flip(1)
+    terms = (ordered - remaining).masked_fill(~finite, 0.0)
+    drawn = torch.arange(order.shape[1])[None, :] < first[:, None]
+    return (terms * drawn).sum(1)
+
+
+def _policy_loop(
+    model: LoadedModel,
+    head: ExplainerHead,
+    items: Sequence[_Item],
+    config: TrainConfig,
+    rng: np.random.Generator,
+    progress: Callable[[str, int, int], None] | None,
+) -> None:
+    """Stage 2, zeroth order: orders of each text's tokens are sampled from the head's scores
+    (Gumbel noise, ``loop_temperature``), each is scored by the frozen classifier's deletion
+    curve, and the head moves towards the orders that beat its own (the baseline)."""
+    optimizer = torch.optim.AdamW(head.parameters(), lr=config.loop_lr, weight_decay=1e-2)
+    lengths = [len(i.encoded) for i in items]
+    step = 0
+    while step < config.loop_steps:
+        for batch in _batches(len(items), config.loop_batch_size, rng, lengths):
+            if step >= config.loop_steps:
+                break
+            chosen = [items[i] for i in batch]
+            x, mask, _, keep, target = _pad(chosen)
+            scores = head.score(x, mask)[torch.arange(len(chosen)), :, target]
+            logits = scores.masked_fill(~keep, float("-inf")) / config.loop_temperature
+            tensors = _tensors(model, [c.encoded for c in chosen])
+            own = deletion_curve(
+                model, logits.detach().argsort(1, descending=True), tensors, keep, target
+            )
+            half = torch.clamp((max(LOOP_FRACTIONS) * keep.sum(1)).round().long(), min=1)
+            loss = torch.zeros(())
+            for _ in range(config.loop_samples):
+                u = torch.rand(logits.shape).clamp(1e-9, 1 - 1e-9)
+                order = (logits.detach() - torch.log(-torch.log(u))).argsort(1, descending=True)
+                advantage = own - deletion_curve(model, order, tensors, keep, target)
+                log_prob = plackett_luce_log_prob(logits, order, half)
+                loss = loss - (advantage * log_prob).mean() / config.loop_samples
+            optimizer.zero_grad(set_to_none=True)
+            (config.loop_weight * loss).backward()
             optimizer.step()
             step += 1
             if progress is not None:

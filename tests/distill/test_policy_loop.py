@@ -1,0 +1,132 @@
+"""The zeroth-order loop stage (``loop_estimator="policy"``): its two pieces against
+independent computations — the sampled orders' log-probabilities against a brute-force
+Plackett–Luce model, the reward against the evaluator's own deletion reading — and a head
+trained with it served like any other. Whether it helps is measured, not asserted
+(bench/bench_head_policy_loop.py)."""
+
+from __future__ import annotations
+
+import itertools
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from limelight.demo.synthetic import build_synthetic_model, sample_linear_dataset
+from limelight.distill.build import HeadRecipe
+from limelight.distill.train import (
+    TeacherExample,
+    TrainConfig,
+    _tensors,
+    deletion_curve,
+    plackett_luce_log_prob,
+    train_head,
+)
+from limelight.evaluation.runner import EvalConfig, EvalExample, Evaluator
+from limelight.models.loaded import load_model
+from limelight.runtimes.base import InlineBatch
+from limelight.runtimes.torch_runtime import TorchRuntime
+
+
+def brute_force_prefix_probability(weights: list[float], prefix: tuple[int, ...]) -> float:
+    """P(the first draws are ``prefix``) summed over every full order that starts with it."""
+    total = 0.0
+    for order in itertools.permutations(range(len(weights))):
+        if order[: len(prefix)] != prefix:
+            continue
+        p, left = 1.0, list(order)
+        for i in order:
+            p *= math.exp(weights[i]) / sum(math.exp(weights[j]) for j in left)
+            left.remove(i)
+        total += p
+    return total
+
+
+def test_plackett_luce_log_prob_against_brute_force() -> None:
+    logits = torch.tensor([[0.3, -1.2, 2.0, 0.5, float("-inf")]])  # the last: never drawn
+    weights = logits[0, :4].tolist()
+    for order in [(2, 0, 3, 1), (1, 3, 0, 2), (0, 1, 2, 3)]:
+        full = torch.tensor([[*order, 4]])
+        for first in range(5):
+            expected = brute_force_prefix_probability(weights, order[:first]) if first else 1.0
+            got = plackett_luce_log_prob(logits, full, torch.tensor([first])).exp().item()
+            assert got == pytest.approx(min(expected, 1.0), rel=1e-5), (order, first)
+    # Differentiable in the logits (the policy gradient flows through it).
+    live = logits.clone().requires_grad_(True)
+    plackett_luce_log_prob(live, torch.tensor([[2, 0, 3, 1, 4]]), torch.tensor([2])).backward()
+    assert live.grad is not None and torch.isfinite(live.grad[0, :4]).all()
+
+
+@pytest.fixture(scope="module")
+def synthetic(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_synthetic_model(tmp_path_factory.mktemp("synthetic"), seed=0, n_train=2000)
+
+
+def test_the_reward_is_the_evaluators_deletion_curve(synthetic: Path) -> None:
+    model = load_model(synthetic)
+    texts = sample_linear_dataset(6, seed=3).texts()
+    encoded = [model.encode(t) for t in texts]
+    rng = np.random.default_rng(0)
+    scores = [rng.normal(size=len(e)).astype(np.float32) for e in encoded]
+    evaluator = Evaluator(model, EvalConfig(replace="mask", game_fractions=()))
+    original = evaluator.predict(encoded)
+    targets = [int(p) for p in original.argmax(axis=1)]
+    by_text = {id(e): s for e, s in zip(encoded, scores, strict=True)}
+
+    def explain(enc: object, target: int) -> np.ndarray:
+        return by_text[id(enc)]
+
+    examples = [EvalExample(t) for t in texts]
+    result = evaluator.evaluate_method("fixed", explain, examples, encoded, targets)
+    width = max(len(e) for e in encoded)
+    keep = torch.zeros((len(encoded), width), dtype=torch.bool)
+    logits = torch.full((len(encoded), width), float("-inf"))
+    for row, (e, s) in enumerate(zip(encoded, scores, strict=True)):
+        keep[row, : len(e)] = torch.from_numpy(~e.special_mask)
+        logits[row, : len(e)] = torch.from_numpy(s).masked_fill(keep[row, : len(e)] == 0, -1e9)
+    logits = logits.masked_fill(~keep, float("-inf"))
+    order = logits.argsort(1, descending=True)
+    target = torch.tensor(targets)
+    curve = deletion_curve(model, order, _tensors(model, encoded), keep, target)
+    p = original[np.arange(len(targets)), targets]
+    # AOPC deletion = the original probability less the mean of the curve.
+    np.testing.assert_allclose(
+        p - curve.numpy(), np.asarray(result.aopc_deletion_per_input), atol=1e-5
+    )
+
+
+def test_a_head_trained_with_the_policy_loop_is_served(synthetic: Path) -> None:
+    model = load_model(synthetic)
+    texts = sample_linear_dataset(40, seed=1).texts()
+    rng = np.random.default_rng(1)
+    examples = []
+    for text in texts:
+        n = len(model.encode(text))
+        examples.append(TeacherExample(text, 1, rng.normal(size=n).tolist()))
+    config = TrainConfig(
+        epochs=2, width=16, attention_heads=2, loop_steps=3, loop_batch_size=8,
+        loop_estimator="policy", loop_samples=2,
+    )  # fmt: skip
+    before, _ = train_head(model, examples, TrainConfig(**{**config.__dict__, "loop_steps": 0}))
+    head, info = train_head(model, examples, config)
+    assert info["loop_steps"] == 3
+    changed = [
+        not torch.equal(a, b)
+        for a, b in zip(head.state_dict().values(), before.state_dict().values(), strict=True)
+    ]
+    assert any(changed)  # the loop moved the head
+    batch = InlineBatch.from_encoded([model.encode(texts[0])], model.pad_id)
+    scores = TorchRuntime(model, {"distilled": head}).run_inline(batch).extra["distilled"]
+    assert np.isfinite(np.asarray(scores)).all()
+
+    # The loop's settings are part of a recipe only when it has a loop (they change only
+    # such a head): without one the digest ignores them, with one it does not.
+    def digest(**train: object) -> str:
+        return HeadRecipe(train=TrainConfig(**train)).digest()  # type: ignore[arg-type]
+
+    assert digest(loop_temperature=0.1) == digest() == digest(loop_estimator="straight_through")
+    assert digest(loop_steps=5) != digest(loop_steps=5, loop_temperature=0.1)
+    with pytest.raises(ValueError, match="estimator"):
+        train_head(model, examples, TrainConfig(loop_steps=1, loop_estimator="other"))
