@@ -3,7 +3,7 @@
     .venv/bin/python bench/bench_head_width.py --demo bert-tiny --widths 64,32,16 --seeds 0,1,2
     .venv/bin/python bench/bench_head_width.py --demo minilm --epochs 5 --widths 64,32,16
     .venv/bin/python bench/bench_head_width.py --demo bert-tiny --widths 16 --seeds 0 \
-        --train ";loop_steps=1000;loop_steps=3000,loop_weight=5"
+        --train ";loop_steps=1000,loop_estimator=straight_through"
 
 For each width and seed it trains a head exactly as the demo build does (`train_head`) on the
 teacher labels cached beside the demo model (build it first: `limelight build-demo`), then
@@ -48,14 +48,19 @@ def cached_labels(model_dir: Path, teacher: str) -> list[TeacherExample]:
     return [TeacherExample(r["text"], r["target"], r["scores"]) for r in rows]
 
 
-def train_variants(spec: str) -> list[dict[str, int | float]]:
-    """``"a=1,b=0.5;c=2"`` → ``[{"a": 1, "b": 0.5}, {"c": 2}]`` (``TrainConfig`` overrides)."""
-    variants: list[dict[str, int | float]] = []
+def train_variants(spec: str) -> list[dict[str, Any]]:
+    """``"a=1,b=0.5;c=x"`` → ``[{"a": 1, "b": 0.5}, {"c": "x"}]`` (``TrainConfig`` overrides)."""
+    variants: list[dict[str, Any]] = []
     for variant in spec.split(";"):
-        fields: dict[str, int | float] = {}
+        fields: dict[str, Any] = {}
         for pair in filter(None, variant.split(",")):
             name, value = pair.split("=")
-            fields[name.strip()] = float(value) if "." in value else int(value)
+            for kind in (int, float, str):
+                try:
+                    fields[name.strip()] = kind(value)
+                    break
+                except ValueError:
+                    continue
         variants.append(fields)
     return variants
 

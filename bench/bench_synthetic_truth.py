@@ -40,6 +40,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--n-train", type=int, default=1000)
     parser.add_argument("--n-test", type=int, default=200)
     parser.add_argument("--loop-steps", type=int, default=300)
+    parser.add_argument(
+        "--loop-estimator", default="policy", choices=["policy", "straight_through"]
+    )
     args = parser.parse_args(argv)
     torch.manual_seed(0)
     with tempfile.TemporaryDirectory() as tmp:
@@ -53,7 +56,7 @@ def main(argv: list[str] | None = None) -> int:
             "shapley",
             {"permutations": 2},
             Path(tmp) / "labels.jsonl",
-            config=TrainConfig(loop_steps=args.loop_steps),
+            config=TrainConfig(loop_steps=args.loop_steps, loop_estimator=args.loop_estimator),
         )
         test = sample_linear_dataset(args.n_test, seed=2).texts()
         per_word: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))

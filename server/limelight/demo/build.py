@@ -687,7 +687,7 @@ class DemoHead:
     attention_heads: int = 4
     epochs: int = 30
     loop_steps: int = 0
-    loop_lr: float = TrainConfig.loop_lr
+    loop_lr: float | None = None
 
 
 #: The head of each demo model. MiniLM: Shapley labels from two antithetic permutations on 600
@@ -699,9 +699,9 @@ class DemoHead:
 #: their direction. Widths: the narrowest that measured level
 #: with 64 over three training seeds (MiniLM 32, BERT-tiny 16), since every unit of width is
 #: paid on every request (BERT-tiny's forward pass is so cheap that the head is a visible share).
-#: BERT-tiny then trains 2,000 steps with the classifier in the loop (zeroth order: sampled token
-#: orders scored by the classifier's deletion curve), which measured better sufficiency on
-#: held-out reviews (about 3.7 minutes on two threads); on MiniLM each step costs 15 times more.
+#: Neither trains with the classifier in the loop: on BERT-tiny 2,000 zeroth-order steps traded
+#: about 0.004 of sufficiency for 0.003 of removal (docs/distillation.md), not a clear gain for
+#: 4–5 more minutes of build.
 DEMO_HEADS: dict[str, DemoHead] = {
     "minilm": DemoHead(
         "shapley", {"permutations": 2}, n_texts=600, width=32, attention_heads=2, epochs=5
@@ -712,7 +712,6 @@ DEMO_HEADS: dict[str, DemoHead] = {
         n_texts=8000,
         width=16,
         attention_heads=2,
-        loop_steps=2000,
     ),
 }
 

@@ -100,7 +100,9 @@ class TrainConfig:
     loop_steps: int = 0
     """Steps of stage 2 (the classifier in the loop); 0 = amortisation only."""
     loop_batch_size: int = 16
-    loop_lr: float = 1e-3
+    loop_lr: float | None = None
+    """Learning rate of stage 2; None: the estimator's own (``policy`` 1e-3,
+    ``straight_through`` 5e-4, the rates they were measured with)."""
     loop_weight: float = 1.0
     """Weight of the faithfulness loss against the amortisation anchor in stage 2
     (``straight_through``); the ``policy`` stage uses no anchor."""
@@ -497,7 +499,8 @@ def _loop(
     embed = classifier.get_input_embeddings()
     mask_id = model.mask_token_id if model.mask_token_id is not None else model.pad_id
     mask_vector = embed.weight[int(mask_id)].detach()
-    optimizer = torch.optim.AdamW(head.parameters(), lr=config.loop_lr, weight_decay=1e-2)
+    lr = config.loop_lr if config.loop_lr is not None else 5e-4
+    optimizer = torch.optim.AdamW(head.parameters(), lr=lr, weight_decay=1e-2)
     fractions = torch.tensor([0.1, 0.2, 0.3, 0.4, 0.5])
     lengths = [len(i.encoded) for i in items]
     step = 0
@@ -624,7 +627,8 @@ def _policy_loop(
     """Stage 2, zeroth order: orders of each text's tokens are sampled from the head's scores
     (Gumbel noise, ``loop_temperature``), each is scored by the frozen classifier's deletion
     curve, and the head moves towards the orders that beat its own (the baseline)."""
-    optimizer = torch.optim.AdamW(head.parameters(), lr=config.loop_lr, weight_decay=1e-2)
+    lr = config.loop_lr if config.loop_lr is not None else 1e-3
+    optimizer = torch.optim.AdamW(head.parameters(), lr=lr, weight_decay=1e-2)
     lengths = [len(i.encoded) for i in items]
     step = 0
     while step < config.loop_steps:
