@@ -31,7 +31,7 @@ from __future__ import annotations
 import hashlib
 import json
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -469,8 +469,8 @@ def _train_in_the_loop(
     rng: np.random.Generator,
     progress: Callable[[str, int, int], None] | None,
 ) -> None:
-    """Stage 2: deletion and sufficiency of the head's own top tokens, through the frozen
-    classifier (straight-through hard masks on the input embeddings)."""
+    """Stage 2: the head's own top tokens masked in the frozen classifier (``_policy_loop``,
+    or ``_loop`` with straight-through masks on the input embeddings)."""
     classifier = model.model
     frozen = [p for p in classifier.parameters() if p.requires_grad]
     for p in frozen:
@@ -487,6 +487,27 @@ def _train_in_the_loop(
             p.requires_grad_(True)
 
 
+def _loop_optimizer(
+    head: ExplainerHead, config: TrainConfig, default_lr: float
+) -> torch.optim.Optimizer:
+    lr = config.loop_lr if config.loop_lr is not None else default_lr
+    return torch.optim.AdamW(head.parameters(), lr=lr, weight_decay=1e-2)
+
+
+def _loop_batches(
+    items: Sequence[_Item], config: TrainConfig, rng: np.random.Generator
+) -> Iterator[list[_Item]]:
+    """Stage 2's batches: ``config.loop_steps`` of them, reshuffled after every pass."""
+    lengths = [len(i.encoded) for i in items]
+    step = 0
+    while True:
+        for batch in _batches(len(items), config.loop_batch_size, rng, lengths):
+            if step >= config.loop_steps:
+                return
+            yield [items[i] for i in batch]
+            step += 1
+
+
 def _loop(
     model: LoadedModel,
     head: ExplainerHead,
@@ -499,62 +520,51 @@ def _loop(
     embed = classifier.get_input_embeddings()
     mask_id = model.mask_token_id if model.mask_token_id is not None else model.pad_id
     mask_vector = embed.weight[int(mask_id)].detach()
-    lr = config.loop_lr if config.loop_lr is not None else 5e-4
-    optimizer = torch.optim.AdamW(head.parameters(), lr=lr, weight_decay=1e-2)
-    fractions = torch.tensor([0.1, 0.2, 0.3, 0.4, 0.5])
-    lengths = [len(i.encoded) for i in items]
-    step = 0
-    while step < config.loop_steps:
-        for batch in _batches(len(items), config.loop_batch_size, rng, lengths):
-            if step >= config.loop_steps:
-                break
-            chosen = [items[i] for i in batch]
-            x, mask, y, keep, target = _pad(chosen)
-            scores = head.score(x, mask)
-            rows = torch.arange(len(chosen))
-            s = scores[rows, :, target]  # [B, n]
-            # Per text: a random share k of its tokens; threshold halfway between the k-th and
-            # the (k+1)-th highest score, temperature from the spread of its scores.
-            frac = fractions[torch.as_tensor(rng.integers(0, len(fractions), len(chosen)))]
-            n_keep = keep.sum(1)
-            k = torch.clamp((frac * n_keep).round().long(), min=1)
-            masked = s.masked_fill(~keep, float("-inf"))
-            ordered = masked.sort(dim=1, descending=True).values
-            hi = ordered[rows, k - 1]
-            lo = torch.where(k < n_keep, ordered[rows, k.clamp(max=ordered.shape[1] - 1)], hi - 1)
-            threshold = ((hi + lo) / 2).detach()
-            spread = s.masked_fill(~keep, 0).std(dim=1).clamp(min=1e-3).detach()
-            soft = torch.sigmoid((s - threshold[:, None]) / (0.25 * spread[:, None]))
-            hard = (s >= threshold[:, None]).float()
-            top = (hard + soft - soft.detach()) * keep.float()  # 1 = among the head's top k
-            ids, attn, types = _tensors(model, [c.encoded for c in chosen])
-            words = embed(ids)
-            deleted = words * (1 - top[..., None]) + mask_vector * top[..., None]
-            kept_only = (
-                words * (top + (~keep).float())[..., None]
-                + mask_vector * ((1 - top) * keep.float())[..., None]
-            )
-            both = torch.cat([deleted, kept_only])
-            kwargs: dict[str, Any] = {
-                "inputs_embeds": both,
-                "attention_mask": torch.cat([attn, attn]),
-            }
-            if types is not None:
-                kwargs["token_type_ids"] = torch.cat([types, types])
-            logits = classifier(**kwargs).logits.float()
-            # A multi-label example is about its own label's sigmoid, not a share of a softmax.
-            probs = torch.sigmoid(logits) if model.is_multi_label else torch.softmax(logits, dim=-1)
-            t2 = torch.cat([target, target])
-            p = probs[torch.arange(len(t2)), t2]
-            faithfulness = p[: len(chosen)].mean() - p[len(chosen) :].mean()
-            anchor = amortisation_loss(scores, y, keep, target, negates_other_class(model))
-            loss = config.loop_weight * faithfulness + anchor
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            optimizer.step()
-            step += 1
-            if progress is not None:
-                progress("classifier in the loop", step, config.loop_steps)
+    optimizer = _loop_optimizer(head, config, default_lr=5e-4)
+    fractions = torch.tensor(LOOP_FRACTIONS)
+    for step, chosen in enumerate(_loop_batches(items, config, rng), 1):
+        x, mask, y, keep, target = _pad(chosen)
+        scores = head.score(x, mask)
+        rows = torch.arange(len(chosen))
+        s = scores[rows, :, target]  # [B, n]
+        # Per text: a random share k of its tokens; threshold halfway between the k-th and
+        # the (k+1)-th highest score, temperature from the spread of its scores.
+        frac = fractions[torch.as_tensor(rng.integers(0, len(fractions), len(chosen)))]
+        n_keep = keep.sum(1)
+        k = torch.clamp((frac * n_keep).round().long(), min=1)
+        masked = s.masked_fill(~keep, float("-inf"))
+        ordered = masked.sort(dim=1, descending=True).values
+        hi = ordered[rows, k - 1]
+        lo = torch.where(k < n_keep, ordered[rows, k.clamp(max=ordered.shape[1] - 1)], hi - 1)
+        threshold = ((hi + lo) / 2).detach()
+        spread = s.masked_fill(~keep, 0).std(dim=1).clamp(min=1e-3).detach()
+        soft = torch.sigmoid((s - threshold[:, None]) / (0.25 * spread[:, None]))
+        hard = (s >= threshold[:, None]).float()
+        top = (hard + soft - soft.detach()) * keep.float()  # 1 = among the head's top k
+        ids, attn, types = _tensors(model, [c.encoded for c in chosen])
+        words = embed(ids)
+        deleted = words * (1 - top[..., None]) + mask_vector * top[..., None]
+        kept_only = (
+            words * (top + (~keep).float())[..., None]
+            + mask_vector * ((1 - top) * keep.float())[..., None]
+        )
+        both = torch.cat([deleted, kept_only])
+        kwargs: dict[str, Any] = {
+            "inputs_embeds": both,
+            "attention_mask": torch.cat([attn, attn]),
+        }
+        if types is not None:
+            kwargs["token_type_ids"] = torch.cat([types, types])
+        logits = classifier(**kwargs).logits.float()
+        p = _class_probability(model, logits, torch.cat([target, target]))
+        faithfulness = p[: len(chosen)].mean() - p[len(chosen) :].mean()
+        anchor = amortisation_loss(scores, y, keep, target, negates_other_class(model))
+        loss = config.loop_weight * faithfulness + anchor
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+        if progress is not None:
+            progress("classifier in the loop", step, config.loop_steps)
 
 
 LOOP_FRACTIONS = (0.1, 0.2, 0.3, 0.4, 0.5)
@@ -564,8 +574,8 @@ LOOP_FRACTIONS = (0.1, 0.2, 0.3, 0.4, 0.5)
 def _class_probability(
     model: LoadedModel, logits: torch.Tensor, target: torch.Tensor
 ) -> torch.Tensor:
-    """The explained class's probability per row: its own sigmoid for a multi-label model,
-    its share of the softmax otherwise."""
+    """The explained class's probability per row: a multi-label example is about its own
+    label's sigmoid, not a share of a softmax."""
     probs = torch.sigmoid(logits) if model.is_multi_label else torch.softmax(logits, dim=-1)
     return probs[torch.arange(len(target)), target]
 
@@ -627,36 +637,28 @@ def _policy_loop(
     """Stage 2, zeroth order: orders of each text's tokens are sampled from the head's scores
     (Gumbel noise, ``loop_temperature``), each is scored by the frozen classifier's deletion
     curve, and the head moves towards the orders that beat its own (the baseline)."""
-    lr = config.loop_lr if config.loop_lr is not None else 1e-3
-    optimizer = torch.optim.AdamW(head.parameters(), lr=lr, weight_decay=1e-2)
-    lengths = [len(i.encoded) for i in items]
-    step = 0
-    while step < config.loop_steps:
-        for batch in _batches(len(items), config.loop_batch_size, rng, lengths):
-            if step >= config.loop_steps:
-                break
-            chosen = [items[i] for i in batch]
-            x, mask, _, keep, target = _pad(chosen)
-            scores = head.score(x, mask)[torch.arange(len(chosen)), :, target]
-            logits = scores.masked_fill(~keep, float("-inf")) / config.loop_temperature
-            tensors = _tensors(model, [c.encoded for c in chosen])
-            own = deletion_curve(
-                model, logits.detach().argsort(1, descending=True), tensors, keep, target
-            )
-            half = torch.clamp((max(LOOP_FRACTIONS) * keep.sum(1)).round().long(), min=1)
-            loss = torch.zeros(())
-            for _ in range(config.loop_samples):
-                u = torch.rand(logits.shape).clamp(1e-9, 1 - 1e-9)
-                order = (logits.detach() - torch.log(-torch.log(u))).argsort(1, descending=True)
-                advantage = own - deletion_curve(model, order, tensors, keep, target)
-                log_prob = plackett_luce_log_prob(logits, order, half)
-                loss = loss - (advantage * log_prob).mean() / config.loop_samples
-            optimizer.zero_grad(set_to_none=True)
-            (config.loop_weight * loss).backward()
-            optimizer.step()
-            step += 1
-            if progress is not None:
-                progress("classifier in the loop", step, config.loop_steps)
+    optimizer = _loop_optimizer(head, config, default_lr=1e-3)
+    for step, chosen in enumerate(_loop_batches(items, config, rng), 1):
+        x, mask, _, keep, target = _pad(chosen)
+        scores = head.score(x, mask)[torch.arange(len(chosen)), :, target]
+        logits = scores.masked_fill(~keep, float("-inf")) / config.loop_temperature
+        tensors = _tensors(model, [c.encoded for c in chosen])
+        own = deletion_curve(
+            model, logits.detach().argsort(1, descending=True), tensors, keep, target
+        )
+        half = torch.clamp((max(LOOP_FRACTIONS) * keep.sum(1)).round().long(), min=1)
+        loss = torch.zeros(())
+        for _ in range(config.loop_samples):
+            u = torch.rand(logits.shape).clamp(1e-9, 1 - 1e-9)
+            order = (logits.detach() - torch.log(-torch.log(u))).argsort(1, descending=True)
+            advantage = own - deletion_curve(model, order, tensors, keep, target)
+            log_prob = plackett_luce_log_prob(logits, order, half)
+            loss = loss - (advantage * log_prob).mean() / config.loop_samples
+        optimizer.zero_grad(set_to_none=True)
+        (config.loop_weight * loss).backward()
+        optimizer.step()
+        if progress is not None:
+            progress("classifier in the loop", step, config.loop_steps)
 
 
 @torch.inference_mode()
