@@ -477,9 +477,9 @@ def _train_in_the_loop(
         p.requires_grad_(False)
     try:
         if config.loop_estimator == "policy":
-            _policy_loop(model, head, items, config, rng, progress)
+            _policy_loop(_Stage2(model, head, items, config, rng, progress))
         elif config.loop_estimator == "straight_through":
-            _loop(model, head, items, config, rng, progress)
+            _loop(_Stage2(model, head, items, config, rng, progress))
         else:
             raise ValueError(f"unknown loop estimator {config.loop_estimator!r}")
     finally:
@@ -487,42 +487,51 @@ def _train_in_the_loop(
             p.requires_grad_(True)
 
 
-def _loop_optimizer(
-    head: ExplainerHead, config: TrainConfig, default_lr: float
-) -> torch.optim.Optimizer:
-    lr = config.loop_lr if config.loop_lr is not None else default_lr
-    return torch.optim.AdamW(head.parameters(), lr=lr, weight_decay=1e-2)
+@dataclass
+class _Stage2:
+    """What a stage-2 loop works on."""
+
+    model: LoadedModel
+    head: ExplainerHead
+    items: Sequence[_Item]
+    config: TrainConfig
+    rng: np.random.Generator
+    progress: Callable[[str, int, int], None] | None
+
+    def optimizer(self, default_lr: float) -> torch.optim.Optimizer:
+        lr = self.config.loop_lr if self.config.loop_lr is not None else default_lr
+        return torch.optim.AdamW(self.head.parameters(), lr=lr, weight_decay=1e-2)
+
+    def batches(self) -> Iterator[list[_Item]]:
+        """Stage 2's batches, one per step: ``config.loop_steps`` of them, reshuffled after
+        every pass; a step is reported done when the next batch is asked for (or at the end)."""
+        lengths = [len(i.encoded) for i in self.items]
+        size, steps = self.config.loop_batch_size, self.config.loop_steps
+        step = 0
+        while True:
+            for batch in _batches(len(self.items), size, self.rng, lengths):
+                if step >= steps:
+                    self._report(step)
+                    return
+                if step:
+                    self._report(step)
+                step += 1
+                yield [self.items[i] for i in batch]
+
+    def _report(self, step: int) -> None:
+        if self.progress is not None and step:
+            self.progress("classifier in the loop", step, self.config.loop_steps)
 
 
-def _loop_batches(
-    items: Sequence[_Item], config: TrainConfig, rng: np.random.Generator
-) -> Iterator[list[_Item]]:
-    """Stage 2's batches: ``config.loop_steps`` of them, reshuffled after every pass."""
-    lengths = [len(i.encoded) for i in items]
-    step = 0
-    while True:
-        for batch in _batches(len(items), config.loop_batch_size, rng, lengths):
-            if step >= config.loop_steps:
-                return
-            yield [items[i] for i in batch]
-            step += 1
-
-
-def _loop(
-    model: LoadedModel,
-    head: ExplainerHead,
-    items: Sequence[_Item],
-    config: TrainConfig,
-    rng: np.random.Generator,
-    progress: Callable[[str, int, int], None] | None,
-) -> None:
+def _loop(run: _Stage2) -> None:
+    model, head, config, rng = run.model, run.head, run.config, run.rng
     classifier = model.model
     embed = classifier.get_input_embeddings()
     mask_id = model.mask_token_id if model.mask_token_id is not None else model.pad_id
     mask_vector = embed.weight[int(mask_id)].detach()
-    optimizer = _loop_optimizer(head, config, default_lr=5e-4)
+    optimizer = run.optimizer(default_lr=5e-4)
     fractions = torch.tensor(LOOP_FRACTIONS)
-    for step, chosen in enumerate(_loop_batches(items, config, rng), 1):
+    for chosen in run.batches():
         x, mask, y, keep, target = _pad(chosen)
         scores = head.score(x, mask)
         rows = torch.arange(len(chosen))
@@ -563,8 +572,6 @@ def _loop(
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()
-        if progress is not None:
-            progress("classifier in the loop", step, config.loop_steps)
 
 
 LOOP_FRACTIONS = (0.1, 0.2, 0.3, 0.4, 0.5)
@@ -626,19 +633,13 @@ def plackett_luce_log_prob(
     return (terms * drawn).sum(1)
 
 
-def _policy_loop(
-    model: LoadedModel,
-    head: ExplainerHead,
-    items: Sequence[_Item],
-    config: TrainConfig,
-    rng: np.random.Generator,
-    progress: Callable[[str, int, int], None] | None,
-) -> None:
+def _policy_loop(run: _Stage2) -> None:
     """Stage 2, zeroth order: orders of each text's tokens are sampled from the head's scores
     (Gumbel noise, ``loop_temperature``), each is scored by the frozen classifier's deletion
     curve, and the head moves towards the orders that beat its own (the baseline)."""
-    optimizer = _loop_optimizer(head, config, default_lr=1e-3)
-    for step, chosen in enumerate(_loop_batches(items, config, rng), 1):
+    model, head, config = run.model, run.head, run.config
+    optimizer = run.optimizer(default_lr=1e-3)
+    for chosen in run.batches():
         x, mask, _, keep, target = _pad(chosen)
         scores = head.score(x, mask)[torch.arange(len(chosen)), :, target]
         logits = scores.masked_fill(~keep, float("-inf")) / config.loop_temperature
@@ -657,8 +658,6 @@ def _policy_loop(
         optimizer.zero_grad(set_to_none=True)
         (config.loop_weight * loss).backward()
         optimizer.step()
-        if progress is not None:
-            progress("classifier in the loop", step, config.loop_steps)
 
 
 @torch.inference_mode()
