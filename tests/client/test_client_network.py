@@ -455,7 +455,9 @@ def test_spreading_stays_within_the_calls_deadline(
         with pytest.raises(errors.DeadlineExceeded):
             c.explain(TEXT, timeout=0.2)
         asked = scripted.servicer.calls_to("GetModel")[0]
-        assert asked.time_remaining is not None and asked.time_remaining <= 0.2
+        # gRPC sends the remaining time rounded up to its header's units; a few ms over 0.2 s
+        # is that rounding, the failure this guards against is the default five seconds.
+        assert asked.time_remaining is not None and asked.time_remaining <= 0.25
         del scripted.servicer.delays["GetModel"]
         c.explain(TEXT)
     assert len(scripted.servicer.calls_to("GetModel")) == 3  # the slow one, then both
