@@ -401,3 +401,41 @@ def test_distill_cli_mix_flag(
     card = read_card(tmp_path / "head")
     assert card is not None and (card.width, card.attention_heads) == (16, 2)
     assert card.parameters == sum(p.numel() for p in new_head(card).parameters())
+
+
+def test_distill_cli_loop_texts_and_reward(
+    synthetic: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`--loop-texts N`: N more texts of the data, after the labelled ones, for the policy
+    loop only (never labelled); `--loop-reward` picks its curves. Both are part of the recipe
+    only when there is a loop; bad values are refused before any label is computed."""
+    from limelight.cli.main import main
+
+    data = texts_file(tmp_path, 30, seed=8)
+    base = [
+        "distill", "--model", str(synthetic), "--data", str(data), "--n", "10",
+        "--validation", "6", "--epochs", "1", "--out", str(tmp_path / "head"), "--no-progress",
+    ]  # fmt: skip
+    for bad, message in [
+        (["--loop-steps", "2", "--loop-reward", "mask+nonsense"], "unknown loop reward"),
+        (["--loop-texts", "5"], "--loop-texts trains the policy loop"),
+        (
+            ["--loop-steps", "2", "--loop-texts", "5", "--loop-estimator", "straight_through"],
+            "--loop-texts trains the policy loop",
+        ),
+    ]:
+        assert main([*base, *bad]) == 2
+        assert message in capsys.readouterr().err
+    assert not (tmp_path / "head.teacher-shapley.jsonl").exists()
+    loop = ["--loop-steps", "2", "--loop-texts", "8", "--loop-reward", "mask+keep"]
+    assert main([*base, *loop]) == 0
+    card = read_card(tmp_path / "head")
+    assert card is not None and card.train_texts == 10
+    assert card.training["loop_texts"] == 8 and card.training["loop_reward"] == "mask+keep"
+    labelled = (tmp_path / "head.teacher-shapley.jsonl").read_text().splitlines()
+    assert len(labelled) == 1 + 10  # the loop's texts were never labelled
+
+    plain = HeadRecipe(train=CONFIG)
+    assert replace(plain, loop_texts=8).digest() != plain.digest()
+    no_loop = HeadRecipe(train=replace(CONFIG, loop_steps=0))
+    assert replace(no_loop, loop_texts=8).digest() == no_loop.digest()

@@ -20,7 +20,7 @@ from limelight.distill.train import (
     TeacherExample,
     TrainConfig,
     _tensors,
-    deletion_curve,
+    perturbation_curve,
     plackett_luce_log_prob,
     train_head,
 )
@@ -64,13 +64,19 @@ def synthetic(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build_synthetic_model(tmp_path_factory.mktemp("synthetic"), seed=0, n_train=2000)
 
 
-def test_the_reward_is_the_evaluators_deletion_curve(synthetic: Path) -> None:
+@pytest.mark.parametrize(
+    ("replace", "keep_top"), [("mask", False), ("delete", False), ("mask", True), ("delete", True)]
+)
+def test_the_reward_is_the_evaluators_curve(synthetic: Path, replace: str, keep_top: bool) -> None:
+    """Deletion and sufficiency, each with the tokens masked or cut out of the text (the
+    evaluator re-encodes the shorter text; the loop moves each row's tokens left in one
+    batch)."""
     model = load_model(synthetic)
     texts = sample_linear_dataset(6, seed=3).texts()
     encoded = [model.encode(t) for t in texts]
     rng = np.random.default_rng(0)
     scores = [rng.normal(size=len(e)).astype(np.float32) for e in encoded]
-    evaluator = Evaluator(model, EvalConfig(replace="mask", game_fractions=()))
+    evaluator = Evaluator(model, EvalConfig(replace=replace, game_fractions=()))  # type: ignore[arg-type]
     original = evaluator.predict(encoded)
     targets = [int(p) for p in original.argmax(axis=1)]
     by_text = {id(e): s for e, s in zip(encoded, scores, strict=True)}
@@ -89,12 +95,12 @@ def test_the_reward_is_the_evaluators_deletion_curve(synthetic: Path) -> None:
     logits = logits.masked_fill(~keep, float("-inf"))
     order = logits.argsort(1, descending=True)
     target = torch.tensor(targets)
-    curve = deletion_curve(model, order, _tensors(model, encoded), keep, target)
+    tensors = _tensors(model, encoded)
+    curve = perturbation_curve(model, order, tensors, keep, target, replace, keep_top)
     p = original[np.arange(len(targets)), targets]
-    # AOPC deletion = the original probability less the mean of the curve.
-    np.testing.assert_allclose(
-        p - curve.numpy(), np.asarray(result.aopc_deletion_per_input), atol=1e-5
-    )
+    # AOPC = the original probability less the mean of the curve.
+    expected = result.aopc_sufficiency_per_input if keep_top else result.aopc_deletion_per_input
+    np.testing.assert_allclose(p - curve.numpy(), np.asarray(expected), atol=1e-5)
 
 
 def test_a_head_trained_with_the_policy_loop_is_served(synthetic: Path) -> None:
@@ -130,3 +136,40 @@ def test_a_head_trained_with_the_policy_loop_is_served(synthetic: Path) -> None:
     assert digest(loop_steps=5) != digest(loop_steps=5, loop_temperature=0.1)
     with pytest.raises(ValueError, match="estimator"):
         train_head(model, examples, TrainConfig(loop_steps=1, loop_estimator="other"))
+    with pytest.raises(ValueError, match="reward"):
+        train_head(model, examples, TrainConfig(loop_steps=1, loop_reward="other"))
+
+
+def test_the_loop_reads_texts_without_labels(synthetic: Path) -> None:
+    """``loop_texts``: the policy loop trains on texts that have no labels (explaining the
+    predicted class); the amortisation stage never sees them, and the removal reward runs."""
+    model = load_model(synthetic)
+    texts = sample_linear_dataset(30, seed=4).texts()
+    rng = np.random.default_rng(2)
+    examples = [
+        TeacherExample(t, 1, rng.normal(size=len(model.encode(t))).tolist()) for t in texts[:10]
+    ]
+    config = TrainConfig(
+        epochs=1, width=16, attention_heads=2, loop_steps=2, loop_batch_size=20,
+        loop_samples=1, loop_reward="mask+delete+keep",
+    )  # fmt: skip
+    plain, _ = train_head(model, examples, config)
+    more, _ = train_head(model, examples, config, loop_texts=texts[10:])
+    differs = [
+        not torch.equal(a, b)
+        for a, b in zip(plain.state_dict().values(), more.state_dict().values(), strict=True)
+    ]
+    assert any(differs)  # the extra texts were in the loop's batches
+    stage1, _ = train_head(model, examples, TrainConfig(**{**config.__dict__, "loop_steps": 0}))
+    alone, _ = train_head(
+        model, examples, TrainConfig(**{**config.__dict__, "loop_steps": 0}), loop_texts=texts
+    )
+    for a, b in zip(stage1.state_dict().values(), alone.state_dict().values(), strict=True):
+        assert torch.equal(a, b)  # no loop: the texts are not read
+    with pytest.raises(ValueError, match="policy loop"):
+        train_head(
+            model,
+            examples,
+            TrainConfig(**{**config.__dict__, "loop_estimator": "straight_through"}),
+            loop_texts=texts[10:],
+        )

@@ -72,6 +72,20 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "(the mask's derivative, measured worse; kept to reproduce earlier heads)",
     )
     p.add_argument(
+        "--loop-reward",
+        default=defaults.loop_reward,
+        help="policy loop: the curves a token order is scored by, joined by + — mask "
+        "(deletion with the mask token; default), delete (deletion with the tokens cut out), "
+        "keep (sufficiency)",
+    )
+    p.add_argument(
+        "--loop-texts",
+        type=int,
+        default=0,
+        help="policy loop: this many more texts of --data, after the --n labelled ones, "
+        "without labels (the loop reads the classifier only)",
+    )
+    p.add_argument(
         "--width",
         type=int,
         default=defaults.width,
@@ -101,7 +115,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 def run(args: argparse.Namespace) -> int:
     from limelight.app import load_served_model
     from limelight.distill.build import HeadRecipe, build_head, report
-    from limelight.distill.train import DEFAULT_TEACHER_PARAMS, TrainConfig
+    from limelight.distill.train import DEFAULT_TEACHER_PARAMS, TrainConfig, loop_reward_terms
     from limelight.models.explainer_head import head_dir
 
     if args.width < 1 or args.attention_heads < 1 or args.width % args.attention_heads:
@@ -110,10 +124,18 @@ def run(args: argparse.Namespace) -> int:
             f"--width {args.width} must be a positive multiple of --attention-heads "
             f"{args.attention_heads}"
         )
+    try:
+        loop_reward_terms(args.loop_reward)
+    except ValueError as exc:
+        raise InvalidArgument(f"--loop-reward: {exc}") from None
+    if args.loop_texts and (args.loop_estimator != "policy" or not args.loop_steps):
+        raise InvalidArgument("--loop-texts trains the policy loop: give --loop-steps too")
     settings = settings_from_args(args)
     setup_logging("WARNING")
     mixture = parse_mixture(args.mix, args.mix_param) if args.mix else None
     model = load_served_model(settings)
+    if args.loop_texts and model.is_multi_label:
+        raise InvalidArgument("--loop-texts: only for single-label models")
     params = dict(DEFAULT_TEACHER_PARAMS.get(args.teacher, {}))
     params.update(parse_params(args.param))
     recipe = HeadRecipe(
@@ -126,12 +148,14 @@ def run(args: argparse.Namespace) -> int:
             epochs=args.epochs,
             loop_steps=args.loop_steps,
             loop_estimator=args.loop_estimator,
+            loop_reward=args.loop_reward,
             width=args.width,
             attention_heads=args.attention_heads,
             label_scale=args.label_scale,
             seed=args.seed,
         ),
         mixture=mixture,
+        loop_texts=args.loop_texts,
     )
     _, card, out = build_head(model, settings, recipe, args.out, progress=not args.no_progress)
     print(report(card))

@@ -54,12 +54,17 @@ class HeadRecipe:
     train: TrainConfig = field(default_factory=TrainConfig)
     mixture: Mixture | None = None
     """A second teacher mixed into the labels (``limelight distill --mix``)."""
+    loop_texts: int = 0
+    """More texts of the data, after the ``n_texts`` labelled ones, that only the ``policy``
+    loop stage reads (it needs no labels: ``limelight distill --loop-texts``)."""
     version: str = HEAD_RECIPE_VERSION
 
     def digest(self) -> str:
         fields = asdict(self)
         if self.mixture is None:  # recipes without a mixture keep the digests they had
             del fields["mixture"]
+        if not self.loop_texts or not self.train.loop_steps:  # the same: none read
+            del fields["loop_texts"]
         if not self.train.loop_steps:  # the loop's settings cannot change a head without it
             for name in [n for n in fields["train"] if n.startswith("loop_") and n != "loop_steps"]:
                 del fields["train"][name]
@@ -95,7 +100,9 @@ def build_head(
 ) -> tuple[ExplainerHead, HeadCard, Path]:
     """Label, train, validate and save a head for ``model`` following ``recipe``."""
     out = out or head_dir(model)
-    texts, held_out = training_texts(recipe.data, recipe.n_texts, recipe.validation_texts)
+    extra = recipe.loop_texts if recipe.train.loop_steps else 0
+    texts, held_out = training_texts(recipe.data, recipe.n_texts + extra, recipe.validation_texts)
+    texts, loop_texts = texts[: recipe.n_texts], texts[recipe.n_texts :]
     cache = label_cache(out, recipe.teacher)
     teachers = [recipe.teacher] + ([recipe.mixture.teacher] if recipe.mixture else [])
     bar = tqdm(
@@ -132,6 +139,7 @@ def build_head(
             data_name=f"{recipe.data} (first {len(texts)} of the training split)",
             validation_texts=held_out,
             mixture=recipe.mixture,
+            loop_texts=loop_texts,
         )
     finally:
         bar.close()

@@ -9,13 +9,12 @@ Two stages, both deterministic for a seed:
    and signs matter, scales do not: a token against the class stays negative in the heat-map);
    with two (softmax) classes the other column gets the negated scores, which is exact for
    log-odds. Special tokens are ignored.
-2. **The classifier in the loop** (``loop_steps`` > 0). The head's scores pick the top share
-   of tokens; the classifier, frozen, sees the text with those tokens masked (the class
-   probability must fall) and with only those tokens kept (it must stay). The mask is hard in
-   the forward pass and passes gradients to the scores through a sigmoid relaxation
-   (straight-through), so the head is trained on the faithfulness objective itself. The
-   amortisation loss stays on as an anchor, so the ranking does not drift onto artefacts of
-   the mask token.
+2. **The classifier in the loop** (``loop_steps`` > 0). The head's scores define a
+   Plackett–Luce distribution over token orders; sampled orders are scored by the frozen
+   classifier's own curves (deletion with the mask token by default, ``loop_reward``), and the
+   head follows the policy gradient of the orders that beat its own. It reads no labels, so it
+   can train on texts that have none (``loop_texts``). ``loop_estimator="straight_through"``
+   keeps the earlier first-order loop (a relaxed top-k mask with the labels as an anchor).
 
 Multi-label models (an independent sigmoid per label) are taught per (text, label): the
 teacher explains every label the sidecar explains for the text — those at or above their
@@ -116,6 +115,12 @@ class TrainConfig:
     """``policy``: temperature of the sampled orders (Gumbel noise on score / temperature)."""
     loop_samples: int = 4
     """``policy``: orders sampled per text and step."""
+    loop_reward: str = "mask"
+    """``policy``: the curves an order is scored by, joined by ``+``: ``mask`` (deletion, the
+    top tokens replaced by the mask token), ``delete`` (deletion, the top tokens cut out of
+    the text), ``keep`` (sufficiency: only the top tokens kept, the rest masked). The reward
+    is the mean of the sufficiency readings less the mean of the deletion readings; each term
+    costs the forward passes of one curve."""
     label_scale: str = "rms"
     """How each text's teacher scores are scaled before regression (see
     :func:`normalise_labels`): ``rms`` keeps their signs, ``standard`` centres them."""
@@ -353,6 +358,22 @@ def _items(
     return items
 
 
+def _unlabelled_items(
+    model: LoadedModel, head: ExplainerHead, texts: Sequence[str], config: TrainConfig
+) -> list[_Item]:
+    """Items for the policy loop alone: the predicted class as target, no labels (zeros)."""
+    if config.loop_estimator != "policy" or model.is_multi_label:
+        raise ValueError("texts without labels train only the policy loop of single-label models")
+    encoded = [model.encode(text) for text in texts]
+    targets = _sequence_logits(model, encoded).argmax(1)
+    items = []
+    for enc, f, target in zip(encoded, head_features(model, head, encoded), targets, strict=True):
+        keep = ~enc.special_mask
+        if keep.sum():
+            items.append(_Item(enc, f, int(target), torch.zeros(len(enc)), torch.from_numpy(keep)))
+    return items
+
+
 def _pad(items: Sequence[_Item]) -> tuple[torch.Tensor, ...]:
     width = max(len(i.encoded) for i in items)
     b, f = len(items), items[0].features.shape[1]
@@ -414,8 +435,13 @@ def train_head(
     config: TrainConfig | None = None,
     layers: Sequence[int] | None = None,
     progress: Callable[[str, int, int], None] | None = None,
+    loop_texts: Sequence[str] = (),
 ) -> tuple[ExplainerHead, dict[str, Any]]:
-    """Train a head on ``examples`` (stage 1, then stage 2 if ``config.loop_steps``)."""
+    """Train a head on ``examples`` (stage 1, then stage 2 if ``config.loop_steps``).
+
+    ``loop_texts``: more texts for the ``policy`` loop stage, beside the examples' own. That
+    stage reads the classifier, never the labels, so its texts need none; each explains the
+    model's predicted class (single-label models only)."""
     config = config or TrainConfig()
     started = time.monotonic()
     with torch.random.fork_rng(devices=[]):
@@ -450,14 +476,19 @@ def train_head(
             if progress is not None:
                 progress("amortisation", epoch + 1, config.epochs)
         if config.loop_steps:
+            if loop_texts:
+                items = items + _unlabelled_items(model, head, loop_texts, config)
             _train_in_the_loop(model, head, items, config, rng, progress)
     head.eval()
-    info = {
+    info: dict[str, Any] = {
         "epochs": config.epochs,
         "loop_steps": config.loop_steps,
         "width": config.width,
         "seconds": round(time.monotonic() - started, 1),
     }
+    if config.loop_steps:
+        info["loop_reward"] = config.loop_reward
+        info["loop_texts"] = len(loop_texts)
     return head, info
 
 
@@ -576,6 +607,7 @@ def _loop(run: _Stage2) -> None:
 
 LOOP_FRACTIONS = (0.1, 0.2, 0.3, 0.4, 0.5)
 """The shares of each text's tokens that the stage-2 loops mask (where the curves are read)."""
+LOOP_REWARDS = ("mask", "delete", "keep")
 
 
 def _class_probability(
@@ -588,16 +620,20 @@ def _class_probability(
 
 
 @torch.no_grad()
-def deletion_curve(
+def perturbation_curve(
     model: LoadedModel,
     order: torch.Tensor,
     tensors: tuple[torch.Tensor, torch.Tensor, torch.Tensor | None],
     keep: torch.Tensor,
     target: torch.Tensor,
+    replace: str = "mask",
+    keep_top: bool = False,
 ) -> torch.Tensor:
     """Per text, the mean class probability with the first 10, 20, … 50 % of its tokens in
-    ``order`` ([B, n] positions, most important first) replaced by the mask token: the curve
-    the deletion metric reads, lower is better."""
+    ``order`` ([B, n] positions, most important first) replaced by the mask token (``replace
+    ="mask"``) or cut out of the text (``"delete"``): the curve the deletion metric reads,
+    lower is better. ``keep_top``: every token but those replaced instead, the curve the
+    sufficiency metric reads (higher is better)."""
     ids, attn, types = tensors
     mask_id = int(model.mask_token_id if model.mask_token_id is not None else model.pad_id)
     rank = torch.empty_like(order)
@@ -608,14 +644,72 @@ def deletion_curve(
         # The evaluator's count of tokens (round half to even in float64, at least one).
         k = torch.tensor([max(1, min(m, round(fraction * m))) for m in n.tolist()])
         top = (rank < k[:, None]) & keep
-        kwargs: dict[str, Any] = {
-            "input_ids": ids.masked_fill(top, mask_id),
-            "attention_mask": attn,
-        }
-        if types is not None:
-            kwargs["token_type_ids"] = types
+        drop = keep & ~top if keep_top else top
+        if replace == "mask":
+            kwargs = _inputs(ids.masked_fill(drop, mask_id), attn, types)
+        elif replace == "delete":
+            kwargs = _cut(model, drop, ids, attn, types)
+        else:
+            raise ValueError(f"unknown replacement {replace!r}")
         total += _class_probability(model, model.model(**kwargs).logits.float(), target)
     return total / len(LOOP_FRACTIONS)
+
+
+def _inputs(
+    ids: torch.Tensor, attn: torch.Tensor, types: torch.Tensor | None
+) -> dict[str, torch.Tensor]:
+    kwargs = {"input_ids": ids, "attention_mask": attn}
+    if types is not None:
+        kwargs["token_type_ids"] = types
+    return kwargs
+
+
+def _cut(
+    model: LoadedModel,
+    drop: torch.Tensor,
+    ids: torch.Tensor,
+    attn: torch.Tensor,
+    types: torch.Tensor | None,
+) -> dict[str, torch.Tensor]:
+    """The batch with the ``drop`` positions cut out: each row's remaining tokens move left
+    in their order (positions renumbered, as in a text without them), padding after them."""
+    present = attn.bool() & ~drop
+    # A stable sort of "absent" flags: the present positions first, in their order.
+    moved = torch.argsort((~present).int(), dim=1, stable=True)
+    width = int(present.sum(1).max())
+    moved = moved[:, :width]
+    left = present.gather(1, moved)
+    new_ids = ids.gather(1, moved).masked_fill(~left, model.pad_id)
+    new_types = types.gather(1, moved).masked_fill(~left, 0) if types is not None else None
+    return _inputs(new_ids, left.to(attn.dtype), new_types)
+
+
+def reward_curve(
+    model: LoadedModel,
+    order: torch.Tensor,
+    tensors: tuple[torch.Tensor, torch.Tensor, torch.Tensor | None],
+    keep: torch.Tensor,
+    target: torch.Tensor,
+    config: TrainConfig,
+) -> torch.Tensor:
+    """The policy loop's reading of ``order``, lower is better: the mean of its deletion
+    curves less the mean of its sufficiency curves (``config.loop_reward``)."""
+    terms = loop_reward_terms(config.loop_reward)
+    total = torch.zeros(len(order))
+    deleted = [t for t in terms if t != "keep"]
+    for replace in deleted:
+        total += perturbation_curve(model, order, tensors, keep, target, replace) / len(deleted)
+    if "keep" in terms:
+        total -= perturbation_curve(model, order, tensors, keep, target, "mask", keep_top=True)
+    return total
+
+
+def loop_reward_terms(reward: str) -> list[str]:
+    """``"mask+keep"`` → ``["mask", "keep"]``; a ValueError for anything else."""
+    terms = reward.split("+")
+    if not terms or any(t not in LOOP_REWARDS for t in terms) or len(set(terms)) < len(terms):
+        raise ValueError(f"unknown loop reward {reward!r}: {'+'.join(LOOP_REWARDS)} or a part")
+    return terms
 
 
 def plackett_luce_log_prob(
@@ -638,21 +732,22 @@ def _policy_loop(run: _Stage2) -> None:
     (Gumbel noise, ``loop_temperature``), each is scored by the frozen classifier's deletion
     curve, and the head moves towards the orders that beat its own (the baseline)."""
     model, head, config = run.model, run.head, run.config
+    loop_reward_terms(config.loop_reward)
     optimizer = run.optimizer(default_lr=1e-3)
     for chosen in run.batches():
         x, mask, _, keep, target = _pad(chosen)
         scores = head.score(x, mask)[torch.arange(len(chosen)), :, target]
         logits = scores.masked_fill(~keep, float("-inf")) / config.loop_temperature
         tensors = _tensors(model, [c.encoded for c in chosen])
-        own = deletion_curve(
-            model, logits.detach().argsort(1, descending=True), tensors, keep, target
+        own = reward_curve(
+            model, logits.detach().argsort(1, descending=True), tensors, keep, target, config
         )
         half = torch.clamp((max(LOOP_FRACTIONS) * keep.sum(1)).round().long(), min=1)
         loss = torch.zeros(())
         for _ in range(config.loop_samples):
             u = torch.rand(logits.shape).clamp(1e-9, 1 - 1e-9)
             order = (logits.detach() - torch.log(-torch.log(u))).argsort(1, descending=True)
-            advantage = own - deletion_curve(model, order, tensors, keep, target)
+            advantage = own - reward_curve(model, order, tensors, keep, target, config)
             log_prob = plackett_luce_log_prob(logits, order, half)
             loss = loss - (advantage * log_prob).mean() / config.loop_samples
         optimizer.zero_grad(set_to_none=True)
@@ -739,11 +834,13 @@ def distill(
     data_name: str = "",
     validation_texts: Sequence[str] | None = None,
     mixture: Mixture | None = None,
+    loop_texts: Sequence[str] = (),
 ) -> tuple[ExplainerHead, HeadCard]:
     """Teacher labels for ``texts`` (resumable), a head trained on them, validated on held-out
     texts: ``validation_texts`` when given, else a ``validation_fraction`` of ``texts``. With
     a ``mixture``, the second teacher labels the same texts (its own resumable cache beside
-    ``cache``) and the head learns the per-text mixture of the two."""
+    ``cache``) and the head learns the per-text mixture of the two. ``loop_texts``: unlabelled
+    texts for the loop stage (see :func:`train_head`)."""
     config = config or TrainConfig()
     started = time.monotonic()
     methods = MethodRegistry.load(settings)
@@ -779,7 +876,7 @@ def distill(
     train = [example for group in train_groups for example in group]
     val = [example for group in val_groups for example in group]
     labelled = time.monotonic()
-    head, info = train_head(model, train, config, progress=train_progress)
+    head, info = train_head(model, train, config, progress=train_progress, loop_texts=loop_texts)
     # Labels resumed from the cache cost nothing here: this is the time of this run.
     info["label_seconds"] = round(labelled - started, 1)
     card = HeadCard(
