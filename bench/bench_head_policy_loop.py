@@ -14,7 +14,10 @@ or ``straight_through``), and scores both on held-out test reviews, paired at th
 from __future__ import annotations
 
 import argparse
+import json
 from dataclasses import replace
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -28,6 +31,7 @@ from limelight.distill.train import (
     _items,
     _train_in_the_loop,
     _unlabelled_items,
+    predict_scores,
     train_head,
 )
 from limelight.models.explainer_head import ExplainerHead
@@ -47,12 +51,31 @@ def main() -> None:
     parser.add_argument("--temperature", type=float, default=0.25)
     parser.add_argument("--lr", type=float, help="default: the estimator's")
     parser.add_argument("--samples", type=int, default=4, help="sampled orders per text")
-    parser.add_argument("--reward", default="mask", help="mask, delete, keep, joined by +")
+    parser.add_argument(
+        "--reward", default="mask", help="mask, delete, keep, joined by +, weights in front"
+    )
+    parser.add_argument(
+        "--points", type=int, default=5, help="curve points read per text and step (1-5)"
+    )
+    parser.add_argument(
+        "--shift",
+        type=float,
+        default=0.0,
+        help="loop_shift_weight (default 0: the loops measured before the option; the demo: 1)",
+    )
     parser.add_argument("--seeds", default="0,1", help="training seeds")
     parser.add_argument("--n", type=int, default=120, help="held-out test reviews")
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: default)")
     parser.add_argument(
         "--checkpoints", default="", help="also score the head after these steps (e.g. 100,200)"
+    )
+    parser.add_argument(
+        "--against",
+        nargs="*",
+        type=Path,
+        default=[],
+        help="eval.json files of `limelight eval --n N` (seed 0, mask or delete): each head is "
+        "also paired against their methods, review by review",
     )
     args = parser.parse_args()
     if args.threads:
@@ -66,11 +89,12 @@ def main() -> None:
     unlabelled = [t for t in reviews[: len(reviews) - VALIDATION] if t not in labelled]
     loop_texts = unlabelled[: args.loop_texts]
     scorer = HeldOut(model, args.n, 0)
+    references = [json.loads(path.read_text()) for path in args.against]
     print("| training | seed | deletion | sufficiency | removed | Δ deletion | Δ sufficiency | "
-          "Δ removed |")  # fmt: skip
-    print("|---|---|---|---|---|---|---|---|")
+          "Δ removed | tokens < 0 | lower half |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for seed in (int(s) for s in args.seeds.split(",")):
-        run_seed(args, model, examples, loop_texts, scorer, seed)
+        run_seed(args, model, examples, loop_texts, scorer, seed, references)
 
 
 def run_seed(
@@ -80,6 +104,7 @@ def run_seed(
     loop_texts: list[str],
     scorer: HeldOut,
     seed: int,
+    references: list[dict[str, Any]],
 ) -> None:
     """One training seed: the demo's stage 1, then the loop stage on it (scored at the
     checkpoints and at the end), each row paired against stage 1 alone."""
@@ -89,7 +114,11 @@ def run_seed(
     )
     head, _ = train_head(model, examples, stage1)
     base = scorer.score(head)
-    print(f"| demo | {seed} | {scorer.cells(base, base)} |", flush=True)
+    print(
+        f"| demo | {seed} | {scorer.cells(base, base)} | {signs(model, scorer, head)} |", flush=True
+    )
+    if references:
+        print(against(references, base), flush=True)
     looped = replace(
         stage1,
         loop_steps=args.steps,
@@ -98,14 +127,25 @@ def run_seed(
         loop_lr=args.lr,
         loop_samples=args.samples,
         loop_reward=args.reward,
+        loop_points=args.points,
+        loop_shift_weight=args.shift,
     )
     extra = f", + {len(loop_texts)} unlabelled texts" if loop_texts else ""
     checkpoints = {int(c) for c in args.checkpoints.split(",") if c}
 
     def report(step: int, head: ExplainerHead) -> None:
         per = scorer.score(head)
-        name = f"+ {step} {args.estimator} steps (τ {args.temperature}, {args.reward}){extra}"
-        print(f"| {name} | {seed} | {scorer.cells(per, base)} |", flush=True)
+        points = f", {args.points} of 5 points" if args.points < 5 else ""
+        points += f", shift anchor {args.shift}" if args.shift else ""
+        name = (
+            f"+ {step} {args.estimator} steps (τ {args.temperature}, {args.reward}{points}){extra}"
+        )
+        print(
+            f"| {name} | {seed} | {scorer.cells(per, base)} | {signs(model, scorer, head)} |",
+            flush=True,
+        )
+        if references:
+            print(against(references, per), flush=True)
 
     if not checkpoints:
         report(args.steps, train_head(model, examples, looped, loop_texts=loop_texts)[0])
@@ -123,6 +163,42 @@ def run_seed(
     _train_in_the_loop(model, head, items, looped, np.random.default_rng(seed), progress)
     head.eval()
     report(args.steps, head)
+
+
+def signs(model: LoadedModel, scorer: HeldOut, head: ExplainerHead) -> str:
+    """What the heat-maps show: the share of tokens scored against the explained class, and
+    the mean of each text's lower half of scores over its largest magnitude."""
+    negative, total, lower = 0, 0, []
+    for enc, target in zip(scorer.encoded, scorer.predicted, strict=True):
+        scores = predict_scores(model, head, enc)[~enc.special_mask, target]
+        negative += int((scores < 0).sum())
+        total += len(scores)
+        half = np.sort(scores)[: len(scores) // 2]
+        if len(half):
+            lower.append(half.mean() / (np.abs(scores).max() + 1e-12))
+    return f"{negative / total:.2f} | {np.mean(lower):+.2f}"
+
+
+def against(references: list[dict[str, Any]], per: list[np.ndarray]) -> str:
+    """Lines under a table row: the head less each method of ``references`` (eval.json
+    dicts), paired per review — deletion and sufficiency against a mask run, deletion
+    against a run with the tokens removed."""
+    lines = []
+    for ref in references:
+        removed = ref["config"]["replace"] == "delete"
+        for method in ref["methods"]:
+            columns = [("removed", 2, "aopc_deletion")] if removed else [
+                ("deletion", 0, "aopc_deletion"), ("sufficiency", 1, "aopc_sufficiency")
+            ]  # fmt: skip
+            cells = []
+            for label, i, key in columns:
+                theirs = np.asarray(method[f"{key}_per_input"])
+                if len(theirs) != len(per[i]):
+                    raise SystemExit(f"{ref['command']}: {len(theirs)} reviews, not {len(per[i])}")
+                d = per[i] - theirs
+                cells.append(f"{label} {d.mean():+.3f} ± {d.std(ddof=1) / np.sqrt(len(d)):.3f}")
+            lines.append(f"    vs {method['name']}: " + ", ".join(cells))
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

@@ -87,6 +87,9 @@ def test_the_demo_inline_head_is_built_to_its_recipe(bert_tiny_dir: Path) -> Non
     assert (card.width, card.attention_heads) == (wanted.width, wanted.attention_heads)
     assert (recipe.train.width, recipe.train.attention_heads) == (card.width, card.attention_heads)
     assert card.training["loop_steps"] == wanted.loop_steps
+    if wanted.loop_steps:
+        assert card.training["loop_reward"] == wanted.loop_reward
+        assert card.training["loop_shift_weight"] == wanted.loop_shift_weight
     head = load_head(model)
     assert sum(p.numel() for p in head.parameters()) == card.parameters
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -20,12 +21,16 @@ from limelight.distill.train import (
     TeacherExample,
     TrainConfig,
     _tensors,
+    loop_reward_terms,
     perturbation_curve,
     plackett_luce_log_prob,
+    predict_scores,
+    reward_curve,
     train_head,
 )
 from limelight.evaluation.runner import EvalConfig, EvalExample, Evaluator
-from limelight.models.loaded import load_model
+from limelight.models.explainer_head import ExplainerHead
+from limelight.models.loaded import LoadedModel, load_model
 from limelight.runtimes.base import InlineBatch
 from limelight.runtimes.torch_runtime import TorchRuntime
 
@@ -103,6 +108,71 @@ def test_the_reward_is_the_evaluators_curve(synthetic: Path, replace: str, keep_
     np.testing.assert_allclose(p - curve.numpy(), np.asarray(expected), atol=1e-5)
 
 
+Curves = tuple[
+    LoadedModel, torch.Tensor, tuple[torch.Tensor, torch.Tensor, torch.Tensor | None],
+    torch.Tensor, torch.Tensor,
+]  # fmt: skip
+"""``perturbation_curve``'s first arguments: model, order, tensors, keep, target."""
+
+
+def random_orders(model: LoadedModel, n: int, seed: int, target: int) -> Curves:
+    """The curves' arguments for ``n`` synthetic texts: each text's tokens (not its special
+    ones) in a random order, explaining class ``target``."""
+    encoded = [model.encode(t) for t in sample_linear_dataset(n, seed=seed).texts()]
+    width = max(len(e) for e in encoded)
+    keep = torch.zeros((n, width), dtype=torch.bool)
+    for row, e in enumerate(encoded):
+        keep[row, : len(e)] = torch.from_numpy(~e.special_mask)
+    scores = torch.randn((n, width), generator=torch.Generator().manual_seed(seed))
+    order = scores.masked_fill(~keep, float("-inf")).argsort(1, descending=True)
+    return model, order, _tensors(model, encoded), keep, torch.full((n,), target)
+
+
+@pytest.mark.parametrize(
+    ("reward", "deleted", "kept"),
+    [
+        ("mask", {"mask": 1.0}, 0.0),
+        ("mask+delete", {"mask": 0.5, "delete": 0.5}, 0.0),
+        ("3mask+delete+0.25keep", {"mask": 0.75, "delete": 0.25}, 0.25),
+        ("keep", {}, 1.0),
+    ],
+)
+def test_a_weighted_reward_is_its_curves_combined(
+    synthetic: Path, reward: str, deleted: dict[str, float], kept: float
+) -> None:
+    """The deletion terms' weights count relative to each other, ``keep``'s against their
+    mean: the reward is each curve read on its own and combined by hand."""
+    args = random_orders(load_model(synthetic), 5, seed=5, target=1)
+    expected = torch.zeros(5)
+    for perturbation, weight in deleted.items():
+        expected += weight * perturbation_curve(*args, perturbation)
+    if kept:
+        expected -= kept * perturbation_curve(*args, "mask", keep_top=True)
+    got = reward_curve(*args, TrainConfig(loop_reward=reward))
+    torch.testing.assert_close(got, expected, atol=1e-6, rtol=1e-6)
+
+
+def test_a_curve_read_at_some_points_averages_those_points(synthetic: Path) -> None:
+    """``loop_points``: the loop reads a random subset of the five fractions per text; a
+    subset's reading is the mean of its points read one by one, and all five the full curve."""
+    args = random_orders(load_model(synthetic), 4, seed=6, target=0)
+    single = torch.stack(
+        [perturbation_curve(*args, "delete", points=torch.full((4, 1), i)) for i in range(5)], 1
+    )
+    torch.testing.assert_close(single.mean(1), perturbation_curve(*args, "delete"))
+    points = torch.tensor([[0, 3], [4, 1], [2, 2], [1, 0]])
+    expected = single.gather(1, points).mean(1)
+    torch.testing.assert_close(perturbation_curve(*args, "delete", points=points), expected)
+
+
+@pytest.mark.parametrize(
+    "reward", ["", "other", "mask+mask", "0keep", "-1keep", "mask+", "1e3mask"]
+)
+def test_a_reward_that_does_not_parse_is_refused(reward: str) -> None:
+    with pytest.raises(ValueError, match="unknown loop reward"):
+        loop_reward_terms(reward)
+
+
 def test_a_head_trained_with_the_policy_loop_is_served(synthetic: Path) -> None:
     model = load_model(synthetic)
     texts = sample_linear_dataset(40, seed=1).texts()
@@ -138,6 +208,12 @@ def test_a_head_trained_with_the_policy_loop_is_served(synthetic: Path) -> None:
         train_head(model, examples, TrainConfig(loop_steps=1, loop_estimator="other"))
     with pytest.raises(ValueError, match="reward"):
         train_head(model, examples, TrainConfig(loop_steps=1, loop_reward="other"))
+    with pytest.raises(ValueError, match="loop_points"):
+        train_head(model, examples, TrainConfig(loop_steps=1, loop_points=0))
+    # Reading all five points is how every loop read them before the option (same digest).
+    assert digest(loop_steps=5) == digest(loop_steps=5, loop_points=5)
+    assert digest(loop_steps=5) != digest(loop_steps=5, loop_points=1)
+    assert digest(loop_points=1) == digest()
 
 
 def test_the_loop_reads_texts_without_labels(synthetic: Path) -> None:
@@ -151,7 +227,7 @@ def test_the_loop_reads_texts_without_labels(synthetic: Path) -> None:
     ]
     config = TrainConfig(
         epochs=1, width=16, attention_heads=2, loop_steps=2, loop_batch_size=20,
-        loop_samples=1, loop_reward="mask+delete+keep",
+        loop_samples=1, loop_reward="mask+delete+0.5keep", loop_points=2,
     )  # fmt: skip
     plain, _ = train_head(model, examples, config)
     more, _ = train_head(model, examples, config, loop_texts=texts[10:])
@@ -173,3 +249,28 @@ def test_the_loop_reads_texts_without_labels(synthetic: Path) -> None:
             TrainConfig(**{**config.__dict__, "loop_estimator": "straight_through"}),
             loop_texts=texts[10:],
         )
+
+
+def test_the_shift_anchor_holds_each_texts_mean_score(synthetic: Path) -> None:
+    """The sampled orders cannot see a shift of a text's scores, so the loop moves them
+    freely; ``loop_shift_weight`` holds each text's mean score near stage 1's."""
+    model = load_model(synthetic)
+    texts = sample_linear_dataset(40, seed=1).texts()
+    rng = np.random.default_rng(1)
+    examples = [TeacherExample(t, 1, rng.normal(size=len(model.encode(t))).tolist()) for t in texts]
+    config = TrainConfig(epochs=2, width=16, attention_heads=2, loop_batch_size=8, loop_samples=2)
+    stage1, _ = train_head(model, examples, config)
+
+    def means(head: ExplainerHead) -> np.ndarray:
+        encoded = [model.encode(t) for t in texts]
+        return np.array(
+            [predict_scores(model, head, e)[~e.special_mask, 1].mean() for e in encoded]
+        )
+
+    drift = {}
+    for weight in (0.0, 10.0):
+        looped = replace(config, loop_steps=30, loop_shift_weight=weight)
+        head, info = train_head(model, examples, looped)
+        assert info["loop_shift_weight"] == weight
+        drift[weight] = np.abs(means(head) - means(stage1)).mean()
+    assert drift[10.0] < drift[0.0] / 2, drift

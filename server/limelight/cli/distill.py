@@ -76,7 +76,22 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         default=defaults.loop_reward,
         help="policy loop: the curves a token order is scored by, joined by + — mask "
         "(deletion with the mask token; default), delete (deletion with the tokens cut out), "
-        "keep (sufficiency)",
+        "keep (sufficiency); a weight may precede a term, e.g. mask+0.25keep",
+    )
+    p.add_argument(
+        "--loop-shift-weight",
+        type=float,
+        default=defaults.loop_shift_weight,
+        help="policy loop: hold each text's mean score where the amortisation left it, with "
+        f"this weight (default {defaults.loop_shift_weight:g}; the loop cannot see a shift and "
+        "without it drifts the tokens it does not rank first below zero in the heat-maps)",
+    )
+    p.add_argument(
+        "--loop-points",
+        type=int,
+        default=defaults.loop_points,
+        help="policy loop: curve points (of the five fractions 10-50 %%) each text reads per "
+        "step, drawn at random; 5 (default) reads all, 1 makes a step five times cheaper",
     )
     p.add_argument(
         "--loop-texts",
@@ -115,7 +130,12 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 def run(args: argparse.Namespace) -> int:
     from limelight.app import load_served_model
     from limelight.distill.build import HeadRecipe, build_head, report
-    from limelight.distill.train import DEFAULT_TEACHER_PARAMS, TrainConfig, loop_reward_terms
+    from limelight.distill.train import (
+        DEFAULT_TEACHER_PARAMS,
+        LOOP_FRACTIONS,
+        TrainConfig,
+        loop_reward_terms,
+    )
     from limelight.models.explainer_head import head_dir
 
     if args.width < 1 or args.attention_heads < 1 or args.width % args.attention_heads:
@@ -128,6 +148,8 @@ def run(args: argparse.Namespace) -> int:
         loop_reward_terms(args.loop_reward)
     except ValueError as exc:
         raise InvalidArgument(f"--loop-reward: {exc}") from None
+    if not 1 <= args.loop_points <= len(LOOP_FRACTIONS):
+        raise InvalidArgument(f"--loop-points {args.loop_points}: 1 to {len(LOOP_FRACTIONS)}")
     if args.loop_texts and (args.loop_estimator != "policy" or not args.loop_steps):
         raise InvalidArgument("--loop-texts trains the policy loop: give --loop-steps too")
     settings = settings_from_args(args)
@@ -149,6 +171,8 @@ def run(args: argparse.Namespace) -> int:
             loop_steps=args.loop_steps,
             loop_estimator=args.loop_estimator,
             loop_reward=args.loop_reward,
+            loop_points=args.loop_points,
+            loop_shift_weight=args.loop_shift_weight,
             width=args.width,
             attention_heads=args.attention_heads,
             label_scale=args.label_scale,

@@ -25,6 +25,7 @@ from limelight.demo import datasets
 from limelight.distill.train import (
     DEFAULT_TEACHER,
     DEFAULT_TEACHER_PARAMS,
+    LOOP_FRACTIONS,
     Mixture,
     TrainConfig,
     distill,
@@ -34,6 +35,9 @@ from limelight.models.loaded import LoadedModel
 from limelight.settings import Settings
 
 log = logging.getLogger(__name__)
+
+ADDED_LOOP_OPTIONS = {"loop_points": len(LOOP_FRACTIONS), "loop_shift_weight": 0.0}
+"""Loop settings added after loops were built, with the value every loop had before."""
 
 HEAD_RECIPE_VERSION = "2"
 
@@ -68,6 +72,10 @@ class HeadRecipe:
         if not self.train.loop_steps:  # the loop's settings cannot change a head without it
             for name in [n for n in fields["train"] if n.startswith("loop_") and n != "loop_steps"]:
                 del fields["train"][name]
+        else:  # options added later keep the digests of the loops made before them
+            for name, before in ADDED_LOOP_OPTIONS.items():
+                if fields["train"][name] == before:
+                    del fields["train"][name]
         blob = json.dumps(fields, sort_keys=True, default=str)
         return hashlib.sha256(blob.encode()).hexdigest()[:12]
 

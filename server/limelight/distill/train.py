@@ -27,11 +27,14 @@ label). Texts are held out whole, never some of their labels.
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
+import re
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -115,12 +118,25 @@ class TrainConfig:
     """``policy``: temperature of the sampled orders (Gumbel noise on score / temperature)."""
     loop_samples: int = 4
     """``policy``: orders sampled per text and step."""
+    loop_shift_weight: float = 1.0
+    """``policy``: weight of a penalty on each text's mean score moving from where stage 1
+    left it. The sampled orders cannot see a shift of a text's scores, so without it the loop
+    drifts them down freely (the tokens it does not rank first turn into evidence against the
+    class in the heat-maps); this holds them for nothing the reward reads. 0: as every loop
+    was trained before the option."""
+    loop_points: int = 5
+    """``policy``: how many of the curves' five points (10 … 50 % of the tokens) each text
+    reads per step, drawn at random and shared by the text's orders; 5 reads them all.
+    Fewer make a step proportionally cheaper (each point is one forward pass per order)
+    for a noisier, still unbiased reading."""
     loop_reward: str = "mask"
     """``policy``: the curves an order is scored by, joined by ``+``: ``mask`` (deletion, the
     top tokens replaced by the mask token), ``delete`` (deletion, the top tokens cut out of
-    the text), ``keep`` (sufficiency: only the top tokens kept, the rest masked). The reward
-    is the mean of the sufficiency readings less the mean of the deletion readings; each term
-    costs the forward passes of one curve."""
+    the text), ``keep`` (sufficiency: only the top tokens kept, the rest masked); a term may
+    carry a weight in front (``mask+0.25keep``). The reward is the weighted sufficiency
+    reading less the weighted mean of the deletion readings (deletion weights count relative
+    to each other, ``keep``'s against their mean); each term costs the forward passes of one
+    curve."""
     label_scale: str = "rms"
     """How each text's teacher scores are scaled before regression (see
     :func:`normalise_labels`): ``rms`` keeps their signs, ``standard`` centres them."""
@@ -488,6 +504,8 @@ def train_head(
     }
     if config.loop_steps:
         info["loop_reward"] = config.loop_reward
+        info["loop_points"] = config.loop_points
+        info["loop_shift_weight"] = config.loop_shift_weight
         info["loop_texts"] = len(loop_texts)
     return head, info
 
@@ -628,21 +646,30 @@ def perturbation_curve(
     target: torch.Tensor,
     replace: str = "mask",
     keep_top: bool = False,
+    points: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Per text, the mean class probability with the first 10, 20, … 50 % of its tokens in
     ``order`` ([B, n] positions, most important first) replaced by the mask token (``replace
     ="mask"``) or cut out of the text (``"delete"``): the curve the deletion metric reads,
     lower is better. ``keep_top``: every token but those replaced instead, the curve the
-    sufficiency metric reads (higher is better)."""
+    sufficiency metric reads (higher is better). ``points`` ([B, m] indices into
+    ``LOOP_FRACTIONS``): read only these fractions of each text (default: all five)."""
     ids, attn, types = tensors
     mask_id = int(model.mask_token_id if model.mask_token_id is not None else model.pad_id)
     rank = torch.empty_like(order)
     rank.scatter_(1, order, torch.arange(order.shape[1]).expand_as(order))
     n = keep.sum(1)
+    if points is None:
+        points = torch.arange(len(LOOP_FRACTIONS)).expand(len(order), -1)
     total = torch.zeros(len(order))
-    for fraction in LOOP_FRACTIONS:
+    for column in points.T.tolist():
         # The evaluator's count of tokens (round half to even in float64, at least one).
-        k = torch.tensor([max(1, min(m, round(fraction * m))) for m in n.tolist()])
+        k = torch.tensor(
+            [
+                max(1, min(m, round(LOOP_FRACTIONS[i] * m)))
+                for i, m in zip(column, n.tolist(), strict=True)
+            ]
+        )
         top = (rank < k[:, None]) & keep
         drop = keep & ~top if keep_top else top
         if replace == "mask":
@@ -652,7 +679,7 @@ def perturbation_curve(
         else:
             raise ValueError(f"unknown replacement {replace!r}")
         total += _class_probability(model, model.model(**kwargs).logits.float(), target)
-    return total / len(LOOP_FRACTIONS)
+    return total / points.shape[1]
 
 
 def _inputs(
@@ -691,24 +718,39 @@ def reward_curve(
     keep: torch.Tensor,
     target: torch.Tensor,
     config: TrainConfig,
+    points: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """The policy loop's reading of ``order``, lower is better: the mean of its deletion
-    curves less the mean of its sufficiency curves (``config.loop_reward``)."""
+    """The policy loop's reading of ``order``, lower is better: the weighted mean of its
+    deletion curves less the weighted sufficiency curve (``config.loop_reward``), at
+    ``points`` (see :func:`perturbation_curve`)."""
     terms = loop_reward_terms(config.loop_reward)
+    args = (model, order, tensors, keep, target)
     total = torch.zeros(len(order))
-    deleted = [t for t in terms if t != "keep"]
-    for replace in deleted:
-        total += perturbation_curve(model, order, tensors, keep, target, replace) / len(deleted)
+    deleted = {t: w for t, w in terms.items() if t != "keep"}
+    for replace, weight in deleted.items():
+        curve = perturbation_curve(*args, replace, points=points)
+        total += weight / sum(deleted.values()) * curve
     if "keep" in terms:
-        total -= perturbation_curve(model, order, tensors, keep, target, "mask", keep_top=True)
+        total -= terms["keep"] * perturbation_curve(*args, "mask", keep_top=True, points=points)
     return total
 
 
-def loop_reward_terms(reward: str) -> list[str]:
-    """``"mask+keep"`` → ``["mask", "keep"]``; a ValueError for anything else."""
-    terms = reward.split("+")
-    if not terms or any(t not in LOOP_REWARDS for t in terms) or len(set(terms)) < len(terms):
-        raise ValueError(f"unknown loop reward {reward!r}: {'+'.join(LOOP_REWARDS)} or a part")
+_REWARD_TERM = re.compile(r"(\d+(?:\.\d*)?|\.\d+)?([a-z]+)")
+
+
+def loop_reward_terms(reward: str) -> dict[str, float]:
+    """``"mask+0.25keep"`` → ``{"mask": 1.0, "keep": 0.25}``; a ValueError for anything else
+    (an unknown or repeated term, a weight that is not positive)."""
+    terms: dict[str, float] = {}
+    for part in reward.split("+"):
+        match = _REWARD_TERM.fullmatch(part.strip())
+        weight = float(match.group(1) or 1) if match else 0.0
+        if not match or match.group(2) not in LOOP_REWARDS or match.group(2) in terms or not weight:
+            raise ValueError(
+                f"unknown loop reward {reward!r}: {'+'.join(LOOP_REWARDS)} or a part, each "
+                "term with an optional positive weight in front (mask+0.25keep)"
+            )
+        terms[match.group(2)] = weight
     return terms
 
 
@@ -733,23 +775,40 @@ def _policy_loop(run: _Stage2) -> None:
     curve, and the head moves towards the orders that beat its own (the baseline)."""
     model, head, config = run.model, run.head, run.config
     loop_reward_terms(config.loop_reward)
+    if not 1 <= config.loop_points <= len(LOOP_FRACTIONS):
+        raise ValueError(f"loop_points {config.loop_points}: 1 to {len(LOOP_FRACTIONS)}")
     optimizer = run.optimizer(default_lr=1e-3)
+    stage1 = copy.deepcopy(head).eval() if config.loop_shift_weight else None
     for chosen in run.batches():
         x, mask, _, keep, target = _pad(chosen)
-        scores = head.score(x, mask)[torch.arange(len(chosen)), :, target]
+        rows = torch.arange(len(chosen))
+        scores = head.score(x, mask)[rows, :, target]
         logits = scores.masked_fill(~keep, float("-inf")) / config.loop_temperature
         tensors = _tensors(model, [c.encoded for c in chosen])
-        own = reward_curve(
-            model, logits.detach().argsort(1, descending=True), tensors, keep, target, config
-        )
+        # The curve points this step reads, per text; its orders share them (paired). All
+        # five draw nothing (the random stream of the heads measured before the option).
+        points = None
+        if config.loop_points < len(LOOP_FRACTIONS):
+            draw = torch.rand((len(chosen), len(LOOP_FRACTIONS)))
+            points = draw.argsort(1)[:, : config.loop_points]
+        reward = partial(
+            reward_curve, model, tensors=tensors, keep=keep, target=target, config=config,
+            points=points,
+        )  # fmt: skip
+        own = reward(logits.detach().argsort(1, descending=True))
         half = torch.clamp((max(LOOP_FRACTIONS) * keep.sum(1)).round().long(), min=1)
         loss = torch.zeros(())
         for _ in range(config.loop_samples):
             u = torch.rand(logits.shape).clamp(1e-9, 1 - 1e-9)
             order = (logits.detach() - torch.log(-torch.log(u))).argsort(1, descending=True)
-            advantage = own - reward_curve(model, order, tensors, keep, target, config)
+            advantage = own - reward(order)
             log_prob = plackett_luce_log_prob(logits, order, half)
             loss = loss - (advantage * log_prob).mean() / config.loop_samples
+        if stage1 is not None:
+            with torch.no_grad():
+                before = stage1.score(x, mask)[rows, :, target]
+            shift = ((scores - before) * keep).sum(1) / keep.sum(1).clamp(min=1)
+            loss = loss + config.loop_shift_weight * (shift**2).mean()
         optimizer.zero_grad(set_to_none=True)
         (config.loop_weight * loss).backward()
         optimizer.step()
