@@ -63,6 +63,12 @@ def main() -> None:
         default=0.0,
         help="loop_shift_weight (default 0: the loops measured before the option; the demo: 1)",
     )
+    parser.add_argument(
+        "--read-precision",
+        default="float32",
+        choices=["float32", "bfloat16"],
+        help="precision of the loop's reward forwards (TrainConfig.read_precision)",
+    )
     parser.add_argument("--seeds", default="0,1", help="training seeds")
     parser.add_argument("--n", type=int, default=120, help="held-out test reviews")
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: default)")
@@ -129,6 +135,7 @@ def run_seed(
         loop_reward=args.reward,
         loop_points=args.points,
         loop_shift_weight=args.shift,
+        read_precision=args.read_precision,
     )
     extra = f", + {len(loop_texts)} unlabelled texts" if loop_texts else ""
     checkpoints = {int(c) for c in args.checkpoints.split(",") if c}
@@ -137,6 +144,7 @@ def run_seed(
         per = scorer.score(head)
         points = f", {args.points} of 5 points" if args.points < 5 else ""
         points += f", shift anchor {args.shift}" if args.shift else ""
+        points += ", bfloat16 rewards" if args.read_precision == "bfloat16" else ""
         name = (
             f"+ {step} {args.estimator} steps (τ {args.temperature}, {args.reward}{points}){extra}"
         )

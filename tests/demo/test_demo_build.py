@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import dataclasses
+import os
+import subprocess
+import sys
 import threading
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -19,6 +23,8 @@ from limelight.demo.build import (
     DemoBuildError,
     DemoCard,
     Recipe,
+    _available_threads,
+    _busy_cores,
     demo_head_recipe,
     demo_model_dir,
     ensure_demo_model,
@@ -27,6 +33,7 @@ from limelight.demo.datasets import Example, rotten_tomatoes
 from limelight.errors import InvalidArgument
 from limelight.models.explainer_head import head_dir, load_head, read_card
 from limelight.models.loaded import load_model
+from limelight.models.precision import read_precision
 
 # A few batches of real training: enough to exercise every step of a build in seconds.
 SMALL = Recipe(base="bert-tiny", version="test-small", train_limit=192, epochs=1, batch_size=32)
@@ -92,6 +99,38 @@ def test_the_demo_inline_head_is_built_to_its_recipe(bert_tiny_dir: Path) -> Non
         assert card.training["loop_shift_weight"] == wanted.loop_shift_weight
     head = load_head(model)
     assert sum(p.numel() for p in head.parameters()) == card.parameters
+
+
+@pytest.mark.slow  # the MiniLM demo build
+def test_the_minilm_demo_head_trains_the_cheap_loop(minilm_dir: Path) -> None:
+    """MiniLM's head: the policy loop over unlabelled reviews, one curve point per step, its
+    reads in bfloat16 where this CPU has it (as recorded in the card)."""
+    model = load_model(minilm_dir)
+    card = read_card(head_dir(model))
+    recipe = demo_head_recipe("minilm")
+    assert card is not None and card.recipe_hash == recipe.digest()
+    wanted = DEMO_HEADS["minilm"]
+    assert card.training["loop_steps"] == wanted.loop_steps > 0
+    assert card.training["loop_points"] == wanted.loop_points
+    assert card.training["loop_samples"] == wanted.loop_samples
+    assert card.training["loop_texts"] == wanted.loop_texts == recipe.loop_texts
+    assert card.training["read_precision"] == read_precision(model.device, wanted.read_precision)
+
+
+@pytest.mark.skipif(not Path("/proc/stat").exists(), reason="reads /proc/stat (Linux)")
+def test_busy_cores_count_other_processes_now() -> None:
+    """The build sizes its torch threads by the cores other work keeps busy at that moment: a
+    process spinning one core is counted (the build itself, asleep while it measures, is
+    not — the load average counted it for minutes after an earlier stage)."""
+    spinner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        time.sleep(0.3)  # let it start
+        assert _busy_cores(window=0.5) >= 0.7
+        cores = len(os.sched_getaffinity(0))
+        assert 1 <= _available_threads() <= max(1, cores - 1) or cores == 1
+    finally:
+        spinner.kill()
+        spinner.wait()
 
 
 def test_second_ensure_call_reuses_the_cached_model(bert_tiny_dir: Path) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import shutil
 from collections import Counter
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -32,6 +33,7 @@ from limelight.models.lm_head import (
     tokenize_texts,
 )
 from limelight.models.loaded import LoadedModel, load_model
+from limelight.models.precision import read_precision
 from limelight.settings import Settings
 
 
@@ -202,7 +204,26 @@ def test_fit_and_save_sets_steps_from_epochs_and_writes_the_card(
     meta = json.loads((tmp_path / "head" / "head.json").read_text())
     assert meta["fingerprint"] == model.version and meta["data"] == "test texts"
     assert (meta["steps"], meta["train_texts"], meta["eval_texts"]) == (3, 90, 10)
+    assert meta["encoder_precision"] == "float32"
     assert not fitted_head_dir(random_copy).exists()
+
+
+@pytest.mark.slow  # fits two LM heads
+def test_a_bfloat16_encoder_read_fits_a_float32_head_that_decodes_alike(
+    random_copy: Path, texts: list[str]
+) -> None:
+    """``encoder_precision="bfloat16"``: only the frozen encoder's reads change precision (where
+    this CPU has the instructions, as recorded); the head stays float32 and learns the same."""
+    model = load_model(random_copy)
+    ids = tokenize_texts(model, texts[:200], 48)
+    config = FitConfig(steps=20, batch_size=8, seed=1)
+    exact = fit_lm_head(model, ids[20:], ids[:20], config)
+    low = fit_lm_head(model, ids[20:], ids[:20], replace(config, encoder_precision="bfloat16"))
+    assert low.encoder_precision == read_precision(model.device, "bfloat16")
+    assert exact.encoder_precision == "float32"
+    assert all(p.dtype == torch.float32 for p in low.head.parameters())
+    assert low.losses != exact.losses or low.encoder_precision == "float32"
+    assert np.allclose(low.losses, exact.losses, rtol=0.05)
 
 
 def test_read_texts_formats(tmp_path: Path) -> None:

@@ -36,8 +36,13 @@ from limelight.settings import Settings
 
 log = logging.getLogger(__name__)
 
-ADDED_LOOP_OPTIONS = {"loop_points": len(LOOP_FRACTIONS), "loop_shift_weight": 0.0}
+ADDED_LOOP_OPTIONS: dict[str, object] = {
+    "loop_points": len(LOOP_FRACTIONS),
+    "loop_shift_weight": 0.0,
+}
 """Loop settings added after loops were built, with the value every loop had before."""
+ADDED_TRAIN_OPTIONS: dict[str, object] = {"read_precision": "float32"}
+"""Settings added after heads were built, with the value every head had before."""
 
 HEAD_RECIPE_VERSION = "2"
 
@@ -76,6 +81,9 @@ class HeadRecipe:
             for name, before in ADDED_LOOP_OPTIONS.items():
                 if fields["train"][name] == before:
                     del fields["train"][name]
+        for name, before in ADDED_TRAIN_OPTIONS.items():
+            if fields["train"][name] == before:
+                del fields["train"][name]
         blob = json.dumps(fields, sort_keys=True, default=str)
         return hashlib.sha256(blob.encode()).hexdigest()[:12]
 

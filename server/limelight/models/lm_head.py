@@ -29,6 +29,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from limelight.errors import FailedPrecondition, InvalidArgument
+from limelight.models.precision import read_precision, reading
 
 if TYPE_CHECKING:
     from limelight.models.loaded import LoadedModel
@@ -411,6 +412,10 @@ class FitConfig:
     mask_probability: float = 0.15
     seed: int = 0
     weight_decay: float = 0.01
+    encoder_precision: str = "float32"
+    """Precision of the frozen encoder's forward passes while fitting: ``bfloat16`` (autocast)
+    is faster on devices with bfloat16 instructions and falls back to float32 elsewhere
+    (:mod:`limelight.models.precision`); the head trains, and is scored, in float32."""
 
 
 @dataclass
@@ -420,6 +425,8 @@ class FitResult:
     masked_top1: float
     """Top-1 accuracy on masked positions of the held-out texts (the MLM task itself)."""
     decode: list[LayerDecodeAccuracy]
+    encoder_precision: str = "float32"
+    """The precision the encoder was read in (``FitConfig.encoder_precision`` on this device)."""
 
 
 def tokenize_texts(model: LoadedModel, texts: Sequence[str], max_length: int) -> list[list[int]]:
@@ -513,6 +520,7 @@ def fit_lm_head(
     )
     losses: list[float] = []
     perm: list[int] = []
+    precision = read_precision(device, config.encoder_precision)
     for step in range(config.steps):
         if len(perm) < config.batch_size:
             perm += torch.randperm(len(train_ids), generator=order_rng).tolist()
@@ -523,9 +531,9 @@ def fit_lm_head(
         corrupted, picked = corrupt(
             ids, candidates, mask_token_id, random_ids, config.mask_probability, generator
         )
-        with torch.no_grad():
+        with torch.no_grad(), reading(device, precision):
             hidden = model.adapter.run_base(corrupted, attn).last_hidden_state[picked]
-        logits = head(hidden.detach())
+        logits = head(hidden.detach().to(weight.dtype))
         loss = nn.functional.cross_entropy(logits.float(), ids[picked])
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
@@ -541,7 +549,13 @@ def fit_lm_head(
     batches = [eval_ids[i : i + size] for i in range(0, len(eval_ids), size)]
     masked_top1 = _masked_accuracy(model, head, batches, mask_token_id, random_ids, config)
     decode = decode_accuracy(model, head, batches)
-    return FitResult(head=head, losses=losses, masked_top1=masked_top1, decode=decode)
+    return FitResult(
+        head=head,
+        losses=losses,
+        masked_top1=masked_top1,
+        decode=decode,
+        encoder_precision=precision,
+    )
 
 
 @torch.no_grad()
@@ -638,6 +652,7 @@ def fit_and_save_lm_head(
             "lr": config.lr,
             "max_length": config.max_length,
             "seed": config.seed,
+            "encoder_precision": result.encoder_precision,
             "final_loss": result.losses[-1] if result.losses else None,
             "masked_top1": result.masked_top1,
             "decode_accuracy": [
