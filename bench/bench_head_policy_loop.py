@@ -9,11 +9,14 @@ token orders sampled from the head's scores and scored by the classifier's own d
 or ``straight_through``), and scores both on held-out test reviews, paired at the same seed
 (docs/distillation.md, "What was tried"). The loop trains on the labelled texts and, with
 ``--loop-texts N``, on N more training reviews without labels (it reads the classifier only).
+``--average 0.99,0.998`` also scores moving averages of the loop's weights at every checkpoint,
+paired with the last step's weights of the same run (``TrainConfig.loop_average``).
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 from dataclasses import replace
 from pathlib import Path
@@ -31,6 +34,7 @@ from limelight.distill.train import (
     _items,
     _train_in_the_loop,
     _unlabelled_items,
+    _WeightAverage,
     predict_scores,
     train_head,
 )
@@ -68,6 +72,13 @@ def main() -> None:
         default="float32",
         choices=["float32", "bfloat16"],
         help="precision of the loop's reward forwards (TrainConfig.read_precision)",
+    )
+    parser.add_argument(
+        "--average",
+        default="",
+        help="weight-average decays (e.g. 0.99,0.995): with --checkpoints each is also scored "
+        "at every checkpoint next to the last step's weights; without, the first is trained "
+        "(TrainConfig.loop_average)",
     )
     parser.add_argument("--seeds", default="0,1", help="training seeds")
     parser.add_argument("--n", type=int, default=120, help="held-out test reviews")
@@ -140,11 +151,14 @@ def run_seed(
     extra = f", + {len(loop_texts)} unlabelled texts" if loop_texts else ""
     checkpoints = {int(c) for c in args.checkpoints.split(",") if c}
 
-    def report(step: int, head: ExplainerHead) -> None:
+    decays = [float(d) for d in args.average.split(",") if d]
+
+    def report(step: int, head: ExplainerHead, decay: float = 0.0) -> None:
         per = scorer.score(head)
         points = f", {args.points} of 5 points" if args.points < 5 else ""
         points += f", shift anchor {args.shift}" if args.shift else ""
         points += ", bfloat16 rewards" if args.read_precision == "bfloat16" else ""
+        points += f", weights averaged ({decay})" if decay else ""
         name = (
             f"+ {step} {args.estimator} steps (τ {args.temperature}, {args.reward}{points}){extra}"
         )
@@ -156,7 +170,9 @@ def run_seed(
             print(against(references, per), flush=True)
 
     if not checkpoints:
-        report(args.steps, train_head(model, examples, looped, loop_texts=loop_texts)[0])
+        decay = decays[0] if decays else 0.0
+        looped = replace(looped, loop_average=decay)
+        report(args.steps, train_head(model, examples, looped, loop_texts=loop_texts)[0], decay)
         return
     # The loop stage on this stage-1 head (another draw of batches than `train_head`'s),
     # scored between its steps.
@@ -164,13 +180,21 @@ def run_seed(
     if loop_texts:
         items += _unlabelled_items(model, head, loop_texts, looped)
 
+    # Weight averages kept beside the loop (the loop itself trains the last step's weights).
+    averages = [(d, _WeightAverage(head, d)) for d in decays]
+    averaged = copy.deepcopy(head)
+
     def progress(stage: str, step: int, total: int) -> None:
-        if step in checkpoints and step < total:
+        for _, average in averages:
+            average.update()
+        if step in checkpoints or step == total:
             report(step, head)
+            for decay, average in averages:
+                averaged.load_state_dict(head.state_dict())
+                averaged.load_state_dict(average.state, strict=False)
+                report(step, averaged.eval(), decay)
 
     _train_in_the_loop(model, head, items, looped, np.random.default_rng(seed), progress)
-    head.eval()
-    report(args.steps, head)
 
 
 def signs(model: LoadedModel, scorer: HeldOut, head: ExplainerHead) -> str:

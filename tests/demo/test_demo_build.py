@@ -103,8 +103,9 @@ def test_the_demo_inline_head_is_built_to_its_recipe(bert_tiny_dir: Path) -> Non
 
 @pytest.mark.slow  # the MiniLM demo build
 def test_the_minilm_demo_head_trains_the_cheap_loop(minilm_dir: Path) -> None:
-    """MiniLM's head: the policy loop over unlabelled reviews, one curve point per step, its
-    reads in bfloat16 where this CPU has it (as recorded in the card)."""
+    """MiniLM's head: the policy loop over unlabelled reviews, one curve point per step, the
+    average of its weights served, its reads in bfloat16 where this CPU has it (as recorded
+    in the card)."""
     model = load_model(minilm_dir)
     card = read_card(head_dir(model))
     recipe = demo_head_recipe("minilm")
@@ -113,6 +114,7 @@ def test_the_minilm_demo_head_trains_the_cheap_loop(minilm_dir: Path) -> None:
     assert card.training["loop_steps"] == wanted.loop_steps > 0
     assert card.training["loop_points"] == wanted.loop_points
     assert card.training["loop_samples"] == wanted.loop_samples
+    assert card.training["loop_average"] == wanted.loop_average > 0
     assert card.training["loop_texts"] == wanted.loop_texts == recipe.loop_texts
     assert card.training["read_precision"] == read_precision(model.device, wanted.read_precision)
 

@@ -409,9 +409,9 @@ def test_distill_cli_loop_texts_and_reward(
     """`--loop-texts N`: N more texts of the data, after the labelled ones, for the policy
     loop only (never labelled); `--loop-reward` picks its curves and their weights,
     `--loop-points` how many points of them a step reads, `--loop-samples` how many orders,
-    `--read-precision` the precision of the labels' and rewards' reads. The loop's options
-    are part of the recipe only when there is a loop; bad values are refused before any label
-    is computed."""
+    `--loop-average` the decay of the weight average it leaves, `--read-precision` the
+    precision of the labels' and rewards' reads. The loop's options are part of the recipe
+    only when there is a loop; bad values are refused before any label is computed."""
     from limelight.cli.main import main
 
     data = texts_file(tmp_path, 30, seed=8)
@@ -423,6 +423,7 @@ def test_distill_cli_loop_texts_and_reward(
         (["--loop-steps", "2", "--loop-reward", "mask+nonsense"], "unknown loop reward"),
         (["--loop-steps", "2", "--loop-points", "6"], "--loop-points 6: 1 to 5"),
         (["--loop-steps", "2", "--loop-samples", "0"], "--loop-samples 0: at least 1"),
+        (["--loop-steps", "2", "--loop-average", "1"], "--loop-average 1.0: 0 (off) or a decay"),
         (["--loop-texts", "5"], "--loop-texts trains the policy loop"),
         (
             ["--loop-steps", "2", "--loop-texts", "5", "--loop-estimator", "straight_through"],
@@ -434,11 +435,13 @@ def test_distill_cli_loop_texts_and_reward(
     assert not (tmp_path / "head.teacher-shapley.jsonl").exists()
     loop = ["--loop-steps", "2", "--loop-texts", "8", "--loop-reward", "mask+0.5keep"]
     cheap = ["--loop-points", "1", "--loop-samples", "2", "--read-precision", "bfloat16"]
+    cheap += ["--loop-average", "0.9"]
     assert main([*base, *loop, *cheap]) == 0
     card = read_card(tmp_path / "head")
     assert card is not None and card.train_texts == 10
     assert card.training["loop_texts"] == 8 and card.training["loop_reward"] == "mask+0.5keep"
     assert card.training["loop_points"] == 1 and card.training["loop_samples"] == 2
+    assert card.training["loop_average"] == 0.9
     assert card.training["read_precision"] in ("bfloat16", "float32")  # float32: no bf16 here
     labelled = (tmp_path / "head.teacher-shapley.jsonl").read_text().splitlines()
     assert len(labelled) == 1 + 10  # the loop's texts were never labelled

@@ -274,3 +274,53 @@ def test_the_shift_anchor_holds_each_texts_mean_score(synthetic: Path) -> None:
         assert info["loop_shift_weight"] == weight
         drift[weight] = np.abs(means(head) - means(stage1)).mean()
     assert drift[10.0] < drift[0.0] / 2, drift
+
+
+def test_the_loop_can_leave_an_average_of_its_weights(synthetic: Path) -> None:
+    """``loop_average``: the head the loop leaves is the exponential moving average of the
+    weights after each of its steps (recomputed here from those weights), not the last."""
+    model = load_model(synthetic)
+    texts = sample_linear_dataset(24, seed=5).texts()
+    rng = np.random.default_rng(3)
+    examples = [TeacherExample(t, 1, rng.normal(size=len(model.encode(t))).tolist()) for t in texts]
+    config = TrainConfig(
+        epochs=1, width=16, attention_heads=2, loop_steps=4, loop_batch_size=8, loop_samples=2,
+        loop_average=0.6,
+    )  # fmt: skip
+    seen: list[dict[str, torch.Tensor]] = []
+    holder: list[ExplainerHead] = []
+
+    def progress(stage: str, step: int, total: int) -> None:
+        # Called after each loop step's update (and never again once the average is applied).
+        if stage == "classifier in the loop":
+            seen.append({k: v.detach().clone() for k, v in holder[0].state_dict().items()})
+
+    original = ExplainerHead.__init__
+
+    def remember(self: ExplainerHead, *args: object, **kwargs: object) -> None:
+        original(self, *args, **kwargs)  # type: ignore[arg-type]
+        holder.append(self)
+
+    stage1, _ = train_head(model, examples, replace(config, loop_steps=0))
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(ExplainerHead, "__init__", remember)
+        head, info = train_head(model, examples, config, progress=progress)
+    assert info["loop_average"] == 0.6 and len(seen) == 4
+    for name, start in stage1.state_dict().items():
+        if not start.is_floating_point():
+            continue
+        expected = start.clone()
+        for weights in seen:
+            expected = 0.6 * expected + 0.4 * weights[name]
+        torch.testing.assert_close(head.state_dict()[name], expected)
+        if name.endswith("weight"):
+            assert not torch.equal(head.state_dict()[name], seen[-1][name])
+    with pytest.raises(ValueError, match="decay"):
+        train_head(model, examples, replace(config, loop_average=1.0))
+
+    def digest(**train: object) -> str:
+        return HeadRecipe(train=TrainConfig(**train)).digest()  # type: ignore[arg-type]
+
+    # Heads built before the option are the 0.0 ones (same digest); a loop with it is another.
+    assert digest(loop_steps=5) == digest(loop_steps=5, loop_average=0.0)
+    assert digest(loop_steps=5) != digest(loop_steps=5, loop_average=0.99)

@@ -39,6 +39,7 @@ log = logging.getLogger(__name__)
 ADDED_LOOP_OPTIONS: dict[str, object] = {
     "loop_points": len(LOOP_FRACTIONS),
     "loop_shift_weight": 0.0,
+    "loop_average": 0.0,
 }
 """Loop settings added after loops were built, with the value every loop had before."""
 ADDED_TRAIN_OPTIONS: dict[str, object] = {"read_precision": "float32"}

@@ -130,6 +130,10 @@ class TrainConfig:
     reads per step, drawn at random and shared by the text's orders; 5 reads them all.
     Fewer make a step proportionally cheaper (each point is one forward pass per order)
     for a noisier, still unbiased reading."""
+    loop_average: float = 0.0
+    """``policy``: decay of an exponential moving average of the head's weights over the loop
+    steps; the average is what the loop leaves (0: the last step's weights). Each step's
+    gradient comes from a few sampled orders, so the last step's weights carry that noise."""
     loop_reward: str = "mask"
     """``policy``: the curves an order is scored by, joined by ``+``: ``mask`` (deletion, the
     top tokens replaced by the mask token), ``delete`` (deletion, the top tokens cut out of
@@ -530,6 +534,7 @@ def train_head(
         info["loop_points"] = config.loop_points
         info["loop_samples"] = config.loop_samples
         info["loop_shift_weight"] = config.loop_shift_weight
+        info["loop_average"] = config.loop_average
         info["loop_texts"] = len(loop_texts)
     return head, info
 
@@ -808,6 +813,7 @@ def _policy_loop(run: _Stage2) -> None:
     optimizer = run.optimizer(default_lr=1e-3)
     stage1 = copy.deepcopy(head).eval() if config.loop_shift_weight else None
     precision = read_precision(model.device, config.read_precision)
+    average = _WeightAverage(head, config.loop_average) if config.loop_average else None
     for chosen in run.batches():
         x, mask, _, keep, target = _pad(chosen)
         rows = torch.arange(len(chosen))
@@ -841,6 +847,32 @@ def _policy_loop(run: _Stage2) -> None:
         optimizer.zero_grad(set_to_none=True)
         (config.loop_weight * loss).backward()
         optimizer.step()
+        if average is not None:
+            average.update()
+    if average is not None:
+        average.apply()
+
+
+class _WeightAverage:
+    """An exponential moving average of a module's floating-point parameters and buffers."""
+
+    def __init__(self, module: torch.nn.Module, decay: float) -> None:
+        if not 0.0 < decay < 1.0:
+            raise ValueError(f"weight-average decay {decay}: between 0 and 1")
+        self.module, self.decay = module, decay
+        self.state = {
+            k: v.detach().clone() for k, v in module.state_dict().items() if v.is_floating_point()
+        }
+
+    @torch.no_grad()
+    def update(self) -> None:
+        for k, v in self.module.state_dict().items():
+            if k in self.state:
+                self.state[k].lerp_(v.detach(), 1.0 - self.decay)
+
+    @torch.no_grad()
+    def apply(self) -> None:
+        self.module.load_state_dict(self.state, strict=False)
 
 
 @torch.inference_mode()
