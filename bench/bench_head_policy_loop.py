@@ -194,7 +194,10 @@ def run_seed(
                 averaged.load_state_dict(average.state, strict=False)
                 report(step, averaged.eval(), decay)
 
-    _train_in_the_loop(model, head, items, looped, np.random.default_rng(seed), progress)
+    # Seeded like `train_head`'s loop, so that two runs of one seed draw the same orders.
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        _train_in_the_loop(model, head, items, looped, np.random.default_rng(seed), progress)
 
 
 def signs(model: LoadedModel, scorer: HeldOut, head: ExplainerHead) -> str:

@@ -14,7 +14,9 @@ from transformers import AutoModelForSequenceClassification, AutoTokenizer
 from limelight.errors import FailedPrecondition
 from limelight.models.loaded import LoadedModel, load_model
 from limelight.models.tiny import tiny_config
+from limelight.runtimes.base import InlineBatch
 from limelight.runtimes.onnx_export import EXPORTABLE, NOT_EXPORTABLE, export_onnx, input_names
+from limelight.runtimes.onnx_runtime import OnnxRuntime
 
 ort = pytest.importorskip("onnxruntime")
 
@@ -64,10 +66,15 @@ def feeds_for(model: LoadedModel, texts: list[str]) -> dict[str, np.ndarray]:
 def check_parity(model: LoadedModel, out: Path) -> None:
     export_onnx(model, out)
     session = ort.InferenceSession(str(out), providers=["CPUExecutionProvider"])
+    served = OnnxRuntime(out, model)
     for texts in BATCHES:
         feeds = feeds_for(model, texts)
         names = ["logits", "embedding_norms", "token_logits"]
-        logits, norms, token_logits = session.run(names, feeds)
+        # A graph may leave out the mask where no node reads it (as the runtime feeds it).
+        taken = {i.name for i in session.get_inputs()}
+        logits, norms, token_logits = session.run(
+            names, {k: v for k, v in feeds.items() if k in taken}
+        )
         tensors = {name: torch.from_numpy(value) for name, value in feeds.items()}
         mask = tensors["attention_mask"]
         with torch.no_grad():
@@ -76,6 +83,14 @@ def check_parity(model: LoadedModel, out: Path) -> None:
             expected_logits = model.adapter.pooled_logits(base.last_hidden_state, mask)
             expected_norms = base.hidden_states[0].norm(dim=-1)
         np.testing.assert_allclose(logits, expected_logits.numpy(), atol=1e-4)
+        # The runtime the sidecar serves feeds the graph the inputs it takes.
+        batch = InlineBatch(
+            feeds["input_ids"],
+            feeds["attention_mask"],
+            feeds.get("token_type_ids"),
+            [int(n) for n in feeds["attention_mask"].sum(axis=1)],
+        )
+        np.testing.assert_allclose(served.run_inline(batch).logits, logits, atol=1e-5)
         keep = mask.bool().numpy()  # padded positions are not compared
         np.testing.assert_allclose(norms[keep], expected_norms.numpy()[keep], atol=1e-4, rtol=1e-4)
         np.testing.assert_allclose(token_logits[keep], expected_tokens.numpy()[keep], atol=1e-4)

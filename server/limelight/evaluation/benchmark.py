@@ -161,7 +161,7 @@ def plain_onnx_runtime(
     server's setting, so that served and in-process figures compare like with like."""
     from limelight.runtimes.base import InlineOutputs, Runtime
     from limelight.runtimes.onnx_export import export_onnx
-    from limelight.runtimes.onnx_runtime import OnnxRuntime
+    from limelight.runtimes.onnx_runtime import OnnxRuntime, graph_feed
 
     inline = OnnxRuntime(
         export_onnx(model, workdir / "inline.onnx", heads=heads), model, threads=threads
@@ -176,6 +176,7 @@ def plain_onnx_runtime(
     plain = ort.InferenceSession(
         str(plain_path), sess_options=options, providers=["CPUExecutionProvider"]
     )
+    plain_inputs = [i.name for i in plain.get_inputs()]
 
     class _Both(Runtime):
         name = "onnx"
@@ -184,7 +185,7 @@ def plain_onnx_runtime(
             return inline.run_inline(batch)
 
         def forward_logits(self, batch: InlineBatch) -> FloatArray:
-            logits: FloatArray = plain.run(["logits"], inline._feed(batch))[0]
+            logits: FloatArray = plain.run(["logits"], graph_feed(batch, plain_inputs))[0]
             return logits
 
     return _Both()

@@ -22,7 +22,8 @@ Per-token forms: with first/last-token pooling, the model's logit is the head ou
 pooled position. With mean pooling (ModernBERT's ``classifier_pooling="mean"``) LogAt_i is the
 head applied to h_L[i] alone — the logits of a sequence whose mean representation were token
 i's — and the model's logit is the head applied to the masked mean, computed by
-:meth:`HeadAdapter.pooled_logits` (the runtimes and the gradient methods use it). With late
+:meth:`HeadAdapter.pooled_logits` (the gradient methods use it; the runtimes read the same
+logits with :meth:`HeadAdapter.logits_from`, which reuses the per-token logits). With late
 pooling (EuroBERT's default) the model's logit is the masked mean of the LogAt_i. See
 docs/methods/normxlogit.md.
 
@@ -124,7 +125,9 @@ class HeadAdapter(ABC):
         """[B, C] the model's own logits, reusing ``token_logits`` = ``head(hidden)`` where the
         pooling allows (first, last and late pooling); mean pooling applies the head to the
         masked mean of ``hidden``."""
-        if self.pooling in ("first", "last"):
+        if self.pooling == "first":
+            return token_logits[:, 0]  # one slice instead of an index over arange and zeros
+        if self.pooling == "last":
             rows = torch.arange(hidden.shape[0], device=hidden.device)
             return token_logits[rows, self.pooled_index(attention_mask)]
         if self.pooling == "late":

@@ -167,7 +167,9 @@ class _InlineGraph(nn.Module):
     ) -> tuple[torch.Tensor, ...]:
         out = self.adapter.run_base(input_ids, attention_mask, token_type_ids)
         token_logits = self.adapter.head(out.last_hidden_state)
-        logits = self.adapter.pooled_logits(out.last_hidden_state, attention_mask)
+        # As the torch runtime: the pooled token's row of the per-token logits, not the head
+        # run a second time on the pooled vector (ONNX Runtime pays per node on small models).
+        logits = self.adapter.logits_from(out.last_hidden_state, attention_mask, token_logits)
         norms = out.hidden_states[0].norm(dim=-1)
         extra = [
             head(out.hidden_states, norms, token_logits, attention_mask)

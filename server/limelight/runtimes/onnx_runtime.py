@@ -35,6 +35,19 @@ def choose_providers(device: str) -> list[str]:
     return ["CPUExecutionProvider"]
 
 
+def graph_feed(batch: InlineBatch, input_names: list[str]) -> dict[str, np.ndarray]:
+    """The inputs a graph with ``input_names`` takes from ``batch``. A graph whose nodes never
+    read the mask (a model that ignores padding, its logits read at the first token) is
+    exported without that input; token types are zeros where the tokenizer gives none."""
+    feed = {"input_ids": batch.input_ids}
+    if "attention_mask" in input_names:
+        feed["attention_mask"] = batch.attention_mask
+    if "token_type_ids" in input_names:
+        types = batch.token_type_ids
+        feed["token_type_ids"] = types if types is not None else np.zeros_like(batch.input_ids)
+    return feed
+
+
 class OnnxRuntime(Runtime):
     name = "onnx"
 
@@ -83,11 +96,7 @@ class OnnxRuntime(Runtime):
         )
 
     def _feed(self, batch: InlineBatch) -> dict[str, np.ndarray]:
-        feed = {"input_ids": batch.input_ids, "attention_mask": batch.attention_mask}
-        if "token_type_ids" in self.input_names:
-            types = batch.token_type_ids
-            feed["token_type_ids"] = types if types is not None else np.zeros_like(batch.input_ids)
-        return feed
+        return graph_feed(batch, self.input_names)
 
     def run_inline(self, batch: InlineBatch) -> InlineOutputs:
         values = dict(
