@@ -24,6 +24,7 @@ import argparse
 import statistics
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -41,7 +42,8 @@ def export(model_dir: Path, out: Path, tag: str) -> None:
     export_onnx(model, out / f"{tag}-head.onnx", heads=inline_heads(model))
 
 
-def session(path: Path, threads: int):  # type: ignore[no-untyped-def]
+def session(path: Path, threads: int) -> Any:
+    """An ONNX Runtime session as the sidecar opens one (all graph optimisations)."""
     import onnxruntime as ort
 
     options = ort.SessionOptions()

@@ -15,7 +15,13 @@ from limelight.errors import FailedPrecondition
 from limelight.models.loaded import LoadedModel, load_model
 from limelight.models.tiny import tiny_config
 from limelight.runtimes.base import InlineBatch
-from limelight.runtimes.onnx_export import EXPORTABLE, NOT_EXPORTABLE, export_onnx, input_names
+from limelight.runtimes.onnx_export import (
+    EXPORTABLE,
+    NOT_EXPORTABLE,
+    export_onnx,
+    input_names,
+    read_description,
+)
 from limelight.runtimes.onnx_runtime import OnnxRuntime
 
 ort = pytest.importorskip("onnxruntime")
@@ -72,6 +78,7 @@ def check_parity(model: LoadedModel, out: Path) -> None:
         names = ["logits", "embedding_norms", "token_logits"]
         # A graph may leave out the mask where no node reads it (as the runtime feeds it).
         taken = {i.name for i in session.get_inputs()}
+        assert set(read_description(out)["inputs"]) == taken
         logits, norms, token_logits = session.run(
             names, {k: v for k, v in feeds.items() if k in taken}
         )

@@ -255,6 +255,11 @@ def export_onnx(
             opset_version=OPSET,
             dynamo=False,
         )
+    import onnx
+
+    # The exporter leaves out an input that no node reads (the mask of a model that ignores
+    # padding and reads its logits at the first token): describe the graph as written.
+    taken = {i.name for i in onnx.load(str(out), load_external_data=False).graph.input}
     describe(out).write_text(
         json.dumps(
             {
@@ -262,7 +267,7 @@ def export_onnx(
                 "kind": kind,
                 "model_version": model.version,
                 "architecture": model.architecture,
-                "inputs": names,
+                "inputs": [name for name in names if name in taken],
                 "outputs": outputs,
                 "opset": OPSET,
             },
