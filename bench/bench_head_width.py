@@ -4,6 +4,7 @@
     .venv/bin/python bench/bench_head_width.py --demo minilm --epochs 5 --widths 64,32,16
     .venv/bin/python bench/bench_head_width.py --demo bert-tiny --widths 16 --seeds 0 \
         --train ";loop_steps=1000,loop_estimator=straight_through"
+    .venv/bin/python bench/bench_head_width.py --demo bert-tiny --widths 16 --blocks 1,2 --seeds 0,1
 
 For each width and seed it trains a head exactly as the demo build does (`train_head`) on the
 teacher labels cached beside the demo model (build it first: `limelight build-demo`), then
@@ -13,7 +14,9 @@ with the top tokens removed. ``--train`` gives variants of the training (``Train
 ``;`` between variants, the first — empty: the demo's — is the baseline). Each row's Δ is
 paired against the first width and variant at the same seed.
 Every unit of width is paid on every request, so the narrowest width that holds its
-faithfulness is the one to serve (docs/distillation.md, "Narrower heads").
+faithfulness is the one to serve (docs/distillation.md, "Narrower heads"). ``--blocks 1,2``
+also trains heads with a second context block stacked on the first (the served head has one),
+to see whether depth helps.
 """
 
 from __future__ import annotations
@@ -21,17 +24,21 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
+from torch import nn
 
 from limelight.core.types import Encoded, FloatArray
 from limelight.demo.build import DEMO_HEADS, ensure_demo_model
 from limelight.distill.train import TeacherExample, TrainConfig, train_head
 from limelight.evaluation.data import load_examples
 from limelight.evaluation.runner import EvalConfig, Evaluator
+from limelight.models import explainer_head
 from limelight.models.explainer_head import ExplainerHead, head_dir
 from limelight.models.loaded import LoadedModel, load_model
 from limelight.runtimes.base import InlineBatch
@@ -46,6 +53,28 @@ def cached_labels(model_dir: Path, teacher: str) -> list[TeacherExample]:
         raise SystemExit(f"no cached labels at {path}: run `limelight build-demo` first")
     rows = [json.loads(line) for line in path.read_text().splitlines()[1:]]  # line 1: header
     return [TeacherExample(r["text"], r["target"], r["scores"]) for r in rows]
+
+
+@contextmanager
+def context_blocks(n: int) -> Iterator[None]:
+    """Heads built inside this block stack ``n`` context blocks (the served head has one)."""
+    single = explainer_head._ContextBlock
+
+    class Stacked(nn.Module):
+        def __init__(self, width: int, heads: int) -> None:
+            super().__init__()
+            self.blocks = nn.ModuleList([single(width, heads) for _ in range(n)])
+
+        def forward(self, x: torch.Tensor, key_bias: torch.Tensor) -> torch.Tensor:
+            for block in self.blocks:
+                x = block(x, key_bias)
+            return x
+
+    explainer_head._ContextBlock = Stacked if n > 1 else single  # type: ignore[assignment,misc]
+    try:
+        yield
+    finally:
+        explainer_head._ContextBlock = single  # type: ignore[misc]
 
 
 def train_variants(spec: str) -> list[dict[str, Any]]:
@@ -69,6 +98,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--demo", choices=sorted(DEMO_HEADS), default="bert-tiny")
     parser.add_argument("--widths", default="64,32,16")
+    parser.add_argument("--blocks", default="1", help="context blocks to stack (1: as served)")
     parser.add_argument("--seeds", default="0,1,2", help="training seeds")
     parser.add_argument("--epochs", type=int, help="default: the demo recipe's")
     parser.add_argument("--n", type=int, default=120, help="held-out test reviews")
@@ -83,29 +113,32 @@ def main() -> None:
     examples = cached_labels(model_dir, DEMO_HEADS[args.demo].teacher)
     epochs = args.epochs or DEMO_HEADS[args.demo].epochs
     print(f"{args.demo}: {len(examples)} cached labels, {epochs} epochs, {args.n} test reviews")
-    print("| width | training | seed | parameters | deletion | sufficiency | removed | "
+    print("| width | blocks | training | seed | parameters | deletion | sufficiency | removed | "
           "Δ deletion | Δ sufficiency | Δ removed |")  # fmt: skip
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     widths = [int(w) for w in args.widths.split(",")]
     scorer = HeldOut(model, args.n, args.seed_data)
     first: dict[int, list[np.ndarray]] = {}
+    blocks = [int(b) for b in args.blocks.split(",")]
     for width in widths:
-        for variant in train_variants(args.train):
-            for seed in (int(s) for s in args.seeds.split(",")):
-                heads = 4 if width >= 64 else 2
-                fields: dict[str, Any] = {"epochs": epochs, **variant}
-                config = TrainConfig(width=width, attention_heads=heads, seed=seed, **fields)
-                start = time.monotonic()
-                head, _ = train_head(model, examples, config)
-                per = scorer.score(head)
-                base = first.setdefault(seed, per)  # the first row of each seed: the baseline
-                params = sum(p.numel() for p in head.parameters())
-                trained = ", ".join(f"{k}={v}" for k, v in variant.items()) or "demo"
-                print(
-                    f"| {width} | {trained} | {seed} | {params:,} | {scorer.cells(per, base)} |"
-                    f"  <!-- {time.monotonic() - start:.0f} s -->",
-                    flush=True,
-                )
+        for depth in blocks:
+            for variant in train_variants(args.train):
+                for seed in (int(s) for s in args.seeds.split(",")):
+                    heads = 4 if width >= 64 else 2
+                    fields: dict[str, Any] = {"epochs": epochs, **variant}
+                    config = TrainConfig(width=width, attention_heads=heads, seed=seed, **fields)
+                    start = time.monotonic()
+                    with context_blocks(depth):
+                        head, _ = train_head(model, examples, config)
+                    per = scorer.score(head)
+                    base = first.setdefault(seed, per)  # each seed's first row: the baseline
+                    params = sum(p.numel() for p in head.parameters())
+                    trained = ", ".join(f"{k}={v}" for k, v in variant.items()) or "demo"
+                    print(
+                        f"| {width} | {depth} | {trained} | {seed} | {params:,} | "
+                        f"{scorer.cells(per, base)} |  <!-- {time.monotonic() - start:.0f} s -->",
+                        flush=True,
+                    )
 
 
 class HeldOut:
