@@ -5,6 +5,8 @@
     .venv/bin/python bench/bench_head_width.py --demo bert-tiny --widths 16 --seeds 0 \
         --train ";loop_steps=1000,loop_estimator=straight_through"
     .venv/bin/python bench/bench_head_width.py --demo bert-tiny --widths 16 --blocks 1,2 --seeds 0,1
+    .venv/bin/python bench/bench_head_width.py --demo minilm --widths 32 --seeds 0,1 \
+        --labels demo,/tmp/g4000/head.teacher-greedy_deletion.jsonl --loop-texts 3000
 
 For each width and seed it trains a head exactly as the demo build does (`train_head`) on the
 teacher labels cached beside the demo model (build it first: `limelight build-demo`), then
@@ -16,12 +18,15 @@ paired against the first width and variant at the same seed.
 Every unit of width is paid on every request, so the narrowest width that holds its
 faithfulness is the one to serve (docs/distillation.md, "Narrower heads"). ``--blocks 1,2``
 also trains heads with a second context block stacked on the first (the served head has one),
-to see whether depth helps.
+to see whether depth helps. ``--labels`` trains on other label sets — a label cache that
+`limelight distill` wrote, or ``A+B`` for the union of two — each against the first at the same
+seed; ``--loop-texts`` gives variants with loop steps the demo build's unlabelled reviews.
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import time
 from collections.abc import Iterator
@@ -35,6 +40,7 @@ from torch import nn
 
 from limelight.core.types import Encoded, FloatArray
 from limelight.demo.build import DEMO_HEADS, ensure_demo_model
+from limelight.distill.build import training_texts
 from limelight.distill.train import TeacherExample, TrainConfig, train_head
 from limelight.evaluation.data import load_examples
 from limelight.evaluation.runner import EvalConfig, Evaluator
@@ -51,8 +57,29 @@ def cached_labels(model_dir: Path, teacher: str) -> list[TeacherExample]:
     path = head_dir(load_model(model_dir)).with_name(f"limelight_distilled.teacher-{teacher}.jsonl")
     if not path.exists():
         raise SystemExit(f"no cached labels at {path}: run `limelight build-demo` first")
-    rows = [json.loads(line) for line in path.read_text().splitlines()[1:]]  # line 1: header
+    return read_labels(path)
+
+
+def read_labels(path: Path) -> list[TeacherExample]:
+    """The labels of a teacher's resumable cache (line 1 is its header)."""
+    rows = [json.loads(line) for line in path.read_text().splitlines()[1:]]
     return [TeacherExample(r["text"], r["target"], r["scores"]) for r in rows]
+
+
+def label_sets(spec: str, model_dir: Path, teacher: str) -> dict[str, list[TeacherExample]]:
+    """``"demo,/x.jsonl,demo+/x.jsonl"`` → each set's labels by name: ``demo`` is the demo
+    head's cache, a path a cache `limelight distill` wrote, ``A+B`` both sets (a text in both
+    is trained on both labels)."""
+    return {
+        name: [
+            example
+            for part in name.split("+")
+            for example in (
+                cached_labels(model_dir, teacher) if part == "demo" else read_labels(Path(part))
+            )
+        ]
+        for name in spec.split(",")
+    }
 
 
 @contextmanager
@@ -105,40 +132,55 @@ def main() -> None:
     parser.add_argument("--seed-data", type=int, default=0, help="seed of the review sample")
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: default)")
     parser.add_argument("--train", default="", help="training variants (see above)")
+    parser.add_argument("--labels", default="demo", help="label sets (see above)")
+    parser.add_argument(
+        "--loop-texts",
+        type=int,
+        default=0,
+        help="unlabelled training reviews for variants with loop steps (the demo build's)",
+    )
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
     model_dir = ensure_demo_model(args.demo, Settings().cache_dir)
     model = load_model(model_dir)
-    examples = cached_labels(model_dir, DEMO_HEADS[args.demo].teacher)
-    epochs = args.epochs or DEMO_HEADS[args.demo].epochs
-    print(f"{args.demo}: {len(examples)} cached labels, {epochs} epochs, {args.n} test reviews")
-    print("| width | blocks | training | seed | parameters | deletion | sufficiency | removed | "
-          "Δ deletion | Δ sufficiency | Δ removed |")  # fmt: skip
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    demo = DEMO_HEADS[args.demo]
+    sets = label_sets(args.labels, model_dir, demo.teacher)
+    epochs = args.epochs or demo.epochs
+    counts = ", ".join(f"{name}: {len(labels)}" for name, labels in sets.items())
+    print(f"{args.demo}: labels ({counts}), {epochs} epochs, {args.n} test reviews")
+    # The demo build's unlabelled loop reviews: the training split's after its labelled ones.
+    texts, _ = training_texts("rotten_tomatoes", demo.n_texts + args.loop_texts, 100)
+    loop_texts = texts[demo.n_texts :]
+    print("| labels | width | blocks | training | seed | parameters | deletion | sufficiency | "
+          "removed | Δ deletion | Δ sufficiency | Δ removed |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     widths = [int(w) for w in args.widths.split(",")]
     scorer = HeldOut(model, args.n, args.seed_data)
     first: dict[int, list[np.ndarray]] = {}
     blocks = [int(b) for b in args.blocks.split(",")]
-    for width in widths:
-        for depth in blocks:
-            for variant in train_variants(args.train):
-                for seed in (int(s) for s in args.seeds.split(",")):
-                    heads = 4 if width >= 64 else 2
-                    fields: dict[str, Any] = {"epochs": epochs, **variant}
-                    config = TrainConfig(width=width, attention_heads=heads, seed=seed, **fields)
-                    start = time.monotonic()
-                    with context_blocks(depth):
-                        head, _ = train_head(model, examples, config)
-                    per = scorer.score(head)
-                    base = first.setdefault(seed, per)  # each seed's first row: the baseline
-                    params = sum(p.numel() for p in head.parameters())
-                    trained = ", ".join(f"{k}={v}" for k, v in variant.items()) or "demo"
-                    print(
-                        f"| {width} | {depth} | {trained} | {seed} | {params:,} | "
-                        f"{scorer.cells(per, base)} |  <!-- {time.monotonic() - start:.0f} s -->",
-                        flush=True,
-                    )
+    grid = itertools.product(sets.items(), widths, blocks, train_variants(args.train))
+    for (name, examples), width, depth, variant in grid:
+        for seed in (int(s) for s in args.seeds.split(",")):
+            heads = 4 if width >= 64 else 2
+            fields: dict[str, Any] = {"epochs": epochs, **variant}
+            config = TrainConfig(width=width, attention_heads=heads, seed=seed, **fields)
+            start = time.monotonic()
+            with context_blocks(depth):
+                head, _ = train_head(
+                    model, examples, config, loop_texts=loop_texts if config.loop_steps else ()
+                )
+            per = scorer.score(head)
+            base = first.setdefault(seed, per)  # each seed's first row: the baseline
+            params = sum(p.numel() for p in head.parameters())
+            trained = ", ".join(f"{k}={v}" for k, v in variant.items()) or "demo"
+            labelled = "+".join(Path(part).name for part in name.split("+"))
+            print(
+                f"| {labelled} ({len(examples)}) | {width} | {depth} | {trained} | "
+                f"{seed} | {params:,} | {scorer.cells(per, base)} |  "
+                f"<!-- {time.monotonic() - start:.0f} s -->",
+                flush=True,
+            )
 
 
 class HeldOut:

@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -39,6 +38,7 @@ import torch
 from limelight.core.types import Encoded, FloatArray
 from limelight.demo.build import ensure_demo_model
 from limelight.demo.datasets import rotten_tomatoes
+from limelight.evaluation.benchmark import machine
 from limelight.evaluation.perturbation import deletion_aopc, probabilities, random_deletion_aopc
 from limelight.methods.base import JobContext
 from limelight.methods.slalom import Slalom
@@ -160,24 +160,6 @@ def pick_reviews(n: int, min_words: int, max_words: int) -> list[str]:
     texts = [r.text for r in rotten_tomatoes("test")]
     chosen = [t for t in texts if min_words <= len(t.split()) <= max_words]
     return chosen[:n]
-
-
-def machine() -> str:
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    device = "CPU"
-    if torch.cuda.is_available():
-        device = torch.cuda.get_device_name(0)
-    return (
-        f"{cpu}, {os.cpu_count()} logical cores, torch {torch.__version__} "
-        f"({torch.get_num_threads()} threads), {device}, Python {platform.python_version()}"
-    )
 
 
 def table(results: dict[str, Result], aopc: dict[str, float]) -> str:

@@ -9,7 +9,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import platform
 import shlex
 import sys
 from pathlib import Path
@@ -113,31 +112,11 @@ def default_data(model_dir: Path | None, demo_model: str) -> str:
     return DEMO_DATASETS.get(demo_model, "rotten_tomatoes")
 
 
-def machine() -> str:
-    """A one-line description of where the evaluation ran."""
-    import os
-
-    import torch
-
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    return (
-        f"{cpu}, {cores} cores, torch {torch.__version__} ({torch.get_num_threads()} threads), "
-        f"Python {platform.python_version()}"
-    )
-
-
 def run(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
     from limelight.app import load_served_model
+    from limelight.evaluation.benchmark import machine
     from limelight.evaluation.data import load_examples
     from limelight.evaluation.explainers import build_explainers
     from limelight.evaluation.report import EvalReport, write

@@ -34,6 +34,8 @@ if TYPE_CHECKING:
 
 
 def machine() -> str:
+    """One line on where a measurement ran: CPU model, the cores this process may use, torch
+    and its threads, the GPU when torch sees one, Python."""
     import torch
 
     cpu = platform.machine()
@@ -45,9 +47,11 @@ def machine() -> str:
             )
     except OSError:
         pass
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    gpu = f", {torch.cuda.get_device_name(0)}" if torch.cuda.is_available() else ""
     return (
-        f"{cpu}, {os.cpu_count()} cores, torch {torch.__version__} "
-        f"({torch.get_num_threads()} threads), Python {platform.python_version()}"
+        f"{cpu}, {cores} cores, torch {torch.__version__} "
+        f"({torch.get_num_threads()} threads){gpu}, Python {platform.python_version()}"
     )
 
 
