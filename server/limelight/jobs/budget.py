@@ -25,7 +25,9 @@ _BACKWARD = 3.0
 SLACK = 4.0
 
 #: Methods that only run forward passes at the input's length (the rest also backpropagate).
-FORWARD_ONLY = frozenset({"slalom", "random", "shapley", "greedy_deletion", "greedy_insertion"})
+FORWARD_ONLY = frozenset(
+    {"slalom", "random", "shapley", "greedy_deletion", "greedy_insertion", "lexicon"}
+)
 
 
 def _slalom(params: Mapping[str, Any], tokens: int) -> float:

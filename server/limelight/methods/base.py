@@ -180,6 +180,7 @@ BUILTIN_METHODS: dict[str, str] = {
     "lrp": "limelight.methods.lrp:HeadMaskedLRP",
     "slalom": "limelight.methods.slalom:Slalom",
     "random": "limelight.methods.random_baseline:RandomBaseline",
+    "lexicon": "limelight.methods.lexicon:Lexicon",
     "shapley": "limelight.methods.search:ShapleyValues",
     "greedy_deletion": "limelight.methods.search:GreedyDeletion",
     "greedy_insertion": "limelight.methods.search:GreedyInsertion",
