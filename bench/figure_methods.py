@@ -1,5 +1,5 @@
-"""The same reviews explained by NormXLogit, the inline head, Shapley values, greedy deletion
-(and SHAP when installed): one heat-map row per method, written as a PNG.
+"""The same reviews explained by NormXLogit, the classifier's context-free lexicon, the inline
+head, Shapley values and greedy deletion: one heat-map row per method, written as a PNG.
 
     .venv/bin/python bench/figure_methods.py [--demo minilm] [--out docs/img/methods_minilm.png]
 
@@ -21,6 +21,8 @@ import torch
 from limelight.demo.build import ensure_demo_model
 from limelight.distill.train import predict_scores
 from limelight.evaluation.perturbation import probabilities
+from limelight.methods.base import JobContext
+from limelight.methods.lexicon import Lexicon
 from limelight.methods.search import greedy_deletion, shapley_values
 from limelight.models.explainer_head import load_head
 from limelight.models.loaded import load_model
@@ -41,6 +43,7 @@ def main(argv: list[str] | None = None) -> int:
     torch.manual_seed(0)
     model = load_model(ensure_demo_model(args.demo, Settings().cache_dir, progress=False))
     head = load_head(model)
+    lexicon, ctx = Lexicon(), JobContext(model=model, settings=Settings())
     rows: list[tuple[str, list[str], list[np.ndarray]]] = []
     for text in REVIEWS:
         enc = model.encode(text)
@@ -53,6 +56,7 @@ def main(argv: list[str] | None = None) -> int:
         keep = [i for i, t in enumerate(enc.tokens) if not t.special]
         methods = {
             "normxlogit": normx,
+            "lexicon": lexicon.run(ctx, enc, target, lexicon.defaults()).scores,
             "inline head": predict_scores(model, head, enc)[:, target],
             "shapley (16)": shapley_values(model, enc, target, permutations=16),
             "greedy deletion": greedy_deletion(model, enc, target),
@@ -65,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
                 [np.asarray(v)[keep] for v in methods.values()],
             )
         )
-    names = ["normxlogit", "inline head", "shapley (16)", "greedy deletion"]
+    names = ["normxlogit", "lexicon", "inline head", "shapley (16)", "greedy deletion"]
     fig, axes = plt.subplots(len(rows), 1, figsize=(12, 1.9 * len(rows)))
     for ax, (title, tokens, values) in zip(np.atleast_1d(axes), rows, strict=True):
         grid = np.stack([v / (np.abs(v).max() or 1.0) for v in values])
