@@ -29,7 +29,7 @@ import argparse
 import itertools
 import json
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -204,6 +204,10 @@ class HeldOut:
             batch = InlineBatch.from_encoded([enc], self.model.pad_id)  # as the sidecar serves
             return np.asarray(runtime.run_inline(batch).extra["distilled"][0, :, target])
 
+        return self.score_explainer(explain)
+
+    def score_explainer(self, explain: Callable[[Encoded, int], FloatArray]) -> list[np.ndarray]:
+        """Per review: deletion, sufficiency, removed of any explainer (text, class → scores)."""
         args = (self.data.examples, self.encoded, self.predicted)
         m = self.masked.evaluate_method("head", explain, *args)
         r = self.removed.evaluate_method("head", explain, *args)

@@ -129,18 +129,6 @@ def head_explainer(model: LoadedModel, head: ExplainerHead) -> Explain:
     return explain
 
 
-def faithfulness(scorer: HeldOut, explain: Explain) -> list[np.ndarray]:
-    """Per review: deletion, sufficiency, removed (as ``HeldOut.score`` for a served head)."""
-    args = (scorer.data.examples, scorer.encoded, scorer.predicted)
-    masked = scorer.masked.evaluate_method("m", explain, *args)
-    removed = scorer.removed.evaluate_method("m", explain, *args)
-    return [
-        np.asarray(masked.aopc_deletion_per_input),
-        np.asarray(masked.aopc_sufficiency_per_input),
-        np.asarray(removed.aopc_deletion_per_input),
-    ]
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--demo", choices=sorted(DEMO_HEADS), default="minilm")
@@ -175,7 +163,7 @@ def main() -> None:
         "| explainer | deletion | sufficiency | removed | Δ deletion | Δ sufficiency | Δ removed |"
     )
     print("|---|---|---|---|---|---|---|")
-    base = faithfulness(scorer, served)
+    base = scorer.score_explainer(served)
     print(f"| the served head | {HeldOut.cells(base, base)} |", flush=True)
     rows: list[tuple[str, Explain]] = [
         ("the lexicon alone", lambda enc, target: lexicon_scores(table, enc, target))
@@ -183,7 +171,7 @@ def main() -> None:
     alphas = [float(a) for a in filter(None, args.blend.split(","))]
     rows += [(f"head + {a} × lexicon", blend(a)) for a in alphas]
     for name, explain in rows:
-        print(f"| {name} | {HeldOut.cells(faithfulness(scorer, explain), base)} |", flush=True)
+        print(f"| {name} | {HeldOut.cells(scorer.score_explainer(explain), base)} |", flush=True)
 
     demo = DEMO_HEADS[args.demo]
     labels = cached_labels(model_dir, demo.teacher)
@@ -194,8 +182,8 @@ def main() -> None:
         plain, _ = train_head(model, labels, config)
         with lexicon_inputs(table):
             fed, _ = train_head(model, labels, config)
-            first = faithfulness(scorer, head_explainer(model, plain))
-            second = faithfulness(scorer, head_explainer(model, fed))
+            first = scorer.score_explainer(head_explainer(model, plain))
+            second = scorer.score_explainer(head_explainer(model, fed))
         print(f"| first stage, seed {seed} | {HeldOut.cells(first, first)} |")
         fed_cells = HeldOut.cells(second, first)
         print(f"| the same with the lexicon as input, seed {seed} | {fed_cells} |")
