@@ -11,7 +11,13 @@ from typing import Any
 
 import numpy as np
 import torch
-from jobs_testing_methods import BlockMethod, BrokenMethod, CrashMethod, StepMethod
+from jobs_testing_methods import (
+    BlockMethod,
+    BrokenMethod,
+    CrashMethod,
+    LateReportMethod,
+    StepMethod,
+)
 
 from limelight.core.jobs import JobBackend, JobRecord, JobState
 from limelight.errors import NotFound
@@ -24,7 +30,14 @@ def test_registry() -> MethodRegistry:
     return MethodRegistry(
         {
             m.name: m
-            for m in (StepMethod(), BlockMethod(), CrashMethod(), BrokenMethod(), NormXLogit())
+            for m in (
+                StepMethod(),
+                BlockMethod(),
+                LateReportMethod(),
+                CrashMethod(),
+                BrokenMethod(),
+                NormXLogit(),
+            )
         }
     )
 

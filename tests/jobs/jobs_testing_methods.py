@@ -80,6 +80,36 @@ class BlockMethod(JobMethod):
         return MethodOutput(scores=expected_scores(encoded.input_ids, target))
 
 
+class LateReportMethod(JobMethod):
+    """Checkpoints once and writes ``started``; reports progress once after the file
+    ``cancelled`` exists (a report racing a cancel: sent before the worker has seen the flag),
+    writes ``reported``, waits for ``resume``, then checkpoints until cancelled."""
+
+    name = "late_report"
+    description = "test method: a progress report after a cancel request"
+    params: ClassVar[Mapping[str, Param]] = {
+        "cancelled": Param(str, ""),
+        "reported": Param(str, ""),
+        "resume": Param(str, ""),
+        "started": Param(str, ""),
+    }
+
+    def run(
+        self, ctx: JobContext, encoded: Encoded, target: int, params: Mapping[str, Any]
+    ) -> MethodOutput:
+        ctx.checkpoint(0.1, "running")
+        Path(params["started"]).write_text("1")
+        for name in ("cancelled", "resume"):
+            while not os.path.exists(params[name]):
+                time.sleep(0.01)
+            if name == "cancelled":
+                ctx.report(0.5, "a late report")
+                Path(params["reported"]).write_text("1")
+        while True:
+            ctx.checkpoint(0.6, "still running")
+            time.sleep(0.01)
+
+
 class CrashMethod(JobMethod):
     """Kills its own process (a worker that dies mid-job, every time)."""
 

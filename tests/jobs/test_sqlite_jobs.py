@@ -383,3 +383,27 @@ async def test_kill_9_loses_nothing(
     assert [r.state for r in done] == [JobState.SUCCEEDED] * 3
     assert [r.attempts for r in done] == [2, 1, 1]
     assert [r.spec.text for r in done] == ["first", "second", "third"]
+
+
+@pytest.mark.asyncio
+async def test_a_report_racing_a_cancel_keeps_it_cancelling(
+    tiny_model: LoadedModel, tmp_path: Path
+) -> None:
+    backend = _backend(tiny_model, _settings(tmp_path, job_workers=1))
+    await backend.start()
+    names = ("cancelled", "reported", "resume", "started")
+    cancelled, reported, resume, started = (tmp_path / name for name in names)
+    params = {name: str(tmp_path / name) for name in names}
+    try:
+        job = await backend.submit(JobSpec(method="late_report", text="a", params=params))
+        await await_until(started.exists)
+        assert (await backend.cancel(job.id)).message == "cancelling"
+        cancelled.touch()  # the worker reports progress it measured before it saw the flag
+        await await_until(reported.exists)
+        record = await backend.get(job.id)
+        assert (record.state, record.message) == (JobState.RUNNING, "cancelling")
+        resume.touch()
+        assert (await wait_state(backend, job.id)).state is JobState.CANCELLED
+    finally:
+        resume.touch()  # never leave the worker waiting, whatever failed
+        await backend.stop(5)

@@ -455,8 +455,12 @@ class SqliteJobBackend(JobBackend):
             return StopReason.RELEASE if self._abandon.is_set() else None
 
         def write_progress(fraction: float, message: str) -> None:
+            # After a cancel request the message stays 'cancelling' (as in the Redis backend).
             self._update(
-                job_id, "UPDATE jobs SET progress=?, message=? WHERE id=?", (fraction, message)
+                job_id,
+                "UPDATE jobs SET progress=?, "
+                "message=CASE WHEN cancel_requested=1 THEN message ELSE ? END WHERE id=?",
+                (fraction, message),
             )
 
         def settle(outcome: Outcome) -> bool:
