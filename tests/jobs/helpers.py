@@ -19,7 +19,7 @@ from jobs_testing_methods import (
     StepMethod,
 )
 
-from limelight.core.jobs import JobBackend, JobRecord, JobState
+from limelight.core.jobs import JobBackend, JobRecord, JobSpec, JobState
 from limelight.errors import NotFound
 from limelight.methods.base import MethodRegistry
 from limelight.methods.normxlogit import NormXLogit
@@ -110,3 +110,23 @@ def reference_prediction(model: LoadedModel, text: str) -> tuple[list[int], np.n
 def touch(path: Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("go")
+
+
+async def cancel_during_a_late_report(backend: JobBackend, tmp_path: Path) -> None:
+    """Submit ``late_report``, cancel it while it runs, let it report progress it measured
+    before it saw the flag, and check the record still says ``cancelling``; then it must end
+    CANCELLED. A worker must be running the backend's jobs."""
+    names = ("cancelled", "reported", "resume", "started")
+    cancelled, reported, resume, started = (tmp_path / name for name in names)
+    params = {name: str(tmp_path / name) for name in names}
+    job = await backend.submit(JobSpec(method="late_report", text="a", params=params))
+    try:
+        await await_until(started.exists)
+        assert (await backend.cancel(job.id)).message == "cancelling"
+        cancelled.touch()
+        await await_until(reported.exists)
+        record = await backend.get(job.id)
+        assert (record.state, record.message) == (JobState.RUNNING, "cancelling")
+    finally:
+        resume.touch()  # never leave the worker waiting, whatever failed
+    assert (await wait_state(backend, job.id)).state is JobState.CANCELLED

@@ -18,6 +18,7 @@ import pytest
 import redis
 from helpers import (
     await_until,
+    cancel_during_a_late_report,
     expired,
     reference_prediction,
     test_registry,
@@ -394,22 +395,8 @@ async def test_a_report_racing_a_cancel_keeps_it_cancelling(
     runner = JobRunner(tiny_model, test_registry(), settings)
     backend = RedisJobBackend(settings, Metrics(CollectorRegistry()), runner=runner)
     await backend.start()
-    names = ("cancelled", "reported", "resume", "started")
-    cancelled, reported, resume, started = (tmp_path / name for name in names)
-    params = {name: str(tmp_path / name) for name in names}
     try:
-        job = await backend.submit(JobSpec(method="late_report", text="a", params=params))
-        worker = RedisWorker(settings, runner, Metrics(CollectorRegistry()), name="w-late")
-        with worker_thread(worker):
-            try:
-                await await_until(started.exists)
-                assert (await backend.cancel(job.id)).message == "cancelling"
-                cancelled.touch()  # the worker reports progress measured before it saw the flag
-                await await_until(reported.exists)
-                record = await backend.get(job.id)
-                assert (record.state, record.message) == (JobState.RUNNING, "cancelling")
-            finally:
-                resume.touch()  # never leave the worker waiting, whatever failed
-            assert (await wait_state(backend, job.id)).state is JobState.CANCELLED
+        with worker_thread(RedisWorker(settings, runner, Metrics(CollectorRegistry()))):
+            await cancel_during_a_late_report(backend, tmp_path)
     finally:
         await backend.stop(5)

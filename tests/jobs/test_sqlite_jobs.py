@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 from helpers import (
     await_until,
+    cancel_during_a_late_report,
     expired,
     reference_prediction,
     test_registry,
@@ -391,19 +392,7 @@ async def test_a_report_racing_a_cancel_keeps_it_cancelling(
 ) -> None:
     backend = _backend(tiny_model, _settings(tmp_path, job_workers=1))
     await backend.start()
-    names = ("cancelled", "reported", "resume", "started")
-    cancelled, reported, resume, started = (tmp_path / name for name in names)
-    params = {name: str(tmp_path / name) for name in names}
     try:
-        job = await backend.submit(JobSpec(method="late_report", text="a", params=params))
-        await await_until(started.exists)
-        assert (await backend.cancel(job.id)).message == "cancelling"
-        cancelled.touch()  # the worker reports progress it measured before it saw the flag
-        await await_until(reported.exists)
-        record = await backend.get(job.id)
-        assert (record.state, record.message) == (JobState.RUNNING, "cancelling")
-        resume.touch()
-        assert (await wait_state(backend, job.id)).state is JobState.CANCELLED
+        await cancel_during_a_late_report(backend, tmp_path)
     finally:
-        resume.touch()  # never leave the worker waiting, whatever failed
         await backend.stop(5)
