@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from limelight.core.service import DriftSink, ExplanationService
+from limelight.core.service import DriftSink, ExplanationService, resolve_default_method
 from limelight.demo.build import ensure_demo_model
 from limelight.drift.monitor import DriftMonitor
 from limelight.jobs.factory import create_backend
@@ -15,10 +15,9 @@ from limelight.jobs.priority import InlineGate
 from limelight.jobs.runner import JobRunner
 from limelight.methods.base import MethodRegistry
 from limelight.metrics import Metrics
-from limelight.models.explainer_head import inline_heads
 from limelight.models.loaded import LoadedModel, load_model
 from limelight.runtimes.base import Runtime
-from limelight.runtimes.torch_runtime import TorchRuntime
+from limelight.runtimes.serving import torch_serving_runtime
 from limelight.settings import Settings
 
 if TYPE_CHECKING:
@@ -49,7 +48,7 @@ def build_runtime(settings: Settings, model: LoadedModel) -> Runtime:
         from limelight.runtimes.onnx_runtime import OnnxRuntime
 
         return OnnxRuntime.for_model(model, settings)
-    return TorchRuntime(model, inline_heads(model))
+    return torch_serving_runtime(model)
 
 
 def build_jobs(
@@ -62,10 +61,15 @@ def build_jobs(
     return create_backend(settings, JobRunner(model, methods, settings), metrics, gate)
 
 
-def build_drift(settings: Settings, model: LoadedModel, metrics: Metrics) -> DriftSink | None:
+def build_drift(
+    settings: Settings, model: LoadedModel, metrics: Metrics, method: str
+) -> DriftSink | None:
+    """The drift monitor of the served default inline method ``method`` (what it observes)."""
     if not settings.drift_enabled:
         return None
-    return DriftMonitor(settings, list(model.labels), metrics, model_version=model.version)
+    return DriftMonitor(
+        settings, list(model.labels), metrics, model_version=model.version, method=method
+    )
 
 
 @dataclass
@@ -95,7 +99,9 @@ def build_application(
         methods,
         metrics,
         jobs=jobs,
-        drift=build_drift(settings, model, metrics),
+        drift=build_drift(
+            settings, model, metrics, resolve_default_method(settings.default_method, runtime)
+        ),
         gate=gate,
     )
     metrics.model_info.info(

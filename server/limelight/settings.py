@@ -177,8 +177,8 @@ class Settings(BaseSettings):
     """Tokens tracked per label by the heavy-hitter sketch (the rest go to "other")."""
     drift_alert_threshold: float = 0.02
     """JSD (base 2) above which a label's drift counts as an alert. Measured on the demo models
-    (docs/drift.md): held-out traffic stays below 0.004, one strongly weighted word appended to
-    every review reaches 0.03-0.075 for its label."""
+    (docs/drift.md): held-out traffic stays below 0.005, one strongly weighted word appended to
+    every review reaches 0.03-0.075 for its label (NormXLogit), 0.12-0.15 (the distilled head)."""
 
     # --- security ----------------------------------------------------------------------------
     tls_cert: Path | None = None

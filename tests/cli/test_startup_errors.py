@@ -135,6 +135,25 @@ def test_refused_architecture(
     assert "'funnel' is not supported: the encoder pools the sequence" in line
 
 
+def test_a_drift_reference_of_another_method(
+    capsys: pytest.CaptureFixture[str], random_bert_dir: Path, tmp_path: Path
+) -> None:
+    """This model serves NormXLogit (no distilled head beside it): a reference built from a
+    head's attributions would report drift on unchanged traffic, so the server refuses it."""
+    from limelight.drift import ReferenceFile
+    from limelight.drift.profile import Profile
+    from limelight.models.loaded import load_model
+
+    labels = list(load_model(random_bert_dir).labels)
+    reference = tmp_path / "reference.json"
+    ReferenceFile(profile=Profile(labels, 8), labels=labels, method="distilled").save(reference)
+    status, line = run_main(
+        capsys, *SERVE, "--model", str(random_bert_dir), "--drift-reference", str(reference)
+    )
+    assert status == EXIT_FAILURE
+    assert "holds distilled attributions, but the server explains with normxlogit" in line
+
+
 def test_grpc_port_in_use(
     capsys: pytest.CaptureFixture[str], random_bert_dir: Path, busy_port: int
 ) -> None:

@@ -69,6 +69,7 @@ def test_build_reference_command(tmp_path: Path, random_bert_dir: Path) -> None:
     assert ref.model_version == model.version
     assert ref.profile.count == 25
     assert ref.source == {"data": str(data), "n": 25}
+    assert ref.method == "normxlogit"  # what this model serves: no distilled head beside it
     # Independent recomputation: one text at a time, no batching or length sorting.
     expected = profile_of(
         [explain_texts(model, [t], batch_size=1)[0] for t in texts[:25]],

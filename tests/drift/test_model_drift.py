@@ -1,7 +1,8 @@
-"""Drift on the demo classifier with real NormXLogit attributions (issue 6 acceptance).
+"""Drift on the demo classifier with the attributions it serves (issue 6 acceptance).
 
-Reference: ``limelight drift-reference build`` over Rotten Tomatoes validation reviews. Then a
-fresh window of
+Reference: ``limelight drift-reference build`` over Rotten Tomatoes validation reviews, with the
+served default inline method (the demo's distilled head). Then a fresh window of the same
+method's attributions of
 
 - held-out Rotten Tomatoes test reviews (same distribution): drift stays below the threshold;
 - the same reviews with " brilliant" appended: the "fresh" label alerts and names the word;
@@ -16,17 +17,20 @@ from pathlib import Path
 import pytest
 
 from limelight.cli.main import main
+from limelight.core.service import served_inline_method
 from limelight.demo.datasets import drugscom, rotten_tomatoes
-from limelight.drift import DriftMonitor, DriftReport
+from limelight.drift import DriftMonitor, DriftReport, ReferenceFile
 from limelight.drift.build import Observation, explain_texts
+from limelight.methods.base import MethodRegistry
 from limelight.models.loaded import LoadedModel, load_model
+from limelight.runtimes.serving import torch_serving_runtime
 from limelight.settings import Settings
 
 N_REFERENCE = 500
 N_WINDOW = 300
-# NormXLogit spreads a review's positive mass over ~20 tokens (mean entropy ~4.2 bits), so one
-# appended word takes 6 % (BERT-tiny) to 13 % (MiniLM) of a "fresh" review's: JSD 0.03-0.075.
-# Same-distribution windows of this size measured 0.001-0.004. 0.02 separates the two.
+# Same-distribution windows of this size measured JSD 0.001-0.004 (docs/drift.md); one appended
+# word of strong weight 0.03 (NormXLogit, which spreads a review's positive mass over ~20 tokens)
+# to 0.12 (the distilled head). The default threshold, 0.02, separates the two.
 THRESHOLD = 0.02
 WORD = "brilliant"
 
@@ -34,6 +38,7 @@ WORD = "brilliant"
 @dataclass
 class Scenario:
     model: LoadedModel
+    method: str
     reference: Path
     held_out: list[Observation]
     with_word: list[Observation]
@@ -45,7 +50,13 @@ class Scenario:
             drift_window=N_WINDOW,
             drift_alert_threshold=THRESHOLD,
         )
-        monitor = DriftMonitor(settings, self.model.labels, None, model_version=self.model.version)
+        monitor = DriftMonitor(
+            settings,
+            self.model.labels,
+            None,
+            model_version=self.model.version,
+            method=self.method,
+        )
         for obs in observations:
             monitor.observe(obs.label, obs.tokens, obs.scores)
         return monitor.report(top_k=10)
@@ -62,18 +73,27 @@ def scenario(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFa
         [
             "drift-reference", "build", "--model", str(model_dir),
             "--data", "rotten_tomatoes:validation", "--n", str(N_REFERENCE),
-            "--out", str(reference), "--no-progress",
+            "--out", str(reference), "--no-progress", "--default-method", "auto",
         ]
     )  # fmt: skip
     assert rc == 0
     model = load_model(model_dir)
+    runtime = torch_serving_runtime(model)
+    method = served_inline_method(Settings(default_method="auto"), runtime, MethodRegistry.load())
+    assert method.name == "distilled"  # the demo build makes a head; the server serves it
+    assert ReferenceFile.load(reference).method == method.name
+
+    def explain(texts: list[str]) -> list[Observation]:
+        return explain_texts(model, texts, runtime=runtime, method=method)
+
     held_out = [e.text for e in rotten_tomatoes("test")[:N_WINDOW]]
     return Scenario(
         model=model,
+        method=method.name,
         reference=reference,
-        held_out=explain_texts(model, held_out),
-        with_word=explain_texts(model, [f"{t} {WORD}" for t in held_out]),
-        other_domain=explain_texts(model, [e.text for e in drugscom("train")[:N_WINDOW]]),
+        held_out=explain(held_out),
+        with_word=explain([f"{t} {WORD}" for t in held_out]),
+        other_domain=explain([e.text for e in drugscom("train")[:N_WINDOW]]),
     )
 
 

@@ -256,6 +256,20 @@ def test_reference_file_errors(tmp_path: Path) -> None:
         DriftMonitor(make_settings(drift_reference=other), LABELS, None)
 
 
+def test_a_reference_of_another_method_is_refused(tmp_path: Path) -> None:
+    """Methods spread attribution mass differently: a reference of one cannot judge another."""
+    path = tmp_path / "ref.json"
+    ReferenceFile(profile=Profile(LABELS, 8), labels=LABELS, method="normxlogit").save(path)
+    settings = make_settings(drift_reference=path)
+    with pytest.raises(FailedPrecondition) as refused:
+        DriftMonitor(settings, LABELS, None, method="distilled")
+    message = refused.value.message
+    assert "normxlogit" in message and "distilled" in message
+    assert "limelight drift-reference build" in message
+    assert DriftMonitor(settings, LABELS, None, method="normxlogit").state == "ready"
+    assert DriftMonitor(settings, LABELS, None).state == "ready"  # method unknown: not checked
+
+
 def test_gauges_are_nan_until_comparable() -> None:
     metrics = Metrics(CollectorRegistry())
     DriftMonitor(make_settings(), LABELS, metrics)

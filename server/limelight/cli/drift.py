@@ -38,10 +38,16 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     build = actions.add_parser(
         "build",
         help="run the inline explanation over a dataset and write the reference",
-        description="Runs inline NormXLogit over a labelled or unlabelled dataset and writes "
-        "the per-label token profile the drift monitor compares its window with.",
+        description="Runs the served default inline method (the distilled head when one lies "
+        "beside the model, else NormXLogit; --default-method to choose) over a labelled or "
+        "unlabelled dataset and writes the per-label token profile the drift monitor compares "
+        "its window with. A server refuses a reference built from another method.",
     )
     add_model_args(build)
+    build.add_argument(
+        "--default-method",
+        help="inline method of the server the reference is for (default: what it serves, auto)",
+    )
     build.add_argument(
         "--data",
         help="CSV/TSV/JSONL file with a text column, or a built-in set: "
@@ -89,9 +95,12 @@ def run_build(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
     from limelight.core.prediction import label_thresholds
+    from limelight.core.service import served_inline_method
     from limelight.drift.build import build_reference
-    from limelight.errors import LimelightError
+    from limelight.errors import FailedPrecondition, LimelightError
+    from limelight.methods.base import MethodRegistry
     from limelight.models.loaded import load_model
+    from limelight.runtimes.serving import torch_serving_runtime
 
     settings = settings_from_args(args)
     setup_logging(settings.log_level)
@@ -113,6 +122,11 @@ def run_build(args: argparse.Namespace) -> int:
 
             model_dir = ensure_demo_model(settings.demo_model, settings.cache_dir)
         model = load_model(model_dir, settings.device)
+        runtime = torch_serving_runtime(model)
+        method = served_inline_method(settings, runtime, MethodRegistry.load(settings))
+        reason = method.unavailable_reason(model)
+        if reason:
+            raise FailedPrecondition(f"{method.name}: {reason}")
         with tqdm(
             total=len(texts), desc="drift reference", unit="text", disable=args.no_progress
         ) as bar:
@@ -120,6 +134,8 @@ def run_build(args: argparse.Namespace) -> int:
                 model,
                 texts,
                 sketch_size=settings.drift_sketch_size,
+                runtime=runtime,
+                method=method,
                 batch_size=max(args.batch_size, 1),
                 progress=bar,
                 source={"data": args.data, "n": len(texts)},
@@ -137,7 +153,7 @@ def run_build(args: argparse.Namespace) -> int:
     counts = ", ".join(f"{k} {v}" for k, v in reference.profile.label_counts.items())
     print(
         f"wrote {args.out}: {reference.profile.count} explanations ({counts}), model "
-        f"{reference.model_name} {reference.model_version}"
+        f"{reference.model_name} {reference.model_version}, {reference.method} attributions"
     )
     return 0
 

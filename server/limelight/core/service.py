@@ -221,6 +221,20 @@ def resolve_default_method(name: str, runtime: Runtime) -> str:
     return "distilled" if OUTPUT_NAME in runtime.head_names else NORMXLOGIT
 
 
+def served_inline_method(
+    settings: Settings, runtime: Runtime, methods: MethodRegistry
+) -> InlineMethod:
+    """The inline method of a request that names none: ``settings.default_method``, with
+    ``auto`` resolved against the outputs ``runtime`` computes (FailedPrecondition when it names
+    a job method)."""
+    method = methods.get(resolve_default_method(settings.default_method, runtime))
+    if not isinstance(method, InlineMethod):
+        raise FailedPrecondition(
+            f"default method {settings.default_method!r} is not an inline method"
+        )
+    return method
+
+
 def explained_targets(
     model: LoadedModel, target: TargetSpec | None, prediction: Prediction
 ) -> list[int]:
@@ -290,12 +304,7 @@ class ExplanationService:
         self._admitted = 0
         self._all_answered = asyncio.Event()
         self._all_answered.set()
-        default = methods.get(resolve_default_method(settings.default_method, runtime))
-        if not isinstance(default, InlineMethod):
-            raise FailedPrecondition(
-                f"default method {settings.default_method!r} is not an inline method"
-            )
-        self.default_method = default
+        self.default_method = served_inline_method(settings, runtime, methods)
         self._normxlogit = NormXLogit()
         # Read once: the model's config answers these through transformers' attribute
         # machinery, which costs more per request than the rest of the answer's bookkeeping.

@@ -1,4 +1,9 @@
-"""Building a drift reference offline: inline NormXLogit over a dataset, batched."""
+"""Building a drift reference offline: the served inline method over a dataset, batched.
+
+The reference must come from the same method the server explains with (its default inline
+method): the monitor compares token shares of attribution mass, and two methods spread that
+mass differently even on the same texts.
+"""
 
 from __future__ import annotations
 
@@ -12,6 +17,7 @@ from limelight.core.prediction import predict
 from limelight.drift.monitor import REFERENCE_CAPACITY_FACTOR
 from limelight.drift.profile import Profile, positive_shares
 from limelight.drift.reference import ReferenceFile
+from limelight.methods.base import InlineMethod
 from limelight.methods.normxlogit import NormXLogit
 from limelight.models.loaded import LoadedModel
 from limelight.runtimes.base import InlineBatch, Runtime
@@ -26,7 +32,7 @@ class Observation:
     tokens: list[str]
     """Non-special token texts."""
     scores: np.ndarray
-    """NormXLogit score per token for the predicted label."""
+    """The explaining method's score per token for the predicted label."""
 
 
 def explain_texts(
@@ -34,13 +40,16 @@ def explain_texts(
     texts: Sequence[str],
     *,
     runtime: Runtime | None = None,
+    method: InlineMethod | None = None,
     batch_size: int = 32,
     progress: Any = None,
     max_tokens: int | None = None,
     pairs: Sequence[str | None] | None = None,
     thresholds: Sequence[float] | None = None,
 ) -> list[Observation]:
-    """Inline NormXLogit of the predicted class for every text (and pair), in input order.
+    """Inline attributions of the predicted class for every text (and pair), in input order:
+    ``method`` (default NormXLogit) on ``runtime`` (default torch, without extra heads; a method
+    that reads an extra head needs a runtime that computes it).
 
     Texts are batched in order of token length (less padding); ``progress`` is an optional
     tqdm-like object whose ``update(n)`` is called after each batch. A multi-label model gives
@@ -48,7 +57,7 @@ def explain_texts(
     sidecar's monitor sees them; a text with none gives none.
     """
     runtime = runtime or TorchRuntime(model)
-    method = NormXLogit()
+    method = method or NormXLogit()
     if pairs is not None and len(pairs) != len(texts):
         raise ValueError("pairs must match texts")
     encoded = [
@@ -100,16 +109,27 @@ def build_reference(
     texts: Sequence[str],
     *,
     sketch_size: int,
+    runtime: Runtime | None = None,
+    method: InlineMethod | None = None,
     batch_size: int = 32,
     progress: Any = None,
     source: dict[str, Any] | None = None,
     pairs: Sequence[str | None] | None = None,
     thresholds: Sequence[float] | None = None,
 ) -> ReferenceFile:
-    """A reference file of ``model``'s inline NormXLogit attributions on ``texts``
-    (multi-label: per predicted label at ``thresholds``)."""
+    """A reference file of ``model``'s inline attributions (``method`` on ``runtime``, as in
+    :func:`explain_texts`) on ``texts`` (multi-label: per predicted label at ``thresholds``);
+    the file records the method, which the monitor checks against the served one."""
+    method = method or NormXLogit()
     observations = explain_texts(
-        model, texts, batch_size=batch_size, progress=progress, pairs=pairs, thresholds=thresholds
+        model,
+        texts,
+        runtime=runtime,
+        method=method,
+        batch_size=batch_size,
+        progress=progress,
+        pairs=pairs,
+        thresholds=thresholds,
     )
     profile = profile_of(observations, model.labels, sketch_size * REFERENCE_CAPACITY_FACTOR)
     return ReferenceFile(
@@ -117,6 +137,6 @@ def build_reference(
         labels=list(model.labels),
         model_name=model.name,
         model_version=model.version,
-        method=NormXLogit.name,
+        method=method.name,
         source=dict(source or {}),
     )

@@ -53,7 +53,10 @@ class DriftMonitor:
     :meth:`report` / :meth:`refresh_gauges`.
 
     ``model_version`` (the served model's fingerprint) is compared with the reference file's;
-    a mismatch is logged. ``min_share``: the smallest share of a label's positive mass that
+    a mismatch is logged. ``method`` (the served default inline method, whose attributions the
+    monitor observes) must be the one the reference file was built from: another method spreads
+    attribution mass differently, so comparing the two would report drift on unchanged traffic.
+    ``min_share``: the smallest share of a label's positive mass that
     gets its own bin in the divergence (see :func:`limelight.drift.profile.compare`).
     """
 
@@ -64,6 +67,7 @@ class DriftMonitor:
         metrics: Metrics | None = None,
         *,
         model_version: str | None = None,
+        method: str | None = None,
         slots: int = DEFAULT_SLOTS,
         top_k: int = 10,
         min_share: float = MIN_BIN_SHARE,
@@ -91,19 +95,28 @@ class DriftMonitor:
         if not settings.drift_enabled:
             self._state = "disabled"
         elif settings.drift_reference is not None:
-            self._reference = self._load_reference(settings, model_version)
+            self._reference = self._load_reference(settings, model_version, method)
             self._state = "ready"
         else:
             self._state = "building"
         self._refresh_gauges(self._compute(self.top_k))
 
-    def _load_reference(self, settings: Settings, model_version: str | None) -> Profile:
+    def _load_reference(
+        self, settings: Settings, model_version: str | None, method: str | None
+    ) -> Profile:
         assert settings.drift_reference is not None
         ref = ReferenceFile.load(settings.drift_reference)
         if ref.labels != self.labels:
             raise FailedPrecondition(
                 f"drift reference {settings.drift_reference} has labels {ref.labels}; the model "
                 f"has {self.labels}"
+            )
+        if method and ref.method and ref.method != method:
+            raise FailedPrecondition(
+                f"drift reference {settings.drift_reference} holds {ref.method} attributions, "
+                f"but the server explains with {method}: rebuild it with `limelight "
+                f"drift-reference build` (it uses the served default method), or serve with "
+                f"--default-method {ref.method}"
             )
         if model_version and ref.model_version and ref.model_version != model_version:
             # Still usable (same labels), but drift then also measures the model change.

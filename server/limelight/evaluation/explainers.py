@@ -18,10 +18,9 @@ from limelight.errors import InvalidArgument
 from limelight.evaluation.perturbation import probabilities
 from limelight.evaluation.runner import Explainer
 from limelight.methods.base import InlineMethod, JobContext, JobMethod, MethodRegistry
-from limelight.models.explainer_head import inline_heads
 from limelight.models.loaded import LoadedModel
 from limelight.runtimes.base import InlineBatch
-from limelight.runtimes.torch_runtime import TorchRuntime
+from limelight.runtimes.serving import torch_serving_runtime
 from limelight.settings import Settings
 
 PEERS: tuple[str, ...] = ("lime", "shap")
@@ -29,7 +28,7 @@ PEERS: tuple[str, ...] = ("lime", "shap")
 
 def _inline(model: LoadedModel, method: InlineMethod) -> Explainer:
     # The same extra heads as the server (e.g. the distilled explainer beside the model).
-    runtime = TorchRuntime(model, inline_heads(model))
+    runtime = torch_serving_runtime(model)
 
     def explain(enc: Encoded, target: int) -> FloatArray:
         outputs = runtime.run_inline(InlineBatch.from_encoded([enc], model.pad_id))
