@@ -84,6 +84,19 @@ def random_bert_dir(tmp_path_factory: pytest.TempPathFactory, tokenizer_dir: Pat
     return save_tiny_bert(out, tokenizer_dir, ["negative", "neutral", "positive"], seed=0)
 
 
+@pytest.fixture(scope="session")
+def lexicon_bert_dir(tmp_path_factory: pytest.TempPathFactory, random_bert_dir: Path) -> Path:
+    """A copy of the tiny random BERT with its lexicon table beside it (``limelight lexicon``)."""
+    import shutil
+
+    from limelight.cli.main import main
+
+    out = tmp_path_factory.mktemp("lexicon-bert") / "model"
+    shutil.copytree(random_bert_dir, out)
+    assert main(["lexicon", "--model", str(out), "--batch-size", "4096", "--no-progress"]) == 0
+    return out
+
+
 @dataclass
 class RunningSidecar:
     target: str

@@ -17,7 +17,7 @@ from limelight.methods.base import MethodRegistry
 from limelight.metrics import Metrics
 from limelight.models.loaded import LoadedModel, load_model
 from limelight.runtimes.base import Runtime
-from limelight.runtimes.serving import torch_serving_runtime
+from limelight.runtimes.serving import torch_serving_runtime, with_lexicon
 from limelight.settings import Settings
 
 if TYPE_CHECKING:
@@ -47,7 +47,7 @@ def build_runtime(settings: Settings, model: LoadedModel) -> Runtime:
     if settings.runtime == "onnx":
         from limelight.runtimes.onnx_runtime import OnnxRuntime
 
-        return OnnxRuntime.for_model(model, settings)
+        return with_lexicon(OnnxRuntime.for_model(model, settings), model)
     return torch_serving_runtime(model)
 
 

@@ -82,7 +82,8 @@ class Settings(BaseSettings):
     (kept in memory, the last 720 samples); 0: only when the page asks."""
     default_method: str = "auto"
     """Inline method used when a request names none. ``auto``: the distilled head when a valid
-    one lies beside the model (the demo build makes one), else ``normxlogit``."""
+    one lies beside the model (the demo build makes one; ``limelight distill``), else the
+    lexicon lookup when a lexicon table does (``limelight lexicon``), else ``normxlogit``."""
     label_threshold: float = 0.5
     """Multi-label models (config ``problem_type`` ``multi_label_classification``): a label is
     predicted when its sigmoid probability is at least this."""

@@ -15,6 +15,7 @@ import pytest
 import torch
 from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer
 
+from limelight.cli.main import main
 from limelight.core.jobs import JobSpec
 from limelight.core.service import ExplanationService
 from limelight.errors import FailedPrecondition
@@ -23,6 +24,7 @@ from limelight.methods.base import InlineMethod, MethodRegistry
 from limelight.metrics import Metrics
 from limelight.models.loaded import LoadedModel, load_model
 from limelight.runtimes.base import InlineBatch
+from limelight.runtimes.serving import torch_serving_runtime
 from limelight.runtimes.torch_runtime import TorchRuntime
 from limelight.settings import Settings
 
@@ -66,6 +68,11 @@ def models(tmp_path_factory: pytest.TempPathFactory, tokenizer_dir: Path) -> dic
             directory, safe_serialization=True
         )
         tokenizer.save_pretrained(directory)
+        # The lexicon table beside every model, so that its inline lookup has a cell too.
+        assert (
+            main(["lexicon", "--model", str(directory), "--batch-size", "4096", "--no-progress"])
+            == 0
+        )
         out[model_type] = load_model(directory)
     return out
 
@@ -98,7 +105,9 @@ def test_method_on_architecture(
                 service._job_method(method_name)
         return
     if isinstance(method, InlineMethod):
-        outputs = TorchRuntime(model).run_inline(InlineBatch.from_encoded([encoded], model.pad_id))
+        # What the server runs: the extra outputs found beside the model (the lexicon table).
+        runtime = torch_serving_runtime(model)
+        outputs = runtime.run_inline(InlineBatch.from_encoded([encoded], model.pad_id))
         matrix = method.attribute(outputs, 0, len(encoded))
         assert matrix.shape == (len(encoded), model.num_labels)
         assert np.isfinite(matrix).all()
@@ -122,3 +131,4 @@ def test_unavailable_cells_are_refused_by_the_service(models: dict[str, LoadedMo
         if METHODS.get(name).unavailable_reason(model)
     }
     assert ("lrp", "gpt2") in refused and ("decoded_gradcam", "bert") in refused
+    assert not {arch for name, arch in refused if name == "lexicon_lookup"}  # a table for each

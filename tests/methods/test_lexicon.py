@@ -1,16 +1,22 @@
-"""The lexicon reference against the classifier run by hand on one-token texts."""
+"""The lexicon (job and served inline lookup) against the classifier run by hand on one-token
+texts."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
+from limelight.errors import FailedPrecondition
 from limelight.methods.base import JobContext
-from limelight.methods.lexicon import Lexicon, _Table
-from limelight.models.loaded import LoadedModel
+from limelight.methods.lexicon import Lexicon, LexiconLookup, _Table
+from limelight.models.loaded import LoadedModel, load_model
+from limelight.runtimes.base import InlineBatch
+from limelight.runtimes.serving import torch_serving_runtime
+from limelight.runtimes.torch_runtime import TorchRuntime
 
 
 def log_odds(model: LoadedModel, ids: list[int], target: int) -> float:
@@ -56,5 +62,50 @@ def test_the_table_is_built_once_per_model(
 
 def test_without_special_tokens_the_vocabulary_mean_is_the_reference() -> None:
     single = torch.tensor([[0.0, 1.0], [0.0, 3.0], [0.0, -1.0]])  # log-odds of class 1: 1, 3, -1
-    scores = _Table(single, None).scores([1, 2], target=1, multi_label=False)
-    np.testing.assert_allclose(scores, [3.0 - 1.0, -1.0 - 1.0])
+    table = _Table(single, None)
+    np.testing.assert_allclose(table.column(1, multi_label=False)[[1, 2]], [3.0 - 1.0, -1.0 - 1.0])
+    assert table.reference == "vocabulary mean"
+
+
+# --- served inline: the table saved beside the model, looked up on the serving pass ----------
+
+
+@pytest.mark.parametrize("target", [0, 2])
+def test_the_served_lookup_is_the_classifier_run_by_hand(
+    lexicon_bert_dir: Path, target: int
+) -> None:
+    model = load_model(lexicon_bert_dir)
+    runtime = torch_serving_runtime(model)
+    assert "lexicon" in runtime.head_names
+    enc = model.encode("a witty , gorgeous film")
+    longer = model.encode("a much longer text , padded against the first one in its batch")
+    outputs = runtime.run_inline(InlineBatch.from_encoded([enc, longer], model.pad_id))
+    matrix = LexiconLookup().attribute(outputs, 0, len(enc))
+    assert matrix.shape == (len(enc), model.num_labels) and matrix.dtype == np.float32
+    cls, sep = model.tokenizer.cls_token_id, model.tokenizer.sep_token_id
+    empty = log_odds(model, [cls, sep], target)
+    for position, token in enumerate(enc.tokens):
+        token_id = enc.input_ids[position]
+        expected = 0.0 if token.special else log_odds(model, [cls, token_id, sep], target) - empty
+        assert matrix[position, target] == pytest.approx(expected, abs=1e-4)
+
+
+def test_the_job_reads_the_saved_table(
+    lexicon_bert_dir: Path, make_ctx: Callable[..., JobContext]
+) -> None:
+    model = load_model(lexicon_bert_dir)
+    ctx = make_ctx(model)
+    enc = model.encode("a good film")
+    scores = Lexicon().run(ctx, enc, 1, Lexicon().defaults()).scores
+    assert not [m for _, m in ctx.progress if m.startswith("lexicon")]  # type: ignore[attr-defined]
+    outputs = torch_serving_runtime(model).run_inline(InlineBatch.from_encoded([enc], model.pad_id))
+    np.testing.assert_array_equal(scores, LexiconLookup().attribute(outputs, 0, len(enc))[:, 1])
+
+
+def test_the_lookup_without_a_table_says_how_to_build_one(random_bert: LoadedModel) -> None:
+    assert "limelight lexicon --model" in LexiconLookup().unavailable_reason(random_bert)
+    outputs = TorchRuntime(random_bert).run_inline(
+        InlineBatch.from_encoded([random_bert.encode("a film")], random_bert.pad_id)
+    )
+    with pytest.raises(FailedPrecondition, match="lexicon table"):
+        LexiconLookup().attribute(outputs, 0, 3)

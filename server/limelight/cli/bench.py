@@ -152,6 +152,7 @@ def _run(args: argparse.Namespace, work: Path) -> int:
     from limelight.methods.base import InlineMethod, MethodRegistry
     from limelight.models.explainer_head import inline_heads
     from limelight.runtimes.base import Runtime
+    from limelight.runtimes.serving import torch_serving_runtime, with_lexicon
     from limelight.runtimes.torch_runtime import TorchRuntime
 
     if args.channels is None:
@@ -171,14 +172,16 @@ def _run(args: argparse.Namespace, work: Path) -> int:
     warmup = min(args.load_warmup, 1.0) if args.quick else args.load_warmup
     runtimes: dict[str, Runtime] = {}
     names = [r for r in args.runtimes.split(",") if r]
-    # What the server runs: the heads found beside the model, and its default inline method.
+    # What the server runs: the heads and lexicon table found beside the model, and its
+    # default inline method.
     heads = inline_heads(model)
     if "torch" in names:
-        runtimes["torch"] = TorchRuntime(model, heads)
+        runtimes["torch"] = with_lexicon(TorchRuntime(model, heads), model)
     if "onnx" in names:
-        runtimes["onnx"] = b.plain_onnx_runtime(model, work, heads, settings.torch_threads)
+        onnx = b.plain_onnx_runtime(model, work, heads, settings.torch_threads)
+        runtimes["onnx"] = with_lexicon(onnx, model)
     default_inline = MethodRegistry.load(settings).get(
-        resolve_default_method(settings.default_method, TorchRuntime(model, heads))
+        resolve_default_method(settings.default_method, torch_serving_runtime(model))
     )
     if not isinstance(default_inline, InlineMethod):
         raise SystemExit(f"--default-method {default_inline.name} is not an inline method")

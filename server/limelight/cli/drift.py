@@ -39,7 +39,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "build",
         help="run the inline explanation over a dataset and write the reference",
         description="Runs the served default inline method (the distilled head when one lies "
-        "beside the model, else NormXLogit; --default-method to choose) over a labelled or "
+        "beside the model, else the lexicon lookup when a lexicon table does, else NormXLogit; "
+        "--default-method to choose) over a labelled or "
         "unlabelled dataset and writes the per-label token profile the drift monitor compares "
         "its window with. A server refuses a reference built from another method.",
     )

@@ -213,12 +213,16 @@ NORMXLOGIT = "normxlogit"
 
 
 def resolve_default_method(name: str, runtime: Runtime) -> str:
-    """``auto`` is the distilled head when the runtime computes one, else NormXLogit."""
+    """``auto`` is the distilled head when the runtime computes one, else the lexicon lookup
+    when it reads a lexicon table, else NormXLogit: the most faithful inline method there is."""
     if name != "auto":
         return name
     from limelight.models.explainer_head import OUTPUT_NAME  # torch and safetensors: on use
+    from limelight.models.lexicon_table import OUTPUT_NAME as LEXICON
 
-    return "distilled" if OUTPUT_NAME in runtime.head_names else NORMXLOGIT
+    if OUTPUT_NAME in runtime.head_names:
+        return "distilled"
+    return "lexicon_lookup" if LEXICON in runtime.head_names else NORMXLOGIT
 
 
 def served_inline_method(

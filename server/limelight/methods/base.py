@@ -181,6 +181,7 @@ BUILTIN_METHODS: dict[str, str] = {
     "slalom": "limelight.methods.slalom:Slalom",
     "random": "limelight.methods.random_baseline:RandomBaseline",
     "lexicon": "limelight.methods.lexicon:Lexicon",
+    "lexicon_lookup": "limelight.methods.lexicon:LexiconLookup",
     "shapley": "limelight.methods.search:ShapleyValues",
     "greedy_deletion": "limelight.methods.search:GreedyDeletion",
     "greedy_insertion": "limelight.methods.search:GreedyInsertion",

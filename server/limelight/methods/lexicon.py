@@ -1,4 +1,4 @@
-"""The classifier's own context-free lexicon: an evaluation reference.
+"""The classifier's own context-free lexicon: an evaluation reference, and an inline method.
 
 Every vocabulary entry gets the change in each class's log-odds when the text is that one token
 alone, against the empty text (``[CLS] v [SEP]`` against ``[CLS] [SEP]`` for BERT; whatever the
@@ -6,8 +6,11 @@ tokenizer's special tokens are around a single sequence). A token of a text then
 entry: a lookup that reads no context, so a method's lead over it is what context adds. On the
 demo models it ranks well above NormXLogit (docs/distillation.md, "A context-free lexicon").
 
-The table is one batched pass over the vocabulary, built on first use and kept per model
-version for the life of the process (about 15 s for MiniLM on two CPU cores).
+The table is one batched pass over the vocabulary (about 15 s for MiniLM on two CPU cores).
+``limelight lexicon`` saves it beside the model (``limelight.models.lexicon_table``), where the
+serving runtime looks tokens up in it and the inline method ``lexicon_lookup`` reads the rows:
+what ``auto`` serves on a model without a distilled head. The ``lexicon`` job reads the saved
+table, or builds one on first use and keeps it per model version for the life of the worker.
 """
 
 from __future__ import annotations
@@ -19,9 +22,16 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import numpy as np
 import torch
 
-from limelight.core.types import Encoded
-from limelight.methods.base import JobContext, JobMethod, MethodOutput, Param
+from limelight.core.types import Encoded, FloatArray
+from limelight.errors import FailedPrecondition
+from limelight.methods.base import InlineMethod, JobContext, JobMethod, MethodOutput, Param
 from limelight.methods.search import batched_logits, class_values
+from limelight.models.lexicon_table import (
+    OUTPUT_NAME,
+    lexicon_unavailable_reason,
+    load_lexicon,
+)
+from limelight.runtimes.base import InlineOutputs
 
 if TYPE_CHECKING:
     from limelight.models.loaded import LoadedModel
@@ -35,13 +45,23 @@ class _Table:
         self.single = single
         self.empty = empty
 
-    def scores(self, ids: list[int], target: int, multi_label: bool) -> np.ndarray:
+    @property
+    def reference(self) -> str:
+        return "empty text" if self.empty is not None else "vocabulary mean"
+
+    def column(self, target: int, multi_label: bool) -> torch.Tensor:
+        """[V] every entry's change in ``target``'s value against the reference."""
         values = class_values(self.single, target, multi_label)
         if self.empty is not None:
-            reference = class_values(self.empty[None], target, multi_label)[0]
-        else:
-            reference = values.mean()
-        return (values[torch.as_tensor(ids)] - reference).numpy().astype(np.float32)
+            return values - class_values(self.empty[None], target, multi_label)[0]
+        return values - values.mean()
+
+    def matrix(self, multi_label: bool, special_ids: list[int]) -> FloatArray:
+        """[V, C] every class's column (one for a regression head); special tokens' rows 0."""
+        classes = self.single.shape[1]
+        table = torch.stack([self.column(c, multi_label) for c in range(classes)], dim=1)
+        table[[i for i in special_ids if 0 <= i < table.shape[0]]] = 0.0
+        return np.asarray(table.numpy(), dtype=np.float32)
 
 
 class Lexicon(JobMethod):
@@ -55,27 +75,53 @@ class Lexicon(JobMethod):
     }
 
     def __init__(self) -> None:
-        self._tables: dict[str, _Table] = {}
+        self._tables: dict[str, FloatArray] = {}
         self._lock = threading.Lock()
 
     def run(
         self, ctx: JobContext, encoded: Encoded, target: int, params: Mapping[str, Any]
     ) -> MethodOutput:
         table = self._table(ctx, int(params["batch_size"]))
-        scores = table.scores(encoded.input_ids, target, ctx.model.is_multi_label)
+        scores = table[encoded.input_ids, target].copy()
         scores[encoded.special_mask] = 0.0
         ctx.checkpoint(1.0, "done")
         return MethodOutput(
             scores=scores, details={"value": "log-odds of the target class, token alone"}
         )
 
-    def _table(self, ctx: JobContext, batch_size: int) -> _Table:
-        # One build per model version, even when several jobs ask at once.
+    def _table(self, ctx: JobContext, batch_size: int) -> FloatArray:
+        # The table saved beside the model, else one build per model version, even when several
+        # jobs ask at once.
         with self._lock:
             table = self._tables.get(ctx.model.version)
             if table is None:
-                table = self._tables[ctx.model.version] = build_table(ctx, batch_size)
+                saved = load_lexicon(ctx.model)
+                table = saved if saved is not None else lexicon_matrix(ctx, batch_size)
+                self._tables[ctx.model.version] = table
             return table
+
+
+class LexiconLookup(InlineMethod):
+    name = "lexicon_lookup"
+    description = (
+        "The lexicon table built by `limelight lexicon`, looked up on the serving pass: each "
+        "token's change in each class's log-odds alone; `auto` serves it without a distilled head."
+    )
+
+    def __init__(self) -> None:
+        self._reasons: dict[tuple[str, str], str] = {}
+
+    def unavailable_reason(self, model: LoadedModel) -> str:
+        key = (str(model.directory), model.version)
+        if key not in self._reasons:  # read the card once per model, not per request
+            self._reasons[key] = lexicon_unavailable_reason(model)
+        return self._reasons[key]
+
+    def attribute(self, outputs: InlineOutputs, row: int, length: int) -> FloatArray:
+        rows = outputs.extra.get(OUTPUT_NAME)
+        if rows is None:
+            raise FailedPrecondition("the runtime did not load the lexicon table")
+        return np.asarray(rows[row, :length], dtype=np.float32)
 
 
 def vocabulary_size(model: LoadedModel) -> int:
@@ -112,3 +158,9 @@ def build_table(ctx: JobContext, batch_size: int) -> _Table:
         chunks.append(batched_logits(model, rows, None, batch_size))
     empty = list(model.tokenizer("")["input_ids"])
     return _Table(torch.cat(chunks), batched_logits(model, [empty], None)[0] if empty else None)
+
+
+def lexicon_matrix(ctx: JobContext, batch_size: int) -> FloatArray:
+    """The lexicon table of ``ctx.model``: [V, C], special tokens' rows 0."""
+    table = build_table(ctx, batch_size)
+    return table.matrix(ctx.model.is_multi_label, list(ctx.model.tokenizer.all_special_ids))

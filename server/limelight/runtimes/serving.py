@@ -1,15 +1,24 @@
 """The runtime the sidecar serves a model with, for everything that must see the same outputs
-(evaluation, benchmarks, drift references): the extra inline heads found beside the model."""
+(evaluation, benchmarks, drift references): the extra inline outputs found beside the model."""
 
 from __future__ import annotations
 
 from limelight.models.explainer_head import inline_heads
+from limelight.models.lexicon_table import load_lexicon
 from limelight.models.loaded import LoadedModel
 from limelight.runtimes.base import Runtime
+from limelight.runtimes.lexicon import LexiconRuntime
 from limelight.runtimes.torch_runtime import TorchRuntime
 
 
+def with_lexicon(runtime: Runtime, model: LoadedModel) -> Runtime:
+    """``runtime``, looking tokens up in the lexicon table too when one built for ``model``
+    lies beside it (``limelight lexicon``)."""
+    table = load_lexicon(model)
+    return runtime if table is None else LexiconRuntime(runtime, table)
+
+
 def torch_serving_runtime(model: LoadedModel) -> Runtime:
-    """The torch runtime computing every extra output served beside ``model`` (its distilled
-    head, when a valid one is there)."""
-    return TorchRuntime(model, inline_heads(model))
+    """The torch runtime computing every extra output served beside ``model``: its distilled
+    head and its lexicon table, when valid ones are there."""
+    return with_lexicon(TorchRuntime(model, inline_heads(model)), model)
