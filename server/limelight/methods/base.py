@@ -10,9 +10,11 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
+import numpy as np
+
 from limelight.core.jobs import ModelShape, rows_within
 from limelight.core.types import Cost, Encoded, FloatArray
-from limelight.errors import InvalidArgument
+from limelight.errors import FailedPrecondition, InvalidArgument
 
 log = logging.getLogger(__name__)
 
@@ -154,6 +156,35 @@ class InlineMethod(AttributionMethod):
     @abstractmethod
     def attribute(self, outputs: InlineOutputs, row: int, length: int) -> FloatArray:
         """[length, C] token x class scores for batch row ``row``."""
+
+
+class ExtraOutputMethod(InlineMethod):
+    """Returns one of the runtime's extra outputs (``output``: a distilled head's scores, the
+    lexicon table's rows), which it computes when what it needs lies beside the model."""
+
+    output: ClassVar[str]
+    """The key of ``InlineOutputs.extra`` this method returns."""
+    needs: ClassVar[str]
+    """What the runtime must have loaded, for the error when it has not."""
+
+    def __init__(self) -> None:
+        self._reasons: dict[tuple[str, str], str] = {}
+
+    @abstractmethod
+    def check_model(self, model: LoadedModel) -> str:
+        """Empty when what the output needs lies beside ``model``; otherwise why not."""
+
+    def unavailable_reason(self, model: LoadedModel) -> str:
+        key = (str(model.directory), model.version)
+        if key not in self._reasons:  # read the files once per model, not per request
+            self._reasons[key] = self.check_model(model)
+        return self._reasons[key]
+
+    def attribute(self, outputs: InlineOutputs, row: int, length: int) -> FloatArray:
+        scores = outputs.extra.get(self.output)
+        if scores is None:
+            raise FailedPrecondition(f"the runtime did not load {self.needs}")
+        return np.asarray(scores[row, :length], dtype=np.float32)
 
 
 class JobMethod(AttributionMethod):

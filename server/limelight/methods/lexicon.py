@@ -23,15 +23,13 @@ import numpy as np
 import torch
 
 from limelight.core.types import Encoded, FloatArray
-from limelight.errors import FailedPrecondition
-from limelight.methods.base import InlineMethod, JobContext, JobMethod, MethodOutput, Param
+from limelight.methods.base import ExtraOutputMethod, JobContext, JobMethod, MethodOutput, Param
 from limelight.methods.search import batched_logits, class_values
 from limelight.models.lexicon_table import (
     OUTPUT_NAME,
     lexicon_unavailable_reason,
     load_lexicon,
 )
-from limelight.runtimes.base import InlineOutputs
 
 if TYPE_CHECKING:
     from limelight.models.loaded import LoadedModel
@@ -101,27 +99,17 @@ class Lexicon(JobMethod):
             return table
 
 
-class LexiconLookup(InlineMethod):
+class LexiconLookup(ExtraOutputMethod):
     name = "lexicon_lookup"
     description = (
         "The lexicon table built by `limelight lexicon`, looked up on the serving pass: each "
         "token's change in each class's log-odds alone; `auto` serves it without a distilled head."
     )
+    output = OUTPUT_NAME
+    needs = "the lexicon table"
 
-    def __init__(self) -> None:
-        self._reasons: dict[tuple[str, str], str] = {}
-
-    def unavailable_reason(self, model: LoadedModel) -> str:
-        key = (str(model.directory), model.version)
-        if key not in self._reasons:  # read the card once per model, not per request
-            self._reasons[key] = lexicon_unavailable_reason(model)
-        return self._reasons[key]
-
-    def attribute(self, outputs: InlineOutputs, row: int, length: int) -> FloatArray:
-        rows = outputs.extra.get(OUTPUT_NAME)
-        if rows is None:
-            raise FailedPrecondition("the runtime did not load the lexicon table")
-        return np.asarray(rows[row, :length], dtype=np.float32)
+    def check_model(self, model: LoadedModel) -> str:
+        return lexicon_unavailable_reason(model)
 
 
 def vocabulary_size(model: LoadedModel) -> int:
