@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -13,6 +14,7 @@ from limelight.drift.monitor import DriftMonitor
 from limelight.jobs.factory import create_backend
 from limelight.jobs.priority import InlineGate
 from limelight.jobs.runner import JobRunner
+from limelight.locks import file_lock
 from limelight.methods.base import MethodRegistry
 from limelight.metrics import Metrics
 from limelight.models.loaded import LoadedModel, load_model
@@ -47,8 +49,41 @@ def build_runtime(settings: Settings, model: LoadedModel) -> Runtime:
     if settings.runtime == "onnx":
         from limelight.runtimes.onnx_runtime import OnnxRuntime
 
-        return with_lexicon(OnnxRuntime.for_model(model, settings), model)
-    return torch_serving_runtime(model)
+        return with_lexicon(OnnxRuntime.for_model(model, settings), model, settings.cache_dir)
+    return torch_serving_runtime(model, settings.cache_dir)
+
+
+def prepare_lexicon(settings: Settings, model: LoadedModel) -> Path | None:
+    """With ``settings.lexicon_build``, build the lexicon table into the cache directory when
+    the default method will serve it and none is there yet (once, even when several worker
+    processes start together). Returns where a new table went, or None."""
+    if not settings.lexicon_build or settings.default_method not in ("auto", "lexicon_lookup"):
+        return None
+    from limelight.models.explainer_head import inline_heads
+    from limelight.models.lexicon_table import cached_lexicon_dir, find_lexicon_dir
+
+    if settings.default_method == "auto" and inline_heads(model):
+        return None  # the distilled head is served
+    if find_lexicon_dir(model, settings.cache_dir) is not None:
+        return None
+    out = cached_lexicon_dir(model, settings.cache_dir)
+    with file_lock(out.parent / f".{out.name}.lock"):
+        if find_lexicon_dir(model, settings.cache_dir) is not None:  # built while we waited
+            return None
+        from limelight.methods.base import JobContext
+        from limelight.methods.lexicon import vocabulary_size, write_lexicon
+
+        size = vocabulary_size(model)
+        log.info("building the lexicon table (%s entries) into %s", f"{size:,}", out)
+        card = write_lexicon(JobContext(model=model, settings=settings, report=_log_tenths()), out)
+        log.info(
+            "lexicon table built in %.1f s: %s x %d (default method %s: lexicon_lookup)",
+            card.seconds,
+            f"{card.vocabulary:,}",
+            card.num_labels,
+            settings.default_method,
+        )
+        return out
 
 
 def build_jobs(
@@ -72,6 +107,18 @@ def build_drift(
     )
 
 
+def _log_tenths() -> Callable[[float, str], None]:
+    """A progress report that logs once per tenth of the work (server logs, not a bar)."""
+    logged = [0]
+
+    def report(fraction: float, message: str) -> None:
+        if int(fraction * 10) > logged[0]:
+            logged[0] = int(fraction * 10)
+            log.info("%s (%d %%)", message, round(fraction * 100))
+
+    return report
+
+
 @dataclass
 class Application:
     settings: Settings
@@ -85,6 +132,7 @@ def build_application(
 ) -> Application:
     """Everything the sidecar serves; call ``service.start()`` inside the event loop."""
     model = model or load_served_model(settings)
+    prepare_lexicon(settings, model)  # before anything reads which tables there are
     methods = MethodRegistry.load(settings)  # built-ins, plug-ins, configured (e.g. --lm-head)
     runtime = build_runtime(settings, model)
     gate = None

@@ -84,6 +84,12 @@ class Settings(BaseSettings):
     """Inline method used when a request names none. ``auto``: the distilled head when a valid
     one lies beside the model (the demo build makes one; ``limelight distill``), else the
     lexicon lookup when a lexicon table does (``limelight lexicon``), else ``normxlogit``."""
+    lexicon_build: bool = False
+    """Build the lexicon table at start-up when the default method needs one (``auto`` on a
+    model without a distilled head, or ``lexicon_lookup``) and none lies beside the model or in
+    ``cache_dir``. It goes to ``<cache_dir>/lexicons/<model version>`` (the model's directory
+    may be read-only) and is reused on the next start; readiness waits for it: one pass over the
+    vocabulary, seconds for small models on CPU, a few minutes for a base-size one."""
     label_threshold: float = 0.5
     """Multi-label models (config ``problem_type`` ``multi_label_classification``): a label is
     predicted when its sigmoid probability is at least this."""

@@ -13,6 +13,7 @@ import pytest
 from limelight.cli.main import main
 from limelight.methods.lexicon import LexiconLookup
 from limelight.methods.normxlogit import NormXLogit
+from limelight.models.lexicon_table import OUTPUT_NAME, cached_lexicon_dir
 from limelight.models.loaded import load_model
 from limelight.runtimes.base import InlineBatch
 from limelight.runtimes.serving import torch_serving_runtime
@@ -40,6 +41,31 @@ def test_build_then_current_then_forced(
     assert table.stat().st_mtime_ns == built
     assert main([*args, "--force"]) == 0
     assert "wrote" in capsys.readouterr().out
+
+
+def test_a_read_only_model_directory_gets_its_table_in_the_cache(
+    random_bert_dir: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The tests run as root, for whom every directory is writable: deny the write check alone.
+    import limelight.models.lexicon_table as lexicon_table
+
+    monkeypatch.setattr(lexicon_table.os, "access", lambda path, mode: False)
+    cache = tmp_path / "cache"
+    args = ["lexicon", "--model", str(random_bert_dir), "--cache-dir", str(cache), "--no-progress"]
+    assert main([*args, "--batch-size", "4096"]) == 0
+    out = capsys.readouterr().out
+    model = load_model(random_bert_dir)
+    assert f"wrote {cached_lexicon_dir(model, cache)}" in out
+    assert "read-only" in out
+    assert not (random_bert_dir / "limelight_lexicon").exists()
+    assert main(args) == 0
+    assert f"{cached_lexicon_dir(model, cache)} is current" in capsys.readouterr().out
+    # What the server reads with the same cache directory.
+    assert OUTPUT_NAME in torch_serving_runtime(model, cache).head_names
+    assert OUTPUT_NAME not in torch_serving_runtime(model).head_names
 
 
 def test_auto_serves_the_lookup_with_normxlogit_alongside(

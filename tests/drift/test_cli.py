@@ -13,6 +13,7 @@ from limelight.cli.drift import format_report, plot_report
 from limelight.cli.main import main
 from limelight.drift import DriftMonitor, ReferenceFile
 from limelight.drift.build import explain_texts, profile_of
+from limelight.models.lexicon_table import cached_lexicon_dir
 from limelight.models.loaded import load_model
 from limelight.settings import Settings
 
@@ -83,6 +84,25 @@ def test_build_reference_command(tmp_path: Path, random_bert_dir: Path) -> None:
         for token, count in want.counts.items():
             assert got.counts[token] == pytest.approx(count, rel=1e-4, abs=1e-6)
     assert ref.profile.entropy_sum == pytest.approx(expected.entropy_sum, rel=1e-4)
+
+
+def test_build_reference_as_a_server_that_builds_its_lexicon(
+    tmp_path: Path, random_bert_dir: Path
+) -> None:
+    data = tmp_path / "data.jsonl"
+    data.write_text("".join(json.dumps({"text": f"the plot was {w}"}) + "\n" for w in "ab"))
+    out, cache = tmp_path / "ref.json", tmp_path / "cache"
+    rc = main(
+        [
+            "drift-reference", "build", "--model", str(random_bert_dir), "--data", str(data),
+            "--out", str(out), "--no-progress", "--default-method", "auto", "--lexicon-build",
+            "--cache-dir", str(cache),
+        ]
+    )  # fmt: skip
+    assert rc == 0
+    # The server with the same settings serves the lookup from the table built in its cache.
+    assert ReferenceFile.load(out).method == "lexicon_lookup"
+    assert (cached_lexicon_dir(load_model(random_bert_dir), cache) / "card.json").exists()
 
 
 def test_explain_texts_matches_the_inline_method(random_bert_dir: Path) -> None:

@@ -50,6 +50,13 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="inline method of the server the reference is for (default: what it serves, auto)",
     )
     build.add_argument(
+        "--lexicon-build",
+        action="store_const",
+        const=True,
+        help="as the server with LIMELIGHT_LEXICON_BUILD: build the lexicon table into the cache "
+        "when the default method serves it and none is found",
+    )
+    build.add_argument(
         "--data",
         help="CSV/TSV/JSONL file with a text column, or a built-in set: "
         "rotten_tomatoes:{train,validation,test} or drugscom:{train,test} "
@@ -95,6 +102,7 @@ def load_texts(
 def run_build(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
+    from limelight.app import prepare_lexicon
     from limelight.core.prediction import label_thresholds
     from limelight.core.service import served_inline_method
     from limelight.drift.build import build_reference
@@ -123,7 +131,8 @@ def run_build(args: argparse.Namespace) -> int:
 
             model_dir = ensure_demo_model(settings.demo_model, settings.cache_dir)
         model = load_model(model_dir, settings.device)
-        runtime = torch_serving_runtime(model)
+        prepare_lexicon(settings, model)  # what the server would build at start-up
+        runtime = torch_serving_runtime(model, settings.cache_dir)
         method = served_inline_method(settings, runtime, MethodRegistry.load(settings))
         reason = method.unavailable_reason(model)
         if reason:

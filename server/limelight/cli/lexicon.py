@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import time
 
 from limelight.cli.common import add_model_args, settings_from_args, setup_logging
 
@@ -16,7 +15,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "against the empty text) and save the change in every class's log-odds beside the "
         "model. The server then looks every request's tokens up in it: the inline method "
         "`lexicon_lookup`, which `auto` serves when no distilled head lies beside the model "
-        "(a distilled head reads context and ranks better; see `limelight distill`).",
+        "(a distilled head reads context and ranks better; see `limelight distill`). Where the "
+        "model's directory is read-only the table goes to the cache directory, where the "
+        "sidecar looks too (it can also build it at start-up: LIMELIGHT_LEXICON_BUILD).",
     )
     add_model_args(p)
     p.add_argument(
@@ -33,48 +34,39 @@ def run(args: argparse.Namespace) -> int:
     from limelight.app import load_served_model
     from limelight.errors import InvalidArgument
     from limelight.methods.base import JobContext
-    from limelight.methods.lexicon import build_table, vocabulary_size
+    from limelight.methods.lexicon import vocabulary_size, write_lexicon
     from limelight.models.explainer_head import inline_heads
-    from limelight.models.lexicon_table import (
-        LexiconCard,
-        lexicon_dir,
-        lexicon_unavailable_reason,
-        save_lexicon,
-    )
+    from limelight.models.lexicon_table import find_lexicon_dir, lexicon_output_dir
 
     if args.batch_size < 1:
         raise InvalidArgument("--batch-size must be at least 1")
     settings = settings_from_args(args)
     setup_logging(settings.log_level)
     model = load_served_model(settings)
-    out = lexicon_dir(model)
-    if not args.force and not lexicon_unavailable_reason(model):
-        print(f"{out} is current for model version {model.version} (--force rebuilds it)")
+    found = find_lexicon_dir(model, settings.cache_dir)
+    if not args.force and found is not None:
+        print(f"{found} is current for model version {model.version} (--force rebuilds it)")
         return 0
-    began = time.perf_counter()
+    out = lexicon_output_dir(model, settings.cache_dir)
     size = vocabulary_size(model)
     with tqdm(total=size, desc="lexicon", unit="token", disable=args.no_progress) as bar:
 
         def report(fraction: float, message: str) -> None:
             bar.update(round(fraction * size) - bar.n)
 
-        context = JobContext(model=model, settings=settings, report=report)
-        table = build_table(context, args.batch_size)
+        card = write_lexicon(
+            JobContext(model=model, settings=settings, report=report), out, args.batch_size
+        )
         bar.update(size - bar.n)
-    matrix = table.matrix(model.is_multi_label, list(model.tokenizer.all_special_ids))
-    seconds = time.perf_counter() - began
-    card = LexiconCard(
-        model_version=model.version,
-        vocabulary=int(matrix.shape[0]),
-        num_labels=int(matrix.shape[1]),
-        reference=table.reference,
-        seconds=round(seconds, 1),
-    )
-    save_lexicon(matrix, card, out)
     print(
-        f"wrote {out}: {card.vocabulary:,} entries x {card.num_labels} classes in {seconds:.1f} s "
-        f"(reference: the {card.reference})"
+        f"wrote {out}: {card.vocabulary:,} entries x {card.num_labels} classes in "
+        f"{card.seconds:.1f} s (reference: the {card.reference})"
     )
+    if out != model.directory / out.name:
+        print(
+            "(the model's directory is read-only: the table went to the cache directory, where "
+            "a sidecar with the same LIMELIGHT_CACHE_DIR finds it)"
+        )
     if inline_heads(model):
         print("a distilled head lies beside the model: `auto` still serves it (it reads context)")
     else:

@@ -44,6 +44,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     p.add_argument("--lm-head", dest="lm_head_dir", type=Path, help="masked-LM head directory")
     p.add_argument("--head-mask", dest="head_mask_path", type=Path, help="LRP head mask file")
     p.add_argument("--default-method", help="inline method when a request names none")
+    p.add_argument(
+        "--lexicon-build",
+        action="store_const",
+        const=True,
+        help="build the lexicon table into the cache at start-up when the default method needs "
+        "one and none is found (LIMELIGHT_LEXICON_BUILD)",
+    )
     p.add_argument("--max-batch-size", type=int, help="inline requests per forward pass")
     p.add_argument("--max-batch-wait-ms", type=float, help="how long a batch waits to fill")
     p.add_argument("--max-tokens", type=int, help="token limit per input")

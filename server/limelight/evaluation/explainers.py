@@ -26,9 +26,9 @@ from limelight.settings import Settings
 PEERS: tuple[str, ...] = ("lime", "shap")
 
 
-def _inline(model: LoadedModel, method: InlineMethod) -> Explainer:
-    # The same extra heads as the server (e.g. the distilled explainer beside the model).
-    runtime = torch_serving_runtime(model)
+def _inline(model: LoadedModel, method: InlineMethod, settings: Settings) -> Explainer:
+    # The same extra outputs as the server (the distilled head, the lexicon table).
+    runtime = torch_serving_runtime(model, settings.cache_dir)
 
     def explain(enc: Encoded, target: int) -> FloatArray:
         outputs = runtime.run_inline(InlineBatch.from_encoded([enc], model.pad_id))
@@ -152,7 +152,7 @@ def build_explainers(
         if isinstance(method, InlineMethod):
             if given:
                 method.validate_params(given)
-            ready[name] = _inline(model, method)
+            ready[name] = _inline(model, method, settings)
         elif isinstance(method, JobMethod):
             ready[name] = _job(model, method, settings, given)
     return ready, skipped

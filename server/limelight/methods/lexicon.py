@@ -7,7 +7,8 @@ entry: a lookup that reads no context, so a method's lead over it is what contex
 demo models it ranks well above NormXLogit (docs/distillation.md, "A context-free lexicon").
 
 The table is one batched pass over the vocabulary (about 15 s for MiniLM on two CPU cores).
-``limelight lexicon`` saves it beside the model (``limelight.models.lexicon_table``), where the
+``limelight lexicon`` saves it beside the model (``limelight.models.lexicon_table``; the sidecar
+builds it into its cache directory at start-up with ``LIMELIGHT_LEXICON_BUILD``), where the
 serving runtime looks tokens up in it and the inline method ``lexicon_lookup`` reads the rows:
 what ``auto`` serves on a model without a distilled head. The ``lexicon`` job reads the saved
 table, or builds one on first use and keeps it per model version for the life of the worker.
@@ -16,7 +17,9 @@ table, or builds one on first use and keeps it per model version for the life of
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Mapping
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
@@ -27,12 +30,15 @@ from limelight.methods.base import ExtraOutputMethod, JobContext, JobMethod, Met
 from limelight.methods.search import batched_logits, class_values
 from limelight.models.lexicon_table import (
     OUTPUT_NAME,
+    LexiconCard,
     lexicon_unavailable_reason,
     load_lexicon,
+    save_lexicon,
 )
 
 if TYPE_CHECKING:
     from limelight.models.loaded import LoadedModel
+    from limelight.settings import Settings
 
 
 class _Table:
@@ -93,7 +99,7 @@ class Lexicon(JobMethod):
         with self._lock:
             table = self._tables.get(ctx.model.version)
             if table is None:
-                saved = load_lexicon(ctx.model)
+                saved = load_lexicon(ctx.model, ctx.settings.cache_dir)
                 table = saved if saved is not None else lexicon_matrix(ctx, batch_size)
                 self._tables[ctx.model.version] = table
             return table
@@ -107,9 +113,14 @@ class LexiconLookup(ExtraOutputMethod):
     )
     output = OUTPUT_NAME
     needs = "the lexicon table"
+    cache_dir: Path | None = None
+
+    def configure(self, settings: Settings) -> None:
+        """Look for the table in the cache directory too (built there at start-up)."""
+        self.cache_dir = settings.cache_dir
 
     def check_model(self, model: LoadedModel) -> str:
-        return lexicon_unavailable_reason(model)
+        return lexicon_unavailable_reason(model, self.cache_dir)
 
 
 def vocabulary_size(model: LoadedModel) -> int:
@@ -152,3 +163,19 @@ def lexicon_matrix(ctx: JobContext, batch_size: int) -> FloatArray:
     """The lexicon table of ``ctx.model``: [V, C], special tokens' rows 0."""
     table = build_table(ctx, batch_size)
     return table.matrix(ctx.model.is_multi_label, list(ctx.model.tokenizer.all_special_ids))
+
+
+def write_lexicon(ctx: JobContext, out: Path, batch_size: int = 512) -> LexiconCard:
+    """Build the lexicon table of ``ctx.model`` and save it with its card in ``out``."""
+    began = time.perf_counter()
+    table = build_table(ctx, batch_size)
+    matrix = table.matrix(ctx.model.is_multi_label, list(ctx.model.tokenizer.all_special_ids))
+    card = LexiconCard(
+        model_version=ctx.model.version,
+        vocabulary=int(matrix.shape[0]),
+        num_labels=int(matrix.shape[1]),
+        reference=table.reference,
+        seconds=round(time.perf_counter() - began, 1),
+    )
+    save_lexicon(matrix, card, out)
+    return card

@@ -5,12 +5,17 @@ when the text is that one token alone, against the empty text; special tokens' r
 ``limelight lexicon`` builds it (``limelight.methods.lexicon``); the serving runtime looks a
 batch's tokens up in it (``limelight.runtimes.lexicon``). A card binds it to the model's
 fingerprint, as the distilled head's card does.
+
+It lies beside the model, or, where the model's directory is read-only (a Kubernetes model
+volume), in the cache directory under the model's version: the sidecar builds it there at
+start-up with ``LIMELIGHT_LEXICON_BUILD``. The table beside the model wins.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -40,7 +45,35 @@ class LexiconCard:
 
 
 def lexicon_dir(model: LoadedModel) -> Path:
+    """Beside the model."""
     return model.directory / LEXICON_DIRNAME
+
+
+def cached_lexicon_dir(model: LoadedModel, cache_dir: Path) -> Path:
+    """In the cache directory, for a model whose own directory is read-only."""
+    return cache_dir / "lexicons" / model.version
+
+
+def lexicon_output_dir(model: LoadedModel, cache_dir: Path) -> Path:
+    """Where to save a new table: beside the model, or in the cache when the model's directory
+    is read-only."""
+    if os.access(model.directory, os.W_OK):
+        return lexicon_dir(model)
+    return cached_lexicon_dir(model, cache_dir)
+
+
+def _candidates(model: LoadedModel, cache_dir: Path | None) -> list[Path]:
+    beside = lexicon_dir(model)
+    return [beside] if cache_dir is None else [beside, cached_lexicon_dir(model, cache_dir)]
+
+
+def find_lexicon_dir(model: LoadedModel, cache_dir: Path | None = None) -> Path | None:
+    """Where a table built for ``model`` lies: beside it, else in ``cache_dir``; None when
+    neither holds one."""
+    for directory in _candidates(model, cache_dir):
+        if not _unavailable_reason(model, directory):
+            return directory
+    return None
 
 
 def save_lexicon(table: FloatArray, card: LexiconCard, directory: Path) -> Path:
@@ -51,12 +84,28 @@ def save_lexicon(table: FloatArray, card: LexiconCard, directory: Path) -> Path:
     return directory
 
 
-def lexicon_unavailable_reason(model: LoadedModel) -> str:
-    """Empty when a table built for ``model`` lies beside it; otherwise why not and what to do."""
-    path = lexicon_dir(model) / "card.json"
+def lexicon_unavailable_reason(model: LoadedModel, cache_dir: Path | None = None) -> str:
+    """Empty when a table built for ``model`` lies beside it (or in ``cache_dir``); otherwise
+    why not and what to do."""
+    candidates = _candidates(model, cache_dir)
+    present = [d for d in candidates if (d / "card.json").exists()]
+    if not present:
+        where = "beside the model" if cache_dir is None else f"beside the model or in {cache_dir}"
+        return (
+            f"no lexicon table {where}; build one with `limelight lexicon --model "
+            f"{model.directory}` (or let the sidecar build it at start-up: "
+            "LIMELIGHT_LEXICON_BUILD=true)"
+        )
+    reasons = [_unavailable_reason(model, d) for d in present]
+    # Every table there is stale or broken: the first one's fault is the one to fix.
+    return "" if not all(reasons) else reasons[0]
+
+
+def _unavailable_reason(model: LoadedModel, directory: Path) -> str:
+    path = directory / "card.json"
     build = f"`limelight lexicon --model {model.directory}`"
     if not path.exists():
-        return f"no lexicon table beside the model; build one with {build}"
+        return f"no lexicon table in {directory}"
     try:
         card = LexiconCard(**json.loads(path.read_text()))
     except (ValueError, TypeError) as exc:
@@ -73,15 +122,17 @@ def lexicon_unavailable_reason(model: LoadedModel) -> str:
     return ""
 
 
-def load_lexicon(model: LoadedModel) -> FloatArray | None:
-    """The table beside ``model``, or None when there is none or it belongs to another model
-    (logged: the model is then served without it)."""
-    reason = lexicon_unavailable_reason(model)
-    if reason:
-        if (lexicon_dir(model) / "card.json").exists():
-            log.warning("not loading the lexicon table: %s", reason)
+def load_lexicon(model: LoadedModel, cache_dir: Path | None = None) -> FloatArray | None:
+    """The table beside ``model`` (else in ``cache_dir``), or None when there is none or it
+    belongs to another model (logged: the model is then served without it)."""
+    directory = find_lexicon_dir(model, cache_dir)
+    if directory is None:
+        if any((d / "card.json").exists() for d in _candidates(model, cache_dir)):
+            log.warning(
+                "not loading the lexicon table: %s", lexicon_unavailable_reason(model, cache_dir)
+            )
         return None
-    table = np.load(lexicon_dir(model) / "table.npy", allow_pickle=False)
+    table = np.load(directory / "table.npy", allow_pickle=False)
     if table.ndim != 2 or table.shape[1] != model.num_labels:
         log.warning("not loading the lexicon table: its shape %s is not [V, classes]", table.shape)
         return None
