@@ -33,6 +33,7 @@ from limelight.demo.datasets import (
 )
 from limelight.errors import InvalidArgument
 from limelight.models.explainer_head import inline_heads
+from limelight.models.lexicon_table import lexicon_dir, lexicon_unavailable_reason
 from limelight.models.loaded import load_model
 from limelight_client import Client
 
@@ -166,6 +167,29 @@ def test_served_sigmoids_match_transformers(
                 assert [e.target_label for e in result.explained()] == over
             else:
                 assert result.target_label == LABELS[int(np.argmax(probs))]
+
+
+def test_auto_serves_the_demos_lexicon_for_every_predicted_label(
+    start_sidecar: Callable[..., Any], bert_tiny_multilabel_dir: Path
+) -> None:
+    # No distilled head for this demo: the build puts its lexicon table beside it instead.
+    model = load_model(bert_tiny_multilabel_dir)
+    assert lexicon_unavailable_reason(model) == ""
+    table = np.load(lexicon_dir(model) / "table.npy")
+    assert table.shape == (model.model.get_input_embeddings().num_embeddings, len(LABELS))
+    text = "This pill gave me awful headaches and nausea; my depression got worse."
+    running = start_sidecar(model_dir=bert_tiny_multilabel_dir, default_method="auto")
+    with Client(running.target, timeout=60) as client:
+        result = client.explain(text)
+    ids = AutoTokenizer.from_pretrained(bert_tiny_multilabel_dir)(text)["input_ids"]
+    assert result.explained()
+    for one in result.explained():
+        assert one.method == "lexicon_lookup"
+        # The table's rows for the text's ids, by hand; [CLS] and [SEP] score 0.
+        expected = table[ids, LABELS.index(one.target_label)]
+        expected[[0, -1]] = 0.0
+        np.testing.assert_allclose(one.scores, expected, atol=1e-6)
+        assert "normxlogit" in one.extra_scores
 
 
 def test_build_demo_cli_reports_f1(
