@@ -14,7 +14,6 @@ from limelight.drift.monitor import DriftMonitor
 from limelight.jobs.factory import create_backend
 from limelight.jobs.priority import InlineGate
 from limelight.jobs.runner import JobRunner
-from limelight.locks import file_lock
 from limelight.methods.base import MethodRegistry
 from limelight.metrics import Metrics
 from limelight.models.loaded import LoadedModel, load_model
@@ -60,30 +59,27 @@ def prepare_lexicon(settings: Settings, model: LoadedModel) -> Path | None:
     if not settings.lexicon_build or settings.default_method not in ("auto", "lexicon_lookup"):
         return None
     from limelight.models.explainer_head import inline_heads
-    from limelight.models.lexicon_table import cached_lexicon_dir, find_lexicon_dir
+    from limelight.models.lexicon_table import cached_lexicon_dir
 
     if settings.default_method == "auto" and inline_heads(model):
         return None  # the distilled head is served
-    if find_lexicon_dir(model, settings.cache_dir) is not None:
-        return None
-    out = cached_lexicon_dir(model, settings.cache_dir)
-    with file_lock(out.parent / f".{out.name}.lock"):
-        if find_lexicon_dir(model, settings.cache_dir) is not None:  # built while we waited
-            return None
-        from limelight.methods.base import JobContext
-        from limelight.methods.lexicon import vocabulary_size, write_lexicon
+    from limelight.methods.base import JobContext
+    from limelight.methods.lexicon import ensure_lexicon
 
-        size = vocabulary_size(model)
-        log.info("building the lexicon table (%s entries) into %s", f"{size:,}", out)
-        card = write_lexicon(JobContext(model=model, settings=settings, report=_log_tenths()), out)
-        log.info(
-            "lexicon table built in %.1f s: %s x %d (default method %s: lexicon_lookup)",
-            card.seconds,
-            f"{card.vocabulary:,}",
-            card.num_labels,
-            settings.default_method,
-        )
-        return out
+    out = cached_lexicon_dir(model, settings.cache_dir)
+    context = JobContext(model=model, settings=settings, report=_log_tenths())
+    card = ensure_lexicon(context, out, settings.cache_dir)
+    if card is None:
+        return None
+    log.info(
+        "lexicon table built in %.1f s into %s: %s x %d (default method %s: lexicon_lookup)",
+        card.seconds,
+        out,
+        f"{card.vocabulary:,}",
+        card.num_labels,
+        settings.default_method,
+    )
+    return out
 
 
 def build_jobs(
@@ -112,6 +108,8 @@ def _log_tenths() -> Callable[[float, str], None]:
     logged = [0]
 
     def report(fraction: float, message: str) -> None:
+        if logged[0] == 0:
+            log.info("building the lexicon table: %s", message)
         if int(fraction * 10) > logged[0]:
             logged[0] = int(fraction * 10)
             log.info("%s (%d %%)", message, round(fraction * 100))

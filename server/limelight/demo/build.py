@@ -673,38 +673,34 @@ def _ensure_lexicon(model_dir: Path, progress: bool) -> None:
     lexicon` does; seconds). Like the LM head, not part of the recipe hash: it is derived from
     the classifier's weights, and its card binds it to them."""
     from limelight.methods.base import JobContext
-    from limelight.methods.lexicon import vocabulary_size, write_lexicon
+    from limelight.methods.lexicon import ensure_lexicon, vocabulary_size
     from limelight.models.lexicon_table import find_lexicon_dir, lexicon_dir
 
-    with file_lock(model_dir.parent / f".{model_dir.name}.lexicon.lock"):
-        model = load_model(model_dir)
-        if find_lexicon_dir(model) is not None:
-            return
-        size = vocabulary_size(model)
-        bar = tqdm(
-            total=size, desc=f"lexicon of {model_dir.name}", unit="token", disable=not progress
+    model = load_model(model_dir)
+    if find_lexicon_dir(model) is not None:
+        return
+    size = vocabulary_size(model)
+    bar = tqdm(total=size, desc=f"lexicon of {model_dir.name}", unit="token", disable=not progress)
+
+    def report(fraction: float, message: str) -> None:
+        bar.update(round(fraction * size) - bar.n)
+
+    try:
+        card = ensure_lexicon(
+            JobContext(model=model, settings=Settings(jobs="off"), report=report),
+            lexicon_dir(model),
         )
-
-        def report(fraction: float, message: str) -> None:
-            bar.update(round(fraction * size) - bar.n)
-
-        try:
-            card = write_lexicon(
-                JobContext(model=model, settings=Settings(jobs="off"), report=report),
-                lexicon_dir(model),
-            )
-            bar.update(size - bar.n)
-        except Exception:  # the classifier itself is fine without it (auto: NormXLogit)
-            log.exception("building the lexicon table of %s failed", model_dir)
-            return
-        finally:
-            bar.close()
-        if progress:
-            tqdm.write(
-                f"built the lexicon table of {model_dir.name} in {card.seconds:.1f} s "
-                "(served inline as lexicon_lookup)",
-                file=sys.stderr,
-            )
+    except Exception:  # the classifier itself is fine without it (auto: NormXLogit)
+        log.exception("building the lexicon table of %s failed", model_dir)
+        return
+    finally:
+        bar.close()
+    if progress and card is not None:
+        tqdm.write(
+            f"built the lexicon table of {model_dir.name} in {card.seconds:.1f} s "
+            "(served inline as lexicon_lookup)",
+            file=sys.stderr,
+        )
 
 
 def demo_head_recipe(name: DemoName) -> HeadRecipe:

@@ -26,11 +26,13 @@ import numpy as np
 import torch
 
 from limelight.core.types import Encoded, FloatArray
+from limelight.locks import file_lock
 from limelight.methods.base import ExtraOutputMethod, JobContext, JobMethod, MethodOutput, Param
 from limelight.methods.search import batched_logits, class_values
 from limelight.models.lexicon_table import (
     OUTPUT_NAME,
     LexiconCard,
+    find_lexicon_dir,
     lexicon_unavailable_reason,
     load_lexicon,
     save_lexicon,
@@ -179,3 +181,17 @@ def write_lexicon(ctx: JobContext, out: Path, batch_size: int = 512) -> LexiconC
     )
     save_lexicon(matrix, card, out)
     return card
+
+
+def ensure_lexicon(
+    ctx: JobContext, out: Path, cache_dir: Path | None = None, batch_size: int = 512
+) -> LexiconCard | None:
+    """Build the table of ``ctx.model`` into ``out`` unless one is found (beside the model, or
+    in ``cache_dir``); under a file lock, so that processes starting together build it once
+    and the others then find it. The new table's card, or None when one was found."""
+    if find_lexicon_dir(ctx.model, cache_dir) is not None:
+        return None
+    with file_lock(out.parent / f".{out.name}.lock"):
+        if find_lexicon_dir(ctx.model, cache_dir) is not None:  # built while we waited
+            return None
+        return write_lexicon(ctx, out, batch_size)
