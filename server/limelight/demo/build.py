@@ -690,6 +690,7 @@ def _ensure_lexicon(model_dir: Path, progress: bool) -> None:
             JobContext(model=model, settings=Settings(jobs="off"), report=report),
             lexicon_dir(model),
         )
+        bar.update(size - bar.n)
     except Exception:  # the classifier itself is fine without it (auto: NormXLogit)
         log.exception("building the lexicon table of %s failed", model_dir)
         return
