@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from limelight.app import prepare_lexicon
+from limelight.errors import FailedPrecondition
 from limelight.methods.lexicon import LexiconLookup
 from limelight.models.lexicon_table import LEXICON_DIRNAME, cached_lexicon_dir
 from limelight.models.loaded import load_model
@@ -84,6 +85,18 @@ def test_the_table_beside_the_model_is_used_rather_than_built(
 ) -> None:
     assert prepare_lexicon(settings(tmp_path), load_model(lexicon_bert_dir)) is None
     assert not (tmp_path / "lexicons").exists()
+
+
+def test_a_failed_build_falls_back_under_auto_and_stops_a_named_default(
+    random_bert_dir: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    blocked = tmp_path / "not-a-directory"
+    blocked.write_text("")  # the cache directory cannot be created: the build fails
+    model = load_model(random_bert_dir)
+    assert prepare_lexicon(settings(blocked), model) is None  # auto: NormXLogit is served
+    assert "building the lexicon table" in caplog.text and "failed" in caplog.text
+    with pytest.raises(FailedPrecondition, match=r"could not be built into .*LIMELIGHT_CACHE_DIR"):
+        prepare_lexicon(settings(blocked, default_method="lexicon_lookup"), model)
 
 
 def test_worker_processes_starting_together_build_it_once(

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 from limelight.core.service import DriftSink, ExplanationService, resolve_default_method
 from limelight.demo.build import ensure_demo_model
 from limelight.drift.monitor import DriftMonitor
+from limelight.errors import FailedPrecondition
 from limelight.jobs.factory import create_backend
 from limelight.jobs.priority import InlineGate
 from limelight.jobs.runner import JobRunner
@@ -68,7 +69,18 @@ def prepare_lexicon(settings: Settings, model: LoadedModel) -> Path | None:
 
     out = cached_lexicon_dir(model, settings.cache_dir)
     context = JobContext(model=model, settings=settings, report=_log_tenths())
-    card = ensure_lexicon(context, out, settings.cache_dir)
+    try:
+        card = ensure_lexicon(context, out, settings.cache_dir)
+    except Exception as exc:
+        if settings.default_method != "auto":  # asked for by name: it would refuse every request
+            raise FailedPrecondition(
+                f"default method lexicon_lookup: the lexicon table could not be built into "
+                f"{out} ({exc}); set LIMELIGHT_CACHE_DIR to a writable directory, or build it "
+                f"with `limelight lexicon --model {model.directory}`"
+            ) from exc
+        # `auto` serves the next method down: the sidecar stays useful, the log says why.
+        log.exception("building the lexicon table into %s failed; serving without it", out)
+        return None
     if card is None:
         return None
     log.info(

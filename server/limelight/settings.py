@@ -89,7 +89,8 @@ class Settings(BaseSettings):
     model without a distilled head, or ``lexicon_lookup``) and none lies beside the model or in
     ``cache_dir``. It goes to ``<cache_dir>/lexicons/<model version>`` (the model's directory
     may be read-only) and is reused on the next start; readiness waits for it: one pass over the
-    vocabulary, seconds for small models on CPU, a few minutes for a base-size one."""
+    vocabulary, seconds for small models on CPU, a few minutes for a base-size one. A failed
+    build is logged and ``auto`` serves NormXLogit; a named ``lexicon_lookup`` stops the start."""
     label_threshold: float = 0.5
     """Multi-label models (config ``problem_type`` ``multi_label_classification``): a label is
     predicted when its sigmoid probability is at least this."""

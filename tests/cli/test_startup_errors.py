@@ -154,6 +154,20 @@ def test_a_drift_reference_of_another_method(
     assert "holds distilled attributions, but the server explains with normxlogit" in line
 
 
+def test_a_named_lexicon_default_that_cannot_be_built(
+    capsys: pytest.CaptureFixture[str], random_bert_dir: Path, tmp_path: Path
+) -> None:
+    blocked = tmp_path / "a-file"
+    blocked.write_text("")
+    status, line = run_main(
+        capsys, *SERVE, "--model", str(random_bert_dir), "--cache-dir", str(blocked),
+        "--default-method", "lexicon_lookup", "--lexicon-build",
+    )  # fmt: skip
+    assert status == EXIT_FAILURE
+    assert "the lexicon table could not be built into" in line
+    assert "set LIMELIGHT_CACHE_DIR to a writable directory" in line
+
+
 def test_grpc_port_in_use(
     capsys: pytest.CaptureFixture[str], random_bert_dir: Path, busy_port: int
 ) -> None:
