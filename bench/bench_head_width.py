@@ -164,7 +164,8 @@ def main() -> None:
         for seed in (int(s) for s in args.seeds.split(",")):
             heads = 4 if width >= 64 else 2
             fields: dict[str, Any] = {"epochs": epochs, **variant}
-            config = TrainConfig(width=width, attention_heads=heads, seed=seed, **fields)
+            fields.setdefault("attention_heads", heads)  # a variant may set it (0: none)
+            config = TrainConfig(width=width, seed=seed, **fields)
             start = time.monotonic()
             with context_blocks(depth):
                 head, _ = train_head(

@@ -40,6 +40,7 @@ from limelight.methods.distilled import DistilledExplainer
 from limelight.methods.normxlogit import NormXLogit
 from limelight.models.explainer_head import (
     CARD_FORMAT,
+    ExplainerHead,
     _ContextBlock,
     head_dir,
     load_head,
@@ -401,6 +402,40 @@ def test_distill_cli_mix_flag(
     card = read_card(tmp_path / "head")
     assert card is not None and (card.width, card.attention_heads) == (16, 2)
     assert card.parameters == sum(p.numel() for p in new_head(card).parameters())
+    # 0 attention heads: a per-token head without a context block, loaded as it was saved.
+    assert main([*base, "--width", "16", "--attention-heads", "0"]) == 0
+    card = read_card(tmp_path / "head")
+    assert card is not None and card.attention_heads == 0
+    assert new_head(card).context is None
+    assert card.parameters == sum(p.numel() for p in new_head(card).parameters())
+    assert main([*base, "--attention-heads", "-1"]) == 2
+    capsys.readouterr()
+
+
+def test_a_per_token_head_reads_no_neighbour_and_exports_to_onnx(
+    synthetic: Path, tmp_path: Path
+) -> None:
+    """Without a context block a token's score depends on its own features alone (they carry
+    context only through the classifier's hidden states); torch and ONNX Runtime agree."""
+    model = load_model(synthetic)
+    torch.manual_seed(0)
+    head = ExplainerHead([0, model.num_layers], model.hidden_size, model.num_labels, 8, 0).eval()
+    encoded = model.encode("the good movie we watch")
+    longer = model.encode("a much longer text with many more words than the first one has")
+    batch = InlineBatch.from_encoded([encoded, longer], model.pad_id)
+    served = TorchRuntime(model, {"distilled": head}).run_inline(batch).extra["distilled"]
+    np.testing.assert_allclose(
+        served[0, : len(encoded)], predict_scores(model, head, encoded), atol=1e-5
+    )
+    # Each token alone: the same score as among its neighbours (any features will do).
+    with torch.no_grad():
+        features = torch.randn(1, 7, head.proj.in_features)
+        together = head.score(features, torch.ones(1, 7))[0]
+        alone = [head.score(features[:, i : i + 1], torch.ones(1, 1))[0, 0] for i in range(7)]
+    torch.testing.assert_close(torch.stack(alone), together, atol=1e-5, rtol=0)
+    graph = export_onnx(model, tmp_path / "g.onnx", heads={"distilled": head})
+    onnx_out = OnnxRuntime(graph, model).run_inline(batch).extra["distilled"]
+    np.testing.assert_allclose(onnx_out[0, : len(encoded)], served[0, : len(encoded)], atol=1e-4)
 
 
 def test_distill_cli_loop_texts_and_reward(

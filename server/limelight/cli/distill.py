@@ -136,7 +136,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         type=int,
         default=defaults.attention_heads,
         help=f"attention heads of the head's context block (default: "
-        f"{defaults.attention_heads}; must divide --width)",
+        f"{defaults.attention_heads}; must divide --width; 0: no context block, a per-token "
+        "head reading context only through the classifier's hidden states, the cheapest)",
     )
     p.add_argument(
         "--label-scale",
@@ -162,11 +163,15 @@ def run(args: argparse.Namespace) -> int:
     )
     from limelight.models.explainer_head import head_dir
 
-    if args.width < 1 or args.attention_heads < 1 or args.width % args.attention_heads:
+    if (
+        args.width < 1
+        or args.attention_heads < 0
+        or (args.attention_heads and args.width % args.attention_heads)
+    ):
         # Before the labels: they can take hours, the head is built after them.
         raise InvalidArgument(
             f"--width {args.width} must be a positive multiple of --attention-heads "
-            f"{args.attention_heads}"
+            f"{args.attention_heads} (or --attention-heads 0: no context block)"
         )
     try:
         loop_reward_terms(args.loop_reward)

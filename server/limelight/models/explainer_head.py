@@ -124,7 +124,9 @@ class ExplainerHead(nn.Module):
         self.hidden_size = hidden_size
         features = hidden_size * len(layers) + 1 + num_labels
         self.proj = nn.Linear(features, width)
-        self.context = _ContextBlock(width, attention_heads)
+        # 0 heads: no context block, a per-token head (the cheapest; reads context only through
+        # the classifier's own hidden states).
+        self.context = _ContextBlock(width, attention_heads) if attention_heads else None
         self.readout = nn.Sequential(nn.LayerNorm(width), nn.Linear(width, num_labels))
 
     def features(
@@ -146,8 +148,9 @@ class ExplainerHead(nn.Module):
         return self._from_projected(self.proj(features), attention_mask)
 
     def _from_projected(self, x: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-        key_bias = (1.0 - attention_mask.to(x.dtype)) * -1e4
-        return self.readout(self.context(x, key_bias))  # type: ignore[no-any-return]
+        if self.context is not None:
+            x = self.context(x, (1.0 - attention_mask.to(x.dtype)) * -1e4)
+        return self.readout(x)  # type: ignore[no-any-return]
 
     def forward(
         self,
