@@ -28,20 +28,31 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-def resolve_model_dir(settings: Settings, progress: bool = True) -> Path:
-    """The configured model directory, or the demo model (built and cached on first use)."""
+def resolve_model_dir(settings: Settings, progress: bool = True, serving: bool = False) -> Path:
+    """The configured model directory, or the demo model (built and cached on first use).
+    ``serving``: a sidecar is about to serve it, so the demo's LM head (Decoded Grad-CAM jobs
+    only) is fitted in the background instead of before the start."""
     if settings.model_dir is not None:
         return settings.model_dir
-    return ensure_demo_model(settings.demo_model, settings.cache_dir, progress=progress)
+    return ensure_demo_model(
+        settings.demo_model,
+        settings.cache_dir,
+        progress=progress,
+        lm_head="background" if serving else "now",
+    )
 
 
-def load_served_model(settings: Settings, progress: bool = True) -> LoadedModel:
+def load_served_model(
+    settings: Settings, progress: bool = True, serving: bool = False
+) -> LoadedModel:
     if settings.torch_threads > 0:
         import torch
 
         torch.set_num_threads(settings.torch_threads)
     return load_model(
-        resolve_model_dir(settings, progress), device=settings.device, name=settings.model_name
+        resolve_model_dir(settings, progress, serving),
+        device=settings.device,
+        name=settings.model_name,
     )
 
 

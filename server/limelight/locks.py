@@ -19,3 +19,17 @@ def file_lock(path: Path) -> Iterator[None]:
             yield
         finally:
             fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def held_elsewhere(path: Path) -> bool:
+    """Does another process hold the lock on ``path`` right now? (False when it does not
+    exist.) For messages such as "being built": never wait on the answer, it may change."""
+    if not path.exists():
+        return False
+    with path.open("a") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+        fcntl.flock(handle, fcntl.LOCK_UN)
+        return False

@@ -31,7 +31,7 @@ from limelight.api.http_server import HttpServer, ssl_context
 from limelight.api.servicer import SERVICE_NAME, ExplainerServicer, add_to_server
 from limelight.api.tls_check import check_server_tls
 from limelight.api.tracing import TracingInterceptor
-from limelight.app import Application, build_application
+from limelight.app import Application, build_application, load_served_model
 from limelight.metrics import Metrics
 from limelight.models.loaded import LoadedModel
 from limelight.settings import Settings
@@ -97,11 +97,15 @@ class SidecarServer:
         for name in ("", SERVICE_NAME):
             await self._health.set(name, status)
 
+    def _build(self) -> Application:
+        # The demo's LM head (Decoded Grad-CAM only) is fitted in the background: the first
+        # start serves without waiting for it.
+        model = self._model or load_served_model(self.settings, serving=True)
+        return build_application(self.settings, self.metrics, model)
+
     async def _load(self) -> Application:
         loop = asyncio.get_running_loop()
-        app = await loop.run_in_executor(
-            None, lambda: build_application(self.settings, self.metrics, self._model)
-        )
+        app = await loop.run_in_executor(None, self._build)
         self.app = app
         await app.service.start()
         self._servicer.service = app.service

@@ -102,7 +102,7 @@ class Supervisor:
 
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, self.request_stop)
-        model_dir = resolve_model_dir(self.settings)  # built here once, not by N workers
+        model_dir = resolve_model_dir(self.settings, serving=True)  # once, not by N workers
         self._run_dir = Path(tempfile.mkdtemp(prefix="limelight-workers-"))
         self.metrics_dir.mkdir()
         # Each worker keeps ``workers`` (it tells clients how many share the port) but is

@@ -20,6 +20,7 @@ import math
 import os
 import random
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -52,7 +53,12 @@ from limelight.distill.build import (
 from limelight.distill.train import TrainConfig
 from limelight.errors import FailedPrecondition, InvalidArgument
 from limelight.locks import file_lock
-from limelight.models.lm_head import FitConfig, fit_and_save_lm_head, fitted_head_dir
+from limelight.models.lm_head import (
+    FitConfig,
+    fit_and_save_lm_head,
+    fitting_lock,
+    has_fitted_head,
+)
 from limelight.models.loaded import load_model
 from limelight.settings import Settings
 
@@ -656,11 +662,20 @@ def ensure_demo_model(
     force: bool = False,
     recipe: Recipe | None = None,
     threads: int | None = None,
+    lm_head: str = "now",
 ) -> Path:
-    """The demo classifier (built if needed) and, for MiniLM, its fitted LM head beside it."""
+    """The demo classifier (built if needed) and, for MiniLM, its fitted LM head beside it.
+
+    ``lm_head``: "now" fits a missing LM head before returning; "background" starts the fit in
+    a separate, lower-priority process and returns at once (what the sidecar does: the LM head
+    only serves Decoded Grad-CAM jobs, which report it as being fitted meanwhile, so the first
+    start does not wait for it)."""
     final = _ensure_classifier(name, cache_dir, progress, force, recipe, threads)
     if name in LM_HEAD_STEPS and recipe is None:
-        _ensure_lm_head(final, LM_HEAD_STEPS[name], progress)
+        if lm_head == "background":
+            fit_lm_head_in_background(final, LM_HEAD_STEPS[name])
+        else:
+            _ensure_lm_head(final, LM_HEAD_STEPS[name], progress)
     if recipe is None and name in DEMO_HEADS:  # no distilled head for multi-label demos
         _ensure_inline_head(final, demo_head_recipe(name), progress, threads)
     elif recipe is None:  # served inline instead of NormXLogit (docs/methods/lexicon.md)
@@ -833,14 +848,54 @@ def _ensure_inline_head(
             tqdm.write(report(card), file=sys.stderr)
 
 
+def fit_lm_head_in_background(model_dir: Path, steps: int) -> subprocess.Popen[bytes] | None:
+    """Start fitting the LM head beside ``model_dir`` in a child process at a lower CPU
+    priority, so that serving keeps the cores; None when it is fitted already. Its output goes
+    to a log beside the model. The child stays in the caller's process group (Ctrl-C stops
+    both; the next start fits it again); where two start it, the lock makes one of them wait
+    and then find it fitted."""
+    if has_fitted_head(model_dir):
+        return None
+    log_path = model_dir.parent / f".{model_dir.name}.lm-head.log"
+    command = [
+        sys.executable,
+        "-c",
+        "from limelight.demo.build import lm_head_main; lm_head_main()",
+        str(model_dir),
+        str(steps),
+    ]
+    with log_path.open("ab") as out:
+        child = subprocess.Popen(
+            command, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT
+        )
+    log.info(
+        "fitting the LM head of %s in the background (pid %d, log %s); decoded_gradcam jobs "
+        "are refused until it is done",
+        model_dir.name,
+        child.pid,
+        log_path,
+    )
+    return child
+
+
+def lm_head_main() -> None:
+    """Entry point of the background fit: ``model_dir steps`` on the command line."""
+    os.nice(10)  # below the sidecar that started it
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    model_dir, steps = Path(sys.argv[1]), int(sys.argv[2])
+    _ensure_lm_head(model_dir, steps, progress=True)
+    if has_fitted_head(model_dir):
+        log.info("fitted the LM head of %s: decoded_gradcam is available", model_dir.name)
+
+
 def _ensure_lm_head(model_dir: Path, steps: int, progress: bool) -> None:
     """Fit the decoder head once (what `limelight fit-lm-head` does, on the Rotten Tomatoes
     training reviews); it is cached with the model and is not part of the recipe hash (the
     classifier's weights do not change)."""
-    if fitted_head_dir(model_dir).exists():
+    if has_fitted_head(model_dir):
         return
-    with file_lock(model_dir.parent / f".{model_dir.name}.lm-head.lock"):
-        if fitted_head_dir(model_dir).exists():
+    with file_lock(fitting_lock(model_dir)):
+        if has_fitted_head(model_dir):
             return
         bar = tqdm(desc=f"LM head of {model_dir.name}", unit="step", disable=not progress)
 

@@ -29,6 +29,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from limelight.errors import FailedPrecondition, InvalidArgument
+from limelight.locks import held_elsewhere
 from limelight.models.precision import read_precision, reading
 
 if TYPE_CHECKING:
@@ -232,6 +233,16 @@ class FittedHeadMeta:
         }
 
 
+def fitting_lock(model_dir: Path) -> Path:
+    """The lock a process holds while it fits the LM head beside ``model_dir``."""
+    return model_dir.parent / f".{model_dir.name}.lm-head.lock"
+
+
+def has_fitted_head(model_dir: Path) -> bool:
+    """Is a complete fitted head beside ``model_dir``? (Its metadata is written last.)"""
+    return (fitted_head_dir(model_dir) / FITTED_META).is_file()
+
+
 def fitted_head_dir(model_dir: Path) -> Path:
     return Path(model_dir) / FITTED_HEAD_DIRNAME
 
@@ -307,8 +318,14 @@ def lm_head_unavailable_reason(model: LoadedModel, lm_head_dir: Path | None) -> 
             return f"LM head directory {lm_head_dir} does not exist; {HOW_TO_FIX}"
         return ""
     fitted = fitted_head_dir(model.directory)
-    if (fitted / FITTED_META).is_file():
+    if has_fitted_head(model.directory):
         return ""
+    if held_elsewhere(fitting_lock(model.directory)):
+        return (
+            f"the masked-LM head of {model.name} is being fitted right now by another process "
+            "(a sidecar serving the demo model fits it in the background after it starts; a few "
+            "minutes on 2 cores): retry when it is done"
+        )
     return (
         f"Decoded Grad-CAM needs the base model's masked-LM head and none was found for "
         f"{model.name} (no --lm-head, no {fitted}); {HOW_TO_FIX}"
