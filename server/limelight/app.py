@@ -30,8 +30,9 @@ log = logging.getLogger(__name__)
 
 def resolve_model_dir(settings: Settings, progress: bool = True, serving: bool = False) -> Path:
     """The configured model directory, or the demo model (built and cached on first use).
-    ``serving``: a sidecar is about to serve it, so the demo's LM head (Decoded Grad-CAM jobs
-    only) is fitted in the background instead of before the start."""
+    ``serving``: a sidecar is about to serve it, so the demo's inline head and LM head (Decoded
+    Grad-CAM jobs only) are built in the background instead of before the start; the sidecar
+    serves NormXLogit until the inline head is written, then the head (``limelight.reload``)."""
     if settings.model_dir is not None:
         return settings.model_dir
     return ensure_demo_model(
@@ -39,6 +40,7 @@ def resolve_model_dir(settings: Settings, progress: bool = True, serving: bool =
         settings.cache_dir,
         progress=progress,
         lm_head="background" if serving else "now",
+        inline_head="background" if serving else "now",
     )
 
 
@@ -173,6 +175,13 @@ def build_application(
         ),
         gate=gate,
     )
+    describe_model(metrics, model, runtime, service.default_method.name)
+    return Application(settings, model, metrics, service)
+
+
+def describe_model(metrics: Metrics, model: LoadedModel, runtime: Runtime, method: str) -> None:
+    """``limelight_model_info``: what is served, the default inline method included (it
+    changes when a head or table written after the start is picked up: ``limelight.reload``)."""
     metrics.model_info.info(
         {
             "name": model.name,
@@ -180,6 +189,6 @@ def build_application(
             "architecture": model.architecture,
             "runtime": runtime.name,
             "labels": ",".join(model.labels),
+            "default_method": method,
         }
     )
-    return Application(settings, model, metrics, service)

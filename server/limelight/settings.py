@@ -140,6 +140,11 @@ class Settings(BaseSettings):
     """Inline requests waiting for a batch before new ones get RESOURCE_EXHAUSTED."""
     warmup: bool = True
     """Run a forward pass before reporting SERVING."""
+    reload_interval_s: NonNegativeFloat = 10.0
+    """How often the sidecar looks beside the model for a distilled head or lexicon table (or,
+    with ``runtime=onnx``, a graph) written after it loaded the model — by `limelight distill`,
+    `limelight lexicon`, `limelight export-onnx` or a background demo build — and serves it
+    from the next batch on, without a restart; 0: never (what it loaded at start stays)."""
     grace_period_s: NonNegativeFloat = 20.0
     """On SIGTERM: how long in-flight work may take before the server stops."""
 

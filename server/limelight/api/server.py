@@ -11,6 +11,7 @@ running jobs finish or go back to the durable queue.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import signal
 import time
@@ -34,6 +35,7 @@ from limelight.api.tracing import TracingInterceptor
 from limelight.app import Application, build_application, load_served_model
 from limelight.metrics import Metrics
 from limelight.models.loaded import LoadedModel
+from limelight.reload import Fingerprint, InlineReloader, fingerprint, served_files
 from limelight.settings import Settings
 from limelight_client.proto import explainer_pb2
 
@@ -86,6 +88,8 @@ class SidecarServer:
         self._inference = oip_grpc.InferenceServicer(self._servicer, __version__)
         self._stopping: asyncio.Event | None = None
         self._http: HttpServer | None = None
+        self.reloader: InlineReloader | None = None
+        self._reloading: asyncio.Task[None] | None = None
 
     async def _set_health(self, serving: bool) -> None:
         status = (
@@ -97,18 +101,23 @@ class SidecarServer:
         for name in ("", SERVICE_NAME):
             await self._health.set(name, status)
 
-    def _build(self) -> Application:
+    def _build(self) -> tuple[Application, Fingerprint]:
         # The demo's LM head (Decoded Grad-CAM only) is fitted in the background: the first
         # start serves without waiting for it.
         model = self._model or load_served_model(self.settings, serving=True)
-        return build_application(self.settings, self.metrics, model)
+        # Before the build: a head written while it runs is picked up at the first check.
+        seen = fingerprint(served_files(self.settings, model))
+        return build_application(self.settings, self.metrics, model), seen
 
     async def _load(self) -> Application:
         loop = asyncio.get_running_loop()
-        app = await loop.run_in_executor(None, self._build)
+        app, seen = await loop.run_in_executor(None, self._build)
         self.app = app
         await app.service.start()
         self._servicer.service = app.service
+        if self.settings.reload_interval_s > 0:
+            self.reloader = InlineReloader(app, self.settings.reload_interval_s, seen)
+            self._reloading = asyncio.create_task(self.reloader.run())
         return app
 
     async def start(self) -> None:
@@ -217,6 +226,10 @@ class SidecarServer:
         retry; while it runs, such a call is answered UNAVAILABLE instead."""
         grace = self.settings.grace_period_s
         deadline = time.monotonic() + grace
+        if self._reloading is not None:
+            self._reloading.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._reloading
         # Keep a little of the budget for ending the calls still open and the final stop.
         final = min(2.0, 0.1 * grace)
         if self._server is not None:

@@ -48,7 +48,13 @@ from limelight.errors import (
     Unavailable,
     Unimplemented,
 )
-from limelight.methods.base import AttributionMethod, InlineMethod, JobMethod, MethodRegistry
+from limelight.methods.base import (
+    AttributionMethod,
+    ExtraOutputMethod,
+    InlineMethod,
+    JobMethod,
+    MethodRegistry,
+)
 from limelight.methods.normxlogit import NormXLogit
 from limelight.metrics import Metrics
 from limelight.runtimes.base import InlineBatch, Runtime
@@ -426,7 +432,36 @@ class ExplanationService:
         reason = method.unavailable_reason(self.model)
         if reason:
             raise FailedPrecondition(reason)
+        if isinstance(method, ExtraOutputMethod) and method.output not in self.runtime.head_names:
+            # Written beside the model after this server loaded it, not picked up yet.
+            raise FailedPrecondition(
+                f"{method.name}: this server has not loaded {method.needs} yet; it serves new "
+                "ones from beside the model within LIMELIGHT_RELOAD_INTERVAL_S"
+            )
         return method
+
+    async def swap_runtime(self, runtime: Runtime, drift: DriftSink | None) -> None:
+        """Serve inline requests with ``runtime`` from the next batch on (warmed up first, in the
+        inference thread, between two batches), its default method and ``drift`` with it. A
+        request admitted before keeps the method it was admitted with; every runtime computes
+        the per-token outputs NormXLogit reads, and a new one at least the extra outputs of the
+        old (a head or table is only ever added or replaced beside the model)."""
+        loop = asyncio.get_running_loop()
+        if self.settings.warmup:
+            warm = self.model.encode("Limelight warm-up.", None, self.settings.max_tokens)
+            batch = InlineBatch.from_encoded([warm], self.model.pad_id)
+            await loop.run_in_executor(self._executor, runtime.warmup, batch)
+        default = served_inline_method(self.settings, runtime, self.methods)
+
+        def swap() -> None:
+            for method in self.methods:  # they read their files again
+                if isinstance(method, ExtraOutputMethod):
+                    method.forget_reasons()
+            self.runtime = runtime
+            self.default_method = default
+            self.drift = drift
+
+        await loop.run_in_executor(self._executor, swap)
 
     def encode(self, text: str, text_pair: str | None) -> Encoded:
         validate_text(text, text_pair, self.settings.max_text_chars)

@@ -52,7 +52,8 @@ from limelight.distill.build import (
 )
 from limelight.distill.train import TrainConfig
 from limelight.errors import FailedPrecondition, InvalidArgument
-from limelight.locks import file_lock
+from limelight.locks import file_lock, held_elsewhere
+from limelight.models.explainer_head import building_lock
 from limelight.models.lm_head import (
     FitConfig,
     fit_and_save_lm_head,
@@ -663,18 +664,26 @@ def ensure_demo_model(
     recipe: Recipe | None = None,
     threads: int | None = None,
     lm_head: str = "now",
+    inline_head: str = "now",
 ) -> Path:
-    """The demo classifier (built if needed) and, for MiniLM, its fitted LM head beside it.
+    """The demo classifier (built if needed), its distilled inline head and, for MiniLM, its
+    fitted LM head beside it.
 
     ``lm_head``: "now" fits a missing LM head before returning; "background" starts the fit in
     a separate, lower-priority process and returns at once (what the sidecar does: the LM head
     only serves Decoded Grad-CAM jobs, which report it as being fitted meanwhile, so the first
-    start does not wait for it)."""
+    start does not wait for it). ``inline_head``: the same for the distilled head (with
+    "background", the LM head is fitted after it, in the same process): a sidecar serves
+    NormXLogit meanwhile and the distilled head once it is written (``limelight.reload``)."""
     final = _ensure_classifier(name, cache_dir, progress, force, recipe, threads)
     if name in LM_HEAD_STEPS and recipe is None and lm_head == "now":
         _ensure_lm_head(final, LM_HEAD_STEPS[name], progress)
     if recipe is None and name in DEMO_HEADS:  # no distilled head for multi-label demos
-        _ensure_inline_head(final, demo_head_recipe(name), progress, threads)
+        build = inline_head == "now"
+        if not _ensure_inline_head(final, demo_head_recipe(name), progress, threads, build):
+            # Last: the start itself needs the cores until it serves.
+            build_demo_extras_in_background(final, name)
+            return final
     elif recipe is None:  # served inline instead of NormXLogit (docs/methods/lexicon.md)
         _ensure_lexicon(final, progress)
     if name in LM_HEAD_STEPS and recipe is None and lm_head == "background":
@@ -816,23 +825,31 @@ DEMO_HEADS: dict[str, DemoHead] = {
 
 
 def _ensure_inline_head(
-    model_dir: Path, recipe: HeadRecipe, progress: bool, threads: int | None
-) -> None:
+    model_dir: Path,
+    recipe: HeadRecipe,
+    progress: bool,
+    threads: int | None,
+    build: bool = True,
+) -> bool:
     """Build the distilled inline explainer beside the model once per recipe; a failure leaves
-    the model served with NormXLogit (logged), never a broken model."""
-
-    lock = model_dir.parent / f".{model_dir.name}.inline-head.lock"
+    the model served with NormXLogit (logged), never a broken model. ``build=False``: only
+    restore one built before, never wait for a build elsewhere. Whether the head is there."""
+    lock = building_lock(model_dir)
+    if not build and held_elsewhere(lock):
+        return False
     with file_lock(lock), _torch_threads(threads or _available_threads()):
         model = load_model(model_dir)
         if head_is_current(model, recipe):
-            return
+            return True
         if restore_head(model, recipe):  # built before, replaced since by another recipe's
             if progress:
                 tqdm.write(
                     f"restored the inline head of {model_dir.name} built by this recipe",
                     file=sys.stderr,
                 )
-            return
+            return True
+        if not build:
+            return False
         if progress:
             tqdm.write(
                 f"training the inline explainer head of {model_dir.name} "
@@ -843,9 +860,58 @@ def _ensure_inline_head(
             _, card, _ = build_head(model, Settings(), recipe, progress=progress)
         except Exception:  # the classifier itself is fine without it
             log.exception("building the inline explainer head of %s failed", model_dir)
-            return
+            return False
         if progress:
             tqdm.write(report(card), file=sys.stderr)
+        return True
+
+
+def build_demo_extras_in_background(model_dir: Path, name: DemoName) -> subprocess.Popen[bytes]:
+    """Start building demo ``name``'s inline head, then fitting its LM head, in a child process
+    at a lower CPU priority (see :func:`fit_lm_head_in_background`), output in a log beside the
+    model. The build resumes from its cached labels when a start stopped it half-way."""
+    log_path = model_dir.parent / f".{model_dir.name}.build.log"
+    command = [
+        sys.executable,
+        "-c",
+        "from limelight.demo.build import demo_extras_main; demo_extras_main()",
+        str(model_dir),
+        name,
+    ]
+    with log_path.open("ab") as out:
+        child = subprocess.Popen(
+            command, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT
+        )
+    log.info(
+        "building the inline explainer head of %s in the background (pid %d, log %s; about "
+        "%s on two cores the first time); NormXLogit is served until it is done, then the "
+        "head, without a restart",
+        model_dir.name,
+        child.pid,
+        log_path,
+        DEMO_HEAD_MINUTES.get(name, "a few minutes"),
+    )
+    return child
+
+
+#: What the background build of each demo's head took on a 2-core machine (docs/distillation.md).
+DEMO_HEAD_MINUTES = {"minilm": "10 minutes", "bert-tiny": "5 minutes"}
+
+
+def demo_extras_main() -> None:
+    """Entry point of the background build: ``model_dir name`` on the command line."""
+    os.nice(10)  # below the sidecar that started it
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    model_dir, name = Path(sys.argv[1]), sys.argv[2]
+    steps = LM_HEAD_STEPS.get(name)
+    # The LM head's lock from the start: decoded_gradcam says it is being fitted, not missing.
+    held = file_lock(fitting_lock(model_dir)) if steps else contextlib.nullcontext()
+    with held:
+        recipe = demo_head_recipe(name)  # type: ignore[arg-type]  # a DEMO_HEADS key
+        if _ensure_inline_head(model_dir, recipe, True, None):
+            log.info("built the inline head of %s: the sidecar serves it next", model_dir.name)
+        if steps:
+            _fit_lm_head(model_dir, steps, progress=True)
 
 
 def fit_lm_head_in_background(model_dir: Path, steps: int) -> subprocess.Popen[bytes] | None:
@@ -895,36 +961,41 @@ def _ensure_lm_head(model_dir: Path, steps: int, progress: bool) -> None:
     if has_fitted_head(model_dir):
         return
     with file_lock(fitting_lock(model_dir)):
-        if has_fitted_head(model_dir):
-            return
-        bar = tqdm(desc=f"LM head of {model_dir.name}", unit="step", disable=not progress)
+        _fit_lm_head(model_dir, steps, progress)
 
-        def advance(step: int, total: int, loss: float) -> None:
-            bar.total = total
-            bar.update(1)
-            if step % 10 == 0 or step == total:
-                bar.set_postfix(loss=f"{loss:.3f}")
 
-        try:
-            fitted = fit_and_save_lm_head(
-                load_model(model_dir, device="cpu"),
-                [ex.text for ex in rotten_tomatoes("train")],
-                "rotten_tomatoes:train",
-                # The encoder is frozen and only read: bfloat16 where the CPU has it.
-                FitConfig(steps=steps, max_length=64, encoder_precision="bfloat16"),
-                progress=advance,
-            )
-        except Exception:  # an optional extra: the classifier itself is fine without it
-            log.exception("fitting the LM head of %s failed; decoded_gradcam stays off", model_dir)
-            return
-        finally:
-            bar.close()
-        if progress:
-            tqdm.write(
-                f"LM head of {model_dir.name}: masked-token top-1 "
-                f"{fitted.result.masked_top1:.3f} on {fitted.eval_texts} held-out reviews",
-                file=sys.stderr,
-            )
+def _fit_lm_head(model_dir: Path, steps: int, progress: bool) -> None:
+    """:func:`_ensure_lm_head` with its lock held by the caller."""
+    if has_fitted_head(model_dir):
+        return
+    bar = tqdm(desc=f"LM head of {model_dir.name}", unit="step", disable=not progress)
+
+    def advance(step: int, total: int, loss: float) -> None:
+        bar.total = total
+        bar.update(1)
+        if step % 10 == 0 or step == total:
+            bar.set_postfix(loss=f"{loss:.3f}")
+
+    try:
+        fitted = fit_and_save_lm_head(
+            load_model(model_dir, device="cpu"),
+            [ex.text for ex in rotten_tomatoes("train")],
+            "rotten_tomatoes:train",
+            # The encoder is frozen and only read: bfloat16 where the CPU has it.
+            FitConfig(steps=steps, max_length=64, encoder_precision="bfloat16"),
+            progress=advance,
+        )
+    except Exception:  # an optional extra: the classifier itself is fine without it
+        log.exception("fitting the LM head of %s failed; decoded_gradcam stays off", model_dir)
+        return
+    finally:
+        bar.close()
+    if progress:
+        tqdm.write(
+            f"LM head of {model_dir.name}: masked-token top-1 "
+            f"{fitted.result.masked_top1:.3f} on {fitted.eval_texts} held-out reviews",
+            file=sys.stderr,
+        )
 
 
 def _ensure_classifier(

@@ -180,6 +180,10 @@ class ExtraOutputMethod(InlineMethod):
             self._reasons[key] = self.check_model(model)
         return self._reasons[key]
 
+    def forget_reasons(self) -> None:
+        """Read the files again on the next :meth:`unavailable_reason` (they changed)."""
+        self._reasons.clear()
+
     def attribute(self, outputs: InlineOutputs, row: int, length: int) -> FloatArray:
         scores = outputs.extra.get(self.output)
         if scores is None:

@@ -8,8 +8,15 @@ on the same forward pass as the prediction; this method only reads its output.
 
 from __future__ import annotations
 
+from limelight.locks import held_elsewhere
 from limelight.methods.base import ExtraOutputMethod
-from limelight.models.explainer_head import OUTPUT_NAME, check_card, head_dir, read_card
+from limelight.models.explainer_head import (
+    OUTPUT_NAME,
+    building_lock,
+    check_card,
+    head_dir,
+    read_card,
+)
 from limelight.models.loaded import LoadedModel
 
 __all__ = ["OUTPUT_NAME", "DistilledExplainer"]
@@ -26,6 +33,12 @@ class DistilledExplainer(ExtraOutputMethod):
 
     def check_model(self, model: LoadedModel) -> str:
         card = read_card(head_dir(model))
+        if card is None and held_elsewhere(building_lock(model.directory)):
+            return (
+                "the distilled head is being built right now by another process (the demo "
+                "build, in the background); the sidecar serves it when it is done, without a "
+                "restart: retry then"
+            )
         if card is None:
             return (
                 f"no distilled head beside the model; create one with "

@@ -188,6 +188,11 @@ def head_dir(model: LoadedModel) -> Path:
     return model.directory / HEAD_DIRNAME
 
 
+def building_lock(model_dir: Path) -> Path:
+    """The lock a process holds while it builds the demo's head beside ``model_dir``."""
+    return model_dir.parent / f".{model_dir.name}.inline-head.lock"
+
+
 def save_head(head: ExplainerHead, card: HeadCard, directory: Path) -> Path:
     directory.mkdir(parents=True, exist_ok=True)
     card.parameters = sum(p.numel() for p in head.parameters())

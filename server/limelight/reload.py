@@ -1,0 +1,114 @@
+"""Serving what is written beside the model after the sidecar loaded it.
+
+A distilled head (`limelight distill`), a lexicon table (`limelight lexicon`) or an ONNX graph
+(`limelight export-onnx`) may be written while a sidecar serves the model: by the user, by a
+Kubernetes job on a shared volume, or by the demo build finishing in the background. The
+reloader looks at those files every ``reload_interval_s`` (a few ``stat`` calls) and, when they
+changed, builds the runtime again off the event loop and swaps it in between two batches with
+the default method and the drift monitor that go with it. A build that fails (a head trained
+for another model, a half-written file) is logged and the server keeps what it serves.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from pathlib import Path
+
+from limelight.app import Application, build_drift, build_runtime, describe_model
+from limelight.core.service import resolve_default_method
+from limelight.models.explainer_head import head_dir
+from limelight.models.lexicon_table import cached_lexicon_dir, lexicon_dir
+from limelight.models.loaded import LoadedModel
+from limelight.runtimes.onnx_runtime import DEFAULT_GRAPH
+from limelight.settings import Settings
+
+log = logging.getLogger(__name__)
+
+Fingerprint = tuple[tuple[str, int, int], ...]
+
+
+def served_files(settings: Settings, model: LoadedModel) -> list[Path]:
+    """The files (or directories of files) a runtime is built from, besides the model's weights."""
+    paths = [head_dir(model), lexicon_dir(model), cached_lexicon_dir(model, settings.cache_dir)]
+    if settings.runtime == "onnx":
+        paths.append(Path(settings.onnx_path or model.directory / DEFAULT_GRAPH))
+    return paths
+
+
+def fingerprint(paths: list[Path]) -> Fingerprint:
+    """Name, size and modification time of every file at ``paths`` (one level into each
+    directory): it changes when one is written, replaced or removed."""
+    found: list[tuple[str, int, int]] = []
+    for path in paths:
+        entries = sorted(path.iterdir()) if path.is_dir() else [path]
+        for entry in entries:
+            with contextlib.suppress(OSError):  # absent, or removed between the two calls
+                stat = entry.stat()
+                found.append((str(entry), stat.st_size, stat.st_mtime_ns))
+    return tuple(found)
+
+
+class InlineReloader:
+    """Swaps in a runtime built from the files beside the model when they change."""
+
+    def __init__(
+        self, app: Application, interval_s: float, seen: Fingerprint | None = None
+    ) -> None:
+        """``seen``: the files' fingerprint taken before ``app`` was built from them (default:
+        now)."""
+        self.app = app
+        self.interval_s = interval_s
+        self._paths = served_files(app.settings, app.model)
+        self._seen = fingerprint(self._paths) if seen is None else seen
+        self.reloads = 0
+
+    async def run(self) -> None:
+        """Check every ``interval_s`` until cancelled."""
+        while True:
+            await asyncio.sleep(self.interval_s)
+            await self.check()
+
+    async def check(self) -> bool:
+        """Reload when the files changed since the last check; whether a new runtime is served."""
+        now = fingerprint(self._paths)
+        if now == self._seen:
+            return False
+        self._seen = now  # a failed build is tried again when the files change again
+        return await self.reload()
+
+    async def reload(self) -> bool:
+        app, service = self.app, self.app.service
+        settings, model = app.settings, app.model
+        before = service.default_method.name
+        try:
+            runtime = await asyncio.get_running_loop().run_in_executor(
+                None, build_runtime, settings, model
+            )
+            method = resolve_default_method(settings.default_method, runtime)
+            # A new drift monitor only for another method: the same one keeps its window.
+            drift = (
+                service.drift
+                if method == before
+                else build_drift(settings, model, app.metrics, method)
+            )
+            await service.swap_runtime(runtime, drift)
+        except Exception:
+            log.exception(
+                "the files beside %s changed, but the runtime could not be built from them; "
+                "still serving %s",
+                model.directory,
+                before,
+            )
+            return False
+        self.reloads += 1
+        describe_model(app.metrics, model, runtime, method)
+        log.info(
+            "reloaded the inline outputs of %s (%s): the default inline method is %s%s",
+            model.name,
+            ", ".join(sorted(runtime.head_names)) or "no extra outputs",
+            method,
+            f" (was {before})" if method != before else "",
+        )
+        return True

@@ -1,0 +1,161 @@
+"""A head or lexicon table written beside the model after the sidecar started is served from
+the next batch on, without a restart; requests during the swap are all answered; a bad one is
+logged and the server keeps what it served."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+
+import grpc
+import pytest
+
+from limelight.models.explainer_head import HEAD_DIRNAME
+from limelight.reload import fingerprint
+from limelight_client.proto import explainer_pb2 as pb
+from limelight_client.proto import explainer_pb2_grpc
+from tests.conftest import RunningSidecar
+
+TEXT = "a gorgeous, witty, seductive movie that never lets up"
+
+
+def stub(target: str) -> explainer_pb2_grpc.ExplainerStub:
+    return explainer_pb2_grpc.ExplainerStub(grpc.insecure_channel(target))
+
+
+def bare_copy(model_dir: Path, out: Path) -> Path:
+    """The model without its distilled head (nor its labels)."""
+    return Path(shutil.copytree(model_dir, out, ignore=shutil.ignore_patterns(f"{HEAD_DIRNAME}*")))
+
+
+def wait_for_method(target: str, method: str, patience_s: float = 120.0) -> pb.ExplainResponse:
+    """The first default explanation made with ``method`` (polling; fails after a generous
+    ``patience_s`` so that a broken reload fails the test instead of hanging it)."""
+    give_up = time.monotonic() + patience_s
+    while True:
+        r = stub(target).Explain(pb.ExplainRequest(text=TEXT), timeout=30)
+        if r.explanation.method == method or time.monotonic() > give_up:
+            return r
+        time.sleep(0.05)
+
+
+def test_a_table_and_then_a_head_written_after_the_start_are_served_without_a_restart(
+    start_sidecar: Callable[..., RunningSidecar], bert_tiny_dir: Path, tmp_path: Path
+) -> None:
+    model = bare_copy(bert_tiny_dir, tmp_path / "model")
+    reference = start_sidecar(model_dir=bert_tiny_dir, default_method="auto")
+    served = start_sidecar(
+        model_dir=model, default_method="auto", reload_interval_s=0.05, jobs="off"
+    )
+    s = stub(served.target)
+    assert s.Explain(pb.ExplainRequest(text=TEXT), timeout=30).explanation.method == "normxlogit"
+    with pytest.raises(grpc.RpcError) as refused:
+        s.Explain(pb.ExplainRequest(text=TEXT, method="distilled"), timeout=30)
+    assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert "limelight distill" in (refused.value.details() or "")
+
+    # `limelight lexicon` as a user runs it beside a serving sidecar.
+    subprocess.run(
+        [sys.executable, "-m", "limelight.cli.main", "lexicon", "--model", str(model)],
+        check=True,
+        capture_output=True,
+    )
+    assert wait_for_method(served.target, "lexicon_lookup").explanation.method == "lexicon_lookup"
+
+    # Then a distilled head, copied in file by file while requests keep coming: each is
+    # answered, by the method served when it was admitted.
+    methods: list[str] = []
+    errors: list[BaseException] = []
+    stop = threading.Event()
+
+    def traffic() -> None:
+        client = stub(served.target)
+        while not stop.is_set():
+            try:
+                r = client.Explain(pb.ExplainRequest(text=TEXT), timeout=30)
+                methods.append(r.explanation.method)
+            except grpc.RpcError as exc:
+                errors.append(exc)
+
+    clients = [threading.Thread(target=traffic) for _ in range(4)]
+    for c in clients:
+        c.start()
+    try:
+        shutil.copytree(bert_tiny_dir / HEAD_DIRNAME, model / HEAD_DIRNAME)
+        after = wait_for_method(served.target, "distilled")
+        time.sleep(0.2)
+    finally:
+        stop.set()
+        for c in clients:
+            c.join()
+    assert not errors
+    assert after.explanation.method == "distilled"
+    assert set(methods) <= {"lexicon_lookup", "distilled"} and "distilled" in methods
+    # What a server started on the model with its head serves, number for number.
+    fresh = stub(reference.target).Explain(pb.ExplainRequest(text=TEXT), timeout=30)
+    assert fresh.explanation.method == "distilled"
+    assert list(after.explanation.scores) == pytest.approx(
+        list(fresh.explanation.scores), rel=1e-5, abs=1e-6
+    )
+    assert len(after.explanation.extra_scores["normxlogit"].values) == len(after.explanation.tokens)
+    with urllib.request.urlopen(served.metrics_url, timeout=10) as response:
+        body = response.read().decode()
+    assert 'default_method="distilled"' in body
+    assert served.server.reloader.reloads >= 2
+
+
+def test_a_head_made_for_another_model_is_not_served_and_says_why(
+    start_sidecar: Callable[..., RunningSidecar], bert_tiny_dir: Path, tmp_path: Path
+) -> None:
+    model = bare_copy(bert_tiny_dir, tmp_path / "model")
+    served = start_sidecar(
+        model_dir=model, default_method="auto", reload_interval_s=0.05, jobs="off"
+    )
+    foreign = tmp_path / "foreign"
+    shutil.copytree(bert_tiny_dir / HEAD_DIRNAME, foreign)
+    card = json.loads((foreign / "card.json").read_text())
+    card["model_version"] = "0" * len(card["model_version"])
+    (foreign / "card.json").write_text(json.dumps(card))
+    foreign.rename(model / HEAD_DIRNAME)
+    reloader = served.server.reloader
+    give_up = time.monotonic() + 60
+    while reloader.reloads == 0 and time.monotonic() < give_up:
+        time.sleep(0.05)
+    assert reloader.reloads == 1  # the files were read again ...
+    s = stub(served.target)
+    r = s.Explain(pb.ExplainRequest(text=TEXT), timeout=30)
+    assert r.explanation.method == "normxlogit"  # ... and nothing new is served
+    with pytest.raises(grpc.RpcError) as refused:
+        s.Explain(pb.ExplainRequest(text=TEXT, method="distilled"), timeout=30)
+    assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert "version" in (refused.value.details() or "")
+
+
+def test_the_fingerprint_changes_when_a_file_is_written_replaced_or_removed(
+    tmp_path: Path,
+) -> None:
+    head = tmp_path / "head"
+    graph = tmp_path / "graph.onnx"
+    paths = [head, graph]
+    empty = fingerprint(paths)  # neither exists yet
+    head.mkdir()
+    (head / "head.safetensors").write_bytes(b"x" * 10)
+    one = fingerprint(paths)
+    assert one != empty
+    (head / "card.json").write_text("{}")
+    two = fingerprint(paths)
+    assert two != one and fingerprint(paths) == two  # stable while nothing changes
+    (head / "head.safetensors").write_bytes(b"y" * 11)
+    three = fingerprint(paths)
+    assert three != two
+    graph.write_bytes(b"g")
+    assert fingerprint(paths) != three
+    graph.unlink()
+    assert fingerprint(paths) == three
