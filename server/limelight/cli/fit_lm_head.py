@@ -104,6 +104,7 @@ def _run(args: argparse.Namespace) -> int:
     from limelight.models.lm_head import (
         FitConfig,
         fit_and_save_lm_head,
+        fit_progress,
         fitted_head_dir,
         format_decode_table,
     )
@@ -122,13 +123,7 @@ def _run(args: argparse.Namespace) -> int:
         encoder_precision=args.encoder_precision,
     )
     bar = tqdm(desc="fit-lm-head", unit="step", disable=args.no_progress)
-
-    def progress(step: int, steps: int, loss: float) -> None:
-        bar.total = steps
-        bar.update(1)
-        if step % 10 == 0 or step == steps:
-            bar.set_postfix(loss=f"{loss:.3f}")
-
+    progress = fit_progress(bar)
     try:
         fitted = fit_and_save_lm_head(
             model,

@@ -57,6 +57,7 @@ from limelight.models.explainer_head import building_lock
 from limelight.models.lm_head import (
     FitConfig,
     fit_and_save_lm_head,
+    fit_progress,
     fitting_lock,
     has_fitted_head,
 )
@@ -871,17 +872,7 @@ def build_demo_extras_in_background(model_dir: Path, name: DemoName) -> subproce
     at a lower CPU priority (see :func:`fit_lm_head_in_background`), output in a log beside the
     model. The build resumes from its cached labels when a start stopped it half-way."""
     log_path = model_dir.parent / f".{model_dir.name}.build.log"
-    command = [
-        sys.executable,
-        "-c",
-        "from limelight.demo.build import demo_extras_main; demo_extras_main()",
-        str(model_dir),
-        name,
-    ]
-    with log_path.open("ab") as out:
-        child = subprocess.Popen(
-            command, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT
-        )
+    child = _start_child("demo_extras_main", [str(model_dir), name], log_path)
     log.info(
         "building the inline explainer head of %s in the background (pid %d, log %s; about "
         "%s on two cores the first time); NormXLogit is served until it is done, then the "
@@ -923,17 +914,7 @@ def fit_lm_head_in_background(model_dir: Path, steps: int) -> subprocess.Popen[b
     if has_fitted_head(model_dir):
         return None
     log_path = model_dir.parent / f".{model_dir.name}.lm-head.log"
-    command = [
-        sys.executable,
-        "-c",
-        "from limelight.demo.build import lm_head_main; lm_head_main()",
-        str(model_dir),
-        str(steps),
-    ]
-    with log_path.open("ab") as out:
-        child = subprocess.Popen(
-            command, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT
-        )
+    child = _start_child("lm_head_main", [str(model_dir), str(steps)], log_path)
     log.info(
         "fitting the LM head of %s in the background (pid %d, log %s); decoded_gradcam jobs "
         "are refused until it is done",
@@ -942,6 +923,16 @@ def fit_lm_head_in_background(model_dir: Path, steps: int) -> subprocess.Popen[b
         log_path,
     )
     return child
+
+
+def _start_child(entry: str, args: list[str], log_path: Path) -> subprocess.Popen[bytes]:
+    """``entry`` of this module in a child Python process (in the caller's process group: Ctrl-C
+    stops both) with ``args`` on its command line, its output appended to ``log_path``."""
+    command = [sys.executable, "-c", f"from limelight.demo.build import {entry}; {entry}()"]
+    with log_path.open("ab") as out:
+        return subprocess.Popen(
+            [*command, *args], stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT
+        )
 
 
 def lm_head_main() -> None:
@@ -969,13 +960,6 @@ def _fit_lm_head(model_dir: Path, steps: int, progress: bool) -> None:
     if has_fitted_head(model_dir):
         return
     bar = tqdm(desc=f"LM head of {model_dir.name}", unit="step", disable=not progress)
-
-    def advance(step: int, total: int, loss: float) -> None:
-        bar.total = total
-        bar.update(1)
-        if step % 10 == 0 or step == total:
-            bar.set_postfix(loss=f"{loss:.3f}")
-
     try:
         fitted = fit_and_save_lm_head(
             load_model(model_dir, device="cpu"),
@@ -983,7 +967,7 @@ def _fit_lm_head(model_dir: Path, steps: int, progress: bool) -> None:
             "rotten_tomatoes:train",
             # The encoder is frozen and only read: bfloat16 where the CPU has it.
             FitConfig(steps=steps, max_length=64, encoder_precision="bfloat16"),
-            progress=advance,
+            progress=fit_progress(bar),
         )
     except Exception:  # an optional extra: the classifier itself is fine without it
         log.exception("fitting the LM head of %s failed; decoded_gradcam stays off", model_dir)

@@ -233,6 +233,19 @@ class FittedHeadMeta:
         }
 
 
+def fit_progress(bar: Any) -> Callable[[int, int, float], None]:
+    """A ``progress`` callback of :func:`fit_and_save_lm_head` that advances a tqdm ``bar``
+    and shows the loss every 10 steps."""
+
+    def advance(step: int, total: int, loss: float) -> None:
+        bar.total = total
+        bar.update(1)
+        if step % 10 == 0 or step == total:
+            bar.set_postfix(loss=f"{loss:.3f}")
+
+    return advance
+
+
 def fitting_lock(model_dir: Path) -> Path:
     """The lock a process holds while it fits the LM head beside ``model_dir``."""
     return model_dir.parent / f".{model_dir.name}.lm-head.lock"
