@@ -108,6 +108,8 @@ def test_a_table_and_then_a_head_written_after_the_start_are_served_without_a_re
     with urllib.request.urlopen(served.metrics_url, timeout=10) as response:
         body = response.read().decode()
     assert 'default_method="distilled"' in body
+    drift = served.server.app.service.drift  # a monitor of the head's scores, not the table's
+    assert drift is not None and drift.method == "distilled"
     assert served.server.reloader.reloads >= 2
 
 

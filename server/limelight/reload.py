@@ -17,7 +17,7 @@ import logging
 from pathlib import Path
 
 from limelight.app import Application, build_drift, build_runtime, describe_model
-from limelight.core.service import resolve_default_method
+from limelight.core.service import NORMXLOGIT, resolve_default_method
 from limelight.models.explainer_head import head_dir
 from limelight.models.lexicon_table import cached_lexicon_dir, lexicon_dir
 from limelight.models.loaded import LoadedModel
@@ -87,10 +87,12 @@ class InlineReloader:
                 None, build_runtime, settings, model
             )
             method = resolve_default_method(settings.default_method, runtime)
-            # A new drift monitor only for another method: the same one keeps its window.
+            # NormXLogit reads no file, so its monitor keeps its window; any other method's
+            # scores may come from a new head or table: a new monitor (and reference) for them,
+            # or drift would report the explainer's change as the traffic's.
             drift = (
                 service.drift
-                if method == before
+                if method == before == NORMXLOGIT
                 else build_drift(settings, model, app.metrics, method)
             )
             await service.swap_runtime(runtime, drift)

@@ -76,6 +76,8 @@ class DriftMonitor:
         if not labels:
             raise ValueError("a drift monitor needs the model's labels")
         self.labels = list(labels)
+        self.method = method
+        """The inline method whose attributions it observes (None: not said)."""
         self._label_set = frozenset(self.labels)
         self.threshold = float(settings.drift_alert_threshold)
         self.bootstrap_n = max(int(settings.drift_bootstrap_n), 1)
