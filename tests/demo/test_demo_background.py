@@ -108,6 +108,9 @@ def test_a_background_build_stopped_half_way_leaves_no_head(
         time.sleep(0.02)  # the child imports torch before it takes the lock
     reason = MethodRegistry.load(settings).get("distilled").unavailable_reason(load_model(copy))
     assert "being built right now" in reason
+    caplog.clear()  # a second start meanwhile neither waits for the build nor starts another
+    assert resolve_model_dir(settings, progress=False, serving=True) == copy
+    assert "in the background" not in caplog.text
     os.kill(pid, signal.SIGTERM)  # as Ctrl-C on `make serve` would
     _wait(pid)
     assert not (head_dir(load_model(copy)) / "card.json").exists()

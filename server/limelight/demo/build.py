@@ -682,8 +682,9 @@ def ensure_demo_model(
     if recipe is None and name in DEMO_HEADS:  # no distilled head for multi-label demos
         build = inline_head == "now"
         if not _ensure_inline_head(final, demo_head_recipe(name), progress, threads, build):
-            # Last: the start itself needs the cores until it serves.
-            build_demo_extras_in_background(final, name)
+            if not held_elsewhere(building_lock(final)):  # else another start's build runs
+                # Last: the start itself needs the cores until it serves.
+                build_demo_extras_in_background(final, name)
             return final
     elif recipe is None:  # served inline instead of NormXLogit (docs/methods/lexicon.md)
         _ensure_lexicon(final, progress)
