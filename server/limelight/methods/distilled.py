@@ -31,17 +31,24 @@ class DistilledExplainer(ExtraOutputMethod):
     output = OUTPUT_NAME
     needs = "a distilled head"
 
-    def check_model(self, model: LoadedModel) -> str:
-        card = read_card(head_dir(model))
-        if card is None and held_elsewhere(building_lock(model.directory)):
+    def unavailable_reason(self, model: LoadedModel) -> str:
+        reason = super().unavailable_reason(model)  # the files, read once per model
+        # Not cached: the build ends (or fails) without a head appearing to clear the cache.
+        if reason == self._missing(model) and held_elsewhere(building_lock(model.directory)):
             return (
                 "the distilled head is being built right now by another process (the demo "
                 "build, in the background); the sidecar serves it when it is done, without a "
                 "restart: retry then"
             )
-        if card is None:
-            return (
-                f"no distilled head beside the model; create one with "
-                f"`limelight distill --model {model.directory}`"
-            )
-        return check_card(card, model)
+        return reason
+
+    def check_model(self, model: LoadedModel) -> str:
+        card = read_card(head_dir(model))
+        return self._missing(model) if card is None else check_card(card, model)
+
+    @staticmethod
+    def _missing(model: LoadedModel) -> str:
+        return (
+            f"no distilled head beside the model; create one with "
+            f"`limelight distill --model {model.directory}`"
+        )
