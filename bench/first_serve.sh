@@ -10,17 +10,20 @@ git clone -q "$repo" "$work/repo"
 cd "$work/repo"
 export LIMELIGHT_CACHE_DIR="$work/cache" PIP_NO_CACHE_DIR=1
 start=$(date +%s)
-# Every line of `make serve` with the seconds since the start in front.
-setsid make serve 2>&1 | python3 -u -c '
+# Every line of `make serve` with the seconds since the start in front. `setsid`: make, the
+# sidecar and its background build form one process group, stopped together at the end.
+setsid make serve > >(python3 -u -c '
 import sys, time
 t0 = float(sys.argv[1])
 for line in sys.stdin:
     print("%7.1f %s" % (time.time() - t0, line.rstrip()[-300:]), flush=True)
-' "$start" > "$work/serve.log" &
+' "$start" > "$work/serve.log") 2>&1 &
+group=$!
+trap 'kill -INT -- -"$group" 2> /dev/null || true' EXIT
 echo "log: $work/serve.log" >&2
 until grep -q "default inline method is distilled" "$work/serve.log"; do
-    if ! pgrep -f "$work/repo/.venv/bin/limelight serve" > /dev/null && grep -q SERVING "$work/serve.log"; then
-        echo "the sidecar stopped before serving the head" >&2; exit 1
+    if ! kill -0 "$group" 2> /dev/null; then
+        echo "make serve stopped before serving the head (log: $work/serve.log)" >&2; exit 1
     fi
     sleep 5
 done
@@ -35,4 +38,3 @@ import json, sys
 t = json.load(open(sys.argv[1]))["training"]
 print("head: labels %.1f min, training %.1f min" % (t["label_seconds"] / 60, t["seconds"] / 60))
 ' "$card"
-pkill -INT -f "$work/repo/.venv/bin/limelight serve" || true
