@@ -113,6 +113,39 @@ def test_a_table_and_then_a_head_written_after_the_start_are_served_without_a_re
     assert served.server.reloader.reloads >= 2
 
 
+def test_with_onnx_runtime_a_new_head_is_exported_and_served_without_a_restart(
+    start_sidecar: Callable[..., RunningSidecar], bert_tiny_dir: Path, tmp_path: Path
+) -> None:
+    """No graph anywhere at the start, as on a fresh clone with `--runtime onnx`: the sidecar
+    exports one itself, and again when a head appears beside the model."""
+    model = bare_copy(bert_tiny_dir, tmp_path / "model")
+    for graph in model.glob("*.onnx*"):
+        graph.unlink()
+    reference = start_sidecar(model_dir=bert_tiny_dir, default_method="auto", jobs="off")
+    served = start_sidecar(
+        model_dir=model,
+        runtime="onnx",
+        cache_dir=tmp_path / "cache",
+        default_method="auto",
+        reload_interval_s=0.05,
+        jobs="off",
+    )
+    s = stub(served.target)
+    assert s.GetModel(pb.GetModelRequest(), timeout=10).runtime == "onnx"
+    assert s.Explain(pb.ExplainRequest(text=TEXT), timeout=30).explanation.method == "normxlogit"
+    shutil.copytree(bert_tiny_dir / HEAD_DIRNAME, model / HEAD_DIRNAME)
+    after = wait_for_method(served.target, "distilled")
+    assert after.explanation.method == "distilled"
+    fresh = stub(reference.target).Explain(pb.ExplainRequest(text=TEXT), timeout=30)
+    assert list(after.explanation.scores) == pytest.approx(
+        list(fresh.explanation.scores), rel=1e-4, abs=1e-4
+    )
+    assert not list(model.glob("*.onnx*"))  # exported into the cache, not beside the model
+    reloads = served.server.reloader.reloads
+    time.sleep(0.5)  # the sidecar's own export is not taken for a new graph to load
+    assert served.server.reloader.reloads == reloads == 1
+
+
 def test_a_head_made_for_another_model_is_not_served_and_says_why(
     start_sidecar: Callable[..., RunningSidecar], bert_tiny_dir: Path, tmp_path: Path
 ) -> None:

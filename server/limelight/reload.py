@@ -5,8 +5,10 @@ A distilled head (`limelight distill`), a lexicon table (`limelight lexicon`) or
 Kubernetes job on a shared volume, or by the demo build finishing in the background. The
 reloader looks at those files every ``reload_interval_s`` (a few ``stat`` calls) and, when they
 changed, builds the runtime again off the event loop and swaps it in between two batches with
-the default method and the drift monitor that go with it. A build that fails (a head trained
-for another model, a half-written file) is logged and the server keeps what it serves.
+the default method and the drift monitor that go with it (with ``runtime=onnx``, building the
+runtime exports a graph that carries the new head into the cache: not a watched file, so the
+export does not trigger a second reload). A build that fails (a head trained for another model,
+a half-written file) is logged and the server keeps what it serves.
 """
 
 from __future__ import annotations

@@ -44,7 +44,15 @@ class Settings(BaseSettings):
     runtime: Literal["torch", "onnx"] = "torch"
     """Runtime of the inline path. Jobs always use torch on the same weights."""
     onnx_path: Path | None = None
-    """Exported ONNX graph for ``runtime=onnx``; unset: ``<model_dir>/limelight.onnx``."""
+    """Exported ONNX graph for ``runtime=onnx``, served as it is; unset: the graph beside the
+    model (``<model_dir>/limelight.onnx``) when it carries the model's inline heads, otherwise
+    one the sidecar exports itself (``onnx_export``)."""
+    onnx_export: bool = True
+    """With ``runtime=onnx`` and no ``onnx_path``: when the graph beside the model is missing or
+    does not carry the distilled head beside it (one trained or rebuilt after the export), export
+    the inline graph into ``<cache_dir>/onnx/<model version>`` and serve that — at start, and
+    again when the reloader sees a new head. Off: serve the graph beside the model as it is, or
+    refuse to start without one."""
     lm_head_dir: Path | None = None
     """Directory of the base model's masked-LM head for Decoded Grad-CAM."""
     head_mask_path: Path | None = None

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+import shutil
 from collections.abc import Callable
 from pathlib import Path
 
@@ -13,11 +15,19 @@ from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTok
 
 from limelight.errors import FailedPrecondition
 from limelight.methods.normxlogit import NormXLogit
+from limelight.models.explainer_head import HEAD_DIRNAME, OUTPUT_NAME, inline_heads
 from limelight.models.loaded import LoadedModel, load_model
 from limelight.runtimes.base import InlineBatch
-from limelight.runtimes.onnx_export import export_onnx
-from limelight.runtimes.onnx_runtime import OnnxRuntime, choose_providers
+from limelight.runtimes.onnx_export import export_onnx, module_digest, read_description
+from limelight.runtimes.onnx_runtime import (
+    DEFAULT_GRAPH,
+    OnnxRuntime,
+    cached_graph,
+    choose_providers,
+    resolve_graph,
+)
 from limelight.runtimes.torch_runtime import TorchRuntime
+from limelight.settings import Settings
 from limelight_client.proto import explainer_pb2 as pb
 from limelight_client.proto import explainer_pb2_grpc
 from tests.conftest import RunningSidecar
@@ -120,3 +130,72 @@ def test_serve_with_onnx_runtime(
     assert ra.label == rb.label
     np.testing.assert_allclose(ra.probabilities, rb.probabilities, atol=1e-4)
     np.testing.assert_allclose(ra.explanation.scores, rb.explanation.scores, atol=1e-4)
+
+
+def test_a_missing_or_stale_graph_is_exported_into_the_cache_with_the_heads_beside_the_model(
+    bert_tiny_dir: Path, tmp_path: Path
+) -> None:
+    model_dir = Path(
+        shutil.copytree(bert_tiny_dir, tmp_path / "model", ignore=shutil.ignore_patterns("*.onnx*"))
+    )
+    head = tmp_path / "head"
+    (model_dir / HEAD_DIRNAME).rename(head)  # a model without its distilled head
+    settings = Settings(runtime="onnx", cache_dir=tmp_path / "cache")
+    model = load_model(model_dir)
+
+    graph = resolve_graph(model, settings)
+    assert graph == cached_graph(model, settings.cache_dir) and graph.exists()
+    assert read_description(graph)["heads"] == {}
+    written = graph.stat().st_mtime_ns
+    assert resolve_graph(model, settings) == graph
+    assert graph.stat().st_mtime_ns == written  # current: not exported again
+
+    head.rename(model_dir / HEAD_DIRNAME)  # a head trained after the export
+    heads = inline_heads(model)
+    assert resolve_graph(model, settings) == graph
+    assert read_description(graph)["heads"] == {OUTPUT_NAME: module_digest(heads[OUTPUT_NAME])}
+    runtime = OnnxRuntime.for_model(model, settings)
+    assert runtime.head_names == {OUTPUT_NAME}
+    encoded = [model.encode(t, p) for t, p in TEXTS]
+    batch = InlineBatch.from_encoded(encoded, model.pad_id)
+    np.testing.assert_allclose(
+        runtime.run_inline(batch).extra[OUTPUT_NAME],
+        TorchRuntime(model, heads=heads).run_inline(batch).extra[OUTPUT_NAME],
+        atol=1e-4,
+        rtol=1e-4,
+    )
+    assert not list(model_dir.glob("*.onnx*"))  # nothing written into the model's directory
+
+    # A current graph beside the model (`limelight export-onnx`) is the user's: served first.
+    beside = export_onnx(model, model_dir / DEFAULT_GRAPH, heads=heads)
+    assert resolve_graph(model, settings) == beside
+
+
+def test_a_head_digest_follows_its_weights(bert_tiny_dir: Path) -> None:
+    head = inline_heads(load_model(bert_tiny_dir))[OUTPUT_NAME]
+    before = module_digest(head)
+    assert module_digest(head) == before
+    with torch.no_grad():
+        next(head.parameters()).add_(1e-3)
+    assert module_digest(head) != before
+
+
+def test_without_export_a_missing_graph_is_refused_and_a_given_one_is_served_as_it_is(
+    bert_tiny_dir: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    model_dir = Path(
+        shutil.copytree(bert_tiny_dir, tmp_path / "model", ignore=shutil.ignore_patterns("*.onnx*"))
+    )
+    model = load_model(model_dir)
+    settings = Settings(runtime="onnx", cache_dir=tmp_path / "cache", onnx_export=False)
+    with pytest.raises(FailedPrecondition, match="export-onnx"):
+        resolve_graph(model, settings)
+    # A graph named by the user without the head beside the model: a warning, never rewritten.
+    given = export_onnx(model, tmp_path / "mine.onnx")
+    written = given.stat().st_mtime_ns
+    mine = Settings(runtime="onnx", cache_dir=tmp_path / "cache", onnx_path=given)
+    with caplog.at_level(logging.WARNING):
+        assert resolve_graph(model, mine) == given
+    assert "serving it as exported" in caplog.text and OUTPUT_NAME in caplog.text
+    assert given.stat().st_mtime_ns == written
+    assert not (tmp_path / "cache").exists()

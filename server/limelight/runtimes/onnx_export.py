@@ -8,7 +8,9 @@ the benchmark baseline.
 
 from __future__ import annotations
 
+import hashlib
 import json
+import warnings
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
@@ -244,7 +246,12 @@ def export_onnx(
     for name in outputs[1:]:
         axes[name] = {0: "batch", 1: "sequence"}
     graph.eval()
-    with torch.no_grad():
+    with torch.no_grad(), warnings.catch_warnings():
+        # The tracer warns about Python branches on shapes and the exporter about index
+        # operators; the graph's parity with torch at other batch sizes and lengths is tested
+        # (tests/runtimes/test_onnx.py, the conformance suite), so these say nothing to a user.
+        warnings.simplefilter("ignore", torch.jit.TracerWarning)
+        warnings.filterwarnings("ignore", category=UserWarning, module=r"torch\.onnx")
         torch.onnx.export(
             graph,
             tuple(example),
@@ -269,6 +276,7 @@ def export_onnx(
                 "architecture": model.architecture,
                 "inputs": [name for name in names if name in taken],
                 "outputs": outputs,
+                "heads": {name: module_digest(head) for name, head in heads.items()},
                 "opset": OPSET,
             },
             indent=2,
@@ -288,3 +296,54 @@ def read_description(path: Path) -> dict[str, Any]:
         return {}
     data: dict[str, Any] = json.loads(meta.read_text())
     return data
+
+
+def module_digest(module: nn.Module) -> str:
+    """A digest of a module's weights: how a graph's description names each inline head it
+    carries, so that a head trained again after the export is told apart from the one inside."""
+    digest = hashlib.sha256()
+    for name, tensor in sorted(module.state_dict().items()):
+        digest.update(name.encode())
+        digest.update(tensor.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy())
+    return digest.hexdigest()[:16]
+
+
+def heads_mismatch(graph: Path, heads: Mapping[str, nn.Module]) -> str:
+    """Empty when the graph at ``graph`` carries exactly ``heads`` (by their weights); otherwise
+    which heads it carries and which it was asked for."""
+    meta = read_description(graph)
+    outputs = meta.get("outputs", [])
+    # Descriptions written before heads were recorded: a graph without head outputs is current
+    # for a model without heads; one with them cannot be told from a stale one.
+    carried = meta.get("heads", None if any(o.startswith(EXTRA_PREFIX) for o in outputs) else {})
+    wanted = {name: module_digest(head) for name, head in heads.items()}
+    if carried == wanted:
+        return ""
+    return (
+        f"{graph} carries {_named_heads(carried)}, but the model's directory holds "
+        f"{_named_heads(wanted)}"
+    )
+
+
+def graph_mismatch(graph: Path, model: LoadedModel, heads: Mapping[str, nn.Module]) -> str:
+    """Empty when ``graph`` is an inline graph of ``model`` that carries exactly ``heads``;
+    otherwise why it cannot serve them."""
+    if not graph.exists():
+        return f"there is no graph at {graph}"
+    meta = read_description(graph)
+    if meta.get("kind", "inline") != "inline":
+        return f"{graph} is a plain graph"
+    if meta.get("model_version") != model.version:
+        return (
+            f"{graph} was exported from model version {meta.get('model_version')}, "
+            f"but the served model is {model.version}"
+        )
+    return heads_mismatch(graph, heads)
+
+
+def _named_heads(digests: Mapping[str, str] | None) -> str:
+    if digests is None:
+        return "inline heads it does not name (exported before heads were recorded)"
+    if not digests:
+        return "no inline head"
+    return "the inline heads " + ", ".join(f"{n} ({d})" for n, d in sorted(digests.items()))

@@ -2,16 +2,30 @@
 
 from __future__ import annotations
 
+import copy
 import logging
+import os
+import time
+from collections.abc import Mapping
 from pathlib import Path
 
 import numpy as np
+from torch import nn
 
 from limelight.core.types import FloatArray
 from limelight.errors import FailedPrecondition
-from limelight.models.loaded import LoadedModel
+from limelight.locks import file_lock
+from limelight.models.explainer_head import inline_heads
+from limelight.models.loaded import LoadedModel, load_model
 from limelight.runtimes.base import InlineBatch, InlineOutputs, Runtime
-from limelight.runtimes.onnx_export import EXTRA_PREFIX, read_description
+from limelight.runtimes.onnx_export import (
+    EXTRA_PREFIX,
+    describe,
+    export_onnx,
+    graph_mismatch,
+    heads_mismatch,
+    read_description,
+)
 from limelight.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -81,13 +95,8 @@ class OnnxRuntime(Runtime):
 
     @classmethod
     def for_model(cls, model: LoadedModel, settings: Settings) -> OnnxRuntime:
-        graph = settings.onnx_path or model.directory / DEFAULT_GRAPH
-        if not Path(graph).exists():
-            raise FailedPrecondition(
-                f"no ONNX graph at {graph}; create it with "
-                f"`limelight export-onnx --model {model.directory} --out {graph}`"
-            )
-        return cls(Path(graph), model, choose_providers(settings.device), settings.torch_threads)
+        graph = resolve_graph(model, settings)
+        return cls(graph, model, choose_providers(settings.device), settings.torch_threads)
 
     @property
     def head_names(self) -> frozenset[str]:
@@ -116,3 +125,68 @@ class OnnxRuntime(Runtime):
     def forward_logits(self, batch: InlineBatch) -> FloatArray:
         (logits,) = self.session.run(["logits"], self._feed(batch))
         return np.asarray(logits, dtype=np.float32)
+
+
+def cached_graph(model: LoadedModel, cache_dir: Path) -> Path:
+    """Where the sidecar exports a graph itself: in the cache, never into the model's directory
+    (which may be read-only, and whose graph is the user's)."""
+    return cache_dir / "onnx" / model.version / DEFAULT_GRAPH
+
+
+def resolve_graph(model: LoadedModel, settings: Settings) -> Path:
+    """The graph that serves ``model``: ``settings.onnx_path`` as given; otherwise the graph
+    beside the model when it carries the inline heads beside the model, else one exported into
+    the cache when it is missing or stale there (``settings.onnx_export``; once, under a lock,
+    when several processes start together)."""
+    heads = inline_heads(model)
+    if settings.onnx_path is not None:
+        graph = Path(settings.onnx_path)
+        if not graph.exists():
+            raise FailedPrecondition(
+                f"no ONNX graph at {graph}; create it with "
+                f"`limelight export-onnx --model {model.directory} --out {graph}`"
+            )
+        reason = heads_mismatch(graph, heads)
+        if reason:  # the user's own graph: served as it is, never overwritten
+            log.warning("%s; serving it as exported (run `limelight export-onnx` again)", reason)
+        return graph
+    beside = model.directory / DEFAULT_GRAPH
+    reason = graph_mismatch(beside, model, heads)
+    if not reason:
+        return beside
+    cached = cached_graph(model, settings.cache_dir)
+    if not graph_mismatch(cached, model, heads):
+        return cached
+    if not settings.onnx_export:
+        if beside.exists():  # the runtime refuses another model version's graph
+            log.warning("%s; serving it as exported (LIMELIGHT_ONNX_EXPORT is off)", reason)
+            return beside
+        raise FailedPrecondition(
+            f"no ONNX graph at {beside}; create it with `limelight export-onnx --model "
+            f"{model.directory}`, or let the sidecar export one (LIMELIGHT_ONNX_EXPORT=true)"
+        )
+    with file_lock(cached.parent / ".export.lock"):
+        if graph_mismatch(cached, model, heads):  # not exported by another process meanwhile
+            log.info("%s: exporting the inline graph into %s", reason, cached)
+            export_served_graph(model, cached, heads)
+    return cached
+
+
+def export_served_graph(model: LoadedModel, out: Path, heads: Mapping[str, nn.Module]) -> None:
+    """Export ``model`` with ``heads`` to ``out`` from its CPU weights, written beside ``out``
+    first and then moved into place (graph, then description), so that a process loading
+    ``out`` meanwhile reads the old graph or the new one, never half of one."""
+    started = time.perf_counter()
+    if model.device.type != "cpu":  # the exporter traces on the CPU
+        model = load_model(model.directory, device="cpu", name=model.name)
+        heads = {name: copy.deepcopy(head).cpu() for name, head in heads.items()}
+    partial = out.with_name(f".{os.getpid()}.{out.name}")
+    export_onnx(model, partial, heads=heads)
+    os.replace(partial, out)
+    os.replace(describe(partial), describe(out))
+    log.info(
+        "exported the inline graph of %s (%s) in %.1f s",
+        model.name,
+        ", ".join(heads) or "no extra outputs",
+        time.perf_counter() - started,
+    )
