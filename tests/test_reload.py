@@ -17,6 +17,7 @@ from pathlib import Path
 import grpc
 import pytest
 
+from limelight.cli.main import main
 from limelight.models.explainer_head import HEAD_DIRNAME
 from limelight.reload import fingerprint
 from limelight_client.proto import explainer_pb2 as pb
@@ -171,6 +172,47 @@ def test_a_head_made_for_another_model_is_not_served_and_says_why(
         s.Explain(pb.ExplainRequest(text=TEXT, method="distilled"), timeout=30)
     assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION
     assert "version" in (refused.value.details() or "")
+
+
+def test_a_head_that_the_drift_reference_does_not_fit_is_served_by_name_only(
+    start_sidecar: Callable[..., RunningSidecar], bert_tiny_dir: Path, tmp_path: Path
+) -> None:
+    """A drift reference of NormXLogit's attributions cannot monitor the head's: the default
+    and its monitor stay, and the head is served to requests that name it."""
+    model = bare_copy(bert_tiny_dir, tmp_path / "model")
+    reference_file = tmp_path / "reference.json"
+    built = main(
+        [
+            "drift-reference", "build", "--model", str(model), "--out", str(reference_file),
+            "--data", "rotten_tomatoes:validation", "--n", "20", "--no-progress",
+            "--default-method", "normxlogit",
+        ]
+    )  # fmt: skip
+    assert built == 0
+    reference = start_sidecar(model_dir=bert_tiny_dir, default_method="auto", jobs="off")
+    served = start_sidecar(
+        model_dir=model,
+        default_method="auto",
+        drift_reference=reference_file,
+        reload_interval_s=0.05,
+        jobs="off",
+    )
+    shutil.copytree(bert_tiny_dir / HEAD_DIRNAME, model / HEAD_DIRNAME)
+    reloader = served.server.reloader
+    give_up = time.monotonic() + 60
+    while reloader.reloads == 0 and time.monotonic() < give_up:
+        time.sleep(0.05)
+    assert reloader.reloads == 1
+    s = stub(served.target)
+    assert s.Explain(pb.ExplainRequest(text=TEXT), timeout=30).explanation.method == "normxlogit"
+    named = s.Explain(pb.ExplainRequest(text=TEXT, method="distilled"), timeout=30)
+    fresh = stub(reference.target).Explain(pb.ExplainRequest(text=TEXT), timeout=30)
+    assert fresh.explanation.method == named.explanation.method == "distilled"
+    assert list(named.explanation.scores) == pytest.approx(
+        list(fresh.explanation.scores), rel=1e-5, abs=1e-6
+    )
+    drift = served.server.app.service.drift
+    assert drift is not None and drift.method == "normxlogit"
 
 
 def test_the_fingerprint_changes_when_a_file_is_written_replaced_or_removed(

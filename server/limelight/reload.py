@@ -20,6 +20,7 @@ from pathlib import Path
 
 from limelight.app import Application, build_drift, build_runtime, describe_model
 from limelight.core.service import NORMXLOGIT, resolve_default_method
+from limelight.errors import FailedPrecondition
 from limelight.models.explainer_head import head_dir
 from limelight.models.lexicon_table import cached_lexicon_dir, lexicon_dir
 from limelight.models.loaded import LoadedModel
@@ -92,12 +93,20 @@ class InlineReloader:
             # NormXLogit reads no file, so its monitor keeps its window; any other method's
             # scores may come from a new head or table: a new monitor (and reference) for them,
             # or drift would report the explainer's change as the traffic's.
-            drift = (
-                service.drift
-                if method == before == NORMXLOGIT
-                else build_drift(settings, model, app.metrics, method)
-            )
-            await service.swap_runtime(runtime, drift)
+            try:
+                drift = (
+                    service.drift
+                    if method == before == NORMXLOGIT
+                    else build_drift(settings, model, app.metrics, method)
+                )
+            except FailedPrecondition as exc:
+                if method == before:
+                    raise
+                # A drift reference file of the method served so far: the new outputs are
+                # served to requests that name them, the default (and its monitor) stays.
+                log.warning("%s; the default inline method stays %s", exc, before)
+                method, drift = before, service.drift
+            await service.swap_runtime(runtime, drift, default_method=method)
         except Exception:
             log.exception(
                 "the files beside %s changed, but the runtime could not be built from them; "

@@ -22,7 +22,12 @@ from limelight.demo.build import demo_head_recipe
 from limelight.distill.build import head_is_current
 from limelight.locks import held_elsewhere
 from limelight.methods.base import MethodRegistry
-from limelight.models.explainer_head import HEAD_DIRNAME, building_lock, head_dir
+from limelight.models.explainer_head import (
+    HEAD_DIRNAME,
+    building_lock,
+    building_progress,
+    head_dir,
+)
 from limelight.models.loaded import load_model
 from limelight.settings import Settings
 from limelight_client.proto import explainer_pb2 as pb
@@ -103,16 +108,23 @@ def test_a_background_build_stopped_half_way_leaves_no_head(
     assert resolve_model_dir(settings, progress=False, serving=True) == copy
     assert not head_dir(load_model(copy)).exists()  # returned without building it
     pid = _started_pid(caplog)
-    give_up = time.monotonic() + 60
-    while not held_elsewhere(building_lock(copy)) and time.monotonic() < give_up:
-        time.sleep(0.02)  # the child imports torch before it takes the lock
-    method, model = MethodRegistry.load(settings).get("distilled"), load_model(copy)
-    assert "being built right now" in method.unavailable_reason(model)
-    caplog.clear()  # a second start meanwhile neither waits for the build nor starts another
-    assert resolve_model_dir(settings, progress=False, serving=True) == copy
-    assert "in the background" not in caplog.text
-    os.kill(pid, signal.SIGTERM)  # as Ctrl-C on `make serve` would
-    _wait(pid)
+    try:
+        give_up = time.monotonic() + 60
+        while not held_elsewhere(building_lock(copy)) and time.monotonic() < give_up:
+            time.sleep(0.02)  # the child imports torch before it takes the lock
+        method, model = MethodRegistry.load(settings).get("distilled"), load_model(copy)
+        assert "being built right now" in method.unavailable_reason(model)
+        while not building_progress(copy).exists() and time.monotonic() < give_up:
+            time.sleep(0.02)
+        reason = method.unavailable_reason(model)  # how far the build is, as the child wrote it
+        stage = r"; (labels|amortisation) \(stage [12] of 3\): [\d,]+ of [\d,]+ (texts|epochs)"
+        assert re.search(stage, reason), reason
+        caplog.clear()  # a second start meanwhile neither waits for the build nor starts another
+        assert resolve_model_dir(settings, progress=False, serving=True) == copy
+        assert "in the background" not in caplog.text
+    finally:  # also when an assertion fails: no build left running
+        os.kill(pid, signal.SIGTERM)  # as Ctrl-C on `make serve` would
+        _wait(pid)
     assert not (head_dir(load_model(copy)) / "card.json").exists()
     assert not held_elsewhere(building_lock(copy))
     # The same method object: the build's end is seen without anything clearing its cache.

@@ -440,18 +440,29 @@ class ExplanationService:
             )
         return method
 
-    async def swap_runtime(self, runtime: Runtime, drift: DriftSink | None) -> None:
+    async def swap_runtime(
+        self, runtime: Runtime, drift: DriftSink | None, default_method: str | None = None
+    ) -> None:
         """Serve inline requests with ``runtime`` from the next batch on (warmed up first, in the
-        inference thread, between two batches), its default method and ``drift`` with it. A
-        request admitted before keeps the method it was admitted with; every runtime computes
-        the per-token outputs NormXLogit reads, and a new one at least the extra outputs of the
-        old (a head or table is only ever added or replaced beside the model)."""
+        inference thread, between two batches), its default method (or ``default_method``) and
+        ``drift`` with it. A request admitted before keeps the method it was admitted with;
+        every runtime computes the per-token outputs NormXLogit reads, and a new one at least
+        the extra outputs of the old (a head or table is only ever added or replaced beside the
+        model)."""
         loop = asyncio.get_running_loop()
         if self.settings.warmup:
             warm = self.model.encode("Limelight warm-up.", None, self.settings.max_tokens)
             batch = InlineBatch.from_encoded([warm], self.model.pad_id)
             await loop.run_in_executor(self._executor, runtime.warmup, batch)
-        default = served_inline_method(self.settings, runtime, self.methods)
+        if default_method is None:
+            default = served_inline_method(self.settings, runtime, self.methods)
+        else:
+            kept = self.methods.get(default_method)
+            if not isinstance(kept, InlineMethod) or (
+                isinstance(kept, ExtraOutputMethod) and kept.output not in runtime.head_names
+            ):
+                raise FailedPrecondition(f"the new runtime cannot serve {default_method}")
+            default = kept
 
         def swap() -> None:
             for method in self.methods:  # they read their files again

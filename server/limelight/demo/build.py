@@ -53,7 +53,7 @@ from limelight.distill.build import (
 from limelight.distill.train import TrainConfig
 from limelight.errors import FailedPrecondition, InvalidArgument
 from limelight.locks import file_lock, held_elsewhere
-from limelight.models.explainer_head import building_lock
+from limelight.models.explainer_head import building_lock, building_progress
 from limelight.models.lm_head import (
     FitConfig,
     fit_and_save_lm_head,
@@ -859,7 +859,13 @@ def _ensure_inline_head(
                 file=sys.stderr,
             )
         try:
-            _, card, _ = build_head(model, Settings(), recipe, progress=progress)
+            _, card, _ = build_head(
+                model,
+                Settings(),
+                recipe,
+                progress=progress,
+                progress_file=building_progress(model_dir),
+            )
         except Exception:  # the classifier itself is fine without it
             log.exception("building the inline explainer head of %s failed", model_dir)
             return False

@@ -21,6 +21,7 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
+from limelight.build_progress import ProgressFile
 from limelight.demo import datasets
 from limelight.distill.train import (
     DEFAULT_TEACHER,
@@ -114,8 +115,11 @@ def build_head(
     recipe: HeadRecipe,
     out: Path | None = None,
     progress: bool = True,
+    progress_file: Path | None = None,
 ) -> tuple[ExplainerHead, HeadCard, Path]:
-    """Label, train, validate and save a head for ``model`` following ``recipe``."""
+    """Label, train, validate and save a head for ``model`` following ``recipe``;
+    ``progress_file``: also write the progress there, for another process (removed at the end).
+    """
     out = out or head_dir(model)
     extra = recipe.loop_texts if recipe.train.loop_steps else 0
     texts, held_out = training_texts(recipe.data, recipe.n_texts + extra, recipe.validation_texts)
@@ -130,11 +134,19 @@ def build_head(
         file=sys.stderr,
     )
     stages: dict[str, Any] = {}
+    names = ["labels", "amortisation"]
+    if recipe.train.loop_steps:
+        names.append("classifier in the loop")
+    shared = ProgressFile(progress_file, names) if progress_file else None
 
     def advance_labels(n: int) -> None:
         bar.update(n)
+        if shared:
+            shared.update("labels", bar.n, bar.total, "texts")
 
     def advance_training(stage: str, done: int, total: int) -> None:
+        if shared:
+            shared.update(stage, done, total, "steps" if "loop" in stage else "epochs")
         if not progress:
             return
         if stage not in stages:
@@ -162,6 +174,8 @@ def build_head(
         bar.close()
         for stage_bar in stages.values():
             stage_bar.close()
+        if shared:
+            shared.close()
     card.recipe_hash = recipe.digest()
     staging = out.with_name(f".{out.name}.{os.getpid()}")
     save_head(head, card, staging)

@@ -8,11 +8,13 @@ on the same forward pass as the prediction; this method only reads its output.
 
 from __future__ import annotations
 
+from limelight.build_progress import read_progress
 from limelight.locks import held_elsewhere
 from limelight.methods.base import ExtraOutputMethod
 from limelight.models.explainer_head import (
     OUTPUT_NAME,
     building_lock,
+    building_progress,
     check_card,
     head_dir,
     read_card,
@@ -35,10 +37,12 @@ class DistilledExplainer(ExtraOutputMethod):
         reason = super().unavailable_reason(model)  # the files, read once per model
         # Not cached: the build ends (or fails) without a head appearing to clear the cache.
         if reason == self._missing(model) and held_elsewhere(building_lock(model.directory)):
+            progress = read_progress(building_progress(model.directory))
             return (
                 "the distilled head is being built right now by another process (the demo "
-                "build, in the background); the sidecar serves it when it is done, without a "
-                "restart: retry then"
+                "build, in the background"
+                + (f"; {progress.describe()}" if progress else "")
+                + "); the sidecar serves it when it is done, without a restart: retry then"
             )
         return reason
 

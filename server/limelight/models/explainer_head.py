@@ -193,6 +193,11 @@ def building_lock(model_dir: Path) -> Path:
     return model_dir.parent / f".{model_dir.name}.inline-head.lock"
 
 
+def building_progress(model_dir: Path) -> Path:
+    """Where that process writes how far it has got (limelight.build_progress)."""
+    return model_dir.parent / f".{model_dir.name}.inline-head.progress.json"
+
+
 def save_head(head: ExplainerHead, card: HeadCard, directory: Path) -> Path:
     directory.mkdir(parents=True, exist_ok=True)
     card.parameters = sum(p.numel() for p in head.parameters())
