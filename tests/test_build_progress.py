@@ -1,11 +1,18 @@
 """A build's progress file: written whole at most every interval and at each new stage, read
-back as a line with the time left at the stage's own rate; gone when the build closes it."""
+back as a line with the time left at the stage's own rate; gone when the build closes it; logged
+by the process that started the build while it runs, and how it ended."""
 
 from __future__ import annotations
 
+import logging
+import subprocess
+import sys
+import time
 from pathlib import Path
 
-from limelight.build_progress import ProgressFile, read_progress
+import pytest
+
+from limelight.build_progress import ProgressFile, read_progress, watch_build
 
 
 class Clock:
@@ -73,3 +80,50 @@ def test_an_unreadable_progress_file_is_no_news(tmp_path: Path) -> None:
     assert read_progress(path) is None
     path.write_text('{"stage": "labels"}')
     assert read_progress(path) is None
+
+
+def _lines(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.name == "limelight.build_progress"]
+
+
+def _wait_for(caplog: pytest.LogCaptureFixture, count: int) -> list[str]:
+    deadline = time.monotonic() + 60  # a guard against a hang, not a speed requirement
+    while len(_lines(caplog)) < count and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return _lines(caplog)
+
+
+@pytest.mark.parametrize("status", [0, 3])
+def test_the_starting_process_logs_each_new_progress_line_and_how_the_build_ended(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, status: int
+) -> None:
+    caplog.set_level(logging.INFO, logger="limelight.build_progress")
+    path, clock = tmp_path / "progress.json", Clock()
+    # The build: a real child process that exits with the status it reads.
+    child = subprocess.Popen(
+        [sys.executable, "-c", "import sys; sys.exit(int(sys.stdin.readline()))"],
+        stdin=subprocess.PIPE,
+    )
+    try:
+        watcher = watch_build(child, path, "build of m", tmp_path / "m.log", interval_s=0.01)
+        progress = ProgressFile(path, ["labels", "training"], clock=clock)
+        progress.update("labels", 10, 100, "texts")
+        assert _wait_for(caplog, 1) == ["build of m: labels (stage 1 of 2): 10 of 100 texts"]
+        time.sleep(0.1)  # several polls of the same state: said once
+        assert len(_lines(caplog)) == 1
+        progress.update("training", 1, 5, "epochs")
+        assert _wait_for(caplog, 2)[1] == "build of m: training (stage 2 of 2): 1 of 5 epochs"
+        assert child.stdin is not None
+        child.stdin.write(f"{status}\n".encode())
+        child.stdin.close()
+        watcher.join(timeout=60)
+        assert not watcher.is_alive()
+    finally:
+        child.kill()
+        child.wait()
+    ended = _lines(caplog)[2:]
+    if status == 0:
+        assert ended == ["build of m: done"]
+    else:
+        assert ended == [f"build of m stopped (exit status 3); its log: {tmp_path / 'm.log'}"]
+        assert caplog.records[-1].levelno == logging.WARNING

@@ -11,13 +11,18 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import math
 import os
+import subprocess
+import threading
 import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -127,3 +132,39 @@ def read_progress(path: Path) -> BuildProgress | None:
         return BuildProgress(**json.loads(path.read_text()))
     except (OSError, ValueError, TypeError):
         return None
+
+
+def watch_build(
+    child: subprocess.Popen[bytes],
+    progress_path: Path | None,
+    what: str,
+    log_path: Path,
+    interval_s: float = 60.0,
+) -> threading.Thread:
+    """Log how far the build in ``child`` has got every ``interval_s`` while it runs (from its
+    progress file, when it says something new), then how it ended: the terminal that started a
+    sidecar (``make serve``) shows the build's progress, not only where its log is
+    (``progress_path`` None: only how it ended). A daemon
+    thread: it never keeps the sidecar from exiting."""
+
+    def watch() -> None:
+        said = ""
+        while True:
+            try:
+                status = child.wait(timeout=interval_s)
+            except subprocess.TimeoutExpired:
+                progress = read_progress(progress_path) if progress_path else None
+                line = progress.describe() if progress else ""
+                if line and line != said:
+                    log.info("%s: %s", what, line)
+                    said = line
+                continue
+            if status == 0:
+                log.info("%s: done", what)
+            else:
+                log.warning("%s stopped (exit status %d); its log: %s", what, status, log_path)
+            return
+
+    thread = threading.Thread(target=watch, name=f"watch {what}", daemon=True)
+    thread.start()
+    return thread

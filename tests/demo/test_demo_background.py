@@ -67,6 +67,7 @@ def test_a_serving_start_serves_normxlogit_then_the_head_built_in_the_background
     cache = tmp_path / "cache"
     copy = _copy_without_head(bert_tiny_dir, cache)
     caplog.set_level(logging.INFO, logger="limelight.demo.build")
+    caplog.set_level(logging.INFO, logger="limelight.build_progress")
     served = start_sidecar(
         model_dir=None,
         demo_model="bert-tiny",
@@ -89,6 +90,10 @@ def test_a_serving_start_serves_normxlogit_then_the_head_built_in_the_background
     assert head_is_current(load_model(copy), demo_head_recipe("bert-tiny"))
     assert "the sidecar serves it next" in (copy.parent / f".{copy.name}.build.log").read_text()
     give_up = time.monotonic() + 60  # the reloader looks every 0.1 s
+    ended = f"background build of {copy.name}: done"  # in the sidecar's log (`make serve`)
+    while ended not in caplog.messages and time.monotonic() < give_up:
+        time.sleep(0.05)
+    assert ended in caplog.messages
     while True:
         r = client.Explain(pb.ExplainRequest(text=TEXT), timeout=30)
         if r.explanation.method == "distilled" or time.monotonic() > give_up:

@@ -21,6 +21,7 @@ from limelight.runtimes.base import InlineBatch
 from limelight.runtimes.onnx_export import export_onnx, module_digest, read_description
 from limelight.runtimes.onnx_runtime import (
     DEFAULT_GRAPH,
+    SERVED_FROM,
     OnnxRuntime,
     cached_graph,
     choose_providers,
@@ -169,6 +170,47 @@ def test_a_missing_or_stale_graph_is_exported_into_the_cache_with_the_heads_besi
     # A current graph beside the model (`limelight export-onnx`) is the user's: served first.
     beside = export_onnx(model, model_dir / DEFAULT_GRAPH, heads=heads)
     assert resolve_graph(model, settings) == beside
+
+
+def _new_version(model_dir: Path, tag: str) -> LoadedModel:
+    """The model in ``model_dir`` as a new version (its config changed: a new fingerprint)."""
+    config = model_dir / "config.json"
+    config.write_text(config.read_text().replace("{", f'{{"limelight_test_{tag}": 1, ', 1))
+    return load_model(model_dir)
+
+
+def test_the_graphs_of_a_directory_s_earlier_versions_leave_the_cache_once_unused(
+    bert_tiny_dir: Path, tmp_path: Path
+) -> None:
+    def copy(name: str) -> Path:
+        ignore = shutil.ignore_patterns("*.onnx*", HEAD_DIRNAME)
+        return Path(shutil.copytree(bert_tiny_dir, tmp_path / name, ignore=ignore))
+
+    settings = Settings(runtime="onnx", cache_dir=tmp_path / "cache")
+    a, b = copy("a"), copy("b")  # two directories of the same version share its graph
+    first = resolve_graph(load_model(a), settings)
+    assert resolve_graph(load_model(b), settings) == first
+    listed = (first.parent / SERVED_FROM).read_text().split()
+    assert listed == [str(a.resolve()), str(b.resolve())]
+    old = first.parent.parent / "written-before-the-bookkeeping"  # lists nobody: left alone
+    old.mkdir()
+    (old / DEFAULT_GRAPH).write_bytes(b"")
+
+    second = resolve_graph(_new_version(a, "a1"), settings)  # a moves on; b still serves the first
+    assert second.parent != first.parent and second.exists() and first.exists()
+    assert (first.parent / SERVED_FROM).read_text().split() == [str(b.resolve())]
+    third = resolve_graph(_new_version(b, "b1"), settings)
+    assert not first.parent.exists()  # nobody serves it any more
+    assert second.exists() and third.exists() and old.exists()
+    fourth = resolve_graph(_new_version(a, "a2"), settings)
+    assert not second.parent.exists() and fourth.exists() and third.exists()
+    # Served from beside the model: its earlier versions leave the cache all the same.
+    export_onnx(_new_version(b, "b2"), b / DEFAULT_GRAPH)
+    assert resolve_graph(load_model(b), settings) == b / DEFAULT_GRAPH
+    assert not third.parent.exists() and fourth.exists()
+    assert sorted(p.name for p in (tmp_path / "cache" / "onnx").iterdir() if p.is_dir()) == sorted(
+        [fourth.parent.name, old.name]
+    )
 
 
 def test_a_head_digest_follows_its_weights(bert_tiny_dir: Path) -> None:

@@ -33,6 +33,7 @@ from typing import Any, Literal
 import torch
 from tqdm.auto import tqdm
 
+from limelight.build_progress import watch_build
 from limelight.demo.datasets import (
     DRUGSCOM_MULTI_LABELS,
     ROTTEN_TOMATOES_LABELS,
@@ -889,6 +890,9 @@ def build_demo_extras_in_background(model_dir: Path, name: DemoName) -> subproce
         log_path,
         DEMO_HEAD_MINUTES.get(name, "a few minutes"),
     )
+    watch_build(
+        child, building_progress(model_dir), f"background build of {model_dir.name}", log_path
+    )
     return child
 
 
@@ -929,6 +933,7 @@ def fit_lm_head_in_background(model_dir: Path, steps: int) -> subprocess.Popen[b
         child.pid,
         log_path,
     )
+    watch_build(child, None, f"fitting the LM head of {model_dir.name}", log_path)
     return child
 
 

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import logging
 import os
+import shutil
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -14,7 +16,7 @@ from torch import nn
 
 from limelight.core.types import FloatArray
 from limelight.errors import FailedPrecondition
-from limelight.locks import file_lock
+from limelight.locks import file_lock, held_elsewhere
 from limelight.models.explainer_head import inline_heads
 from limelight.models.loaded import LoadedModel, load_model
 from limelight.runtimes.base import InlineBatch, InlineOutputs, Runtime
@@ -137,7 +139,8 @@ def resolve_graph(model: LoadedModel, settings: Settings) -> Path:
     """The graph that serves ``model``: ``settings.onnx_path`` as given; otherwise the graph
     beside the model when it carries the inline heads beside the model, else one exported into
     the cache when it is missing or stale there (``settings.onnx_export``; once, under a lock,
-    when several processes start together)."""
+    when several processes start together). The graphs of the model directory's earlier
+    versions leave the cache (:func:`prune_cached_graphs`)."""
     heads = inline_heads(model)
     if settings.onnx_path is not None:
         graph = Path(settings.onnx_path)
@@ -150,6 +153,16 @@ def resolve_graph(model: LoadedModel, settings: Settings) -> Path:
         if reason:  # the user's own graph: served as it is, never overwritten
             log.warning("%s; serving it as exported (run `limelight export-onnx` again)", reason)
         return graph
+    graph = _graph_beside_or_cached(model, settings, heads)
+    with contextlib.suppress(OSError):  # bookkeeping: never fail a start on it
+        cached = graph == cached_graph(model, settings.cache_dir)
+        prune_cached_graphs(model, settings.cache_dir, serving_cached=cached)
+    return graph
+
+
+def _graph_beside_or_cached(
+    model: LoadedModel, settings: Settings, heads: Mapping[str, nn.Module]
+) -> Path:
     beside = model.directory / DEFAULT_GRAPH
     reason = graph_mismatch(beside, model, heads)
     if not reason:
@@ -170,6 +183,51 @@ def resolve_graph(model: LoadedModel, settings: Settings) -> Path:
             log.info("%s: exporting the inline graph into %s", reason, cached)
             export_served_graph(model, cached, heads)
     return cached
+
+
+#: In each model version's folder of the graph cache: the model directories served from it.
+SERVED_FROM = "served-from.txt"
+
+
+def prune_cached_graphs(model: LoadedModel, cache_dir: Path, serving_cached: bool) -> list[Path]:
+    """Keep the graph cache to the versions in use: with ``serving_cached`` (``model`` is served
+    by its version's graph in the cache) that folder lists ``model``'s directory; the other
+    folders listing it (earlier versions; without ``serving_cached``, its version's too) are
+    removed once they list no other directory. Each new model version exports a graph of its
+    own, and a pod's cache volume has a size limit. Folders written before this bookkeeping list
+    nobody and are left alone. Returns the folders removed."""
+    root = cache_dir / "onnx"
+    if not root.is_dir():
+        return []
+    mine, serving = str(model.directory.resolve()), cached_graph(model, cache_dir).parent
+    removed = []
+    with file_lock(root / ".served-from.lock"):
+        for folder in sorted(p for p in root.iterdir() if p.is_dir()):
+            listed = _served_from(folder)
+            if folder == serving and serving_cached:
+                if mine not in listed:
+                    _write_served_from(folder, [*listed, mine])
+            elif mine in listed:
+                others = [d for d in listed if d != mine]
+                if others:  # another directory with that version still uses it
+                    _write_served_from(folder, others)
+                elif not held_elsewhere(folder / ".export.lock"):
+                    shutil.rmtree(folder, ignore_errors=True)
+                    removed.append(folder)
+    for folder in removed:
+        log.info("removed %s from the cache: %s is no longer served from it", folder, mine)
+    return removed
+
+
+def _served_from(folder: Path) -> list[str]:
+    path = folder / SERVED_FROM
+    return path.read_text().splitlines() if path.exists() else []
+
+
+def _write_served_from(folder: Path, directories: list[str]) -> None:
+    partial = folder / f".{os.getpid()}.{SERVED_FROM}"
+    partial.write_text("".join(f"{d}\n" for d in directories))
+    os.replace(partial, folder / SERVED_FROM)
 
 
 def export_served_graph(model: LoadedModel, out: Path, heads: Mapping[str, nn.Module]) -> None:
