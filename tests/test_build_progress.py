@@ -98,14 +98,16 @@ def test_the_starting_process_logs_each_new_progress_line_and_how_the_build_ende
     tmp_path: Path, caplog: pytest.LogCaptureFixture, status: int
 ) -> None:
     caplog.set_level(logging.INFO, logger="limelight.build_progress")
-    path, clock = tmp_path / "progress.json", Clock()
+    path, then, clock = tmp_path / "progress.json", tmp_path / "then.json", Clock()
     # The build: a real child process that exits with the status it reads.
     child = subprocess.Popen(
         [sys.executable, "-c", "import sys; sys.exit(int(sys.stdin.readline()))"],
         stdin=subprocess.PIPE,
     )
     try:
-        watcher = watch_build(child, path, "build of m", tmp_path / "m.log", interval_s=0.01)
+        watcher = watch_build(
+            child, [path, then], "build of m", tmp_path / "m.log", interval_s=0.01
+        )
         progress = ProgressFile(path, ["labels", "training"], clock=clock)
         progress.update("labels", 10, 100, "texts")
         assert _wait_for(caplog, 1) == ["build of m: labels (stage 1 of 2): 10 of 100 texts"]
@@ -113,6 +115,9 @@ def test_the_starting_process_logs_each_new_progress_line_and_how_the_build_ende
         assert len(_lines(caplog)) == 1
         progress.update("training", 1, 5, "epochs")
         assert _wait_for(caplog, 2)[1] == "build of m: training (stage 2 of 2): 1 of 5 epochs"
+        progress.close()  # then the child builds the next thing, with a progress file of its own
+        ProgressFile(then, ["fit"], clock=clock).update("fit", 3, 300, "steps")
+        assert _wait_for(caplog, 3)[2] == "build of m: fit: 3 of 300 steps"  # one stage: no number
         assert child.stdin is not None
         child.stdin.write(f"{status}\n".encode())
         child.stdin.close()
@@ -121,7 +126,7 @@ def test_the_starting_process_logs_each_new_progress_line_and_how_the_build_ende
     finally:
         child.kill()
         child.wait()
-    ended = _lines(caplog)[2:]
+    ended = _lines(caplog)[3:]
     if status == 0:
         assert ended == ["build of m: done"]
     else:

@@ -18,7 +18,7 @@ import subprocess
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -52,11 +52,10 @@ class BuildProgress:
         return max(self.total - self.done, 0) / rate
 
     def describe(self) -> str:
-        """E.g. "labels (stage 1 of 3): 2,310 of 8,200 texts, about 4 minutes left in it"."""
-        line = (
-            f"{self.stage} (stage {self.index} of {self.stages}): "
-            f"{self.done:,} of {self.total:,} {self.unit}"
-        )
+        """E.g. "labels (stage 1 of 3): 2,310 of 8,200 texts, about 4 minutes left in it" (no
+        stage number when the build has one stage)."""
+        place = f" (stage {self.index} of {self.stages})" if self.stages > 1 else ""
+        line = f"{self.stage}{place}: {self.done:,} of {self.total:,} {self.unit}"
         left = self.seconds_left()
         if left is not None:
             line += f", {_about(left)} left in it"
@@ -136,15 +135,16 @@ def read_progress(path: Path) -> BuildProgress | None:
 
 def watch_build(
     child: subprocess.Popen[bytes],
-    progress_path: Path | None,
+    progress_paths: Sequence[Path],
     what: str,
     log_path: Path,
     interval_s: float = 60.0,
 ) -> threading.Thread:
     """Log how far the build in ``child`` has got every ``interval_s`` while it runs (from its
     progress file, when it says something new), then how it ended: the terminal that started a
-    sidecar (``make serve``) shows the build's progress, not only where its log is
-    (``progress_path`` None: only how it ended). A daemon
+    sidecar (``make serve``) shows the build's progress, not only where its log is. A child
+    that builds several things in turn writes each one's progress to its own file, first to
+    last in ``progress_paths``: the first one present is read. A daemon
     thread: it never keeps the sidecar from exiting."""
 
     def watch() -> None:
@@ -153,7 +153,7 @@ def watch_build(
             try:
                 status = child.wait(timeout=interval_s)
             except subprocess.TimeoutExpired:
-                progress = read_progress(progress_path) if progress_path else None
+                progress = next(filter(None, map(read_progress, progress_paths)), None)
                 line = progress.describe() if progress else ""
                 if line and line != said:
                     log.info("%s: %s", what, line)

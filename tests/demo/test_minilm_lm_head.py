@@ -15,12 +15,19 @@ import numpy as np
 import pytest
 
 from limelight.app import resolve_model_dir
+from limelight.build_progress import ProgressFile
 from limelight.core.jobs import JobSpec
 from limelight.demo.build import fit_lm_head_in_background
 from limelight.jobs.runner import JobRunner
 from limelight.locks import file_lock, held_elsewhere
 from limelight.methods.base import MethodRegistry
-from limelight.models.lm_head import fitted_head_dir, fitting_lock, has_fitted_head
+from limelight.models.lm_head import (
+    FIT_STAGE,
+    fitted_head_dir,
+    fitting_lock,
+    fitting_progress,
+    has_fitted_head,
+)
 from limelight.models.loaded import load_model
 from limelight.settings import Settings
 
@@ -77,6 +84,7 @@ def test_the_background_fit_completes_and_decoded_gradcam_becomes_available(
     assert child is not None
     assert child.wait() == 0
     assert has_fitted_head(copy)
+    assert not fitting_progress(copy).exists()  # the fit's progress file went with it
     assert method.unavailable_reason(model) == ""  # no restart: looked up per job
     assert "decoded_gradcam is available" in (copy.parent / f".{copy.name}.lm-head.log").read_text()
     assert fit_lm_head_in_background(copy, steps=3) is None  # fitted: nothing to start
@@ -88,5 +96,10 @@ def test_decoded_gradcam_says_the_lm_head_is_being_fitted(minilm_dir: Path, tmp_
     method = MethodRegistry.load(Settings(jobs="off")).get("decoded_gradcam")
     with file_lock(fitting_lock(copy)):  # what a fitting process holds
         reason = method.unavailable_reason(model)
+        steps = ProgressFile(fitting_progress(copy), [FIT_STAGE])  # and what it writes
+        steps.update(FIT_STAGE, 30, 300, "steps")
+        reading = method.unavailable_reason(model)
+        steps.close()
     assert "being fitted right now" in reason and "retry" in reason
+    assert "masked-LM fit: 30 of 300 steps" in reading and "retry" in reading
     assert "none was found" in method.unavailable_reason(model)

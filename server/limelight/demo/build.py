@@ -33,7 +33,7 @@ from typing import Any, Literal
 import torch
 from tqdm.auto import tqdm
 
-from limelight.build_progress import watch_build
+from limelight.build_progress import ProgressFile, watch_build
 from limelight.demo.datasets import (
     DRUGSCOM_MULTI_LABELS,
     ROTTEN_TOMATOES_LABELS,
@@ -56,10 +56,12 @@ from limelight.errors import FailedPrecondition, InvalidArgument
 from limelight.locks import file_lock, held_elsewhere
 from limelight.models.explainer_head import building_lock, building_progress
 from limelight.models.lm_head import (
+    FIT_STAGE,
     FitConfig,
     fit_and_save_lm_head,
     fit_progress,
     fitting_lock,
+    fitting_progress,
     has_fitted_head,
 )
 from limelight.models.loaded import load_model
@@ -891,7 +893,10 @@ def build_demo_extras_in_background(model_dir: Path, name: DemoName) -> subproce
         DEMO_HEAD_MINUTES.get(name, "a few minutes"),
     )
     watch_build(
-        child, building_progress(model_dir), f"background build of {model_dir.name}", log_path
+        child,
+        [building_progress(model_dir), fitting_progress(model_dir)],
+        f"background build of {model_dir.name}",
+        log_path,
     )
     return child
 
@@ -933,7 +938,9 @@ def fit_lm_head_in_background(model_dir: Path, steps: int) -> subprocess.Popen[b
         child.pid,
         log_path,
     )
-    watch_build(child, None, f"fitting the LM head of {model_dir.name}", log_path)
+    watch_build(
+        child, [fitting_progress(model_dir)], f"fitting the LM head of {model_dir.name}", log_path
+    )
     return child
 
 
@@ -972,6 +979,8 @@ def _fit_lm_head(model_dir: Path, steps: int, progress: bool) -> None:
     if has_fitted_head(model_dir):
         return
     bar = tqdm(desc=f"LM head of {model_dir.name}", unit="step", disable=not progress)
+    # Read by a sidecar meanwhile: decoded_gradcam's refusal and the watcher of this build.
+    steps_file = ProgressFile(fitting_progress(model_dir), [FIT_STAGE])
     try:
         fitted = fit_and_save_lm_head(
             load_model(model_dir, device="cpu"),
@@ -979,13 +988,14 @@ def _fit_lm_head(model_dir: Path, steps: int, progress: bool) -> None:
             "rotten_tomatoes:train",
             # The encoder is frozen and only read: bfloat16 where the CPU has it.
             FitConfig(steps=steps, max_length=64, encoder_precision="bfloat16"),
-            progress=fit_progress(bar),
+            progress=fit_progress(bar, steps_file),
         )
     except Exception:  # an optional extra: the classifier itself is fine without it
         log.exception("fitting the LM head of %s failed; decoded_gradcam stays off", model_dir)
         return
     finally:
         bar.close()
+        steps_file.close()
     if progress:
         tqdm.write(
             f"LM head of {model_dir.name}: masked-token top-1 "

@@ -28,6 +28,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
 
+from limelight.build_progress import ProgressFile, read_progress
 from limelight.errors import FailedPrecondition, InvalidArgument
 from limelight.locks import held_elsewhere
 from limelight.models.precision import read_precision, reading
@@ -233,15 +234,24 @@ class FittedHeadMeta:
         }
 
 
-def fit_progress(bar: Any) -> Callable[[int, int, float], None]:
+#: The one stage of a fit, as a progress file names it.
+FIT_STAGE = "masked-LM fit"
+
+
+def fit_progress(
+    bar: Any, progress_file: ProgressFile | None = None
+) -> Callable[[int, int, float], None]:
     """A ``progress`` callback of :func:`fit_and_save_lm_head` that advances a tqdm ``bar``
-    and shows the loss every 10 steps."""
+    and shows the loss every 10 steps (and writes the steps to ``progress_file``, for a
+    sidecar that waits on a fit in the background)."""
 
     def advance(step: int, total: int, loss: float) -> None:
         bar.total = total
         bar.update(1)
         if step % 10 == 0 or step == total:
             bar.set_postfix(loss=f"{loss:.3f}")
+        if progress_file is not None:
+            progress_file.update(FIT_STAGE, step, total, "steps")
 
     return advance
 
@@ -249,6 +259,11 @@ def fit_progress(bar: Any) -> Callable[[int, int, float], None]:
 def fitting_lock(model_dir: Path) -> Path:
     """The lock a process holds while it fits the LM head beside ``model_dir``."""
     return model_dir.parent / f".{model_dir.name}.lm-head.lock"
+
+
+def fitting_progress(model_dir: Path) -> Path:
+    """Where a fit in the background writes how far it is (beside its lock)."""
+    return model_dir.parent / f".{model_dir.name}.lm-head.progress.json"
 
 
 def has_fitted_head(model_dir: Path) -> bool:
@@ -334,10 +349,12 @@ def lm_head_unavailable_reason(model: LoadedModel, lm_head_dir: Path | None) -> 
     if has_fitted_head(model.directory):
         return ""
     if held_elsewhere(fitting_lock(model.directory)):
+        progress = read_progress(fitting_progress(model.directory))
         return (
             f"the masked-LM head of {model.name} is being fitted right now by another process "
-            "(a sidecar serving the demo model fits it in the background after it starts; a few "
-            "minutes on 2 cores): retry when it is done"
+            "(a sidecar serving the demo model fits it in the background after it starts; "
+            + (progress.describe() if progress else "a few minutes on 2 cores")
+            + "): retry when it is done"
         )
     return (
         f"Decoded Grad-CAM needs the base model's masked-LM head and none was found for "
