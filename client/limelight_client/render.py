@@ -198,13 +198,18 @@ def _bar(fraction: float) -> str:
     return "█" * filled + "░" * (_BAR_WIDTH - filled)
 
 
-def to_terminal(exp: Explanation, scores: str = "scores", color: bool | None = None) -> str:
+def to_terminal(
+    exp: Explanation, scores: str | Sequence[str] = "scores", color: bool | None = None
+) -> str:
     """Render ``exp`` as a heat-map for a terminal.
 
     With colour: ANSI truecolor backgrounds per token. Without (``NO_COLOR`` set, or
-    ``color=False``): plain text with each token's score in brackets after it.
+    ``color=False``): plain text with each token's score in brackets after it. Several score
+    arrays (e.g. ``["scores", "importance"]`` for SLALOM) give one map each under one header.
     """
     use_color = _color_enabled(color)
+    names = _resolve(exp, scores)
+    scores = names[0]
     lines: list[str] = []
 
     if exp.multi_label:
@@ -231,6 +236,13 @@ def to_terminal(exp: Explanation, scores: str = "scores", color: bool | None = N
         note = f"  (threshold {limit:.2f})" if limit is not None else ""
         lines.append(f"{mark} {_safe(name).ljust(width)}  {_bar(p)}  {p:.3f}{note}")
     lines.append("")
+    if len(names) > 1:  # one map per named array, each under its name
+        for index, name in enumerate(names):
+            if index:
+                lines.append("")
+            lines.append(f"── {_safe(_array_title(exp, name))} ──")
+            lines.extend(_terminal_map(exp, name, use_color))
+        return "\n".join(lines)
     for index, one in enumerate(explained):
         if len(explained) > 1:
             if index:
@@ -238,6 +250,15 @@ def to_terminal(exp: Explanation, scores: str = "scores", color: bool | None = N
             lines.append(f"── explaining {_safe(one.target_label or str(one.target_index))} ──")
         lines.extend(_terminal_map(one, scores, use_color))
     return "\n".join(lines)
+
+
+def _array_title(exp: Explanation, name: str) -> str:
+    """What a score array is called under its map: the method's primary array by its own name
+    when the method gives one (SLALOM: ``linearized``)."""
+    if name != "scores":
+        return name
+    primary = exp.details.get("primary_score") if isinstance(exp.details, dict) else None
+    return str(primary or exp.method or "scores")
 
 
 def _terminal_map(exp: Explanation, scores: str, use_color: bool) -> list[str]:
@@ -285,7 +306,11 @@ def _terminal_map(exp: Explanation, scores: str, use_color: bool) -> list[str]:
         else:
             lines.append(
                 f"{name}{_fmt(-scale, scale)} {neg}0{pos} {_fmt(scale, scale)}   "
-                + (f"red supports {explained}, blue speaks against it" if explained else "")
+                + (
+                    f"red supports {explained}, blue speaks against it"
+                    if explained
+                    else "red: above 0, blue: below 0"
+                )
             )
     else:
         lines.append(

@@ -56,4 +56,27 @@ def test_bad_input_exits_non_zero_with_a_clear_message(sidecar: RunningSidecar) 
     assert out.returncode == 1
     assert "unknown label 'meh'" in out.stderr
     unreachable = limelight("explain", "x", "--target", "127.0.0.1:1", "--timeout", "2")
-    assert unreachable.returncode == 1 and "error" in unreachable.stderr.lower()
+    assert unreachable.returncode == 1
+    # where it looked and how to point it elsewhere, not gRPC's resolver internals
+    assert "cannot reach a sidecar at 127.0.0.1:1 (connection refused)" in unreachable.stderr
+    assert "--target" in unreachable.stderr and "ipv4:" not in unreachable.stderr
+    jobs = limelight("jobs", "list", "--target", "127.0.0.1:1", "--timeout", "2")
+    assert jobs.returncode == 1 and "cannot reach a sidecar at 127.0.0.1:1" in jobs.stderr
+    unknown = limelight("explain", "fine", "--method", "nope", "--target", sidecar.target)
+    assert unknown.returncode == 1
+    assert unknown.stderr.startswith("error: unknown method 'nope'; offered: ")
+    assert "normxlogit" in unknown.stderr and "KeyError" not in unknown.stderr
+
+
+def test_the_text_can_come_from_standard_input(sidecar: RunningSidecar) -> None:
+    text = "a gorgeous, witty, seductive movie " * 40  # longer than a shell argument likes
+    out = subprocess.run(
+        [sys.executable, "-m", "limelight.cli.main", "explain", "-", "--json"],
+        input=text + "\n",
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "LIMELIGHT_TARGET": sidecar.target},
+    )
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)["text"] == text  # the final newline is not part of it

@@ -169,6 +169,28 @@ def test_html_several_score_arrays_side_by_side() -> None:
     assert "supports positive" in exp.to_terminal(color=False).splitlines()[-1]
 
 
+def test_terminal_several_score_arrays_share_one_header() -> None:
+    exp = wordpiece_explanation()
+    n = len(exp.tokens)
+    exp = Explanation(
+        **{
+            **{f: getattr(exp, f) for f in exp.__dataclass_fields__},
+            "extra_scores": {"importance": [float(i % 3 - 1) for i in range(n)]},
+        }
+    )
+    out = exp.to_terminal(scores=["scores", "importance"], color=False)
+    lines = out.splitlines()
+    assert sum(line.startswith("prediction: ") for line in lines) == 1
+    assert f"── {exp.method} ──" in lines and "── importance ──" in lines
+    assert lines.index(f"── {exp.method} ──") < lines.index("── importance ──")
+    # each map carries its own legend: class evidence for the primary array, neutral after it
+    legends = [line for line in lines if "scores in brackets" in line]
+    assert len(legends) == 2
+    assert "supports" in legends[0] and "supports" not in legends[1]
+    with pytest.raises(KeyError):
+        exp.to_terminal(scores=["scores", "missing"])
+
+
 def test_html_wordpieces_join_into_the_word() -> None:
     page = wordpiece_explanation().to_html()
     text_block = re.search(r'<p class="text">(.*?)</p>', page, re.S)

@@ -8,7 +8,13 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
-from limelight.cli.common import add_client_args, add_model_args, settings_from_args, setup_logging
+from limelight.cli.common import (
+    add_client_args,
+    add_model_args,
+    client_error_line,
+    settings_from_args,
+    setup_logging,
+)
 
 DEFAULT_DATA = "rotten_tomatoes:validation"
 DEFAULT_OUT = Path("limelight-drift-reference.json")
@@ -270,7 +276,7 @@ def run_drift(args: argparse.Namespace, stdout: TextIO | None = None) -> int:
     try:
         report = _fetch(args)
     except ClientError as exc:  # carries the status code and the server's message
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"error: {client_error_line(exc, args.target)}", file=sys.stderr)
         return 1
     print(format_report(report), file=stdout)
     if args.plot is not None:

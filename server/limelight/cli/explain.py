@@ -17,6 +17,7 @@ from typing import Any
 from limelight.cli.common import (
     add_client_args,
     add_model_args,
+    client_error_line,
     client_from_args,
     parse_params,
     settings_from_args,
@@ -29,7 +30,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="explain one text (terminal heat-map, --html, --json)",
         description="Classify TEXT and attribute the prediction to its tokens.",
     )
-    p.add_argument("text", help="the text to classify")
+    p.add_argument("text", help="the text to classify; - reads it from standard input")
     p.add_argument("--pair", dest="text_pair", help="second text for text-pair (NLI) models")
     p.add_argument(
         "--class",
@@ -68,9 +69,9 @@ def _show(explanation: Any, args: argparse.Namespace) -> None:
     if args.json:
         print(json.dumps(explanation.to_dict(), indent=2))
         return
-    print(explanation.to_terminal())
-    if explanation.method == "slalom":
-        print(explanation.to_terminal(scores="importance"))
+    # SLALOM's importance (how much a token matters at all) beside its primary scores
+    maps = ["scores", "importance"] if explanation.method == "slalom" else "scores"
+    print(explanation.to_terminal(scores=maps))
     explained = explanation.explained()
     for one in explained:  # multi-label: one line per explained label
         top = ", ".join(f"{tok.text} ({score:+.3f})" for tok, score in one.top(args.top))
@@ -95,9 +96,14 @@ def _follow(job: Any, quiet: bool) -> Any:
 def run(args: argparse.Namespace) -> int:
     from limelight_client.errors import LimelightError
 
+    if args.text == "-":  # texts longer than a shell argument, or piped from a file
+        args.text = sys.stdin.read().removesuffix("\n").removesuffix("\r")
     try:
         explanation = _run_local(args) if args.local else _run_remote(args)
     except LimelightError as exc:
+        print(f"error: {client_error_line(exc, args.target)}", file=sys.stderr)
+        return 1
+    except UnknownMethod as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     if explanation is not None:
@@ -105,12 +111,19 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+class UnknownMethod(Exception):
+    """--method names a method the sidecar does not offer."""
+
+
 def _run_remote(args: argparse.Namespace) -> Any:
     with client_from_args(args) as client:
         method = args.method
         cost = "inline"
         if method:
-            cost = client.model().method(method).cost
+            try:
+                cost = client.model().method(method).cost
+            except KeyError as exc:  # the server's list, before anything is sent
+                raise UnknownMethod(exc.args[0]) from None
         if cost == "inline":
             return client.explain(
                 args.text,

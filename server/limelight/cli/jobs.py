@@ -8,7 +8,7 @@ import json
 import sys
 from typing import Any
 
-from limelight.cli.common import add_client_args, client_from_args
+from limelight.cli.common import add_client_args, client_error_line, client_from_args
 
 _STATES = ["queued", "running", "succeeded", "failed", "cancelled"]
 
@@ -120,7 +120,7 @@ def _call(args: argparse.Namespace, action: Any) -> int:
         with client_from_args(args) as client:
             return int(action(client) or 0)
     except LimelightError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"error: {client_error_line(exc, args.target)}", file=sys.stderr)
         return 1
 
 

@@ -130,10 +130,9 @@ def describe_error(exc: BaseException, args: argparse.Namespace) -> tuple[str, i
     from limelight_client.errors import LimelightError as ClientError
 
     if isinstance(exc, ClientError):
-        target = getattr(args, "target", None)
-        if getattr(getattr(exc, "code", None), "name", "") == "UNAVAILABLE" and target:
-            return f"cannot reach the sidecar at {target}: {exc.message}", EXIT_FAILURE
-        return str(exc), EXIT_FAILURE
+        from limelight.cli.common import client_error_line
+
+        return client_error_line(exc, getattr(args, "target", None)), EXIT_FAILURE
     if type(exc).__name__ == "ValidationError" and hasattr(exc, "errors"):
         return _validation_message(exc), EXIT_USAGE
     if type(exc).__name__ == "SettingsError":
