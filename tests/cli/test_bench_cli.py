@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -10,28 +11,23 @@ import pytest
 from tests.cli.test_explain_cli import limelight
 
 
+def quick_bench(
+    model_dir: Path, out: Path, sections: str, *options: str
+) -> subprocess.CompletedProcess[str]:
+    return limelight(
+        "bench", "--model", str(model_dir), "--quick", "--sections", sections, *options,
+        "--out", str(out),
+    )  # fmt: skip
+
+
 @pytest.mark.parametrize(("rpc", "workers"), [("stream", 1), ("http", 2)])
 def test_quick_served_bench(bert_tiny_dir: Path, tmp_path: Path, rpc: str, workers: int) -> None:
     """Over streams, and over the HTTP port of two workers (which share it)."""
     out = tmp_path / "bench"
-    done = limelight(
-        "bench",
-        "--model",
-        str(bert_tiny_dir),
-        "--quick",
-        "--sections",
-        "served",
-        "--runtimes",
-        "onnx",
-        "--clients",
-        "2",
-        "--rpc",
-        rpc,
-        "--workers",
-        str(workers),
-        "--out",
-        str(out),
-    )
+    done = quick_bench(
+        bert_tiny_dir, out, "served", "--runtimes", "onnx", "--clients", "2", "--rpc", rpc,
+        "--workers", str(workers),
+    )  # fmt: skip
     assert done.returncode == 0, done.stderr[-2000:]
     report = (out / "bench.md").read_text()
     assert f"--rpc {rpc}" in report  # the command that made it, for the docs
@@ -47,3 +43,21 @@ def test_bench_refuses_an_unknown_rpc(bert_tiny_dir: Path, tmp_path: Path) -> No
         "bench", "--model", str(bert_tiny_dir), "--rpc", "bidi", "--out", str(tmp_path)
     )
     assert done.returncode == 2 and "--rpc" in done.stderr
+
+
+def test_quick_inline_bench_prices_the_head_against_normxlogit_alone(
+    bert_tiny_dir: Path, tmp_path: Path
+) -> None:
+    out = tmp_path / "bench"
+    options = ["--runtimes", "torch", "--batches", "1", "--torch-threads", "1"]
+    done = quick_bench(bert_tiny_dir, out, "inline", *options)
+    assert done.returncode == 0, done.stderr[-2000:]
+    report = (out / "bench.md").read_text()
+    rows = re.findall(r"^\| torch \| (short|long) \| 1 \|(.*)\|$", report, re.M)
+    assert [kind for kind, _ in rows] == ["short", "long"], report
+    has_head = (bert_tiny_dir / "limelight_distilled" / "card.json").exists()
+    assert ("normxlogit alone/forward" in report) == has_head
+    for _, cells in rows:
+        numbers = [float(c) for c in cells.split("|")]  # every cell was measured
+        assert len(numbers) == (5 if has_head else 4) and all(n > 0 for n in numbers)
+    assert "medians of alternating (forward, explain) pairs" in report

@@ -176,11 +176,18 @@ def _run(args: argparse.Namespace, work: Path) -> int:
     # What the server runs: the heads and lexicon table found beside the model, and its
     # default inline method.
     heads = inline_heads(model)
+    # The same runtimes without the heads: what NormXLogit alone costs, the floor under any
+    # head (measured only when there is a head to compare).
+    bare: dict[str, Runtime] = {}
     if "torch" in names:
         runtimes["torch"] = with_lexicon(TorchRuntime(model, heads), model, settings.cache_dir)
+        if heads and "inline" in sections:
+            bare["torch"] = TorchRuntime(model, {})
     if "onnx" in names:
         onnx = b.plain_onnx_runtime(model, work, heads, settings.torch_threads)
         runtimes["onnx"] = with_lexicon(onnx, model, settings.cache_dir)
+        if heads and "inline" in sections:
+            bare["onnx"] = b.plain_onnx_runtime(model, work / "bare", {}, settings.torch_threads)
     default_inline = MethodRegistry.load(settings).get(
         resolve_default_method(
             settings.default_method, torch_serving_runtime(model, settings.cache_dir)
@@ -201,32 +208,33 @@ def _run(args: argparse.Namespace, work: Path) -> int:
     inline_rows: list[Any] = []
     if "inline" in sections:
         inline_rows = b.inline_vs_forward(
-            model, runtimes, {"short": short, "long": long}, batches, repeats, default_inline
+            model,
+            runtimes,
+            {"short": short, "long": long},
+            batches,
+            repeats,
+            default_inline,
+            bare=bare,
         )
+        header = ["runtime", "texts", "batch", "forward ms", "explain ms", "explain/forward"]
+        header += ["normxlogit alone/forward"] if bare else []
         emit(
             f"Inline explain ({default_inline.name}) vs plain forward (same inputs, same run)",
             b.markdown_table(
+                [*header, "expl/s"],
                 [
-                    "runtime",
-                    "texts",
-                    "batch",
-                    "forward ms",
-                    "explain ms",
-                    "explain/forward",
-                    "expl/s",
-                ],
-                [
-                    [
-                        r.runtime,
-                        r.texts,
-                        r.batch,
-                        r.forward_ms,
-                        r.explain_ms,
-                        r.ratio,
-                        r.explain_per_s,
-                    ]
+                    [r.runtime, r.texts, r.batch, r.forward_ms, r.explain_ms, r.ratio]
+                    + ([r.bare_ratio if r.bare_ratio is not None else "–"] if bare else [])
+                    + [r.explain_per_s]
                     for r in inline_rows
                 ],
+            ),
+            "Ratios are medians of alternating (forward, explain) pairs"
+            + (
+                "; 'normxlogit alone' is the inline pass without the heads, what every request "
+                "costs before a head is added."
+                if bare
+                else "."
             ),
         )
 

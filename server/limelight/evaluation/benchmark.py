@@ -66,6 +66,38 @@ def median_seconds(fn: Callable[[], object], repeats: int, warmup: int = 2) -> f
     return statistics.median(samples)
 
 
+def paired_seconds(
+    first: Callable[[], object],
+    second: Callable[[], object],
+    repeats: int,
+    min_seconds: float = 1.0,
+    warmup: int = 2,
+) -> tuple[float, float, float]:
+    """Median seconds of ``first`` and of ``second``, timed in alternating pairs, and the median
+    of their per-pair ratio second / first.
+
+    Pairs share whatever the machine is doing at that moment, so the ratio of a pair cancels
+    slow drifts (frequency changes, a neighbour's load) that two separate series would each
+    catch differently; the order inside a pair alternates so neither call always runs on the
+    caches the other warmed. Calls of a fraction of a millisecond repeat until the pairs have
+    taken ``min_seconds``: fifteen of them would be timer noise.
+    """
+    for _ in range(warmup):
+        first()
+        second()
+    a: list[float] = []
+    b: list[float] = []
+    started = time.perf_counter()
+    while len(a) < repeats or time.perf_counter() - started < min_seconds:
+        for flip in (False, True) if len(a) % 2 else (True, False):
+            fn, out = (second, b) if flip else (first, a)
+            start = time.perf_counter()
+            fn()
+            out.append(time.perf_counter() - start)
+    ratios = [y / x for x, y in zip(a, b, strict=True)]
+    return statistics.median(a), statistics.median(b), statistics.median(ratios)
+
+
 def percentile(values: Sequence[float], q: float) -> float:
     ordered = sorted(values)
     if not ordered:
@@ -107,10 +139,9 @@ class InlineRow:
     batch: int
     forward_ms: float
     explain_ms: float
-
-    @property
-    def ratio(self) -> float:
-        return self.explain_ms / self.forward_ms
+    ratio: float  # the median of paired ratios, not the ratio of the two medians
+    bare_ratio: float | None = None
+    """The same for the inline pass without the heads (NormXLogit alone), when measured."""
 
     @property
     def explain_per_s(self) -> float:
@@ -124,13 +155,17 @@ def inline_vs_forward(
     batches: Sequence[int],
     repeats: int,
     method: InlineMethod | None = None,
+    bare: Mapping[str, Runtime] | None = None,
 ) -> list[InlineRow]:
     """Plain forward vs the whole inline explanation (``method``, default NormXLogit, on
-    runtimes that compute whatever heads the server loads), per runtime, length and batch."""
+    runtimes that compute whatever heads the server loads), per runtime, length and batch;
+    with ``bare`` (runtimes by the same names, without the heads) also vs NormXLogit alone,
+    which is what the inline pass costs before any head is added."""
     from limelight.methods.normxlogit import NormXLogit
     from limelight.runtimes.base import InlineBatch
 
-    method = method or NormXLogit()
+    normxlogit = NormXLogit()
+    method = method or normxlogit
     rows = []
     for kind, pool in texts.items():
         for size in batches:
@@ -138,23 +173,31 @@ def inline_vs_forward(
             batch = InlineBatch.from_encoded(encoded, model.pad_id)
             for name, runtime in runtimes.items():
 
-                def explain(
-                    runtime: Runtime = runtime,
-                    batch: InlineBatch = batch,
-                    encoded: list[Encoded] = encoded,
-                ) -> None:
-                    out = runtime.run_inline(batch)
-                    for row, enc in enumerate(encoded):
-                        method.attribute(out, row, len(enc))
-
                 def forward(runtime: Runtime = runtime, batch: InlineBatch = batch) -> None:
                     runtime.forward_logits(batch)
 
-                # Interleave the two so machine noise hits both alike.
-                f = median_seconds(forward, repeats)
-                e = median_seconds(explain, repeats)
-                rows.append(InlineRow(name, kind, size, f * 1e3, e * 1e3))
+                # Interleaved in pairs so machine noise hits both alike.
+                explain = _explain_call(runtime, method, batch, encoded)
+                f, e, ratio = paired_seconds(forward, explain, repeats)
+                bare_ratio = None
+                if bare is not None and name in bare:
+                    alone = _explain_call(bare[name], normxlogit, batch, encoded)
+                    bare_ratio = paired_seconds(forward, alone, repeats)[2]
+                rows.append(InlineRow(name, kind, size, f * 1e3, e * 1e3, ratio, bare_ratio))
     return rows
+
+
+def _explain_call(
+    runtime: Runtime, method: InlineMethod, batch: InlineBatch, encoded: Sequence[Encoded]
+) -> Callable[[], None]:
+    """The whole inline explanation of ``batch``: the runtime's pass, then ``method`` per row."""
+
+    def explain() -> None:
+        out = runtime.run_inline(batch)
+        for row, enc in enumerate(encoded):
+            method.attribute(out, row, len(enc))
+
+    return explain
 
 
 def plain_onnx_runtime(
