@@ -403,9 +403,12 @@ class Explanation(_Shape):
             Path(path).write_text(page, encoding="utf-8")
         return page
 
-    def to_terminal(self, scores: str = TARGET_SCORES, color: bool | None = None) -> str:
+    def to_terminal(
+        self, scores: str | Sequence[str] = TARGET_SCORES, color: bool | None = None
+    ) -> str:
         """A heat-map of the text for a terminal (ANSI truecolor; plain text with bracketed
-        scores when ``NO_COLOR`` is set or ``color=False``)."""
+        scores when ``NO_COLOR`` is set or ``color=False``); several named score arrays give
+        one map each under one header, e.g. ``["scores", "importance"]`` for SLALOM."""
         return render.to_terminal(self, scores=scores, color=color)
 
 
