@@ -41,6 +41,7 @@ from limelight.methods.normxlogit import NormXLogit
 from limelight.models.explainer_head import (
     CARD_FORMAT,
     ExplainerHead,
+    FrozenHead,
     _ContextBlock,
     head_dir,
     load_head,
@@ -271,8 +272,37 @@ def test_serving_forward_equals_the_training_path(distilled: Path) -> None:
         norms = out.hidden_states[0].float().norm(dim=-1)
         served = head(out.hidden_states, norms, logits, mask)
         trained = head.score(head.features(out.hidden_states, norms, logits), mask)
+        frozen = FrozenHead(head)(out.hidden_states, norms, logits, mask)
     assert served.abs().max() > 0.1  # not a degenerate head
     torch.testing.assert_close(served, trained, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(frozen, served, atol=1e-5, rtol=1e-5)
+    # ... and it is what the torch runtime serves
+    assert isinstance(TorchRuntime(model, {"distilled": head}).heads["distilled"], FrozenHead)
+
+
+@pytest.mark.parametrize("attention_heads", [0, 2])
+def test_the_frozen_head_equals_the_module_padding_included(attention_heads: int) -> None:
+    """The torch runtime serves ``FrozenHead``; the ONNX export and training use the module."""
+    torch.manual_seed(0)
+    head = ExplainerHead([0, 2], hidden_size=24, num_labels=3, width=16,
+                         attention_heads=attention_heads).eval()  # fmt: skip
+    for p in head.parameters():  # away from the initial ones and zeros of the layer norms
+        p.data += 0.3 * torch.randn_like(p)
+    hidden = tuple(torch.randn(3, 9, 24) * (i + 1) for i in range(3))
+    norms, logits = torch.rand(3, 9) * 5, torch.randn(3, 9, 3)
+    mask = torch.ones(3, 9, dtype=torch.long)
+    mask[1, 6:] = 0
+    mask[2, 2:] = 0
+    frozen = FrozenHead(head)
+    with torch.inference_mode():
+        expected = head(hidden, norms, logits, mask)
+        got = frozen(hidden, norms, logits, mask)
+        moved = tuple(h.clone() for h in hidden)
+        moved[2][1, 6:] += 100.0  # padding content must not reach real tokens
+        got_moved = frozen(moved, norms, logits, mask)
+    assert expected.abs().max() > 0.1
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(got_moved[1, :6], got[1, :6], atol=1e-5, rtol=1e-5)
 
 
 def test_fused_attention_equals_the_exported_ops(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -178,6 +178,80 @@ class ExplainerHead(nn.Module):
         return self._from_projected(x, attention_mask)
 
 
+class FrozenHead:
+    """An ``ExplainerHead``'s forward pass for serving, as plain tensor functions.
+
+    The same computation, up to float rounding (tested, padding included), without what a
+    module pays on every call and a small head cannot hide: each submodule's ``__call__``,
+    the projection's weight sliced and transposed again per layer, the attention mask built
+    as an additive bias in three operations. On BERT-tiny (a 1.5 ms forward at batch 1) that
+    took the head from 0.38 to 0.23 ms. Training, the ONNX export and evaluation keep using
+    the module; the torch runtime serves this. The weights are copied at freezing: a module
+    trained further afterwards is not seen.
+    """
+
+    def __init__(self, head: ExplainerHead) -> None:
+        def own(t: torch.Tensor) -> torch.Tensor:
+            return t.detach().contiguous()
+
+        k = head.hidden_size
+        weight = head.proj.weight
+        tail = len(head.layers) * k
+        self.layers = list(head.layers)
+        self.hidden_size = k
+        self.width = weight.shape[0]
+        self.layer_weights = [own(weight[:, i * k : (i + 1) * k]) for i in range(len(head.layers))]
+        # log‖h_0‖ and the token logits enter through one product with the bias folded in
+        self.extra_weight, self.bias = own(weight[:, tail:]), own(head.proj.bias)
+        context = head.context
+        self.heads = context.heads if context is not None else 0
+        params = (
+            [
+                context.norm1,
+                context.qkv,
+                context.out,
+                context.norm2,
+                context.ff[0],
+                context.ff[2],
+            ]
+            if context is not None
+            else []
+        ) + [head.readout[0], head.readout[1]]
+        self.params = [
+            (own(m.get_parameter("weight")), own(m.get_parameter("bias"))) for m in params
+        ]
+
+    def __call__(
+        self,
+        hidden_states: tuple[torch.Tensor, ...] | list[torch.Tensor],
+        embedding_norms: torch.Tensor,
+        token_logits: torch.Tensor,
+        attention_mask: torch.Tensor,
+    ) -> torch.Tensor:
+        k, w = self.hidden_size, self.width
+        extra = torch.cat(
+            [torch.log1p(embedding_norms.float()).unsqueeze(-1), token_logits.float()], dim=-1
+        )
+        x = F.linear(extra, self.extra_weight, self.bias)
+        for layer, weight in zip(self.layers, self.layer_weights, strict=True):
+            x = x + F.linear(F.layer_norm(hidden_states[layer].float(), (k,), eps=1e-5), weight)
+        if self.heads:
+            norm1, qkv, out, norm2, ff1, ff2 = self.params[:6]
+            b, n, _ = x.shape
+            q, key, v = (
+                F.linear(F.layer_norm(x, (w,), *norm1), *qkv)
+                .view(b, n, 3, self.heads, w // self.heads)
+                .permute(2, 0, 3, 1, 4)
+            )
+            # a boolean mask: the additive -1e4 of the module, exactly, in float32
+            keep = attention_mask.bool()[:, None, None, :]
+            attended = F.scaled_dot_product_attention(q, key, v, attn_mask=keep)
+            x = x + F.linear(attended.transpose(1, 2).reshape(b, n, w), *out)
+            x = x + F.linear(F.gelu(F.linear(F.layer_norm(x, (w,), *norm2), *ff1)), *ff2)
+        norm, readout = self.params[-2:]
+        return F.linear(F.layer_norm(x, (w,), *norm), *readout)
+
+
 def _standardise(x: torch.Tensor, width: int) -> torch.Tensor:
     """Per-token standardisation over features (LayerNorm without weights, one fused kernel):
     never across positions, so a token's features do not depend on the padding of its batch."""

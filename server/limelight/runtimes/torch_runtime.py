@@ -8,6 +8,7 @@ import numpy as np
 import torch
 
 from limelight.core.types import FloatArray
+from limelight.models.explainer_head import ExplainerHead, FrozenHead
 from limelight.models.loaded import LoadedModel
 from limelight.runtimes.base import InlineBatch, InlineHead, InlineOutputs, Runtime
 
@@ -30,9 +31,14 @@ class TorchRuntime(Runtime):
     name = "torch"
 
     def __init__(self, model: LoadedModel, heads: Mapping[str, InlineHead] | None = None) -> None:
-        """``heads``: extra per-token heads run on the same forward pass (see InlineHead)."""
+        """``heads``: extra per-token heads run on the same forward pass (see InlineHead);
+        explainer heads are served in their frozen form (FrozenHead: the same scores, fewer
+        operations per call)."""
         self.model = model
-        self.heads = dict(heads or {})
+        self.heads: dict[str, InlineHead] = {
+            name: FrozenHead(head) if isinstance(head, ExplainerHead) else head
+            for name, head in (heads or {}).items()
+        }
 
     @property
     def head_names(self) -> frozenset[str]:
