@@ -15,7 +15,7 @@ trains it), it
 
 and prints each head's deletion, sufficiency and removed AOPC with the paired difference from
 the first stage. None of these figures is a quality claim: the heads have seen the reviews
-(docs/distillation.md, "What limits the MiniLM head").
+(docs/distillation-lab.md, "What limits the MiniLM head").
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ Trains the demo head's stage 1 on the cached labels exactly as the demo build do
 same followed by ``--steps`` of the loop stage (``TrainConfig.loop_estimator``: ``policy``,
 token orders sampled from the head's scores and scored by the classifier's own deletion curve;
 or ``straight_through``), and scores both on held-out test reviews, paired at the same seed
-(docs/distillation.md, "What was tried"). The loop trains on the labelled texts and, with
+(docs/distillation-lab.md, "Training variants"). The loop trains on the labelled texts and, with
 ``--loop-texts N``, on N more training reviews without labels (it reads the classifier only).
 ``--average 0.99,0.998`` also scores moving averages of the loop's weights at every checkpoint,
 paired with the last step's weights of the same run (``TrainConfig.loop_average``).

@@ -8,8 +8,8 @@ validation split's reviews, and one crop per training review (a random run of 40
 words, so a new context for the same words) — then trains heads exactly as the demo build
 does on the demo's cached labels alone and with each extra set added, and scores them on
 held-out test reviews (the sample of ``limelight eval --n N --seed S``). Δ is paired against
-the demo's labels alone at the same training seed. Measured in docs/distillation.md ("What
-was tried").
+the demo's labels alone at the same training seed. Measured in docs/distillation-lab.md ("Texts
+beyond the training split did not").
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ with the top tokens removed. ``--train`` gives variants of the training (``Train
 ``;`` between variants, the first — empty: the demo's — is the baseline). Each row's Δ is
 paired against the first width and variant at the same seed.
 Every unit of width is paid on every request, so the narrowest width that holds its
-faithfulness is the one to serve (docs/distillation.md, "Narrower heads"). ``--blocks 1,2``
+faithfulness is the one to serve (docs/distillation-lab.md, "Narrower heads"). ``--blocks 1,2``
 also trains heads with a second context block stacked on the first (the served head has one),
 to see whether depth helps. ``--labels`` trains on other label sets — a label cache that
 `limelight distill` wrote, or ``A+B`` for the union of two — each against the first at the same

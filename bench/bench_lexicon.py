@@ -22,7 +22,7 @@ sufficiency AOPC with ``[MASK]`` and deletion with the top tokens removed for
   with the lexicon's columns among their inputs, each paired against the same training without
   them at the same seed.
 
-docs/distillation.md, "A context-free lexicon", has the figures.
+docs/distillation-lab.md, "A context-free lexicon", has the figures.
 """
 
 from __future__ import annotations

@@ -20,7 +20,7 @@ with the demo recipe except ``attention_heads=0``: no context block. Then, on th
     limelight bench --model OUT --sections inline --runtimes torch,onnx --batches 1,32 \\
         --torch-threads 1
 
-docs/distillation.md, "A per-token head", has the figures.
+docs/distillation-lab.md, "A per-token head", has the figures.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ Every vocabulary entry gets the change in each class's log-odds when the text is
 alone, against the empty text (``[CLS] v [SEP]`` against ``[CLS] [SEP]`` for BERT; whatever the
 tokenizer's special tokens are around a single sequence). A token of a text then scores its
 entry: a lookup that reads no context, so a method's lead over it is what context adds. On the
-demo models it ranks well above NormXLogit (docs/distillation.md, "A context-free lexicon").
+demo models it ranks well above NormXLogit (docs/distillation-lab.md, "A context-free lexicon").
 
 The table is one batched pass over the vocabulary (about 15 s for MiniLM on two CPU cores).
 ``limelight lexicon`` saves it beside the model (``limelight.models.lexicon_table``; the sidecar
