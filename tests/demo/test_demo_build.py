@@ -19,7 +19,6 @@ from safetensors.torch import load_file
 from limelight.demo.build import (
     CARD_FILE,
     DEMO_HEADS,
-    RECIPES,
     DemoBuildError,
     DemoCard,
     Recipe,
@@ -30,6 +29,7 @@ from limelight.demo.build import (
     ensure_demo_model,
 )
 from limelight.demo.datasets import Example, rotten_tomatoes
+from limelight.demo.recipes import RECIPES
 from limelight.errors import InvalidArgument
 from limelight.models.explainer_head import head_dir, load_head, read_card
 from limelight.models.loaded import load_model

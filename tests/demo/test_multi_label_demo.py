@@ -17,7 +17,6 @@ from transformers import AutoTokenizer, BertForSequenceClassification
 
 from limelight.cli.main import main
 from limelight.demo.build import (
-    RECIPES,
     DemoBuildError,
     DemoCard,
     MultiLabelRecipe,
@@ -31,6 +30,7 @@ from limelight.demo.datasets import (
     drugscom_labels_of,
     drugscom_multi_label,
 )
+from limelight.demo.recipes import RECIPES
 from limelight.errors import InvalidArgument
 from limelight.models.explainer_head import inline_heads
 from limelight.models.lexicon_table import lexicon_dir, lexicon_unavailable_reason

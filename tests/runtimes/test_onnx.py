@@ -18,10 +18,10 @@ from limelight.methods.normxlogit import NormXLogit
 from limelight.models.explainer_head import HEAD_DIRNAME, OUTPUT_NAME, inline_heads
 from limelight.models.loaded import LoadedModel, load_model
 from limelight.runtimes.base import InlineBatch
+from limelight.runtimes.graph_cache import SERVED_FROM
 from limelight.runtimes.onnx_export import export_onnx, module_digest, read_description
 from limelight.runtimes.onnx_runtime import (
     DEFAULT_GRAPH,
-    SERVED_FROM,
     OnnxRuntime,
     cached_graph,
     choose_providers,

@@ -39,14 +39,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 def run(args: argparse.Namespace) -> int:
     """Build the requested demo models; exit 1 when one fails its accuracy gate."""
-    from limelight.demo.build import (
-        DEMO_NAMES,
-        DemoBuildError,
-        DemoCard,
-        DemoName,
-        demo_model_dir,
-        ensure_demo_model,
-    )
+    from limelight.demo.build import DemoCard, ensure_demo_model
+    from limelight.demo.recipes import DEMO_NAMES, DemoBuildError, DemoName, demo_model_dir
     from limelight.errors import LimelightError
     from limelight.settings import Settings
 

@@ -6,13 +6,7 @@ import argparse
 import random
 from pathlib import Path
 
-from limelight.models.head_calibration import (
-    MASK_FILENAME,
-    calibrate,
-    load_parser,
-    mask_document,
-    write_mask,
-)
+from limelight.models.head_mask import MASK_FILENAME
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -82,6 +76,12 @@ def read_texts(path: Path | None, text_field: str = "text") -> tuple[list[str], 
 def run(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
+    from limelight.models.head_calibration import (
+        calibrate,
+        load_parser,
+        mask_document,
+        write_mask,
+    )
     from limelight.models.loaded import load_model
 
     # Mistakes (no model, unreadable data) end in `limelight.cli.main`, one line like every

@@ -10,11 +10,11 @@ from limelight.cli.common import add_model_args, parse_params, settings_from_arg
 from limelight.errors import InvalidArgument
 
 if TYPE_CHECKING:
-    from limelight.distill.train import Mixture
+    from limelight.distill.config import Mixture
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    from limelight.distill.train import DEFAULT_TEACHER, LABEL_SCALES, TEACHERS, TrainConfig
+    from limelight.distill.config import DEFAULT_TEACHER, LABEL_SCALES, TEACHERS, TrainConfig
 
     defaults = TrainConfig()
     p = subparsers.add_parser(
@@ -155,12 +155,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 def run(args: argparse.Namespace) -> int:
     from limelight.app import load_served_model
     from limelight.distill.build import HeadRecipe, build_head, report
-    from limelight.distill.train import (
-        DEFAULT_TEACHER_PARAMS,
-        LOOP_FRACTIONS,
-        TrainConfig,
-        loop_reward_terms,
-    )
+    from limelight.distill.config import DEFAULT_TEACHER_PARAMS, TrainConfig
+    from limelight.distill.train import LOOP_FRACTIONS, loop_reward_terms
     from limelight.models.explainer_head import head_dir
 
     if (
@@ -229,7 +225,7 @@ def run(args: argparse.Namespace) -> int:
 
 def parse_mixture(spec: str, params: list[str]) -> Mixture:
     """``TEACHER:WEIGHT`` (and ``KEY=VALUE`` parameters) -> a :class:`Mixture`."""
-    from limelight.distill.train import DEFAULT_TEACHER_PARAMS, TEACHERS, Mixture
+    from limelight.distill.config import DEFAULT_TEACHER_PARAMS, TEACHERS, Mixture
 
     teacher, sep, raw = spec.rpartition(":")
     try:

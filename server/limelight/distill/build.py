@@ -23,14 +23,8 @@ from tqdm.auto import tqdm
 
 from limelight.build_progress import ProgressFile
 from limelight.demo import datasets
-from limelight.distill.train import (
-    DEFAULT_TEACHER,
-    DEFAULT_TEACHER_PARAMS,
-    LOOP_FRACTIONS,
-    Mixture,
-    TrainConfig,
-    distill,
-)
+from limelight.distill.config import DEFAULT_TEACHER, DEFAULT_TEACHER_PARAMS, Mixture, TrainConfig
+from limelight.distill.train import LOOP_FRACTIONS, distill
 from limelight.models.explainer_head import ExplainerHead, HeadCard, head_dir, read_card, save_head
 from limelight.models.loaded import LoadedModel
 from limelight.settings import Settings

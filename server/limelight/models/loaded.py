@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,22 +19,8 @@ from limelight.core.prediction import MULTI_LABEL, REGRESSION, SINGLE_LABEL, Pro
 from limelight.core.types import Encoded, TokenInfo
 from limelight.errors import InvalidArgument, ModelLoadError
 from limelight.models.adapters import HeadAdapter, adapter_for, check_architecture
+from limelight.models.fingerprint import fingerprint
 from limelight.models.sources import resolve_model_source
-
-
-def fingerprint(model_dir: Path) -> str:
-    """Content hash of the weights and config: binds caches and heads to one model."""
-    digest = hashlib.sha256()
-    for name in ("config.json", "model.safetensors"):
-        path = model_dir / name
-        if path.exists():
-            with path.open("rb") as fh:
-                for chunk in iter(lambda: fh.read(1 << 20), b""):
-                    digest.update(chunk)
-    for shard in sorted(model_dir.glob("model-*.safetensors")):
-        digest.update(shard.name.encode())
-        digest.update(str(shard.stat().st_size).encode())
-    return digest.hexdigest()[:16]
 
 
 @dataclass

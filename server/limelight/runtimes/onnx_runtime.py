@@ -20,6 +20,7 @@ from limelight.locks import file_lock, held_elsewhere
 from limelight.models.explainer_head import inline_heads
 from limelight.models.loaded import LoadedModel, load_model
 from limelight.runtimes.base import InlineBatch, InlineOutputs, Runtime
+from limelight.runtimes.graph_cache import served_from, write_served_from
 from limelight.runtimes.onnx_export import (
     EXTRA_PREFIX,
     describe,
@@ -185,17 +186,14 @@ def _graph_beside_or_cached(
     return cached
 
 
-#: In each model version's folder of the graph cache: the model directories served from it.
-SERVED_FROM = "served-from.txt"
-
-
 def prune_cached_graphs(model: LoadedModel, cache_dir: Path, serving_cached: bool) -> list[Path]:
     """Keep the graph cache to the versions in use: with ``serving_cached`` (``model`` is served
     by its version's graph in the cache) that folder lists ``model``'s directory; the other
     folders listing it (earlier versions; without ``serving_cached``, its version's too) are
     removed once they list no other directory. Each new model version exports a graph of its
     own, and a pod's cache volume has a size limit. Folders written before this bookkeeping list
-    nobody and are left alone. Returns the folders removed."""
+    nobody and are left alone (`limelight cache prune --unrecorded` removes them). Returns the
+    folders removed."""
     root = cache_dir / "onnx"
     if not root.is_dir():
         return []
@@ -203,31 +201,20 @@ def prune_cached_graphs(model: LoadedModel, cache_dir: Path, serving_cached: boo
     removed = []
     with file_lock(root / ".served-from.lock"):
         for folder in sorted(p for p in root.iterdir() if p.is_dir()):
-            listed = _served_from(folder)
+            listed = served_from(folder)
             if folder == serving and serving_cached:
                 if mine not in listed:
-                    _write_served_from(folder, [*listed, mine])
+                    write_served_from(folder, [*listed, mine])
             elif mine in listed:
                 others = [d for d in listed if d != mine]
                 if others:  # another directory with that version still uses it
-                    _write_served_from(folder, others)
+                    write_served_from(folder, others)
                 elif not held_elsewhere(folder / ".export.lock"):
                     shutil.rmtree(folder, ignore_errors=True)
                     removed.append(folder)
     for folder in removed:
         log.info("removed %s from the cache: %s is no longer served from it", folder, mine)
     return removed
-
-
-def _served_from(folder: Path) -> list[str]:
-    path = folder / SERVED_FROM
-    return path.read_text().splitlines() if path.exists() else []
-
-
-def _write_served_from(folder: Path, directories: list[str]) -> None:
-    partial = folder / f".{os.getpid()}.{SERVED_FROM}"
-    partial.write_text("".join(f"{d}\n" for d in directories))
-    os.replace(partial, folder / SERVED_FROM)
 
 
 def export_served_graph(model: LoadedModel, out: Path, heads: Mapping[str, nn.Module]) -> None:

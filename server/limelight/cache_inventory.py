@@ -1,0 +1,191 @@
+"""What the cache directory holds, and which of it nothing serves any more.
+
+Every demo recipe, model version and exported graph leaves a folder in ``LIMELIGHT_CACHE_DIR``
+that later ones do not replace: a demo model whose recipe changed is built again beside the old
+one, and each new version of a served model gets its own ONNX graph (and, for a read-only model
+directory, its own lexicon table). The sidecar prunes the graphs it can prove unused as it
+starts; ``limelight cache`` lists everything, and ``limelight cache prune`` removes what is
+stale:
+
+- a demo model built from an earlier recipe of its name (nothing builds or serves it again);
+- a graph folder whose record of the model directories served from it lists only directories
+  that are gone or whose weights changed since.
+
+A graph or lexicon folder with no record of its user (graphs exported before the record was
+kept; lexicon tables, which keep none) is in use when its version is that of a cached demo
+model, and otherwise unknown: another model served from this cache may still need it, so prune
+removes it only when asked to (``--unrecorded``). Nothing held by a build or export lock is
+removed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import enum
+import os
+import shutil
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+
+from limelight.demo.recipes import CARD_FILE, DEMO_NAMES, demo_model_dir
+from limelight.locks import held_elsewhere
+from limelight.models.fingerprint import fingerprint
+from limelight.runtimes.graph_cache import served_from
+
+
+class Use(enum.Enum):
+    """Whether something in the cache is still needed."""
+
+    IN_USE = "in use"
+    STALE = "stale"  # prune removes it
+    UNRECORDED = "unrecorded"  # prune removes it with --unrecorded
+    BUSY = "busy"  # a build or export holds its lock right now
+
+
+@dataclass(frozen=True)
+class Entry:
+    kind: str
+    """``demo model``, ``ONNX graph``, ``lexicon table`` or ``jobs journal``."""
+    path: Path
+    size: int
+    """Bytes on disk (the files' sizes)."""
+    use: Use
+    why: str
+    """Why it is or is not needed, for a person to read."""
+
+
+def inventory(cache_dir: Path) -> list[Entry]:
+    """Everything the sidecar keeps in ``cache_dir``, each with whether it is still needed."""
+    cache_dir = Path(cache_dir).expanduser()
+    demos = _demo_models(cache_dir)
+    demo_versions = _versions_of([e.path for e in demos if e.use is not Use.STALE])
+    graphs = [_graph(folder, demo_versions) for folder in _folders(cache_dir / "onnx")]
+    lexicons = [_lexicon(folder, demo_versions) for folder in _folders(cache_dir / "lexicons")]
+    journal = cache_dir / "jobs.sqlite3"
+    jobs = (
+        [Entry("jobs journal", journal, _size(journal), Use.IN_USE, "the embedded job store")]
+        if journal.exists()
+        else []
+    )
+    return [*demos, *graphs, *lexicons, *jobs]
+
+
+def prune(entries: Iterable[Entry], unrecorded: bool = False) -> list[Entry]:
+    """Remove the stale entries (and with ``unrecorded`` the unrecorded ones); returns them.
+    Locks are looked at again just before each removal: a build may have started since."""
+    removed = []
+    for entry in entries:
+        if entry.use is Use.STALE or (unrecorded and entry.use is Use.UNRECORDED):
+            if _locked(entry):
+                continue
+            shutil.rmtree(entry.path, ignore_errors=True)
+            if entry.kind == "demo model":  # its build log and progress files
+                for leftover in entry.path.parent.glob(f".{entry.path.name}.*"):
+                    if leftover.is_file() and not held_elsewhere(leftover):
+                        leftover.unlink(missing_ok=True)
+            removed.append(entry)
+    return removed
+
+
+def _demo_models(cache_dir: Path) -> list[Entry]:
+    current = {demo_model_dir(name, cache_dir).name: name for name in DEMO_NAMES}
+    entries = []
+    for folder in _folders(cache_dir / "models"):
+        name = folder.name.rsplit("-", 1)[0]
+        size = _size(folder)
+        if _locked_demo(folder):
+            use, why = Use.BUSY, "being built right now"
+        elif folder.name in current:
+            complete = (folder / CARD_FILE).exists()
+            use, why = Use.IN_USE, f"the current {name} recipe" + ("" if complete else " (partial)")
+        elif name in DEMO_NAMES:
+            use, why = Use.STALE, f"an earlier recipe of {name}: nothing builds or serves it again"
+        else:
+            use, why = Use.IN_USE, "not a demo model of this version of Limelight: left alone"
+        entries.append(Entry("demo model", folder, size, use, why))
+    return entries
+
+
+def _graph(folder: Path, demo_versions: Callable[[], dict[str, Path]]) -> Entry:
+    size, version = _size(folder), folder.name
+    if held_elsewhere(folder / ".export.lock"):
+        return Entry("ONNX graph", folder, size, Use.BUSY, "being exported right now")
+    listed = [Path(d) for d in served_from(folder)]
+    if listed:
+        users = [d for d in listed if d.is_dir() and fingerprint(d) == version]
+        if users:
+            return Entry("ONNX graph", folder, size, Use.IN_USE, _served(users))
+        return Entry(
+            "ONNX graph",
+            folder,
+            size,
+            Use.STALE,
+            f"{_served(listed)}, {'gone' if len(listed) == 1 else 'each gone'} or changed since",
+        )
+    return _by_version("ONNX graph", folder, size, demo_versions)
+
+
+def _lexicon(folder: Path, demo_versions: Callable[[], dict[str, Path]]) -> Entry:
+    return _by_version("lexicon table", folder, _size(folder), demo_versions)
+
+
+def _by_version(
+    kind: str, folder: Path, size: int, demo_versions: Callable[[], dict[str, Path]]
+) -> Entry:
+    demo = demo_versions().get(folder.name)
+    if demo is not None:
+        return Entry(kind, folder, size, Use.IN_USE, f"version of the demo model {demo.name}")
+    return Entry(
+        kind,
+        folder,
+        size,
+        Use.UNRECORDED,
+        "no record of the model it belongs to, and no cached demo model has its version",
+    )
+
+
+def _served(directories: list[Path]) -> str:
+    shown = ", ".join(str(d) for d in directories[:2])
+    more = f" and {len(directories) - 2} more" if len(directories) > 2 else ""
+    return f"served from {shown}{more}"
+
+
+def _versions_of(directories: list[Path]) -> Callable[[], dict[str, Path]]:
+    """The demo models' versions, hashed only if a folder without a record asks for them."""
+
+    @cache
+    def versions() -> dict[str, Path]:
+        return {fingerprint(d): d for d in directories}
+
+    return versions
+
+
+def _locked(entry: Entry) -> bool:
+    if entry.kind == "demo model":
+        return _locked_demo(entry.path)
+    return held_elsewhere(entry.path / ".export.lock")
+
+
+def _locked_demo(folder: Path) -> bool:
+    """A build of this model or of its heads holds one of the locks beside it."""
+    return any(held_elsewhere(lock) for lock in folder.parent.glob(f".{folder.name}*.lock"))
+
+
+def _folders(root: Path) -> list[Path]:
+    """The entries' folders: hidden ones are staging folders, locks and logs."""
+    if not root.is_dir():
+        return []
+    return sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
+
+
+def _size(path: Path) -> int:
+    if path.is_file():
+        return path.stat().st_size
+    total = 0
+    for folder, _, files in os.walk(path):
+        for name in files:
+            with contextlib.suppress(OSError):  # removed while we looked
+                total += (Path(folder) / name).lstat().st_size
+    return total

@@ -1,0 +1,124 @@
+"""`limelight cache`: what the cache directory holds, and `prune` for what nothing needs."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from limelight.cache_inventory import Entry
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = subparsers.add_parser(
+        "cache",
+        help="list what the cache directory holds; prune what nothing serves any more",
+        description="Demo models of earlier recipes and the ONNX graphs of earlier model "
+        "versions stay in the cache directory (LIMELIGHT_CACHE_DIR) until removed. `limelight "
+        "cache` lists every entry with its size and whether it is still needed; `limelight "
+        "cache prune` removes the stale ones. Nothing that a build or an export holds is "
+        "removed.",
+    )
+    actions = p.add_subparsers(dest="action", metavar="ACTION")
+    listing = actions.add_parser(
+        "list", help="every entry, its size and whether it is needed (default)"
+    )
+    prune = actions.add_parser("prune", help="remove the stale entries")
+    for parser in (p, listing, prune):  # before or after the action
+        parser.add_argument(
+            "--cache-dir",
+            type=Path,
+            default=argparse.SUPPRESS,
+            help="the cache directory (default: LIMELIGHT_CACHE_DIR, else ~/.cache/limelight)",
+        )
+    prune.add_argument(
+        "--dry-run", action="store_true", help="say what would be removed, remove nothing"
+    )
+    prune.add_argument(
+        "--unrecorded",
+        action="store_true",
+        help="also remove graphs and lexicon tables with no record of their model and no "
+        "cached demo model of their version (another model served from this cache may need "
+        "them: it rebuilds them at its next start)",
+    )
+    for parser in (p, listing, prune):
+        parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from limelight.cache_inventory import inventory, prune
+    from limelight.settings import Settings
+
+    given = getattr(args, "cache_dir", None)
+    settings = Settings(**({"cache_dir": given} if given else {}))
+    root = Path(settings.cache_dir).expanduser()
+    entries = inventory(root)
+    if getattr(args, "action", None) != "prune":
+        print(listing(root, entries))
+        return 0
+    unrecorded = bool(args.unrecorded)
+    if args.dry_run:
+        chosen = [e for e in entries if _prunable(e, unrecorded)]
+        verb = "would remove"
+    else:
+        chosen = prune(entries, unrecorded=unrecorded)
+        verb = "removed"
+    for entry in chosen:
+        print(f"{verb} {entry.kind} {entry.path} ({human(entry.size)}): {entry.why}")
+    print(f"{verb} {_count(chosen)}, {human(sum(e.size for e in chosen))}")
+    return 0
+
+
+def listing(root: Path, entries: Sequence[Entry]) -> str:
+    """The table ``limelight cache`` prints, and what prune would do."""
+    from limelight.cache_inventory import Use
+
+    total = sum(e.size for e in entries)
+    lines = [f"cache: {root} ({human(total)})"]
+    if not entries:
+        return "\n".join([*lines, "empty"])
+    rows = [(e.kind, e.path.name, human(e.size), e.use.value, e.why) for e in entries]
+    header = ("kind", "name", "size", "use", "why")
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(4)]
+    lines.append("")
+    for row in [header, *rows]:
+        cells = [row[i].ljust(widths[i]) if i != 2 else row[i].rjust(widths[i]) for i in range(4)]
+        lines.append("  ".join([*cells, row[4]]).rstrip())
+    stale = [e for e in entries if e.use is Use.STALE]
+    unknown = [e for e in entries if e.use is Use.UNRECORDED]
+    lines.append("")
+    if stale:
+        lines.append(
+            f"{_count(stale)} ({human(sum(e.size for e in stale))}) nothing needs any more: "
+            "`limelight cache prune` removes them (--dry-run to see the list first)"
+        )
+    if unknown:
+        lines.append(
+            f"{_count(unknown)} ({human(sum(e.size for e in unknown))}) of no recorded model: "
+            "`limelight cache prune --unrecorded` removes them too"
+        )
+    if not stale and not unknown:
+        lines.append("nothing to prune")
+    return "\n".join(lines)
+
+
+def _prunable(entry: Entry, unrecorded: bool) -> bool:
+    from limelight.cache_inventory import Use
+
+    return entry.use is Use.STALE or (unrecorded and entry.use is Use.UNRECORDED)
+
+
+def _count(entries: Sequence[Entry]) -> str:
+    return f"{len(entries)} entr{'y' if len(entries) == 1 else 'ies'}"
+
+
+def human(size: int) -> str:
+    """Bytes as a person reads them: 512 B, 48 kB, 17.5 MB, 1.2 GB."""
+    value = float(size)
+    for unit in ("B", "kB", "MB", "GB"):
+        if value < 1000 or unit == "GB":
+            return f"{value:.0f} {unit}" if unit in ("B", "kB") else f"{value:.1f} {unit}"
+        value /= 1000
+    raise AssertionError("unreachable")

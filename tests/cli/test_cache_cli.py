@@ -1,0 +1,81 @@
+"""`limelight cache` and `limelight cache prune` as a user runs them."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from limelight.cli.cache import human
+from limelight.demo.recipes import CARD_FILE, demo_model_dir
+from limelight.runtimes.graph_cache import write_served_from
+
+
+def limelight(*args: str, cache: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "limelight.cli.main", "cache", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "LIMELIGHT_CACHE_DIR": str(cache)},
+    )
+
+
+def make_cache(root: Path) -> tuple[Path, Path, Path]:
+    demo = demo_model_dir("minilm", root)
+    demo.mkdir(parents=True)
+    (demo / "model.safetensors").write_bytes(b"w" * 2000)
+    (demo / CARD_FILE).write_text("{}")
+    earlier = root / "models" / "minilm-aaaaaaaaaaaa"
+    earlier.mkdir()
+    (earlier / "model.safetensors").write_bytes(b"w" * 3_000_000)
+    graph = root / "onnx" / "0123456789abcdef"
+    graph.mkdir(parents=True)
+    (graph / "limelight.onnx").write_bytes(b"g" * 1500)
+    write_served_from(graph, [str(root / "a model directory that is gone")])
+    return demo, earlier, graph
+
+
+def test_list_then_prune(tmp_path: Path) -> None:
+    root = tmp_path / "cache"
+    demo, earlier, graph = make_cache(root)
+
+    listed = limelight(cache=root)
+    assert listed.returncode == 0, listed.stderr
+    out = listed.stdout
+    assert out.startswith(f"cache: {root} (")
+    assert "kind" in out and "size" in out and "why" in out  # a header row
+    rows = {line.split()[2]: line for line in out.splitlines() if line.startswith(("demo", "ONNX"))}
+    assert "the current minilm recipe" in rows[demo.name]
+    assert "3.0 MB" in rows[earlier.name] and "stale" in rows[earlier.name]
+    assert "stale" in rows[graph.name] and "gone or changed since" in rows[graph.name]
+    assert "2 entries" in out and "`limelight cache prune` removes them" in out
+
+    dry = limelight("prune", "--dry-run", cache=root)
+    assert dry.returncode == 0, dry.stderr
+    assert f"would remove demo model {earlier}" in dry.stdout
+    assert "would remove 2 entries" in dry.stdout
+    assert earlier.exists() and graph.exists()
+
+    pruned = limelight("prune", cache=root)
+    assert pruned.returncode == 0, pruned.stderr
+    assert f"removed ONNX graph {graph}" in pruned.stdout and "removed 2 entries" in pruned.stdout
+    assert not earlier.exists() and not graph.exists() and demo.exists()
+    assert "nothing to prune" in limelight("--cache-dir", str(root), cache=tmp_path).stdout
+
+
+def test_an_empty_cache(tmp_path: Path) -> None:
+    out = limelight(cache=tmp_path / "never used")
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines() == [f"cache: {tmp_path / 'never used'} (0 B)", "empty"]
+
+
+def test_sizes_read_as_people_write_them() -> None:
+    assert [human(n) for n in (0, 999, 48_000, 17_500_000, 1_200_000_000)] == [
+        "0 B",
+        "999 B",
+        "48 kB",
+        "17.5 MB",
+        "1.2 GB",
+    ]

@@ -1,0 +1,155 @@
+"""`limelight.cache_inventory`: what in a cache directory is still needed, and pruning the rest.
+
+The cache is laid out as the sidecar writes it (demo models under models/, graphs under
+onnx/<version>/ with their served-from record, lexicon tables under lexicons/<version>/); the
+model directories hold small files, since a version is a hash of whatever bytes they hold.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from limelight.cache_inventory import Entry, Use, inventory, prune
+from limelight.demo.recipes import CARD_FILE, demo_model_dir
+from limelight.locks import file_lock
+from limelight.models.fingerprint import fingerprint
+from limelight.runtimes.graph_cache import write_served_from
+
+
+def model_dir(path: Path, weights: bytes) -> Path:
+    path.mkdir(parents=True)
+    (path / "config.json").write_text('{"model_type": "bert"}')
+    (path / "model.safetensors").write_bytes(weights)
+    return path
+
+
+def folder(path: Path, size: int = 100) -> Path:
+    path.mkdir(parents=True)
+    (path / "payload").write_bytes(b"x" * size)
+    return path
+
+
+@dataclass
+class Cache:
+    root: Path
+    demo: Path
+    earlier: Path
+    earlier_log: Path
+    foreign: Path
+    graph_of_demo: Path
+    graph_in_use: Path
+    graph_changed: Path
+    graph_gone: Path
+    graph_unrecorded: Path
+    lexicon_of_demo: Path
+    lexicon_unrecorded: Path
+
+
+@pytest.fixture
+def cache(tmp_path: Path) -> Cache:
+    root = tmp_path / "cache"
+    demo = model_dir(demo_model_dir("bert-tiny", root), b"demo weights")
+    (demo / CARD_FILE).write_text("{}")
+    earlier = model_dir(root / "models" / "bert-tiny-000000000000", b"old weights")
+    earlier_log = root / "models" / ".bert-tiny-000000000000.build.log"
+    earlier_log.write_text("built\n")
+    (root / "jobs.sqlite3").write_bytes(b"journal")
+    foreign = model_dir(root / "models" / "my-classifier", b"someone's model")
+    users = model_dir(tmp_path / "served" / "user-model", b"user weights v2")
+
+    def graph(version: str, served: list[Path] | None) -> Path:
+        made = folder(root / "onnx" / version)
+        if served is not None:
+            write_served_from(made, [str(d) for d in served])
+        return made
+
+    return Cache(
+        root=root,
+        demo=demo,
+        earlier=earlier,
+        earlier_log=earlier_log,
+        foreign=foreign,
+        graph_of_demo=graph(fingerprint(demo), None),
+        graph_in_use=graph(fingerprint(users), [users, tmp_path / "gone"]),
+        graph_changed=graph("0123456789abcdef", [users]),  # the user's weights changed since
+        graph_gone=graph("fedcba9876543210", [tmp_path / "gone"]),
+        graph_unrecorded=graph("00000000deadbeef", None),
+        lexicon_of_demo=folder(root / "lexicons" / fingerprint(demo)),
+        lexicon_unrecorded=folder(root / "lexicons" / "1111111111111111"),
+    )
+
+
+def uses(entries: list[Entry]) -> dict[Path, Use]:
+    return {e.path: e.use for e in entries}
+
+
+def test_inventory_tells_what_is_needed(cache: Cache) -> None:
+    entries = inventory(cache.root)
+    assert uses(entries) == {
+        cache.demo: Use.IN_USE,
+        cache.earlier: Use.STALE,
+        cache.foreign: Use.IN_USE,
+        cache.graph_of_demo: Use.IN_USE,
+        cache.graph_in_use: Use.IN_USE,
+        cache.graph_changed: Use.STALE,
+        cache.graph_gone: Use.STALE,
+        cache.graph_unrecorded: Use.UNRECORDED,
+        cache.lexicon_of_demo: Use.IN_USE,
+        cache.lexicon_unrecorded: Use.UNRECORDED,
+        cache.root / "jobs.sqlite3": Use.IN_USE,
+    }
+    why = {e.path: e.why for e in entries}
+    assert "earlier recipe of bert-tiny" in why[cache.earlier]
+    assert "served from" in why[cache.graph_in_use] and "user-model" in why[cache.graph_in_use]
+    assert "gone or changed" in why[cache.graph_changed]
+    assert cache.demo.name in why[cache.graph_of_demo]
+    sizes = {e.path: e.size for e in entries}
+    record = len(f"{cache.root.parent / 'gone'}\n")
+    assert sizes[cache.graph_gone] == 100 + record  # the payload and the served-from record
+    assert sizes[cache.earlier] == len(b"old weights") + len('{"model_type": "bert"}')
+
+
+def test_prune_removes_the_stale_and_keeps_the_rest(cache: Cache) -> None:
+    removed = prune(inventory(cache.root))
+    assert {e.path for e in removed} == {cache.earlier, cache.graph_changed, cache.graph_gone}
+    for entry in removed:
+        assert not entry.path.exists()
+    assert not cache.earlier_log.exists()  # the earlier build's log went with it
+    for kept in (cache.demo, cache.foreign, cache.graph_of_demo, cache.graph_in_use):
+        assert kept.exists()
+    assert cache.graph_unrecorded.exists() and cache.lexicon_unrecorded.exists()
+    assert {e.use for e in inventory(cache.root)} <= {Use.IN_USE, Use.UNRECORDED}
+
+
+def test_prune_unrecorded_too(cache: Cache) -> None:
+    removed = prune(inventory(cache.root), unrecorded=True)
+    assert {cache.graph_unrecorded, cache.lexicon_unrecorded} <= {e.path for e in removed}
+    assert not cache.graph_unrecorded.exists() and not cache.lexicon_unrecorded.exists()
+    assert cache.lexicon_of_demo.exists() and cache.graph_of_demo.exists()
+
+
+def test_nothing_a_lock_holds_is_removed(cache: Cache) -> None:
+    build = cache.root / "models" / f".{cache.earlier.name}.lock"
+    export = cache.graph_gone / ".export.lock"
+    with file_lock(build), file_lock(export):
+        entries = inventory(cache.root)
+        assert uses(entries)[cache.earlier] is Use.BUSY
+        assert uses(entries)[cache.graph_gone] is Use.BUSY
+        removed = prune(entries)
+    assert {e.path for e in removed} == {cache.graph_changed}
+    assert cache.earlier.exists() and cache.graph_gone.exists()
+
+
+def test_a_lock_taken_after_the_listing_still_protects(cache: Cache) -> None:
+    entries = inventory(cache.root)
+    with file_lock(cache.root / "models" / f".{cache.earlier.name}.lock"):
+        removed = prune(entries)
+    assert cache.earlier not in {e.path for e in removed} and cache.earlier.exists()
+
+
+def test_an_empty_or_missing_cache(tmp_path: Path) -> None:
+    assert inventory(tmp_path / "nothing here") == []
+    assert prune([]) == []
