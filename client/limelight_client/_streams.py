@@ -29,7 +29,7 @@ from limelight_client._common import (
     split_item,
     time_left,
 )
-from limelight_client.errors import Unavailable, from_rpc_error
+from limelight_client.errors import Internal, Unavailable, from_rpc_error
 from limelight_client.proto import explainer_pb2 as pb
 from limelight_client.types import Explanation
 
@@ -57,6 +57,26 @@ def answer(response: pb.ExplainResponse, sent: Sent) -> Explanation:
     return Explanation.from_proto(
         response, text=text if known else None, text_pair=pair if known else None
     )
+
+
+def batch_request(
+    items: Iterable[TextItem], target: TargetArg, all_classes: bool, method: str | None
+) -> tuple[pb.ExplainBatchRequest, list[Sent]]:
+    """``explain_batch``'s one request for all ``items``, and what pairs each answer with its
+    input."""
+    build = request_builder(target, all_classes, method)
+    built = [build(item) for item in items]
+    return pb.ExplainBatchRequest(requests=[r for r, _ in built]), [sent for _, sent in built]
+
+
+def batch_answers(response: pb.ExplainBatchResponse, sent: Sequence[Sent]) -> list[Explanation]:
+    """The explanations of an ``ExplainBatch`` answer, in input order."""
+    if len(response.responses) != len(sent):
+        raise Internal(
+            grpc.StatusCode.INTERNAL,
+            f"the server answered {len(response.responses)} of {len(sent)} inputs",
+        )
+    return [answer(r, s) for r, s in zip(response.responses, sent, strict=True)]
 
 
 def stream_cut_short(unanswered: int) -> Unavailable:

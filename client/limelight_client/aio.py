@@ -46,7 +46,14 @@ from limelight_client._common import (
     terminal_state,
     time_left,
 )
-from limelight_client._streams import AsyncStreamFeed, answer, request_builder, stream_cut_short
+from limelight_client._streams import (
+    AsyncStreamFeed,
+    answer,
+    batch_answers,
+    batch_request,
+    request_builder,
+    stream_cut_short,
+)
 from limelight_client.client import PemArg, deadline_error, job_outcome, watch_broke
 from limelight_client.errors import (
     Cancelled,
@@ -247,6 +254,22 @@ class AsyncClient:
         await self._spread(deadline)
         resp = await self._unary("Explain", req, time_left(deadline))
         return Explanation.from_proto(resp, text=text, text_pair=text_pair)
+
+    async def explain_batch(
+        self,
+        texts: Iterable[TextItem],
+        *,
+        target: TargetArg = None,
+        all_classes: bool = False,
+        method: str | None = None,
+        timeout: float | None = None,
+    ) -> list[Explanation]:
+        """See ``Client.explain_batch``."""
+        request, sent = batch_request(texts, target, all_classes, method)
+        deadline = self._deadline(timeout)
+        await self._spread(deadline)
+        response = await self._unary("ExplainBatch", request, time_left(deadline))
+        return batch_answers(response, sent)
 
     async def explain_many(
         self,

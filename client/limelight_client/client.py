@@ -38,7 +38,14 @@ from limelight_client._common import (
     terminal_state,
     time_left,
 )
-from limelight_client._streams import StreamFeed, answer, request_builder, stream_cut_short
+from limelight_client._streams import (
+    StreamFeed,
+    answer,
+    batch_answers,
+    batch_request,
+    request_builder,
+    stream_cut_short,
+)
 from limelight_client.errors import (
     Cancelled,
     DeadlineExceeded,
@@ -307,6 +314,28 @@ class Client:
         self._spread(deadline)
         resp = self._unary("Explain", req, time_left(deadline))
         return Explanation.from_proto(resp, text=text, text_pair=text_pair)
+
+    def explain_batch(
+        self,
+        texts: Iterable[TextItem],
+        *,
+        target: TargetArg = None,
+        all_classes: bool = False,
+        method: str | None = None,
+        timeout: float | None = None,
+    ) -> list[Explanation]:
+        """Explain several inputs with one ``ExplainBatch`` call; results in input order.
+
+        Items are texts or ``(text, text_pair)`` tuples, at most the server's
+        ``max_batch_request_items`` (256 by default). One call costs the server far less per
+        input than one ``explain`` each: for bulk work send chunks of 16-64. The call is
+        retried on UNAVAILABLE like ``explain``; an input the server refuses fails the whole
+        call (``InvalidArgument``, its position in the message).
+        """
+        request, sent = batch_request(texts, target, all_classes, method)
+        deadline = self._deadline(timeout)
+        self._spread(deadline)
+        return batch_answers(self._unary("ExplainBatch", request, time_left(deadline)), sent)
 
     def explain_many(
         self,

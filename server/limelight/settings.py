@@ -146,6 +146,9 @@ class Settings(BaseSettings):
     skipped while clients mostly do not come back in time). 0: never wait."""
     max_pending: PositiveInt = 1024
     """Inline requests waiting for a batch before new ones get RESOURCE_EXHAUSTED."""
+    max_batch_request_items: PositiveInt = 256
+    """Most inputs one ``ExplainBatch`` call (or one Open Inference Protocol / KServe request)
+    may carry; a larger one is refused INVALID_ARGUMENT before any of it runs."""
     warmup: bool = True
     """Run a forward pass before reporting SERVING."""
     reload_interval_s: NonNegativeFloat = 10.0

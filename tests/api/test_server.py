@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import concurrent.futures
 import subprocess
 import urllib.request
@@ -13,6 +14,8 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
+from limelight_client import AsyncClient, Client, Explanation
+from limelight_client.errors import InvalidArgument as ClientInvalidArgument
 from limelight_client.proto import explainer_pb2 as pb
 from limelight_client.proto import explainer_pb2_grpc
 from tests.conftest import RunningSidecar
@@ -72,6 +75,82 @@ def test_stream_keeps_order_and_batches(sidecar: RunningSidecar) -> None:
     )
     assert [r.request_id for r in responses] == [str(i) for i in range(40)]
     assert max(r.timings.batch_size for r in responses) > 1
+
+
+def test_explain_batch_answers_each_input_as_explain_does(sidecar: RunningSidecar) -> None:
+    s = stub(sidecar.target)
+    texts = [f"review {i}: {'gorgeous ' * (i % 4)}film, {'dull ' * (i % 3)}plot" for i in range(24)]
+    requests = [pb.ExplainRequest(text=t, request_id=f"b-{i}") for i, t in enumerate(texts)]
+    requests[3].target.label = "rotten"
+    requests[5].all_classes = True
+    requests[7].text_pair = "was it good?"
+    batch = s.ExplainBatch(pb.ExplainBatchRequest(requests=requests), timeout=60).responses
+    assert [r.request_id for r in batch] == [f"b-{i}" for i in range(24)]
+    # The inputs of one call share forward passes, and each answer is the one Explain gives.
+    assert max(r.timings.batch_size for r in batch) > 1
+    for request, answer in zip(requests, batch, strict=True):
+        alone = s.Explain(request, timeout=30)
+        assert answer.label == alone.label
+        assert list(answer.probabilities) == pytest.approx(list(alone.probabilities), abs=1e-5)
+        assert answer.explanation.target_label == alone.explanation.target_label
+        assert [t.text for t in answer.explanation.tokens] == [
+            t.text for t in alone.explanation.tokens
+        ]
+        assert list(answer.explanation.scores) == pytest.approx(
+            list(alone.explanation.scores), rel=1e-4, abs=1e-5
+        )
+        assert len(answer.explanation.class_scores) == len(alone.explanation.class_scores)
+    assert batch[3].explanation.target_label == "rotten"
+    assert {t.segment for t in batch[7].explanation.tokens if not t.special} == {0, 1}
+    empty = s.ExplainBatch(pb.ExplainBatchRequest(), timeout=30)
+    assert list(empty.responses) == []
+
+
+def test_explain_batch_fails_whole_naming_the_input_and_keeps_serving(
+    start_sidecar: Callable[..., RunningSidecar], bert_tiny_dir: Path
+) -> None:
+    running = start_sidecar(model_dir=bert_tiny_dir, max_batch_request_items=4)
+    s = stub(running.target)
+    requests = [pb.ExplainRequest(text=f"fine film {i}") for i in range(4)]
+    requests[2].target.label = "no such label"
+    with pytest.raises(grpc.RpcError) as bad:
+        s.ExplainBatch(pb.ExplainBatchRequest(requests=requests), timeout=30)
+    assert bad.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert bad.value.details().startswith("input 2: ")
+    assert "no such label" in bad.value.details()
+    too_many = [pb.ExplainRequest(text="fine") for _ in range(5)]
+    with pytest.raises(grpc.RpcError) as big:
+        s.ExplainBatch(pb.ExplainBatchRequest(requests=too_many), timeout=30)
+    assert big.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "at most 4" in big.value.details()
+    ok = s.ExplainBatch(pb.ExplainBatchRequest(requests=too_many[:4]), timeout=30)
+    assert len(ok.responses) == 4 and all(r.label for r in ok.responses)
+
+
+def test_sdk_explain_batch_sync_and_async(sidecar: RunningSidecar) -> None:
+    items: list[str | tuple[str, str | None]] = [
+        "a gorgeous, witty film",
+        ("a man sleeps", "a person rests"),
+        "an unwatchable, overwrought misfire",
+    ]
+    with Client(sidecar.target, timeout=60) as client:
+        batch = client.explain_batch(items, target="fresh")
+        alone = [client.explain("a gorgeous, witty film", target="fresh")]
+        with pytest.raises(ClientInvalidArgument, match="input 0: unknown label"):
+            client.explain_batch(["fine", "fine too"], target="no such label")
+        assert client.explain_batch([]) == []
+
+    async def run_async() -> list[Explanation]:
+        async with AsyncClient(sidecar.target, timeout=60) as client:
+            return await client.explain_batch(items, target="fresh", all_classes=True)
+
+    async_batch = asyncio.run(run_async())
+    for result in (batch, async_batch):
+        assert [r.text for r in result] == ["a gorgeous, witty film", "a man sleeps", items[2]]
+        assert result[1].text_pair == "a person rests"
+        assert all(r.target_label == "fresh" for r in result)
+    assert batch[0].scores == pytest.approx(alone[0].scores, rel=1e-4, abs=1e-5)
+    assert async_batch[0].class_scores is not None and batch[0].class_scores is None
 
 
 def test_concurrent_unary_calls_are_micro_batched(sidecar: RunningSidecar) -> None:

@@ -81,6 +81,28 @@ def test_stream_load_keeps_one_stream_per_client(two_workers: ServerProcess) -> 
     assert calls("Explain") - unary == 4
 
 
+def test_batch_load_sends_several_texts_per_call(two_workers: ServerProcess) -> None:
+    texts = {"short": ["a gorgeous, witty film", "flat and tedious", "a fine cast"]}
+    batches, streams = calls("ExplainBatch"), calls("ExplainStream")
+    load = run_load(
+        two_workers.target,
+        texts,
+        {"short": 3},
+        1.5,
+        0.5,
+        two_workers.pid,
+        channels=2,
+        rpc="batch",
+        texts_per_call=5,
+    )
+    assert load.errors == 0 and load.tokens["short"] > 0
+    # Every text of a call counts as a request, answered together: counts come in fives.
+    assert load.count("short") >= 5 and load.count("short") % 5 == 0
+    calls_made = calls("ExplainBatch") - batches
+    assert calls_made >= load.count("short") // 5
+    assert calls("ExplainStream") == streams
+
+
 def test_http_load_posts_kserve_explain_on_one_connection_per_client(
     two_workers: ServerProcess,
 ) -> None:

@@ -51,6 +51,18 @@ class ExplainRequest(_message.Message):
     request_id: str
     def __init__(self, text: _Optional[str] = ..., text_pair: _Optional[str] = ..., target: _Optional[_Union[Target, _Mapping]] = ..., all_classes: _Optional[bool] = ..., method: _Optional[str] = ..., request_id: _Optional[str] = ...) -> None: ...
 
+class ExplainBatchRequest(_message.Message):
+    __slots__ = ("requests",)
+    REQUESTS_FIELD_NUMBER: _ClassVar[int]
+    requests: _containers.RepeatedCompositeFieldContainer[ExplainRequest]
+    def __init__(self, requests: _Optional[_Iterable[_Union[ExplainRequest, _Mapping]]] = ...) -> None: ...
+
+class ExplainBatchResponse(_message.Message):
+    __slots__ = ("responses",)
+    RESPONSES_FIELD_NUMBER: _ClassVar[int]
+    responses: _containers.RepeatedCompositeFieldContainer[ExplainResponse]
+    def __init__(self, responses: _Optional[_Iterable[_Union[ExplainResponse, _Mapping]]] = ...) -> None: ...
+
 class Token(_message.Message):
     __slots__ = ("text", "id", "start", "end", "special", "segment")
     TEXT_FIELD_NUMBER: _ClassVar[int]

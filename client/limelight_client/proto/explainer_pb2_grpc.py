@@ -47,6 +47,11 @@ class ExplainerStub:
                 request_serializer=limelight_dot_v1_dot_explainer__pb2.ExplainRequest.SerializeToString,
                 response_deserializer=limelight_dot_v1_dot_explainer__pb2.ExplainResponse.FromString,
                 _registered_method=True)
+        self.ExplainBatch = channel.unary_unary(
+                '/limelight.v1.Explainer/ExplainBatch',
+                request_serializer=limelight_dot_v1_dot_explainer__pb2.ExplainBatchRequest.SerializeToString,
+                response_deserializer=limelight_dot_v1_dot_explainer__pb2.ExplainBatchResponse.FromString,
+                _registered_method=True)
         self.GetModel = channel.unary_unary(
                 '/limelight.v1.Explainer/GetModel',
                 request_serializer=limelight_dot_v1_dot_explainer__pb2.GetModelRequest.SerializeToString,
@@ -98,6 +103,16 @@ class ExplainerServicer:
 
     def ExplainStream(self, request_iterator, context):
         """High-throughput path: responses come back in request order.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ExplainBatch(self, request, context):
+        """Many inputs in one call: the cheapest way to send texts in bulk, since the call's overhead
+        (a message each way, its headers and status) is paid once for all of them. Answers come
+        back in request order. The first input that fails fails the whole call; its position is
+        named in the error ("input 3: ..."). At most the server's max_batch_request_items inputs.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -161,6 +176,11 @@ def add_ExplainerServicer_to_server(servicer, server):
                     servicer.ExplainStream,
                     request_deserializer=limelight_dot_v1_dot_explainer__pb2.ExplainRequest.FromString,
                     response_serializer=limelight_dot_v1_dot_explainer__pb2.ExplainResponse.SerializeToString,
+            ),
+            'ExplainBatch': grpc.unary_unary_rpc_method_handler(
+                    servicer.ExplainBatch,
+                    request_deserializer=limelight_dot_v1_dot_explainer__pb2.ExplainBatchRequest.FromString,
+                    response_serializer=limelight_dot_v1_dot_explainer__pb2.ExplainBatchResponse.SerializeToString,
             ),
             'GetModel': grpc.unary_unary_rpc_method_handler(
                     servicer.GetModel,
@@ -254,6 +274,33 @@ class Explainer:
             '/limelight.v1.Explainer/ExplainStream',
             limelight_dot_v1_dot_explainer__pb2.ExplainRequest.SerializeToString,
             limelight_dot_v1_dot_explainer__pb2.ExplainResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ExplainBatch(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/limelight.v1.Explainer/ExplainBatch',
+            limelight_dot_v1_dot_explainer__pb2.ExplainBatchRequest.SerializeToString,
+            limelight_dot_v1_dot_explainer__pb2.ExplainBatchResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -2,7 +2,7 @@
 KServe's v1 ``:predict`` / ``:explain`` routes, on one aiohttp server.
 
 Message conversion only: v2 tensors go through ``limelight.api.oip`` (the same path as the gRPC
-``ModelInfer``), v1 instances through ``oip.explain_batch``; both end in
+``ModelInfer``), v1 instances through ``ExplanationService.explain_batch``; both end in
 ``ExplanationService.explain``. Errors are ``{"error": message}`` with the HTTP status of their
 kind (``limelight.api.errors``). With bearer tokens configured every inference and metadata
 route needs ``Authorization: Bearer <token>``; ``/metrics`` and the health routes stay open.
@@ -408,13 +408,13 @@ class HttpServer:
     async def v1_predict(self, request: web.Request) -> web.StreamResponse:
         service = self._model(request)
         body, _ = await self._json(request)
-        results = await oip.explain_batch(service, v1_inputs(body))
+        results = await service.explain_batch(v1_inputs(body))
         return web.json_response({"predictions": [v1_prediction(e) for e in results]})
 
     async def v1_explain(self, request: web.Request) -> web.StreamResponse:
         service = self._model(request)
         body, _ = await self._json(request)
-        results = await oip.explain_batch(service, v1_inputs(body))
+        results = await service.explain_batch(v1_inputs(body))
         return web.json_response({"explanations": [v1_explanation(e) for e in results]})
 
     def application(self) -> web.Application:

@@ -27,7 +27,6 @@ label) or ``target_index`` (a class index); neither: the predicted class.
 
 from __future__ import annotations
 
-import asyncio
 import struct
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -248,26 +247,13 @@ def explain_inputs(request: InferRequest, deadline: float | None) -> list[Explai
     ]
 
 
-async def explain_batch(
-    service: ExplanationService, inputs: Sequence[ExplainInput]
-) -> list[Explanation]:
-    """``service.explain`` for each input, concurrently so that the micro-batcher fills."""
-    results = await asyncio.gather(*(service.explain(i) for i in inputs), return_exceptions=True)
-    explanations: list[Explanation] = []
-    for result in results:
-        if isinstance(result, BaseException):
-            raise result  # the first failure answers the whole request
-        explanations.append(result)
-    return explanations
-
-
 async def infer(
     service: ExplanationService, request: InferRequest, deadline: float | None
 ) -> InferResponse:
     """Validate, explain every text through the core service (micro-batched), build outputs."""
     info = service.model_info()
     check_model(info, request.model_name, request.model_version)
-    explanations = await explain_batch(service, explain_inputs(request, deadline))
+    explanations = await service.explain_batch(explain_inputs(request, deadline))
     return InferResponse(
         model_name=info.name,
         model_version=info.version,

@@ -251,6 +251,19 @@ class ExplainerServicer:
         async for item in self._guard_stream("ExplainStream", context, stream):
             yield item
 
+    async def ExplainBatch(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+        async def call() -> pb.ExplainBatchResponse:
+            check_request(request)
+            deadline = request_deadline(context)
+            results = await self.ready_service().explain_batch(
+                [convert.explain_input(r, deadline) for r in request.requests]
+            )
+            return pb.ExplainBatchResponse(
+                responses=[convert.explanation_to_proto(r) for r in results]
+            )
+
+        return await self._guard("ExplainBatch", context, call)
+
     async def GetModel(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         async def call() -> pb.ModelInfo:
             check_request(request)
@@ -332,6 +345,7 @@ def add_to_server(servicer: ExplainerServicer, server: grpc.aio.Server) -> None:
     """Register like the generated helper, but with parsers that never raise."""
     unary: dict[str, tuple[Any, Any]] = {
         "Explain": (pb.ExplainRequest, pb.ExplainResponse),
+        "ExplainBatch": (pb.ExplainBatchRequest, pb.ExplainBatchResponse),
         "GetModel": (pb.GetModelRequest, pb.ModelInfo),
         "SubmitJob": (pb.SubmitJobRequest, pb.Job),
         "GetJob": (pb.GetJobRequest, pb.Job),

@@ -53,11 +53,18 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     p.add_argument(
         "--rpc",
-        choices=("unary", "stream", "http"),
+        choices=("unary", "stream", "batch", "http"),
         default="unary",
         help="how the load generator calls the sidecar in the served section: one Explain call "
-        "per request, one ExplainStream per client (the high-throughput path), or KServe v1 "
-        ":explain on the HTTP port, one keep-alive connection per client",
+        "per request, one ExplainStream per client (the high-throughput path), ExplainBatch "
+        "calls of --texts-per-call texts, or KServe v1 :explain on the HTTP port, one "
+        "keep-alive connection per client",
+    )
+    p.add_argument(
+        "--texts-per-call",
+        type=int,
+        default=16,
+        help="--rpc batch: texts in each ExplainBatch call (each counts as a request)",
     )
     p.add_argument("--duration", type=float, default=10.0, help="seconds measured per load point")
     p.add_argument(
@@ -272,6 +279,7 @@ def _run(args: argparse.Namespace, work: Path) -> int:
                         args.channels,
                         args.rpc,
                         args.spread,
+                        args.texts_per_call,
                     )
                     row: dict[str, Any] = {
                         "runtime": name,
@@ -438,6 +446,8 @@ def _argv(args: argparse.Namespace) -> list[str]:
         out += ["--torch-threads", str(args.torch_threads)]
     for flag in ("runtimes", "clients", "mix", "sections", "workers", "channels", "rpc"):
         out += [f"--{flag}", str(getattr(args, flag))]
+    if args.rpc == "batch":
+        out += ["--texts-per-call", str(args.texts_per_call)]
     out += ["--duration", f"{args.duration:g}"]
     if not args.spread:
         out.append("--no-spread")

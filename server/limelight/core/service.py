@@ -643,6 +643,36 @@ class ExplanationService:
                 if leftover is not None:
                     leftover.cancel()
 
+    async def explain_batch(self, requests: Sequence[ExplainInput]) -> list[Explanation]:
+        """Explain the inputs of one call concurrently (so that the micro-batcher fills) and
+        answer in input order. The first input in order that failed fails the call, with its
+        position in the message; the others are cancelled as soon as one fails."""
+        limit = self.settings.max_batch_request_items
+        if len(requests) > limit:
+            raise InvalidArgument(
+                f"{len(requests)} inputs in one call; at most {limit} (max_batch_request_items)"
+            )
+        tasks = [asyncio.ensure_future(self.explain(r)) for r in requests]
+        if not tasks:
+            return []
+        try:
+            await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+        finally:  # one failed, or the call itself was cancelled: the rest is not wanted
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+        failures = [
+            (i, error)
+            for i, task in enumerate(tasks)
+            if not task.cancelled() and (error := task.exception()) is not None
+        ]
+        if failures:
+            index, error = failures[0]
+            if isinstance(error, LimelightError) and len(tasks) > 1:
+                raise type(error)(f"input {index}: {error.message}") from error
+            raise error
+        return [task.result() for task in tasks]
+
     def _assemble(
         self,
         request: ExplainInput,

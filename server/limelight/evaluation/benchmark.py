@@ -351,10 +351,10 @@ class LoadResult:
         return self.server_cpu_s / max(1, self.count()) * 1e3
 
 
-RPCS = ("unary", "stream", "http")
+RPCS = ("unary", "stream", "batch", "http")
 """How the load generator calls the sidecar: ``Explain`` per request, one ``ExplainStream``
-per client, or KServe v1 ``:explain`` on the HTTP port, each client on its own keep-alive
-connection (as separate HTTP callers are)."""
+per client, ``ExplainBatch`` with several texts per call, or KServe v1 ``:explain`` on the
+HTTP port, each client on its own keep-alive connection (as separate HTTP callers are)."""
 
 
 def run_load(
@@ -367,13 +367,16 @@ def run_load(
     channels: int = 1,
     rpc: str = "unary",
     spread: bool = True,
+    texts_per_call: int = 16,
 ) -> LoadResult:
     """Closed-loop load from a separate process: ``clients[kind]`` concurrent clients each send
     texts of that kind one after another, spread over ``channels`` gRPC channels (each its own
     connection); only requests that finish inside the measured window (after ``warmup_s``)
     count. ``rpc``: ``unary`` (one ``Explain`` call per request) or ``stream`` (each client
     keeps one ``ExplainStream`` open and sends its next request when the answer to the last
-    one has come back) or ``http`` (``target`` is then the HTTP port's ``host:port``; each
+    one has come back) or ``batch`` (each client sends ``texts_per_call`` texts per
+    ``ExplainBatch`` call; every text counts as a request, its latency the call's) or ``http``
+    (``target`` is then the HTTP port's ``host:port``; each
     client keeps its own connection and posts KServe v1 ``:explain``; ``channels`` and
     ``spread`` do not apply). With ``spread`` the channels are spread evenly over the
     sidecar's workers (``limelight serve --workers``; the kernel alone places connections at
@@ -391,6 +394,7 @@ def run_load(
         "channels": channels,
         "rpc": rpc,
         "spread": spread,
+        "texts_per_call": texts_per_call,
     }
     code = "from limelight.evaluation.benchmark import loadgen_main; loadgen_main()"
     done = subprocess.run(
@@ -485,7 +489,26 @@ async def _generate_load(config: dict[str, Any]) -> dict[str, Any]:
                 tally.errors += 1
                 call.cancel()
 
-    run = stream_client if config.get("rpc", "unary") == "stream" else client
+    async def batch_client(kind: str, index: int) -> None:
+        pool = texts[kind]
+        stub = stubs[index % len(stubs)]
+        per_call = max(1, int(config.get("texts_per_call", 16)))
+        i = index
+        while (started := loop.time()) < end:
+            requests = [pb.ExplainRequest(text=pool[(i + j) % len(pool)]) for j in range(per_call)]
+            i += 7 * per_call
+            try:
+                response = await stub.ExplainBatch(
+                    pb.ExplainBatchRequest(requests=requests), timeout=600
+                )
+            except grpc.aio.AioRpcError:
+                tally.errors += per_call
+                continue
+            for answer in response.responses:
+                record(kind, started, answer)
+
+    rpc = config.get("rpc", "unary")
+    run = {"stream": stream_client, "batch": batch_client}.get(rpc, client)
     tasks = [run(kind, index) for kind, n in config["clients"].items() for index in range(int(n))]
     cpu = await _cpu_during(pid, tally, tasks)
     for channel in channels:
@@ -605,13 +628,15 @@ async def _open_channels(
 ) -> tuple[list[Any], collections.Counter[str]]:
     """``n`` channels, and how many reached each worker. With ``spread``, a new channel is
     kept only while its worker holds less than an even share (a few hundred dials at most;
-    then it takes what comes), so that no worker gets more of the load than another."""
+    then it takes what comes), so that no worker gets more of the load than another, and the
+    channels are ordered by worker in turn (client ``i`` takes channel ``i % n``, so even two
+    clients land on two workers)."""
     import grpc
 
     from limelight_client.proto import explainer_pb2 as pb
     from limelight_client.proto import explainer_pb2_grpc
 
-    channels: list[Any] = []
+    channels: list[tuple[int, str, Any]] = []
     placed: collections.Counter[str] = collections.Counter()
     dials = 0
     while len(channels) < n:
@@ -622,11 +647,13 @@ async def _open_channels(
         dials += 1
         share = -(-n // max(1, info.workers))
         if not spread or placed[info.instance] < share or dials > 32 * n:
-            channels.append(channel)
+            channels.append((placed[info.instance], info.instance, channel))
             placed[info.instance] += 1
         else:
             await channel.close()
-    return channels, placed
+    if spread:  # the workers in turn, so that fewer clients than channels still spread
+        channels.sort(key=lambda c: (c[0], c[1]))
+    return [channel for _, _, channel in channels], placed
 
 
 @dataclass
