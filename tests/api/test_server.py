@@ -106,6 +106,19 @@ def test_explain_batch_answers_each_input_as_explain_does(sidecar: RunningSideca
     assert list(empty.responses) == []
 
 
+def test_explain_batch_on_an_idle_server_runs_as_one_forward_pass(
+    sidecar: RunningSidecar,
+) -> None:
+    # No input of the call may reach the idle inference thread ahead of the others (it would
+    # take a forward pass of its own): the whole call is one batch.
+    requests = [pb.ExplainRequest(text=f"a fine film, number {i}") for i in range(12)]
+    for _ in range(3):
+        batch = stub(sidecar.target).ExplainBatch(
+            pb.ExplainBatchRequest(requests=requests), timeout=60
+        )
+        assert [r.timings.batch_size for r in batch.responses] == [12] * 12
+
+
 def test_explain_batch_fails_whole_naming_the_input_and_keeps_serving(
     start_sidecar: Callable[..., RunningSidecar], bert_tiny_dir: Path
 ) -> None:
