@@ -1,14 +1,17 @@
 """Texts per second of one SDK client's ``explain_many`` against `limelight serve --workers N`,
-by the number of connections the client opens (``Client(connections=...)``).
+by the number of connections the client opens (``Client(connections=...)``) and the texts it
+sends per call (``explain_many(texts_per_call=...)``: 1 is a stream, more are ``ExplainBatch``
+calls).
 
     .venv/bin/python bench/bench_sdk_connections.py [--demo bert-tiny] [--workers 2]
         [--runtime onnx] [--texts 3000] [--connections 1,2,4] [--spread on] [--rounds 3]
-        [--looks 200]
+        [--texts-per-call 1,16] [--looks 200]
 
 Starts the sidecar as its own process group with ``--workers N`` and drives it from this
 process (a separate process, as a caller would) with one ``Client``; each round runs every
 connection count once, in turn, over the same reviews. The baseline is one connection in the
-same run: the ratio says what spreading one caller over the workers buys. ``--spread on,off``
+same run (and the first ``--texts-per-call``): the ratio says what spreading one caller over
+the workers, or packing its texts, buys. ``--spread on,off``
 also runs each count with the client's spreading off (connections left where the kernel put
 them); every run reports how its connections fell on the workers. ``--looks N`` times what
 the client's regular look at its connections (every ``SPREAD_RECHECK_S``) adds to the one
@@ -64,14 +67,16 @@ def wait_serving(server: subprocess.Popen[bytes], target: str, workers: int) -> 
     raise SystemExit(f"the sidecar exited with status {server.returncode}")
 
 
-def texts_per_s(target: str, connections: int, spread: bool, texts: list[str]) -> tuple[float, str]:
+def texts_per_s(
+    target: str, connections: int, spread: bool, per_call: int, texts: list[str]
+) -> tuple[float, str]:
     """The client's texts/s, and how its connections fell on the workers ("3+1": three on one
     worker, one on another)."""
     with Client(target, connections=connections, spread=spread, timeout=120) as client:
         # Warm every connection's worker before the clock starts.
-        list(client.explain_many(texts[: 8 * connections]))
+        list(client.explain_many(texts[: 8 * connections * per_call], texts_per_call=per_call))
         start = time.perf_counter()
-        n = sum(1 for _ in client.explain_many(texts))
+        n = sum(1 for _ in client.explain_many(texts, texts_per_call=per_call))
         rate = n / (time.perf_counter() - start)
         # GetModel takes the connections in turn: one call on each.
         on = Counter(client.model().instance for _ in range(connections))
@@ -103,11 +108,19 @@ def main() -> int:
     parser.add_argument("--connections", default="1,2,4")
     parser.add_argument("--spread", default="on", help="on, off or both (on,off)")
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--texts-per-call", default="1", help="e.g. 1,16 (1: a stream)")
     parser.add_argument("--looks", type=int, default=0, help="calls timed with a look due")
     args = parser.parse_args()
     counts = [int(c) for c in args.connections.split(",")]
     spreads = [{"on": True, "off": False}[s] for s in args.spread.split(",")]
-    runs = [(c, spread) for c in counts for spread in spreads if c > 1 or spread == spreads[0]]
+    packs = [int(p) for p in args.texts_per_call.split(",")]
+    runs = [
+        (c, spread, p)
+        for c in counts
+        for spread in spreads
+        if c > 1 or spread == spreads[0]
+        for p in packs
+    ]
     model_dir = ensure_demo_model(args.demo, Settings().cache_dir)
     reviews = [e.text for e in rotten_tomatoes("test")]
     texts = list(islice((reviews[i % len(reviews)] for i in range(args.texts)), args.texts))
@@ -125,18 +138,19 @@ def main() -> int:
         argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
     )
     target = f"127.0.0.1:{port}"
-    results: dict[tuple[int, bool], list[float]] = {run: [] for run in runs}
-    placed: dict[tuple[int, bool], list[str]] = {run: [] for run in runs}
+    results: dict[tuple[int, bool, int], list[float]] = {run: [] for run in runs}
+    placed: dict[tuple[int, bool, int], list[str]] = {run: [] for run in runs}
     try:
         wait_serving(server, target, args.workers)
         for r in range(args.rounds):
-            for c, spread in runs:
-                rate, split = texts_per_s(target, c, spread, texts)
-                results[c, spread].append(rate)
-                placed[c, spread].append(split)
+            for run in runs:
+                c, spread, p = run
+                rate, split = texts_per_s(target, c, spread, p, texts)
+                results[run].append(rate)
+                placed[run].append(split)
                 print(
-                    f"round {r + 1}: {c} connection(s), spread {'on' if spread else 'off'}: "
-                    f"{rate:,.0f} texts/s, connections per worker {split}",
+                    f"round {r + 1}: {c} connection(s), spread {'on' if spread else 'off'}, "
+                    f"{p} text(s) per call: {rate:,.0f} texts/s, connections per worker {split}",
                     flush=True,
                 )
         looks = [
@@ -166,14 +180,22 @@ def main() -> int:
         [
             c,
             "on" if spread else "off",
-            " / ".join(f"{v:,.0f}" for v in results[c, spread]),
-            " / ".join(placed[c, spread]),
-            f"{statistics.median(results[c, spread]) / base:.2f}×",
+            "stream" if p == 1 else f"{p} per call",
+            " / ".join(f"{v:,.0f}" for v in results[c, spread, p]),
+            " / ".join(placed[c, spread, p]),
+            f"{statistics.median(results[c, spread, p]) / base:.2f}×",
         ]
-        for c, spread in runs
+        for c, spread, p in runs
     ]
     print(f"\n{title}; {args.texts} reviews per run")
-    head = ["connections", "spread", "texts/s (each round)", "per worker", "median vs first"]
+    head = [
+        "connections",
+        "spread",
+        "texts",
+        "texts/s (each round)",
+        "per worker",
+        "median vs first",
+    ]
     print(markdown_table(head, rows))
     return 0
 

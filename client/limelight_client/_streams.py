@@ -7,11 +7,16 @@ each of the client's connections and deals the input to them in turn: item ``i``
 gives the answers back in input order. The input is pulled only when a stream has nothing left
 to send, one item at a time and outside any lock, so a slow producer (a generator reading a
 queue) never holds an item back from the stream it was dealt to.
+
+``explain_many(texts_per_call=N)`` sends the input in ``ExplainBatch`` calls of N texts instead
+(``packed``): about ``TEXTS_IN_FLIGHT_PER_CONNECTION`` texts in flight per connection, the
+answers read back in call order.
 """
 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import threading
 from collections import deque
 from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterable, Iterator, Sequence
@@ -32,6 +37,19 @@ from limelight_client._common import (
 from limelight_client.errors import Internal, Unavailable, from_rpc_error
 from limelight_client.proto import explainer_pb2 as pb
 from limelight_client.types import Explanation
+
+#: Texts ``explain_many(texts_per_call=N)`` keeps in flight per connection, in at least two
+#: calls: enough for the worker's micro-batcher to gather its next batch while one is served.
+#: Measured with bench/bench_sdk_connections.py (BERT-tiny, two workers): 64-128 texts served
+#: alike and more did not help; 32 (two calls of 16) served a quarter fewer texts per second.
+TEXTS_IN_FLIGHT_PER_CONNECTION = 128
+
+
+def calls_in_flight(connections: int, texts_per_call: int) -> int:
+    """How many ``ExplainBatch`` calls of ``texts_per_call`` a packed ``explain_many`` keeps
+    in flight over ``connections``."""
+    return connections * max(2, -(-TEXTS_IN_FLIGHT_PER_CONNECTION // texts_per_call))
+
 
 #: What the reader needs to pair an answer with its input: text, text pair, request id.
 Sent = tuple[str, str | None, str]
@@ -60,11 +78,10 @@ def answer(response: pb.ExplainResponse, sent: Sent) -> Explanation:
 
 
 def batch_request(
-    items: Iterable[TextItem], target: TargetArg, all_classes: bool, method: str | None
+    items: Iterable[TextItem], build: Build
 ) -> tuple[pb.ExplainBatchRequest, list[Sent]]:
-    """``explain_batch``'s one request for all ``items``, and what pairs each answer with its
+    """One ``ExplainBatch`` request for all ``items``, and what pairs each answer with its
     input."""
-    build = request_builder(target, all_classes, method)
     built = [build(item) for item in items]
     return pb.ExplainBatchRequest(requests=[r for r, _ in built]), [sent for _, sent in built]
 
@@ -77,6 +94,36 @@ def batch_answers(response: pb.ExplainBatchResponse, sent: Sequence[Sent]) -> li
             f"the server answered {len(response.responses)} of {len(sent)} inputs",
         )
     return [answer(r, s) for r, s in zip(response.responses, sent, strict=True)]
+
+
+def check_texts_per_call(texts_per_call: int) -> None:
+    if texts_per_call < 1:
+        raise ValueError(f"texts_per_call must be >= 1, not {texts_per_call}")
+
+
+def packed(items: Iterable[TextItem], size: int) -> Iterator[list[TextItem]]:
+    """The input in lists of ``size`` items (the last one shorter), pulled as each is asked for."""
+    it = iter(items)
+    while chunk := list(itertools.islice(it, size)):
+        yield chunk
+
+
+async def apacked(
+    items: Iterable[TextItem] | AsyncIterable[TextItem], size: int
+) -> AsyncIterator[list[TextItem]]:
+    """``packed`` for an input that may also be an async iterable."""
+    if not isinstance(items, AsyncIterable):
+        for full in packed(items, size):
+            yield full
+        return
+    chunk: list[TextItem] = []
+    async for item in items:
+        chunk.append(item)
+        if len(chunk) == size:
+            yield chunk
+            chunk = []
+    if chunk:
+        yield chunk
 
 
 def stream_cut_short(unanswered: int) -> Unavailable:

@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import itertools
 import time
+from collections import deque
 from collections.abc import (
     AsyncIterable,
     AsyncIterator,
@@ -48,9 +49,14 @@ from limelight_client._common import (
 )
 from limelight_client._streams import (
     AsyncStreamFeed,
+    Build,
+    Sent,
     answer,
+    apacked,
     batch_answers,
     batch_request,
+    calls_in_flight,
+    check_texts_per_call,
     request_builder,
     stream_cut_short,
 )
@@ -265,13 +271,13 @@ class AsyncClient:
         timeout: float | None = None,
     ) -> list[Explanation]:
         """See ``Client.explain_batch``."""
-        request, sent = batch_request(texts, target, all_classes, method)
+        request, sent = batch_request(texts, request_builder(target, all_classes, method))
         deadline = self._deadline(timeout)
         await self._spread(deadline)
         response = await self._unary("ExplainBatch", request, time_left(deadline))
         return batch_answers(response, sent)
 
-    async def explain_many(
+    def explain_many(
         self,
         texts: Iterable[TextItem] | AsyncIterable[TextItem],
         *,
@@ -279,11 +285,24 @@ class AsyncClient:
         all_classes: bool = False,
         method: str | None = None,
         timeout: float | None = None,
+        texts_per_call: int = 1,
     ) -> AsyncIterator[Explanation]:
         """See ``Client.explain_many``; ``texts`` may also be an async iterable."""
+        check_texts_per_call(texts_per_call)
         build = request_builder(target, all_classes, method)
-        feed = AsyncStreamFeed(texts, self.connections, build)
         deadline = self._deadline(timeout, default=False)
+        if texts_per_call > 1:
+            chunks = apacked(texts, texts_per_call)
+            return self._explain_packed(chunks, texts_per_call, build, deadline)
+        return self._explain_streamed(texts, build, deadline)
+
+    async def _explain_streamed(
+        self,
+        texts: Iterable[TextItem] | AsyncIterable[TextItem],
+        build: Build,
+        deadline: float | None,
+    ) -> AsyncIterator[Explanation]:
+        feed = AsyncStreamFeed(texts, self.connections, build)
         await self._spread(deadline)
         async with self._lease_all() as conns:
             calls = feed.open(conns, deadline, self._metadata)
@@ -308,6 +327,60 @@ class AsyncClient:
             raise feed.error
         if feed.unanswered():
             raise stream_cut_short(feed.unanswered())
+
+    async def _explain_packed(
+        self,
+        chunks: AsyncIterator[list[TextItem]],
+        texts_per_call: int,
+        build: Build,
+        deadline: float | None,
+    ) -> AsyncIterator[Explanation]:
+        """See ``Client._explain_packed``: grpc.aio starts each call as it is made."""
+        await self._spread(deadline)
+        in_flight: deque[tuple[Any, pb.ExplainBatchRequest, list[Sent]]] = deque()
+        async with self._lease_all() as conns:
+            turn = itertools.cycle(conns)
+            window = calls_in_flight(len(conns), texts_per_call)
+            ended = False
+            try:
+                while True:
+                    while not ended and len(in_flight) < window:
+                        chunk = await anext(chunks, None)
+                        if chunk is None:
+                            ended = True
+                            break
+                        request, sent = batch_request(chunk, build)
+                        call = next(turn).stub.ExplainBatch(
+                            request, timeout=time_left(deadline), metadata=self._metadata
+                        )
+                        in_flight.append((call, request, sent))
+                    if not in_flight:
+                        return
+                    call, request, sent = in_flight.popleft()
+                    attempt = 0
+                    while True:
+                        try:
+                            response = await call
+                            break
+                        except grpc.RpcError as err:
+                            error = from_rpc_error(err)
+                            if error.code == grpc.StatusCode.UNAVAILABLE:
+                                self._connections.look_again_soon()  # its worker may have gone
+                            if not (
+                                attempt < self.retry_policy.retries
+                                and RetryPolicy.retryable(error.code)
+                                and await self._backoff(attempt, deadline)
+                            ):
+                                raise error from err
+                            attempt += 1
+                            call = next(turn).stub.ExplainBatch(
+                                request, timeout=time_left(deadline), metadata=self._metadata
+                            )
+                    for explanation in batch_answers(response, sent):
+                        yield explanation
+            finally:
+                for call, _, _ in in_flight:
+                    call.cancel()
 
     # -- model and drift -------------------------------------------------------------------
 

@@ -166,6 +166,27 @@ def test_sdk_explain_batch_sync_and_async(sidecar: RunningSidecar) -> None:
     assert async_batch[0].class_scores is not None and batch[0].class_scores is None
 
 
+def test_sdk_explain_many_in_batch_calls_matches_the_stream(sidecar: RunningSidecar) -> None:
+    texts = [f"review {i}: {'gorgeous ' * (i % 3)}film, {'dull ' * (i % 4)}plot" for i in range(20)]
+    with Client(sidecar.target, timeout=60, connections=2) as client:
+        streamed = list(client.explain_many(texts))
+        packed = list(client.explain_many(iter(texts), texts_per_call=8))
+        with pytest.raises(ClientInvalidArgument, match="input 0: unknown label"):
+            list(client.explain_many(texts, target="no such label", texts_per_call=8))
+
+    async def run_async() -> list[Explanation]:
+        async with AsyncClient(sidecar.target, timeout=60) as client:
+            return [e async for e in client.explain_many(texts, texts_per_call=6)]
+
+    for result in (packed, asyncio.run(run_async())):
+        assert [r.text for r in result] == texts
+        # Texts of one call share forward passes.
+        assert max(r.timings.batch_size for r in result) > 1
+        for one, other in zip(result, streamed, strict=True):
+            assert one.label == other.label
+            assert one.scores == pytest.approx(other.scores, rel=1e-4, abs=1e-5)
+
+
 def test_concurrent_unary_calls_are_micro_batched(sidecar: RunningSidecar) -> None:
     s = stub(sidecar.target)
     with concurrent.futures.ThreadPoolExecutor(16) as pool:

@@ -162,6 +162,26 @@ class ScriptedExplainer(pb_grpc.ExplainerServicer):
                 all_classes=request.all_classes,
             )
 
+    def ExplainBatch(
+        self, request: pb.ExplainBatchRequest, context: grpc.ServicerContext
+    ) -> pb.ExplainBatchResponse:
+        self._enter("ExplainBatch", request, context)
+        for i, r in enumerate(request.requests):
+            if r.text == "boom":
+                context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"input {i}: boom is not a review")
+        return pb.ExplainBatchResponse(
+            responses=[
+                make_response(
+                    r.text,
+                    r.text_pair if r.HasField("text_pair") else None,
+                    request_id=r.request_id,
+                    target=r.target if r.HasField("target") else None,
+                    all_classes=r.all_classes,
+                )
+                for r in request.requests
+            ]
+        )
+
     def GetModel(self, request: pb.GetModelRequest, context: grpc.ServicerContext) -> Any:
         self._enter("GetModel", request, context)
         defaults = struct_pb2.Struct()

@@ -187,3 +187,40 @@ async def test_explain_many_bad_item(scripted: ScriptedServer, connections: int)
         with pytest.raises(TypeError):
             async for _ in c.explain_many(["fine", 42]):  # type: ignore[list-item]
                 pass
+
+
+@pytest.mark.parametrize("connections", [1, 2])
+async def test_explain_many_packed_sync_and_async_inputs(
+    scripted: ScriptedServer, connections: int
+) -> None:
+    texts = [f"text {i} " + "x " * i for i in range(10)]
+
+    async def agen() -> AsyncIterator[str]:
+        for t in texts:
+            await asyncio.sleep(0)
+            yield t
+
+    async with connect(scripted, connections=connections, spread=False) as c:
+        a = [e.text async for e in c.explain_many(texts, texts_per_call=4)]
+        b = [e.text async for e in c.explain_many(agen(), texts_per_call=4)]
+        assert [e.text async for e in c.explain_many([], texts_per_call=4)] == []
+        with pytest.raises(ValueError, match="texts_per_call"):
+            c.explain_many(texts, texts_per_call=0)
+    assert a == texts and b == texts
+    calls = scripted.servicer.calls_to("ExplainBatch")
+    assert sorted(len(call.request.requests) for call in calls) == [2, 2, 4, 4, 4, 4]
+    assert len({call.peer for call in calls}) == connections
+    assert not scripted.servicer.calls_to("ExplainStream")
+
+
+async def test_explain_many_packed_retries_and_errors(scripted: ScriptedServer) -> None:
+    scripted.servicer.fail("ExplainBatch", grpc.StatusCode.UNAVAILABLE)
+    texts = [f"text {i}" for i in range(6)]
+    got: list[str | None] = []
+    async with connect(scripted) as c:
+        assert [e.text async for e in c.explain_many(texts, texts_per_call=2)] == texts
+        assert len(scripted.servicer.calls_to("ExplainBatch")) == 4  # one sent again
+        with pytest.raises(errors.InvalidArgument, match="input 1: boom"):
+            async for e in c.explain_many(["ok", "fine", "ok too", "boom"], texts_per_call=2):
+                got.append(e.text)
+    assert got == ["ok", "fine"]

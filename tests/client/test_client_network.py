@@ -6,12 +6,13 @@ from __future__ import annotations
 import itertools
 import random
 import threading
+from collections import Counter
 from collections.abc import Iterator
 
 import grpc
 import pytest
 
-from limelight_client import Client, JobState, _common, errors
+from limelight_client import Client, JobState, _common, _streams, errors
 from limelight_client._common import RetryPolicy
 from limelight_client.proto import explainer_pb2 as pb
 from limelight_client.proto import explainer_pb2_grpc as pb_grpc
@@ -323,6 +324,86 @@ def test_explain_many_early_break_cancels(scripted: ScriptedServer, connections:
                 break
         # The channel is still usable after the abandoned stream.
         assert c.model().name == "tiny"
+
+
+# -- explain_many in ExplainBatch calls (texts_per_call) -----------------------------------------
+
+
+def batch_sizes(s: ScriptedServer) -> list[int]:
+    return [len(c.request.requests) for c in s.servicer.calls_to("ExplainBatch")]
+
+
+def test_explain_many_packed_in_calls_of_n_in_order(scripted: ScriptedServer) -> None:
+    texts = [f"review number {i} " + "word " * (i % 5) for i in range(10)]
+    items: list[str | tuple[str, str | None]] = [*texts, ("A man sleeps.", "Nobody sleeps.")]
+    with client_for(scripted) as c:
+        results = list(c.explain_many(iter(items), target="positive", texts_per_call=4))
+        assert list(c.explain_many([], texts_per_call=4)) == []
+    assert [r.text for r in results] == [*texts, "A man sleeps."]
+    assert results[-1].text_pair == "Nobody sleeps."
+    assert all(r.target_label == "positive" for r in results)
+    assert sorted(batch_sizes(scripted)) == [3, 4, 4]  # and no call for the empty input
+    assert not scripted.servicer.calls_to("ExplainStream")
+    # Each answer is the one for its own request (the calls may arrive in any order).
+    sent = {
+        r.request_id: r.text
+        for c in scripted.servicer.calls_to("ExplainBatch")
+        for r in c.request.requests
+    }
+    assert [sent[r.request_id] for r in results] == [r.text for r in results]
+
+
+def test_explain_many_packed_spreads_calls_over_connections(scripted: ScriptedServer) -> None:
+    with client_for(scripted, connections=2, spread=False) as c:
+        texts = [f"text {i}" for i in range(40)]
+        assert [r.text for r in c.explain_many(texts, texts_per_call=5)] == texts
+    peers = [call.peer for call in scripted.servicer.calls_to("ExplainBatch")]
+    # In turn (the calls in flight may reach the server in either order).
+    assert sorted(Counter(peers).values()) == [4, 4]
+
+
+def test_explain_many_packed_retries_an_unavailable_call(scripted: ScriptedServer) -> None:
+    scripted.servicer.fail("ExplainBatch", grpc.StatusCode.UNAVAILABLE, times=2)
+    texts = [f"text {i}" for i in range(12)]
+    with client_for(scripted) as c:
+        assert [r.text for r in c.explain_many(texts, texts_per_call=4)] == texts
+    # The two calls that failed were sent again: their inputs are the ones answered.
+    assert sorted(batch_sizes(scripted)) == [4] * 5
+    with client_for(scripted, retries=0) as c:
+        scripted.servicer.fail("ExplainBatch", grpc.StatusCode.UNAVAILABLE)
+        with pytest.raises(errors.Unavailable):
+            list(c.explain_many(texts, texts_per_call=4))
+
+
+@pytest.mark.parametrize("connections", [1, 3])
+def test_explain_many_packed_server_error(scripted: ScriptedServer, connections: int) -> None:
+    with client_for(scripted, connections=connections) as c:
+        it = c.explain_many(["fine", "also fine", "boom", "never"], texts_per_call=2)
+        assert [next(it).text, next(it).text] == ["fine", "also fine"]
+        with pytest.raises(errors.InvalidArgument, match="input 0: boom"):
+            list(it)
+        with pytest.raises(TypeError):
+            list(c.explain_many(["fine", 42], texts_per_call=2))  # type: ignore[list-item]
+
+
+def test_explain_many_packed_reads_the_input_a_window_ahead(scripted: ScriptedServer) -> None:
+    pulled = 0
+
+    def endless() -> Iterator[str]:
+        nonlocal pulled
+        for i in itertools.count():
+            pulled += 1
+            yield f"text {i}"
+
+    with client_for(scripted, connections=2, spread=False) as c:
+        for n, _ in enumerate(c.explain_many(endless(), texts_per_call=3)):
+            if n == 4:
+                break
+        # The window of calls in flight, one more once the first was answered.
+        assert pulled <= 3 * (_streams.calls_in_flight(2, 3) + 1)
+        assert c.model().name == "tiny"  # the abandoned calls left the channels usable
+    with client_for(scripted) as c, pytest.raises(ValueError, match="texts_per_call"):
+        c.explain_many(["a"], texts_per_call=0)  # refused at once, before any iteration
 
 
 def test_explain_many_stream_ended_early_is_an_error(scripted: ScriptedServer) -> None:
