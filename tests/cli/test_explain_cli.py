@@ -80,3 +80,56 @@ def test_the_text_can_come_from_standard_input(sidecar: RunningSidecar) -> None:
     )
     assert out.returncode == 0, out.stderr
     assert json.loads(out.stdout)["text"] == text  # the final newline is not part of it
+
+
+def test_explain_lines_prints_json_lines_in_order(sidecar: RunningSidecar, tmp_path: Path) -> None:
+    texts = [
+        f"review {i}: a {'gorgeous, witty' if i % 2 else 'dull, tired'} film" for i in range(9)
+    ]
+    lines = [texts[0], "", *texts[1:5], "   ", *texts[5:]]  # blank lines are skipped
+    path = tmp_path / "reviews.txt"
+    path.write_text("\n".join(lines) + "\n")
+    out = limelight(
+        "explain", "--lines", str(path), "--texts-per-call", "4", "--connections", "2",
+        "--target", sidecar.target,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    rows = [json.loads(line) for line in out.stdout.splitlines()]
+    assert [r["text"] for r in rows] == texts
+    assert [r["line"] for r in rows] == [n + 1 for n, t in enumerate(lines) if t.strip()]
+    assert "explained 9 line(s)" in out.stderr
+    one = json.loads(limelight("explain", texts[3], "--target", sidecar.target, "--json").stdout)
+    assert rows[3]["label"] == one["label"]
+    for a, b in zip(rows[3]["scores"], one["scores"], strict=True):
+        assert abs(a - b) < 1e-4
+
+    piped = subprocess.run(
+        [sys.executable, "-m", "limelight.cli.main", "explain", "--lines", "-", "--class", "fresh"],
+        input="\n".join(texts[:3]),
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "LIMELIGHT_TARGET": sidecar.target},
+    )
+    assert piped.returncode == 0, piped.stderr
+    rows = [json.loads(line) for line in piped.stdout.splitlines()]
+    assert [r["text"] for r in rows] == texts[:3]
+    assert {r["target_label"] for r in rows} == {"fresh"}
+
+
+def test_explain_lines_names_the_line_that_failed(sidecar: RunningSidecar, tmp_path: Path) -> None:
+    path = tmp_path / "reviews.txt"
+    path.write_text("a fine film\n\nanother fine film\n" + "x" * 20_001 + "\nnever sent\n")
+    out = limelight("explain", "--lines", str(path), "--texts-per-call", "2",
+                    "--target", sidecar.target)  # fmt: skip
+    assert out.returncode == 1
+    assert [json.loads(line)["line"] for line in out.stdout.splitlines()] == [1, 3]
+    assert out.stderr.strip().splitlines()[-1].startswith("error: line 4: ")
+    assert "20000" in out.stderr.replace(",", "") and "2 line(s) explained before it" in out.stderr
+    wrong = limelight("explain", "--lines", str(path), "--class", "meh", "--target", sidecar.target)
+    assert wrong.returncode == 1 and "error: line 1: unknown label 'meh'" in wrong.stderr
+    job = limelight("explain", "--lines", str(path), "--method", "lrp", "--target", sidecar.target)
+    assert job.returncode == 2 and "inline methods" in job.stderr
+    for bad in (["x", "--lines", str(path)], ["--lines", str(tmp_path / "missing.txt")]):
+        refused = limelight("explain", *bad, "--target", sidecar.target)
+        assert refused.returncode == 2 and refused.stderr.startswith("error: ")

@@ -74,7 +74,7 @@ def add_client_args(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def client_from_args(args: argparse.Namespace) -> Any:
+def client_from_args(args: argparse.Namespace, connections: int = 1) -> Any:
     from limelight_client import Client
 
     tls = bool(args.tls or args.ca_cert or args.client_cert)
@@ -86,6 +86,7 @@ def client_from_args(args: argparse.Namespace) -> Any:
         client_cert=args.client_cert,
         client_key=args.client_key,
         token=args.token,
+        connections=connections,
     )
 
 

@@ -2,7 +2,8 @@
 
 Inline methods answer at once; job methods (decoded_gradcam, lrp, slalom, ...) are submitted
 as jobs, and ``--wait`` follows them with a progress bar. ``--local`` runs everything in this
-process instead of calling a sidecar.
+process instead of calling a sidecar. ``--lines FILE`` explains every line of a file (or of
+standard input) with an inline method and prints JSON Lines, in order.
 """
 
 from __future__ import annotations
@@ -10,9 +11,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import re
 import sys
+import time
+from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 from limelight.cli.common import (
     add_client_args,
@@ -30,7 +35,26 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="explain one text (terminal heat-map, --html, --json)",
         description="Classify TEXT and attribute the prediction to its tokens.",
     )
-    p.add_argument("text", help="the text to classify; - reads it from standard input")
+    p.add_argument("text", nargs="?", help="the text to classify; - reads it from standard input")
+    p.add_argument(
+        "--lines",
+        metavar="FILE",
+        help="explain every non-blank line of FILE (- for standard input) with an inline method "
+        "and print one JSON object per line (JSON Lines, in input order, each with its line "
+        "number); progress and a summary go to standard error",
+    )
+    p.add_argument(
+        "--texts-per-call",
+        type=int,
+        default=16,
+        help="with --lines: texts sent per ExplainBatch call (default 16)",
+    )
+    p.add_argument(
+        "--connections",
+        type=int,
+        default=1,
+        help="with --lines: connections to open (one or more per worker of a --workers sidecar)",
+    )
     p.add_argument("--pair", dest="text_pair", help="second text for text-pair (NLI) models")
     p.add_argument(
         "--class",
@@ -96,6 +120,11 @@ def _follow(job: Any, quiet: bool) -> Any:
 def run(args: argparse.Namespace) -> int:
     from limelight_client.errors import LimelightError
 
+    if (args.text is None) == (args.lines is None):
+        print("error: give either a TEXT or --lines FILE", file=sys.stderr)
+        return 2
+    if args.lines is not None:
+        return _run_lines(args)
     if args.text == "-":  # texts longer than a shell argument, or piped from a file
         args.text = sys.stdin.read().removesuffix("\n").removesuffix("\r")
     try:
@@ -220,3 +249,104 @@ def _run_local(args: argparse.Namespace) -> Any:
     return Explanation.from_proto(
         explanation_to_proto(result), text=args.text, text_pair=args.text_pair
     )
+
+
+#: "input 3: ..." in the error of an ExplainBatch call: which of the call's texts failed.
+_FAILED_INPUT = re.compile(r"^input (\d+): ")
+
+
+def _numbered_lines(stream: TextIO) -> Iterator[tuple[int, str]]:
+    """(line number, text) of every non-blank line, read lazily."""
+    for number, line in enumerate(stream, start=1):
+        text = line.rstrip("\r\n")
+        if text.strip():
+            yield number, text
+
+
+def _run_lines(args: argparse.Namespace) -> int:
+    """``--lines``: JSON Lines out, one per non-blank input line, through ``explain_many`` in
+    ``ExplainBatch`` calls; an error names the input line it came from."""
+    from tqdm import tqdm
+
+    from limelight_client.errors import LimelightError
+
+    refused = [
+        flag
+        for flag, given in (
+            ("--local", args.local),
+            ("--html", args.html),
+            ("--pair", args.text_pair),
+        )
+        if given
+    ]
+    if refused:
+        print(f"error: --lines does not go with {', '.join(refused)}", file=sys.stderr)
+        return 2
+    if args.texts_per_call < 1 or args.connections < 1:
+        print("error: --texts-per-call and --connections must be >= 1", file=sys.stderr)
+        return 2
+    total = None
+    if args.lines == "-":
+        source = sys.stdin
+    else:
+        try:
+            source = open(args.lines, encoding="utf-8")  # noqa: SIM115  (closed by the with below)
+            total = sum(1 for line in source if line.strip())  # for the progress bar
+            source.seek(0)
+        except (OSError, UnicodeDecodeError) as exc:
+            print(f"error: cannot read {args.lines}: {exc}", file=sys.stderr)
+            return 2
+    numbers: list[int] = []  # the line number of every text sent, in order
+
+    def texts() -> Iterator[str]:
+        for number, text in _numbered_lines(source):
+            numbers.append(number)
+            yield text
+
+    labels: Counter[str] = Counter()
+    done = 0
+    start = time.perf_counter()
+    try:
+        with (
+            source,
+            client_from_args(args, connections=args.connections) as client,
+            tqdm(total=total, unit="text", disable=None, file=sys.stderr) as bar,
+        ):
+            if args.method and client.model().method(args.method).cost != "inline":
+                print(
+                    f"error: --lines explains with inline methods; {args.method} runs as a job "
+                    f"(one text: limelight explain TEXT --method {args.method} --wait)",
+                    file=sys.stderr,
+                )
+                return 2
+            results = client.explain_many(
+                texts(),
+                target=_target(args.target_class),
+                all_classes=args.all_classes,
+                method=args.method or None,
+                texts_per_call=args.texts_per_call,
+            )
+            for explanation in results:
+                print(json.dumps({"line": numbers[done], **explanation.to_dict()}))
+                labels[explanation.label] += 1
+                done += 1
+                bar.update()
+    except KeyError as exc:  # --method the server does not offer
+        print(f"error: {exc.args[0]}", file=sys.stderr)
+        return 1
+    except LimelightError as exc:
+        message = client_error_line(exc, args.target)
+        failed = _FAILED_INPUT.search(getattr(exc, "message", ""))
+        if failed is not None:  # the failing call's texts start at the first unanswered one
+            line = numbers[done + int(failed.group(1))]
+            message = f"line {line}: {_FAILED_INPUT.sub('', exc.message)}"
+        print(f"error: {message} ({done} line(s) explained before it)", file=sys.stderr)
+        return 1
+    seconds = time.perf_counter() - start
+    counts = ", ".join(f"{label} {n:,}" for label, n in labels.most_common())
+    print(
+        f"explained {done:,} line(s) in {seconds:.1f} s ({done / max(seconds, 1e-9):,.0f}/s)"
+        + (f": {counts}" if counts else ""),
+        file=sys.stderr,
+    )
+    return 0
