@@ -208,6 +208,23 @@ class AsyncClient:
         await self._sleep(delay)
         return True
 
+    async def _retry_or_error(
+        self, err: grpc.RpcError, attempt: int, deadline: float | None, *, idempotent: bool = True
+    ) -> LimelightError | None:
+        """What a failed attempt raises, or None once backed off for attempt ``attempt + 1``
+        (UNAVAILABLE on an idempotent call, within the retries and the deadline)."""
+        error = from_rpc_error(err)
+        if error.code == grpc.StatusCode.UNAVAILABLE:
+            self._connections.look_again_soon()  # its worker may have gone
+        if (
+            idempotent
+            and attempt < self.retry_policy.retries
+            and RetryPolicy.retryable(error.code)
+            and await self._backoff(attempt, deadline)
+        ):
+            return None
+        return error
+
     async def _unary(
         self,
         method: str,
@@ -227,18 +244,12 @@ class AsyncClient:
                 try:
                     return await rpc(request, timeout=remaining, metadata=self._metadata)
                 except grpc.RpcError as err:
-                    error = from_rpc_error(err)
-                    if error.code == grpc.StatusCode.UNAVAILABLE:
-                        self._connections.look_again_soon()
-                    if (
-                        idempotent
-                        and attempt < self.retry_policy.retries
-                        and RetryPolicy.retryable(error.code)
-                        and await self._backoff(attempt, deadline)
-                    ):
-                        attempt += 1
-                        continue
-                    raise error from err
+                    error = await self._retry_or_error(
+                        err, attempt, deadline, idempotent=idempotent
+                    )
+                    if error is not None:
+                        raise error from err
+                    attempt += 1
 
     # -- inline explanations ---------------------------------------------------------------
 
@@ -363,14 +374,8 @@ class AsyncClient:
                             response = await call
                             break
                         except grpc.RpcError as err:
-                            error = from_rpc_error(err)
-                            if error.code == grpc.StatusCode.UNAVAILABLE:
-                                self._connections.look_again_soon()  # its worker may have gone
-                            if not (
-                                attempt < self.retry_policy.retries
-                                and RetryPolicy.retryable(error.code)
-                                and await self._backoff(attempt, deadline)
-                            ):
+                            error = await self._retry_or_error(err, attempt, deadline)
+                            if error is not None:
                                 raise error from err
                             attempt += 1
                             call = next(turn).stub.ExplainBatch(

@@ -263,6 +263,23 @@ class Client:
         self._sleep(delay)
         return True
 
+    def _retry_or_error(
+        self, err: grpc.RpcError, attempt: int, deadline: float | None, *, idempotent: bool = True
+    ) -> LimelightError | None:
+        """What a failed attempt raises, or None once backed off for attempt ``attempt + 1``
+        (UNAVAILABLE on an idempotent call, within the retries and the deadline)."""
+        error = from_rpc_error(err)
+        if error.code == grpc.StatusCode.UNAVAILABLE:
+            self._connections.look_again_soon()  # its worker may have gone
+        if (
+            idempotent
+            and attempt < self.retry_policy.retries
+            and RetryPolicy.retryable(error.code)
+            and self._backoff(attempt, deadline)
+        ):
+            return None
+        return error
+
     def _unary(
         self,
         method: str,
@@ -283,18 +300,10 @@ class Client:
                 try:
                     return rpc(request, timeout=remaining, metadata=self._metadata)
                 except grpc.RpcError as err:
-                    error = from_rpc_error(err)
-                    if error.code == grpc.StatusCode.UNAVAILABLE:
-                        self._connections.look_again_soon()  # its worker may have gone
-                    if (
-                        idempotent
-                        and attempt < self.retry_policy.retries
-                        and RetryPolicy.retryable(error.code)
-                        and self._backoff(attempt, deadline)
-                    ):
-                        attempt += 1
-                        continue
-                    raise error from err
+                    error = self._retry_or_error(err, attempt, deadline, idempotent=idempotent)
+                    if error is not None:
+                        raise error from err
+                    attempt += 1
 
     # -- inline explanations ---------------------------------------------------------------
 
@@ -430,14 +439,8 @@ class Client:
                             response = call.result()
                             break
                         except grpc.RpcError as err:
-                            error = from_rpc_error(err)
-                            if error.code == grpc.StatusCode.UNAVAILABLE:
-                                self._connections.look_again_soon()  # its worker may have gone
-                            if not (
-                                attempt < self.retry_policy.retries
-                                and RetryPolicy.retryable(error.code)
-                                and self._backoff(attempt, deadline)
-                            ):
+                            error = self._retry_or_error(err, attempt, deadline)
+                            if error is not None:
                                 raise error from err
                             attempt += 1
                             call = next(turn).stub.ExplainBatch.future(

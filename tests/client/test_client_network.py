@@ -406,6 +406,18 @@ def test_explain_many_packed_reads_the_input_a_window_ahead(scripted: ScriptedSe
         c.explain_many(["a"], texts_per_call=0)  # refused at once, before any iteration
 
 
+def test_explain_many_packed_timeout_bounds_the_whole_run(scripted: ScriptedServer) -> None:
+    scripted.servicer.delays["ExplainBatch"] = 0.3
+    texts = [f"text {i}" for i in range(8)]
+    with client_for(scripted) as c:
+        got: list[str | None] = []
+        with pytest.raises(errors.DeadlineExceeded):
+            for r in c.explain_many(texts, texts_per_call=2, timeout=0.2):
+                got.append(r.text)
+        assert got == []
+        assert [r.text for r in c.explain_many(texts, texts_per_call=2, timeout=30)] == texts
+
+
 def test_explain_many_stream_ended_early_is_an_error(scripted: ScriptedServer) -> None:
     # A stream that ends with answers missing must not look like a finished one.
     with client_for(scripted) as c:
