@@ -4,6 +4,9 @@ tagging rules, the F1 arithmetic, the built model and its card, and a real sidec
 from __future__ import annotations
 
 import dataclasses
+import json
+import subprocess
+import sys
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
@@ -145,7 +148,7 @@ def test_built_model_config_card_and_metrics(bert_tiny_multilabel_dir: Path) -> 
 
 
 def test_served_sigmoids_match_transformers(
-    start_sidecar: Callable[..., Any], bert_tiny_multilabel_dir: Path
+    start_sidecar: Callable[..., Any], bert_tiny_multilabel_dir: Path, tmp_path: Path
 ) -> None:
     texts = [e.text for e in drugscom_multi_label("test")[:6]]
     texts.append("This pill gave me awful headaches and nausea; my depression got worse.")
@@ -167,6 +170,26 @@ def test_served_sigmoids_match_transformers(
                 assert [e.target_label for e in result.explained()] == over
             else:
                 assert result.target_label == LABELS[int(np.argmax(probs))]
+    # `limelight explain --lines` counts every predicted label in its summary.
+    lines = tmp_path / "reviews.txt"
+    lines.write_text("\n".join(texts) + "\n")
+    out = subprocess.run(
+        [sys.executable, "-m", "limelight.cli.main", "explain", "--lines", str(lines),
+         "--target", running.target, "--method", "normxlogit"],
+        capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    rows = [json.loads(line) for line in out.stdout.splitlines()]
+    assert [r["line"] for r in rows] == list(range(1, len(texts) + 1))
+    predicted = Counter(
+        label
+        for probs in expected
+        for label in [LABELS[i] for i in range(len(LABELS)) if probs[i] >= 0.5] or ["(none)"]
+    )
+    summary = out.stderr.strip().splitlines()[-1]
+    assert summary.startswith(f"explained {len(texts)} line(s) in ")
+    for label, n in predicted.items():
+        assert f"{label} {n}" in summary
 
 
 def test_auto_serves_the_demos_lexicon_for_every_predicted_label(

@@ -328,7 +328,10 @@ def _run_lines(args: argparse.Namespace) -> int:
             )
             for explanation in results:
                 print(json.dumps({"line": numbers[done], **explanation.to_dict()}))
-                labels[explanation.label] += 1
+                if explanation.multi_label:  # every label at or over its threshold
+                    labels.update(explanation.predicted_labels or ["(none)"])
+                else:
+                    labels[explanation.label] += 1
                 done += 1
                 bar.update()
     except KeyError as exc:  # --method the server does not offer
