@@ -262,7 +262,8 @@ async def test_killed_worker_job_is_reclaimed(
         await backend.start()
         try:
             job = await backend.submit(JobSpec(method="block", text="a", params=params))
-            await await_until(started.exists)
+            # The file exists a moment before its pid line is in it: wait for the line.
+            await await_until(lambda: started.exists() and started.read_text().endswith("\n"))
             running = await backend.get(job.id)
             victim = int(started.read_text().split()[0])  # pid of the child running it
             client = redis.Redis.from_url(redis_clean, decode_responses=True)
@@ -271,7 +272,7 @@ async def test_killed_worker_job_is_reclaimed(
             assert running.state is JobState.RUNNING and running.attempts == 1
             os.kill(victim, signal.SIGKILL)
             # The survivor (or the victim's replacement) reclaims it after the idle time.
-            await await_until(lambda: len(started.read_text().split()) >= 2)
+            await await_until(lambda: started.read_text().count("\n") >= 2)
             touch(release)
             final = await wait_state(backend, job.id)
             assert final.state is JobState.SUCCEEDED
