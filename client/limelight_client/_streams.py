@@ -8,15 +8,17 @@ gives the answers back in input order. The input is pulled only when a stream ha
 to send, one item at a time and outside any lock, so a slow producer (a generator reading a
 queue) never holds an item back from the stream it was dealt to.
 
-``explain_many(texts_per_call=N)`` sends the input in ``ExplainBatch`` calls of N texts instead
-(``packed``): about ``TEXTS_IN_FLIGHT_PER_CONNECTION`` texts in flight per connection, the
-answers read back in call order.
+``explain_many(texts_per_call=N)`` sends the input in ``ExplainBatch`` calls of up to N texts
+instead: about ``TEXTS_IN_FLIGHT_PER_CONNECTION`` texts in flight per connection, the answers
+read back in call order. The input is read ahead by ``Chunks`` (a thread, or a task for the
+asyncio client), so a call goes out with what has arrived when the input pauses: a slow trickle
+(lines piped in as they are written) is answered as it comes instead of waiting for N texts.
 """
 
 from __future__ import annotations
 
 import asyncio
-import itertools
+import queue
 import threading
 from collections import deque
 from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterable, Iterator, Sequence
@@ -101,29 +103,181 @@ def check_texts_per_call(texts_per_call: int) -> None:
         raise ValueError(f"texts_per_call must be >= 1, not {texts_per_call}")
 
 
-def packed(items: Iterable[TextItem], size: int) -> Iterator[list[TextItem]]:
-    """The input in lists of ``size`` items (the last one shorter), pulled as each is asked for."""
-    it = iter(items)
-    while chunk := list(itertools.islice(it, size)):
-        yield chunk
+class _End:
+    """The input's end, as a pull's outcome (``None`` could be an item, if a wrong one)."""
 
 
-async def apacked(
-    items: Iterable[TextItem] | AsyncIterable[TextItem], size: int
-) -> AsyncIterator[list[TextItem]]:
-    """``packed`` for an input that may also be an async iterable."""
-    if not isinstance(items, AsyncIterable):
-        for full in packed(items, size):
-            yield full
-        return
-    chunk: list[TextItem] = []
-    async for item in items:
-        chunk.append(item)
-        if len(chunk) == size:
-            yield chunk
-            chunk = []
-    if chunk:
-        yield chunk
+END = _End()
+
+
+#: How long a packed call waits for the input's next item once it holds some: items that come
+#: this close together share a call; after a longer pause the call goes with what it has.
+LINGER_S = 0.005
+
+
+class _Failed:
+    """The exception the input raised, as an entry of the read-ahead queue."""
+
+    def __init__(self, exc: Exception) -> None:
+        self.exc = exc
+
+
+class _ChunkBase:
+    """What the sync and asyncio chunk readers share: assembling a chunk from queue entries."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self._ended = False
+        self._error: Exception | None = None
+
+    def _start(self, wait: bool) -> list[TextItem] | None:
+        """An empty chunk to fill, or None if the input is done. The input's error is raised
+        by the first waiting take after it, i.e. once the items before it were answered."""
+        if self._error is not None and wait:
+            error, self._error = self._error, None
+            raise error
+        return None if self._ended else []
+
+    def _add(self, chunk: list[TextItem], entry: object) -> bool:
+        """Add a queue entry to ``chunk``; True when the chunk is complete."""
+        if isinstance(entry, _End):
+            self._ended = True
+            return True
+        if isinstance(entry, _Failed):
+            # The items before the error still go out; the error is raised at the next take.
+            self._ended = True
+            self._error = entry.exc
+            return True
+        chunk.append(entry)  # type: ignore[arg-type]
+        return len(chunk) == self.size
+
+
+class Chunks(_ChunkBase):
+    """The sync client's input in chunks of up to ``size`` items, read ahead in a thread.
+
+    A list or tuple is already in hand and is sliced. Any other iterable is read by a daemon
+    thread into a queue of one chunk, so the caller can ask for a chunk without blocking
+    (``take(wait=False)``) and answer what is in flight while the input is slow.
+    """
+
+    def __init__(self, items: Iterable[TextItem], size: int) -> None:
+        super().__init__(size)
+        self._in_hand: Sequence[TextItem] | None = None
+        self._at = 0
+        self._iter: Iterator[TextItem] | None = None
+        if isinstance(items, list | tuple):
+            self._in_hand = items
+        else:
+            self._iter = iter(items)
+        self._queue: queue.Queue[object] = queue.Queue(maxsize=size)
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def _put(self, entry: object) -> bool:
+        while not self._stop.is_set():
+            try:
+                self._queue.put(entry, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def _read(self, items: Iterator[TextItem]) -> None:
+        try:
+            for item in items:
+                if not self._put(item):
+                    return
+        except Exception as exc:
+            self._put(_Failed(exc))
+            return
+        self._put(END)
+
+    def take(self, wait: bool, deadline: float | None = None) -> list[TextItem] | None:
+        """The next chunk: at most ``size`` items, fewer when the input pauses for
+        ``LINGER_S``. None when the input is done, or (``wait=False``) has nothing ready now.
+        With ``wait``, blocks for the first item until ``deadline`` (``TimeoutError``)."""
+        chunk = self._start(wait)
+        if chunk is None:
+            return None
+        if self._in_hand is not None:
+            chunk = list(self._in_hand[self._at : self._at + self.size])
+            self._at += len(chunk)
+            self._ended = self._at >= len(self._in_hand)
+            return chunk or None
+        if self._thread is None:
+            assert self._iter is not None
+            self._thread = threading.Thread(
+                target=self._read, args=(self._iter,), name="limelight-input", daemon=True
+            )
+            self._thread.start()
+        try:
+            entry = (
+                self._queue.get(timeout=time_left(deadline)) if wait else self._queue.get_nowait()
+            )
+        except queue.Empty:
+            if wait:
+                raise TimeoutError("no input before the deadline") from None
+            return None
+        while not self._add(chunk, entry):
+            try:
+                entry = self._queue.get(timeout=LINGER_S)
+            except queue.Empty:
+                break
+        return chunk or self.take(wait, deadline)
+
+    def close(self) -> None:
+        """Stop the reading thread (at once if it waits for room; after the input's next item
+        if it waits for the input)."""
+        self._stop.set()
+
+
+class AsyncChunks(_ChunkBase):
+    """``Chunks`` for the asyncio client: a task reads the input (sync or async iterable) on
+    the event loop. Create it inside the running loop."""
+
+    def __init__(self, items: Iterable[TextItem] | AsyncIterable[TextItem], size: int) -> None:
+        super().__init__(size)
+        self._queue: asyncio.Queue[object] = asyncio.Queue(maxsize=size)
+        self._task = asyncio.get_running_loop().create_task(self._read(items))
+
+    async def _read(self, items: Iterable[TextItem] | AsyncIterable[TextItem]) -> None:
+        try:
+            if isinstance(items, AsyncIterable):
+                async for item in items:
+                    await self._queue.put(item)
+            else:
+                for item in items:
+                    await self._queue.put(item)
+        except Exception as exc:
+            await self._queue.put(_Failed(exc))
+            return
+        await self._queue.put(END)
+
+    async def take(self, wait: bool, deadline: float | None = None) -> list[TextItem] | None:
+        """See ``Chunks.take``."""
+        chunk = self._start(wait)
+        if chunk is None:
+            return None
+        if wait:
+            entry = await asyncio.wait_for(self._queue.get(), time_left(deadline))
+        else:
+            try:
+                entry = self._queue.get_nowait()
+            except asyncio.QueueEmpty:
+                return None
+        while not self._add(chunk, entry):
+            try:
+                entry = self._queue.get_nowait()  # cheap while the input keeps up
+            except asyncio.QueueEmpty:
+                try:
+                    entry = await asyncio.wait_for(self._queue.get(), LINGER_S)
+                except TimeoutError:
+                    break
+        return chunk or await self.take(wait, deadline)
+
+    def close(self) -> None:
+        """Stop reading the input."""
+        self._task.cancel()
 
 
 def stream_cut_short(unanswered: int) -> Unavailable:
@@ -132,13 +286,6 @@ def stream_cut_short(unanswered: int) -> Unavailable:
         grpc.StatusCode.UNAVAILABLE,
         f"the stream ended before {unanswered} request(s) sent on it were answered",
     )
-
-
-class _End:
-    """The input's end, as a pull's outcome (``None`` could be an item, if a wrong one)."""
-
-
-END = _End()
 
 
 class _Deal:

@@ -48,11 +48,11 @@ from limelight_client._common import (
     time_left,
 )
 from limelight_client._streams import (
+    AsyncChunks,
     AsyncStreamFeed,
     Build,
     Sent,
     answer,
-    apacked,
     batch_answers,
     batch_request,
     calls_in_flight,
@@ -303,8 +303,7 @@ class AsyncClient:
         build = request_builder(target, all_classes, method)
         deadline = self._deadline(timeout, default=False)
         if texts_per_call > 1:
-            chunks = apacked(texts, texts_per_call)
-            return self._explain_packed(chunks, texts_per_call, build, deadline)
+            return self._explain_packed(texts, texts_per_call, build, deadline)
         return self._explain_streamed(texts, build, deadline)
 
     async def _explain_streamed(
@@ -341,24 +340,27 @@ class AsyncClient:
 
     async def _explain_packed(
         self,
-        chunks: AsyncIterator[list[TextItem]],
+        texts: Iterable[TextItem] | AsyncIterable[TextItem],
         texts_per_call: int,
         build: Build,
         deadline: float | None,
     ) -> AsyncIterator[Explanation]:
         """See ``Client._explain_packed``: grpc.aio starts each call as it is made."""
-        await self._spread(deadline)
+        chunks = AsyncChunks(texts, texts_per_call)
         in_flight: deque[tuple[Any, pb.ExplainBatchRequest, list[Sent]]] = deque()
-        async with self._lease_all() as conns:
-            turn = itertools.cycle(conns)
-            window = calls_in_flight(len(conns), texts_per_call)
-            ended = False
-            try:
+        try:
+            await self._spread(deadline)
+            async with self._lease_all() as conns:
+                turn = itertools.cycle(conns)
+                window = calls_in_flight(len(conns), texts_per_call)
                 while True:
-                    while not ended and len(in_flight) < window:
-                        chunk = await anext(chunks, None)
+                    while len(in_flight) < window:
+                        # Wait for input only when nothing is in flight; else answer what is.
+                        try:
+                            chunk = await chunks.take(wait=not in_flight, deadline=deadline)
+                        except TimeoutError:
+                            raise deadline_error("waiting for input") from None
                         if chunk is None:
-                            ended = True
                             break
                         request, sent = batch_request(chunk, build)
                         call = next(turn).stub.ExplainBatch(
@@ -383,9 +385,10 @@ class AsyncClient:
                             )
                     for explanation in batch_answers(response, sent):
                         yield explanation
-            finally:
-                for call, _, _ in in_flight:
-                    call.cancel()
+        finally:
+            chunks.close()
+            for call, _, _ in in_flight:
+                call.cancel()
 
     # -- model and drift -------------------------------------------------------------------
 

@@ -41,6 +41,7 @@ from limelight_client._common import (
 )
 from limelight_client._streams import (
     Build,
+    Chunks,
     Sent,
     StreamFeed,
     answer,
@@ -48,7 +49,6 @@ from limelight_client._streams import (
     batch_request,
     calls_in_flight,
     check_texts_per_call,
-    packed,
     request_builder,
     stream_cut_short,
 )
@@ -371,10 +371,12 @@ class Client:
         By default every item is one message on an ``ExplainStream``, one stream per
         connection, items dealt to them in turn: each answer comes back as soon as it is ready,
         and a stream is not retried (a failure raises). With ``texts_per_call=N`` the items go
-        in ``ExplainBatch`` calls of N instead (16-64 cost the server far less per text; at most
-        its ``max_batch_request_items``), about 128 texts in flight per connection (at least two
-        calls); the input is then read that far ahead and a call waits for N items, so use it
-        for texts in hand rather than a slow trickle. Each call is retried on UNAVAILABLE like
+        in ``ExplainBatch`` calls of up to N instead (16-64 cost the server far less per text;
+        at most its ``max_batch_request_items``), about 128 texts in flight per connection (at
+        least two calls). The input is then read that far ahead, in a thread of its own unless
+        it is a list or tuple; when it pauses, a call goes out with the items that have arrived
+        and the answers in flight are yielded, so a slow trickle is answered as it comes, and
+        ``timeout`` also bounds the wait for input. Each call is retried on UNAVAILABLE like
         ``explain_batch``; an input the server refuses fails the run (``InvalidArgument``, with
         its position in its call).
         """
@@ -382,8 +384,7 @@ class Client:
         build = request_builder(target, all_classes, method)
         deadline = self._deadline(timeout, default=False)
         if texts_per_call > 1:
-            chunks = packed(texts, texts_per_call)
-            return self._explain_packed(chunks, texts_per_call, build, deadline)
+            return self._explain_packed(texts, texts_per_call, build, deadline)
         return self._explain_streamed(texts, build, deadline)
 
     def _explain_streamed(
@@ -412,11 +413,12 @@ class Client:
 
     def _explain_packed(
         self,
-        chunks: Iterator[list[TextItem]],
+        texts: Iterable[TextItem],
         texts_per_call: int,
         build: Build,
         deadline: float | None,
     ) -> Iterator[Explanation]:
+        chunks = Chunks(texts, texts_per_call)
         self._spread(deadline)
         in_flight: deque[tuple[grpc.Future, pb.ExplainBatchRequest, list[Sent]]] = deque()
         with self._lease_all() as conns:
@@ -424,7 +426,14 @@ class Client:
             window = calls_in_flight(len(conns), texts_per_call)
             try:
                 while True:
-                    for chunk in itertools.islice(chunks, window - len(in_flight)):
+                    while len(in_flight) < window:
+                        # Wait for input only when nothing is in flight; else answer what is.
+                        try:
+                            chunk = chunks.take(wait=not in_flight, deadline=deadline)
+                        except TimeoutError:
+                            raise deadline_error("waiting for input") from None
+                        if chunk is None:
+                            break
                         request, sent = batch_request(chunk, build)
                         call = next(turn).stub.ExplainBatch.future(
                             request, timeout=time_left(deadline), metadata=self._metadata
@@ -448,6 +457,7 @@ class Client:
                             )
                     yield from batch_answers(response, sent)
             finally:
+                chunks.close()
                 for call, _, _ in in_flight:
                     call.cancel()  # no-op when finished; stops the calls if the caller broke off
 

@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 from tests.conftest import RunningSidecar
@@ -115,6 +116,34 @@ def test_explain_lines_prints_json_lines_in_order(sidecar: RunningSidecar, tmp_p
     rows = [json.loads(line) for line in piped.stdout.splitlines()]
     assert [r["text"] for r in rows] == texts[:3]
     assert {r["target_label"] for r in rows} == {"fresh"}
+
+
+def test_explain_lines_answers_piped_lines_as_they_come(sidecar: RunningSidecar) -> None:
+    """A line written to a live pipe is answered before the next one is written (not held
+    back until a whole call of --texts-per-call lines has arrived)."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "limelight.cli.main", "explain", "--lines", "-"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "LIMELIGHT_TARGET": sidecar.target},
+    )
+    assert proc.stdin is not None and proc.stdout is not None
+    # Fails the test instead of hanging it if the answer never comes.
+    watchdog = threading.Timer(120, proc.kill)
+    watchdog.start()
+    try:
+        for n, text in enumerate(["a gorgeous movie", "a dull, tired film"], start=1):
+            proc.stdin.write(text + "\n")
+            proc.stdin.flush()
+            row = json.loads(proc.stdout.readline())
+            assert (row["line"], row["text"]) == (n, text)
+        proc.stdin.close()
+        assert proc.wait() == 0, proc.stderr.read() if proc.stderr else ""
+    finally:
+        watchdog.cancel()
+        proc.kill()
 
 
 def test_explain_lines_names_the_line_that_failed(sidecar: RunningSidecar, tmp_path: Path) -> None:

@@ -213,6 +213,38 @@ async def test_explain_many_packed_sync_and_async_inputs(
     assert not scripted.servicer.calls_to("ExplainStream")
 
 
+async def test_explain_many_packed_answers_a_trickle_as_it_comes(
+    scripted: ScriptedServer,
+) -> None:
+    more = asyncio.Event()
+
+    async def trickle() -> AsyncIterator[str]:
+        yield "first"
+        yield "second"
+        # Before the client asks for more input, it must have answered what it has.
+        await asyncio.wait_for(more.wait(), 30)
+        yield "third"
+
+    async with connect(scripted) as c:
+        it = c.explain_many(trickle(), texts_per_call=16)
+        assert [(await anext(it)).text, (await anext(it)).text] == ["first", "second"]
+        more.set()
+        assert [e.text async for e in it] == ["third"]
+        stalled = asyncio.Event()
+
+        async def stalls() -> AsyncIterator[str]:
+            yield "only"
+            await stalled.wait()
+            yield "never"
+
+        it = c.explain_many(stalls(), texts_per_call=4, timeout=0.5)
+        assert (await anext(it)).text == "only"
+        with pytest.raises(errors.DeadlineExceeded, match="waiting for input"):
+            await anext(it)
+    sizes = [len(call.request.requests) for call in scripted.servicer.calls_to("ExplainBatch")]
+    assert sum(sizes) == 4 and max(sizes) <= 2  # calls went with what had arrived
+
+
 async def test_explain_many_packed_retries_and_errors(scripted: ScriptedServer) -> None:
     scripted.servicer.fail("ExplainBatch", grpc.StatusCode.UNAVAILABLE)
     texts = [f"text {i}" for i in range(6)]

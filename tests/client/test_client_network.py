@@ -399,11 +399,66 @@ def test_explain_many_packed_reads_the_input_a_window_ahead(scripted: ScriptedSe
         for n, _ in enumerate(c.explain_many(endless(), texts_per_call=3)):
             if n == 4:
                 break
-        # The window of calls in flight, one more once the first was answered.
-        assert pulled <= 3 * (_streams.calls_in_flight(2, 3) + 1)
+        # The window of calls in flight, one more once the first was answered, and what the
+        # reading thread holds: a queue of one call's items and the item it waits to add.
+        assert pulled <= 3 * (_streams.calls_in_flight(2, 3) + 1) + 3 + 1
         assert c.model().name == "tiny"  # the abandoned calls left the channels usable
     with client_for(scripted) as c, pytest.raises(ValueError, match="texts_per_call"):
         c.explain_many(["a"], texts_per_call=0)  # refused at once, before any iteration
+
+
+def test_explain_many_packed_answers_a_trickle_as_it_comes(scripted: ScriptedServer) -> None:
+    more = threading.Event()
+
+    def trickle() -> Iterator[str]:
+        yield "first"
+        yield "second"
+        # Before the client asks for more input, it must have answered what it has.
+        assert more.wait(timeout=30), "the client held the first texts back for a full call"
+        yield "third"
+
+    with client_for(scripted, connections=2, spread=False) as c:
+        it = c.explain_many(trickle(), texts_per_call=16)
+        assert [next(it).text, next(it).text] == ["first", "second"]
+        more.set()
+        assert [r.text for r in it] == ["third"]
+    sizes = batch_sizes(scripted)
+    assert sum(sizes) == 3 and max(sizes) <= 2  # calls went with what had arrived
+
+
+def test_explain_many_packed_timeout_bounds_the_wait_for_input(scripted: ScriptedServer) -> None:
+    stalled = threading.Event()
+
+    def stalls() -> Iterator[str]:
+        yield "only"
+        stalled.wait(timeout=30)
+        yield "late"
+
+    try:
+        with client_for(scripted) as c:
+            it = c.explain_many(stalls(), texts_per_call=4, timeout=0.5)
+            assert next(it).text == "only"
+            with pytest.raises(errors.DeadlineExceeded, match="waiting for input"):
+                next(it)
+            assert c.model().name == "tiny"
+    finally:
+        stalled.set()  # lets the reading thread finish
+
+
+def test_explain_many_packed_raises_the_inputs_error_after_its_items(
+    scripted: ScriptedServer,
+) -> None:
+    def breaks() -> Iterator[str]:
+        yield "one"
+        yield "two"
+        raise OSError("the input broke")
+
+    with client_for(scripted) as c:
+        got: list[str | None] = []
+        with pytest.raises(OSError, match="the input broke"):
+            for r in c.explain_many(breaks(), texts_per_call=4):
+                got.append(r.text)
+        assert got == ["one", "two"]  # the items read before the error were answered
 
 
 def test_explain_many_packed_timeout_bounds_the_whole_run(scripted: ScriptedServer) -> None:

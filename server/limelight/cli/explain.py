@@ -327,7 +327,11 @@ def _run_lines(args: argparse.Namespace) -> int:
                 texts_per_call=args.texts_per_call,
             )
             for explanation in results:
-                print(json.dumps({"line": numbers[done], **explanation.to_dict()}))
+                # Piped in, lines may come as they are written: pass each answer on at once.
+                print(
+                    json.dumps({"line": numbers[done], **explanation.to_dict()}),
+                    flush=source is sys.stdin,
+                )
                 if explanation.multi_label:  # every label at or over its threshold
                     labels.update(explanation.predicted_labels or ["(none)"])
                 else:
