@@ -118,6 +118,34 @@ def test_explain_lines_prints_json_lines_in_order(sidecar: RunningSidecar, tmp_p
     assert {r["target_label"] for r in rows} == {"fresh"}
 
 
+def test_explain_lines_local_matches_server(
+    sidecar: RunningSidecar, bert_tiny_dir: Path, tmp_path: Path
+) -> None:
+    """--lines --local runs the server's code path in this process: the same JSON lines."""
+    path = tmp_path / "reviews.txt"
+    path.write_text("a gorgeous, witty film\n\na dull, tired film\nfine\n")
+    remote = limelight("explain", "--lines", str(path), "--target", sidecar.target)
+    local = limelight("explain", "--lines", str(path), "--local", "--model", str(bert_tiny_dir))
+    assert remote.returncode == 0 and local.returncode == 0, local.stderr
+    assert "explained 3 line(s)" in local.stderr
+    remote_rows = [json.loads(line) for line in remote.stdout.splitlines()]
+    local_rows = [json.loads(line) for line in local.stdout.splitlines()]
+    assert [r["line"] for r in local_rows] == [1, 3, 4]
+    for a, b in zip(remote_rows, local_rows, strict=True):
+        assert (a["line"], a["text"], a["label"]) == (b["line"], b["text"], b["label"])
+        assert max(abs(x - y) for x, y in zip(a["scores"], b["scores"], strict=True)) < 1e-4
+
+    path.write_text("a fine film\n\nanother fine film\n" + "x" * 20_001 + "\nnever sent\n")
+    failed = limelight("explain", "--lines", str(path), "--local", "--model", str(bert_tiny_dir))
+    assert failed.returncode == 1
+    assert [json.loads(line)["line"] for line in failed.stdout.splitlines()] == [1, 3]
+    assert failed.stderr.strip().splitlines()[-1].startswith("error: line 4: ")
+    job = limelight(
+        "explain", "--lines", str(path), "--local", "--model", str(bert_tiny_dir), "--method", "lrp"
+    )  # fmt: skip
+    assert job.returncode == 2 and "inline methods" in job.stderr
+
+
 def test_explain_lines_answers_piped_lines_as_they_come(sidecar: RunningSidecar) -> None:
     """A line written to a live pipe is answered before the next one is written (not held
     back until a whole call of --texts-per-call lines has arrived)."""

@@ -14,8 +14,8 @@ import json
 import re
 import sys
 import time
-from collections import Counter
-from collections.abc import Iterator
+from collections import Counter, deque
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -41,7 +41,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         metavar="FILE",
         help="explain every non-blank line of FILE (- for standard input) with an inline method "
         "and print one JSON object per line (JSON Lines, in input order, each with its line "
-        "number); progress and a summary go to standard error",
+        "number); progress and a summary go to standard error; with --local, in this process",
     )
     p.add_argument(
         "--texts-per-call",
@@ -182,7 +182,7 @@ def _run_local(args: argparse.Namespace) -> Any:
     from limelight.app import build_application, load_served_model
     from limelight.cli.common import setup_logging
     from limelight.core.jobs import JobSpec
-    from limelight.core.types import ExplainInput, TargetSpec
+    from limelight.core.types import ExplainInput
     from limelight.errors import LimelightError as ServerError
     from limelight.metrics import Metrics
     from limelight_client.types import Explanation
@@ -191,14 +191,7 @@ def _run_local(args: argparse.Namespace) -> Any:
     settings = settings_from_args(
         args, jobs="off", drift_enabled=False, warmup=False, metrics_port=0
     )
-    target = _target(args.target_class)
-    spec = (
-        None
-        if target is None
-        else TargetSpec(label=target)
-        if isinstance(target, str)
-        else TargetSpec(index=target)
-    )
+    spec = _target_spec(args)
     model = load_served_model(settings)
     app = build_application(settings, Metrics(), model)
     service = app.service
@@ -251,6 +244,65 @@ def _run_local(args: argparse.Namespace) -> Any:
     )
 
 
+def _target_spec(args: argparse.Namespace) -> Any:
+    """``--class`` as the core's ``TargetSpec`` (None: the predicted class)."""
+    from limelight.core.types import TargetSpec
+
+    target = _target(args.target_class)
+    if target is None:
+        return None
+    return TargetSpec(label=target) if isinstance(target, str) else TargetSpec(index=target)
+
+
+class _JobMethod(Exception):
+    """``--lines`` was given a method that runs as a job."""
+
+
+def _explain_lines_local(
+    args: argparse.Namespace, texts: Iterator[str], emit: Callable[[Any], None]
+) -> None:
+    """``--lines --local``: the texts through the core service's ordered stream in this
+    process (the server's code path, minus the network), each explanation to ``emit``."""
+    from limelight.api.convert import explanation_to_proto
+    from limelight.app import build_application, load_served_model
+    from limelight.cli.common import setup_logging
+    from limelight.core.types import ExplainInput
+    from limelight.metrics import Metrics
+    from limelight_client.types import Explanation
+
+    setup_logging("WARNING")
+    settings = settings_from_args(
+        args, jobs="off", drift_enabled=False, warmup=False, metrics_port=0
+    )
+    spec = _target_spec(args)
+    service = build_application(settings, Metrics(), load_served_model(settings)).service
+    method = service.methods.get(args.method) if args.method else service.default_method
+    if method.cost.value != "inline":
+        raise _JobMethod(method.name)
+    sent: deque[str] = deque()  # the texts in flight, in order, to pair with their answers
+
+    async def inputs() -> AsyncIterator[ExplainInput]:
+        for text in texts:
+            sent.append(text)
+            yield ExplainInput(
+                text=text,
+                text_pair=None,
+                target=spec,
+                all_classes=args.all_classes,
+                method=method.name,
+            )
+
+    async def run() -> None:
+        await service.start()
+        try:
+            async for result in service.explain_many(inputs()):
+                emit(Explanation.from_proto(explanation_to_proto(result), text=sent.popleft()))
+        finally:
+            await service.close()
+
+    asyncio.run(run())
+
+
 #: "input 3: ..." in the error of an ExplainBatch call: which of the call's texts failed.
 _FAILED_INPUT = re.compile(r"^input (\d+): ")
 
@@ -265,20 +317,15 @@ def _numbered_lines(stream: TextIO) -> Iterator[tuple[int, str]]:
 
 def _run_lines(args: argparse.Namespace) -> int:
     """``--lines``: JSON Lines out, one per non-blank input line, through ``explain_many`` in
-    ``ExplainBatch`` calls; an error names the input line it came from."""
+    ``ExplainBatch`` calls (or, ``--local``, the core service in this process); an error names
+    the input line it came from."""
     from tqdm import tqdm
 
+    from limelight.errors import LimelightError as ServerError
     from limelight_client.errors import LimelightError
+    from limelight_client.types import Explanation
 
-    refused = [
-        flag
-        for flag, given in (
-            ("--local", args.local),
-            ("--html", args.html),
-            ("--pair", args.text_pair),
-        )
-        if given
-    ]
+    refused = [flag for flag, given in (("--html", args.html), ("--pair", args.text_pair)) if given]
     if refused:
         print(f"error: --lines does not go with {', '.join(refused)}", file=sys.stderr)
         return 2
@@ -307,26 +354,10 @@ def _run_lines(args: argparse.Namespace) -> int:
     done = 0
     start = time.perf_counter()
     try:
-        with (
-            source,
-            client_from_args(args, connections=args.connections) as client,
-            tqdm(total=total, unit="text", disable=None, file=sys.stderr) as bar,
-        ):
-            if args.method and client.model().method(args.method).cost != "inline":
-                print(
-                    f"error: --lines explains with inline methods; {args.method} runs as a job "
-                    f"(one text: limelight explain TEXT --method {args.method} --wait)",
-                    file=sys.stderr,
-                )
-                return 2
-            results = client.explain_many(
-                texts(),
-                target=_target(args.target_class),
-                all_classes=args.all_classes,
-                method=args.method or None,
-                texts_per_call=args.texts_per_call,
-            )
-            for explanation in results:
+        with source, tqdm(total=total, unit="text", disable=None, file=sys.stderr) as bar:
+
+            def emit(explanation: Explanation) -> None:
+                nonlocal done
                 # Piped in, lines may come as they are written: pass each answer on at once.
                 print(
                     json.dumps({"line": numbers[done], **explanation.to_dict()}),
@@ -338,15 +369,40 @@ def _run_lines(args: argparse.Namespace) -> int:
                     labels[explanation.label] += 1
                 done += 1
                 bar.update()
+
+            if args.local:
+                _explain_lines_local(args, texts(), emit)
+            else:
+                with client_from_args(args, connections=args.connections) as client:
+                    if args.method and client.model().method(args.method).cost != "inline":
+                        raise _JobMethod(args.method)
+                    for explanation in client.explain_many(
+                        texts(),
+                        target=_target(args.target_class),
+                        all_classes=args.all_classes,
+                        method=args.method or None,
+                        texts_per_call=args.texts_per_call,
+                    ):
+                        emit(explanation)
+    except _JobMethod as exc:
+        print(
+            f"error: --lines explains with inline methods; {exc.args[0]} runs as a job "
+            f"(one text: limelight explain TEXT --method {exc.args[0]} --wait)",
+            file=sys.stderr,
+        )
+        return 2
     except KeyError as exc:  # --method the server does not offer
         print(f"error: {exc.args[0]}", file=sys.stderr)
         return 1
-    except LimelightError as exc:
-        message = client_error_line(exc, args.target)
-        failed = _FAILED_INPUT.search(getattr(exc, "message", ""))
-        if failed is not None:  # the failing call's texts start at the first unanswered one
-            line = numbers[done + int(failed.group(1))]
-            message = f"line {line}: {_FAILED_INPUT.sub('', exc.message)}"
+    except (LimelightError, ServerError) as exc:
+        if isinstance(exc, ServerError):  # --local: the line in order is the one that failed
+            message = f"line {numbers[done]}: {exc.message}" if done < len(numbers) else exc.message
+        else:
+            message = client_error_line(exc, args.target)
+            failed = _FAILED_INPUT.search(getattr(exc, "message", ""))
+            if failed is not None:  # the failing call's texts start at the first unanswered one
+                line = numbers[done + int(failed.group(1))]
+                message = f"line {line}: {_FAILED_INPUT.sub('', exc.message)}"
         print(f"error: {message} ({done} line(s) explained before it)", file=sys.stderr)
         return 1
     seconds = time.perf_counter() - start
