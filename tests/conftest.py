@@ -18,8 +18,8 @@ from typing import Any
 
 import pytest
 
+from limelight.api.ports import free_port
 from limelight.settings import Settings
-from tests.ports import free_port
 from tests.tiny_bert import save_tiny_bert
 
 __all__ = ["SLOW_FIXTURES", "RunningSidecar", "cache_dir", "free_port"]

@@ -12,7 +12,7 @@ from typing import Any
 import grpc
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
 
-from tests.ports import free_port
+from limelight.api.ports import free_port
 
 
 class Receiver(trace_service_pb2_grpc.TraceServiceServicer):

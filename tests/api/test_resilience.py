@@ -19,10 +19,10 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from limelight.api.ports import free_port
 from limelight_client.proto import explainer_pb2 as pb
 from limelight_client.proto import explainer_pb2_grpc
 from tests.conftest import RunningSidecar
-from tests.ports import free_port
 
 
 def _stub(target: str) -> explainer_pb2_grpc.ExplainerStub:

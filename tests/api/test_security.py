@@ -215,7 +215,7 @@ def test_rotated_tokens_file_is_picked_up_without_a_restart(
 def test_plaintext_health_port_for_probes_beside_a_tls_port(
     start_sidecar: Callable[..., RunningSidecar], bert_tiny_dir: Path, pki: Path
 ) -> None:
-    from tests.ports import free_port
+    from limelight.api.ports import free_port
 
     side = start_sidecar(
         model_dir=bert_tiny_dir,

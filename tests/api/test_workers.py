@@ -25,10 +25,10 @@ from typing import Any
 import grpc
 import pytest
 
+from limelight.api.ports import free_port
 from limelight_client import Client, _common, errors
 from limelight_client.proto import explainer_pb2 as pb
 from limelight_client.proto import explainer_pb2_grpc as pb_grpc
-from tests.ports import free_port
 
 WORKERS = 2
 

@@ -11,11 +11,11 @@ import grpc
 import pytest
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
+from limelight.api.ports import free_port
 from limelight_client import AsyncClient, Client
 from limelight_client._common import EXPLAINER_SERVICE
 from limelight_client.proto import explainer_pb2_grpc as pb_grpc
 from tests.client.llc_scripted import ScriptedExplainer
-from tests.ports import free_port
 
 SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING

@@ -12,12 +12,12 @@ from collections.abc import Iterator
 import grpc
 import pytest
 
+from limelight.api.ports import free_port
 from limelight_client import Client, JobState, _common, _streams, errors
 from limelight_client._common import RetryPolicy
 from limelight_client.proto import explainer_pb2 as pb
 from limelight_client.proto import explainer_pb2_grpc as pb_grpc
 from tests.client.llc_scripted import Placement, ScriptedServer
-from tests.ports import free_port
 
 TEXT = "The movie wasn't bad at all!"
 

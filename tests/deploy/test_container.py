@@ -29,6 +29,7 @@ import torch
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
+from limelight.api.ports import free_port
 from tests.deploy.deploy_support import (
     OVERLAYS,
     REPO,
@@ -39,7 +40,6 @@ from tests.deploy.deploy_support import (
     promql_metric_names,
     render,
 )
-from tests.ports import free_port
 
 pytestmark = pytest.mark.container
 

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from limelight.api.ports import free_port
 from limelight.api.server_process import ServerProcess, start_server_process
 from limelight.evaluation.benchmark import process_cpu_seconds, process_tree_cpu_seconds, run_load
-from tests.ports import free_port
 
 METRICS = free_port()
 """The sidecar's Prometheus port (the supervisor's, every worker's series merged)."""

@@ -21,11 +21,11 @@ import numpy as np
 import pytest
 from helpers import wait_until
 
+from limelight.api.ports import free_port
 from limelight.cli.main import main as cli
 from limelight_client import Client
 from limelight_client.errors import LimelightError
 from limelight_client.types import JobState
-from tests.ports import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 TEXTS = [

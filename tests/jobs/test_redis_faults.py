@@ -16,6 +16,7 @@ import pytest
 import redis
 from helpers import await_until, test_registry, touch, wait_until
 
+from limelight.api.ports import free_port
 from limelight.core.jobs import JobSpec, JobState
 from limelight.errors import ErrorKind, LimelightError, Unavailable
 from limelight.jobs.redis_backend import RedisJobBackend
@@ -23,7 +24,6 @@ from limelight.jobs.redis_worker import RedisWorker
 from limelight.jobs.runner import JobRunner
 from limelight.models.loaded import LoadedModel
 from limelight.settings import Settings
-from tests.ports import free_port
 
 
 class RedisProcess:

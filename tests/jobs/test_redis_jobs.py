@@ -29,6 +29,7 @@ from helpers import (
 from jobs_testing_methods import expected_scores
 from prometheus_client import CollectorRegistry
 
+from limelight.api.ports import free_port
 from limelight.core.jobs import JobSpec, JobState
 from limelight.errors import InvalidArgument, NotFound, ResourceExhausted
 from limelight.jobs.redis_backend import RedisJobBackend
@@ -37,7 +38,6 @@ from limelight.jobs.runner import JobRunner
 from limelight.metrics import Metrics
 from limelight.models.loaded import LoadedModel
 from limelight.settings import Settings
-from tests.ports import free_port
 
 HERE = Path(__file__).parent
 ROOT = HERE.parent.parent

@@ -11,7 +11,6 @@ Markdown tables and writes a PNG plot.
 from __future__ import annotations
 
 import argparse
-import socket
 import statistics
 from pathlib import Path
 from typing import Any
@@ -151,6 +150,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace, work: Path) -> int:
+    from limelight.api.ports import free_port
     from limelight.api.server_process import start_server_process
     from limelight.app import load_served_model, prepare_lexicon
     from limelight.core.service import resolve_default_method
@@ -262,7 +262,7 @@ def _run(args: argparse.Namespace, work: Path) -> int:
             if name == "onnx":
                 overrides["onnx_path"] = work / "inline.onnx"
             if args.rpc == "http":
-                overrides["metrics_port"] = unused_port()
+                overrides["metrics_port"] = free_port()
             server = start_server_process(overrides)
             target = server.target
             if args.rpc == "http":
@@ -454,10 +454,3 @@ def _argv(args: argparse.Namespace) -> list[str]:
     if args.quick:
         out.append("--quick")
     return out
-
-
-def unused_port() -> int:
-    """A TCP port nothing listens on now (for the sidecar's HTTP port under ``--rpc http``)."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
