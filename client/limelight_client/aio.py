@@ -34,6 +34,7 @@ from limelight_client._common import (
     SpreadAnswer,
     TargetArg,
     TextItem,
+    call_deadline,
     call_metadata,
     channel_credentials,
     channel_options,
@@ -347,7 +348,7 @@ class AsyncClient:
     ) -> AsyncIterator[Explanation]:
         """See ``Client._explain_packed``: grpc.aio starts each call as it is made."""
         chunks = AsyncChunks(texts, texts_per_call)
-        in_flight: deque[tuple[Any, pb.ExplainBatchRequest, list[Sent]]] = deque()
+        in_flight: deque[tuple[Any, pb.ExplainBatchRequest, list[Sent], float | None]] = deque()
         try:
             await self._spread(deadline)
             async with self._lease_all() as conns:
@@ -363,31 +364,32 @@ class AsyncClient:
                         if chunk is None:
                             break
                         request, sent = batch_request(chunk, build)
+                        ends = call_deadline(deadline, self.timeout)
                         call = next(turn).stub.ExplainBatch(
-                            request, timeout=time_left(deadline), metadata=self._metadata
+                            request, timeout=time_left(ends), metadata=self._metadata
                         )
-                        in_flight.append((call, request, sent))
+                        in_flight.append((call, request, sent, ends))
                     if not in_flight:
                         return
-                    call, request, sent = in_flight.popleft()
+                    call, request, sent, ends = in_flight.popleft()
                     attempt = 0
                     while True:
                         try:
                             response = await call
                             break
                         except grpc.RpcError as err:
-                            error = await self._retry_or_error(err, attempt, deadline)
+                            error = await self._retry_or_error(err, attempt, ends)
                             if error is not None:
                                 raise error from err
                             attempt += 1
                             call = next(turn).stub.ExplainBatch(
-                                request, timeout=time_left(deadline), metadata=self._metadata
+                                request, timeout=time_left(ends), metadata=self._metadata
                             )
                     for explanation in batch_answers(response, sent):
                         yield explanation
         finally:
             chunks.close()
-            for call, _, _ in in_flight:
+            for call, *_ in in_flight:
                 call.cancel()
 
     # -- model and drift -------------------------------------------------------------------

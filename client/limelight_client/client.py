@@ -26,6 +26,7 @@ from limelight_client._common import (
     SpreadAnswer,
     TargetArg,
     TextItem,
+    call_deadline,
     call_metadata,
     channel_credentials,
     channel_options,
@@ -376,8 +377,9 @@ class Client:
         least two calls). The input is then read that far ahead, in a thread of its own unless
         it is a list or tuple; when it pauses, a call goes out with the items that have arrived
         and the answers in flight are yielded, so a slow trickle is answered as it comes, and
-        ``timeout`` also bounds the wait for input. Each call is retried on UNAVAILABLE like
-        ``explain_batch``; an input the server refuses fails the run (``InvalidArgument``, with
+        ``timeout`` also bounds the wait for input. Each call is bounded, like ``explain_batch``'s,
+        by the client's own ``timeout`` counted from when it is sent (so a server that stops
+        answering fails the run instead of hanging it) and retried on UNAVAILABLE; an input the server refuses fails the run (``InvalidArgument``, with
         its position in its call).
         """
         check_texts_per_call(texts_per_call)
@@ -420,7 +422,9 @@ class Client:
     ) -> Iterator[Explanation]:
         chunks = Chunks(texts, texts_per_call)
         self._spread(deadline)
-        in_flight: deque[tuple[grpc.Future, pb.ExplainBatchRequest, list[Sent]]] = deque()
+        in_flight: deque[tuple[grpc.Future, pb.ExplainBatchRequest, list[Sent], float | None]] = (
+            deque()
+        )
         with self._lease_all() as conns:
             turn = itertools.cycle(conns)
             window = calls_in_flight(len(conns), texts_per_call)
@@ -435,30 +439,31 @@ class Client:
                         if chunk is None:
                             break
                         request, sent = batch_request(chunk, build)
+                        ends = call_deadline(deadline, self.timeout)
                         call = next(turn).stub.ExplainBatch.future(
-                            request, timeout=time_left(deadline), metadata=self._metadata
+                            request, timeout=time_left(ends), metadata=self._metadata
                         )
-                        in_flight.append((call, request, sent))
+                        in_flight.append((call, request, sent, ends))
                     if not in_flight:
                         return
-                    call, request, sent = in_flight.popleft()
+                    call, request, sent, ends = in_flight.popleft()
                     attempt = 0
                     while True:
                         try:
                             response = call.result()
                             break
                         except grpc.RpcError as err:
-                            error = self._retry_or_error(err, attempt, deadline)
+                            error = self._retry_or_error(err, attempt, ends)
                             if error is not None:
                                 raise error from err
                             attempt += 1
                             call = next(turn).stub.ExplainBatch.future(
-                                request, timeout=time_left(deadline), metadata=self._metadata
+                                request, timeout=time_left(ends), metadata=self._metadata
                             )
                     yield from batch_answers(response, sent)
             finally:
                 chunks.close()
-                for call, _, _ in in_flight:
+                for call, *_ in in_flight:
                     call.cancel()  # no-op when finished; stops the calls if the caller broke off
 
     # -- model and drift -------------------------------------------------------------------

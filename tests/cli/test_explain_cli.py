@@ -12,12 +12,14 @@ from pathlib import Path
 from tests.conftest import RunningSidecar
 
 
-def limelight(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+def limelight(
+    *args: str, env: dict[str, str] | None = None, timeout: float = 600
+) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "limelight.cli.main", *args],
         capture_output=True,
         text=True,
-        timeout=600,
+        timeout=timeout,
         env={**os.environ, **(env or {})},
     )
 
@@ -190,3 +192,39 @@ def test_explain_lines_names_the_line_that_failed(sidecar: RunningSidecar, tmp_p
     for bad in (["x", "--lines", str(path)], ["--lines", str(tmp_path / "missing.txt")]):
         refused = limelight("explain", *bad, "--target", sidecar.target)
         assert refused.returncode == 2 and refused.stderr.startswith("error: ")
+
+
+def test_explain_lines_ends_when_the_server_stops_answering(tmp_path: Path) -> None:
+    """A gRPC server that takes the calls and never answers them (a hung sidecar): `--timeout`
+    bounds each call, so the run fails with a message instead of waiting forever."""
+    from concurrent import futures
+
+    import grpc
+
+    from limelight_client.proto import explainer_pb2_grpc as pb_grpc
+
+    released = threading.Event()
+
+    class Hung(pb_grpc.ExplainerServicer):
+        def ExplainBatch(self, request: object, context: grpc.ServicerContext) -> None:
+            released.wait(60)
+            context.abort(grpc.StatusCode.UNAVAILABLE, "released")
+
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
+    pb_grpc.add_ExplainerServicer_to_server(Hung(), server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    path = tmp_path / "reviews.txt"
+    path.write_text("a fine film\nanother fine film\n")
+    try:
+        # The watchdog turns a hang (the bug) into a failure rather than a stuck suite.
+        target = f"127.0.0.1:{port}"
+        out = limelight(
+            "explain", "--lines", str(path), "--target", target, "--timeout", "1", timeout=120
+        )
+    finally:
+        released.set()
+        server.stop(grace=None)
+    assert out.returncode == 1
+    assert out.stdout == ""
+    assert "deadline" in out.stderr.lower(), out.stderr

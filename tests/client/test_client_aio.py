@@ -245,6 +245,24 @@ async def test_explain_many_packed_answers_a_trickle_as_it_comes(
     assert sum(sizes) == 4 and max(sizes) <= 2  # calls went with what had arrived
 
 
+async def test_explain_many_packed_calls_carry_the_clients_timeout(
+    scripted: ScriptedServer,
+) -> None:
+    async with connect(scripted, timeout=7.0) as c:
+        assert [e.text async for e in c.explain_many(["a", "b", "c"], texts_per_call=2)] == [
+            "a",
+            "b",
+            "c",
+        ]
+    for call in scripted.servicer.calls_to("ExplainBatch"):
+        assert call.time_remaining is not None and 0 < call.time_remaining <= 7.1
+    scripted.servicer.delays["ExplainBatch"] = 1.0
+    async with connect(scripted, timeout=0.2, retries=3) as c:
+        with pytest.raises(errors.DeadlineExceeded):  # no whole-run deadline, no hang
+            [e async for e in c.explain_many(["a", "b"], texts_per_call=2)]
+    assert len(scripted.servicer.calls_to("ExplainBatch")) == 3  # not retried
+
+
 async def test_explain_many_packed_retries_and_errors(scripted: ScriptedServer) -> None:
     scripted.servicer.fail("ExplainBatch", grpc.StatusCode.UNAVAILABLE)
     texts = [f"text {i}" for i in range(6)]

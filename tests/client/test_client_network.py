@@ -473,6 +473,32 @@ def test_explain_many_packed_timeout_bounds_the_whole_run(scripted: ScriptedServ
         assert [r.text for r in c.explain_many(texts, texts_per_call=2, timeout=30)] == texts
 
 
+def test_explain_many_packed_calls_carry_the_clients_timeout(scripted: ScriptedServer) -> None:
+    texts = [f"text {i}" for i in range(6)]
+    with client_for(scripted, timeout=7.0) as c:
+        assert [r.text for r in c.explain_many(texts, texts_per_call=2)] == texts
+        # A whole-run deadline shorter than the client's wins.
+        assert [r.text for r in c.explain_many(texts, texts_per_call=2, timeout=3.0)] == texts
+    calls = scripted.servicer.calls_to("ExplainBatch")
+    assert len(calls) == 6
+    for call, bound in zip(calls, [7.1] * 3 + [3.1] * 3, strict=True):
+        assert call.time_remaining is not None and 0 < call.time_remaining <= bound
+
+
+def test_explain_many_packed_fails_a_call_the_server_does_not_answer(
+    scripted: ScriptedServer,
+) -> None:
+    """No whole-run deadline: the client's per-call one still ends a call nobody answers,
+    instead of leaving the run hanging; it is not retried."""
+    scripted.servicer.delays["ExplainBatch"] = 1.0
+    with (
+        client_for(scripted, timeout=0.2, retries=3) as c,
+        pytest.raises(errors.DeadlineExceeded),
+    ):
+        list(c.explain_many(["a", "b"], texts_per_call=2))
+    assert len(scripted.servicer.calls_to("ExplainBatch")) == 1
+
+
 def test_explain_many_stream_ended_early_is_an_error(scripted: ScriptedServer) -> None:
     # A stream that ends with answers missing must not look like a finished one.
     with client_for(scripted) as c:
