@@ -368,15 +368,6 @@ def spread_question_timeout(deadline: float | None) -> float:
     return min(SPREAD_TIMEOUT_S, max(deadline - time.monotonic(), 0.0))
 
 
-def call_deadline(run: float | None, per_call: float | None) -> float | None:
-    """The deadline of one call sent now: ``per_call`` seconds of its own (the client's
-    ``timeout``), within the whole run's deadline ``run``; None where neither bounds it."""
-    if per_call is None:
-        return run
-    own = time.monotonic() + per_call
-    return own if run is None else min(run, own)
-
-
 def time_left(deadline: float | None) -> float | None:
     """Seconds until ``deadline`` (``time.monotonic``; None: no deadline), at least 0."""
     return None if deadline is None else max(deadline - time.monotonic(), 0.0)

@@ -18,8 +18,10 @@ asyncio client), so a call goes out with what has arrived when the input pauses:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import queue
 import threading
+import time
 from collections import deque
 from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterable, Iterator, Sequence
 from typing import Any
@@ -123,12 +125,25 @@ class _Failed:
 
 
 class _ChunkBase:
-    """What the sync and asyncio chunk readers share: assembling a chunk from queue entries."""
+    """What the sync and asyncio chunk readers share: slicing a list or tuple already in hand,
+    assembling a chunk from queue entries."""
 
-    def __init__(self, size: int) -> None:
+    def __init__(self, items: object, size: int) -> None:
         self.size = size
         self._ended = False
         self._error: Exception | None = None
+        self._in_hand: Sequence[TextItem] | None = None
+        self._at = 0
+        if isinstance(items, list | tuple):
+            self._in_hand = items
+
+    def _slice(self) -> list[TextItem] | None:
+        """The next chunk of the items in hand, None once they are done."""
+        assert self._in_hand is not None
+        chunk = list(self._in_hand[self._at : self._at + self.size])
+        self._at += len(chunk)
+        self._ended = self._at >= len(self._in_hand)
+        return chunk or None
 
     def _start(self, wait: bool) -> list[TextItem] | None:
         """An empty chunk to fill, or None if the input is done. The input's error is raised
@@ -160,15 +175,12 @@ class Chunks(_ChunkBase):
     (``take(wait=False)``) and answer what is in flight while the input is slow.
     """
 
-    def __init__(self, items: Iterable[TextItem], size: int) -> None:
-        super().__init__(size)
-        self._in_hand: Sequence[TextItem] | None = None
-        self._at = 0
-        self._iter: Iterator[TextItem] | None = None
-        if isinstance(items, list | tuple):
-            self._in_hand = items
-        else:
-            self._iter = iter(items)
+    def __init__(
+        self, items: Iterable[TextItem], size: int, on_put: Callable[[], None] = lambda: None
+    ) -> None:
+        super().__init__(items, size)
+        self._iter = None if self._in_hand is not None else iter(items)
+        self._on_put = on_put
         self._queue: queue.Queue[object] = queue.Queue(maxsize=size)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -177,10 +189,15 @@ class Chunks(_ChunkBase):
         while not self._stop.is_set():
             try:
                 self._queue.put(entry, timeout=0.1)
-                return True
             except queue.Full:
                 continue
+            self._on_put()
+            return True
         return False
+
+    def ready(self) -> bool:
+        """Whether a ``take(wait=False)`` now has something to take (or to end)."""
+        return not self._ended and (self._in_hand is not None or not self._queue.empty())
 
     def _read(self, items: Iterator[TextItem]) -> None:
         try:
@@ -200,10 +217,7 @@ class Chunks(_ChunkBase):
         if chunk is None:
             return None
         if self._in_hand is not None:
-            chunk = list(self._in_hand[self._at : self._at + self.size])
-            self._at += len(chunk)
-            self._ended = self._at >= len(self._in_hand)
-            return chunk or None
+            return self._slice()
         if self._thread is None:
             assert self._iter is not None
             self._thread = threading.Thread(
@@ -232,32 +246,50 @@ class Chunks(_ChunkBase):
 
 
 class AsyncChunks(_ChunkBase):
-    """``Chunks`` for the asyncio client: a task reads the input (sync or async iterable) on
-    the event loop. Create it inside the running loop."""
+    """``Chunks`` for the asyncio client: a list or tuple is sliced; any other input (sync or
+    async iterable) is read by a task on the event loop. Create it inside the running loop."""
 
-    def __init__(self, items: Iterable[TextItem] | AsyncIterable[TextItem], size: int) -> None:
-        super().__init__(size)
+    def __init__(
+        self,
+        items: Iterable[TextItem] | AsyncIterable[TextItem],
+        size: int,
+        on_put: Callable[[], None] = lambda: None,
+    ) -> None:
+        super().__init__(items, size)
+        self._on_put = on_put
         self._queue: asyncio.Queue[object] = asyncio.Queue(maxsize=size)
-        self._task = asyncio.get_running_loop().create_task(self._read(items))
+        self._task: asyncio.Task[None] | None = None
+        if self._in_hand is None:
+            self._task = asyncio.get_running_loop().create_task(self._read(items))
+
+    async def _put(self, entry: object) -> None:
+        await self._queue.put(entry)
+        self._on_put()
 
     async def _read(self, items: Iterable[TextItem] | AsyncIterable[TextItem]) -> None:
         try:
             if isinstance(items, AsyncIterable):
                 async for item in items:
-                    await self._queue.put(item)
+                    await self._put(item)
             else:
                 for item in items:
-                    await self._queue.put(item)
+                    await self._put(item)
         except Exception as exc:
-            await self._queue.put(_Failed(exc))
+            await self._put(_Failed(exc))
             return
-        await self._queue.put(END)
+        await self._put(END)
+
+    def ready(self) -> bool:
+        """See ``Chunks.ready``."""
+        return not self._ended and (self._in_hand is not None or not self._queue.empty())
 
     async def take(self, wait: bool, deadline: float | None = None) -> list[TextItem] | None:
         """See ``Chunks.take``."""
         chunk = self._start(wait)
         if chunk is None:
             return None
+        if self._in_hand is not None:
+            return self._slice()
         if wait:
             entry = await asyncio.wait_for(self._queue.get(), time_left(deadline))
         else:
@@ -277,7 +309,90 @@ class AsyncChunks(_ChunkBase):
 
     def close(self) -> None:
         """Stop reading the input."""
-        self._task.cancel()
+        if self._task is not None:
+            self._task.cancel()
+
+
+class _Progress:
+    """What a packed run waits on between sending calls: the answer of its oldest call, or
+    more input to send meanwhile. Woken by the calls' done-callbacks and the input's reader.
+
+    The client's ``timeout`` bounds how long the run may go without any of its calls being
+    answered (the server stopped answering): a call that only waits behind the run's own
+    earlier calls, or is answered out of order, is not cut short."""
+
+    def __init__(self, changed: threading.Event | asyncio.Event) -> None:
+        self.last = time.monotonic()
+        self._changed = changed
+
+    def answered(self, *_: object) -> None:
+        """A done-callback: any call of the run was answered (or failed) now."""
+        self.last = time.monotonic()
+        self.nudge()
+
+    def nudge(self) -> None:
+        """Wake the waiting loop to look again (input arrived, a call ended)."""
+        self._changed.set()
+
+    def _look(self, done: Callable[[], bool], more: Callable[[], bool]) -> bool | None:
+        """True when ``done()``, False when ``more()``, None to wait for a nudge. The wake-up
+        is cleared before looking, so a nudge that comes after the look is not lost."""
+        self._changed.clear()
+        return True if done() else False if more() else None
+
+    def _time_left(self, sent_at: float, timeout: float | None) -> float | None:
+        """How long to wait for a nudge; ``TimeoutError`` once nothing of the run was
+        answered for ``timeout`` s since ``sent_at`` or the last answer."""
+        if timeout is None:
+            return None
+        left = max(self.last, sent_at) + timeout - time.monotonic()
+        if left <= 0:
+            raise TimeoutError
+        return left
+
+
+class Progress(_Progress):
+    """``_Progress`` for the sync client (nudged from gRPC's and the reader's threads)."""
+
+    def __init__(self) -> None:
+        self._event = threading.Event()
+        super().__init__(self._event)
+
+    def wait(
+        self,
+        done: Callable[[], bool],
+        more: Callable[[], bool],
+        sent_at: float,
+        timeout: float | None,
+    ) -> bool:
+        """Block until ``done()`` (True) or ``more()`` (False); ``TimeoutError`` once nothing
+        of the run was answered for ``timeout`` s since ``sent_at`` or the last answer."""
+        while (outcome := self._look(done, more)) is None:
+            self._event.wait(self._time_left(sent_at, timeout))
+        return outcome
+
+
+class AsyncProgress(_Progress):
+    """``_Progress`` for ``AsyncClient`` (everything on the event loop). Create it inside the
+    running loop."""
+
+    def __init__(self) -> None:
+        self._event = asyncio.Event()
+        super().__init__(self._event)
+
+    async def wait(
+        self,
+        done: Callable[[], bool],
+        more: Callable[[], bool],
+        sent_at: float,
+        timeout: float | None,
+    ) -> bool:
+        """See ``Progress.wait``."""
+        while (outcome := self._look(done, more)) is None:
+            left = self._time_left(sent_at, timeout)
+            with contextlib.suppress(TimeoutError):  # then look again
+                await asyncio.wait_for(self._event.wait(), left)
+        return outcome
 
 
 def stream_cut_short(unanswered: int) -> Unavailable:

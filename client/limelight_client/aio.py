@@ -34,7 +34,6 @@ from limelight_client._common import (
     SpreadAnswer,
     TargetArg,
     TextItem,
-    call_deadline,
     call_metadata,
     channel_credentials,
     channel_options,
@@ -50,6 +49,7 @@ from limelight_client._common import (
 )
 from limelight_client._streams import (
     AsyncChunks,
+    AsyncProgress,
     AsyncStreamFeed,
     Build,
     Sent,
@@ -61,7 +61,7 @@ from limelight_client._streams import (
     request_builder,
     stream_cut_short,
 )
-from limelight_client.client import PemArg, deadline_error, job_outcome, watch_broke
+from limelight_client.client import PemArg, deadline_error, job_outcome, no_answer, watch_broke
 from limelight_client.errors import (
     Cancelled,
     DeadlineExceeded,
@@ -347,8 +347,27 @@ class AsyncClient:
         deadline: float | None,
     ) -> AsyncIterator[Explanation]:
         """See ``Client._explain_packed``: grpc.aio starts each call as it is made."""
-        chunks = AsyncChunks(texts, texts_per_call)
-        in_flight: deque[tuple[Any, pb.ExplainBatchRequest, list[Sent], float | None]] = deque()
+        progress = AsyncProgress()
+        chunks = AsyncChunks(texts, texts_per_call, on_put=progress.nudge)
+        # Each: the call, when it was sent, its request, its texts.
+        in_flight: deque[tuple[Any, float, pb.ExplainBatchRequest, list[Sent]]] = deque()
+
+        def send(request: pb.ExplainBatchRequest) -> tuple[Any, float]:
+            call = next(turn).stub.ExplainBatch(
+                request, timeout=time_left(deadline), metadata=self._metadata
+            )
+            call.add_done_callback(progress.answered)
+            return call, time.monotonic()
+
+        async def wait(call: Any, sent_at: float, more: Callable[[], bool]) -> bool:
+            try:
+                return await progress.wait(call.done, more, sent_at, self.timeout)
+            except TimeoutError:
+                raise no_answer(self.timeout) from None
+
+        def room_and_input() -> bool:
+            return len(in_flight) < window and chunks.ready()
+
         try:
             await self._spread(deadline)
             async with self._lease_all() as conns:
@@ -364,27 +383,26 @@ class AsyncClient:
                         if chunk is None:
                             break
                         request, sent = batch_request(chunk, build)
-                        ends = call_deadline(deadline, self.timeout)
-                        call = next(turn).stub.ExplainBatch(
-                            request, timeout=time_left(ends), metadata=self._metadata
-                        )
-                        in_flight.append((call, request, sent, ends))
+                        in_flight.append((*send(request), request, sent))
                     if not in_flight:
                         return
-                    call, request, sent, ends = in_flight.popleft()
+                    call, sent_at, request, sent = in_flight[0]
+                    # The oldest call's answer, unless input comes first: then send that.
+                    if not await wait(call, sent_at, room_and_input):
+                        continue
+                    in_flight.popleft()
                     attempt = 0
                     while True:
                         try:
                             response = await call
                             break
                         except grpc.RpcError as err:
-                            error = await self._retry_or_error(err, attempt, ends)
+                            error = await self._retry_or_error(err, attempt, deadline)
                             if error is not None:
                                 raise error from err
                             attempt += 1
-                            call = next(turn).stub.ExplainBatch(
-                                request, timeout=time_left(ends), metadata=self._metadata
-                            )
+                            call, sent_at = send(request)
+                            await wait(call, sent_at, lambda: False)
                     for explanation in batch_answers(response, sent):
                         yield explanation
         finally:

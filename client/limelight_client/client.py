@@ -26,7 +26,6 @@ from limelight_client._common import (
     SpreadAnswer,
     TargetArg,
     TextItem,
-    call_deadline,
     call_metadata,
     channel_credentials,
     channel_options,
@@ -43,6 +42,7 @@ from limelight_client._common import (
 from limelight_client._streams import (
     Build,
     Chunks,
+    Progress,
     Sent,
     StreamFeed,
     answer,
@@ -82,6 +82,11 @@ PemArg = str | bytes | Path | None
 
 def deadline_error(what: str) -> DeadlineExceeded:
     return DeadlineExceeded(grpc.StatusCode.DEADLINE_EXCEEDED, f"deadline exceeded {what}")
+
+
+def no_answer(timeout: float | None) -> DeadlineExceeded:
+    """A packed call not answered within the client's ``timeout`` of its turn."""
+    return deadline_error(f"waiting for an answer: none came within {timeout:g} s")
 
 
 def watch_broke(err: grpc.RpcError) -> LimelightError:
@@ -377,10 +382,13 @@ class Client:
         least two calls). The input is then read that far ahead, in a thread of its own unless
         it is a list or tuple; when it pauses, a call goes out with the items that have arrived
         and the answers in flight are yielded, so a slow trickle is answered as it comes, and
-        ``timeout`` also bounds the wait for input. Each call is bounded, like ``explain_batch``'s,
-        by the client's own ``timeout`` counted from when it is sent (so a server that stops
-        answering fails the run instead of hanging it) and retried on UNAVAILABLE; an input the server refuses fails the run (``InvalidArgument``, with
-        its position in its call).
+        ``timeout`` also bounds the wait for input. Each call is retried on UNAVAILABLE like
+        ``explain_batch``; when none of the run's calls has been answered for the client's own
+        ``timeout`` (counted from the last answer, or from when the call waited for was sent),
+        the server has stopped answering and the run fails (``DeadlineExceeded``) instead of
+        hanging, while a call that only queues behind the run's own earlier calls is not cut
+        short. An input the server refuses fails the run (``InvalidArgument``, with its
+        position in its call).
         """
         check_texts_per_call(texts_per_call)
         build = request_builder(target, all_classes, method)
@@ -420,14 +428,32 @@ class Client:
         build: Build,
         deadline: float | None,
     ) -> Iterator[Explanation]:
-        chunks = Chunks(texts, texts_per_call)
+        progress = Progress()
+        chunks = Chunks(texts, texts_per_call, on_put=progress.nudge)
         self._spread(deadline)
-        in_flight: deque[tuple[grpc.Future, pb.ExplainBatchRequest, list[Sent], float | None]] = (
-            deque()
-        )
+        # Each: the call, when it was sent, its request (sent again on a retry), its texts.
+        in_flight: deque[tuple[grpc.Future, float, pb.ExplainBatchRequest, list[Sent]]] = deque()
+
+        def send(request: pb.ExplainBatchRequest) -> tuple[grpc.Future, float]:
+            call = next(turn).stub.ExplainBatch.future(
+                request, timeout=time_left(deadline), metadata=self._metadata
+            )
+            call.add_done_callback(progress.answered)
+            return call, time.monotonic()
+
+        def wait(call: grpc.Future, sent_at: float, more: Callable[[], bool]) -> bool:
+            try:
+                return progress.wait(call.done, more, sent_at, self.timeout)
+            except TimeoutError:
+                raise no_answer(self.timeout) from None
+
         with self._lease_all() as conns:
             turn = itertools.cycle(conns)
             window = calls_in_flight(len(conns), texts_per_call)
+
+            def room_and_input() -> bool:
+                return len(in_flight) < window and chunks.ready()
+
             try:
                 while True:
                     while len(in_flight) < window:
@@ -439,27 +465,26 @@ class Client:
                         if chunk is None:
                             break
                         request, sent = batch_request(chunk, build)
-                        ends = call_deadline(deadline, self.timeout)
-                        call = next(turn).stub.ExplainBatch.future(
-                            request, timeout=time_left(ends), metadata=self._metadata
-                        )
-                        in_flight.append((call, request, sent, ends))
+                        in_flight.append((*send(request), request, sent))
                     if not in_flight:
                         return
-                    call, request, sent, ends = in_flight.popleft()
+                    call, sent_at, request, sent = in_flight[0]
+                    # The oldest call's answer, unless input comes first: then send that.
+                    if not wait(call, sent_at, room_and_input):
+                        continue
+                    in_flight.popleft()
                     attempt = 0
                     while True:
                         try:
                             response = call.result()
                             break
                         except grpc.RpcError as err:
-                            error = self._retry_or_error(err, attempt, ends)
+                            error = self._retry_or_error(err, attempt, deadline)
                             if error is not None:
                                 raise error from err
                             attempt += 1
-                            call = next(turn).stub.ExplainBatch.future(
-                                request, timeout=time_left(ends), metadata=self._metadata
-                            )
+                            call, sent_at = send(request)
+                            wait(call, sent_at, lambda: False)
                     yield from batch_answers(response, sent)
             finally:
                 chunks.close()

@@ -342,6 +342,30 @@ class ScriptedExplainer(pb_grpc.ExplainerServicer):
 
 
 @dataclass
+class AnswersOutOfOrder(ScriptedExplainer):
+    """Answers ``ExplainBatch`` calls one at a time, ``gap`` seconds apart, in the order of
+    their first texts in ``order`` (a server that keeps answering, but not in the order the
+    calls were sent)."""
+
+    order: list[str] = field(default_factory=list)
+    gap: float = 0.3
+    answered: int = 0
+
+    def ExplainBatch(
+        self, request: pb.ExplainBatchRequest, context: grpc.ServicerContext
+    ) -> pb.ExplainBatchResponse:
+        rank = self.order.index(request.requests[0].text)
+        with self.cond:
+            self.cond.wait_for(lambda: self.answered == rank, timeout=30)
+        time.sleep(self.gap)
+        response = super().ExplainBatch(request, context)
+        with self.cond:
+            self.answered += 1
+            self.cond.notify_all()
+        return response
+
+
+@dataclass
 class ScriptedServer:
     servicer: ScriptedExplainer
     target: str

@@ -10,7 +10,7 @@ import grpc
 import pytest
 
 from limelight_client import AsyncClient, JobState, _common, errors
-from tests.client.llc_scripted import Placement, ScriptedServer
+from tests.client.llc_scripted import AnswersOutOfOrder, Placement, ScriptedServer, start_server
 
 pytestmark = pytest.mark.asyncio
 
@@ -245,22 +245,47 @@ async def test_explain_many_packed_answers_a_trickle_as_it_comes(
     assert sum(sizes) == 4 and max(sizes) <= 2  # calls went with what had arrived
 
 
-async def test_explain_many_packed_calls_carry_the_clients_timeout(
+async def test_explain_many_packed_timeout_is_measured_from_the_last_answer(
     scripted: ScriptedServer,
 ) -> None:
-    async with connect(scripted, timeout=7.0) as c:
-        assert [e.text async for e in c.explain_many(["a", "b", "c"], texts_per_call=2)] == [
-            "a",
-            "b",
-            "c",
-        ]
-    for call in scripted.servicer.calls_to("ExplainBatch"):
-        assert call.time_remaining is not None and 0 < call.time_remaining <= 7.1
+    """The first call answered last, 1.2 s after it was sent, while the server answered one of
+    the run's calls every 0.3 s: within the 0.6 s timeout; a call nobody answers fails the run
+    instead of hanging it."""
+    texts = [f"text {i}" for i in range(8)]
+    servicer = AnswersOutOfOrder(order=["text 6", "text 4", "text 2", "text 0"], gap=0.3)
+    server = start_server(servicer)
+    try:
+        async with connect(server, timeout=0.6) as c:
+            assert [e.text async for e in c.explain_many(texts, texts_per_call=2)] == texts
+            servicer.answered = 0
+            assert [e.text async for e in c.explain_many(iter(texts), texts_per_call=2)] == texts
+    finally:
+        server.server.stop(grace=None)
     scripted.servicer.delays["ExplainBatch"] = 1.0
     async with connect(scripted, timeout=0.2, retries=3) as c:
-        with pytest.raises(errors.DeadlineExceeded):  # no whole-run deadline, no hang
+        with pytest.raises(errors.DeadlineExceeded, match=r"none came within 0\.2 s"):
             [e async for e in c.explain_many(["a", "b"], texts_per_call=2)]
-    assert len(scripted.servicer.calls_to("ExplainBatch")) == 3  # not retried
+    assert len(scripted.servicer.calls_to("ExplainBatch")) == 1  # not sent again
+
+
+async def test_explain_many_packed_sends_input_that_comes_while_it_waits() -> None:
+    """See the sync client's test: the second call goes out while the first waits."""
+    servicer = AnswersOutOfOrder(order=["c", "a"], gap=0.0)
+    server = start_server(servicer)
+
+    async def pauses() -> AsyncIterator[str]:
+        for text in ["a", "b"]:
+            yield text
+        await asyncio.sleep(0.2)  # a pause: the first call goes out alone
+        for text in ["c", "d"]:
+            yield text
+
+    try:
+        async with connect(server, timeout=10.0) as c:
+            got = [e.text async for e in c.explain_many(pauses(), texts_per_call=2)]
+    finally:
+        server.server.stop(grace=None)
+    assert got == list("abcd")
 
 
 async def test_explain_many_packed_retries_and_errors(scripted: ScriptedServer) -> None:

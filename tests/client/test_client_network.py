@@ -6,8 +6,9 @@ from __future__ import annotations
 import itertools
 import random
 import threading
+import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 
 import grpc
 import pytest
@@ -17,7 +18,7 @@ from limelight_client import Client, JobState, _common, _streams, errors
 from limelight_client._common import RetryPolicy
 from limelight_client.proto import explainer_pb2 as pb
 from limelight_client.proto import explainer_pb2_grpc as pb_grpc
-from tests.client.llc_scripted import Placement, ScriptedServer
+from tests.client.llc_scripted import AnswersOutOfOrder, Placement, ScriptedServer, start_server
 
 TEXT = "The movie wasn't bad at all!"
 
@@ -473,27 +474,52 @@ def test_explain_many_packed_timeout_bounds_the_whole_run(scripted: ScriptedServ
         assert [r.text for r in c.explain_many(texts, texts_per_call=2, timeout=30)] == texts
 
 
-def test_explain_many_packed_calls_carry_the_clients_timeout(scripted: ScriptedServer) -> None:
-    texts = [f"text {i}" for i in range(6)]
-    with client_for(scripted, timeout=7.0) as c:
-        assert [r.text for r in c.explain_many(texts, texts_per_call=2)] == texts
-        # A whole-run deadline shorter than the client's wins.
-        assert [r.text for r in c.explain_many(texts, texts_per_call=2, timeout=3.0)] == texts
-    calls = scripted.servicer.calls_to("ExplainBatch")
-    assert len(calls) == 6
-    for call, bound in zip(calls, [7.1] * 3 + [3.1] * 3, strict=True):
-        assert call.time_remaining is not None and 0 < call.time_remaining <= bound
+@pytest.mark.parametrize("given", [list, iter], ids=["list", "iterator"])
+def test_explain_many_packed_timeout_is_measured_from_the_last_answer(
+    given: Callable[[list[str]], Iterable[str]],
+) -> None:
+    """The run's first call is answered last, 1.2 s after it was sent (beyond the client's
+    0.6 s timeout), but the server answered one of the run's calls every 0.3 s: nothing fails.
+    The server answers only once all four calls are in: they must be in flight together."""
+    texts = [f"text {i}" for i in range(8)]
+    servicer = AnswersOutOfOrder(order=["text 6", "text 4", "text 2", "text 0"], gap=0.3)
+    server = start_server(servicer)
+    try:
+        with client_for(server, timeout=0.6) as c:
+            assert [r.text for r in c.explain_many(given(texts), texts_per_call=2)] == texts
+    finally:
+        server.server.stop(grace=None)
+    calls = servicer.calls_to("ExplainBatch")
+    assert [call.request.requests[0].text for call in calls][-1] == "text 0"  # answered last
+
+
+def test_explain_many_packed_sends_input_that_comes_while_it_waits_for_an_answer() -> None:
+    """The server answers the first call only after the second: input that arrives while the
+    client waits for the first answer must go out then, not after that answer."""
+    servicer = AnswersOutOfOrder(order=["c", "a"], gap=0.0)
+    server = start_server(servicer)
+
+    def pauses() -> Iterator[str]:
+        yield from ["a", "b"]
+        time.sleep(0.2)  # a pause: the first call goes out alone
+        yield from ["c", "d"]
+
+    try:
+        with client_for(server, timeout=10.0) as c:
+            assert [r.text for r in c.explain_many(pauses(), texts_per_call=2)] == list("abcd")
+    finally:
+        server.server.stop(grace=None)
 
 
 def test_explain_many_packed_fails_a_call_the_server_does_not_answer(
     scripted: ScriptedServer,
 ) -> None:
-    """No whole-run deadline: the client's per-call one still ends a call nobody answers,
-    instead of leaving the run hanging; it is not retried."""
+    """No whole-run deadline: the client's timeout still ends a wait for an answer that does
+    not come, instead of leaving the run hanging; the call is not sent again."""
     scripted.servicer.delays["ExplainBatch"] = 1.0
     with (
         client_for(scripted, timeout=0.2, retries=3) as c,
-        pytest.raises(errors.DeadlineExceeded),
+        pytest.raises(errors.DeadlineExceeded, match=r"none came within 0\.2 s"),
     ):
         list(c.explain_many(["a", "b"], texts_per_call=2))
     assert len(scripted.servicer.calls_to("ExplainBatch")) == 1
