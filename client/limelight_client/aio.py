@@ -390,7 +390,6 @@ class AsyncClient:
                     # The oldest call's answer, unless input comes first: then send that.
                     if not await wait(call, sent_at, room_and_input):
                         continue
-                    in_flight.popleft()
                     attempt = 0
                     while True:
                         try:
@@ -402,7 +401,9 @@ class AsyncClient:
                                 raise error from err
                             attempt += 1
                             call, sent_at = send(request)
+                            in_flight[0] = (call, sent_at, request, sent)  # cancelled if we stop
                             await wait(call, sent_at, lambda: False)
+                    in_flight.popleft()
                     for explanation in batch_answers(response, sent):
                         yield explanation
         finally:

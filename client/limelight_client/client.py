@@ -472,7 +472,6 @@ class Client:
                     # The oldest call's answer, unless input comes first: then send that.
                     if not wait(call, sent_at, room_and_input):
                         continue
-                    in_flight.popleft()
                     attempt = 0
                     while True:
                         try:
@@ -484,7 +483,9 @@ class Client:
                                 raise error from err
                             attempt += 1
                             call, sent_at = send(request)
+                            in_flight[0] = (call, sent_at, request, sent)  # cancelled if we stop
                             wait(call, sent_at, lambda: False)
+                    in_flight.popleft()
                     yield from batch_answers(response, sent)
             finally:
                 chunks.close()
