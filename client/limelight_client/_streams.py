@@ -395,6 +395,103 @@ class AsyncProgress(_Progress):
         return outcome
 
 
+class _Silence:
+    """The watchdog of a streamed run: when the stream the reader waits on answers nothing
+    for the client's ``timeout`` (counted from when the reader began waiting, or from when
+    the awaited request went out if that was later), the server has stopped answering and
+    every stream is cancelled, so the run fails instead of hanging. Time the input takes to
+    give the next item, or the caller takes between items, does not count.
+
+    The reader only swaps one attribute per answer; the watchdog wakes about once per
+    ``timeout`` to look."""
+
+    def __init__(self, feed: _Deal, timeout: float | None) -> None:
+        #: None: no watchdog (the client has no timeout).
+        self.timeout = timeout
+        #: True once the watchdog cancelled the streams.
+        self.fired = False
+        self._feed = feed
+        self._calls: Sequence[Any] = ()
+        self._waiting: tuple[int, float] | None = None  # stream, since when; one attribute
+
+    def waiting(self, k: int) -> None:
+        """The reader begins to wait for stream ``k``'s next answer."""
+        self._waiting = (k, time.monotonic())
+
+    def done_waiting(self) -> None:
+        """The reader got it (and hands it to the caller, whose time does not count)."""
+        self._waiting = None
+
+    def _due(self, timeout: float) -> float:
+        """Seconds until the awaited answer is overdue; <= 0 once it is."""
+        waiting = self._waiting
+        if waiting is None:
+            return timeout  # nothing awaited: any wait that starts now ends later
+        k, since = waiting
+        sent_at = self._feed.oldest_sent_at(k)
+        if sent_at is None:  # the request is not out yet: the input is slow, not the server
+            return timeout
+        return max(since, sent_at) + timeout - time.monotonic()
+
+    def _fire(self) -> None:
+        self.fired = True
+        for call in self._calls:
+            call.cancel()
+
+
+class Silence(_Silence):
+    """``_Silence`` for the sync client: the watchdog is a daemon thread."""
+
+    def __init__(self, feed: _Deal, timeout: float | None) -> None:
+        super().__init__(feed, timeout)
+        self._stop = threading.Event()
+
+    def watch(self, calls: Sequence[Any]) -> None:
+        """Start watching the run's stream calls."""
+        self._calls = calls
+        if self.timeout is not None:
+            thread = threading.Thread(
+                target=self._run, args=(self.timeout,), name="limelight-watchdog", daemon=True
+            )
+            thread.start()
+
+    def _run(self, timeout: float) -> None:
+        delay = timeout
+        while not self._stop.wait(delay):
+            delay = self._due(timeout)
+            if delay <= 0:
+                self._fire()
+                return
+
+    def stop(self) -> None:
+        self._stop.set()
+
+
+class AsyncSilence(_Silence):
+    """``_Silence`` for ``AsyncClient``: the watchdog is a task on the running loop."""
+
+    _task: asyncio.Task[None] | None = None
+
+    def watch(self, calls: Sequence[Any]) -> None:
+        """Start watching the run's stream calls (inside the running loop)."""
+        self._calls = calls
+        if self.timeout is not None:
+            self._task = asyncio.get_running_loop().create_task(self._run(self.timeout))
+
+    async def _run(self, timeout: float) -> None:
+        delay = timeout
+        while True:
+            await asyncio.sleep(delay)
+            delay = self._due(timeout)
+            if delay <= 0:
+                self._fire()
+                return
+
+    def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+
+
 def stream_cut_short(unanswered: int) -> Unavailable:
     """The error for streams that ended without answering everything sent on them."""
     return Unavailable(
@@ -412,8 +509,8 @@ class _Deal:
         self.streams = streams
         self._build = build
         self._dealt: list[deque[tuple[pb.ExplainRequest, Sent]]] = [deque() for _ in range(streams)]
-        #: Per stream, what was handed to gRPC and awaits its answer, oldest first.
-        self.sent: list[deque[Sent]] = [deque() for _ in range(streams)]
+        #: Per stream, what was handed to gRPC and awaits its answer (and when), oldest first.
+        self.sent: list[deque[tuple[Sent, float]]] = [deque() for _ in range(streams)]
         #: The exception the input (or building a request from it) raised, if any.
         self.error: BaseException | None = None
         self._turn = 0
@@ -452,7 +549,7 @@ class _Deal:
         when it should pull the next item of the input, ``False`` when it should wait."""
         if self._dealt[k]:
             request, sent = self._dealt[k].popleft()
-            self.sent[k].append(sent)
+            self.sent[k].append((sent, time.monotonic()))
             return request
         if self._exhausted:
             return None
@@ -492,6 +589,17 @@ class _Deal:
         self._pulling = False
         self._exhausted = True
         self.error = exc
+
+    def answered(self, k: int) -> Sent:
+        """What stream ``k``'s answer just read was for (its oldest unanswered request)."""
+        return self.sent[k].popleft()[0]
+
+    def oldest_sent_at(self, k: int) -> float | None:
+        """When stream ``k``'s oldest unanswered request went to gRPC; None if none did."""
+        try:  # read from the watchdog's thread while the reader pops: a miss is "none"
+            return self.sent[k][0][1]
+        except IndexError:
+            return None
 
     def unanswered(self) -> int:
         """Requests sent that got no answer (non-zero only if a stream ended early)."""

@@ -50,6 +50,7 @@ from limelight_client._common import (
 from limelight_client._streams import (
     AsyncChunks,
     AsyncProgress,
+    AsyncSilence,
     AsyncStreamFeed,
     Build,
     Sent,
@@ -314,26 +315,38 @@ class AsyncClient:
         deadline: float | None,
     ) -> AsyncIterator[Explanation]:
         feed = AsyncStreamFeed(texts, self.connections, build)
+        silence = AsyncSilence(feed, self.timeout)
         await self._spread(deadline)
         async with self._lease_all() as conns:
             calls = feed.open(conns, deadline, self._metadata)
+            silence.watch(calls)
             try:
                 for k in itertools.cycle(range(len(calls))):
+                    silence.waiting(k)
                     resp = await calls[k].read()
+                    silence.done_waiting()
                     if resp is grpc.aio.EOF:  # item i went to stream i % streams: the last one
                         break
-                    yield answer(resp, feed.sent[k].popleft())
+                    yield answer(resp, feed.answered(k))
             except grpc.RpcError as err:
+                if silence.fired:
+                    raise no_answer(self.timeout) from None
                 raise feed.failure(err, self._connections) from (None if feed.error else err)
             except asyncio.CancelledError:
-                # grpc.aio cancels the call when the request iterator raises; report the cause.
-                # A real cancellation of our task (no bad input) propagates unchanged.
+                # grpc.aio cancels the call when the request iterator raises, and so does the
+                # watchdog: report the cause. A real cancellation of our task (no bad input,
+                # no silent server) propagates unchanged.
+                if silence.fired:
+                    raise no_answer(self.timeout) from None
                 if feed.error is not None:
                     raise feed.error from None
                 raise
             finally:
+                silence.stop()
                 for call in calls:
                     call.cancel()
+        if silence.fired:
+            raise no_answer(self.timeout)
         if feed.error is not None:  # some grpc versions end the stream quietly instead
             raise feed.error
         if feed.unanswered():

@@ -44,6 +44,7 @@ from limelight_client._streams import (
     Chunks,
     Progress,
     Sent,
+    Silence,
     StreamFeed,
     answer,
     batch_answers,
@@ -85,7 +86,8 @@ def deadline_error(what: str) -> DeadlineExceeded:
 
 
 def no_answer(timeout: float | None) -> DeadlineExceeded:
-    """A packed call not answered within the client's ``timeout`` of its turn."""
+    """``explain_many``'s error when the server answered nothing for the client's
+    ``timeout`` while the run waited for an answer (it stopped answering)."""
     return deadline_error(f"waiting for an answer: none came within {timeout:g} s")
 
 
@@ -383,12 +385,14 @@ class Client:
         it is a list or tuple; when it pauses, a call goes out with the items that have arrived
         and the answers in flight are yielded, so a slow trickle is answered as it comes, and
         ``timeout`` also bounds the wait for input. Each call is retried on UNAVAILABLE like
-        ``explain_batch``; when none of the run's calls has been answered for the client's own
-        ``timeout`` (counted from the last answer, or from when the call waited for was sent),
-        the server has stopped answering and the run fails (``DeadlineExceeded``) instead of
-        hanging, while a call that only queues behind the run's own earlier calls is not cut
-        short. An input the server refuses fails the run (``InvalidArgument``, with its
-        position in its call).
+        ``explain_batch``; a call that only queues behind the run's own earlier calls, or is
+        answered out of order, is not cut short. An input the server refuses fails the run
+        (``InvalidArgument``, with its position in its call).
+
+        Either way, a server that stops answering does not hang the run: when nothing the run
+        waits for is answered for the client's own ``timeout``, it fails with
+        ``DeadlineExceeded``. The silence counts from the last answer, or from when the awaited
+        item went out if later; pauses of the input and of the caller do not count.
         """
         check_texts_per_call(texts_per_call)
         build = request_builder(target, all_classes, method)
@@ -401,21 +405,30 @@ class Client:
         self, texts: Iterable[TextItem], build: Build, deadline: float | None
     ) -> Iterator[Explanation]:
         feed = StreamFeed(texts, self.connections, build)
+        silence = Silence(feed, self.timeout)
         self._spread(deadline)
         with self._lease_all() as conns:
             calls = feed.open(conns, deadline, self._metadata)
+            silence.watch(calls)
             try:
                 for k in itertools.cycle(range(len(calls))):
+                    silence.waiting(k)
                     resp = next(calls[k], None)
+                    silence.done_waiting()
                     if resp is None:  # item i went to stream i % streams: this was the last
                         break
-                    yield answer(resp, feed.sent[k].popleft())
+                    yield answer(resp, feed.answered(k))
             except grpc.RpcError as err:
+                if silence.fired:
+                    raise no_answer(self.timeout) from None
                 raise feed.failure(err, self._connections) from (None if feed.error else err)
             finally:
+                silence.stop()
                 feed.close()
                 for call in calls:
                     call.cancel()  # no-op when finished; stops the streams if the caller broke off
+        if silence.fired:
+            raise no_answer(self.timeout)
         if feed.error is not None:  # some grpc versions end the stream quietly instead
             raise feed.error
         if feed.unanswered():

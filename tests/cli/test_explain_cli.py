@@ -7,7 +7,10 @@ import os
 import subprocess
 import sys
 import threading
+from collections.abc import Iterator
 from pathlib import Path
+
+import pytest
 
 from tests.conftest import RunningSidecar
 
@@ -194,9 +197,13 @@ def test_explain_lines_names_the_line_that_failed(sidecar: RunningSidecar, tmp_p
         assert refused.returncode == 2 and refused.stderr.startswith("error: ")
 
 
-def test_explain_lines_ends_when_the_server_stops_answering(tmp_path: Path) -> None:
-    """A gRPC server that takes the calls and never answers them (a hung sidecar): `--timeout`
-    bounds each call, so the run fails with a message instead of waiting forever."""
+@pytest.mark.parametrize("texts_per_call", ["16", "1"], ids=["calls", "streams"])
+def test_explain_lines_ends_when_the_server_stops_answering(
+    tmp_path: Path, texts_per_call: str
+) -> None:
+    """A gRPC server that takes the calls (or the streams' texts) and never answers them (a
+    hung sidecar): `--timeout` bounds the wait for an answer, so the run fails with a message
+    instead of waiting forever."""
     from concurrent import futures
 
     import grpc
@@ -210,6 +217,12 @@ def test_explain_lines_ends_when_the_server_stops_answering(tmp_path: Path) -> N
             released.wait(60)
             context.abort(grpc.StatusCode.UNAVAILABLE, "released")
 
+        def ExplainStream(self, requests: Iterator[object], context: object) -> Iterator[object]:
+            for _ in requests:  # takes every text, answers none
+                pass
+            released.wait(60)
+            return iter(())
+
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
     pb_grpc.add_ExplainerServicer_to_server(Hung(), server)
     port = server.add_insecure_port("127.0.0.1:0")
@@ -220,8 +233,9 @@ def test_explain_lines_ends_when_the_server_stops_answering(tmp_path: Path) -> N
         # The watchdog turns a hang (the bug) into a failure rather than a stuck suite.
         target = f"127.0.0.1:{port}"
         out = limelight(
-            "explain", "--lines", str(path), "--target", target, "--timeout", "1", timeout=120
-        )
+            "explain", "--lines", str(path), "--target", target, "--timeout", "1",
+            "--texts-per-call", texts_per_call, timeout=120,
+        )  # fmt: skip
     finally:
         released.set()
         server.stop(grace=None)

@@ -111,6 +111,8 @@ class ScriptedExplainer(pb_grpc.ExplainerServicer):
     #: GetModel's ``instance``; None: a server that does not say.
     instance_of: Callable[[str], str] | None = None
     workers: int = 1
+    #: Seconds each ``ExplainStream`` answer takes.
+    stream_gap: float = 0.0
 
     def fail(self, method: str, code: grpc.StatusCode, times: int = 1, msg: str = "") -> None:
         self.failures[method].extend([(code, msg or f"scripted {code.name}")] * times)
@@ -155,6 +157,12 @@ class ScriptedExplainer(pb_grpc.ExplainerServicer):
                 context.abort(grpc.StatusCode.INVALID_ARGUMENT, "boom is not a review")
             if request.text == "hang up":  # end the stream (OK) without answering
                 return
+            if request.text == "stall":  # stop answering (a hung sidecar) until the call ends
+                ended = threading.Event()
+                context.add_callback(ended.set)
+                ended.wait(60)
+                return
+            time.sleep(self.stream_gap)
             yield make_response(
                 request.text,
                 request.text_pair if request.HasField("text_pair") else None,

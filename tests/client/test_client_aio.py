@@ -268,6 +268,42 @@ async def test_explain_many_packed_timeout_is_measured_from_the_last_answer(
     assert len(scripted.servicer.calls_to("ExplainBatch")) == 1  # not sent again
 
 
+@pytest.mark.timeout(60)  # the bug this guards against is a hang
+async def test_explain_many_stream_timeout_counts_only_the_servers_silence(
+    scripted: ScriptedServer,
+) -> None:
+    """See the sync client's tests: a stream the server stops answering fails the run after
+    the client's timeout; an input and a caller slower than it, or a server that answers
+    every 0.15 s, do not."""
+
+    async def slow_input() -> AsyncIterator[str]:
+        for i, text in enumerate("abc"):
+            if i:
+                await asyncio.sleep(0.5)
+            yield text
+
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+    async with connect(scripted, timeout=0.4, retries=3) as c:
+        assert [e.text async for e in c.explain_many(slow_input())] == list("abc")
+        got: list[str | None] = []
+        async for e in c.explain_many(list("abc")):
+            got.append(e.text)
+            await asyncio.sleep(0.5)
+        assert got == list("abc")
+        scripted.servicer.stream_gap = 0.15
+        texts = [f"text {i}" for i in range(6)]
+        assert [e.text async for e in c.explain_many(texts)] == texts
+        assert loop.time() - start > 2.0  # so the timeout would have ended bounded runs
+        scripted.servicer.stream_gap = 0.0
+        got = []
+        with pytest.raises(errors.DeadlineExceeded, match=r"none came within 0\.4 s"):
+            async for e in c.explain_many(["a", "stall", "c"]):
+                got.append(e.text)
+    assert got == ["a"]
+    assert len(scripted.servicer.calls_to("ExplainStream")) == 4  # not opened again
+
+
 async def test_explain_many_packed_sends_input_that_comes_while_it_waits() -> None:
     """See the sync client's test: the second call goes out while the first waits."""
     servicer = AnswersOutOfOrder(order=["c", "a"], gap=0.0)

@@ -525,6 +525,49 @@ def test_explain_many_packed_fails_a_call_the_server_does_not_answer(
     assert len(scripted.servicer.calls_to("ExplainBatch")) == 1
 
 
+@pytest.mark.timeout(60)  # the bug this guards against is a hang
+def test_explain_many_stream_fails_when_the_server_stops_answering(
+    scripted: ScriptedServer,
+) -> None:
+    """No whole-run deadline: a stream the server stops answering ends the run after the
+    client's timeout of silence instead of hanging it; the stream is not opened again."""
+    with client_for(scripted, timeout=0.3, retries=3) as c:
+        got: list[str | None] = []
+        with pytest.raises(errors.DeadlineExceeded, match=r"none came within 0\.3 s"):
+            for r in c.explain_many(["a", "stall", "c"]):
+                got.append(r.text)
+    assert got == ["a"]
+    assert len(scripted.servicer.calls_to("ExplainStream")) == 1
+
+
+def _slow_input(texts: list[str]) -> Iterator[str]:
+    for i, text in enumerate(texts):
+        if i:
+            time.sleep(0.5)
+        yield text
+
+
+@pytest.mark.parametrize("slow", ["server", "input", "caller"])
+def test_explain_many_stream_timeout_counts_only_the_servers_silence(
+    scripted: ScriptedServer, slow: str
+) -> None:
+    """The client's 0.4 s timeout bounds each wait for an answer, not the run: a server that
+    answers every 0.15 s, an input that gives an item every 0.5 s, or a caller that takes
+    0.5 s over each answer all run well past it without failing."""
+    texts = [f"text {i}" for i in range(6)] if slow == "server" else ["a", "b", "c"]
+    scripted.servicer.stream_gap = 0.15 if slow == "server" else 0.0
+    given = _slow_input(texts) if slow == "input" else texts
+    got: list[str | None] = []
+    start = time.monotonic()
+    with client_for(scripted, timeout=0.4) as c:
+        for r in c.explain_many(given):
+            got.append(r.text)
+            if slow == "caller":
+                time.sleep(0.5)
+    assert got == texts
+    assert time.monotonic() - start > 0.8  # so the timeout would have ended a bounded run
+
+
 def test_explain_many_stream_ended_early_is_an_error(scripted: ScriptedServer) -> None:
     # A stream that ends with answers missing must not look like a finished one.
     with client_for(scripted) as c:

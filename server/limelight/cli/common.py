@@ -62,7 +62,12 @@ def add_client_args(parser: argparse.ArgumentParser) -> None:
         default=os.environ.get("LIMELIGHT_TARGET", DEFAULT_TARGET),
         help=f"sidecar address host:port (default: $LIMELIGHT_TARGET or {DEFAULT_TARGET})",
     )
-    parser.add_argument("--timeout", type=float, default=30.0, help="per-call deadline (s)")
+    parser.add_argument(
+        "--timeout",
+        type=float,
+        default=30.0,
+        help="per-call deadline (s); with --lines, the longest wait for an answer",
+    )
     parser.add_argument("--tls", action="store_true", help="use TLS")
     parser.add_argument("--ca-cert", type=Path, help="CA bundle that signed the server cert")
     parser.add_argument("--client-cert", type=Path, help="client certificate for mutual TLS")
