@@ -468,7 +468,7 @@ class Connections(Generic[ChannelT]):
         try:
             yield conn
         finally:
-            self._give_back([conn])
+            self.give_back([conn])
 
     @contextlib.contextmanager
     def lease_all(self) -> Iterator[list[Connection[ChannelT]]]:
@@ -480,15 +480,42 @@ class Connections(Generic[ChannelT]):
         try:
             yield held
         finally:
-            self._give_back(held)
+            self.give_back(held)
 
-    def _give_back(self, held: list[Connection[ChannelT]]) -> None:
+    def give_back(self, held: list[Connection[ChannelT]]) -> None:
+        """The caller no longer uses ``held`` (replaced ones are closed once unused)."""
         with self._lock:
             for conn in held:
                 conn.calls -= 1
                 if not conn.calls and conn in self.retired:
                     self.retired.remove(conn)
                     self.closing.append(conn.channel)
+
+    def redial(self, conn: Connection[ChannelT]) -> Connection[ChannelT]:
+        """A new connection in place of ``conn``, whose worker answered as if going away (a
+        worker draining keeps answering on the connections it has, so retrying on them would
+        reach it again): a new connection reaches whichever process or pod now takes new
+        ones. The caller holds ``conn`` and now also the new one, and gives both back."""
+        new = self._connect(self._dial())
+        new.calls = 1
+        with self._lock:
+            if conn in self.open:
+                self.open[self.open.index(conn)] = new
+                self.retired.append(conn)  # the caller still holds it: closed once given back
+            else:  # ``conn`` was replaced meanwhile: the new one serves only the caller
+                self.retired.append(new)
+        return new
+
+    def retry_on(
+        self, conn: Connection[ChannelT], pinned: bool, held: list[Connection[ChannelT]]
+    ) -> Connection[ChannelT]:
+        """The connection for a unary call's next attempt after UNAVAILABLE: ``conn`` when
+        the call is pinned to it, else a newly dialled one (``redial``), added to ``held``
+        for the caller to give back."""
+        if pinned:
+            return conn
+        held.append(self.redial(conn))
+        return held[-1]
 
     def every_channel(self) -> list[ChannelT]:
         """What closing the client closes: the connections and any replaced ones."""

@@ -30,7 +30,6 @@ import grpc
 
 from limelight_client._common import (
     Connection,
-    Connections,
     TargetArg,
     TextItem,
     explain_request,
@@ -38,7 +37,7 @@ from limelight_client._common import (
     split_item,
     time_left,
 )
-from limelight_client.errors import Internal, Unavailable, from_rpc_error
+from limelight_client.errors import Internal, Unavailable
 from limelight_client.proto import explainer_pb2 as pb
 from limelight_client.types import Explanation
 
@@ -501,7 +500,12 @@ def stream_cut_short(unanswered: int) -> Unavailable:
 
 
 class _Deal:
-    """Round-robin bookkeeping shared by the sync and asyncio feeds (no locking of its own)."""
+    """Round-robin bookkeeping shared by the sync and asyncio feeds (no locking of its own).
+
+    A stream that failed can be opened again (the feeds' ``reopen``): what it was sent and
+    not answered goes back to the front of what is dealt to it, in order, and the failed
+    stream's request iterator stops at its next step (each stream has a generation; an
+    iterator of an older one ends)."""
 
     def __init__(self, streams: int, build: Build) -> None:
         if streams < 1:
@@ -510,9 +514,12 @@ class _Deal:
         self._build = build
         self._dealt: list[deque[tuple[pb.ExplainRequest, Sent]]] = [deque() for _ in range(streams)]
         #: Per stream, what was handed to gRPC and awaits its answer (and when), oldest first.
-        self.sent: list[deque[tuple[Sent, float]]] = [deque() for _ in range(streams)]
+        self.sent: list[deque[tuple[pb.ExplainRequest, Sent, float]]] = [
+            deque() for _ in range(streams)
+        ]
         #: The exception the input (or building a request from it) raised, if any.
         self.error: BaseException | None = None
+        self._generation = [0] * streams
         self._turn = 0
         self._pulling = False
         self._exhausted = False
@@ -523,33 +530,49 @@ class _Deal:
         deadline: float | None,
         metadata: tuple[tuple[str, str], ...],
     ) -> list[Any]:
-        """One ``ExplainStream`` call per connection, stream ``k`` fed by ``requests(k)``."""
-        return [
-            conn.stub.ExplainStream(
-                self.requests(k), timeout=time_left(deadline), metadata=metadata
-            )
-            for k, conn in enumerate(connections)
-        ]
+        """One ``ExplainStream`` call per connection, stream ``k`` fed by ``requests(k, 0)``."""
+        return [self._call(k, conn, 0, deadline, metadata) for k, conn in enumerate(connections)]
 
-    def requests(self, k: int) -> Any:
+    def _call(
+        self,
+        k: int,
+        conn: Connection[Any],
+        generation: int,
+        deadline: float | None,
+        metadata: tuple[tuple[str, str], ...],
+    ) -> Any:
+        return conn.stub.ExplainStream(
+            self.requests(k, generation), timeout=time_left(deadline), metadata=metadata
+        )
+
+    def requests(self, k: int, generation: int) -> Any:
         """Stream ``k``'s requests (an iterator, or an async one for grpc.aio)."""
         raise NotImplementedError
 
-    def failure(self, err: grpc.RpcError, connections: Connections[Any]) -> BaseException:
-        """What a broken stream raises: the input's own error when it caused the break, else
-        the SDK's error for the status (an UNAVAILABLE worker may have gone: look again soon)."""
-        if self.error is not None:
-            return self.error
-        if err.code() == grpc.StatusCode.UNAVAILABLE:
-            connections.look_again_soon()
-        return from_rpc_error(err)
+    def ended_early(self, k: int) -> Unavailable | None:
+        """Stream ``k`` ended without an error: None when it owed nothing (the input's end),
+        else the error of a stream cut short."""
+        owed = len(self.sent[k]) + len(self._dealt[k])
+        return stream_cut_short(owed) if owed else None
 
-    def _step(self, k: int) -> pb.ExplainRequest | bool | None:
-        """Stream ``k``'s next move: its next request, ``None`` when it is done, ``True``
-        when it should pull the next item of the input, ``False`` when it should wait."""
+    def _resend(self, k: int) -> int:
+        """Stream ``k`` failed: deal it again what it was sent and not answered; returns the
+        generation of its next request iterator."""
+        self._generation[k] += 1
+        while self.sent[k]:
+            request, sent, _ = self.sent[k].pop()
+            self._dealt[k].appendleft((request, sent))
+        return self._generation[k]
+
+    def _step(self, k: int, generation: int) -> pb.ExplainRequest | bool | None:
+        """Stream ``k``'s next move: its next request, ``None`` when it is done (or this
+        iterator is of a failed stream), ``True`` when it should pull the next item of the
+        input, ``False`` when it should wait."""
+        if generation != self._generation[k]:
+            return None
         if self._dealt[k]:
             request, sent = self._dealt[k].popleft()
-            self.sent[k].append((sent, time.monotonic()))
+            self.sent[k].append((request, sent, time.monotonic()))
             return request
         if self._exhausted:
             return None
@@ -592,12 +615,12 @@ class _Deal:
 
     def answered(self, k: int) -> Sent:
         """What stream ``k``'s answer just read was for (its oldest unanswered request)."""
-        return self.sent[k].popleft()[0]
+        return self.sent[k].popleft()[1]
 
     def oldest_sent_at(self, k: int) -> float | None:
         """When stream ``k``'s oldest unanswered request went to gRPC; None if none did."""
         try:  # read from the watchdog's thread while the reader pops: a miss is "none"
-            return self.sent[k][0][1]
+            return self.sent[k][0][2]
         except IndexError:
             return None
 
@@ -622,14 +645,28 @@ class StreamFeed(_Deal):
             self._exhausted = True
             self._cond.notify_all()
 
-    def requests(self, k: int) -> Iterator[pb.ExplainRequest]:
+    def reopen(
+        self,
+        k: int,
+        conn: Connection[Any],
+        deadline: float | None,
+        metadata: tuple[tuple[str, str], ...],
+    ) -> Any:
+        """A new call for stream ``k``, which failed: it sends first what the failed one was
+        sent and did not answer."""
+        with self._cond:
+            generation = self._resend(k)
+            self._cond.notify_all()  # the failed stream's iterator, if it waits, ends
+        return self._call(k, conn, generation, deadline, metadata)
+
+    def requests(self, k: int, generation: int) -> Iterator[pb.ExplainRequest]:
         """The request iterator of stream ``k``."""
         while True:
             with self._cond:
-                step = self._step(k)
+                step = self._step(k, generation)
                 while step is False:
                     self._cond.wait()
-                    step = self._step(k)
+                    step = self._step(k, generation)
             if step is None:
                 return
             if step is not True:
@@ -660,43 +697,57 @@ class AsyncStreamFeed(_Deal):
         self._items = items
         self._aiter: AsyncIterator[TextItem] | None = None
         self._iter: Iterator[TextItem] | None = None
-        self._cond: asyncio.Condition | None = None  # made inside the running loop
+        self._cond_: asyncio.Condition | None = None  # made inside the running loop
 
-    async def _next_item(self) -> TextItem:
-        if isinstance(self._items, AsyncIterable):
-            if self._aiter is None:
-                self._aiter = aiter(self._items)
-            return await anext(self._aiter)
-        if self._iter is None:
-            self._iter = iter(self._items)
+    @property
+    def _cond(self) -> asyncio.Condition:
+        if self._cond_ is None:
+            self._cond_ = asyncio.Condition()
+        return self._cond_
+
+    async def reopen(
+        self,
+        k: int,
+        conn: Connection[Any],
+        deadline: float | None,
+        metadata: tuple[tuple[str, str], ...],
+    ) -> Any:
+        """See ``StreamFeed.reopen``."""
+        async with self._cond:
+            generation = self._resend(k)
+            self._cond.notify_all()
+        return self._call(k, conn, generation, deadline, metadata)
+
+    async def _next_outcome(self) -> TextItem | BaseException | _End:
+        """The input's next item, ``END`` at its end, or the error it raised."""
         try:
+            if isinstance(self._items, AsyncIterable):
+                if self._aiter is None:
+                    self._aiter = aiter(self._items)
+                return await anext(self._aiter)
+            if self._iter is None:
+                self._iter = iter(self._items)
             return next(self._iter)
-        except StopIteration:
-            raise StopAsyncIteration from None
+        except (StopIteration, StopAsyncIteration):
+            return END
+        except Exception as exc:
+            return exc
 
-    async def requests(self, k: int) -> AsyncIterator[pb.ExplainRequest]:
+    async def requests(self, k: int, generation: int) -> AsyncIterator[pb.ExplainRequest]:
         """The request iterator of stream ``k``."""
-        if self._cond is None:
-            self._cond = asyncio.Condition()
         cond = self._cond
         while True:
             async with cond:
-                step = self._step(k)
+                step = self._step(k, generation)
                 while step is False:
                     await cond.wait()
-                    step = self._step(k)
+                    step = self._step(k, generation)
             if step is None:
                 return
             if step is not True:
                 yield step
                 continue
-            outcome: TextItem | BaseException | _End
-            try:
-                outcome = await self._next_item()
-            except StopAsyncIteration:
-                outcome = END
-            except Exception as exc:
-                outcome = exc
+            outcome = await self._next_outcome()
             async with cond:
                 try:
                     if self._settle(outcome):

@@ -78,6 +78,14 @@ from limelight_client.types import DriftReport, Explanation, JobInfo, JobState, 
 __all__ = ["AsyncClient", "AsyncJob"]
 
 
+def wrote_past_the_end(err: grpc.RpcError) -> bool:
+    """Whether grpc.aio replaced a stream's status because a request was written after the
+    server had ended the stream: it then reports ``INTERNAL: Internal error from Core`` and the
+    server's own status (``UNAVAILABLE`` from a worker shutting down, say) is lost
+    (grpc/grpc#36066). The sync client reports the server's status."""
+    return err.code() == grpc.StatusCode.INTERNAL and err.details() == "Internal error from Core"
+
+
 class AsyncClient:
     """An asyncio connection to a Limelight sidecar; arguments as for ``Client``.
 
@@ -211,11 +219,16 @@ class AsyncClient:
         return True
 
     async def _retry_or_error(
-        self, err: grpc.RpcError, attempt: int, deadline: float | None, *, idempotent: bool = True
+        self,
+        err: grpc.RpcError | LimelightError,
+        attempt: int,
+        deadline: float | None,
+        *,
+        idempotent: bool = True,
     ) -> LimelightError | None:
         """What a failed attempt raises, or None once backed off for attempt ``attempt + 1``
         (UNAVAILABLE on an idempotent call, within the retries and the deadline)."""
-        error = from_rpc_error(err)
+        error = err if isinstance(err, LimelightError) else from_rpc_error(err)
         if error.code == grpc.StatusCode.UNAVAILABLE:
             self._connections.look_again_soon()  # its worker may have gone
         if (
@@ -239,19 +252,24 @@ class AsyncClient:
         """See ``Client._unary``."""
         deadline = self._deadline(timeout)
         attempt = 0
+        redialled: list[Connection[grpc.aio.Channel]] = []
         async with self._lease(connection) as conn:
-            rpc = conn.rpc(method)
-            while True:
-                remaining = self._remaining(deadline, "before the call could be (re)tried")
-                try:
-                    return await rpc(request, timeout=remaining, metadata=self._metadata)
-                except grpc.RpcError as err:
-                    error = await self._retry_or_error(
-                        err, attempt, deadline, idempotent=idempotent
-                    )
-                    if error is not None:
-                        raise error from err
-                    attempt += 1
+            try:
+                while True:
+                    remaining = self._remaining(deadline, "before the call could be (re)tried")
+                    try:
+                        rpc = conn.rpc(method)
+                        return await rpc(request, timeout=remaining, metadata=self._metadata)
+                    except grpc.RpcError as err:
+                        error = await self._retry_or_error(
+                            err, attempt, deadline, idempotent=idempotent
+                        )
+                        if error is not None:
+                            raise error from err
+                        attempt += 1  # a draining worker would answer again on this connection
+                        conn = self._connections.retry_on(conn, connection is not None, redialled)
+            finally:
+                self._connections.give_back(redialled)
 
     # -- inline explanations ---------------------------------------------------------------
 
@@ -319,28 +337,44 @@ class AsyncClient:
         await self._spread(deadline)
         async with self._lease_all() as conns:
             calls = feed.open(conns, deadline, self._metadata)
-            silence.watch(calls)
+            silence.watch(calls)  # the list: a stream opened again is watched too
+            attempts = [0] * len(calls)
+            ring = list(conns)  # the connections the streams are on, in turn
+            on = list(range(len(calls)))  # the connection of ``ring`` each stream is on
             try:
                 for k in itertools.cycle(range(len(calls))):
-                    silence.waiting(k)
-                    resp = await calls[k].read()
-                    silence.done_waiting()
+                    while True:
+                        silence.waiting(k)
+                        try:
+                            resp = await calls[k].read()
+                            failure = None if resp is not grpc.aio.EOF else feed.ended_early(k)
+                        except grpc.RpcError as err:
+                            failure = err
+                        except asyncio.CancelledError:
+                            # grpc.aio cancels the call when the request iterator raises, and
+                            # so does the watchdog: report the cause. A real cancellation of
+                            # our task (no bad input, no silent server) propagates unchanged.
+                            if silence.fired:
+                                raise no_answer(self.timeout) from None
+                            if feed.error is not None:
+                                raise feed.error from None
+                            raise
+                        silence.done_waiting()
+                        if failure is None:
+                            break
+                        await self._stream_failed(failure, feed, silence, attempts[k], deadline)
+                        # A new stream sends first what the failed one did not answer,
+                        # on the next connection; this one is dialled again, as its worker
+                        # may be going away (the run holds both until it ends).
+                        attempts[k] += 1
+                        conns.append(self._connections.redial(ring[on[k]]))
+                        ring[on[k]] = conns[-1]
+                        on[k] = (on[k] + 1) % len(ring)
+                        calls[k] = await feed.reopen(k, ring[on[k]], deadline, self._metadata)
                     if resp is grpc.aio.EOF:  # item i went to stream i % streams: the last one
                         break
+                    attempts[k] = 0
                     yield answer(resp, feed.answered(k))
-            except grpc.RpcError as err:
-                if silence.fired:
-                    raise no_answer(self.timeout) from None
-                raise feed.failure(err, self._connections) from (None if feed.error else err)
-            except asyncio.CancelledError:
-                # grpc.aio cancels the call when the request iterator raises, and so does the
-                # watchdog: report the cause. A real cancellation of our task (no bad input,
-                # no silent server) propagates unchanged.
-                if silence.fired:
-                    raise no_answer(self.timeout) from None
-                if feed.error is not None:
-                    raise feed.error from None
-                raise
             finally:
                 silence.stop()
                 for call in calls:
@@ -352,6 +386,28 @@ class AsyncClient:
         if feed.unanswered():
             raise stream_cut_short(feed.unanswered())
 
+    async def _stream_failed(
+        self,
+        failure: grpc.RpcError | LimelightError,
+        feed: AsyncStreamFeed,
+        silence: AsyncSilence,
+        attempt: int,
+        deadline: float | None,
+    ) -> None:
+        """See ``Client._stream_failed``."""
+        if silence.fired:
+            raise no_answer(self.timeout) from None
+        if feed.error is not None:  # the input's own error broke the stream
+            raise feed.error from None
+        if isinstance(failure, grpc.RpcError) and wrote_past_the_end(failure):
+            failure = Unavailable(
+                grpc.StatusCode.UNAVAILABLE,
+                "the stream ended while a request was being written to it",
+            )
+        error = await self._retry_or_error(failure, attempt, deadline)
+        if error is not None:
+            raise error from (failure if isinstance(failure, grpc.RpcError) else None)
+
     async def _explain_packed(
         self,
         texts: Iterable[TextItem] | AsyncIterable[TextItem],
@@ -362,15 +418,16 @@ class AsyncClient:
         """See ``Client._explain_packed``: grpc.aio starts each call as it is made."""
         progress = AsyncProgress()
         chunks = AsyncChunks(texts, texts_per_call, on_put=progress.nudge)
-        # Each: the call, when it was sent, its request, its texts.
-        in_flight: deque[tuple[Any, float, pb.ExplainBatchRequest, list[Sent]]] = deque()
+        # Each: the call, when it was sent, its connection in ``ring``, its request, its texts.
+        in_flight: deque[tuple[Any, float, int, pb.ExplainBatchRequest, list[Sent]]] = deque()
 
-        def send(request: pb.ExplainBatchRequest) -> tuple[Any, float]:
-            call = next(turn).stub.ExplainBatch(
+        def send(request: pb.ExplainBatchRequest) -> tuple[Any, float, int]:
+            on = next(turn)
+            call = ring[on].stub.ExplainBatch(
                 request, timeout=time_left(deadline), metadata=self._metadata
             )
             call.add_done_callback(progress.answered)
-            return call, time.monotonic()
+            return call, time.monotonic(), on
 
         async def wait(call: Any, sent_at: float, more: Callable[[], bool]) -> bool:
             try:
@@ -384,7 +441,8 @@ class AsyncClient:
         try:
             await self._spread(deadline)
             async with self._lease_all() as conns:
-                turn = itertools.cycle(conns)
+                ring = list(conns)  # the connections the calls take in turn
+                turn = itertools.cycle(range(len(ring)))
                 window = calls_in_flight(len(conns), texts_per_call)
                 while True:
                     while len(in_flight) < window:
@@ -399,7 +457,7 @@ class AsyncClient:
                         in_flight.append((*send(request), request, sent))
                     if not in_flight:
                         return
-                    call, sent_at, request, sent = in_flight[0]
+                    call, sent_at, on, request, sent = in_flight[0]
                     # The oldest call's answer, unless input comes first: then send that.
                     if not await wait(call, sent_at, room_and_input):
                         continue
@@ -412,9 +470,12 @@ class AsyncClient:
                             error = await self._retry_or_error(err, attempt, deadline)
                             if error is not None:
                                 raise error from err
+                            # See ``Client._explain_packed``.
                             attempt += 1
-                            call, sent_at = send(request)
-                            in_flight[0] = (call, sent_at, request, sent)  # cancelled if we stop
+                            conns.append(self._connections.redial(ring[on]))
+                            ring[on] = conns[-1]
+                            call, sent_at, on = send(request)
+                            in_flight[0] = (call, sent_at, on, request, sent)
                             await wait(call, sent_at, lambda: False)
                     in_flight.popleft()
                     for explanation in batch_answers(response, sent):

@@ -120,7 +120,9 @@ class Client:
         target: ``host:port`` of the sidecar.
         timeout: default deadline in seconds for each unary call, retries included
             (``None``: no deadline). Every method takes ``timeout=`` to override it.
-        retries: extra attempts after a call failed with UNAVAILABLE (idempotent calls only).
+        retries: extra attempts after a call failed with UNAVAILABLE (idempotent calls only),
+            each on a newly dialled connection: a worker that is draining for a restart keeps
+            answering UNAVAILABLE on the connections it has.
         backoff: base of the exponential backoff between retries, in seconds (with jitter).
         tls: use TLS with the system's root certificates (implied by any certificate argument).
         ca_cert: CA certificate(s) that signed the server's certificate (PEM bytes or path).
@@ -272,11 +274,16 @@ class Client:
         return True
 
     def _retry_or_error(
-        self, err: grpc.RpcError, attempt: int, deadline: float | None, *, idempotent: bool = True
+        self,
+        err: grpc.RpcError | LimelightError,
+        attempt: int,
+        deadline: float | None,
+        *,
+        idempotent: bool = True,
     ) -> LimelightError | None:
         """What a failed attempt raises, or None once backed off for attempt ``attempt + 1``
         (UNAVAILABLE on an idempotent call, within the retries and the deadline)."""
-        error = from_rpc_error(err)
+        error = err if isinstance(err, LimelightError) else from_rpc_error(err)
         if error.code == grpc.StatusCode.UNAVAILABLE:
             self._connections.look_again_soon()  # its worker may have gone
         if (
@@ -301,17 +308,21 @@ class Client:
         ``connection`` or the next in turn, retried on UNAVAILABLE when idempotent."""
         deadline = self._deadline(timeout)
         attempt = 0
+        redialled: list[Connection[grpc.Channel]] = []
         with self._lease(connection) as conn:
-            rpc = conn.rpc(method)
-            while True:
-                remaining = self._remaining(deadline, "before the call could be (re)tried")
-                try:
-                    return rpc(request, timeout=remaining, metadata=self._metadata)
-                except grpc.RpcError as err:
-                    error = self._retry_or_error(err, attempt, deadline, idempotent=idempotent)
-                    if error is not None:
-                        raise error from err
-                    attempt += 1
+            try:
+                while True:
+                    remaining = self._remaining(deadline, "before the call could be (re)tried")
+                    try:
+                        return conn.rpc(method)(request, timeout=remaining, metadata=self._metadata)
+                    except grpc.RpcError as err:
+                        error = self._retry_or_error(err, attempt, deadline, idempotent=idempotent)
+                        if error is not None:
+                            raise error from err
+                        attempt += 1  # a draining worker would answer again on this connection
+                        conn = self._connections.retry_on(conn, connection is not None, redialled)
+            finally:
+                self._connections.give_back(redialled)
 
     # -- inline explanations ---------------------------------------------------------------
 
@@ -376,11 +387,15 @@ class Client:
         may be a generator. ``timeout`` bounds the whole run (default: no deadline, since the
         input's length is open-ended).
 
-        By default every item is one message on an ``ExplainStream``, one stream per
-        connection, items dealt to them in turn: each answer comes back as soon as it is ready,
-        and a stream is not retried (a failure raises). With ``texts_per_call=N`` the items go
-        in ``ExplainBatch`` calls of up to N instead (16-64 cost the server far less per text;
-        at most its ``max_batch_request_items``), about 128 texts in flight per connection (at
+        By default every item is one message on an ``ExplainStream``, one stream per connection,
+        items dealt to them in turn: each answer comes back as soon as it is ready. A stream
+        that fails with UNAVAILABLE (its worker going away: drained for a restart, or gone) is
+        opened again on the next connection, with the client's retries and backoff, and the
+        failed connection is dialled again (a draining worker keeps answering on the connections
+        it has); what the stream had been sent and had not answered goes out again first, so
+        every item is answered once, in order. With ``texts_per_call=N`` the items go in
+        ``ExplainBatch`` calls of up to N instead (16-64 cost the server far less per text; at
+        most its ``max_batch_request_items``), about 128 texts in flight per connection (at
         least two calls). The input is then read that far ahead, in a thread of its own unless
         it is a list or tuple; when it pauses, a call goes out with the items that have arrived
         and the answers in flight are yielded, so a slow trickle is answered as it comes, and
@@ -409,19 +424,35 @@ class Client:
         self._spread(deadline)
         with self._lease_all() as conns:
             calls = feed.open(conns, deadline, self._metadata)
-            silence.watch(calls)
+            silence.watch(calls)  # the list: a stream opened again is watched too
+            attempts = [0] * len(calls)
+            ring = list(conns)  # the connections the streams are on, in turn
+            on = list(range(len(calls)))  # the connection of ``ring`` each stream is on
             try:
                 for k in itertools.cycle(range(len(calls))):
-                    silence.waiting(k)
-                    resp = next(calls[k], None)
-                    silence.done_waiting()
+                    while True:
+                        silence.waiting(k)
+                        try:
+                            resp = next(calls[k], None)
+                            failure = None if resp is not None else feed.ended_early(k)
+                        except grpc.RpcError as err:
+                            failure = err
+                        silence.done_waiting()
+                        if failure is None:
+                            break
+                        self._stream_failed(failure, feed, silence, attempts[k], deadline)
+                        # A new stream sends first what the failed one did not answer,
+                        # on the next connection; this one is dialled again, as its worker
+                        # may be going away (the run holds both until it ends).
+                        attempts[k] += 1
+                        conns.append(self._connections.redial(ring[on[k]]))
+                        ring[on[k]] = conns[-1]
+                        on[k] = (on[k] + 1) % len(ring)
+                        calls[k] = feed.reopen(k, ring[on[k]], deadline, self._metadata)
                     if resp is None:  # item i went to stream i % streams: this was the last
                         break
+                    attempts[k] = 0
                     yield answer(resp, feed.answered(k))
-            except grpc.RpcError as err:
-                if silence.fired:
-                    raise no_answer(self.timeout) from None
-                raise feed.failure(err, self._connections) from (None if feed.error else err)
             finally:
                 silence.stop()
                 feed.close()
@@ -434,6 +465,24 @@ class Client:
         if feed.unanswered():
             raise stream_cut_short(feed.unanswered())
 
+    def _stream_failed(
+        self,
+        failure: grpc.RpcError | LimelightError,
+        feed: StreamFeed,
+        silence: Silence,
+        attempt: int,
+        deadline: float | None,
+    ) -> None:
+        """A stream of ``explain_many`` failed (or ended owing answers): raises what the run
+        fails with, or returns once backed off to open it again."""
+        if silence.fired:
+            raise no_answer(self.timeout) from None
+        if feed.error is not None:  # the input's own error broke the stream
+            raise feed.error from None
+        error = self._retry_or_error(failure, attempt, deadline)
+        if error is not None:
+            raise error from (failure if isinstance(failure, grpc.RpcError) else None)
+
     def _explain_packed(
         self,
         texts: Iterable[TextItem],
@@ -444,15 +493,19 @@ class Client:
         progress = Progress()
         chunks = Chunks(texts, texts_per_call, on_put=progress.nudge)
         self._spread(deadline)
-        # Each: the call, when it was sent, its request (sent again on a retry), its texts.
-        in_flight: deque[tuple[grpc.Future, float, pb.ExplainBatchRequest, list[Sent]]] = deque()
+        # Each: the call, when it was sent, its connection in ``ring``, its request (sent
+        # again on a retry), its texts.
+        in_flight: deque[tuple[grpc.Future, float, int, pb.ExplainBatchRequest, list[Sent]]] = (
+            deque()
+        )
 
-        def send(request: pb.ExplainBatchRequest) -> tuple[grpc.Future, float]:
-            call = next(turn).stub.ExplainBatch.future(
+        def send(request: pb.ExplainBatchRequest) -> tuple[grpc.Future, float, int]:
+            on = next(turn)
+            call = ring[on].stub.ExplainBatch.future(
                 request, timeout=time_left(deadline), metadata=self._metadata
             )
             call.add_done_callback(progress.answered)
-            return call, time.monotonic()
+            return call, time.monotonic(), on
 
         def wait(call: grpc.Future, sent_at: float, more: Callable[[], bool]) -> bool:
             try:
@@ -461,7 +514,8 @@ class Client:
                 raise no_answer(self.timeout) from None
 
         with self._lease_all() as conns:
-            turn = itertools.cycle(conns)
+            ring = list(conns)  # the connections the calls take in turn
+            turn = itertools.cycle(range(len(ring)))
             window = calls_in_flight(len(conns), texts_per_call)
 
             def room_and_input() -> bool:
@@ -481,7 +535,7 @@ class Client:
                         in_flight.append((*send(request), request, sent))
                     if not in_flight:
                         return
-                    call, sent_at, request, sent = in_flight[0]
+                    call, sent_at, on, request, sent = in_flight[0]
                     # The oldest call's answer, unless input comes first: then send that.
                     if not wait(call, sent_at, room_and_input):
                         continue
@@ -494,9 +548,14 @@ class Client:
                             error = self._retry_or_error(err, attempt, deadline)
                             if error is not None:
                                 raise error from err
+                            # Sent again on the next connection; this one is dialled again
+                            # (its worker may be draining; the run holds both until it ends).
                             attempt += 1
-                            call, sent_at = send(request)
-                            in_flight[0] = (call, sent_at, request, sent)  # cancelled if we stop
+                            conns.append(self._connections.redial(ring[on]))
+                            ring[on] = conns[-1]
+                            call, sent_at, on = send(request)
+                            # Kept in flight until answered: cancelled if we stop.
+                            in_flight[0] = (call, sent_at, on, request, sent)
                             wait(call, sent_at, lambda: False)
                     in_flight.popleft()
                     yield from batch_answers(response, sent)

@@ -7,6 +7,7 @@ port keeps serving, and SIGTERM stops them all.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import os
@@ -26,7 +27,7 @@ import grpc
 import pytest
 
 from limelight.api.ports import free_port
-from limelight_client import Client, _common, errors
+from limelight_client import AsyncClient, Client, _common, _streams, errors
 from limelight_client.proto import explainer_pb2 as pb
 from limelight_client.proto import explainer_pb2_grpc as pb_grpc
 
@@ -311,6 +312,62 @@ def test_a_killed_worker_is_replaced_and_sigterm_stops_all(
     assert code == 0, workers.log.read_text()[-3000:]
     for pid in now:  # every worker stopped and was reaped
         assert not Path(f"/proc/{pid}").exists()
+
+
+@pytest.mark.parametrize(
+    ("sig", "sdk"),
+    [(signal.SIGTERM, "sync"), (signal.SIGKILL, "sync"), (signal.SIGTERM, "asyncio")],
+    ids=["drained", "killed", "drained-asyncio"],
+)
+def test_explain_many_streams_ride_out_a_worker_that_goes_away(
+    bert_tiny_dir: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    sig: signal.Signals,
+    sdk: str,
+) -> None:
+    """A worker drained (SIGTERM, as in a rolling restart) or killed while ``explain_many``
+    has texts in flight on a stream to it: the stream is opened again on the other
+    connection, what it had not answered goes out again, and the run ends with every answer
+    once, in input order."""
+    workers = start_workers(bert_tiny_dir, tmp_path / "serve.log")
+    reopened: list[int] = []
+    feed_class = _streams.StreamFeed if sdk == "sync" else _streams.AsyncStreamFeed
+    reopen = feed_class.reopen
+
+    def counted(feed: Any, k: int, *args: Any) -> Any:
+        reopened.append(k)
+        return reopen(feed, k, *args)
+
+    monkeypatch.setattr(feed_class, "reopen", counted)
+    texts = [f"review {i}: a gorgeous, witty film" + " indeed" * (i % 9) for i in range(600)]
+    got: list[str | None] = []
+    victim = min(workers.children())  # the client's two connections reach both workers
+
+    async def explain_async() -> None:
+        async with AsyncClient(workers.target, connections=2) as client:
+            await client.wait_ready(timeout=60)
+            assert len({(await client.model()).instance for _ in range(2)}) == 2
+            async for answer in client.explain_many(texts):
+                got.append(answer.text)
+                if len(got) == 50:  # hundreds more in flight on both streams
+                    os.kill(victim, sig)
+
+    try:
+        if sdk == "asyncio":
+            asyncio.run(explain_async())
+        else:
+            with Client(workers.target, connections=2) as client:
+                client.wait_ready(timeout=60)
+                assert len({client.model().instance for _ in range(2)}) == 2  # one on each
+                for answer in client.explain_many(texts):
+                    got.append(answer.text)
+                    if len(got) == 50:
+                        os.kill(victim, sig)
+    finally:
+        stop(workers)
+    assert got == texts
+    assert reopened  # the victim's stream failed and was opened again
 
 
 def reached_instances(

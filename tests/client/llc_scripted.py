@@ -113,6 +113,8 @@ class ScriptedExplainer(pb_grpc.ExplainerServicer):
     workers: int = 1
     #: Seconds each ``ExplainStream`` answer takes.
     stream_gap: float = 0.0
+    #: Texts starting "drop" that ended their stream with UNAVAILABLE (each does so once).
+    dropped: set[str] = field(default_factory=set)
 
     def fail(self, method: str, code: grpc.StatusCode, times: int = 1, msg: str = "") -> None:
         self.failures[method].extend([(code, msg or f"scripted {code.name}")] * times)
@@ -157,6 +159,9 @@ class ScriptedExplainer(pb_grpc.ExplainerServicer):
                 context.abort(grpc.StatusCode.INVALID_ARGUMENT, "boom is not a review")
             if request.text == "hang up":  # end the stream (OK) without answering
                 return
+            if request.text.startswith("drop") and request.text not in self.dropped:
+                self.dropped.add(request.text)  # the first time only: a worker going away
+                context.abort(grpc.StatusCode.UNAVAILABLE, "draining")
             if request.text == "stall":  # stop answering (a hung sidecar) until the call ends
                 ended = threading.Event()
                 context.add_callback(ended.set)

@@ -39,7 +39,10 @@ async def test_retries_unavailable(scripted: ScriptedServer) -> None:
     scripted.servicer.fail("Explain", grpc.StatusCode.UNAVAILABLE, times=2)
     async with connect(scripted, retries=2) as c:
         assert (await c.explain(TEXT)).label == "negative"
-    assert len(scripted.servicer.calls_to("Explain")) == 3
+        assert len(c._connections.every_channel()) == 1  # the replaced ones were closed
+    calls = scripted.servicer.calls_to("Explain")
+    # Each retry on a newly dialled connection: a draining worker answers again on its own.
+    assert len(calls) == 3 and len({call.peer for call in calls}) == 3
 
 
 async def test_gives_up_and_maps_errors(scripted: ScriptedServer) -> None:
@@ -149,6 +152,43 @@ async def test_explain_many_server_error(scripted: ScriptedServer, connections: 
             async for e in c.explain_many(["ok", "boom"]):
                 got.append(e.text)
     assert got == ["ok"]
+    assert len(scripted.servicer.calls_to("ExplainStream")) == connections  # not opened again
+
+
+DROPS = ["a", "b", "drop 1", "c", "d", "e", "drop 2", "f", "g"]
+
+
+@pytest.mark.parametrize("given", ["list", "async generator"])
+@pytest.mark.parametrize("connections", [1, 2])
+async def test_explain_many_stream_is_opened_again_after_unavailable(
+    scripted: ScriptedServer, connections: int, given: str
+) -> None:
+    """See the sync client's test. The async generator pauses after each "drop", so the
+    failed stream's request iterator is still waiting for the input's next item when the
+    stream is opened again: that item must still go out, once, and the new stream waits for
+    it rather than pulling past it."""
+
+    async def slow() -> AsyncIterator[str]:
+        for text in DROPS:
+            yield text
+            if text.startswith("drop"):
+                await asyncio.sleep(0.2)
+
+    texts = slow() if given == "async generator" else DROPS
+    async with connect(scripted, connections=connections) as c:
+        assert [e.text async for e in c.explain_many(texts)] == DROPS
+    assert len(scripted.servicer.calls_to("ExplainStream")) == connections + 2
+    assert scripted.servicer.dropped == {"drop 1", "drop 2"}
+
+
+async def test_explain_many_stream_gives_up_after_its_retries(scripted: ScriptedServer) -> None:
+    scripted.servicer.fail("ExplainStream", grpc.StatusCode.UNAVAILABLE, times=10)
+    async with connect(scripted, retries=2) as c:
+        # The server's message, or, when grpc.aio lost it to a request being written as the
+        # stream ended (see ``wrote_past_the_end``), the client's own.
+        with pytest.raises(errors.Unavailable, match=r"scripted UNAVAILABLE|while a request"):
+            [e async for e in c.explain_many(["a", "b"])]
+    assert len(scripted.servicer.calls_to("ExplainStream")) == 3
 
 
 async def test_jobs(scripted: ScriptedServer) -> None:

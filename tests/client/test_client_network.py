@@ -76,16 +76,21 @@ def test_model_and_drift(scripted: ScriptedServer) -> None:
 
 def test_retries_unavailable_then_succeeds(scripted: ScriptedServer) -> None:
     scripted.servicer.fail("Explain", grpc.StatusCode.UNAVAILABLE, times=2)
-    with client_for(scripted, retries=3, backoff=0.05) as c:
-        exp = c.explain(TEXT)
+    with client_for(scripted, retries=3, backoff=0.05) as client:
+        exp = client.explain(TEXT)
+        channels = client._connections.every_channel()
     calls = scripted.servicer.calls_to("Explain")
     assert len(calls) == 3
     assert exp.label == "negative"
     # Equal-jitter backoff: the n-th wait is at least backoff * 2**n / 2.
     gaps = [b.time - a.time for a, b in itertools.pairwise(calls)]
     assert gaps[0] >= 0.025 and gaps[1] >= 0.05
-    # The same request (same correlation id) is retried.
+    # The same request (same correlation id) is retried, each time on a newly dialled
+    # connection (a worker draining for a restart would answer again on the one it has);
+    # the replaced connections are closed.
     assert len({c.request.request_id for c in calls}) == 1
+    assert len({c.peer for c in calls}) == 3
+    assert len(channels) == 1
 
 
 def test_gives_up_after_retries(scripted: ScriptedServer) -> None:
@@ -299,6 +304,45 @@ def test_explain_many_server_error(scripted: ScriptedServer, connections: int) -
         assert next(it).text == "fine"
         with pytest.raises(errors.InvalidArgument, match="boom"):
             list(it)
+    assert len(scripted.servicer.calls_to("ExplainStream")) == connections  # not opened again
+
+
+DROPS = ["a", "b", "drop 1", "c", "d", "e", "drop 2", "f", "g"]
+
+
+@pytest.mark.parametrize("given", [list, iter], ids=["list", "iterator"])
+@pytest.mark.parametrize("connections", [1, 2])
+def test_explain_many_stream_is_opened_again_after_unavailable(
+    scripted: ScriptedServer, connections: int, given: Callable[[list[str]], Iterable[str]]
+) -> None:
+    """A stream that fails with UNAVAILABLE (a worker going away ends its streams so) is opened
+    again, and what it had been sent and not answered goes out again, in order: the run ends
+    with every answer, in input order, none twice."""
+    with client_for(scripted, connections=connections) as c:
+        before = [conn.channel for conn in c._connections.open]
+        assert [r.text for r in c.explain_many(given(DROPS))] == DROPS
+        # Each failed stream's connection was dialled again (its worker may be draining, and
+        # would keep answering on it); the old ones were closed once the run ended.
+        assert len(c._connections.every_channel()) == connections
+        assert not set(before) & set(c._connections.every_channel())
+        for channel in before:
+            with pytest.raises(ValueError, match="closed channel"):
+                pb_grpc.ExplainerStub(channel).GetModel(pb.GetModelRequest(), timeout=5)
+    streams = scripted.servicer.calls_to("ExplainStream")
+    assert len(streams) == connections + 2
+    if connections == 1:  # each stream opened again went on a new connection
+        assert len({s.peer for s in streams}) == 3
+    assert scripted.servicer.dropped == {"drop 1", "drop 2"}
+
+
+def test_explain_many_stream_gives_up_after_its_retries(scripted: ScriptedServer) -> None:
+    scripted.servicer.fail("ExplainStream", grpc.StatusCode.UNAVAILABLE, times=10)
+    with (
+        client_for(scripted, retries=2) as c,
+        pytest.raises(errors.Unavailable, match="scripted UNAVAILABLE"),
+    ):
+        list(c.explain_many(["a", "b"]))
+    assert len(scripted.servicer.calls_to("ExplainStream")) == 3
 
 
 @pytest.mark.parametrize("connections", [1, 3])
@@ -368,8 +412,12 @@ def test_explain_many_packed_retries_an_unavailable_call(scripted: ScriptedServe
     texts = [f"text {i}" for i in range(12)]
     with client_for(scripted) as c:
         assert [r.text for r in c.explain_many(texts, texts_per_call=4)] == texts
-    # The two calls that failed were sent again: their inputs are the ones answered.
+        assert len(c._connections.every_channel()) == 1  # the replaced ones were closed
+    # The two calls that failed were sent again: their inputs are the ones answered, each time
+    # on a newly dialled connection (the failed one's worker may be draining).
     assert sorted(batch_sizes(scripted)) == [4] * 5
+    peers = [call.peer for call in scripted.servicer.calls_to("ExplainBatch")]
+    assert len(set(peers)) == 3
     with client_for(scripted, retries=0) as c:
         scripted.servicer.fail("ExplainBatch", grpc.StatusCode.UNAVAILABLE)
         with pytest.raises(errors.Unavailable):
@@ -811,15 +859,20 @@ def test_an_unavailable_call_brings_the_next_look_forward(
     scripted: ScriptedServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(_common, "SPREAD_RETRY_S", 0.0)
-    scripted.servicer.instance_of, scripted.servicer.workers = Placement(["a", "b"]), 2
+    # The connection dialled again for the retry reaches a (a worker going away would keep
+    # answering on the connection it has).
+    placement = Placement(["a", "b", "a"])
+    scripted.servicer.instance_of, scripted.servicer.workers = placement, 2
     with client_for(scripted, connections=2) as c:
         c.explain(TEXT)
         c.explain(TEXT)  # the next look is SPREAD_RECHECK_S away
         assert len(scripted.servicer.calls_to("GetModel")) == 2
         scripted.servicer.fail("Explain", grpc.StatusCode.UNAVAILABLE)  # a worker going away
-        c.explain(TEXT)  # retried, and the next look is now
+        c.explain(TEXT)  # retried on a new connection, and the next look is now
         c.explain(TEXT)
     assert len(scripted.servicer.calls_to("GetModel")) == 4
+    failed, retried = [call.peer for call in scripted.servicer.calls_to("Explain")][2:4]
+    assert failed != retried and placement.of[retried] == "a"
 
 
 # -- jobs --------------------------------------------------------------------------------------
