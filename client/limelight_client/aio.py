@@ -402,7 +402,8 @@ class AsyncClient:
         if isinstance(failure, grpc.RpcError) and wrote_past_the_end(failure):
             failure = Unavailable(
                 grpc.StatusCode.UNAVAILABLE,
-                "the stream ended while a request was being written to it",
+                "the stream ended while a request was being written to it (grpc.aio lost "
+                "the server's status)",
             )
         error = await self._retry_or_error(failure, attempt, deadline)
         if error is not None:
