@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import Field, NonNegativeFloat, NonNegativeInt, PositiveInt
+from pydantic import Field, NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 #: A TCP port; 0 picks a free one (or, where documented, turns the endpoint off).
@@ -122,6 +122,19 @@ class Settings(BaseSettings):
     their maximum per class (a label as strong as its strongest window)."""
     max_message_bytes: PositiveInt = 4 * 1024 * 1024
     """Largest gRPC message accepted or sent."""
+    max_connection_age_s: PositiveFloat | None = None
+    """Close each client connection after about this long (gRPC sends GOAWAY, ±10 % jitter):
+    the client's next call opens a new one, which the load balancer may send to another
+    replica. gRPC keeps a connection for as long as it lives, so behind a Kubernetes Service
+    (which balances connections, not calls) a replica added by a scale-up or a rollout gets no
+    traffic from clients already connected until they reconnect, and a draining replica keeps
+    its clients until it stops. Calls in progress are not cut (see
+    ``max_connection_age_grace_s``); calls in transit are retried by gRPC itself. Unset: off
+    (gRPC's default)."""
+    max_connection_age_grace_s: NonNegativeFloat | None = None
+    """How long calls still open on a connection past ``max_connection_age_s`` may run before it
+    is closed under them (they end ``UNAVAILABLE``; the SDK opens an ``explain_many`` stream
+    ended so again and resends what was unanswered). Unset: as long as they take."""
     max_batch_size: PositiveInt = 32
     """Most inline requests run in one forward pass."""
     max_batch_wait_ms: NonNegativeFloat = 0.0

@@ -222,6 +222,8 @@ def test_sidecar_uses_native_grpc_probes_and_drains_within_grace(
     assert spec["terminationGracePeriodSeconds"] > pre_stop + float(
         config["LIMELIGHT_GRACE_PERIOD_S"]
     )
+    # Connections age out, so the Service spreads clients over new and remaining pods.
+    assert 0 < float(config["LIMELIGHT_MAX_CONNECTION_AGE_S"]) <= 300
 
 
 def test_service_network_policy_and_pdb_select_the_pod(

@@ -18,10 +18,13 @@ The web explanation viewer (``limelight.api.viewer``) adds its page and JSON rou
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
+import random
 import ssl
 import time
+import weakref
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -287,6 +290,10 @@ class HttpServer:
         self._tokens = list(tokens)
         self._version = version
         self._runner: web.AppRunner | None = None
+        # When each keep-alive connection is to be closed (max_connection_age_s).
+        self._connection_limits: weakref.WeakKeyDictionary[asyncio.BaseTransport, float] = (
+            weakref.WeakKeyDictionary()
+        )
         self.port = 0
 
     def ready_service(self) -> ExplanationService:
@@ -417,9 +424,32 @@ class HttpServer:
         results = await service.explain_batch(v1_inputs(body))
         return web.json_response({"explanations": [v1_explanation(e) for e in results]})
 
+    @web.middleware
+    async def _connection_age(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        """``Connection: close`` on a keep-alive connection older than ``max_connection_age_s``
+        (from its first request, ±10 %) and on every answer while the sidecar is not ready
+        (loading or draining): the client's next request opens a new connection, which the
+        load balancer may give to another replica (HTTP's counterpart of gRPC's GOAWAY)."""
+        response = await handler(request)
+        transport = request.transport
+        if response.prepared or transport is None:
+            return response
+        if not self._ready():
+            response.force_close()
+        elif self.settings.max_connection_age_s is not None:
+            limit = self._connection_limits.get(transport)
+            now = time.monotonic()
+            if limit is None:
+                age = self.settings.max_connection_age_s * random.uniform(0.9, 1.1)
+                self._connection_limits[transport] = limit = now + age
+            if now >= limit:
+                response.force_close()
+        return response
+
     def application(self) -> web.Application:
         app = web.Application(
-            client_max_size=self.settings.max_message_bytes, middlewares=[_json_errors]
+            client_max_size=self.settings.max_message_bytes,
+            middlewares=[_json_errors, self._connection_age],
         )
         r = self._route
         model = "/v2/models/{name}"

@@ -63,6 +63,20 @@ def server_credentials(settings: Settings) -> grpc.ServerCredentials | None:
     )
 
 
+def connection_age_options(settings: Settings) -> list[tuple[str, int]]:
+    """gRPC's server options for ``max_connection_age_s`` and its grace (none when unset)."""
+    options = []
+    if settings.max_connection_age_s is not None:
+        options.append(
+            ("grpc.max_connection_age_ms", max(1, round(settings.max_connection_age_s * 1000)))
+        )
+    if settings.max_connection_age_grace_s is not None:
+        options.append(
+            ("grpc.max_connection_age_grace_ms", round(settings.max_connection_age_grace_s * 1000))
+        )
+    return options
+
+
 class SidecarServer:
     """One Limelight sidecar process: build with Settings, then ``await run()``."""
 
@@ -139,6 +153,7 @@ class SidecarServer:
             # Off unless several workers share the port: a second sidecar started on a taken
             # port must fail rather than silently split the traffic.
             ("grpc.so_reuseport", int(settings.reuse_port)),
+            *connection_age_options(settings),
         ]
         server = grpc.aio.server(interceptors=interceptors, options=options)
         self._health = HealthServicer()

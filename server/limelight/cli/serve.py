@@ -94,6 +94,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     )
     p.add_argument("--auth-tokens-file", type=Path, help="accepted bearer tokens, one per line")
     p.add_argument("--grace-period-s", type=float, help="SIGTERM drain time")
+    p.add_argument(
+        "--max-connection-age-s",
+        type=float,
+        help="close each client connection after about this long (GOAWAY; clients reconnect, "
+        "possibly to another replica); default: never",
+    )
+    p.add_argument(
+        "--max-connection-age-grace-s",
+        type=float,
+        help="how long calls open on an aged connection may still run; default: to their end",
+    )
     p.add_argument("--log-level", help="DEBUG, INFO, WARNING, ...")
     p.set_defaults(func=run)
 
@@ -124,6 +135,8 @@ def preflight(settings: Settings) -> None:
     _check_readable("--tls-key", settings.tls_key, pem=True)
     _check_readable("--tls-client-ca", settings.tls_client_ca, pem=True)
     _check_readable("--auth-tokens-file", settings.auth_tokens_file)
+    if settings.max_connection_age_grace_s is not None and settings.max_connection_age_s is None:
+        raise InvalidArgument("--max-connection-age-grace-s needs --max-connection-age-s")
     if settings.runtime == "onnx" and settings.onnx_path is not None:
         _check_readable("--onnx-path", settings.onnx_path)
     from limelight.api.workers import check_workers
