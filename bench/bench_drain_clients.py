@@ -102,21 +102,10 @@ def _serve(model_dir: Path, port: int, grace: float, age: float) -> subprocess.P
 
 
 def _wait_serving(port: int) -> None:
-    import grpc
-    from grpc_health.v1 import health_pb2, health_pb2_grpc
+    from limelight_client import Client
 
-    with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
-        stub = health_pb2_grpc.HealthStub(channel)
-        end = time.monotonic() + 600
-        while time.monotonic() < end:
-            try:
-                reply = stub.Check(health_pb2.HealthCheckRequest(), timeout=2)
-                if reply.status == health_pb2.HealthCheckResponse.SERVING:
-                    return
-            except grpc.RpcError:
-                pass
-            time.sleep(0.2)
-    raise TimeoutError(f"no sidecar on port {port}")
+    with Client(f"127.0.0.1:{port}") as client:
+        client.wait_ready(timeout=600)
 
 
 def _clients(
