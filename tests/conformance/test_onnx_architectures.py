@@ -1,5 +1,5 @@
-"""ONNX export parity (logits, embedding norms, per-token logits) for the families added to
-EXPORTABLE, on tiny random-init models with right-padded batches."""
+"""ONNX export parity (logits, embedding norms, per-token logits, an explainer head's scores)
+for the families added to EXPORTABLE, on tiny random-init models with right-padded batches."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ import torch
 from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
 from limelight.errors import FailedPrecondition
+from limelight.models.explainer_head import ExplainerHead
 from limelight.models.loaded import LoadedModel, load_model
 from limelight.models.tiny import tiny_config
 from limelight.runtimes.base import InlineBatch
@@ -69,17 +70,32 @@ def feeds_for(model: LoadedModel, texts: list[str]) -> dict[str, np.ndarray]:
     return {name: np.asarray(enc.get(name, zeros), dtype=np.int64) for name in input_names(model)}
 
 
+def random_head(model: LoadedModel) -> ExplainerHead:
+    """An explainer head reading the embeddings and the last hidden state, every weight
+    random."""
+    ids = torch.tensor([model.encode("a witty film").input_ids])
+    with torch.no_grad():
+        last = len(model.adapter.run_base(ids, torch.ones_like(ids), None).hidden_states) - 1
+    torch.manual_seed(1)
+    head = ExplainerHead([0, last], model.hidden_size, model.num_labels, width=8).eval()
+    with torch.no_grad():
+        for p in head.parameters():
+            p.copy_(torch.randn_like(p) * 0.5 + (1.0 if p.dim() == 1 else 0.0))
+    return head
+
+
 def check_parity(model: LoadedModel, out: Path) -> None:
-    export_onnx(model, out)
+    head = random_head(model)
+    export_onnx(model, out, heads={"distilled": head})
     session = ort.InferenceSession(str(out), providers=["CPUExecutionProvider"])
     served = OnnxRuntime(out, model)
     for texts in BATCHES:
         feeds = feeds_for(model, texts)
-        names = ["logits", "embedding_norms", "token_logits"]
+        names = ["logits", "embedding_norms", "token_logits", "head_distilled"]
         # A graph may leave out the mask where no node reads it (as the runtime feeds it).
         taken = {i.name for i in session.get_inputs()}
         assert set(read_description(out)["inputs"]) == taken
-        logits, norms, token_logits = session.run(
+        logits, norms, token_logits, scores = session.run(
             names, {k: v for k, v in feeds.items() if k in taken}
         )
         tensors = {name: torch.from_numpy(value) for name, value in feeds.items()}
@@ -89,6 +105,7 @@ def check_parity(model: LoadedModel, out: Path) -> None:
             expected_tokens = model.adapter.head(base.last_hidden_state)
             expected_logits = model.adapter.pooled_logits(base.last_hidden_state, mask)
             expected_norms = base.hidden_states[0].norm(dim=-1)
+            expected_scores = head(base.hidden_states, expected_norms, expected_tokens, mask)
         np.testing.assert_allclose(logits, expected_logits.numpy(), atol=1e-4)
         # The runtime the sidecar serves feeds the graph the inputs it takes.
         batch = InlineBatch(
@@ -101,6 +118,7 @@ def check_parity(model: LoadedModel, out: Path) -> None:
         keep = mask.bool().numpy()  # padded positions are not compared
         np.testing.assert_allclose(norms[keep], expected_norms.numpy()[keep], atol=1e-4, rtol=1e-4)
         np.testing.assert_allclose(token_logits[keep], expected_tokens.numpy()[keep], atol=1e-4)
+        np.testing.assert_allclose(scores[keep], expected_scores.numpy()[keep], atol=2e-4)
 
 
 @pytest.mark.parametrize("model_type", NAMED)

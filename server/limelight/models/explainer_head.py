@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -79,8 +78,8 @@ class _ContextBlock(nn.Module):
     torch runs the attention as one fused ``scaled_dot_product_attention``: on a 512-token
     text the written-out version (scores, softmax, product as separate ops on permuted
     views) took 14 ms against 3 ms, most of the head's time next to MiniLM's forward pass.
-    The ONNX export traces the written-out version, the same numbers up to float rounding
-    (tested), so the exported graph keeps plain ops.
+    The ONNX graph does not trace this module: ``limelight.runtimes.onnx_head`` writes the
+    same computation with ONNX Runtime's fused operators.
     """
 
     def __init__(self, width: int, heads: int) -> None:
@@ -98,11 +97,8 @@ class _ContextBlock(nn.Module):
         b, n, w = x.shape
         d = w // self.heads
         q, k, v = self.qkv(self.norm1(x)).view(b, n, 3, self.heads, d).permute(2, 0, 3, 1, 4)
-        bias = key_bias[:, None, None, :]
-        if torch.onnx.is_in_onnx_export():
-            attended = torch.softmax(q @ k.transpose(-1, -2) / math.sqrt(d) + bias, dim=-1) @ v
-        else:
-            attended = F.scaled_dot_product_attention(q, k, v, attn_mask=bias.to(q.dtype))
+        bias = key_bias[:, None, None, :].to(q.dtype)
+        attended = F.scaled_dot_product_attention(q, k, v, attn_mask=bias)
         mixed = attended.transpose(1, 2).reshape(b, n, w)
         x = x + self.out(mixed)
         return x + self.ff(self.norm2(x))  # type: ignore[no-any-return]
@@ -185,9 +181,9 @@ class FrozenHead:
     module pays on every call and a small head cannot hide: each submodule's ``__call__``,
     the projection's weight sliced and transposed again per layer, the attention mask built
     as an additive bias in three operations. On BERT-tiny (a 1.5 ms forward at batch 1) that
-    took the head from 0.38 to 0.23 ms. Training, the ONNX export and evaluation keep using
-    the module; the torch runtime serves this. The weights are copied at freezing: a module
-    trained further afterwards is not seen.
+    took the head from 0.38 to 0.23 ms. Training and evaluation keep using the module; the
+    torch runtime serves this (the ONNX graph has its own version, ``runtimes.onnx_head``).
+    The weights are copied at freezing: a module trained further afterwards is not seen.
     """
 
     def __init__(self, head: ExplainerHead) -> None:

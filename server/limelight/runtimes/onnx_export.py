@@ -1,6 +1,6 @@
 """Export a classifier to ONNX with the NormXLogit inputs as graph outputs.
 
-The inline graph returns ``logits`` [B, C], ``embedding_norms`` [B, n] and ``token_logits``
+The inline graph returns ``logits`` [B, C], ``embedding_norms`` [B, n], ``token_logits``
 [B, n, C] — everything the inline path needs, so ONNX Runtime serves the whole explanation.
 Batch and sequence axes are dynamic. ``kind="plain"`` exports the bare classifier (logits only),
 the benchmark baseline.
@@ -20,7 +20,9 @@ from torch import nn
 
 from limelight.errors import FailedPrecondition
 from limelight.models.adapters import HeadAdapter
+from limelight.models.explainer_head import ExplainerHead
 from limelight.models.loaded import LoadedModel
+from limelight.runtimes.onnx_head import HEAD_GRAPH_FORMAT, splice_heads
 
 OPSET = 17
 GraphKind = Literal["inline", "plain"]
@@ -155,11 +157,15 @@ EXTRA_PREFIX = "head_"
 
 
 class _InlineGraph(nn.Module):
-    def __init__(self, adapter: HeadAdapter, heads: Mapping[str, nn.Module]) -> None:
+    """The classifier's inline outputs, and the hidden states of ``tap_layers`` as outputs
+    ``tap_<layer>`` for the heads, which are written into the graph after the export
+    (:mod:`limelight.runtimes.onnx_head`) instead of traced."""
+
+    def __init__(self, adapter: HeadAdapter, tap_layers: list[int]) -> None:
         super().__init__()
         self.adapter = adapter
         self.inner = adapter.model  # registers the weights as a submodule
-        self.heads = nn.ModuleDict(dict(heads))
+        self.tap_layers = tap_layers
 
     def forward(
         self,
@@ -173,11 +179,8 @@ class _InlineGraph(nn.Module):
         # run a second time on the pooled vector (ONNX Runtime pays per node on small models).
         logits = self.adapter.logits_from(out.last_hidden_state, attention_mask, token_logits)
         norms = out.hidden_states[0].norm(dim=-1)
-        extra = [
-            head(out.hidden_states, norms, token_logits, attention_mask)
-            for head in self.heads.values()
-        ]
-        return (logits, norms, token_logits, *extra)
+        taps = [out.hidden_states[layer] for layer in self.tap_layers]
+        return (logits, norms, token_logits, *taps)
 
 
 class _PlainGraph(nn.Module):
@@ -207,11 +210,12 @@ def export_onnx(
     model: LoadedModel,
     out: Path,
     kind: GraphKind = "inline",
-    heads: Mapping[str, nn.Module] | None = None,
+    heads: Mapping[str, ExplainerHead] | None = None,
 ) -> Path:
     """Write the graph to ``out`` (and a JSON sidecar describing it); returns ``out``.
 
-    ``heads`` (inline graphs only): extra per-token heads, exported as outputs ``head_<name>``.
+    ``heads`` (inline graphs only): explainer heads, written into the graph as outputs
+    ``head_<name>`` (:mod:`limelight.runtimes.onnx_head`).
     """
     heads = dict(heads or {}) if kind == "inline" else {}
     if model.architecture in NOT_EXPORTABLE:
@@ -236,14 +240,17 @@ def export_onnx(
     ]
     if "token_type_ids" in names:
         example.append(torch.zeros((2, len(sample)), dtype=torch.long))
+    tap_layers = sorted({layer for head in heads.values() for layer in head.layers})
+    taps = {layer: f"tap_{layer}" for layer in tap_layers}
     graph: nn.Module = (
-        _InlineGraph(model.adapter, heads) if kind == "inline" else _PlainGraph(model.adapter)
+        _InlineGraph(model.adapter, tap_layers) if kind == "inline" else _PlainGraph(model.adapter)
     )
-    outputs = ["logits", "embedding_norms", "token_logits"] if kind == "inline" else ["logits"]
-    outputs += [EXTRA_PREFIX + name for name in heads]
+    traced = ["logits", "embedding_norms", "token_logits"] if kind == "inline" else ["logits"]
+    traced += list(taps.values())
+    outputs = traced[:3] + [EXTRA_PREFIX + name for name in heads] if heads else traced
     axes: dict[str, dict[int, str]] = {n: {0: "batch", 1: "sequence"} for n in names}
     axes["logits"] = {0: "batch"}
-    for name in outputs[1:]:
+    for name in traced[1:]:
         axes[name] = {0: "batch", 1: "sequence"}
     graph.eval()
     with torch.no_grad(), warnings.catch_warnings():
@@ -257,16 +264,27 @@ def export_onnx(
             tuple(example),
             str(out),
             input_names=names,
-            output_names=outputs,
+            output_names=traced,
             dynamic_axes=axes,
             opset_version=OPSET,
             dynamo=False,
         )
     import onnx
 
+    written = onnx.load(str(out), load_external_data=False)
+    if heads:
+        # Weights kept outside the file (a model over 2 GB) stay where the exporter put them.
+        splice_heads(
+            written,
+            heads,
+            taps,
+            {name: EXTRA_PREFIX + name for name in heads},
+            model.num_labels,
+        )
+        onnx.save(written, str(out))
     # The exporter leaves out an input that no node reads (the mask of a model that ignores
     # padding and reads its logits at the first token): describe the graph as written.
-    taken = {i.name for i in onnx.load(str(out), load_external_data=False).graph.input}
+    taken = {i.name for i in written.graph.input}
     describe(out).write_text(
         json.dumps(
             {
@@ -277,6 +295,7 @@ def export_onnx(
                 "inputs": [name for name in names if name in taken],
                 "outputs": outputs,
                 "heads": {name: module_digest(head) for name, head in heads.items()},
+                **({"head_graph": HEAD_GRAPH_FORMAT} if heads else {}),
                 "opset": OPSET,
             },
             indent=2,
@@ -317,6 +336,8 @@ def heads_mismatch(graph: Path, heads: Mapping[str, nn.Module]) -> str:
     # for a model without heads; one with them cannot be told from a stale one.
     carried = meta.get("heads", None if any(o.startswith(EXTRA_PREFIX) for o in outputs) else {})
     wanted = {name: module_digest(head) for name, head in heads.items()}
+    if carried == wanted and wanted and meta.get("head_graph") != HEAD_GRAPH_FORMAT:
+        return f"{graph} carries its heads as an earlier Limelight wrote them (traced)"
     if carried == wanted:
         return ""
     return (

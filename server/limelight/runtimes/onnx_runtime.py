@@ -12,12 +12,11 @@ from collections.abc import Mapping
 from pathlib import Path
 
 import numpy as np
-from torch import nn
 
 from limelight.core.types import FloatArray
 from limelight.errors import FailedPrecondition
 from limelight.locks import file_lock, held_elsewhere
-from limelight.models.explainer_head import inline_heads
+from limelight.models.explainer_head import ExplainerHead, inline_heads
 from limelight.models.loaded import LoadedModel, load_model
 from limelight.runtimes.base import InlineBatch, InlineOutputs, Runtime
 from limelight.runtimes.graph_cache import served_from, write_served_from
@@ -162,7 +161,7 @@ def resolve_graph(model: LoadedModel, settings: Settings) -> Path:
 
 
 def _graph_beside_or_cached(
-    model: LoadedModel, settings: Settings, heads: Mapping[str, nn.Module]
+    model: LoadedModel, settings: Settings, heads: Mapping[str, ExplainerHead]
 ) -> Path:
     beside = model.directory / DEFAULT_GRAPH
     reason = graph_mismatch(beside, model, heads)
@@ -217,7 +216,7 @@ def prune_cached_graphs(model: LoadedModel, cache_dir: Path, serving_cached: boo
     return removed
 
 
-def export_served_graph(model: LoadedModel, out: Path, heads: Mapping[str, nn.Module]) -> None:
+def export_served_graph(model: LoadedModel, out: Path, heads: Mapping[str, ExplainerHead]) -> None:
     """Export ``model`` with ``heads`` to ``out`` from its CPU weights, written beside ``out``
     first and then moved into place (graph, then description), so that a process loading
     ``out`` meanwhile reads the old graph or the new one, never half of one."""
