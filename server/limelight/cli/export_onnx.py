@@ -29,7 +29,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 
 def fidelity_report(model_dir: Path, fp32: Path, int8: Path, n: int) -> dict[str, float]:
-    """Agreement of predictions and rank correlation of attributions, int8 vs fp32."""
+    """Agreement of predictions and rank correlation of attributions, int8 vs fp32: NormXLogit
+    (``mean_spearman``) and each inline head's scores (``mean_spearman_<head>``)."""
     from scipy.stats import spearmanr
 
     from limelight.demo.datasets import rotten_tomatoes
@@ -42,6 +43,7 @@ def fidelity_report(model_dir: Path, fp32: Path, int8: Path, n: int) -> dict[str
     reference, quantised = OnnxRuntime(fp32, model), OnnxRuntime(int8, model)
     method = NormXLogit()
     agree, correlations = 0, []
+    per_head: dict[str, list[float]] = {}
     texts = [e.text for e in rotten_tomatoes("test")[:n]]
     for start in range(0, len(texts), 16):
         encoded = [model.encode(t) for t in texts[start : start + 16]]
@@ -55,11 +57,20 @@ def fidelity_report(model_dir: Path, fp32: Path, int8: Path, n: int) -> dict[str
             sb = method.attribute(b, row, len(enc))[keep, predicted]
             if len(sa) > 1:
                 correlations.append(float(spearmanr(sa, sb).statistic))
+                for name, scores in a.extra.items():
+                    ha = scores[row, : len(enc)][keep, predicted]
+                    hb = b.extra[name][row, : len(enc)][keep, predicted]
+                    per_head.setdefault(name, []).append(float(spearmanr(ha, hb).statistic))
     return {
         "texts": float(len(texts)),
         "prediction_agreement": agree / max(len(texts), 1),
-        "mean_spearman": float(np.nanmean(correlations)) if correlations else float("nan"),
+        "mean_spearman": _mean(correlations),
+        **{f"mean_spearman_{name}": _mean(values) for name, values in per_head.items()},
     }
+
+
+def _mean(values: list[float]) -> float:
+    return float(np.nanmean(values)) if values else float("nan")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -79,20 +90,17 @@ def run(args: argparse.Namespace) -> int:
     print(f"wrote {out} ({out.stat().st_size / 1e6:.1f} MB; outputs: logits, embedding_norms,")
     print("token_logits; dynamic batch and sequence axes)")
     if args.int8:
-        import shutil
+        from limelight.runtimes.onnx_export import quantize_int8
 
-        from onnxruntime.quantization import QuantType, quantize_dynamic
-
-        from limelight.runtimes.onnx_export import describe
-
-        quantised = out.with_name(out.stem + ".int8.onnx")
-        quantize_dynamic(str(out), str(quantised), weight_type=QuantType.QInt8)
-        shutil.copy(describe(out), describe(quantised))
+        quantised = quantize_int8(out, out.with_name(out.stem + ".int8.onnx"))
         report = fidelity_report(model.directory, out, quantised, args.fidelity_n)
         print(f"wrote {quantised} ({quantised.stat().st_size / 1e6:.1f} MB)")
         print(f"int8 fidelity on {int(report['texts'])} held-out reviews:")
-        print(f"  prediction agreement with fp32:       {report['prediction_agreement']:.3f}")
+        print(f"  prediction agreement with fp32:        {report['prediction_agreement']:.3f}")
         print(f"  Spearman of NormXLogit vs fp32 (mean): {report['mean_spearman']:.3f}")
+        for name in heads:
+            value = report[f"mean_spearman_{name}"]
+            print(f"  Spearman of the {name} head vs fp32: {value:.3f}")
     print(
         f"serve it with: limelight serve --model {model.directory} --runtime onnx --onnx-path {out}"
     )

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
+import shutil
 import warnings
 from collections.abc import Mapping
 from pathlib import Path
@@ -301,6 +303,32 @@ def export_onnx(
             indent=2,
         )
     )
+    return out
+
+
+def quantize_int8(graph: Path, out: Path) -> Path:
+    """Dynamic int8 quantisation of ``graph``'s weights into ``out`` (with its description).
+    The inline heads stay in float: a few thousand weights, written with ONNX Runtime's own
+    operators, which the quantiser's type inference cannot follow."""
+    import onnx
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    nodes = onnx.load(str(graph), load_external_data=False).graph.node
+    heads = [n.name for n in nodes if n.name.startswith(EXTRA_PREFIX)]
+    root = logging.getLogger()
+    level = root.level
+    root.setLevel(max(level, logging.ERROR))  # the quantiser logs each tensor on the root logger
+    try:
+        quantize_dynamic(
+            str(graph),
+            str(out),
+            weight_type=QuantType.QInt8,
+            nodes_to_exclude=heads,
+            extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT},
+        )
+    finally:
+        root.setLevel(level)
+    shutil.copy(describe(graph), describe(out))
     return out
 
 

@@ -1,0 +1,47 @@
+"""`limelight export-onnx` as a user runs it: the inline graph with the model's head, and the
+int8 copy with its fidelity report."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+
+from limelight.cli.main import main
+from limelight.models.explainer_head import OUTPUT_NAME, inline_heads
+from limelight.models.loaded import load_model
+from limelight.runtimes.base import InlineBatch
+from limelight.runtimes.onnx_export import EXTRA_PREFIX, heads_mismatch
+from limelight.runtimes.onnx_runtime import OnnxRuntime
+
+
+def test_int8_keeps_the_head_in_float_and_reports_its_fidelity(
+    bert_tiny_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The demo model carries its distilled head: the quantiser (which cannot type ONNX
+    Runtime's own operators) quantises the classifier and leaves the head's nodes in float; the
+    int8 graph serves the head and says so in its description."""
+    out = tmp_path / "g.onnx"
+    args = ["--model", str(bert_tiny_dir), "--out", str(out), "--int8", "--fidelity-n", "8"]
+    code = main(["export-onnx", *args])
+    assert code == 0
+    printed = capsys.readouterr().out
+    assert "included inline heads: distilled" in printed
+    assert "Spearman of the distilled head vs fp32:" in printed
+    quantised = tmp_path / "g.int8.onnx"
+    nodes = onnx.load(str(quantised)).graph.node
+    ops = {n.op_type for n in nodes}
+    assert ops & {"MatMulInteger", "DynamicQuantizeMatMul"}  # the classifier is quantised
+    head_ops = {n.op_type for n in nodes if n.name.startswith(EXTRA_PREFIX)}
+    assert "Attention" in head_ops and not head_ops & {"MatMulInteger", "DynamicQuantizeMatMul"}
+
+    model = load_model(bert_tiny_dir)
+    assert heads_mismatch(quantised, inline_heads(model)) == ""
+    encoded = [model.encode(t) for t in ("a witty film", "dull , slow and far too long")]
+    batch = InlineBatch.from_encoded(encoded, model.pad_id)
+    full = OnnxRuntime(out, model).run_inline(batch).extra[OUTPUT_NAME]
+    int8 = OnnxRuntime(quantised, model).run_inline(batch).extra[OUTPUT_NAME]
+    assert int8.shape == full.shape and np.isfinite(int8).all()
+    assert not np.array_equal(int8, full)  # it reads the quantised classifier's hidden states
