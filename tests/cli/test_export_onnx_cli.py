@@ -31,6 +31,8 @@ def test_int8_keeps_the_head_in_float_and_reports_its_fidelity(
     assert "included inline heads: distilled" in printed
     assert "Spearman of the distilled head vs fp32:" in printed
     quantised = tmp_path / "g.int8.onnx"
+    assert f"or the int8 graph: limelight serve --model {bert_tiny_dir} " in printed
+    assert printed.rstrip().endswith(f"--runtime onnx --onnx-path {quantised}")
     nodes = onnx.load(str(quantised)).graph.node
     ops = {n.op_type for n in nodes}
     assert ops & {"MatMulInteger", "DynamicQuantizeMatMul"}  # the classifier is quantised

@@ -101,7 +101,8 @@ def run(args: argparse.Namespace) -> int:
         for name in heads:
             value = report[f"mean_spearman_{name}"]
             print(f"  Spearman of the {name} head vs fp32: {value:.3f}")
-    print(
-        f"serve it with: limelight serve --model {model.directory} --runtime onnx --onnx-path {out}"
-    )
+    serve = f"limelight serve --model {model.directory} --runtime onnx --onnx-path"
+    print(f"serve it with: {serve} {out}")
+    if args.int8:
+        print(f"or the int8 graph: {serve} {quantised}")
     return 0
