@@ -13,7 +13,8 @@ with them, and only what the serving pass already returns without hidden states 
 per-token logits, embedding norm).
 
 ``build`` copies the BERT-tiny demo model (its cached labels included) and builds its demo head
-with the demo recipe except ``attention_heads=0``: no context block. Then, on the copy:
+with the demo recipe except ``attention_heads=0``: no context block (``--attention-heads 1``:
+a context block with one attention head instead of the demo's two). Then, on the copy:
 
     limelight eval --model OUT --n 120 --peer-budget 500 \\
         --methods distilled,shap,lime,integrated_gradients,normxlogit
@@ -144,12 +145,13 @@ def _explainer(ridge: Ridge, features: Features, kind: str) -> Callable[[Encoded
     return explain
 
 
-def build(model_dir: Path, out: Path) -> None:
+def build(model_dir: Path, out: Path, attention_heads: int = 0) -> None:
     if not out.exists():
         shutil.copytree(model_dir, out)
     shutil.rmtree(out / "limelight_distilled", ignore_errors=True)
     recipe = demo_head_recipe("bert-tiny")
-    recipe = dataclasses.replace(recipe, train=dataclasses.replace(recipe.train, attention_heads=0))
+    train = dataclasses.replace(recipe.train, attention_heads=attention_heads)
+    recipe = dataclasses.replace(recipe, train=train)
     _, card, where = build_head(load_model(out), Settings(jobs="off"), recipe)
     print(report(card))
     print(f"wrote {where}")
@@ -161,6 +163,12 @@ def main() -> None:
     parser.add_argument("--out", type=Path, help="build: the copy of the demo model")
     parser.add_argument("--n-texts", type=int, default=8000, help="probe: training reviews")
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: default)")
+    parser.add_argument(
+        "--attention-heads",
+        type=int,
+        default=0,
+        help="build: the context block's attention heads (0: none, a per-token head; the demo: 2)",
+    )
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -170,7 +178,7 @@ def main() -> None:
     elif args.out is None:
         raise SystemExit("build needs --out")
     else:
-        build(model_dir, args.out)
+        build(model_dir, args.out, args.attention_heads)
 
 
 if __name__ == "__main__":
