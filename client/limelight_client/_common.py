@@ -1,4 +1,5 @@
-"""Pieces shared by the sync and asyncio clients: requests, retry policy, channel setup."""
+"""Pieces shared by the sync and asyncio clients: requests, retry policy, channel setup, and
+their common base class."""
 
 from __future__ import annotations
 
@@ -12,11 +13,12 @@ import uuid
 from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Generic, TypeAlias, TypeVar
+from typing import Any, ClassVar, Generic, TypeAlias, TypeVar
 
 import grpc
 import grpc.aio
 
+from limelight_client.errors import DeadlineExceeded, LimelightError, from_rpc_error
 from limelight_client.proto import explainer_pb2 as pb
 from limelight_client.proto import explainer_pb2_grpc as pb_grpc
 from limelight_client.types import JobInfo, JobState, dict_to_struct
@@ -608,3 +610,101 @@ class Connections(Generic[ChannelT]):
             if self._attempts >= SPREAD_ATTEMPTS:
                 wait = SPREAD_RECHECK_S
         self.spread_after = time.monotonic() + wait
+
+
+PemArg = str | bytes | Path | None
+
+
+def deadline_error(what: str) -> DeadlineExceeded:
+    return DeadlineExceeded(grpc.StatusCode.DEADLINE_EXCEEDED, f"deadline exceeded {what}")
+
+
+class ClientBase(Generic[ChannelT]):
+    """What ``Client`` and ``AsyncClient`` share: their settings, their connections, deadlines
+    and the decision whether a failed call is retried. The subclasses add the calls, the
+    waits and the closing of channels, each in its own (blocking or asyncio) way."""
+
+    #: grpc's (or grpc.aio's) secure and insecure channel constructors.
+    _dialers: ClassVar[tuple[Callable[..., Any], Callable[..., Any]]]
+
+    def __init__(
+        self,
+        target: str = "localhost:50051",
+        *,
+        timeout: float | None = 10.0,
+        retries: int = 3,
+        backoff: float = 0.1,
+        tls: bool = False,
+        ca_cert: PemArg = None,
+        client_cert: PemArg = None,
+        client_key: PemArg = None,
+        token: str | None = None,
+        options: Mapping[str, Any] | Sequence[tuple[str, Any]] | None = None,
+        max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+        max_backoff: float = 5.0,
+        connections: int = 1,
+        spread: bool = True,
+    ) -> None:
+        self.target = target
+        self.timeout = timeout
+        self.retry_policy = RetryPolicy(retries=retries, backoff=backoff, max_backoff=max_backoff)
+        self._metadata = call_metadata(token)
+        secure, insecure = self._dialers
+        self._connections: Connections[ChannelT] = Connections(
+            secure,
+            insecure,
+            target,
+            channel_credentials(tls, ca_cert, client_cert, client_key),
+            channel_options(options, max_message_bytes),
+            connections,
+            spread,
+        )
+        self._spread_lock = self._new_lock()
+
+    def _new_lock(self) -> Any:
+        """The lock that keeps two calls from spreading the connections at once."""
+        raise NotImplementedError
+
+    @property
+    def connections(self) -> int:
+        """How many connections this client keeps to the sidecar."""
+        return len(self._connections)
+
+    def __repr__(self) -> str:
+        more = f", connections={self.connections}" if self.connections > 1 else ""
+        return f"{type(self).__name__}({self.target!r}{more})"
+
+    def _deadline(self, timeout: float | None, *, default: bool = True) -> float | None:
+        """``time.monotonic`` deadline of a call with ``timeout`` (None: the client's default,
+        or no deadline when ``default`` is off)."""
+        t = timeout if timeout is not None else (self.timeout if default else None)
+        return None if t is None else time.monotonic() + t
+
+    @staticmethod
+    def _remaining(deadline: float | None, what: str) -> float | None:
+        if deadline is None:
+            return None
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise deadline_error(what)
+        return left
+
+    def _backoff_delay(self, attempt: int, deadline: float | None) -> float | None:
+        """Seconds to wait before retry ``attempt``; None when that would pass the deadline."""
+        delay = self.retry_policy.delay(attempt)
+        if deadline is not None and time.monotonic() + delay >= deadline:
+            return None
+        return delay
+
+    def _failed(
+        self, err: grpc.RpcError | LimelightError, attempt: int, *, idempotent: bool
+    ) -> tuple[LimelightError, bool]:
+        """The error of a failed attempt and whether it may be tried again (UNAVAILABLE on an
+        idempotent call, within the retries; the deadline is the backoff's to judge)."""
+        error = err if isinstance(err, LimelightError) else from_rpc_error(err)
+        if error.code == grpc.StatusCode.UNAVAILABLE:
+            self._connections.look_again_soon()  # its worker may have gone
+        again = (
+            idempotent and attempt < self.retry_policy.retries and RetryPolicy.retryable(error.code)
+        )
+        return error, again

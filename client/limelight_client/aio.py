@@ -10,10 +10,8 @@ from collections import deque
 from collections.abc import (
     AsyncIterable,
     AsyncIterator,
-    Awaitable,
     Callable,
     Iterable,
-    Mapping,
     Sequence,
 )
 from types import TracebackType
@@ -23,20 +21,16 @@ import grpc
 import grpc.aio
 
 from limelight_client._common import (
-    DEFAULT_MAX_MESSAGE_BYTES,
     EXPLAINER_SERVICE,
     HEALTH_RPC,
+    ClientBase,
     Connection,
-    Connections,
     HealthCheckRequest,
     JobHandleBase,
-    RetryPolicy,
     SpreadAnswer,
     TargetArg,
     TextItem,
-    call_metadata,
-    channel_credentials,
-    channel_options,
+    deadline_error,
     explain_request,
     health_status_name,
     list_jobs_request,
@@ -62,14 +56,13 @@ from limelight_client._streams import (
     request_builder,
     stream_cut_short,
 )
-from limelight_client.client import PemArg, deadline_error, job_outcome, no_answer, watch_broke
+from limelight_client.client import job_outcome, no_answer, watch_broke
 from limelight_client.errors import (
     Cancelled,
     DeadlineExceeded,
     LimelightError,
     NotFound,
     Unavailable,
-    from_rpc_error,
 )
 from limelight_client.proto import explainer_pb2 as pb
 from limelight_client.proto import explainer_pb2_grpc as pb_grpc
@@ -86,52 +79,17 @@ def wrote_past_the_end(err: grpc.RpcError) -> bool:
     return err.code() == grpc.StatusCode.INTERNAL and err.details() == "Internal error from Core"
 
 
-class AsyncClient:
+class AsyncClient(ClientBase[grpc.aio.Channel]):
     """An asyncio connection to a Limelight sidecar; arguments as for ``Client``.
 
     Create it inside the event loop that uses it; ``async with AsyncClient(...) as c:``.
     """
 
-    def __init__(
-        self,
-        target: str = "localhost:50051",
-        *,
-        timeout: float | None = 10.0,
-        retries: int = 3,
-        backoff: float = 0.1,
-        tls: bool = False,
-        ca_cert: PemArg = None,
-        client_cert: PemArg = None,
-        client_key: PemArg = None,
-        token: str | None = None,
-        options: Mapping[str, Any] | Sequence[tuple[str, Any]] | None = None,
-        max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
-        max_backoff: float = 5.0,
-        connections: int = 1,
-        spread: bool = True,
-    ) -> None:
-        self.target = target
-        self.timeout = timeout
-        self.retry_policy = RetryPolicy(retries=retries, backoff=backoff, max_backoff=max_backoff)
-        self._metadata = call_metadata(token)
-        creds = channel_credentials(tls, ca_cert, client_cert, client_key)
-        opts = channel_options(options, max_message_bytes)
-        self._connections = Connections(
-            grpc.aio.secure_channel,
-            grpc.aio.insecure_channel,
-            target,
-            creds,
-            opts,
-            connections,
-            spread,
-        )
-        self._spread_lock = asyncio.Lock()
-        self._sleep: Callable[[float], Awaitable[None]] = asyncio.sleep
+    _dialers = (grpc.aio.secure_channel, grpc.aio.insecure_channel)
+    _sleep = staticmethod(asyncio.sleep)
 
-    @property
-    def connections(self) -> int:
-        """See ``Client.connections``."""
-        return len(self._connections)
+    def _new_lock(self) -> asyncio.Lock:
+        return asyncio.Lock()
 
     @contextlib.asynccontextmanager
     async def _lease(self, k: int | None = None) -> AsyncIterator[Connection[grpc.aio.Channel]]:
@@ -192,28 +150,11 @@ class AsyncClient:
     ) -> None:
         await self.close()
 
-    def __repr__(self) -> str:
-        more = f", connections={self.connections}" if self.connections > 1 else ""
-        return f"AsyncClient({self.target!r}{more})"
-
     # -- plumbing --------------------------------------------------------------------------
 
-    def _deadline(self, timeout: float | None, *, default: bool = True) -> float | None:
-        t = timeout if timeout is not None else (self.timeout if default else None)
-        return None if t is None else time.monotonic() + t
-
-    @staticmethod
-    def _remaining(deadline: float | None, what: str) -> float | None:
-        if deadline is None:
-            return None
-        left = deadline - time.monotonic()
-        if left <= 0:
-            raise deadline_error(what)
-        return left
-
     async def _backoff(self, attempt: int, deadline: float | None) -> bool:
-        delay = self.retry_policy.delay(attempt)
-        if deadline is not None and time.monotonic() + delay >= deadline:
+        delay = self._backoff_delay(attempt, deadline)
+        if delay is None:
             return False
         await self._sleep(delay)
         return True
@@ -226,19 +167,9 @@ class AsyncClient:
         *,
         idempotent: bool = True,
     ) -> LimelightError | None:
-        """What a failed attempt raises, or None once backed off for attempt ``attempt + 1``
-        (UNAVAILABLE on an idempotent call, within the retries and the deadline)."""
-        error = err if isinstance(err, LimelightError) else from_rpc_error(err)
-        if error.code == grpc.StatusCode.UNAVAILABLE:
-            self._connections.look_again_soon()  # its worker may have gone
-        if (
-            idempotent
-            and attempt < self.retry_policy.retries
-            and RetryPolicy.retryable(error.code)
-            and await self._backoff(attempt, deadline)
-        ):
-            return None
-        return error
+        """See ``Client._retry_or_error``."""
+        error, again = self._failed(err, attempt, idempotent=idempotent)
+        return None if again and await self._backoff(attempt, deadline) else error
 
     async def _unary(
         self,

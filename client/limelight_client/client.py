@@ -7,28 +7,24 @@ import itertools
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from pathlib import Path
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from types import TracebackType
 from typing import Any
 
 import grpc
 
 from limelight_client._common import (
-    DEFAULT_MAX_MESSAGE_BYTES,
     EXPLAINER_SERVICE,
     HEALTH_RPC,
+    ClientBase,
     Connection,
-    Connections,
     HealthCheckRequest,
     JobHandleBase,
     RetryPolicy,
     SpreadAnswer,
     TargetArg,
     TextItem,
-    call_metadata,
-    channel_credentials,
-    channel_options,
+    deadline_error,
     explain_request,
     health_status_name,
     list_jobs_request,
@@ -78,13 +74,6 @@ from limelight_client.types import (
 __all__ = ["Client", "Job"]
 
 
-PemArg = str | bytes | Path | None
-
-
-def deadline_error(what: str) -> DeadlineExceeded:
-    return DeadlineExceeded(grpc.StatusCode.DEADLINE_EXCEEDED, f"deadline exceeded {what}")
-
-
 def no_answer(timeout: float | None) -> DeadlineExceeded:
     """``explain_many``'s error when the server answered nothing for the client's
     ``timeout`` while the run waited for an answer (it stopped answering)."""
@@ -113,7 +102,7 @@ def job_outcome(info: JobInfo) -> Explanation:
     raise ValueError(f"job {info.id} is not finished (state {info.state.name})")
 
 
-class Client:
+class Client(ClientBase[grpc.Channel]):
     """A connection to a Limelight sidecar.
 
     Args:
@@ -152,42 +141,13 @@ class Client:
     Use it as a context manager (or call :meth:`close`) to release the connections.
     """
 
-    def __init__(
-        self,
-        target: str = "localhost:50051",
-        *,
-        timeout: float | None = 10.0,
-        retries: int = 3,
-        backoff: float = 0.1,
-        tls: bool = False,
-        ca_cert: PemArg = None,
-        client_cert: PemArg = None,
-        client_key: PemArg = None,
-        token: str | None = None,
-        options: Mapping[str, Any] | Sequence[tuple[str, Any]] | None = None,
-        max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
-        max_backoff: float = 5.0,
-        connections: int = 1,
-        spread: bool = True,
-    ) -> None:
-        self.target = target
-        self.timeout = timeout
-        self.retry_policy = RetryPolicy(retries=retries, backoff=backoff, max_backoff=max_backoff)
-        self._metadata = call_metadata(token)
-        creds = channel_credentials(tls, ca_cert, client_cert, client_key)
-        opts = channel_options(options, max_message_bytes)
-        self._connections = Connections(
-            grpc.secure_channel, grpc.insecure_channel, target, creds, opts, connections, spread
-        )
-        self._spread_lock = threading.Lock()
-        self._sleep: Callable[[float], None] = time.sleep
+    _dialers = (grpc.secure_channel, grpc.insecure_channel)
+    _sleep = staticmethod(time.sleep)
+
+    def _new_lock(self) -> threading.Lock:
+        return threading.Lock()
 
     # -- lifecycle -------------------------------------------------------------------------
-
-    @property
-    def connections(self) -> int:
-        """How many connections this client keeps to the sidecar."""
-        return len(self._connections)
 
     def close(self) -> None:
         """Close the connections; calls in flight are cancelled."""
@@ -204,10 +164,6 @@ class Client:
         tb: TracebackType | None,
     ) -> None:
         self.close()
-
-    def __repr__(self) -> str:
-        more = f", connections={self.connections}" if self.connections > 1 else ""
-        return f"Client({self.target!r}{more})"
 
     # -- plumbing --------------------------------------------------------------------------
 
@@ -252,23 +208,10 @@ class Client:
         except grpc.RpcError as err:
             return err.code()
 
-    def _deadline(self, timeout: float | None, *, default: bool = True) -> float | None:
-        t = timeout if timeout is not None else (self.timeout if default else None)
-        return None if t is None else time.monotonic() + t
-
-    @staticmethod
-    def _remaining(deadline: float | None, what: str) -> float | None:
-        if deadline is None:
-            return None
-        left = deadline - time.monotonic()
-        if left <= 0:
-            raise deadline_error(what)
-        return left
-
     def _backoff(self, attempt: int, deadline: float | None) -> bool:
         """Sleep before retry ``attempt``; False when that would pass the deadline."""
-        delay = self.retry_policy.delay(attempt)
-        if deadline is not None and time.monotonic() + delay >= deadline:
+        delay = self._backoff_delay(attempt, deadline)
+        if delay is None:
             return False
         self._sleep(delay)
         return True
@@ -281,19 +224,9 @@ class Client:
         *,
         idempotent: bool = True,
     ) -> LimelightError | None:
-        """What a failed attempt raises, or None once backed off for attempt ``attempt + 1``
-        (UNAVAILABLE on an idempotent call, within the retries and the deadline)."""
-        error = err if isinstance(err, LimelightError) else from_rpc_error(err)
-        if error.code == grpc.StatusCode.UNAVAILABLE:
-            self._connections.look_again_soon()  # its worker may have gone
-        if (
-            idempotent
-            and attempt < self.retry_policy.retries
-            and RetryPolicy.retryable(error.code)
-            and self._backoff(attempt, deadline)
-        ):
-            return None
-        return error
+        """What a failed attempt raises, or None once backed off for attempt ``attempt + 1``."""
+        error, again = self._failed(err, attempt, idempotent=idempotent)
+        return None if again and self._backoff(attempt, deadline) else error
 
     def _unary(
         self,
