@@ -79,7 +79,10 @@ def main() -> None:
     scorer = HeldOut(model, args.n, 0)
     texts = [example.text for example in scorer.data.examples]
     stage1 = TrainConfig(
-        width=demo.width, attention_heads=demo.attention_heads, epochs=demo.epochs, seed=0
+        width=demo.train.width,
+        attention_heads=demo.train.attention_heads,
+        epochs=demo.train.epochs,
+        seed=0,
     )
     head, _ = train_head(model, cached_labels(model_dir, demo.teacher), stage1)
     base = scorer.score(head)
@@ -91,11 +94,11 @@ def main() -> None:
         looped = replace(
             stage1,
             loop_steps=args.loop_steps,
-            loop_reward=args.loop_reward or demo.loop_reward,
-            loop_points=args.points or demo.loop_points,
-            loop_samples=demo.loop_samples,
-            loop_shift_weight=demo.loop_shift_weight,
-            read_precision=demo.read_precision,
+            loop_reward=args.loop_reward or demo.train.loop_reward,
+            loop_points=args.points or demo.train.loop_points,
+            loop_samples=demo.train.loop_samples,
+            loop_shift_weight=demo.train.loop_shift_weight,
+            read_precision=demo.train.read_precision,
         )
         checkpoints = {int(c) for c in args.checkpoints.split(",") if c}
         items = _unlabelled_items(model, head, texts, looped)

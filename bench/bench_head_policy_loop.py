@@ -127,7 +127,10 @@ def run_seed(
     checkpoints and at the end), each row paired against stage 1 alone."""
     demo = DEMO_HEADS[args.demo]
     stage1 = TrainConfig(
-        width=demo.width, attention_heads=demo.attention_heads, epochs=demo.epochs, seed=seed
+        width=demo.train.width,
+        attention_heads=demo.train.attention_heads,
+        epochs=demo.train.epochs,
+        seed=seed,
     )
     head, _ = train_head(model, examples, stage1)
     base = scorer.score(head)

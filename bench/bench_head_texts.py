@@ -97,9 +97,9 @@ def main() -> None:
         examples = list(base) + [e for name in variant if name != "demo" for e in extras[name]]
         for seed in (int(s) for s in args.seeds.split(",")):
             config = TrainConfig(
-                width=demo.width,
-                attention_heads=demo.attention_heads,
-                epochs=demo.epochs,
+                width=demo.train.width,
+                attention_heads=demo.train.attention_heads,
+                epochs=demo.train.epochs,
                 seed=seed,
             )
             head, _ = train_head(model, examples, config)

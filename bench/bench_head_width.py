@@ -146,7 +146,7 @@ def main() -> None:
     model = load_model(model_dir)
     demo = DEMO_HEADS[args.demo]
     sets = label_sets(args.labels, model_dir, demo.teacher)
-    epochs = args.epochs or demo.epochs
+    epochs = args.epochs or demo.train.epochs
     counts = ", ".join(f"{name}: {len(labels)}" for name, labels in sets.items())
     print(f"{args.demo}: labels ({counts}), {epochs} epochs, {args.n} test reviews")
     # The demo build's unlabelled loop reviews: the training split's after its labelled ones.

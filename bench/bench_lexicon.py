@@ -177,7 +177,10 @@ def main() -> None:
     labels = cached_labels(model_dir, demo.teacher)
     for seed in (int(s) for s in filter(None, args.feature_seeds.split(","))):
         config = TrainConfig(
-            width=demo.width, attention_heads=demo.attention_heads, epochs=demo.epochs, seed=seed
+            width=demo.train.width,
+            attention_heads=demo.train.attention_heads,
+            epochs=demo.train.epochs,
+            seed=seed,
         )
         plain, _ = train_head(model, labels, config)
         with lexicon_inputs(table):

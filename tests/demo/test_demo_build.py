@@ -91,12 +91,12 @@ def test_the_demo_inline_head_is_built_to_its_recipe(bert_tiny_dir: Path) -> Non
     recipe = demo_head_recipe("bert-tiny")
     assert card is not None and card.recipe_hash == recipe.digest()
     wanted = DEMO_HEADS["bert-tiny"]
-    assert (card.width, card.attention_heads) == (wanted.width, wanted.attention_heads)
+    assert (card.width, card.attention_heads) == (wanted.train.width, wanted.train.attention_heads)
     assert (recipe.train.width, recipe.train.attention_heads) == (card.width, card.attention_heads)
-    assert card.training["loop_steps"] == wanted.loop_steps
-    if wanted.loop_steps:
-        assert card.training["loop_reward"] == wanted.loop_reward
-        assert card.training["loop_shift_weight"] == wanted.loop_shift_weight
+    assert card.training["loop_steps"] == wanted.train.loop_steps
+    if wanted.train.loop_steps:
+        assert card.training["loop_reward"] == wanted.train.loop_reward
+        assert card.training["loop_shift_weight"] == wanted.train.loop_shift_weight
     head = load_head(model)
     assert sum(p.numel() for p in head.parameters()) == card.parameters
 
@@ -111,12 +111,14 @@ def test_the_minilm_demo_head_trains_the_cheap_loop(minilm_dir: Path) -> None:
     recipe = demo_head_recipe("minilm")
     assert card is not None and card.recipe_hash == recipe.digest()
     wanted = DEMO_HEADS["minilm"]
-    assert card.training["loop_steps"] == wanted.loop_steps > 0
-    assert card.training["loop_points"] == wanted.loop_points
-    assert card.training["loop_samples"] == wanted.loop_samples
-    assert card.training["loop_average"] == wanted.loop_average > 0
+    assert card.training["loop_steps"] == wanted.train.loop_steps > 0
+    assert card.training["loop_points"] == wanted.train.loop_points
+    assert card.training["loop_samples"] == wanted.train.loop_samples
+    assert card.training["loop_average"] == wanted.train.loop_average > 0
     assert card.training["loop_texts"] == wanted.loop_texts == recipe.loop_texts
-    assert card.training["read_precision"] == read_precision(model.device, wanted.read_precision)
+    assert card.training["read_precision"] == read_precision(
+        model.device, wanted.train.read_precision
+    )
 
 
 @pytest.mark.skipif(not Path("/proc/stat").exists(), reason="reads /proc/stat (Linux)")

@@ -621,43 +621,21 @@ def demo_head_recipe(name: DemoName) -> HeadRecipe:
         teacher=head.teacher,
         teacher_params=dict(head.teacher_params),
         n_texts=head.n_texts,
-        train=TrainConfig(
-            width=head.width,
-            attention_heads=head.attention_heads,
-            epochs=head.epochs,
-            loop_steps=head.loop_steps,
-            loop_lr=head.loop_lr,
-            loop_reward=head.loop_reward,
-            loop_shift_weight=head.loop_shift_weight,
-            loop_points=head.loop_points,
-            loop_samples=head.loop_samples,
-            loop_average=head.loop_average,
-            read_precision=head.read_precision,
-        ),
+        train=head.train,
         loop_texts=head.loop_texts,
     )
 
 
 @dataclass(frozen=True)
 class DemoHead:
-    """Teacher, training texts, the head's size, amortisation epochs and
-    classifier-in-the-loop steps."""
+    """Teacher, training texts, how the head is trained (its size, amortisation epochs and
+    classifier-in-the-loop steps), and the loop's unlabelled texts."""
 
     teacher: str
     teacher_params: dict[str, Any]
     n_texts: int
-    width: int = 64
-    attention_heads: int = 4
-    epochs: int = 30
-    loop_steps: int = 0
-    loop_lr: float | None = None
-    loop_reward: str = "mask"
-    loop_shift_weight: float = 1.0
-    loop_points: int = 5
-    loop_samples: int = 4
-    loop_average: float = 0.0
+    train: TrainConfig
     loop_texts: int = 0
-    read_precision: str = "float32"
 
 
 #: The head of each demo model. MiniLM: Shapley labels from two antithetic permutations on 600
@@ -687,26 +665,30 @@ DEMO_HEADS: dict[str, DemoHead] = {
         "shapley",
         {"permutations": 2},
         n_texts=600,
-        width=32,
-        attention_heads=2,
-        epochs=5,
-        loop_steps=400,
-        loop_reward="mask+0.1keep",
-        loop_points=1,
-        loop_samples=3,
-        loop_average=0.998,
+        train=TrainConfig(
+            width=32,
+            attention_heads=2,
+            epochs=5,
+            loop_steps=400,
+            loop_reward="mask+0.1keep",
+            loop_points=1,
+            loop_samples=3,
+            loop_average=0.998,
+            read_precision="bfloat16",
+        ),
         loop_texts=3000,
-        read_precision="bfloat16",
     ),
     "bert-tiny": DemoHead(
         "greedy_deletion",
         {"step": 0.1, "signed": True},
         n_texts=8000,
-        width=16,
-        attention_heads=1,
-        loop_steps=500,
-        loop_reward="mask+delete",
-        loop_shift_weight=1.0,
+        train=TrainConfig(
+            width=16,
+            attention_heads=1,
+            loop_steps=500,
+            loop_reward="mask+delete",
+            loop_shift_weight=1.0,
+        ),
     ),
 }
 
