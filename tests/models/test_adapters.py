@@ -143,6 +143,33 @@ def test_generic_head_reproduces_logits_of_every_family(model_type: str) -> None
     if adapter.pooling in ("first", "last"):
         at_index = token_logits[torch.arange(3), adapter.pooled_index(mask)]
         torch.testing.assert_close(at_index, got, atol=1e-5, rtol=1e-5)
+    if adapter.row_wise:  # served as modules on the last axis: the one-token form's scores
+        hidden = torch.randn(2, 5, out.last_hidden_state.shape[-1], generator=SEEDED)
+        with torch.no_grad():
+            torch.testing.assert_close(
+                adapter.head(hidden), adapter.one_token_head(hidden), atol=1e-5, rtol=1e-5
+            )
+
+
+SEEDED = torch.Generator().manual_seed(3)
+
+
+@pytest.mark.parametrize(
+    ("model_type", "row_wise"),
+    [
+        ("bert", True),  # pooler (dense, tanh) and classifier: modules only
+        ("roberta", False),  # its classification head applies torch.tanh between its modules
+    ],
+)
+def test_row_wise_head_only_where_the_modules_are_the_head(model_type: str, row_wise: bool) -> None:
+    adapter = GenericAdapter(tiny_family(model_type, vocab_size=120)).derive()
+    assert adapter.row_wise is row_wise
+
+
+def test_a_declared_head_keeps_the_one_token_form() -> None:
+    model = tiny_family("bert")
+    declared = Override(head=lambda m, x: m.classifier(m.bert.pooler(x[:, None, :])))
+    assert not GenericAdapter(model, declared).derive().row_wise
 
 
 @pytest.mark.parametrize(

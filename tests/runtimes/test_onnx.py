@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import shutil
 from collections.abc import Callable
@@ -19,7 +20,12 @@ from limelight.models.explainer_head import HEAD_DIRNAME, OUTPUT_NAME, inline_he
 from limelight.models.loaded import LoadedModel, load_model
 from limelight.runtimes.base import InlineBatch
 from limelight.runtimes.graph_cache import SERVED_FROM
-from limelight.runtimes.onnx_export import export_onnx, module_digest, read_description
+from limelight.runtimes.onnx_export import (
+    export_onnx,
+    graph_mismatch,
+    module_digest,
+    read_description,
+)
 from limelight.runtimes.onnx_runtime import (
     DEFAULT_GRAPH,
     OnnxRuntime,
@@ -40,11 +46,15 @@ TEXTS = [
 ]
 
 
-def assert_parity(model: LoadedModel, graph: Path) -> None:
+def assert_parity(model: LoadedModel, graph: Path, in_graph: bool = True) -> None:
+    """``in_graph``: the graph returns NormXLogit itself, checked against the method's own
+    computation from the torch runtime's outputs."""
     encoded = [model.encode(t, p) for t, p in TEXTS]
     batch = InlineBatch.from_encoded(encoded, model.pad_id)
     a = TorchRuntime(model).run_inline(batch)
     b = OnnxRuntime(graph, model).run_inline(batch)
+    assert (b.normxlogit is not None) is in_graph
+    assert a.normxlogit is None
     np.testing.assert_allclose(b.logits, a.logits, atol=1e-4, rtol=1e-4)
     method = NormXLogit()
     for row, enc in enumerate(encoded):
@@ -77,6 +87,18 @@ def test_minilm_parity(minilm_dir: Path, tmp_path: Path) -> None:
 def test_other_architectures(
     model_type: str, extra: dict[str, object], tmp_path: Path, tokenizer_dir: Path
 ) -> None:
+    model = saved_model(model_type, extra, tmp_path, tokenizer_dir)
+    assert_parity(model, export_onnx(model, tmp_path / "g.onnx"))
+
+
+def saved_model(
+    model_type: str,
+    extra: dict[str, object],
+    tmp_path: Path,
+    tokenizer_dir: Path,
+    num_labels: int = 3,
+) -> LoadedModel:
+    """A small random classifier of ``model_type`` saved to ``tmp_path`` and loaded."""
     torch.manual_seed(0)
     config = AutoConfig.for_model(
         model_type,
@@ -86,7 +108,7 @@ def test_other_architectures(
         intermediate_size=64,
         vocab_size=30522,
         max_position_embeddings=64,
-        num_labels=3,
+        num_labels=num_labels,
         **extra,
     )
     if model_type == "gpt2":
@@ -95,8 +117,7 @@ def test_other_architectures(
         tmp_path, safe_serialization=True
     )
     AutoTokenizer.from_pretrained(tokenizer_dir).save_pretrained(tmp_path)
-    model = load_model(tmp_path)
-    assert_parity(model, export_onnx(model, tmp_path / "g.onnx"))
+    return load_model(tmp_path)
 
 
 def test_graph_is_bound_to_its_model(
@@ -241,3 +262,48 @@ def test_without_export_a_missing_graph_is_refused_and_a_given_one_is_served_as_
     assert "serving it as exported" in caplog.text and OUTPUT_NAME in caplog.text
     assert given.stat().st_mtime_ns == written
     assert not (tmp_path / "cache").exists()
+
+
+def test_a_graph_of_an_earlier_format_still_serves_and_is_exported_again(
+    bert_tiny_dir: Path, tmp_path: Path
+) -> None:
+    """Format 1 graphs carried no ``normxlogit`` output: the runtime serves them (the method
+    multiplies), and the sidecar's own graph of that format is replaced at the next start."""
+    import onnx
+
+    model = load_model(bert_tiny_dir)
+    current = export_onnx(model, tmp_path / "current.onnx")
+    earlier = tmp_path / "earlier.onnx"
+    graph = onnx.load(str(current))
+    kept = [o for o in graph.graph.output if o.name != "normxlogit"]
+    del graph.graph.output[:]
+    graph.graph.output.extend(kept)
+    onnx.save(graph, str(earlier))
+    description = read_description(current) | {"format": "limelight-onnx/1"}
+    description["outputs"] = [o for o in description["outputs"] if o != "normxlogit"]
+    Path(str(earlier) + ".json").write_text(json.dumps(description))
+
+    encoded = [model.encode(t, p) for t, p in TEXTS]
+    batch = InlineBatch.from_encoded(encoded, model.pad_id)
+    old, new = OnnxRuntime(earlier, model).run_inline(batch), OnnxRuntime(current, model)
+    assert old.normxlogit is None
+    method = NormXLogit()
+    for row, enc in enumerate(encoded):
+        np.testing.assert_allclose(
+            method.attribute(old, row, len(enc)),
+            method.attribute(new.run_inline(batch), row, len(enc)),
+            atol=1e-6,
+        )
+    assert "earlier Limelight" in graph_mismatch(earlier, model, {})
+    assert graph_mismatch(current, model, {}) == ""
+
+
+def test_a_regressor_s_graph_leaves_normxlogit_to_the_method(
+    tmp_path: Path, tokenizer_dir: Path
+) -> None:
+    """A regressor's NormXLogit is the distance to the prediction, not the product: its graph
+    has no ``normxlogit`` output and the method computes it, as on torch."""
+    model = saved_model("bert", {}, tmp_path, tokenizer_dir, num_labels=1)
+    graph = export_onnx(model, tmp_path / "g.onnx")
+    assert "normxlogit" not in read_description(graph)["outputs"]
+    assert_parity(model, graph, in_graph=False)

@@ -20,6 +20,9 @@ class NormXLogit(InlineMethod):
     )
 
     def attribute(self, outputs: InlineOutputs, row: int, length: int) -> FloatArray:
+        if outputs.normxlogit is not None:  # computed in the runtime's pass
+            computed: FloatArray = outputs.normxlogit[row, :length]
+            return computed
         norms = outputs.embedding_norms[row, :length, None]  # [n, 1]
         token_logits = outputs.token_logits[row, :length]  # [n, C]
         if token_logits.shape[1] == 1:
@@ -27,4 +30,5 @@ class NormXLogit(InlineMethod):
             # Larger = the token alone would move the prediction further (unsigned).
             predicted = outputs.logits[row, 0]
             return np.asarray(norms * np.abs(token_logits - predicted), dtype=np.float32)
-        return np.asarray(norms * token_logits, dtype=np.float32)
+        scores: FloatArray = norms * token_logits  # float32: the runtimes' outputs are
+        return scores

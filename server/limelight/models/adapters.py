@@ -459,6 +459,35 @@ class _Candidate:
     name: str
     head: HeadFn
     poolings: Sequence[Pooling] = field(default_factory=lambda: ("first", "last", "mean"))
+    #: The modules ``head`` chains, when it only chains modules (not a declared head).
+    modules: Sequence[nn.Module] = ()
+
+
+#: Parameterless activation modules that are not elementwise: never taken as row-wise.
+_NOT_ELEMENTWISE = (nn.Softmax, nn.Softmin, nn.LogSoftmax, nn.Softmax2d, nn.MultiheadAttention)
+_ACTIVATION_MODULES = ("torch.nn.modules.activation", "transformers.activations")
+_ROW_WISE_LAYERS = (nn.Linear, nn.LayerNorm, nn.Dropout, nn.Identity)
+
+
+def _rowwise_leaves(modules: Sequence[nn.Module]) -> list[nn.Module] | None:
+    """The leaf modules of ``modules`` in registration order when each one acts on the last axis
+    alone (linear layers, layer norms, dropout, parameterless elementwise activations); None when
+    any other module is among them. Whether running them in this order *is* the head (a module's
+    forward may apply functional steps between its children) is checked by the caller."""
+    leaves: list[nn.Module] = []
+    for module in modules:
+        for leaf in module.modules():
+            if next(leaf.children(), None) is not None:
+                continue  # a container: its children follow
+            elementwise = (
+                type(leaf).__module__ in _ACTIVATION_MODULES
+                and not isinstance(leaf, _NOT_ELEMENTWISE)
+                and next(leaf.parameters(recurse=False), None) is None
+            )
+            if not elementwise and not isinstance(leaf, _ROW_WISE_LAYERS):
+                return None
+            leaves.append(leaf)
+    return leaves or None
 
 
 def _accepts(module: nn.Module, name: str) -> bool:
@@ -493,18 +522,37 @@ class GenericAdapter(HeadAdapter):
         self.encoder_decoder = bool(getattr(config, "is_encoder_decoder", False))
         self.hidden_state_copies = self.override.hidden_state_copies
         self._head_fn: HeadFn | None = None
+        #: The derived head as modules applied to the last axis of a tensor of any shape, when
+        #: it is one (checked at derivation): what :meth:`head` runs then, with no reshapes and
+        #: no one-token sequences — fewer operations per pass, and a shorter exported graph.
+        self._rowwise: tuple[nn.Module, ...] | None = None
         self.derivation = ""
 
     @property
     def base(self) -> nn.Module:
         return self._base
 
-    def head(self, hidden: torch.Tensor) -> torch.Tensor:
+    @property
+    def row_wise(self) -> bool:
+        """Whether :meth:`head` runs the derived head's modules on the last axis directly
+        (checked against the one-token form on the probe) rather than on one-token sequences."""
+        return self._rowwise is not None
+
+    def one_token_head(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The derived head applied to each vector of ``hidden`` [..., K] as a one-token
+        sequence -> [..., C]: what :meth:`head` computes, in the form every head allows."""
         if self._head_fn is None:
             raise FailedPrecondition("the adapter's head has not been derived (call derive())")
         lead, k = hidden.shape[:-1], hidden.shape[-1]
         out = self._head_fn(self.model, hidden.reshape(-1, k))
         return out.reshape(*lead, out.shape[-1])
+
+    def head(self, hidden: torch.Tensor) -> torch.Tensor:
+        if self._rowwise is None:
+            return self.one_token_head(hidden)
+        for module in self._rowwise:
+            hidden = module(hidden)
+        return hidden
 
     @property
     def turns_off_cache(self) -> bool:
@@ -594,12 +642,14 @@ class GenericAdapter(HeadAdapter):
             return run
 
         if chain:
-            out.append(_Candidate(names, chained(chain), poolings))
+            out.append(_Candidate(names, chained(chain), poolings, chain))
         pooler = getattr(base, "pooler", None)
         if isinstance(pooler, nn.Module) and chain:
             act = getattr(base, "pooler_activation", None)
             pre = [pooler, act] if isinstance(act, nn.Module) else [pooler]
-            out.append(_Candidate(f"pooler+{names}", chained([*pre, *chain]), poolings))
+            out.append(
+                _Candidate(f"pooler+{names}", chained([*pre, *chain]), poolings, [*pre, *chain])
+            )
         return out
 
     def derive(self, probe_ids: Sequence[Sequence[int]] | None = None) -> GenericAdapter:
@@ -615,6 +665,7 @@ class GenericAdapter(HeadAdapter):
             self.model.train(training)
 
     def _derive(self, probe_ids: Sequence[Sequence[int]] | None) -> GenericAdapter:
+        self._rowwise = None  # derived again: the candidates run in their one-token form
         rows = [list(r) for r in probe_ids] if probe_ids else self._synthetic_probe()
         if len(rows) < 2 or min(len(r) for r in rows) < 2:
             raise ValueError("the probe needs two rows of at least two tokens")
@@ -668,15 +719,42 @@ class GenericAdapter(HeadAdapter):
                     best = min(best, diff)
                     if diff <= PROBE_TOLERANCE:
                         self.derivation = f"{cand.name}, {pooling} pooling"
+                        self._rowwise = self._check_rowwise(cand.modules, hidden)
                         self.inputs_embeds_problem = self._check_inputs_embeds(ids, mask, got)
                         return self
-        self._head_fn = None
+        self._head_fn = self._rowwise = None
         closest = f" (closest: max |Δlogit| {best:.2g})" if best < float("inf") else ""
         raise ModelLoadError(
             f"architecture {self.model_type!r}: no head derived from the model reproduces its "
             f"own logits within {PROBE_TOLERANCE:g}{closest}; refusing rather than explaining "
             "wrongly"
         )
+
+    def _check_rowwise(
+        self, modules: Sequence[nn.Module], hidden: torch.Tensor
+    ) -> tuple[nn.Module, ...] | None:
+        """``modules``' leaves, when running them in turn gives the derived head's output for
+        every token (:func:`_rowwise_leaves`): checked on the probe's final hidden states
+        [B, n, K] and on random ones ten times their spread, where a skipped or added step of a
+        module's own forward (a pooler that does not apply its dense layer) cannot hide."""
+        leaves = _rowwise_leaves(modules)
+        if leaves is None:
+            return None
+        generator = torch.Generator(device=hidden.device).manual_seed(0)
+        spread = 10 * float(hidden.float().std()) + 1.0
+        noise = torch.randn(hidden.shape, generator=generator, device=hidden.device) * spread
+        for probe in (hidden, noise.to(hidden.dtype)):
+            expected = self.one_token_head(probe)
+            got = probe
+            try:
+                for leaf in leaves:
+                    got = leaf(got)
+            except Exception:  # children whose forward expects other shapes
+                return None
+            scale = max(1.0, float(expected.abs().max()))
+            if got.shape != expected.shape or float((got - expected).abs().max()) > 1e-5 * scale:
+                return None
+        return tuple(leaves)
 
     def _check_inputs_embeds(
         self, ids: torch.Tensor, mask: torch.Tensor, logits: torch.Tensor

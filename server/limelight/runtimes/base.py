@@ -51,6 +51,9 @@ class InlineOutputs:
     """[B, n, C] the model's head applied to each token's final hidden state (LogAt)."""
     extra: dict[str, FloatArray] = field(default_factory=dict)
     """[B, n, C] outputs of extra inline heads (e.g. the distilled explainer), by name."""
+    normxlogit: FloatArray | None = None
+    """[B, n, C] NormXLogit itself (``embedding_norms`` times ``token_logits``) when the runtime
+    computed it in its pass (ONNX graphs of classifiers); None: the method multiplies."""
 
 
 class InlineHead(Protocol):

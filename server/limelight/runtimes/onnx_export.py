@@ -1,7 +1,10 @@
 """Export a classifier to ONNX with the NormXLogit inputs as graph outputs.
 
 The inline graph returns ``logits`` [B, C], ``embedding_norms`` [B, n], ``token_logits``
-[B, n, C] — everything the inline path needs, so ONNX Runtime serves the whole explanation.
+[B, n, C] — everything the inline path needs, so ONNX Runtime serves the whole explanation —
+and, for classifiers, ``normxlogit`` [B, n, C], their product: one node in the graph instead
+of a NumPy operation after it on every request (which costs several times more, on caches the
+graph has just run over).
 Batch and sequence axes are dynamic. ``kind="plain"`` exports the bare classifier (logits only),
 the benchmark baseline.
 """
@@ -27,6 +30,10 @@ from limelight.models.loaded import LoadedModel
 from limelight.runtimes.onnx_head import HEAD_GRAPH_FORMAT, splice_heads
 
 OPSET = 17
+#: The description's ``format``: what the inline graph computes. 2: NormXLogit is an output (and
+#: the per-token head is written without reshapes where the model's head allows); a graph of an
+#: earlier format still serves, and is exported again where the sidecar exports its own.
+GRAPH_FORMAT = "limelight-onnx/2"
 GraphKind = Literal["inline", "plain"]
 #: Architectures whose export was checked for parity with torch (tests/conformance), with
 #: every pooling they declare (ModernBERT cls and mean, EuroBERT bos, mean and late).
@@ -163,11 +170,12 @@ class _InlineGraph(nn.Module):
     ``tap_<layer>`` for the heads, which are written into the graph after the export
     (:mod:`limelight.runtimes.onnx_head`) instead of traced."""
 
-    def __init__(self, adapter: HeadAdapter, tap_layers: list[int]) -> None:
+    def __init__(self, adapter: HeadAdapter, tap_layers: list[int], scores: bool) -> None:
         super().__init__()
         self.adapter = adapter
         self.inner = adapter.model  # registers the weights as a submodule
         self.tap_layers = tap_layers
+        self.scores = scores  # NormXLogit's product as an output (classifiers)
 
     def forward(
         self,
@@ -181,8 +189,9 @@ class _InlineGraph(nn.Module):
         # run a second time on the pooled vector (ONNX Runtime pays per node on small models).
         logits = self.adapter.logits_from(out.last_hidden_state, attention_mask, token_logits)
         norms = out.hidden_states[0].norm(dim=-1)
+        scores = [norms.unsqueeze(-1) * token_logits] if self.scores else []
         taps = [out.hidden_states[layer] for layer in self.tap_layers]
-        return (logits, norms, token_logits, *taps)
+        return (logits, norms, token_logits, *scores, *taps)
 
 
 class _PlainGraph(nn.Module):
@@ -244,12 +253,18 @@ def export_onnx(
         example.append(torch.zeros((2, len(sample)), dtype=torch.long))
     tap_layers = sorted({layer for head in heads.values() for layer in head.layers})
     taps = {layer: f"tap_{layer}" for layer in tap_layers}
+    # A regressor's NormXLogit is another formula, which the method computes after the pass.
+    scores = model.num_labels > 1
     graph: nn.Module = (
-        _InlineGraph(model.adapter, tap_layers) if kind == "inline" else _PlainGraph(model.adapter)
+        _InlineGraph(model.adapter, tap_layers, scores)
+        if kind == "inline"
+        else _PlainGraph(model.adapter)
     )
-    traced = ["logits", "embedding_norms", "token_logits"] if kind == "inline" else ["logits"]
-    traced += list(taps.values())
-    outputs = traced[:3] + [EXTRA_PREFIX + name for name in heads] if heads else traced
+    served = ["logits"]
+    if kind == "inline":
+        served += ["embedding_norms", "token_logits"] + (["normxlogit"] if scores else [])
+    traced = served + list(taps.values())
+    outputs = served + [EXTRA_PREFIX + name for name in heads]
     axes: dict[str, dict[int, str]] = {n: {0: "batch", 1: "sequence"} for n in names}
     axes["logits"] = {0: "batch"}
     for name in traced[1:]:
@@ -290,7 +305,7 @@ def export_onnx(
     describe(out).write_text(
         json.dumps(
             {
-                "format": "limelight-onnx/1",
+                "format": GRAPH_FORMAT,
                 "kind": kind,
                 "model_version": model.version,
                 "architecture": model.architecture,
@@ -387,6 +402,8 @@ def graph_mismatch(graph: Path, model: LoadedModel, heads: Mapping[str, nn.Modul
             f"{graph} was exported from model version {meta.get('model_version')}, "
             f"but the served model is {model.version}"
         )
+    if meta.get("format") != GRAPH_FORMAT:
+        return f"{graph} was exported by an earlier Limelight ({meta.get('format')})"
     return heads_mismatch(graph, heads)
 
 
