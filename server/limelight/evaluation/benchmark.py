@@ -190,12 +190,19 @@ def inline_vs_forward(
 def _explain_call(
     runtime: Runtime, method: InlineMethod, batch: InlineBatch, encoded: Sequence[Encoded]
 ) -> Callable[[], None]:
-    """The whole inline explanation of ``batch``: the runtime's pass, then ``method`` per row."""
+    """The whole inline explanation of ``batch`` as the service builds it: the runtime's pass,
+    then ``method`` per row, and NormXLogit beside it when ``method`` is another one (every
+    response carries it)."""
+    from limelight.methods.normxlogit import NormXLogit
+
+    beside = None if isinstance(method, NormXLogit) else NormXLogit()
 
     def explain() -> None:
         out = runtime.run_inline(batch)
         for row, enc in enumerate(encoded):
             method.attribute(out, row, len(enc))
+            if beside is not None:
+                beside.attribute(out, row, len(enc))
 
     return explain
 
