@@ -305,7 +305,13 @@ def _run(args: argparse.Namespace, work: Path) -> int:
                             row["p50"] - forward_ms if n == 1 else "",
                         ]
                     )
-                    print(rows[-1], flush=True)
+                    print(  # progress while the next load point runs; the table follows
+                        f"served {name}, {rows[-1][1]} client(s): p50 {row['p50']:.3g} ms, "
+                        f"p99 {row['p99']:.3g} ms, {row['per_s']:,.0f} req/s "
+                        f"({row['per_s'] / base.per_s:.2f}x in-process), "
+                        f"server CPU {row['cpu']:.3g} ms/req",
+                        flush=True,
+                    )
             finally:
                 server.stop()
             rows.append(
@@ -398,7 +404,12 @@ def _run(args: argparse.Namespace, work: Path) -> int:
                     mixed.tokens_per_s / alone.tokens_per_s,
                 ]
             )
-            print(rows[-1], flush=True)
+            print(
+                f"mixed lengths, {label}: short p50 {alone.p50_ms('short'):.3g} ms alone, "
+                f"{mixed.p50_ms('short'):.3g} ms with long texts; tokens/s "
+                f"{mixed.tokens_per_s / alone.tokens_per_s:.2f}x",
+                flush=True,
+            )
         emit(
             f"Mixed lengths: {n_short} short clients, then with {n_long} long clients "
             f"({args.long_chars} characters) added",
