@@ -76,6 +76,9 @@ typecheck: devenv
 # bars, so that no test's time limit includes a first build.
 test: devenv peers sysdeps proto-check lint typecheck demo
 	$(BIN)/pytest
+	# The CUDA checks skip without a GPU (CI has none): their code runs against the CPU here,
+	# so that it cannot rot between the machines that have one.
+	LIMELIGHT_TEST_DEVICE=cpu $(BIN)/pytest tests/conformance/test_cuda.py -q
 
 # The quick loop: everything that neither builds nor trains a model nor runs the container
 # (the "slow" marker is set from the fixtures a test uses, see tests/conftest.py).
