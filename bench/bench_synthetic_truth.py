@@ -1,6 +1,7 @@
 """Recovery of known word weights: the inline head against NormXLogit and Shapley values.
 
     .venv/bin/python bench/bench_synthetic_truth.py [--n-train 1000] [--n-test 200]
+    .venv/bin/python bench/bench_synthetic_truth.py --width 0 --attention-heads 0   # linear
 
 A tiny BERT is trained on the synthetic linear-words task (ten words with fixed log-odds
 weights, SLALOM paper's setting; see ``limelight.demo.synthetic``), so the truth is known.
@@ -43,6 +44,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--loop-estimator", default="policy", choices=["policy", "straight_through"]
     )
+    parser.add_argument("--width", type=int, default=64, help="the head's (0: a linear head)")
+    parser.add_argument("--attention-heads", type=int, default=4, help="its context block's")
     args = parser.parse_args(argv)
     torch.manual_seed(0)
     with tempfile.TemporaryDirectory() as tmp:
@@ -56,7 +59,12 @@ def main(argv: list[str] | None = None) -> int:
             "shapley",
             {"permutations": 2},
             Path(tmp) / "labels.jsonl",
-            config=TrainConfig(loop_steps=args.loop_steps, loop_estimator=args.loop_estimator),
+            config=TrainConfig(
+                width=args.width,
+                attention_heads=args.attention_heads,
+                loop_steps=args.loop_steps,
+                loop_estimator=args.loop_estimator,
+            ),
         )
         test = sample_linear_dataset(args.n_test, seed=2).texts()
         per_word: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))

@@ -70,32 +70,38 @@ def feeds_for(model: LoadedModel, texts: list[str]) -> dict[str, np.ndarray]:
     return {name: np.asarray(enc.get(name, zeros), dtype=np.int64) for name in input_names(model)}
 
 
-def random_head(model: LoadedModel) -> ExplainerHead:
+def random_head(model: LoadedModel, width: int = 8) -> ExplainerHead:
     """An explainer head reading the embeddings and the last hidden state, every weight
-    random."""
+    random (``width=0``: a linear head, its standardisation random too)."""
     ids = torch.tensor([model.encode("a witty film").input_ids])
     with torch.no_grad():
         last = len(model.adapter.run_base(ids, torch.ones_like(ids), None).hidden_states) - 1
     torch.manual_seed(1)
-    head = ExplainerHead([0, last], model.hidden_size, model.num_labels, width=8).eval()
+    head = ExplainerHead(
+        [0, last],
+        model.hidden_size,
+        model.num_labels,
+        width=width,
+        attention_heads=4 if width else 0,
+    ).eval()
     with torch.no_grad():
-        for p in head.parameters():
+        for p in [*head.parameters(), *head.buffers()]:
             p.copy_(torch.randn_like(p) * 0.5 + (1.0 if p.dim() == 1 else 0.0))
     return head
 
 
 def check_parity(model: LoadedModel, out: Path) -> None:
-    head = random_head(model)
-    export_onnx(model, out, heads={"distilled": head})
+    head, linear = random_head(model), random_head(model, width=0)
+    export_onnx(model, out, heads={"distilled": head, "linear": linear})
     session = ort.InferenceSession(str(out), providers=["CPUExecutionProvider"])
     served = OnnxRuntime(out, model)
     for texts in BATCHES:
         feeds = feeds_for(model, texts)
-        names = ["logits", "embedding_norms", "token_logits", "head_distilled"]
+        names = ["logits", "embedding_norms", "token_logits", "head_distilled", "head_linear"]
         # A graph may leave out the mask where no node reads it (as the runtime feeds it).
         taken = {i.name for i in session.get_inputs()}
         assert set(read_description(out)["inputs"]) == taken
-        logits, norms, token_logits, scores = session.run(
+        logits, norms, token_logits, scores, linear_scores = session.run(
             names, {k: v for k, v in feeds.items() if k in taken}
         )
         tensors = {name: torch.from_numpy(value) for name, value in feeds.items()}
@@ -106,6 +112,7 @@ def check_parity(model: LoadedModel, out: Path) -> None:
             expected_logits = model.adapter.pooled_logits(base.last_hidden_state, mask)
             expected_norms = base.hidden_states[0].norm(dim=-1)
             expected_scores = head(base.hidden_states, expected_norms, expected_tokens, mask)
+            expected_linear = linear(base.hidden_states, expected_norms, expected_tokens, mask)
         np.testing.assert_allclose(logits, expected_logits.numpy(), atol=1e-4)
         # The runtime the sidecar serves feeds the graph the inputs it takes.
         batch = InlineBatch(
@@ -119,6 +126,9 @@ def check_parity(model: LoadedModel, out: Path) -> None:
         np.testing.assert_allclose(norms[keep], expected_norms.numpy()[keep], atol=1e-4, rtol=1e-4)
         np.testing.assert_allclose(token_logits[keep], expected_tokens.numpy()[keep], atol=1e-4)
         np.testing.assert_allclose(scores[keep], expected_scores.numpy()[keep], atol=2e-4)
+        np.testing.assert_allclose(
+            linear_scores[keep], expected_linear.numpy()[keep], atol=2e-4, rtol=1e-4
+        )
 
 
 @pytest.mark.parametrize("model_type", NAMED)

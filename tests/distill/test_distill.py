@@ -29,6 +29,7 @@ from limelight.distill.train import (
     TeacherExample,
     TrainConfig,
     distill,
+    head_features,
     mix_labels,
     mixture_cache,
     normalise_labels,
@@ -279,13 +280,15 @@ def test_serving_forward_equals_the_training_path(distilled: Path) -> None:
     assert isinstance(TorchRuntime(model, {"distilled": head}).heads["distilled"], FrozenHead)
 
 
-@pytest.mark.parametrize("attention_heads", [0, 2])
-def test_the_frozen_head_equals_the_module_padding_included(attention_heads: int) -> None:
+@pytest.mark.parametrize(("attention_heads", "width"), [(0, 16), (2, 16), (0, 0)])
+def test_the_frozen_head_equals_the_module_padding_included(
+    attention_heads: int, width: int
+) -> None:
     """The torch runtime serves ``FrozenHead``; the ONNX export and training use the module."""
     torch.manual_seed(0)
-    head = ExplainerHead([0, 2], hidden_size=24, num_labels=3, width=16,
+    head = ExplainerHead([0, 2], hidden_size=24, num_labels=3, width=width,
                          attention_heads=attention_heads).eval()  # fmt: skip
-    for p in head.parameters():  # away from the initial ones and zeros of the layer norms
+    for p in [*head.parameters(), *head.buffers()]:  # away from the initial ones and zeros
         p.data += 0.3 * torch.randn_like(p)
     hidden = tuple(torch.randn(3, 9, 24) * (i + 1) for i in range(3))
     norms, logits = torch.rand(3, 9) * 5, torch.randn(3, 9, 3)
@@ -445,6 +448,54 @@ def test_a_per_token_head_reads_no_neighbour_and_exports_to_onnx(
     graph = export_onnx(model, tmp_path / "g.onnx", heads={"distilled": head})
     onnx_out = OnnxRuntime(graph, model).run_inline(batch).extra["distilled"]
     np.testing.assert_allclose(onnx_out[0, : len(encoded)], served[0, : len(encoded)], atol=1e-4)
+
+
+def test_a_linear_head_standardises_its_features_and_folds_into_one_map(
+    synthetic: Path, tmp_path: Path
+) -> None:
+    """``width=0``: the hidden states standardised with constants fixed from the training
+    texts, then one linear map. It trains through the whole recipe (the loop included),
+    saves and loads its standardisation, and serves folded — torch, ONNX Runtime and the
+    module agree, and a token's score never reads a neighbour except through the classifier."""
+    model = load_model(synthetic)
+    texts = sample_linear_dataset(80, seed=4).texts()
+    config = TrainConfig(width=0, attention_heads=0, epochs=5, loop_steps=3, loop_batch_size=8)
+    head, card = distill(
+        model, Settings(jobs="off"), texts, TEACHER, PARAMS, tmp_path / "t.jsonl", config=config
+    )
+    assert card.width == 0
+    # Standardised: the training texts' features have mean 0 and scale 1 after it.
+    encoded = [model.encode(t) for t in texts[:40]]
+    feats = torch.cat(head_features(model, head, encoded))
+    mean, scale = head.standardisation()
+    standard = (feats - mean) / scale
+    assert feats.std(0).max() > 2 * feats.std(0).min()  # there was something to standardise
+    assert standard.mean(0).abs().max() < 0.5 and (standard.std(0) - 1).abs().max() < 0.5
+    # Folded: the same scores from the raw features.
+    weight, bias = head.folded()
+    with torch.no_grad():
+        np.testing.assert_allclose(
+            (feats @ weight.T + bias).numpy(),
+            head.score(feats[None], torch.ones(1, len(feats)))[0].numpy(),
+            atol=1e-4,
+            rtol=1e-4,
+        )
+    save_head(head, card, tmp_path / "head")
+    assert card.parameters == head.proj.weight.numel() + model.num_labels  # the map, no more
+    loaded = load_head(model, tmp_path / "head")
+    torch.testing.assert_close(loaded.standardisation()[1], scale)
+    one, longer = encoded[0], model.encode("a much longer text with many more words than the first")
+    batch = InlineBatch.from_encoded([one, longer], model.pad_id)
+    served = TorchRuntime(model, {"distilled": loaded}).run_inline(batch).extra["distilled"]
+    np.testing.assert_allclose(served[0, : len(one)], predict_scores(model, head, one), atol=1e-5)
+    graph = export_onnx(model, tmp_path / "g.onnx", heads={"distilled": loaded})
+    onnx_out = OnnxRuntime(graph, model).run_inline(batch).extra["distilled"]
+    np.testing.assert_allclose(onnx_out[0, : len(one)], served[0, : len(one)], atol=1e-4)
+
+
+def test_a_linear_head_has_no_context_block() -> None:
+    with pytest.raises(ValueError, match="linear head"):
+        ExplainerHead([0], hidden_size=8, num_labels=2, width=0, attention_heads=2)
 
 
 def test_distill_cli_loop_texts_and_reward(

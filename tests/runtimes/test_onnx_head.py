@@ -21,12 +21,13 @@ from limelight.runtimes.onnx_head import HEAD_GRAPH_FORMAT, HeadInputs, head_nod
 K, C, LAYERS = 24, 3, [0, 2]
 
 
-def random_head(attention_heads: int) -> ExplainerHead:
-    """A head whose every weight is random: layer norms that are not the identity too."""
+def random_head(attention_heads: int, width: int = 16) -> ExplainerHead:
+    """A head whose every weight is random: layer norms that are not the identity too, and a
+    linear head's (``width=0``) standardisation."""
     torch.manual_seed(attention_heads)
-    head = ExplainerHead(LAYERS, K, C, width=16, attention_heads=attention_heads).eval()
+    head = ExplainerHead(LAYERS, K, C, width=width, attention_heads=attention_heads).eval()
     with torch.no_grad():
-        for p in head.parameters():
+        for p in [*head.parameters(), *head.buffers()]:
             p.copy_(torch.randn_like(p) * 0.5 + (1.0 if p.dim() == 1 else 0.0))
     return head
 
@@ -85,9 +86,11 @@ def run(model: onnx.ModelProto, feed: dict[str, np.ndarray], output: str) -> np.
     return result
 
 
-@pytest.mark.parametrize("attention_heads", [2, 0])
-def test_the_written_head_computes_what_the_module_computes(attention_heads: int) -> None:
-    head = random_head(attention_heads)
+@pytest.mark.parametrize(("attention_heads", "width"), [(2, 16), (0, 16), (0, 0)])
+def test_the_written_head_computes_what_the_module_computes(
+    attention_heads: int, width: int
+) -> None:
+    head = random_head(attention_heads, width)
     feed = inputs()
     expected = module_scores(head, feed)
     got = run(head_graph(head), feed, "scores")
@@ -101,6 +104,8 @@ def test_the_written_head_computes_what_the_module_computes(attention_heads: int
     ops = [node.op_type for node in head_graph(head).graph.node]
     assert "Shape" not in ops and "Softmax" not in ops
     assert ops.count("Attention") == (1 if attention_heads else 0)
+    if width == 0:  # a linear head: one product over the hidden states, standardisation folded
+        assert ops == ["Concat", "MatMul", "Add"]
 
 
 def test_splice_replaces_the_taps_and_casts_half_precision() -> None:

@@ -129,7 +129,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         type=int,
         default=defaults.width,
         help=f"the head's width (default: {defaults.width}); every unit is paid on every "
-        "request: the demo heads use 32 (MiniLM) and 16 (BERT-tiny), which measured level with 64",
+        "request: MiniLM's demo head uses 32, which measured level with 64; 0 (with "
+        "--attention-heads 0): a linear head, one product over the hidden states, the cheapest "
+        "(BERT-tiny's demo head)",
     )
     p.add_argument(
         "--attention-heads",
@@ -160,14 +162,16 @@ def run(args: argparse.Namespace) -> int:
     from limelight.models.explainer_head import head_dir
 
     if (
-        args.width < 1
+        args.width < 0
         or args.attention_heads < 0
+        or (args.width == 0 and args.attention_heads)
         or (args.attention_heads and args.width % args.attention_heads)
     ):
         # Before the labels: they can take hours, the head is built after them.
         raise InvalidArgument(
             f"--width {args.width} must be a positive multiple of --attention-heads "
-            f"{args.attention_heads} (or --attention-heads 0: no context block)"
+            f"{args.attention_heads} (or --attention-heads 0: no context block; or --width 0 "
+            "with --attention-heads 0: a linear head)"
         )
     try:
         loop_reward_terms(args.loop_reward)

@@ -407,6 +407,7 @@ def train_head(
             config.attention_heads,
         ).to(model.device)
     items = _items(model, head, examples, config.label_scale)
+    head.standardise_from([i.features for i in items])  # a linear head's; others ignore it
     rng = np.random.default_rng(config.seed)
     lengths = [len(i.encoded) for i in items]
     optimizer = torch.optim.AdamW(head.parameters(), lr=config.lr, weight_decay=1e-2)

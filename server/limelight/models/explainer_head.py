@@ -105,7 +105,14 @@ class _ContextBlock(nn.Module):
 
 
 class ExplainerHead(nn.Module):
-    """[h_l for l in layers] ⊕ log‖h_0‖ ⊕ LogAt → projection → context block → score per class."""
+    """[h_l for l in layers] ⊕ log‖h_0‖ ⊕ LogAt → projection → context block → score per class.
+
+    ``width=0`` makes it a *linear* head: the hidden states as they are, standardised per
+    feature with constants fixed from the training texts (:meth:`standardise_from`), through
+    one linear map to a score per class. Affine all the way, so serving folds the
+    standardisation into the map (:meth:`folded`): one product over the hidden states, the
+    cheapest head that reads context (through the classifier's own layers).
+    """
 
     def __init__(
         self,
@@ -118,6 +125,17 @@ class ExplainerHead(nn.Module):
         super().__init__()
         self.layers = list(layers)
         self.hidden_size = hidden_size
+        self.linear = width == 0
+        self.context: _ContextBlock | None = None
+        self.readout: nn.Sequential | None = None
+        if self.linear:
+            if attention_heads:
+                raise ValueError("a linear head (width 0) has no context block: attention heads 0")
+            features = hidden_size * len(layers)
+            self.proj = nn.Linear(features, num_labels)
+            self.register_buffer("feature_mean", torch.zeros(features))
+            self.register_buffer("feature_scale", torch.ones(features))
+            return
         features = hidden_size * len(layers) + 1 + num_labels
         self.proj = nn.Linear(features, width)
         # 0 heads: no context block, a per-token head (the cheapest; reads context only through
@@ -131,7 +149,10 @@ class ExplainerHead(nn.Module):
         embedding_norms: torch.Tensor,
         token_logits: torch.Tensor,
     ) -> torch.Tensor:
-        """[B, n, F]: each group normalised on its own (layers differ in scale by orders)."""
+        """[B, n, F]: each group normalised on its own (layers differ in scale by orders); a
+        linear head's are the hidden states as they are (its standardisation is affine)."""
+        if self.linear:
+            return torch.cat([hidden_states[layer].float() for layer in self.layers], dim=-1)
         parts = [
             _standardise(hidden_states[layer].float(), self.hidden_size) for layer in self.layers
         ]
@@ -141,12 +162,45 @@ class ExplainerHead(nn.Module):
 
     def score(self, features: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         """[B, n, C] scores from features [B, n, F] and the padding mask [B, n]."""
+        if self.linear:
+            mean, scale = self.standardisation()
+            return self.proj((features - mean) / scale)  # type: ignore[no-any-return]
         return self._from_projected(self.proj(features), attention_mask)
 
     def _from_projected(self, x: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         if self.context is not None:
             x = self.context(x, (1.0 - attention_mask.to(x.dtype)) * -1e4)
+        assert self.readout is not None
         return self.readout(x)  # type: ignore[no-any-return]
+
+    def standardisation(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """A linear head's per-feature mean and scale (the buffers)."""
+        return self.get_buffer("feature_mean"), self.get_buffer("feature_scale")
+
+    @torch.no_grad()
+    def standardise_from(self, features: list[torch.Tensor]) -> None:
+        """Fix a linear head's standardisation from training features (each [n, F]): the
+        hidden states of different layers, and features within one, differ in scale by
+        orders, which a single learning rate cannot fit. A context head ignores this."""
+        if not self.linear or not features:
+            return
+        count = sum(len(f) for f in features)
+        mean = torch.stack([f.double().sum(0) for f in features]).sum(0) / count
+        square = torch.stack([((f.double() - mean) ** 2).sum(0) for f in features]).sum(0)
+        scale = (square / max(count - 1, 1)).sqrt().clamp(min=1e-6)
+        dest_mean, dest_scale = self.standardisation()
+        dest_mean.copy_(mean.to(dest_mean.dtype))
+        dest_scale.copy_(scale.to(dest_scale.dtype))
+
+    @torch.no_grad()
+    def folded(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """A linear head as one map on the raw hidden states: weight [C, F] and bias [C]
+        with the standardisation folded in (the same scores up to float rounding)."""
+        if not self.linear:
+            raise ValueError("only a linear head (width 0) folds into one map")
+        mean, scale = self.standardisation()
+        weight = self.proj.weight / scale
+        return weight.contiguous(), (self.proj.bias - weight @ mean).contiguous()
 
     def forward(
         self,
@@ -159,6 +213,10 @@ class ExplainerHead(nn.Module):
         state goes through its own slice of the projection and the slices are summed. On the
         serving path that copy and the element-wise standardisation were most of the head's
         time; the result is the same up to float rounding (tested)."""
+        if self.linear:
+            return self.score(
+                self.features(hidden_states, embedding_norms, token_logits), attention_mask
+            )
         k = self.hidden_size
         weight = self.proj.weight
         tail = len(self.layers) * k
@@ -196,6 +254,11 @@ class FrozenHead:
         self.layers = list(head.layers)
         self.hidden_size = k
         self.width = weight.shape[0]
+        # a linear head: one product over the concatenated hidden states, nothing else
+        self.folded = head.folded() if head.linear else None
+        if self.folded is not None:
+            self.heads, self.params = 0, []
+            return
         self.layer_weights = [own(weight[:, i * k : (i + 1) * k]) for i in range(len(head.layers))]
         # log‖h_0‖ and the token logits enter through one product with the bias folded in
         self.extra_weight, self.bias = own(weight[:, tail:]), own(head.proj.bias)
@@ -212,7 +275,7 @@ class FrozenHead:
             ]
             if context is not None
             else []
-        ) + [head.readout[0], head.readout[1]]
+        ) + ([head.readout[0], head.readout[1]] if head.readout is not None else [])
         self.params = [
             (own(m.get_parameter("weight")), own(m.get_parameter("bias"))) for m in params
         ]
@@ -224,6 +287,10 @@ class FrozenHead:
         token_logits: torch.Tensor,
         attention_mask: torch.Tensor,
     ) -> torch.Tensor:
+        if self.folded is not None:
+            states = [hidden_states[layer] for layer in self.layers]
+            x = states[0] if len(states) == 1 else torch.cat(states, dim=-1)
+            return F.linear(x.float(), *self.folded)
         k, w = self.hidden_size, self.width
         extra = torch.cat(
             [torch.log1p(embedding_norms.float()).unsqueeze(-1), token_logits.float()], dim=-1

@@ -84,6 +84,15 @@ def head_nodes(
     """The nodes and weights that compute ``head``'s scores [B, n, C] into ``output``."""
     w = _Writer(prefix=f"{output}/")
     p = w.prefix
+    if head.linear:
+        # One product over the hidden states, the standardisation folded in: three nodes.
+        folded_weight, folded_bias = head.folded()
+        states = [inputs.hidden[layer] for layer in head.layers]
+        x = states[0] if len(states) == 1 else w.node("Concat", states, p + "states", axis=-1)
+        scores = w.node("MatMul", [x, w.weight("linear", folded_weight)], p + "linear")
+        w.node("Add", [scores, w.const("linear_bias", folded_bias)], output)
+        return w.nodes, w.initializers
+    assert head.readout is not None
     k = head.hidden_size
     weight = head.proj.weight
     tail = len(head.layers) * k
