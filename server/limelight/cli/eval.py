@@ -73,6 +73,14 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "--lm-head", dest="lm_head_dir", type=Path, help="masked-LM checkpoint for decoded_gradcam"
     )
     p.add_argument("--out", type=Path, default=Path("eval-results"), help="output folder")
+    p.add_argument(
+        "--fresh",
+        action="store_true",
+        help="recompute every attribution: by default the expensive ones (LIME, SHAP and the "
+        "job methods) are kept in OUT/attributions/ as they are computed, and a later run with "
+        "the same --out reads back those of the same method, parameters, model and text "
+        "(an interrupted run resumes; a retrained head is compared without recomputing them)",
+    )
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=run)
 
@@ -121,6 +129,7 @@ def run(args: argparse.Namespace) -> int:
     from limelight.evaluation.explainers import build_explainers
     from limelight.evaluation.report import EvalReport, write
     from limelight.evaluation.runner import EvalConfig, Evaluator, MethodResult, token_idf
+    from limelight.evaluation.store import FOLDER, AttributionStore, reuse_notes
 
     settings = settings_from_args(args, jobs="off", drift_enabled=False)
     if settings.lm_head_dir is None and (args.model_dir is None and args.demo_model == "bert-tiny"):
@@ -162,6 +171,7 @@ def run(args: argparse.Namespace) -> int:
         parse_params(args.params),
         peer_budget=args.peer_budget,
         seed=args.seed,
+        store=AttributionStore(args.out / FOLDER, model.version, reuse=not args.fresh),
     )
     evaluator = Evaluator(model, config)
     examples = list(data.examples)
@@ -214,6 +224,7 @@ def run(args: argparse.Namespace) -> int:
                 )
             except Exception as exc:  # one broken method must not lose the others' results
                 results.append(MethodResult(name=name, status="failed", reason=repr(exc)))
+    notes += reuse_notes(explainers, names)
     report = EvalReport(
         model=model.name,
         dataset=f"{data.name}, {len(data.examples)} of {data.total}",

@@ -7,6 +7,7 @@ input. They are only available with the optional ``peers`` extra (lime, shap).
 
 from __future__ import annotations
 
+import importlib.metadata
 import importlib.util
 from collections.abc import Mapping
 from typing import Any
@@ -17,6 +18,7 @@ from limelight.core.types import Encoded, FloatArray
 from limelight.errors import InvalidArgument
 from limelight.evaluation.perturbation import probabilities
 from limelight.evaluation.runner import Explainer
+from limelight.evaluation.store import AttributionStore
 from limelight.methods.base import InlineMethod, JobContext, JobMethod, MethodRegistry
 from limelight.models.loaded import LoadedModel
 from limelight.runtimes.base import InlineBatch
@@ -24,6 +26,10 @@ from limelight.runtimes.serving import torch_serving_runtime
 from limelight.settings import Settings
 
 PEERS: tuple[str, ...] = ("lime", "shap")
+UNSTORED: frozenset[str] = frozenset({"decoded_gradcam"})
+"""Job methods whose answers a store keeps no copy of: Decoded Grad-CAM also reads a masked-LM
+head, found beside the model or elsewhere and rebuilt on its own schedule, which the store's key
+(the model's weights, the method's parameters) does not see."""
 
 
 def _inline(model: LoadedModel, method: InlineMethod, settings: Settings) -> Explainer:
@@ -122,8 +128,11 @@ def build_explainers(
     registry: MethodRegistry | None = None,
     peer_budget: int = 200,
     seed: int = 0,
+    store: AttributionStore | None = None,
 ) -> tuple[dict[str, Explainer], dict[str, str]]:
-    """Explainers for ``names`` and, for each that cannot run here, the reason it is skipped."""
+    """Explainers for ``names`` and, for each that cannot run here, the reason it is skipped.
+    With a ``store``, the expensive ones (the peers and the job methods) keep their answers
+    there and reuse them (:mod:`limelight.evaluation.store`)."""
     registry = registry or MethodRegistry.load(settings)  # built-ins, plug-ins, configured
     params = params or {}
     ready: dict[str, Explainer] = {}
@@ -132,10 +141,15 @@ def build_explainers(
         if name in PEERS:
             if importlib.util.find_spec(name) is None:
                 skipped[name] = f"{name} is not installed (pip install 'limelight[peers]')"
-            elif name == "lime":
-                ready[name] = lime_explainer(model, peer_budget, seed)
             else:
-                ready[name] = shap_explainer(model, peer_budget)
+                peer = (
+                    lime_explainer(model, peer_budget, seed)
+                    if name == "lime"
+                    else shap_explainer(model, peer_budget)
+                )
+                ready[name] = peer
+                if store is not None:
+                    ready[name] = store.wrap(name, _peer_key(name, peer_budget, seed), peer)
             continue
         try:
             method = registry.get(name)
@@ -155,4 +169,14 @@ def build_explainers(
             ready[name] = _inline(model, method, settings)
         elif isinstance(method, JobMethod):
             ready[name] = _job(model, method, settings, given)
+            if store is not None and name not in UNSTORED:
+                ready[name] = store.wrap(name, method.validate_params(given), ready[name])
     return ready, skipped
+
+
+def _peer_key(name: str, budget: int, seed: int) -> dict[str, Any]:
+    """What decides a peer's answer besides the model and the text."""
+    key: dict[str, Any] = {"budget": budget, name: importlib.metadata.version(name)}
+    if name == "lime":  # sampled; SHAP's Partition explainer is deterministic
+        key["seed"] = seed
+    return key
