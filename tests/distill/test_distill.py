@@ -538,6 +538,7 @@ def test_distill_cli_loop_texts_and_reward(
     assert card.training["loop_points"] == 1 and card.training["loop_samples"] == 2
     assert card.training["loop_average"] == 0.9
     assert card.training["read_precision"] in ("bfloat16", "float32")  # float32: no bf16 here
+    assert card.training["threads"] == torch.get_num_threads()
     labelled = (tmp_path / "head.teacher-shapley.jsonl").read_text().splitlines()
     assert len(labelled) == 1 + 10  # the loop's texts were never labelled
 

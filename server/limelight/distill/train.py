@@ -913,6 +913,9 @@ def distill(
     # Labels resumed from the cache cost nothing here: this is the time of this run.
     info["label_seconds"] = round(labelled - started, 1)
     info["read_precision"] = precision
+    # The path a build takes depends on it (MiniLM's reads round differently on 1 and 2 threads;
+    # the loop's sampled orders then part): what a rebuild needs to take the same path.
+    info["threads"] = torch.get_num_threads()
     card = HeadCard(
         model_version=model.version,
         layers=head.layers,
