@@ -35,6 +35,11 @@ def test_quick_served_bench(bert_tiny_dir: Path, tmp_path: Path, rpc: str, worke
     row = re.search(r"^\| onnx \| 2 \| ([\d.]+) \| [\d.]+ \| ([\d.e+]+) \|", report, re.M)
     assert row is not None, report
     assert float(row.group(1)) > 0 and float(row.group(2)) > 0  # p50 and req/s were measured
+    # Both baselines of the idle-latency columns: back to back, and after an idle gap.
+    forward = re.search(r"\| forward ([\d.e+]+) ms \| after idle ([\d.e+]+) ms \|", report)
+    assert forward is not None, report
+    assert float(forward.group(1)) > 0 and float(forward.group(2)) > 0
+    assert "p50 - forward after idle ms" in report
     assert (out / "bench.png").stat().st_size > 0
 
 

@@ -59,3 +59,20 @@ def test_short_calls_repeat_until_the_minimum_time(clock: Clock) -> None:
     clock.calls.clear()
     benchmark.paired_seconds(tiny, tiny, repeats=3, min_seconds=0.0, warmup=0)
     assert len(clock.calls) == 6
+
+
+def test_the_after_idle_baseline_sleeps_before_each_call_and_times_only_the_call(
+    clock: Clock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(benchmark.time, "sleep", lambda s: clock.step(f"sleep {s}", s))
+    costs = [5.0, 1.0, 2.0, 3.0]  # the warm-up call, then the timed ones
+
+    def call() -> None:
+        clock.step("call", costs.pop(0))
+
+    assert benchmark.median_seconds(call, repeats=3, warmup=1, idle_s=0.25) == 2.0
+    assert clock.calls == ["call"] + ["sleep 0.25", "call"] * 3
+    clock.calls.clear()
+    costs[:] = [1.0, 4.0]
+    assert benchmark.median_seconds(call, repeats=1, warmup=1) == 4.0  # back to back
+    assert clock.calls == ["call", "call"]

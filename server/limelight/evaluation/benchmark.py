@@ -55,11 +55,16 @@ def machine() -> str:
     )
 
 
-def median_seconds(fn: Callable[[], object], repeats: int, warmup: int = 2) -> float:
+def median_seconds(
+    fn: Callable[[], object], repeats: int, warmup: int = 2, idle_s: float = 0.0
+) -> float:
+    """Median seconds of ``fn()``, each call after ``idle_s`` asleep (0: back to back)."""
     for _ in range(warmup):
         fn()
     samples = []
     for _ in range(repeats):
+        if idle_s:
+            time.sleep(idle_s)
         start = time.perf_counter()
         fn()
         samples.append(time.perf_counter() - start)
@@ -124,12 +129,23 @@ def single_forward_seconds(model: LoadedModel, encoded: Encoded, repeats: int) -
     return median_seconds(lambda: runtime.forward_logits(batch), repeats, warmup=1)
 
 
-def single_forward_ms(model: LoadedModel, runtime: Runtime, text: str, repeats: int) -> float:
-    """Median milliseconds of one plain forward pass of ``text`` alone with ``runtime``."""
+#: The pause before each forward of the "after idle" baseline: about what a closed-loop client
+#: on loopback leaves between two requests. After it a torch forward measured up to 1.6 ms
+#: slower than back to back on a 2-core VM (docs/benchmarks.md, "The plain forward after an
+#: idle gap"), a cost no serving path can remove.
+IDLE_GAP_S = 0.002
+
+
+def single_forward_ms(
+    model: LoadedModel, runtime: Runtime, text: str, repeats: int, idle_s: float = 0.0
+) -> float:
+    """Median milliseconds of one plain forward pass of ``text`` alone with ``runtime``, each
+    after ``idle_s`` asleep (0: back to back)."""
     from limelight.runtimes.base import InlineBatch
 
     batch = InlineBatch.from_encoded([model.encode(text)], model.pad_id)
-    return median_seconds(lambda: runtime.forward_logits(batch), repeats, warmup=1) * 1e3
+    call = lambda: runtime.forward_logits(batch)  # noqa: E731
+    return median_seconds(call, repeats, warmup=1, idle_s=idle_s) * 1e3
 
 
 @dataclass
