@@ -179,8 +179,10 @@ def run(args: argparse.Namespace) -> int:
     probs = evaluator.predict(encoded)
     predicted = [int(p) for p in probs.argmax(axis=1)]
     notes = list(data.notes)
+    targets: list[int | None] = [None] * len(examples)
     if model.is_multi_label:
         examples, encoded, predicted = _per_label(model, settings, examples, encoded, probs)
+        targets = list(predicted)
         accuracy = None
         notes.append(
             "multi-label: one item per (text, predicted label) at the served thresholds (the "
@@ -234,6 +236,9 @@ def run(args: argparse.Namespace) -> int:
         notes=notes,
         command="limelight " + " ".join(shlex.quote(a) for a in sys.argv[1:]),
         machine=machine(),
+        inputs=[
+            {"index": e.source_index, "target": t} for e, t in zip(examples, targets, strict=True)
+        ],
     )
     paths = write(report, args.out)
     print(paths["markdown"].read_text(encoding="utf-8"))

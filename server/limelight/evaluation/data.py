@@ -13,6 +13,7 @@ A model token is evidence when its character span overlaps an evidence span.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import random
 import re
@@ -139,6 +140,7 @@ def load_examples(
             )
         name = path.name
     total = len(rows)
+    rows = [dataclasses.replace(row, source_index=i) for i, row in enumerate(rows)]
     if n is not None and n < total:
         rows = random.Random(seed).sample(rows, n)
         notes.append(f"{n} of {total} examples sampled with seed {seed}")

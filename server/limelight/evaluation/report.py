@@ -24,6 +24,10 @@ class EvalReport:
     notes: list[str] = field(default_factory=list)
     command: str = ""
     machine: str = ""
+    inputs: list[dict[str, Any]] = field(default_factory=list)
+    """Per evaluated item, in the order of the per-input figures: ``index`` (position in the
+    dataset) and ``target`` (the explained class of a multi-label item, else None) — what
+    `limelight eval-pool` matches runs by."""
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -40,6 +44,7 @@ class EvalReport:
                 "overlap_ks": list(self.config.overlap_ks),
                 "max_tokens": self.config.max_tokens,
             },
+            "inputs": self.inputs,
             "methods": [r.to_json() for r in self.results],
         }
 
@@ -214,6 +219,7 @@ def load(path: Path) -> EvalReport:
         notes=list(raw.get("notes", [])),
         command=raw.get("command", ""),
         machine=raw.get("machine", ""),
+        inputs=list(raw.get("inputs", [])),
     )
 
 

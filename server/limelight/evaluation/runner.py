@@ -55,6 +55,8 @@ class EvalExample:
     gold: int | None = None
     text_pair: str | None = None
     evidence: tuple[tuple[int, int], ...] | None = None
+    source_index: int | None = None
+    """Position in the dataset it was drawn from (identifies it across runs)."""
 
 
 @dataclass
