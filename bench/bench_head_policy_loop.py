@@ -107,6 +107,11 @@ def main() -> None:
     loop_texts = unlabelled[: args.loop_texts]
     scorer = HeldOut(model, args.n, 0)
     references = [json.loads(path.read_text()) for path in args.against]
+    drawn = [e.source_index for e in scorer.data.examples]
+    for path, ref in zip(args.against, references, strict=True):
+        # eval.json records which reviews it drew (since 2 December 2026): pair only the same
+        if "inputs" in ref and [i["index"] for i in ref["inputs"]] != drawn:
+            raise SystemExit(f"{path}: not the reviews of --n {args.n} --seed 0")
     print("| training | seed | deletion | sufficiency | removed | Δ deletion | Δ sufficiency | "
           "Δ removed | tokens < 0 | lower half |")  # fmt: skip
     print("|---|---|---|---|---|---|---|---|---|---|")
