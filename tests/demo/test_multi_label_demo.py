@@ -273,6 +273,11 @@ def test_eval_and_drift_reference_default_to_the_demos_own_data(
     assert main(["eval", *demo, *quick, "--out", str(out), "--no-progress"]) == 0
     report = json.loads((out / "eval.json").read_text())
     assert report["dataset"].startswith("drugscom (test)")
+    # one evaluated item per (text, explained label), each identified for `limelight eval-pool`
+    items = [(i["index"], i["target"]) for i in report["inputs"]]
+    assert len(items) == len(set(items)) == report["methods"][0]["n"]
+    assert len({index for index, _ in items}) == 3
+    assert all(isinstance(target, int) for _, target in items)
     reference = tmp_path / "ref.json"
     args = ["--n", "4", "--out", str(reference), "--no-progress"]
     assert main(["drift-reference", "build", *demo, *args]) == 0
