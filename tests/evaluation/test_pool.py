@@ -170,26 +170,9 @@ def test_eval_then_eval_pool_end_to_end(
     runs = []
     for seed in (0, 1):
         out = tmp_path / f"seed{seed}"
-        code = main(
-            [
-                "eval",
-                "--model",
-                str(trigger_setup.directory),
-                "--data",
-                str(data),
-                "--methods",
-                "normxlogit,random",
-                "--n",
-                "10",
-                "--seed",
-                str(seed),
-                "--fractions",
-                "0.2,0.4",
-                "--out",
-                str(out),
-                "--no-progress",
-            ]
-        )
+        options = f"--methods normxlogit,random --n 10 --seed {seed} --fractions 0.2,0.4"
+        model = ["--model", str(trigger_setup.directory), "--data", str(data)]
+        code = main(["eval", *model, *options.split(), "--out", str(out), "--no-progress"])
         assert code == 0
         runs.append(json.loads((out / "eval.json").read_text()))
     capsys.readouterr()
