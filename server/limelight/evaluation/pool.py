@@ -21,7 +21,7 @@ import math
 import random
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -94,16 +94,7 @@ class PooledReport:
     notes: list[str] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "model": self.model,
-            "dataset": self.dataset,
-            "config": self.config,
-            "runs": self.runs,
-            "inputs": self.inputs,
-            "methods": [vars(m) for m in self.methods],
-            "paired": [vars(p) for p in self.paired],
-            "notes": self.notes,
-        }
+        return asdict(self)  # every field, the methods and pairs as dicts
 
     def markdown(self) -> str:
         lines = [
