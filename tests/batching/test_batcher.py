@@ -286,6 +286,24 @@ async def test_short_clients_keep_their_turns_while_long_work_waits() -> None:
 
 
 @pytest.mark.asyncio
+async def test_the_metrics_callbacks_report_each_batch_and_each_anticipation() -> None:
+    """``on_batch`` gets every batch's item sizes as run; ``on_anticipation`` every wait's
+    outcome (the scenario of the test above, where the short clients come back in time)."""
+    reported: list[list[int]] = []
+    outcomes: list[bool] = []
+    batches, sizes, _ = await _closed_loop(
+        3,
+        n_short=8,
+        length_penalty=0.5,
+        anticipate_s=10.0,
+        on_batch=lambda s, _waits: reported.append(s),
+        on_anticipation=outcomes.append,
+    )
+    assert reported == [[sizes[i] for i in b] for b in batches]
+    assert True in outcomes  # the short clients' turns were waited for, and they came
+
+
+@pytest.mark.asyncio
 async def test_short_requests_are_not_held_behind_a_backlog_of_long_ones() -> None:
     """Many long requests queued first; short ones arriving later are interleaved with them
     instead of waiting for the whole long backlog."""

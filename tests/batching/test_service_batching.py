@@ -1,5 +1,6 @@
 """The served path hands token counts to the batcher: real requests of mixed lengths are
-batched by the length policy, and every one of them gets its own correct explanation."""
+batched by the length policy, every one of them gets its own correct explanation, and the
+batch metrics count what ran."""
 
 from __future__ import annotations
 
@@ -28,7 +29,8 @@ async def test_mixed_lengths_are_batched_by_the_policy(bert_tiny_dir: Path) -> N
         max_batch_tokens=512,
         batch_bucket_floor=32,
     )
-    app = build_application(settings, Metrics())
+    metrics = Metrics()
+    app = build_application(settings, metrics)
     service = app.service
     widths: list[list[int]] = []
     run_inline = service.runtime.run_inline
@@ -73,3 +75,9 @@ async def test_mixed_lengths_are_batched_by_the_policy(bert_tiny_dir: Path) -> N
     for w in widths[1:]:
         assert len({policy.bucket(n) for n in w}) == 1, w
         assert len(w) <= 8 and (len(w) == 1 or len(w) * max(w) <= 512), w
+    # The batch metrics count every served forward pass's tokens, as run (the warm-up aside).
+    sample = metrics.registry.get_sample_value
+    assert sample("limelight_batch_size_count") == len(widths) - 1
+    assert sample("limelight_batch_tokens_total", {"kind": "input"}) == sum(map(sum, widths[1:]))
+    padded = sum(len(w) * max(w) for w in widths[1:])
+    assert sample("limelight_batch_tokens_total", {"kind": "padded"}) == padded

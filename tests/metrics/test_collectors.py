@@ -21,6 +21,8 @@ REQUIRED = {
     "limelight_requests_in_flight": ("gauge", {"rpc"}),
     "limelight_inline_stage_duration_seconds": ("histogram", {"stage"}),
     "limelight_batch_size": ("histogram", set()),
+    "limelight_batch_tokens": ("counter", {"kind"}),
+    "limelight_batch_anticipation": ("counter", {"outcome"}),
     "limelight_job_queue_depth": ("gauge", {"method"}),
     "limelight_job_wait_seconds": ("histogram", {"method"}),
     "limelight_job_duration_seconds": ("histogram", {"method"}),
@@ -34,7 +36,7 @@ REQUIRED = {
     "limelight_drift_reference_state": ("gauge", {"state"}),
     "limelight_drift_window_explanations": ("gauge", set()),
 }
-ALLOWED_LABELS = {"rpc", "code", "stage", "method", "outcome", "label", "window", "state"}
+ALLOWED_LABELS = {"rpc", "code", "stage", "method", "outcome", "label", "window", "state", "kind"}
 
 
 def populated_metrics() -> Metrics:
@@ -45,6 +47,9 @@ def populated_metrics() -> Metrics:
     for stage in ("queue", "tokenize", "forward", "attribute"):
         m.stage_duration.labels(stage=stage).observe(0.001)
     m.batch_size.observe(8)
+    m.batch_tokens.labels(kind="input").inc(100)
+    m.batch_tokens.labels(kind="padded").inc(128)
+    m.batch_anticipation.labels(outcome="hit").inc()
     m.inline_pending.set(2)
     m.predictions.labels(label="fresh").inc()
     m.confidence.observe(0.93)

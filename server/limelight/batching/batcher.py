@@ -126,11 +126,13 @@ class MicroBatcher(Generic[T, R]):
         length_penalty: float = 0.25,
         anticipate_s: float = 0.0,
         size: Callable[[T], int] | None = None,
-        on_batch: Callable[[int, list[float]], None] | None = None,
+        on_batch: Callable[[list[int], list[float]], None] | None = None,
+        on_anticipation: Callable[[bool], None] | None = None,
     ) -> None:
         """``process`` maps a list of items to one result per item (same order); ``size``
-        gives an item's token count (default 1 for every item). ``on_batch(size,
-        queue_waits)`` is called once per processed batch (metrics)."""
+        gives an item's token count (default 1 for every item). ``on_batch(sizes,
+        queue_waits)`` is called once per processed batch with each item's size and time in the
+        queue, ``on_anticipation(hit)`` once per anticipation wait (metrics)."""
         self._process = process
         self._executor = executor
         self.policy = LengthPolicy(max_batch_size, max_batch_tokens, bucket_floor, length_penalty)
@@ -139,6 +141,7 @@ class MicroBatcher(Generic[T, R]):
         self._max_pending = max_pending
         self._size = size
         self._on_batch = on_batch
+        self._on_anticipation = on_anticipation
         self._buckets: dict[int, _Bucket[T, R]] = {}
         self._count = 0
         self._vtime = 0.0
@@ -276,6 +279,8 @@ class MicroBatcher(Generic[T, R]):
             remaining = end - time.monotonic()
             if remaining <= 0:
                 self.anticipation_misses += 1
+                if self._on_anticipation is not None:
+                    self._on_anticipation(False)
                 bucket.hit_rate *= 0.9
                 bucket.gap = 0.9 * bucket.gap + 0.1 * window if bucket.gap else 0.0
                 return
@@ -283,6 +288,8 @@ class MicroBatcher(Generic[T, R]):
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wakeup.wait(), remaining)
         self.anticipation_hits += 1
+        if self._on_anticipation is not None:
+            self._on_anticipation(True)
         took = time.monotonic() - began
         bucket.hit_rate = 0.9 * bucket.hit_rate + 0.1
         bucket.gap = 0.9 * bucket.gap + 0.1 * took if bucket.gap else took
@@ -328,7 +335,7 @@ class MicroBatcher(Generic[T, R]):
             finally:
                 self._busy = False
             if self._on_batch is not None:
-                self._on_batch(len(live), [now - p.enqueued for p in live])
+                self._on_batch([p.size for p in live], [now - p.enqueued for p in live])
             for p, result in zip(live, results, strict=True):
                 if not p.future.done():
                     p.future.set_result(result)

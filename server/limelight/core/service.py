@@ -354,6 +354,7 @@ class ExplanationService:
             anticipate_s=settings.batch_anticipate_ms / 1000.0,
             size=_InlineItem.size,
             on_batch=self._record_batch,
+            on_anticipation=self._record_anticipation,
         )
         await self._batcher.start()
         # Length-aware too (by characters): a short text is not tokenised in the same call
@@ -547,9 +548,15 @@ class ExplanationService:
             for row, item in enumerate(items)
         ]
 
-    def _record_batch(self, size: int, waits: list[float]) -> None:
-        self.metrics.batch_size.observe(size)
+    def _record_batch(self, sizes: list[int], waits: list[float]) -> None:
+        self.metrics.batch_size.observe(len(sizes))
+        # Sizes are token counts: input / padded tokens is the length policy's efficiency.
+        self.metrics.batch_tokens.labels(kind="input").inc(sum(sizes))
+        self.metrics.batch_tokens.labels(kind="padded").inc(len(sizes) * max(sizes))
         self.metrics.inline_pending.set(self._batcher.pending if self._batcher else 0)
+
+    def _record_anticipation(self, hit: bool) -> None:
+        self.metrics.batch_anticipation.labels(outcome="hit" if hit else "miss").inc()
 
     async def explain(self, request: ExplainInput) -> Explanation:
         with self._admit():

@@ -84,6 +84,24 @@ class Metrics:
             buckets=_BATCH_BUCKETS,
             registry=r,
         )
+        self.batch_tokens = Counter(
+            "limelight_batch_tokens_total",
+            "Tokens in inline forward passes: the inputs' own (kind=input) and with the padding"
+            " to each batch's longest input (kind=padded).",
+            ["kind"],
+            registry=r,
+        )
+        self.batch_anticipation = Counter(
+            "limelight_batch_anticipation_total",
+            "Waits for the clients of a length bucket owed the next batch while only other"
+            " buckets had work (batch_anticipate_ms): hit when one came back in time.",
+            ["outcome"],
+            registry=r,
+        )
+        for kind in ("input", "padded"):
+            self.batch_tokens.labels(kind=kind)
+        for outcome in ("hit", "miss"):
+            self.batch_anticipation.labels(outcome=outcome)
         self.inline_pending = Gauge(
             "limelight_inline_pending_requests",
             "Inline requests waiting for a micro-batch.",
