@@ -88,6 +88,12 @@ def _fmt(value: float, scale: float) -> str:
     return f"{value:+.3f}"
 
 
+def _flat(score: float) -> str:
+    """The legend of a map whose tokens all score the same (SLALOM's importance of a one-word
+    text is 0): no colour scale, only that."""
+    return f"every token scores {_fmt(score, 0)}: none stands out"
+
+
 def _segment_source(exp: Explanation, segment: int) -> str | None:
     return exp.text if segment == 0 else exp.text_pair
 
@@ -288,7 +294,9 @@ def _terminal_map(exp: Explanation, scores: str, use_color: bool) -> list[str]:
     name = "" if scores == "scores" else f"{_safe(scores)}: "
     explained = _explained_class(exp, scores)
     explained = _safe(explained) if explained else None
-    if use_color:
+    if scale == 0:  # a colour bar from -0 to +0 would say nothing
+        lines.append(f"{name}{_flat(centre)}")
+    elif use_color:
         steps = 5
         neg = "".join(
             _ansi(" ", color_for(-scale * (steps - k) / steps, scale), (0, 0, 0))
@@ -361,7 +369,9 @@ def _html_map(exp: Explanation, name: str, values: list[float], title: str | Non
     scale = _scale(shown, exp.tokens)
     out = [f'<div class="map"><h2>{_esc(title or name)}</h2>']
     explained = _explained_class(exp, name)
-    if centre:
+    if scale == 0:
+        meaning = _flat(centre)
+    elif centre:
         meaning = (
             f"every score has one sign: white is the median {_fmt(centre, scale)}; red tokens "
             "matter more than a typical token, blue less"

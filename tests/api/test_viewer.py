@@ -747,6 +747,13 @@ def test_browser_rank_agreement_and_colour_scale(
         assert ratio >= (3.0 if cell["bold"] else 4.5), (step, cell, ratio)
     assert js("v.colour(-1, 1)")["background"] == "rgb(33, 102, 172)"
     assert js("v.colour(-0.2, 1)")["sign"] == "neg"
+    # The legend: a ramp between the ends of the scale; when every token scores the same (a
+    # one-word SLALOM importance), that sentence instead of a ramp from -0 to +0.
+    legend = (
+        "(d => (v.renderLegend(d, {centre}, {scale}), d.textContent))(document.createElement('p'))"
+    )
+    assert js(legend.format(centre=0, scale=0)) == "every token scores 0.000: none stands out"
+    assert "-2.000 against" in js(legend.format(centre=0, scale=2))
 
 
 @needs_browser

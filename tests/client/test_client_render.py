@@ -169,6 +169,27 @@ def test_html_several_score_arrays_side_by_side() -> None:
     assert "supports positive" in exp.to_terminal(color=False).splitlines()[-1]
 
 
+def test_a_map_whose_tokens_all_score_the_same_says_so_instead_of_a_scale(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """SLALOM's importance of a one-word text is 0: a legend from -0.000 to +0.000 would
+    look like a rendering fault."""
+    monkeypatch.delenv("NO_COLOR", raising=False)
+    exp = wordpiece_explanation()
+    exp = Explanation(
+        **{
+            **{f: getattr(exp, f) for f in exp.__dataclass_fields__},
+            "extra_scores": {"importance": [0.0] * len(exp.tokens)},
+        }
+    )
+    for color in (True, False):
+        legend = ANSI.sub("", exp.to_terminal(scores="importance", color=color)).splitlines()[-1]
+        assert legend == "importance: every token scores +0.000: none stands out"
+    page = exp.to_html(scores=["importance"])
+    assert "every token scores +0.000: none stands out" in page
+    assert "-0.000" not in page and "every token scores" not in exp.to_html()
+
+
 def test_terminal_several_score_arrays_share_one_header() -> None:
     exp = wordpiece_explanation()
     n = len(exp.tokens)

@@ -30,8 +30,10 @@ from limelight.demo.build import (
 )
 from limelight.demo.datasets import Example, rotten_tomatoes
 from limelight.demo.recipes import RECIPES
+from limelight.distill.build import head_is_current
 from limelight.errors import InvalidArgument
 from limelight.models.explainer_head import head_dir, load_head, read_card
+from limelight.models.fingerprint import ModelFiles
 from limelight.models.loaded import load_model
 from limelight.models.precision import read_precision
 
@@ -142,6 +144,33 @@ def test_second_ensure_call_reuses_the_cached_model(bert_tiny_dir: Path) -> None
     again = ensure_demo_model("bert-tiny", bert_tiny_dir.parent.parent, progress=False)
     assert again == bert_tiny_dir
     assert model_files_mtimes(again) == before
+
+
+def test_a_start_with_everything_built_never_loads_the_model(
+    bert_tiny_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Whether the head is current is read from the files (the model's fingerprint against
+    the head's card): the sidecar loads the model right after, and a second load here cost
+    a start its time and printed transformers' loading bar twice."""
+    recipe = demo_head_recipe("bert-tiny")
+    files = ModelFiles.of(bert_tiny_dir)
+    assert head_is_current(files, recipe) and head_is_current(load_model(bert_tiny_dir), recipe)
+    assert not head_is_current(files, dataclasses.replace(recipe, n_texts=recipe.n_texts + 1))
+    assert not head_is_current(dataclasses.replace(files, version="0" * 16), recipe)
+
+    def refuse(*args: Any, **kwargs: Any) -> None:
+        raise AssertionError("the demo build loaded the model")
+
+    monkeypatch.setattr("limelight.demo.build.load_model", refuse)
+    for head in ("background", "now"):
+        again = ensure_demo_model(
+            "bert-tiny",
+            bert_tiny_dir.parent.parent,
+            progress=False,
+            lm_head="background",
+            inline_head=head,
+        )
+        assert again == bert_tiny_dir
 
 
 @pytest.mark.slow  # trains a small BERT-tiny recipe

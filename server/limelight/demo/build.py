@@ -63,6 +63,7 @@ from limelight.distill.train import TrainConfig
 from limelight.errors import InvalidArgument
 from limelight.locks import file_lock, held_elsewhere
 from limelight.models.explainer_head import building_lock, building_progress
+from limelight.models.fingerprint import ModelFiles
 from limelight.models.lm_head import (
     FIT_STAGE,
     FitConfig,
@@ -709,10 +710,12 @@ def _ensure_inline_head(
     if not build and held_elsewhere(lock):
         return False
     with file_lock(lock), _torch_threads(threads or _available_threads()):
-        model = load_model(model_dir)
-        if head_is_current(model, recipe):
+        # Whether the head is current is read from the files: the start loads the model
+        # itself right after, so it is loaded here only to build the head.
+        files = ModelFiles.of(model_dir)
+        if head_is_current(files, recipe):
             return True
-        if restore_head(model, recipe):  # built before, replaced since by another recipe's
+        if restore_head(files, recipe):  # built before, replaced since by another recipe's
             if progress:
                 tqdm.write(
                     f"restored the inline head of {model_dir.name} built by this recipe",
@@ -729,7 +732,7 @@ def _ensure_inline_head(
             )
         try:
             _, card, _ = build_head(
-                model,
+                load_model(model_dir),
                 Settings(),
                 recipe,
                 progress=progress,

@@ -26,6 +26,7 @@ from limelight.demo import datasets
 from limelight.distill.config import DEFAULT_TEACHER, DEFAULT_TEACHER_PARAMS, Mixture, TrainConfig
 from limelight.distill.train import LOOP_FRACTIONS, distill
 from limelight.models.explainer_head import ExplainerHead, HeadCard, head_dir, read_card, save_head
+from limelight.models.fingerprint import ModelIdentity
 from limelight.models.loaded import LoadedModel
 from limelight.settings import Settings
 
@@ -210,7 +211,7 @@ def shelve_head(directory: Path, keep: int = SHELVED_HEADS) -> None:
         shutil.rmtree(old, ignore_errors=True)
 
 
-def restore_head(model: LoadedModel, recipe: HeadRecipe, directory: Path | None = None) -> bool:
+def restore_head(model: ModelIdentity, recipe: HeadRecipe, directory: Path | None = None) -> bool:
     """Put back a shelved head built by ``recipe`` for this model (shelving the current one);
     False when there is none and the head must be built."""
     out = directory or head_dir(model)
@@ -223,7 +224,9 @@ def restore_head(model: LoadedModel, recipe: HeadRecipe, directory: Path | None 
     return True
 
 
-def head_is_current(model: LoadedModel, recipe: HeadRecipe, directory: Path | None = None) -> bool:
+def head_is_current(
+    model: ModelIdentity, recipe: HeadRecipe, directory: Path | None = None
+) -> bool:
     card = read_card(directory or head_dir(model))
     return (
         card is not None

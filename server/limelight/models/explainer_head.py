@@ -26,6 +26,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from limelight.errors import FailedPrecondition
+from limelight.models.fingerprint import ModelIdentity
 from limelight.models.loaded import LoadedModel
 
 log = logging.getLogger(__name__)
@@ -321,7 +322,7 @@ def _standardise(x: torch.Tensor, width: int) -> torch.Tensor:
     return F.layer_norm(x, (width,), eps=1e-5)  # a constant width: the ONNX trace needs one
 
 
-def head_dir(model: LoadedModel) -> Path:
+def head_dir(model: ModelIdentity) -> Path:
     return model.directory / HEAD_DIRNAME
 
 

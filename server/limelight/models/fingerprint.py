@@ -5,7 +5,9 @@ reads it)."""
 from __future__ import annotations
 
 import hashlib
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 
 def fingerprint(model_dir: Path) -> str:
@@ -21,3 +23,28 @@ def fingerprint(model_dir: Path) -> str:
         digest.update(shard.name.encode())
         digest.update(str(shard.stat().st_size).encode())
     return digest.hexdigest()[:16]
+
+
+class ModelIdentity(Protocol):
+    """What binds a head, graph or table to one model: its directory and its fingerprint. A
+    loaded model is one; :class:`ModelFiles` is one without loading the weights."""
+
+    @property
+    def directory(self) -> Path: ...
+
+    @property
+    def version(self) -> str: ...
+
+
+@dataclass(frozen=True)
+class ModelFiles:
+    """A model directory and its fingerprint, read from the files alone: enough to find what
+    was built for the model (a start that only checks whether its head is current)."""
+
+    directory: Path
+    version: str
+
+    @classmethod
+    def of(cls, model_dir: Path) -> ModelFiles:
+        model_dir = model_dir.resolve()  # as load_model names it
+        return cls(model_dir, fingerprint(model_dir))

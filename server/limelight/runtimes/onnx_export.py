@@ -284,6 +284,9 @@ def export_onnx(
             output_names=traced,
             dynamic_axes=axes,
             opset_version=OPSET,
+            # The TorchScript exporter, deprecated but not removed in the pinned torch: the
+            # torch.export-based one's graphs serve 7-39 % slower here and need onnxscript
+            # (docs/benchmarks.md, "torch's new ONNX exporter").
             dynamo=False,
         )
     import onnx

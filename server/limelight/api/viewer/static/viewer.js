@@ -310,6 +310,10 @@ function renderHeatmap(container, list, info, label) {
   return { centre, scale, spans };
 }
 
+function flatLegend(centre) {
+  return `every token scores ${fmt(centre)}: none stands out`;
+}
+
 function renderLegend(container, centre, scale) {
   container.replaceChildren();
   const ramp = el("span", { class: "ramp", "aria-hidden": "true" });
@@ -318,6 +322,10 @@ function renderLegend(container, centre, scale) {
     const cell = el("span", { class: c.sign });
     cell.style.backgroundColor = c.background;
     ramp.append(cell);
+  }
+  if (scale === 0) {  // a ramp from -0 to +0 would say nothing (SLALOM's importance of one word)
+    container.append(el("span", { class: "meta", text: flatLegend(centre) }));
+    return;
   }
   const median = centre !== 0;
   container.append(
@@ -513,7 +521,7 @@ function heatmapSvg(view = currentView()) {
     x += w + 1;
   }
   const height = y + 48;
-  const legend = centre === 0
+  const legend = scale === 0 ? flatLegend(centre) : centre === 0
     ? `orange, solid underline: for the class; blue, dotted: against (scale ±${scale.toFixed(4)})`
     : `every score has one sign: white is the median ${fmt(centre, 4)}; orange, solid: more; ` +
       `blue, dotted: less (±${scale.toFixed(4)})`;
@@ -1188,7 +1196,7 @@ function wire() {
 // The exports (the buttons download the same) and the page's arithmetic, for scripts and
 // tests that drive the page.
 window.limelightViewer = Object.freeze({ heatmapSvg, heatmapHtml, spearman, scaleOf, colour,
-  contrast });
+  contrast, renderLegend });
 
 async function main() {
   wire();
