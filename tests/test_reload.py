@@ -5,7 +5,9 @@ logged and the server keeps what it served."""
 from __future__ import annotations
 
 import json
+import re
 import shutil
+import signal
 import subprocess
 import sys
 import threading
@@ -17,6 +19,7 @@ from pathlib import Path
 import grpc
 import pytest
 
+from limelight.api.ports import free_port
 from limelight.cli.main import main
 from limelight.models.explainer_head import HEAD_DIRNAME
 from limelight.reload import fingerprint
@@ -236,3 +239,99 @@ def test_the_fingerprint_changes_when_a_file_is_written_replaced_or_removed(
     assert fingerprint(paths) != three
     graph.unlink()
     assert fingerprint(paths) == three
+
+
+def serve_process(
+    model: Path, log: Path, *flags: str, ready: str = "SERVING"
+) -> tuple[subprocess.Popen[bytes], str]:
+    """``limelight serve`` as a user starts it, with polling off; returns once ``ready`` is
+    logged."""
+    port = free_port()
+    argv = [sys.executable, "-m", "limelight.cli.main", "serve", "--model", str(model)]
+    argv += ["--port", str(port), "--metrics-port", "0", "--jobs", "off"]
+    argv += ["--reload-interval-s", "0", "--grace-period-s", "5", "--default-method", "auto"]
+    argv += flags
+    with log.open("wb") as out:
+        process = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT)
+    wait_for_log(process, log, ready)
+    return process, f"127.0.0.1:{port}"
+
+
+def wait_for_log(process: subprocess.Popen[bytes], log: Path, pattern: str, count: int = 1) -> None:
+    """Until ``pattern`` has appeared ``count`` times in the log; fails if the process ends."""
+    while len(re.findall(pattern, log.read_text())) < count:
+        assert process.poll() is None, log.read_text()[-3000:]
+        time.sleep(0.05)
+
+
+def stop_process(process: subprocess.Popen[bytes]) -> int:
+    process.send_signal(signal.SIGTERM)
+    try:
+        return process.wait(60)
+    finally:
+        if process.poll() is None:
+            process.kill()
+
+
+def test_sighup_serves_a_new_head_at_once_with_polling_off(
+    bert_tiny_dir: Path, tmp_path: Path
+) -> None:
+    model = bare_copy(bert_tiny_dir, tmp_path / "model")
+    log = tmp_path / "serve.log"
+    process, target = serve_process(model, log)
+    try:
+        s = stub(target)
+        assert (
+            s.Explain(pb.ExplainRequest(text=TEXT), timeout=30).explanation.method == "normxlogit"
+        )
+        shutil.copytree(bert_tiny_dir / HEAD_DIRNAME, model / HEAD_DIRNAME)
+        # Polling is off: the head stays unserved until asked for ...
+        assert (
+            s.Explain(pb.ExplainRequest(text=TEXT), timeout=30).explanation.method == "normxlogit"
+        )
+        process.send_signal(signal.SIGHUP)  # ... and is served once asked, with no restart
+        assert wait_for_method(target, "distilled").explanation.method == "distilled"
+        wait_for_log(process, log, "reloaded the inline outputs")
+        # Asked again with nothing new: said so, and nothing changes.
+        process.send_signal(signal.SIGHUP)
+        wait_for_log(process, log, "SIGHUP: nothing new served")
+        assert s.Explain(pb.ExplainRequest(text=TEXT), timeout=30).explanation.method == "distilled"
+        assert log.read_text().count("reloaded the inline outputs") == 1
+    finally:
+        assert stop_process(process) == 0, log.read_text()[-3000:]
+
+
+def test_sighup_to_the_supervisor_reaches_every_worker(bert_tiny_dir: Path, tmp_path: Path) -> None:
+    model = bare_copy(bert_tiny_dir, tmp_path / "model")
+    log = tmp_path / "serve.log"
+    process, target = serve_process(model, log, "--workers", "2", ready="with 2 worker processes")
+    # One connection on each worker (the kernel places each new connection on one of them).
+    on: dict[str, grpc.Channel] = {}
+    options = [("grpc.use_local_subchannel_pool", 1)]
+    try:
+        for _ in range(64):
+            channel = grpc.insecure_channel(target, options=options)
+            instance = (
+                explainer_pb2_grpc.ExplainerStub(channel)
+                .GetModel(pb.GetModelRequest(), timeout=30)
+                .instance
+            )
+            if instance in on:
+                channel.close()
+            else:
+                on[instance] = channel
+            if len(on) == 2:
+                break
+        assert len(on) == 2
+        shutil.copytree(bert_tiny_dir / HEAD_DIRNAME, model / HEAD_DIRNAME)
+        process.send_signal(signal.SIGHUP)
+        wait_for_log(process, log, "reloaded the inline outputs", count=2)
+        for channel in on.values():
+            r = explainer_pb2_grpc.ExplainerStub(channel).Explain(
+                pb.ExplainRequest(text=TEXT), timeout=30
+            )
+            assert r.explanation.method == "distilled"
+    finally:
+        for channel in on.values():
+            channel.close()
+        assert stop_process(process) == 0, log.read_text()[-3000:]

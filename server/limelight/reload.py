@@ -3,7 +3,8 @@
 A distilled head (`limelight distill`), a lexicon table (`limelight lexicon`) or an ONNX graph
 (`limelight export-onnx`) may be written while a sidecar serves the model: by the user, by a
 Kubernetes job on a shared volume, or by the demo build finishing in the background. The
-reloader looks at those files every ``reload_interval_s`` (a few ``stat`` calls) and, when they
+reloader looks at those files every ``reload_interval_s`` (a few ``stat`` calls), and at once on
+SIGHUP (``kill -HUP``: whoever wrote the files need not wait for the next look), and, when they
 changed, builds the runtime again off the event loop and swaps it in between two batches with
 the default method and the drift monitor that go with it (with ``runtime=onnx``, building the
 runtime exports a graph that carries the new head into the cache: not a watched file, so the
@@ -66,6 +67,7 @@ class InlineReloader:
         self._paths = served_files(app.settings, app.model)
         self._seen = fingerprint(self._paths) if seen is None else seen
         self.reloads = 0
+        self._checking: asyncio.Lock | None = None  # made in the running loop, at first use
 
     async def run(self) -> None:
         """Check every ``interval_s`` until cancelled."""
@@ -74,12 +76,17 @@ class InlineReloader:
             await self.check()
 
     async def check(self) -> bool:
-        """Reload when the files changed since the last check; whether a new runtime is served."""
-        now = fingerprint(self._paths)
-        if now == self._seen:
-            return False
-        self._seen = now  # a failed build is tried again when the files change again
-        return await self.reload()
+        """Reload when the files changed since the last check; whether a new runtime is served.
+        One check at a time: a SIGHUP during a poll's reload waits for it, then finds the files
+        already seen instead of building the same runtime twice."""
+        if self._checking is None:
+            self._checking = asyncio.Lock()
+        async with self._checking:
+            now = fingerprint(self._paths)
+            if now == self._seen:
+                return False
+            self._seen = now  # a failed build is tried again when the files change again
+            return await self.reload()
 
     async def reload(self) -> bool:
         app, service = self.app, self.app.service

@@ -168,7 +168,9 @@ class Settings(BaseSettings):
     """How often the sidecar looks beside the model for a distilled head or lexicon table (or,
     with ``runtime=onnx``, a graph) written after it loaded the model — by `limelight distill`,
     `limelight lexicon`, `limelight export-onnx` or a background demo build — and serves it
-    from the next batch on, without a restart; 0: never (what it loaded at start stays)."""
+    from the next batch on, without a restart; 0: never on its own (what it loaded at start
+    stays until SIGHUP). SIGHUP (``kill -HUP``; with ``workers`` above 1, to the supervisor, which
+    passes it on) looks at once, whatever the interval."""
     grace_period_s: NonNegativeFloat = 20.0
     """On SIGTERM: how long in-flight work may take before the server stops."""
 

@@ -5,7 +5,8 @@ Start-up: the port opens at once with health NOT_SERVING; the model loads in a t
 service warms up; then health goes SERVING. (A worker that shares its port with others,
 ``--workers``, loads first and binds after, so connections that reach it find it ready.)
 SIGTERM: health NOT_SERVING, no new work, in-flight requests finish within the grace period,
-running jobs finish or go back to the durable queue.
+running jobs finish or go back to the durable queue. SIGHUP: look beside the model for a new
+head, lexicon table or graph now (as the reloader does every ``reload_interval_s``).
 """
 
 from __future__ import annotations
@@ -104,6 +105,8 @@ class SidecarServer:
         self._http: HttpServer | None = None
         self.reloader: InlineReloader | None = None
         self._reloading: asyncio.Task[None] | None = None
+        self._asked_reloads: set[asyncio.Task[bool]] = set()
+        self._reload_when_loaded = False  # a SIGHUP came while the model was loading
 
     async def _set_health(self, serving: bool) -> None:
         status = (
@@ -129,10 +132,38 @@ class SidecarServer:
         self.app = app
         await app.service.start()
         self._servicer.service = app.service
+        # Made even when polling is off (interval 0): SIGHUP still reloads on demand.
+        self.reloader = InlineReloader(app, self.settings.reload_interval_s, seen)
         if self.settings.reload_interval_s > 0:
-            self.reloader = InlineReloader(app, self.settings.reload_interval_s, seen)
             self._reloading = asyncio.create_task(self.reloader.run())
+        if self._reload_when_loaded:
+            self._reload_when_loaded = False
+            self.request_reload()
         return app
+
+    def request_reload(self) -> None:
+        """SIGHUP: check the files beside the model now, in a task of the running loop."""
+        if self.reloader is None:
+            log.info(
+                "SIGHUP: the model is still loading; the files beside it are checked once it is in"
+            )
+            self._reload_when_loaded = True
+            return
+        task = asyncio.get_running_loop().create_task(self._reload_now(self.reloader))
+        self._asked_reloads.add(task)  # held until done: the loop keeps only a weak reference
+        task.add_done_callback(self._asked_reloads.discard)
+
+    async def _reload_now(self, reloader: InlineReloader) -> bool:
+        if self._stopping is not None and self._stopping.is_set():
+            return False
+        reloaded = await reloader.check()
+        if not reloaded:
+            log.info(
+                "SIGHUP: nothing new served (the files beside the model are as they were, or "
+                "could not be built: see above); default inline method %s",
+                reloader.app.service.default_method.name,
+            )
+        return reloaded
 
     async def start(self) -> None:
         settings = self.settings
@@ -241,10 +272,11 @@ class SidecarServer:
         retry; while it runs, such a call is answered UNAVAILABLE instead."""
         grace = self.settings.grace_period_s
         deadline = time.monotonic() + grace
-        if self._reloading is not None:
-            self._reloading.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._reloading
+        for task in [self._reloading, *self._asked_reloads]:
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
         # Keep a little of the budget for ending the calls still open and the final stop.
         final = min(2.0, 0.1 * grace)
         if self._server is not None:
@@ -270,6 +302,7 @@ class SidecarServer:
         if install_signal_handlers:
             for sig in (signal.SIGTERM, signal.SIGINT):
                 loop.add_signal_handler(sig, self.request_stop)
+            loop.add_signal_handler(signal.SIGHUP, self.request_reload)
         try:
             await self.start()
             await self.wait()

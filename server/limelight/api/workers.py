@@ -17,8 +17,9 @@ micro-batches and its drift monitor (drift gauges carry a ``pid`` label).
 
 The supervisor builds or finds the model once, before any worker starts (N workers must not
 build the demo model side by side); restarts a worker that dies, giving up when one dies at
-start three times in a row; and on SIGTERM or SIGINT passes the signal on and waits for every
-worker's own graceful drain.
+start three times in a row; on SIGTERM or SIGINT passes the signal on and waits for every
+worker's own graceful drain; and passes SIGHUP on (each worker looks beside the model for a new
+head, table or graph at once).
 """
 
 from __future__ import annotations
@@ -95,6 +96,14 @@ class Supervisor:
     def request_stop(self, signum: int | None = None, frame: FrameType | None = None) -> None:
         self._stop.set()
 
+    def pass_reload_on(self, signum: int | None = None, frame: FrameType | None = None) -> None:
+        """SIGHUP: every serving worker checks the files beside the model now. One still
+        starting is skipped: it may not handle SIGHUP yet (the default action ends a process),
+        and it reads the files as it loads anyway."""
+        for worker in list(self._workers.values()):
+            if worker.ready and worker.process.poll() is None:
+                worker.process.send_signal(signal.SIGHUP)
+
     def run(self) -> int:
         """Serve until asked to stop (then 0). Raises ``Unavailable`` when a worker fails to
         start, or workers keep dying; the workers print their own errors."""
@@ -102,6 +111,7 @@ class Supervisor:
 
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, self.request_stop)
+        signal.signal(signal.SIGHUP, self.pass_reload_on)
         model_dir = resolve_model_dir(self.settings, serving=True)  # once, not by N workers
         self._run_dir = Path(tempfile.mkdtemp(prefix="limelight-workers-"))
         self.metrics_dir.mkdir()

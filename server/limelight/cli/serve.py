@@ -95,6 +95,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     p.add_argument("--auth-tokens-file", type=Path, help="accepted bearer tokens, one per line")
     p.add_argument("--grace-period-s", type=float, help="SIGTERM drain time")
     p.add_argument(
+        "--reload-interval-s",
+        type=float,
+        help="how often to look beside the model for a new head, lexicon table or graph and "
+        "serve it without a restart (default 10; 0: never; SIGHUP looks at once either way)",
+    )
+    p.add_argument(
         "--max-connection-age-s",
         type=float,
         help="close each client connection after about this long (GOAWAY; clients reconnect, "
