@@ -85,12 +85,21 @@ def head_nodes(
     w = _Writer(prefix=f"{output}/")
     p = w.prefix
     if head.linear:
-        # One product over the hidden states, the standardisation folded in: three nodes.
+        # The standardisation folded in; each hidden state through its slice of the map, the
+        # slices and the bias summed in one node. (One product over the states concatenated
+        # first was 1-2 % of BERT-tiny's short forward slower: the copy costs more than it saves.)
         folded_weight, folded_bias = head.folded()
         states = [inputs.hidden[layer] for layer in head.layers]
-        x = states[0] if len(states) == 1 else w.node("Concat", states, p + "states", axis=-1)
-        scores = w.node("MatMul", [x, w.weight("linear", folded_weight)], p + "linear")
-        w.node("Add", [scores, w.const("linear_bias", folded_bias)], output)
+        k = folded_weight.shape[1] // len(states)
+        terms = [
+            w.node(
+                "MatMul",
+                [x, w.weight(f"linear_{i}", folded_weight[:, i * k : (i + 1) * k])],
+                f"{p}linear_{i}",
+            )
+            for i, x in enumerate(states)
+        ]
+        w.node("Sum", [*terms, w.const("linear_bias", folded_bias)], output)
         return w.nodes, w.initializers
     assert head.readout is not None
     k = head.hidden_size
