@@ -83,6 +83,7 @@ def explain_request(
     all_classes: bool,
     method: str | None,
     request_id: str | None,
+    continue_on_error: bool = False,
 ) -> pb.ExplainRequest:
     if not isinstance(text, str):
         raise TypeError(f"text must be a str, not {type(text).__name__}")
@@ -91,6 +92,7 @@ def explain_request(
         all_classes=all_classes,
         method=method or "",
         request_id=request_id or "",
+        continue_on_error=continue_on_error,
     )
     if text_pair is not None:
         req.text_pair = text_pair

@@ -37,7 +37,7 @@ from limelight_client._common import (
     split_item,
     time_left,
 )
-from limelight_client.errors import Internal, Unavailable
+from limelight_client.errors import Internal, LimelightError, Unavailable, from_status
 from limelight_client.proto import explainer_pb2 as pb
 from limelight_client.types import Explanation
 
@@ -59,20 +59,33 @@ Sent = tuple[str, str | None, str]
 Build = Callable[[TextItem], tuple[pb.ExplainRequest, Sent]]
 
 
-def request_builder(target: TargetArg, all_classes: bool, method: str | None) -> Build:
-    """How ``explain_many`` turns one input item into its request (a fresh request id each)."""
+def request_builder(
+    target: TargetArg, all_classes: bool, method: str | None, in_place: bool = False
+) -> Build:
+    """How ``explain_many`` turns one input item into its request (a fresh request id each);
+    ``in_place``: the request asks for its error in its place (``continue_on_error``)."""
 
     def build(item: TextItem) -> tuple[pb.ExplainRequest, Sent]:
         text, pair = split_item(item)
         rid = new_request_id()
-        return explain_request(text, pair, target, all_classes, method, rid), (text, pair, rid)
+        request = explain_request(text, pair, target, all_classes, method, rid, in_place)
+        return request, (text, pair, rid)
 
     return build
 
 
-def answer(response: pb.ExplainResponse, sent: Sent) -> Explanation:
+def answer(
+    response: pb.ExplainResponse, sent: Sent, in_place: bool = False
+) -> Explanation | LimelightError:
     """The explanation of one streamed answer, with the text it was sent for (unless the
-    server echoed another request id, which would mean the pairing is off)."""
+    server echoed another request id, which would mean the pairing is off). An input that
+    failed and asked for its error in its place (``continue_on_error``) is answered by that
+    error: returned with ``in_place``, else raised."""
+    if response.HasField("error"):
+        error = from_status(response.error.code, response.error.message)
+        if not in_place:
+            raise error
+        return error
     text, pair, rid = sent
     known = not response.request_id or response.request_id == rid
     return Explanation.from_proto(
@@ -89,14 +102,16 @@ def batch_request(
     return pb.ExplainBatchRequest(requests=[r for r, _ in built]), [sent for _, sent in built]
 
 
-def batch_answers(response: pb.ExplainBatchResponse, sent: Sequence[Sent]) -> list[Explanation]:
-    """The explanations of an ``ExplainBatch`` answer, in input order."""
+def batch_answers(
+    response: pb.ExplainBatchResponse, sent: Sequence[Sent], in_place: bool = False
+) -> list[Explanation | LimelightError]:
+    """The explanations of an ``ExplainBatch`` answer, in input order (see ``answer``)."""
     if len(response.responses) != len(sent):
         raise Internal(
             grpc.StatusCode.INTERNAL,
             f"the server answered {len(response.responses)} of {len(sent)} inputs",
         )
-    return [answer(r, s) for r, s in zip(response.responses, sent, strict=True)]
+    return [answer(r, s, in_place) for r, s in zip(response.responses, sent, strict=True)]
 
 
 def check_texts_per_call(texts_per_call: int) -> None:

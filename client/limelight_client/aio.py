@@ -15,7 +15,7 @@ from collections.abc import (
     Sequence,
 )
 from types import TracebackType
-from typing import Any
+from typing import Any, Literal, overload
 
 import grpc
 import grpc.aio
@@ -223,6 +223,30 @@ class AsyncClient(ClientBase[grpc.aio.Channel]):
         resp = await self._unary("Explain", req, time_left(deadline))
         return Explanation.from_proto(resp, text=text, text_pair=text_pair)
 
+    @overload
+    async def explain_batch(
+        self,
+        texts: Iterable[TextItem],
+        *,
+        target: TargetArg = ...,
+        all_classes: bool = ...,
+        method: str | None = ...,
+        timeout: float | None = ...,
+        return_exceptions: Literal[False] = ...,
+    ) -> list[Explanation]: ...
+
+    @overload
+    async def explain_batch(
+        self,
+        texts: Iterable[TextItem],
+        *,
+        target: TargetArg = ...,
+        all_classes: bool = ...,
+        method: str | None = ...,
+        timeout: float | None = ...,
+        return_exceptions: bool,
+    ) -> list[Explanation | LimelightError]: ...
+
     async def explain_batch(
         self,
         texts: Iterable[TextItem],
@@ -231,13 +255,41 @@ class AsyncClient(ClientBase[grpc.aio.Channel]):
         all_classes: bool = False,
         method: str | None = None,
         timeout: float | None = None,
-    ) -> list[Explanation]:
+        return_exceptions: bool = False,
+    ) -> list[Explanation] | list[Explanation | LimelightError]:
         """See ``Client.explain_batch``."""
-        request, sent = batch_request(texts, request_builder(target, all_classes, method))
+        build = request_builder(target, all_classes, method, return_exceptions)
+        request, sent = batch_request(texts, build)
         deadline = self._deadline(timeout)
         await self._spread(deadline)
         response = await self._unary("ExplainBatch", request, time_left(deadline))
-        return batch_answers(response, sent)
+        return batch_answers(response, sent, return_exceptions)
+
+    @overload
+    def explain_many(
+        self,
+        texts: Iterable[TextItem] | AsyncIterable[TextItem],
+        *,
+        target: TargetArg = ...,
+        all_classes: bool = ...,
+        method: str | None = ...,
+        timeout: float | None = ...,
+        texts_per_call: int = ...,
+        return_exceptions: Literal[False] = ...,
+    ) -> AsyncIterator[Explanation]: ...
+
+    @overload
+    def explain_many(
+        self,
+        texts: Iterable[TextItem] | AsyncIterable[TextItem],
+        *,
+        target: TargetArg = ...,
+        all_classes: bool = ...,
+        method: str | None = ...,
+        timeout: float | None = ...,
+        texts_per_call: int = ...,
+        return_exceptions: bool,
+    ) -> AsyncIterator[Explanation | LimelightError]: ...
 
     def explain_many(
         self,
@@ -248,21 +300,23 @@ class AsyncClient(ClientBase[grpc.aio.Channel]):
         method: str | None = None,
         timeout: float | None = None,
         texts_per_call: int = 1,
-    ) -> AsyncIterator[Explanation]:
+        return_exceptions: bool = False,
+    ) -> AsyncIterator[Explanation] | AsyncIterator[Explanation | LimelightError]:
         """See ``Client.explain_many``; ``texts`` may also be an async iterable."""
         check_texts_per_call(texts_per_call)
-        build = request_builder(target, all_classes, method)
+        build = request_builder(target, all_classes, method, return_exceptions)
         deadline = self._deadline(timeout, default=False)
         if texts_per_call > 1:
-            return self._explain_packed(texts, texts_per_call, build, deadline)
-        return self._explain_streamed(texts, build, deadline)
+            return self._explain_packed(texts, texts_per_call, build, deadline, return_exceptions)
+        return self._explain_streamed(texts, build, deadline, return_exceptions)
 
     async def _explain_streamed(
         self,
         texts: Iterable[TextItem] | AsyncIterable[TextItem],
         build: Build,
         deadline: float | None,
-    ) -> AsyncIterator[Explanation]:
+        in_place: bool,
+    ) -> AsyncIterator[Explanation | LimelightError]:
         feed = AsyncStreamFeed(texts, self.connections, build)
         silence = AsyncSilence(feed, self.timeout)
         await self._spread(deadline)
@@ -305,7 +359,7 @@ class AsyncClient(ClientBase[grpc.aio.Channel]):
                     if resp is grpc.aio.EOF:  # item i went to stream i % streams: the last one
                         break
                     attempts[k] = 0
-                    yield answer(resp, feed.answered(k))
+                    yield answer(resp, feed.answered(k), in_place)
             finally:
                 silence.stop()
                 for call in calls:
@@ -346,7 +400,8 @@ class AsyncClient(ClientBase[grpc.aio.Channel]):
         texts_per_call: int,
         build: Build,
         deadline: float | None,
-    ) -> AsyncIterator[Explanation]:
+        in_place: bool,
+    ) -> AsyncIterator[Explanation | LimelightError]:
         """See ``Client._explain_packed``: grpc.aio starts each call as it is made."""
         progress = AsyncProgress()
         chunks = AsyncChunks(texts, texts_per_call, on_put=progress.nudge)
@@ -410,7 +465,7 @@ class AsyncClient(ClientBase[grpc.aio.Channel]):
                             in_flight[0] = (call, sent_at, on, request, sent)
                             await wait(call, sent_at, lambda: False)
                     in_flight.popleft()
-                    for explanation in batch_answers(response, sent):
+                    for explanation in batch_answers(response, sent, in_place):
                         yield explanation
         finally:
             chunks.close()

@@ -9,7 +9,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from types import TracebackType
-from typing import Any
+from typing import Any, Literal, overload
 
 import grpc
 
@@ -282,6 +282,30 @@ class Client(ClientBase[grpc.Channel]):
         resp = self._unary("Explain", req, time_left(deadline))
         return Explanation.from_proto(resp, text=text, text_pair=text_pair)
 
+    @overload
+    def explain_batch(
+        self,
+        texts: Iterable[TextItem],
+        *,
+        target: TargetArg = ...,
+        all_classes: bool = ...,
+        method: str | None = ...,
+        timeout: float | None = ...,
+        return_exceptions: Literal[False] = ...,
+    ) -> list[Explanation]: ...
+
+    @overload
+    def explain_batch(
+        self,
+        texts: Iterable[TextItem],
+        *,
+        target: TargetArg = ...,
+        all_classes: bool = ...,
+        method: str | None = ...,
+        timeout: float | None = ...,
+        return_exceptions: bool,
+    ) -> list[Explanation | LimelightError]: ...
+
     def explain_batch(
         self,
         texts: Iterable[TextItem],
@@ -290,19 +314,51 @@ class Client(ClientBase[grpc.Channel]):
         all_classes: bool = False,
         method: str | None = None,
         timeout: float | None = None,
-    ) -> list[Explanation]:
+        return_exceptions: bool = False,
+    ) -> list[Explanation] | list[Explanation | LimelightError]:
         """Explain several inputs with one ``ExplainBatch`` call; results in input order.
 
         Items are texts or ``(text, text_pair)`` tuples, at most the server's
         ``max_batch_request_items`` (256 by default). One call costs the server far less per
         input than one ``explain`` each: for bulk work send chunks of 16-64. The call is
         retried on UNAVAILABLE like ``explain``; an input the server refuses fails the whole
-        call (``InvalidArgument``, its position in the message).
+        call (``InvalidArgument``, its position in the message) — unless
+        ``return_exceptions``: then each input the server refuses or fails is answered in its
+        place by its error (a ``LimelightError``, as ``explain`` would have raised it), and the
+        others as usual.
         """
-        request, sent = batch_request(texts, request_builder(target, all_classes, method))
+        build = request_builder(target, all_classes, method, return_exceptions)
+        request, sent = batch_request(texts, build)
         deadline = self._deadline(timeout)
         self._spread(deadline)
-        return batch_answers(self._unary("ExplainBatch", request, time_left(deadline)), sent)
+        response = self._unary("ExplainBatch", request, time_left(deadline))
+        return batch_answers(response, sent, return_exceptions)
+
+    @overload
+    def explain_many(
+        self,
+        texts: Iterable[TextItem],
+        *,
+        target: TargetArg = ...,
+        all_classes: bool = ...,
+        method: str | None = ...,
+        timeout: float | None = ...,
+        texts_per_call: int = ...,
+        return_exceptions: Literal[False] = ...,
+    ) -> Iterator[Explanation]: ...
+
+    @overload
+    def explain_many(
+        self,
+        texts: Iterable[TextItem],
+        *,
+        target: TargetArg = ...,
+        all_classes: bool = ...,
+        method: str | None = ...,
+        timeout: float | None = ...,
+        texts_per_call: int = ...,
+        return_exceptions: bool,
+    ) -> Iterator[Explanation | LimelightError]: ...
 
     def explain_many(
         self,
@@ -313,7 +369,8 @@ class Client(ClientBase[grpc.Channel]):
         method: str | None = None,
         timeout: float | None = None,
         texts_per_call: int = 1,
-    ) -> Iterator[Explanation]:
+        return_exceptions: bool = False,
+    ) -> Iterator[Explanation] | Iterator[Explanation | LimelightError]:
         """Explain many inputs; yields results in input order.
 
         Items are texts or ``(text, text_pair)`` tuples; ``texts`` is consumed lazily, so it
@@ -337,21 +394,27 @@ class Client(ClientBase[grpc.Channel]):
         answered out of order, is not cut short. An input the server refuses fails the run
         (``InvalidArgument``, with its position in its call).
 
+        ``return_exceptions=True`` keeps the run going past inputs that fail: each is yielded
+        in its place as its error (a ``LimelightError`` — ``InvalidArgument`` for a text the
+        server refuses, ``ResourceExhausted`` when it is at capacity, ...), the way ``explain``
+        would have raised it, and the others are answered as usual. Failures of the run itself
+        (a server that cannot be reached or stops answering) are still raised.
+
         Either way, a server that stops answering does not hang the run: when nothing the run
         waits for is answered for the client's own ``timeout``, it fails with
         ``DeadlineExceeded``. The silence counts from the last answer, or from when the awaited
         item went out if later; pauses of the input and of the caller do not count.
         """
         check_texts_per_call(texts_per_call)
-        build = request_builder(target, all_classes, method)
+        build = request_builder(target, all_classes, method, return_exceptions)
         deadline = self._deadline(timeout, default=False)
         if texts_per_call > 1:
-            return self._explain_packed(texts, texts_per_call, build, deadline)
-        return self._explain_streamed(texts, build, deadline)
+            return self._explain_packed(texts, texts_per_call, build, deadline, return_exceptions)
+        return self._explain_streamed(texts, build, deadline, return_exceptions)
 
     def _explain_streamed(
-        self, texts: Iterable[TextItem], build: Build, deadline: float | None
-    ) -> Iterator[Explanation]:
+        self, texts: Iterable[TextItem], build: Build, deadline: float | None, in_place: bool
+    ) -> Iterator[Explanation | LimelightError]:
         feed = StreamFeed(texts, self.connections, build)
         silence = Silence(feed, self.timeout)
         self._spread(deadline)
@@ -385,7 +448,7 @@ class Client(ClientBase[grpc.Channel]):
                     if resp is None:  # item i went to stream i % streams: this was the last
                         break
                     attempts[k] = 0
-                    yield answer(resp, feed.answered(k))
+                    yield answer(resp, feed.answered(k), in_place)
             finally:
                 silence.stop()
                 feed.close()
@@ -422,7 +485,8 @@ class Client(ClientBase[grpc.Channel]):
         texts_per_call: int,
         build: Build,
         deadline: float | None,
-    ) -> Iterator[Explanation]:
+        in_place: bool,
+    ) -> Iterator[Explanation | LimelightError]:
         progress = Progress()
         chunks = Chunks(texts, texts_per_call, on_put=progress.nudge)
         self._spread(deadline)
@@ -491,7 +555,7 @@ class Client(ClientBase[grpc.Channel]):
                             in_flight[0] = (call, sent_at, on, request, sent)
                             wait(call, sent_at, lambda: False)
                     in_flight.popleft()
-                    yield from batch_answers(response, sent)
+                    yield from batch_answers(response, sent, in_place)
             finally:
                 chunks.close()
                 for call, *_ in in_flight:

@@ -30,6 +30,7 @@ __all__ = [
     "Unavailable",
     "Unimplemented",
     "from_rpc_error",
+    "from_status",
 ]
 
 
@@ -142,8 +143,18 @@ def from_rpc_error(error: grpc.RpcError) -> LimelightError:
         code = code_fn()
     if callable(details_fn):
         details = details_fn()
-    if not isinstance(code, grpc.StatusCode):
-        code = grpc.StatusCode.UNKNOWN
-    message = details if isinstance(details, str) and details else code.name.lower()
-    cls = _BY_CODE.get(code, LimelightError)
-    return cls(code, message)
+    return from_status(code, details)
+
+
+_CODE_BY_NUMBER = {code.value[0]: code for code in grpc.StatusCode}
+
+
+def from_status(code: object, message: object) -> LimelightError:
+    """The :class:`LimelightError` for a status: ``code`` a ``grpc.StatusCode`` or its number
+    (as in an ``ItemError``), anything else read as UNKNOWN; an empty ``message`` is replaced
+    by the code's name."""
+    if isinstance(code, int) and not isinstance(code, bool):
+        code = _CODE_BY_NUMBER.get(code)
+    status = code if isinstance(code, grpc.StatusCode) else grpc.StatusCode.UNKNOWN
+    text = message if isinstance(message, str) and message else status.name.lower()
+    return _BY_CODE.get(status, LimelightError)(status, text)

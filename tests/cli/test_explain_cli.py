@@ -151,6 +151,36 @@ def test_explain_lines_local_matches_server(
     assert job.returncode == 2 and "inline methods" in job.stderr
 
 
+def test_explain_lines_keep_going(
+    sidecar: RunningSidecar, bert_tiny_dir: Path, tmp_path: Path
+) -> None:
+    """--keep-going: a line the server refuses gets its error in its place, the others their
+    answers; the exit status says that some failed. The same with --local."""
+    path = tmp_path / "reviews.txt"
+    path.write_text("a gorgeous film\n\n" + "x" * 30_000 + "\na dull mess\n" + "y" * 30_000 + "\n")
+    remote = limelight(
+        "explain", "--lines", str(path), "--target", sidecar.target, "--keep-going",
+        "--texts-per-call", "2",
+    )  # fmt: skip
+    local = limelight(
+        "explain", "--lines", str(path), "--local", "--model", str(bert_tiny_dir), "--keep-going"
+    )  # fmt: skip
+    for run in (remote, local):
+        assert run.returncode == 1, run.stderr
+        rows = [json.loads(line) for line in run.stdout.splitlines()]
+        assert [r["line"] for r in rows] == [1, 3, 4, 5]  # blank lines are skipped, not failed
+        assert ["error" in r for r in rows] == [False, True, False, True]
+        assert rows[1]["error"]["code"] == "INVALID_ARGUMENT"
+        assert "limit" in rows[1]["error"]["message"]
+        assert rows[0]["label"] and rows[2]["label"]
+        assert "explained 2 line(s)" in run.stderr
+        assert "2 line(s) failed (INVALID_ARGUMENT 2)" in run.stderr
+    # Without it the first failure ends the run, naming its line.
+    stopped = limelight("explain", "--lines", str(path), "--target", sidecar.target)
+    assert stopped.returncode == 1
+    assert stopped.stderr.strip().splitlines()[-1].startswith("error: line 3: ")
+
+
 def test_explain_lines_answers_piped_lines_as_they_come(sidecar: RunningSidecar) -> None:
     """A line written to a live pipe is answered before the next one is written (not held
     back until a whole call of --texts-per-call lines has arrived)."""

@@ -357,14 +357,14 @@ def test_explain_many_bad_item_raises_type_error(
 
 @pytest.mark.parametrize("connections", [1, 3])
 def test_explain_many_early_break_cancels(scripted: ScriptedServer, connections: int) -> None:
-    def endless() -> object:
+    def endless() -> Iterator[str]:
         i = 0
         while True:
             yield f"text {i}"
             i += 1
 
     with client_for(scripted, connections=connections) as c:
-        for n, _ in enumerate(c.explain_many(endless())):  # type: ignore[arg-type]
+        for n, _ in enumerate(c.explain_many(endless())):
             if n == 5:
                 break
         # The channel is still usable after the abandoned stream.

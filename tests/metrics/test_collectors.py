@@ -19,6 +19,7 @@ from limelight.settings import Settings
 REQUIRED = {
     "limelight_request_duration_seconds": ("histogram", {"rpc", "code"}),
     "limelight_requests_in_flight": ("gauge", {"rpc"}),
+    "limelight_item_errors": ("counter", {"rpc", "code"}),
     "limelight_inline_stage_duration_seconds": ("histogram", {"stage"}),
     "limelight_batch_size": ("histogram", set()),
     "limelight_batch_tokens": ("counter", {"kind"}),
@@ -44,6 +45,7 @@ def populated_metrics() -> Metrics:
     for rpc, code in [("Explain", "OK"), ("SubmitJob", "RESOURCE_EXHAUSTED")]:
         m.request_duration.labels(rpc=rpc, code=code).observe(0.012)
     m.requests_in_flight.labels(rpc="Explain").set(3)
+    m.item_errors.labels(rpc="ExplainStream", code="INVALID_ARGUMENT").inc()
     for stage in ("queue", "tokenize", "forward", "attribute"):
         m.stage_duration.labels(stage=stage).observe(0.001)
     m.batch_size.observe(8)

@@ -36,20 +36,30 @@ class Target(_message.Message):
     def __init__(self, label: _Optional[str] = ..., index: _Optional[int] = ...) -> None: ...
 
 class ExplainRequest(_message.Message):
-    __slots__ = ("text", "text_pair", "target", "all_classes", "method", "request_id")
+    __slots__ = ("text", "text_pair", "target", "all_classes", "method", "request_id", "continue_on_error")
     TEXT_FIELD_NUMBER: _ClassVar[int]
     TEXT_PAIR_FIELD_NUMBER: _ClassVar[int]
     TARGET_FIELD_NUMBER: _ClassVar[int]
     ALL_CLASSES_FIELD_NUMBER: _ClassVar[int]
     METHOD_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    CONTINUE_ON_ERROR_FIELD_NUMBER: _ClassVar[int]
     text: str
     text_pair: str
     target: Target
     all_classes: bool
     method: str
     request_id: str
-    def __init__(self, text: _Optional[str] = ..., text_pair: _Optional[str] = ..., target: _Optional[_Union[Target, _Mapping]] = ..., all_classes: _Optional[bool] = ..., method: _Optional[str] = ..., request_id: _Optional[str] = ...) -> None: ...
+    continue_on_error: bool
+    def __init__(self, text: _Optional[str] = ..., text_pair: _Optional[str] = ..., target: _Optional[_Union[Target, _Mapping]] = ..., all_classes: _Optional[bool] = ..., method: _Optional[str] = ..., request_id: _Optional[str] = ..., continue_on_error: _Optional[bool] = ...) -> None: ...
+
+class ItemError(_message.Message):
+    __slots__ = ("code", "message")
+    CODE_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    code: int
+    message: str
+    def __init__(self, code: _Optional[int] = ..., message: _Optional[str] = ...) -> None: ...
 
 class ExplainBatchRequest(_message.Message):
     __slots__ = ("requests",)
@@ -137,7 +147,7 @@ class ScoreArray(_message.Message):
     def __init__(self, values: _Optional[_Iterable[float]] = ...) -> None: ...
 
 class ExplainResponse(_message.Message):
-    __slots__ = ("request_id", "label_index", "label", "probabilities", "labels", "explanation", "model_name", "model_version", "truncated", "timings", "predicted_labels", "multi_label", "thresholds", "label_explanations", "windows")
+    __slots__ = ("request_id", "label_index", "label", "probabilities", "labels", "explanation", "model_name", "model_version", "truncated", "timings", "predicted_labels", "multi_label", "thresholds", "label_explanations", "windows", "error")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     LABEL_INDEX_FIELD_NUMBER: _ClassVar[int]
     LABEL_FIELD_NUMBER: _ClassVar[int]
@@ -153,6 +163,7 @@ class ExplainResponse(_message.Message):
     THRESHOLDS_FIELD_NUMBER: _ClassVar[int]
     LABEL_EXPLANATIONS_FIELD_NUMBER: _ClassVar[int]
     WINDOWS_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     label_index: int
     label: str
@@ -168,7 +179,8 @@ class ExplainResponse(_message.Message):
     thresholds: _containers.RepeatedScalarFieldContainer[float]
     label_explanations: _containers.RepeatedCompositeFieldContainer[Explanation]
     windows: int
-    def __init__(self, request_id: _Optional[str] = ..., label_index: _Optional[int] = ..., label: _Optional[str] = ..., probabilities: _Optional[_Iterable[float]] = ..., labels: _Optional[_Iterable[str]] = ..., explanation: _Optional[_Union[Explanation, _Mapping]] = ..., model_name: _Optional[str] = ..., model_version: _Optional[str] = ..., truncated: _Optional[bool] = ..., timings: _Optional[_Union[Timings, _Mapping]] = ..., predicted_labels: _Optional[_Iterable[str]] = ..., multi_label: _Optional[bool] = ..., thresholds: _Optional[_Iterable[float]] = ..., label_explanations: _Optional[_Iterable[_Union[Explanation, _Mapping]]] = ..., windows: _Optional[int] = ...) -> None: ...
+    error: ItemError
+    def __init__(self, request_id: _Optional[str] = ..., label_index: _Optional[int] = ..., label: _Optional[str] = ..., probabilities: _Optional[_Iterable[float]] = ..., labels: _Optional[_Iterable[str]] = ..., explanation: _Optional[_Union[Explanation, _Mapping]] = ..., model_name: _Optional[str] = ..., model_version: _Optional[str] = ..., truncated: _Optional[bool] = ..., timings: _Optional[_Union[Timings, _Mapping]] = ..., predicted_labels: _Optional[_Iterable[str]] = ..., multi_label: _Optional[bool] = ..., thresholds: _Optional[_Iterable[float]] = ..., label_explanations: _Optional[_Iterable[_Union[Explanation, _Mapping]]] = ..., windows: _Optional[int] = ..., error: _Optional[_Union[ItemError, _Mapping]] = ...) -> None: ...
 
 class GetModelRequest(_message.Message):
     __slots__ = ()

@@ -102,7 +102,10 @@ class ExplainerServicer:
         raise NotImplementedError('Method not implemented!')
 
     def ExplainStream(self, request_iterator, context):
-        """High-throughput path: responses come back in request order.
+        """High-throughput path: responses come back in request order. The first input that fails
+        ends the stream with its status (the answers before it are sent first), unless it asked
+        for continue_on_error: then it is answered in its place with `error` set and the stream
+        goes on. A message that cannot be parsed at all always ends the stream.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -112,7 +115,9 @@ class ExplainerServicer:
         """Many inputs in one call: the cheapest way to send texts in bulk, since the call's overhead
         (a message each way, its headers and status) is paid once for all of them. Answers come
         back in request order. The first input that fails fails the whole call; its position is
-        named in the error ("input 3: ..."). At most the server's max_batch_request_items inputs.
+        named in the error ("input 3: ..."), unless it asked for continue_on_error: then it is
+        answered in its place with `error` set and the others are answered as usual. At most the
+        server's max_batch_request_items inputs.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

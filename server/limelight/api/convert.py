@@ -83,6 +83,7 @@ def explain_input(request: pb.ExplainRequest, deadline: float | None) -> Explain
         method=request.method,
         request_id=request.request_id,
         deadline=deadline,
+        continue_on_error=request.continue_on_error,
     )
 
 

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import logging
+
 import grpc
 
-from limelight.errors import ErrorKind
+from limelight.errors import ErrorKind, LimelightError
+
+log = logging.getLogger(__name__)
 
 STATUS_BY_KIND: dict[ErrorKind, grpc.StatusCode] = {
     ErrorKind.INVALID_ARGUMENT: grpc.StatusCode.INVALID_ARGUMENT,
@@ -57,3 +61,12 @@ def client_details(message: str) -> str:
     if len(message) <= MAX_DETAILS_CHARS:
         return message
     return message[: MAX_DETAILS_CHARS - 22] + "… (message truncated)"
+
+
+def client_status(exc: BaseException) -> tuple[grpc.StatusCode, str]:
+    """The status code and message a client is shown for ``exc``: a ``LimelightError``'s own;
+    anything else is a bug, logged here with its traceback and shown as a generic INTERNAL."""
+    if isinstance(exc, LimelightError):
+        return status_for(exc.kind), client_details(exc.message)
+    log.exception("unexpected error in RPC", exc_info=exc)
+    return grpc.StatusCode.INTERNAL, INTERNAL_MESSAGE

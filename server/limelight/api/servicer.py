@@ -8,7 +8,6 @@ INTERNAL error so that internals never reach clients.
 from __future__ import annotations
 
 import asyncio
-import logging
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -19,13 +18,12 @@ from google.protobuf.message import DecodeError
 
 from limelight.api import convert
 from limelight.api.auth import principal
-from limelight.api.errors import INTERNAL_MESSAGE, client_details, status_for
+from limelight.api.errors import client_status
 from limelight.core.service import ExplanationService
+from limelight.core.types import ExplainInput, Explanation, Failed
 from limelight.errors import InvalidArgument, LimelightError, Unavailable
 from limelight.metrics import Metrics
 from limelight_client.proto import explainer_pb2 as pb
-
-log = logging.getLogger(__name__)
 
 Req = TypeVar("Req")
 Resp = TypeVar("Resp")
@@ -67,6 +65,17 @@ def _expired(context: grpc.aio.ServicerContext) -> bool:
     """Whether the client's deadline has passed."""
     remaining = context.time_remaining()
     return remaining is not None and remaining <= 0
+
+
+def _input_or_failed(request: Any, deadline: float | None) -> ExplainInput | Failed:
+    """The core's input for one ``ExplainRequest``; one that cannot be converted and asked for
+    ``continue_on_error`` becomes its ``Failed`` (else the error ends the call)."""
+    try:
+        return convert.explain_input(request, deadline)
+    except LimelightError as exc:
+        if not request.continue_on_error:
+            raise
+        return Failed(exc, request.request_id)
 
 
 class ExplainerServicer:
@@ -111,12 +120,7 @@ class ExplainerServicer:
     # --- the guard: metrics and error mapping in one place ------------------------------------
 
     async def _fail(self, context: grpc.aio.ServicerContext, exc: BaseException) -> str:
-        if isinstance(exc, LimelightError):
-            code = status_for(exc.kind)
-            message = client_details(exc.message)
-        else:
-            log.exception("unexpected error in RPC", exc_info=exc)
-            code, message = grpc.StatusCode.INTERNAL, INTERNAL_MESSAGE
+        code, message = client_status(exc)
         context.set_code(code)
         context.set_details(message)
         return code.name
@@ -239,14 +243,14 @@ class ExplainerServicer:
     ) -> AsyncIterator[pb.ExplainResponse]:
         deadline = request_deadline(context)
 
-        async def inputs() -> AsyncIterator[Any]:
+        async def inputs() -> AsyncIterator[ExplainInput | Failed]:
             async for request in requests:
-                check_request(request)
-                yield convert.explain_input(request, deadline)
+                check_request(request)  # unreadable: not even its continue_on_error is known
+                yield _input_or_failed(request, deadline)
 
         async def stream() -> AsyncIterator[pb.ExplainResponse]:
             async for result in self.ready_service().explain_many(inputs()):
-                yield convert.explanation_to_proto(result)
+                yield self._answer("ExplainStream", result)
 
         async for item in self._guard_stream("ExplainStream", context, stream):
             yield item
@@ -255,14 +259,25 @@ class ExplainerServicer:
         async def call() -> pb.ExplainBatchResponse:
             check_request(request)
             deadline = request_deadline(context)
-            results = await self.ready_service().explain_batch(
-                [convert.explain_input(r, deadline) for r in request.requests]
+            results = await self.ready_service().explain_each(
+                [_input_or_failed(r, deadline) for r in request.requests]
             )
             return pb.ExplainBatchResponse(
-                responses=[convert.explanation_to_proto(r) for r in results]
+                responses=[self._answer("ExplainBatch", r) for r in results]
             )
 
         return await self._guard("ExplainBatch", context, call)
+
+    def _answer(self, rpc: str, result: Explanation | Failed) -> pb.ExplainResponse:
+        """One input's answer: its explanation, or the error it asked to be answered with."""
+        if not isinstance(result, Failed):
+            return convert.explanation_to_proto(result)
+        code, message = client_status(result.error)
+        self.metrics.item_errors.labels(rpc, code.name).inc()
+        return pb.ExplainResponse(
+            request_id=result.request_id,
+            error=pb.ItemError(code=code.value[0], message=message),
+        )
 
     async def GetModel(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         async def call() -> pb.ModelInfo:

@@ -44,6 +44,13 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "number); progress and a summary go to standard error; with --local, in this process",
     )
     p.add_argument(
+        "--keep-going",
+        action="store_true",
+        help="with --lines: a line the server refuses or fails gets a JSON object with its "
+        '"error" (code and message) in its place and the run goes on; the exit status is 1 '
+        "if any line failed (default: the first failure ends the run)",
+    )
+    p.add_argument(
         "--texts-per-call",
         type=int,
         default=16,
@@ -264,10 +271,12 @@ def _explain_lines_local(
     """``--lines --local``: the texts through the core service's ordered stream in this
     process (the server's code path, minus the network), each explanation to ``emit``."""
     from limelight.api.convert import explanation_to_proto
+    from limelight.api.errors import client_status
     from limelight.app import build_application, load_served_model
     from limelight.cli.common import setup_logging
-    from limelight.core.types import ExplainInput
+    from limelight.core.types import ExplainInput, Failed
     from limelight.metrics import Metrics
+    from limelight_client.errors import from_status
     from limelight_client.types import Explanation
 
     setup_logging("WARNING")
@@ -281,7 +290,7 @@ def _explain_lines_local(
         raise _JobMethod(method.name)
     sent: deque[str] = deque()  # the texts in flight, in order, to pair with their answers
 
-    async def inputs() -> AsyncIterator[ExplainInput]:
+    async def inputs() -> AsyncIterator[ExplainInput | Failed]:
         for text in texts:
             sent.append(text)
             yield ExplainInput(
@@ -290,13 +299,18 @@ def _explain_lines_local(
                 target=spec,
                 all_classes=args.all_classes,
                 method=method.name,
+                continue_on_error=args.keep_going,
             )
 
     async def run() -> None:
         await service.start()
         try:
             async for result in service.explain_many(inputs()):
-                emit(Explanation.from_proto(explanation_to_proto(result), text=sent.popleft()))
+                text = sent.popleft()
+                if isinstance(result, Failed):  # what a server would have answered with
+                    emit(from_status(*client_status(result.error)))
+                else:
+                    emit(Explanation.from_proto(explanation_to_proto(result), text=text))
         finally:
             await service.close()
 
@@ -351,22 +365,29 @@ def _run_lines(args: argparse.Namespace) -> int:
             yield text
 
     labels: Counter[str] = Counter()
+    failures: Counter[str] = Counter()  # --keep-going: the lines answered by an error, by code
     done = 0
     start = time.perf_counter()
     try:
         with source, tqdm(total=total, unit="text", disable=None, file=sys.stderr) as bar:
 
-            def emit(explanation: Explanation) -> None:
+            def emit(outcome: Explanation | LimelightError) -> None:
                 nonlocal done
-                # Piped in, lines may come as they are written: pass each answer on at once.
-                print(
-                    json.dumps({"line": numbers[done], **explanation.to_dict()}),
-                    flush=source is sys.stdin,
-                )
-                if explanation.multi_label:  # every label at or over its threshold
-                    labels.update(explanation.predicted_labels or ["(none)"])
+                if isinstance(outcome, LimelightError):
+                    code = outcome.code.name if outcome.code is not None else "UNKNOWN"
+                    row = {
+                        "line": numbers[done],
+                        "error": {"code": code, "message": outcome.message},
+                    }
+                    failures[code] += 1
                 else:
-                    labels[explanation.label] += 1
+                    row = {"line": numbers[done], **outcome.to_dict()}
+                    if outcome.multi_label:  # every label at or over its threshold
+                        labels.update(outcome.predicted_labels or ["(none)"])
+                    else:
+                        labels[outcome.label] += 1
+                # Piped in, lines may come as they are written: pass each answer on at once.
+                print(json.dumps(row), flush=source is sys.stdin)
                 done += 1
                 bar.update()
 
@@ -382,6 +403,7 @@ def _run_lines(args: argparse.Namespace) -> int:
                         all_classes=args.all_classes,
                         method=args.method or None,
                         texts_per_call=args.texts_per_call,
+                        return_exceptions=args.keep_going,
                     ):
                         emit(explanation)
     except _JobMethod as exc:
@@ -407,9 +429,17 @@ def _run_lines(args: argparse.Namespace) -> int:
         return 1
     seconds = time.perf_counter() - start
     counts = ", ".join(f"{label} {n:,}" for label, n in labels.most_common())
+    explained = done - failures.total()
     print(
-        f"explained {done:,} line(s) in {seconds:.1f} s ({done / max(seconds, 1e-9):,.0f}/s)"
+        f"explained {explained:,} line(s) in {seconds:.1f} s ({done / max(seconds, 1e-9):,.0f}/s)"
         + (f": {counts}" if counts else ""),
         file=sys.stderr,
     )
+    if failures:
+        codes = ", ".join(f"{code} {n:,}" for code, n in failures.most_common())
+        print(
+            f'error: {failures.total():,} line(s) failed ({codes}); see their "error" lines',
+            file=sys.stderr,
+        )
+        return 1
     return 0

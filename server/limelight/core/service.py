@@ -11,7 +11,7 @@ import time
 import weakref
 from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 import numpy as np
@@ -32,6 +32,7 @@ from limelight.core.types import (
     Encoded,
     ExplainInput,
     Explanation,
+    Failed,
     FloatArray,
     MethodInfo,
     ModelInfo,
@@ -639,16 +640,21 @@ class ExplanationService:
         return explanation
 
     async def explain_many(
-        self, requests: AsyncIterator[ExplainInput], window: int | None = None
-    ) -> AsyncIterator[Explanation]:
-        """Explains a stream concurrently (so batches fill) and yields results in order."""
+        self, requests: AsyncIterator[ExplainInput | Failed], window: int | None = None
+    ) -> AsyncIterator[Explanation | Failed]:
+        """Explains a stream concurrently (so batches fill) and yields results in order.
+
+        The first input that fails ends the stream with its error, after the answers before it,
+        unless it asked for ``continue_on_error``: then its ``Failed`` is yielded in its place
+        and the stream goes on. A ``Failed`` in ``requests`` (an input the caller could not even
+        read) is passed through in its place."""
         window = window or 2 * self.settings.max_batch_size
-        pending: asyncio.Queue[asyncio.Task[Explanation] | None] = asyncio.Queue(window)
+        pending: asyncio.Queue[asyncio.Task[Explanation | Failed] | None] = asyncio.Queue(window)
 
         async def feed() -> None:
             try:
                 async for request in requests:
-                    await pending.put(asyncio.ensure_future(self.explain(request)))
+                    await pending.put(asyncio.ensure_future(self._answer(request)))
             finally:
                 await pending.put(None)
 
@@ -664,17 +670,45 @@ class ExplanationService:
                 if leftover is not None:
                     leftover.cancel()
 
+    async def _answer(
+        self, request: ExplainInput | Failed, together: bool = False
+    ) -> Explanation | Failed:
+        """``explain`` (``together``: as one input of several sent at once), with a failure
+        answered as a ``Failed`` when the input asked for ``continue_on_error``."""
+        if isinstance(request, Failed):
+            return request
+        explain = self._explain_with_others if together else self.explain
+        if not request.continue_on_error:
+            return await explain(request)
+        try:
+            return await explain(request)
+        except Exception as exc:  # answered in its place; the API layer logs the unexpected
+            return Failed(exc, request.request_id)
+
     async def explain_batch(self, requests: Sequence[ExplainInput]) -> list[Explanation]:
         """Explain the inputs of one call concurrently (so that the micro-batcher fills) and
         answer in input order. The first input in order that failed fails the call, with its
-        position in the message; the others are cancelled as soon as one fails."""
+        position in the message; the others are cancelled as soon as one fails.
+        ``continue_on_error`` is not honoured here (``explain_each`` honours it)."""
+        plain = [
+            replace(r, continue_on_error=False) if r.continue_on_error else r for r in requests
+        ]
+        # Nothing asked to go on, so every answer is an Explanation (or the call raised).
+        return [r for r in await self.explain_each(plain) if isinstance(r, Explanation)]
+
+    async def explain_each(
+        self, requests: Sequence[ExplainInput | Failed]
+    ) -> list[Explanation | Failed]:
+        """``explain_batch``, where an input that asked for ``continue_on_error`` is answered
+        by its ``Failed`` when it fails, and fails neither the call nor the other inputs. A
+        ``Failed`` in ``requests`` (an input the caller could not read) keeps its place."""
         limit = self.settings.max_batch_request_items
         if len(requests) > limit:
             raise InvalidArgument(
                 f"{len(requests)} inputs in one call; at most {limit} (max_batch_request_items)"
             )
-        explain = self.explain if len(requests) == 1 else self._explain_with_others
-        tasks = [asyncio.ensure_future(explain(r)) for r in requests]
+        together = len(requests) > 1
+        tasks = [asyncio.ensure_future(self._answer(r, together)) for r in requests]
         if not tasks:
             return []
         try:
@@ -690,7 +724,7 @@ class ExplanationService:
         ]
         if failures:
             index, error = failures[0]
-            if isinstance(error, LimelightError) and len(tasks) > 1:
+            if isinstance(error, LimelightError) and together:
                 raise type(error)(f"input {index}: {error.message}") from error
             raise error
         return [task.result() for task in tasks]

@@ -32,9 +32,22 @@ class ExplainInput:
     request_id: str = ""
     deadline: float | None = None
     """Absolute ``time.monotonic()`` deadline; expired work is skipped, not computed."""
+    continue_on_error: bool = False
+    """In a stream or a batch (``explain_many``, ``explain_each``): when this input fails, it
+    is answered in its place by a ``Failed`` and the others go on; otherwise its error ends the
+    stream or fails the whole batch."""
 
     def expired(self) -> bool:
         return self.deadline is not None and time.monotonic() >= self.deadline
+
+
+@dataclass(frozen=True)
+class Failed:
+    """The answer in its place to an input of a stream or batch that failed and asked for
+    ``continue_on_error``: ``error`` is what a call of its own would have raised."""
+
+    error: Exception
+    request_id: str = ""
 
 
 @dataclass(frozen=True)

@@ -64,6 +64,14 @@ class Metrics:
             buckets=_LATENCY_BUCKETS,
             registry=r,
         )
+        self.item_errors = Counter(
+            "limelight_item_errors_total",
+            "Inputs of an ExplainStream or ExplainBatch call answered in their place by an error "
+            "(continue_on_error), by RPC and the status code they would have had; the call's own "
+            "status stays OK.",
+            ["rpc", "code"],
+            registry=r,
+        )
         self.requests_in_flight = Gauge(
             "limelight_requests_in_flight",
             "gRPC calls being served now.",
