@@ -335,3 +335,43 @@ def test_sighup_to_the_supervisor_reaches_every_worker(bert_tiny_dir: Path, tmp_
         for channel in on.values():
             channel.close()
         assert stop_process(process) == 0, log.read_text()[-3000:]
+
+
+def _catches_sighup(pid: int) -> bool:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("SigCgt:"):
+            return bool(int(line.split()[1], 16) & (1 << (signal.SIGHUP - 1)))
+    return False
+
+
+def _torch_loaded(pid: int) -> bool:
+    return "libtorch" in Path(f"/proc/{pid}/maps").read_text()
+
+
+def test_a_sighup_while_the_process_starts_does_not_end_it(
+    bert_tiny_dir: Path, tmp_path: Path
+) -> None:
+    """SIGHUP's default action ends a process: ``limelight serve`` catches it from its first
+    steps, long before torch is imported and the server's own handler is in place, and honours
+    it once serving."""
+    model = bare_copy(bert_tiny_dir, tmp_path / "model")
+    shutil.copytree(bert_tiny_dir / HEAD_DIRNAME, model / HEAD_DIRNAME)
+    log = tmp_path / "serve.log"
+    argv = [sys.executable, "-m", "limelight.cli.main", "serve", "--model", str(model)]
+    port = free_port()
+    argv += ["--port", str(port), "--metrics-port", "0", "--jobs", "off"]
+    argv += ["--reload-interval-s", "0", "--default-method", "auto"]
+    with log.open("wb") as out:
+        process = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT)
+    try:
+        while not _catches_sighup(process.pid):
+            assert process.poll() is None, log.read_text()[-3000:]
+            time.sleep(0.005)
+        assert not _torch_loaded(process.pid)  # caught well before the server's imports
+        process.send_signal(signal.SIGHUP)
+        wait_for_log(process, log, "SERVING")
+        wait_for_log(process, log, "SIGHUP: nothing new served")
+        r = stub(f"127.0.0.1:{port}").Explain(pb.ExplainRequest(text=TEXT), timeout=30)
+        assert r.explanation.method == "distilled"
+    finally:
+        assert stop_process(process) == 0, log.read_text()[-3000:]

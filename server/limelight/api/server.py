@@ -297,12 +297,20 @@ class SidecarServer:
         tracing.shutdown_tracing()
         log.info("stopped")
 
-    async def run(self, install_signal_handlers: bool = True) -> None:
+    async def run(
+        self,
+        install_signal_handlers: bool = True,
+        hangup_before: Callable[[], bool] | None = None,
+    ) -> None:
+        """Serve until asked to stop. ``hangup_before``: whether a SIGHUP came before this
+        loop's handler took over (then it is honoured as if it came now)."""
         loop = asyncio.get_running_loop()
         if install_signal_handlers:
             for sig in (signal.SIGTERM, signal.SIGINT):
                 loop.add_signal_handler(sig, self.request_stop)
             loop.add_signal_handler(signal.SIGHUP, self.request_reload)
+        if hangup_before is not None and hangup_before():
+            self.request_reload()
         try:
             await self.start()
             await self.wait()

@@ -7,9 +7,11 @@ import asyncio
 import json
 import logging
 import os
+import signal
 import sys
 import threading
 from pathlib import Path
+from types import FrameType
 
 from limelight.cli.common import add_model_args, settings_from_args, setup_logging
 from limelight.errors import InvalidArgument
@@ -150,17 +152,32 @@ def preflight(settings: Settings) -> None:
     check_workers(settings)
 
 
+class _EarlyHangup:
+    """SIGHUP before the server's own handler is in place: importing torch and gRPC takes
+    seconds, and SIGHUP's default action ends the process (a ``kill -HUP`` right after a pod
+    started would restart it). Noted here instead, and honoured once the server runs."""
+
+    def __init__(self) -> None:
+        self.seen = False
+        signal.signal(signal.SIGHUP, self._note)
+
+    def _note(self, signum: int, frame: FrameType | None) -> None:
+        self.seen = True
+
+
 def run(args: argparse.Namespace) -> int:
+    hangup = _EarlyHangup()  # first: everything below may take seconds
     settings = settings_from_args(args)
     setup_logging(settings.log_level)
     preflight(settings)
     if settings.workers > 1:
         from limelight.api.workers import Supervisor
 
+        # Its own handler takes over; no worker has read the model's files yet, and each will.
         return Supervisor(settings).run()
     from limelight.api.server import SidecarServer
 
-    asyncio.run(SidecarServer(settings).run())
+    asyncio.run(SidecarServer(settings).run(hangup_before=lambda: hangup.seen))
     return 0
 
 
