@@ -84,6 +84,7 @@ def explain_request(
     method: str | None,
     request_id: str | None,
     continue_on_error: bool = False,
+    timeout_seconds: float = 0.0,
 ) -> pb.ExplainRequest:
     if not isinstance(text, str):
         raise TypeError(f"text must be a str, not {type(text).__name__}")
@@ -93,6 +94,7 @@ def explain_request(
         method=method or "",
         request_id=request_id or "",
         continue_on_error=continue_on_error,
+        timeout_seconds=timeout_seconds,
     )
     if text_pair is not None:
         req.text_pair = text_pair

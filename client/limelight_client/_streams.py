@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import queue
 import threading
 import time
@@ -60,18 +61,34 @@ Build = Callable[[TextItem], tuple[pb.ExplainRequest, Sent]]
 
 
 def request_builder(
-    target: TargetArg, all_classes: bool, method: str | None, in_place: bool = False
+    target: TargetArg,
+    all_classes: bool,
+    method: str | None,
+    in_place: bool = False,
+    text_timeout: float | None = None,
 ) -> Build:
     """How ``explain_many`` turns one input item into its request (a fresh request id each);
-    ``in_place``: the request asks for its error in its place (``continue_on_error``)."""
+    ``in_place``: the request asks for its error in its place (``continue_on_error``);
+    ``text_timeout``: each input's own budget on the server (``timeout_seconds``)."""
+    budget = check_text_timeout(text_timeout)
 
     def build(item: TextItem) -> tuple[pb.ExplainRequest, Sent]:
         text, pair = split_item(item)
         rid = new_request_id()
-        request = explain_request(text, pair, target, all_classes, method, rid, in_place)
+        request = explain_request(text, pair, target, all_classes, method, rid, in_place, budget)
         return request, (text, pair, rid)
 
     return build
+
+
+def check_text_timeout(text_timeout: float | None) -> float:
+    """``text_timeout`` as ``timeout_seconds`` (0.0: none); a ValueError unless None or a
+    finite number above 0."""
+    if text_timeout is None:
+        return 0.0
+    if not math.isfinite(text_timeout) or text_timeout <= 0:
+        raise ValueError(f"text_timeout must be a finite number of seconds > 0, not {text_timeout}")
+    return float(text_timeout)
 
 
 def answer(

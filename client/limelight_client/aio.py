@@ -275,6 +275,7 @@ class AsyncClient(ClientBase[grpc.aio.Channel]):
         method: str | None = ...,
         timeout: float | None = ...,
         texts_per_call: int = ...,
+        text_timeout: float | None = ...,
         return_exceptions: Literal[False] = ...,
     ) -> AsyncIterator[Explanation]: ...
 
@@ -288,6 +289,7 @@ class AsyncClient(ClientBase[grpc.aio.Channel]):
         method: str | None = ...,
         timeout: float | None = ...,
         texts_per_call: int = ...,
+        text_timeout: float | None = ...,
         return_exceptions: bool,
     ) -> AsyncIterator[Explanation | LimelightError]: ...
 
@@ -300,11 +302,12 @@ class AsyncClient(ClientBase[grpc.aio.Channel]):
         method: str | None = None,
         timeout: float | None = None,
         texts_per_call: int = 1,
+        text_timeout: float | None = None,
         return_exceptions: bool = False,
     ) -> AsyncIterator[Explanation] | AsyncIterator[Explanation | LimelightError]:
         """See ``Client.explain_many``; ``texts`` may also be an async iterable."""
         check_texts_per_call(texts_per_call)
-        build = request_builder(target, all_classes, method, return_exceptions)
+        build = request_builder(target, all_classes, method, return_exceptions, text_timeout)
         deadline = self._deadline(timeout, default=False)
         if texts_per_call > 1:
             return self._explain_packed(texts, texts_per_call, build, deadline, return_exceptions)

@@ -344,6 +344,7 @@ class Client(ClientBase[grpc.Channel]):
         method: str | None = ...,
         timeout: float | None = ...,
         texts_per_call: int = ...,
+        text_timeout: float | None = ...,
         return_exceptions: Literal[False] = ...,
     ) -> Iterator[Explanation]: ...
 
@@ -357,6 +358,7 @@ class Client(ClientBase[grpc.Channel]):
         method: str | None = ...,
         timeout: float | None = ...,
         texts_per_call: int = ...,
+        text_timeout: float | None = ...,
         return_exceptions: bool,
     ) -> Iterator[Explanation | LimelightError]: ...
 
@@ -369,6 +371,7 @@ class Client(ClientBase[grpc.Channel]):
         method: str | None = None,
         timeout: float | None = None,
         texts_per_call: int = 1,
+        text_timeout: float | None = None,
         return_exceptions: bool = False,
     ) -> Iterator[Explanation] | Iterator[Explanation | LimelightError]:
         """Explain many inputs; yields results in input order.
@@ -394,19 +397,24 @@ class Client(ClientBase[grpc.Channel]):
         answered out of order, is not cut short. An input the server refuses fails the run
         (``InvalidArgument``, with its position in its call).
 
+        Either way, a server that stops answering does not hang the run: when nothing the run
+        waits for is answered for the client's own ``timeout``, it fails with
+        ``DeadlineExceeded``. The silence counts from the last answer, or from when the awaited
+        item went out if later; pauses of the input and of the caller do not count.
+
         ``return_exceptions=True`` keeps the run going past inputs that fail: each is yielded
         in its place as its error (a ``LimelightError`` — ``InvalidArgument`` for a text the
         server refuses, ``ResourceExhausted`` when it is at capacity, ...), the way ``explain``
         would have raised it, and the others are answered as usual. Failures of the run itself
         (a server that cannot be reached or stops answering) are still raised.
 
-        Either way, a server that stops answering does not hang the run: when nothing the run
-        waits for is answered for the client's own ``timeout``, it fails with
-        ``DeadlineExceeded``. The silence counts from the last answer, or from when the awaited
-        item went out if later; pauses of the input and of the caller do not count.
+        ``text_timeout`` gives each input its own budget on the server, counted from when the
+        server reads it (the run's ``timeout`` bounds the whole run): an input not computed in
+        time — behind a backlog, say — is skipped rather than computed late and fails with
+        ``DeadlineExceeded``, which ends the run unless ``return_exceptions=True``.
         """
         check_texts_per_call(texts_per_call)
-        build = request_builder(target, all_classes, method, return_exceptions)
+        build = request_builder(target, all_classes, method, return_exceptions, text_timeout)
         deadline = self._deadline(timeout, default=False)
         if texts_per_call > 1:
             return self._explain_packed(texts, texts_per_call, build, deadline, return_exceptions)

@@ -15,7 +15,12 @@ import grpc
 import pytest
 
 from limelight_client import AsyncClient, Client, Explanation
-from limelight_client.errors import InvalidArgument, LimelightError, ResourceExhausted
+from limelight_client.errors import (
+    DeadlineExceeded,
+    InvalidArgument,
+    LimelightError,
+    ResourceExhausted,
+)
 from limelight_client.proto import explainer_pb2 as pb
 from limelight_client.proto import explainer_pb2_grpc
 from tests.conftest import RunningSidecar
@@ -229,3 +234,69 @@ def test_an_unexpected_failure_in_place_is_internal_and_logged(
     assert got[1].error.code == grpc.StatusCode.INTERNAL.value[0]
     assert "secret" not in got[1].error.message and "server log" in got[1].error.message
     assert "secret internals" in caplog.text  # the details go to the server's log only
+
+
+def _batches(metrics_url: str) -> float:
+    body = urllib.request.urlopen(metrics_url, timeout=10).read().decode()
+    return sum(
+        float(line.split()[-1])
+        for line in body.splitlines()
+        if line.startswith("limelight_batch_size_count")
+    )
+
+
+def test_an_input_past_its_own_timeout_is_skipped_not_computed(
+    start_sidecar: Callable[..., RunningSidecar], bert_tiny_dir: Path
+) -> None:
+    side = start_sidecar(model_dir=bert_tiny_dir, jobs="off")
+    stub = explainer_pb2_grpc.ExplainerStub(grpc.insecure_channel(side.target))
+    stub.Explain(pb.ExplainRequest(text="warm"), timeout=30)
+    before = _batches(side.metrics_url)
+    # Budgets spent before the inputs are even read: none reaches a forward pass.
+    late = [
+        pb.ExplainRequest(text=f"film {i}", continue_on_error=True, timeout_seconds=1e-9)
+        for i in range(5)
+    ]
+    answers = list(stub.ExplainStream(iter(late), timeout=60))
+    assert [a.error.code for a in answers] == [grpc.StatusCode.DEADLINE_EXCEEDED.value[0]] * 5
+    assert _batches(side.metrics_url) == before
+    # Mixed with inputs that have time, and budgets that are not numbers of seconds.
+    mixed = [
+        pb.ExplainRequest(text="film a", continue_on_error=True, timeout_seconds=60),
+        pb.ExplainRequest(text="film b", continue_on_error=True, timeout_seconds=1e-9),
+        pb.ExplainRequest(text="film c", continue_on_error=True, timeout_seconds=-1),
+        pb.ExplainRequest(text="film d", continue_on_error=True, timeout_seconds=float("nan")),
+        pb.ExplainRequest(text="film e", continue_on_error=True),
+    ]
+    got = list(stub.ExplainStream(iter(mixed), timeout=60))
+    codes = [r.error.code if r.HasField("error") else 0 for r in got]
+    invalid = grpc.StatusCode.INVALID_ARGUMENT.value[0]
+    assert codes == [0, grpc.StatusCode.DEADLINE_EXCEEDED.value[0], invalid, invalid, 0]
+    assert "timeout_seconds" in got[2].error.message
+    # A unary call honours the earlier of its deadline and its own budget.
+    with pytest.raises(grpc.RpcError) as err:
+        stub.Explain(pb.ExplainRequest(text="film", timeout_seconds=1e-9), timeout=30)
+    assert err.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+    ok = stub.Explain(pb.ExplainRequest(text="film", timeout_seconds=30), timeout=30)
+    assert ok.label
+
+
+def test_sdk_text_timeout(sidecar: RunningSidecar) -> None:
+    texts = ["a fine film", "a dull film", "a witty film"]
+    with Client(sidecar.target, timeout=60) as client:
+        late = list(client.explain_many(texts, text_timeout=1e-9, return_exceptions=True))
+        assert all(isinstance(r, DeadlineExceeded) for r in late)
+        with pytest.raises(DeadlineExceeded):
+            list(client.explain_many(texts, text_timeout=1e-9))
+        timely = list(client.explain_many(texts, text_timeout=60, texts_per_call=2))
+        assert [r.text for r in timely] == texts
+        for bad in (0, -1, float("inf")):
+            with pytest.raises(ValueError, match="text_timeout"):
+                client.explain_many(texts, text_timeout=bad)
+
+    async def run_async() -> list[Explanation | LimelightError]:
+        async with AsyncClient(sidecar.target, timeout=60) as client:
+            stream = client.explain_many(texts, text_timeout=1e-9, return_exceptions=True)
+            return [r async for r in stream]
+
+    assert all(isinstance(r, DeadlineExceeded) for r in asyncio.run(run_async()))

@@ -36,7 +36,7 @@ class Target(_message.Message):
     def __init__(self, label: _Optional[str] = ..., index: _Optional[int] = ...) -> None: ...
 
 class ExplainRequest(_message.Message):
-    __slots__ = ("text", "text_pair", "target", "all_classes", "method", "request_id", "continue_on_error")
+    __slots__ = ("text", "text_pair", "target", "all_classes", "method", "request_id", "continue_on_error", "timeout_seconds")
     TEXT_FIELD_NUMBER: _ClassVar[int]
     TEXT_PAIR_FIELD_NUMBER: _ClassVar[int]
     TARGET_FIELD_NUMBER: _ClassVar[int]
@@ -44,6 +44,7 @@ class ExplainRequest(_message.Message):
     METHOD_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     CONTINUE_ON_ERROR_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_SECONDS_FIELD_NUMBER: _ClassVar[int]
     text: str
     text_pair: str
     target: Target
@@ -51,7 +52,8 @@ class ExplainRequest(_message.Message):
     method: str
     request_id: str
     continue_on_error: bool
-    def __init__(self, text: _Optional[str] = ..., text_pair: _Optional[str] = ..., target: _Optional[_Union[Target, _Mapping]] = ..., all_classes: _Optional[bool] = ..., method: _Optional[str] = ..., request_id: _Optional[str] = ..., continue_on_error: _Optional[bool] = ...) -> None: ...
+    timeout_seconds: float
+    def __init__(self, text: _Optional[str] = ..., text_pair: _Optional[str] = ..., target: _Optional[_Union[Target, _Mapping]] = ..., all_classes: _Optional[bool] = ..., method: _Optional[str] = ..., request_id: _Optional[str] = ..., continue_on_error: _Optional[bool] = ..., timeout_seconds: _Optional[float] = ...) -> None: ...
 
 class ItemError(_message.Message):
     __slots__ = ("code", "message")

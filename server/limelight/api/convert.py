@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -74,6 +75,20 @@ def target_to_proto(target: TargetSpec | None) -> pb.Target | None:
     return None
 
 
+def input_deadline(request: pb.ExplainRequest, deadline: float | None) -> float | None:
+    """The earlier of the call's ``deadline`` and the input's own ``timeout_seconds`` from
+    now (absolute ``time.monotonic()``; None: neither)."""
+    budget = request.timeout_seconds
+    if budget == 0:
+        return deadline
+    if not math.isfinite(budget) or budget < 0:
+        raise InvalidArgument(
+            f"timeout_seconds must be a finite number >= 0 (0: none), not {budget!r}"
+        )
+    own = time.monotonic() + budget
+    return own if deadline is None else min(own, deadline)
+
+
 def explain_input(request: pb.ExplainRequest, deadline: float | None) -> ExplainInput:
     return ExplainInput(
         text=request.text,
@@ -82,7 +97,7 @@ def explain_input(request: pb.ExplainRequest, deadline: float | None) -> Explain
         all_classes=request.all_classes,
         method=request.method,
         request_id=request.request_id,
-        deadline=deadline,
+        deadline=input_deadline(request, deadline),
         continue_on_error=request.continue_on_error,
     )
 
