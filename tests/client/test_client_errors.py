@@ -8,6 +8,7 @@ import pytest
 
 from limelight_client import errors
 
+#: Each status code with the error class it becomes (shared with the network tests).
 CLASSES = [
     (grpc.StatusCode.INVALID_ARGUMENT, errors.InvalidArgument),
     (grpc.StatusCode.OUT_OF_RANGE, errors.InvalidArgument),
@@ -22,6 +23,7 @@ CLASSES = [
     (grpc.StatusCode.CANCELLED, errors.Cancelled),
     (grpc.StatusCode.INTERNAL, errors.Internal),
     (grpc.StatusCode.DATA_LOSS, errors.Internal),
+    (grpc.StatusCode.ABORTED, errors.LimelightError),  # no class of its own
 ]
 
 

@@ -19,6 +19,7 @@ from limelight_client._common import RetryPolicy
 from limelight_client.proto import explainer_pb2 as pb
 from limelight_client.proto import explainer_pb2_grpc as pb_grpc
 from tests.client.llc_scripted import AnswersOutOfOrder, Placement, ScriptedServer, start_server
+from tests.client.test_client_errors import CLASSES
 
 TEXT = "The movie wasn't bad at all!"
 
@@ -231,22 +232,7 @@ def test_token_must_be_one_line() -> None:
         Client("127.0.0.1:1", token="a\nb")
 
 
-@pytest.mark.parametrize(
-    ("code", "cls"),
-    [
-        (grpc.StatusCode.INVALID_ARGUMENT, errors.InvalidArgument),
-        (grpc.StatusCode.NOT_FOUND, errors.NotFound),
-        (grpc.StatusCode.FAILED_PRECONDITION, errors.FailedPrecondition),
-        (grpc.StatusCode.RESOURCE_EXHAUSTED, errors.ResourceExhausted),
-        (grpc.StatusCode.UNAVAILABLE, errors.Unavailable),
-        (grpc.StatusCode.DEADLINE_EXCEEDED, errors.DeadlineExceeded),
-        (grpc.StatusCode.UNAUTHENTICATED, errors.Unauthenticated),
-        (grpc.StatusCode.PERMISSION_DENIED, errors.PermissionDenied),
-        (grpc.StatusCode.UNIMPLEMENTED, errors.Unimplemented),
-        (grpc.StatusCode.INTERNAL, errors.Internal),
-        (grpc.StatusCode.ABORTED, errors.LimelightError),
-    ],
-)
+@pytest.mark.parametrize(("code", "cls"), CLASSES, ids=[c.name for c, _ in CLASSES])
 def test_error_mapping(
     scripted: ScriptedServer, code: grpc.StatusCode, cls: type[errors.LimelightError]
 ) -> None:
