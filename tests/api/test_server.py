@@ -65,8 +65,16 @@ def test_text_pair(sidecar: RunningSidecar) -> None:
     assert segments == {0, 1}
 
 
+def _inputs_timed(metrics_url: str) -> float:
+    """How many inputs the per-input latency histogram (stage "total") has seen."""
+    body = urllib.request.urlopen(metrics_url, timeout=10).read().decode()
+    series = 'limelight_inline_stage_duration_seconds_count{stage="total"}'
+    return sum(float(line.split()[-1]) for line in body.splitlines() if line.startswith(series))
+
+
 def test_stream_keeps_order_and_batches(sidecar: RunningSidecar) -> None:
     texts = [f"review number {i}: {'great ' * (i % 5)}fun" for i in range(40)]
+    timed = _inputs_timed(sidecar.metrics_url)
     responses = list(
         stub(sidecar.target).ExplainStream(
             iter(pb.ExplainRequest(text=t, request_id=str(i)) for i, t in enumerate(texts)),
@@ -75,6 +83,8 @@ def test_stream_keeps_order_and_batches(sidecar: RunningSidecar) -> None:
     )
     assert [r.request_id for r in responses] == [str(i) for i in range(40)]
     assert max(r.timings.batch_size for r in responses) > 1
+    # Each input of the stream is timed on its own, not only the stream as one call.
+    assert _inputs_timed(sidecar.metrics_url) == timed + 40
 
 
 def test_explain_batch_answers_each_input_as_explain_does(sidecar: RunningSidecar) -> None:

@@ -306,7 +306,7 @@ class ExplanationService:
         self._tokenizer = None
         self._stage = {
             name: metrics.stage_duration.labels(name)
-            for name in ("tokenize", "queue", "forward", "attribute")
+            for name in ("tokenize", "queue", "forward", "attribute", "total")
         }
         self._ready = False
         # Inline requests admitted (past the readiness check) and not yet answered: draining
@@ -799,6 +799,8 @@ class ExplanationService:
         stage["queue"].observe(t.queue_seconds)
         stage["forward"].observe(t.forward_seconds)
         stage["attribute"].observe(t.attribute_seconds)
+        # Per input, whatever the RPC: a stream's or a batch's own duration says nothing of it.
+        stage["total"].observe(t.total_seconds)
         if explanation.multi_label:
             predicted = [self._labels.index(name) for name in explanation.predicted_labels]
         else:

@@ -81,7 +81,8 @@ class Metrics:
         )
         self.stage_duration = Histogram(
             "limelight_inline_stage_duration_seconds",
-            "Inline explanation stages: queue, tokenize, forward, attribute.",
+            "Inline explanation stages: queue, tokenize, forward, attribute; total: each "
+            "input's whole time in the service, from read to answer, whatever the RPC.",
             ["stage"],
             buckets=_LATENCY_BUCKETS,
             registry=r,
