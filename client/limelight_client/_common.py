@@ -11,9 +11,9 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar, Generic, TypeAlias, TypeVar
+from typing import Any, ClassVar, Generic, Literal, TypeAlias, TypeVar
 
 import grpc
 import grpc.aio
@@ -28,6 +28,9 @@ DEFAULT_MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 
 TargetArg = str | int | None
 TextItem = str | tuple[str, str | None]
+#: How ``explain`` reaches the sidecar: a unary ``Explain`` call each, or one message on a
+#: pooled ``ExplainStream`` (limelight_client._lanes).
+SingleCalls = Literal["unary", "stream"]
 
 
 @dataclass(frozen=True)
@@ -400,6 +403,8 @@ class Connection(Generic[ChannelT]):
     """The server process it reached when last asked ("" until asked)."""
     calls: int = 0
     """Calls using it now (``Connections.lease``)."""
+    lanes: list[Any] = field(default_factory=list)
+    """Its idle streams for single calls (``single_calls="stream"``; limelight_client._lanes)."""
 
     def rpc(self, name: str) -> Callable[..., Any]:
         """The Explainer method ``name``, or the health check (``HEALTH_RPC``)."""
@@ -523,6 +528,10 @@ class Connections(Generic[ChannelT]):
         held.append(self.redial(conn))
         return held[-1]
 
+    def every_connection(self) -> list[Connection[ChannelT]]:
+        """The connections and any replaced ones still in use."""
+        return [*self.open, *self.retired]
+
     def every_channel(self) -> list[ChannelT]:
         """What closing the client closes: the connections and any replaced ones."""
         return [c.channel for c in (*self.open, *self.retired)] + self.closing
@@ -619,6 +628,14 @@ class Connections(Generic[ChannelT]):
 PemArg = str | bytes | Path | None
 
 
+def wrote_past_the_end(err: grpc.RpcError) -> bool:
+    """Whether grpc.aio replaced a stream's status because a request was written after the
+    server had ended the stream: it then reports ``INTERNAL: Internal error from Core`` and the
+    server's own status (``UNAVAILABLE`` from a worker shutting down, say) is lost
+    (grpc/grpc#36066). The sync client reports the server's status."""
+    return err.code() == grpc.StatusCode.INTERNAL and err.details() == "Internal error from Core"
+
+
 def deadline_error(what: str) -> DeadlineExceeded:
     return DeadlineExceeded(grpc.StatusCode.DEADLINE_EXCEEDED, f"deadline exceeded {what}")
 
@@ -648,7 +665,11 @@ class ClientBase(Generic[ChannelT]):
         max_backoff: float = 5.0,
         connections: int = 1,
         spread: bool = True,
+        single_calls: SingleCalls = "unary",
     ) -> None:
+        if single_calls not in ("unary", "stream"):
+            raise ValueError(f"single_calls must be 'unary' or 'stream', not {single_calls!r}")
+        self.single_calls: SingleCalls = single_calls
         self.target = target
         self.timeout = timeout
         self.retry_policy = RetryPolicy(retries=retries, backoff=backoff, max_backoff=max_backoff)

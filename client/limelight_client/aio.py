@@ -40,7 +40,9 @@ from limelight_client._common import (
     submit_request,
     terminal_state,
     time_left,
+    wrote_past_the_end,
 )
+from limelight_client._lanes import AsyncLane, give_back_lane, lane_answer, take_lane
 from limelight_client._streams import (
     AsyncChunks,
     AsyncProgress,
@@ -69,14 +71,6 @@ from limelight_client.proto import explainer_pb2_grpc as pb_grpc
 from limelight_client.types import DriftReport, Explanation, JobInfo, JobState, ModelInfo
 
 __all__ = ["AsyncClient", "AsyncJob"]
-
-
-def wrote_past_the_end(err: grpc.RpcError) -> bool:
-    """Whether grpc.aio replaced a stream's status because a request was written after the
-    server had ended the stream: it then reports ``INTERNAL: Internal error from Core`` and the
-    server's own status (``UNAVAILABLE`` from a worker shutting down, say) is lost
-    (grpc/grpc#36066). The sync client reports the server's status."""
-    return err.code() == grpc.StatusCode.INTERNAL and err.details() == "Internal error from Core"
 
 
 class AsyncClient(ClientBase[grpc.aio.Channel]):
@@ -136,6 +130,9 @@ class AsyncClient(ClientBase[grpc.aio.Channel]):
             return err.code()
 
     async def close(self) -> None:
+        for conn in self._connections.every_connection():
+            while (lane := take_lane(conn.lanes)) is not None:
+                lane.close()
         for channel in self._connections.every_channel():
             await channel.close()
 
@@ -179,6 +176,7 @@ class AsyncClient(ClientBase[grpc.aio.Channel]):
         *,
         idempotent: bool = True,
         connection: int | None = None,
+        on_stream: bool = False,
     ) -> Any:
         """See ``Client._unary``."""
         deadline = self._deadline(timeout)
@@ -189,18 +187,36 @@ class AsyncClient(ClientBase[grpc.aio.Channel]):
                 while True:
                     remaining = self._remaining(deadline, "before the call could be (re)tried")
                     try:
+                        if on_stream:
+                            return await self._ask_on_stream(conn, request, remaining)
                         rpc = conn.rpc(method)
                         return await rpc(request, timeout=remaining, metadata=self._metadata)
-                    except grpc.RpcError as err:
+                    except (grpc.RpcError, LimelightError) as err:
                         error = await self._retry_or_error(
                             err, attempt, deadline, idempotent=idempotent
                         )
                         if error is not None:
-                            raise error from err
+                            raise error from (err if error is not err else None)
                         attempt += 1  # a draining worker would answer again on this connection
                         conn = self._connections.retry_on(conn, connection is not None, redialled)
             finally:
                 self._connections.give_back(redialled)
+
+    async def _ask_on_stream(
+        self,
+        conn: Connection[grpc.aio.Channel],
+        request: pb.ExplainRequest,
+        timeout: float | None,
+    ) -> pb.ExplainResponse:
+        """See ``Client._ask_on_stream``."""
+        lane = take_lane(conn.lanes) or AsyncLane(conn.stub, self._metadata)
+        try:
+            response = await lane.ask(request, timeout)
+        except BaseException:  # cancelled too: an answer may still be on its way
+            lane.close()
+            raise
+        give_back_lane(conn.lanes, lane)
+        return lane_answer(response)
 
     # -- inline explanations ---------------------------------------------------------------
 
@@ -220,7 +236,8 @@ class AsyncClient(ClientBase[grpc.aio.Channel]):
         )
         deadline = self._deadline(timeout)  # spreading first (once) takes its share of it
         await self._spread(deadline)
-        resp = await self._unary("Explain", req, time_left(deadline))
+        on_stream = self.single_calls == "stream"
+        resp = await self._unary("Explain", req, time_left(deadline), on_stream=on_stream)
         return Explanation.from_proto(resp, text=text, text_pair=text_pair)
 
     @overload

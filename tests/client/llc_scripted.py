@@ -115,6 +115,8 @@ class ScriptedExplainer(pb_grpc.ExplainerServicer):
     stream_gap: float = 0.0
     #: Texts starting "drop" that ended their stream with UNAVAILABLE (each does so once).
     dropped: set[str] = field(default_factory=set)
+    #: Every request read from any ``ExplainStream``, in the order read.
+    streamed: list[pb.ExplainRequest] = field(default_factory=list)
 
     def fail(self, method: str, code: grpc.StatusCode, times: int = 1, msg: str = "") -> None:
         self.failures[method].extend([(code, msg or f"scripted {code.name}")] * times)
@@ -155,6 +157,7 @@ class ScriptedExplainer(pb_grpc.ExplainerServicer):
         self._enter("ExplainStream", received, context)
         for request in request_iterator:
             received.append(request.text)
+            self.streamed.append(request)
             if request.text == "boom":
                 context.abort(grpc.StatusCode.INVALID_ARGUMENT, "boom is not a review")
             if request.text == "hang up":  # end the stream (OK) without answering
