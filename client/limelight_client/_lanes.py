@@ -19,7 +19,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable, Iterator
-from typing import Any, Protocol
+from typing import Any, ClassVar, Protocol
 
 import grpc
 import grpc.aio
@@ -31,6 +31,12 @@ from limelight_client.proto import explainer_pb2 as pb
 #: Idle lanes kept per connection; more are closed when given back (each holds a stream open
 #: on the server).
 IDLE_LANES_MAX = 32
+
+#: A lane this old is ended (gracefully: its input half-closed) rather than reused, and the
+#: next call opens another. A stream keeps its connection open after the server asked the
+#: client to move on (``max_connection_age_s``, GOAWAY), and unary calls would have moved; a
+#: new stream goes on the channel's current connection.
+LANE_MAX_AGE_S = 10.0
 
 #: How often a sync lane's request iterator looks whether its stream ended under it (closed
 #: channel, server gone), so that gRPC's thread reading it does not wait forever.
@@ -71,11 +77,12 @@ def stream_ended() -> Unavailable:
 class Lane(Protocol):
     def usable(self) -> bool: ...
 
-    def close(self) -> None: ...
+    def close(self, cancel: bool = True) -> None: ...
 
 
 def take_lane(idle: list[Any]) -> Any | None:
-    """An idle lane of a connection whose stream is still open, or None (closing dead ones)."""
+    """An idle lane of a connection whose stream is open and young, or None; the others are
+    ended on the way (gracefully: an idle lane owes no answer)."""
     while idle:
         try:
             lane = idle.pop()
@@ -83,7 +90,7 @@ def take_lane(idle: list[Any]) -> Any | None:
             return None
         if lane.usable():
             return lane
-        lane.close()
+        lane.close(cancel=False)
     return None
 
 
@@ -91,7 +98,7 @@ def give_back_lane(idle: list[Any], lane: Lane) -> None:
     if len(idle) < IDLE_LANES_MAX:
         idle.append(lane)
     else:
-        lane.close()
+        lane.close(cancel=False)
 
 
 class Watchdog:
@@ -155,6 +162,7 @@ class SyncLane:
         self._queue: queue.SimpleQueue[pb.ExplainRequest | None] = queue.SimpleQueue()
         self._watchdog = watchdog
         self._expired = False
+        self._born = time.monotonic()
         self._call: Any = None
         self._call = stub.ExplainStream(self._requests(), metadata=metadata)
 
@@ -172,7 +180,8 @@ class SyncLane:
             yield request
 
     def usable(self) -> bool:
-        return not self._expired and not self._call.done()
+        young = time.monotonic() - self._born < LANE_MAX_AGE_S
+        return young and not self._expired and not self._call.done()
 
     def ask(self, request: pb.ExplainRequest, timeout: float | None) -> pb.ExplainResponse:
         """Send ``request`` and wait for its answer (``lane_answer`` reads it)."""
@@ -196,19 +205,26 @@ class SyncLane:
         self._expired = True
         self._call.cancel()
 
-    def close(self) -> None:
+    def close(self, cancel: bool = True) -> None:
+        """End the stream: ``cancel`` it (it may owe an answer), or end its input and let the
+        server close it (it owes none)."""
         self._queue.put(None)
-        self._call.cancel()
+        if cancel:
+            self._call.cancel()
 
 
 class AsyncLane:
     """An ``ExplainStream`` of the asyncio client carrying one input at a time."""
 
+    #: Graceful ends under way (the event loop keeps only weak references to tasks).
+    _ending: ClassVar[set[asyncio.Task[None]]] = set()
+
     def __init__(self, stub: Any, metadata: Any) -> None:
         self._call: Any = stub.ExplainStream(metadata=metadata)
+        self._born = time.monotonic()
 
     def usable(self) -> bool:
-        return not self._call.done()
+        return time.monotonic() - self._born < LANE_MAX_AGE_S and not self._call.done()
 
     async def ask(self, request: pb.ExplainRequest, timeout: float | None) -> pb.ExplainResponse:
         """Send ``request`` and wait for its answer; on any failure the lane is spent (an
@@ -229,5 +245,17 @@ class AsyncLane:
             raise stream_ended()
         return response  # type: ignore[no-any-return]
 
-    def close(self) -> None:
-        self._call.cancel()
+    def close(self, cancel: bool = True) -> None:
+        """See ``SyncLane.close``."""
+        if cancel or self._call.done():
+            self._call.cancel()
+            return
+        task = asyncio.get_running_loop().create_task(self._end())
+        self._ending.add(task)
+        task.add_done_callback(self._ending.discard)
+
+    async def _end(self) -> None:
+        try:
+            await self._call.done_writing()
+        except Exception:  # ended meanwhile (its channel closed, say): nothing left to end
+            self._call.cancel()

@@ -132,7 +132,7 @@ class AsyncClient(ClientBase[grpc.aio.Channel]):
     async def close(self) -> None:
         for conn in self._connections.every_connection():
             while (lane := take_lane(conn.lanes)) is not None:
-                lane.close()
+                lane.close(cancel=False)
         for channel in self._connections.every_channel():
             await channel.close()
 

@@ -144,8 +144,9 @@ class Client(ClientBase[grpc.Channel]):
         single_calls: how :meth:`explain` reaches the sidecar. ``"unary"`` (the default): one
             ``Explain`` call each. ``"stream"``: each is one message on an ``ExplainStream`` the
             client keeps open and reuses (one input in flight per stream, up to 32 idle ones
-            kept per connection), which costs the sidecar far less CPU than a call of its own
-            and answers sooner; deadlines, retries on ``UNAVAILABLE`` and the errors raised are
+            kept per connection, each renewed after 10 s so that a server's connection ageing
+            still moves the client), which costs the sidecar far less CPU than a call of its
+            own and answers sooner; deadlines, retries on ``UNAVAILABLE`` and the errors raised are
             the same. The sidecar then counts these inputs under ``rpc="ExplainStream"`` (its
             per-input latency: ``limelight_inline_stage_duration_seconds{stage="total"}``), and
             interceptors or tracing see one long call per stream rather than one per input.
@@ -167,7 +168,7 @@ class Client(ClientBase[grpc.Channel]):
         """Close the connections; calls in flight are cancelled."""
         for conn in self._connections.every_connection():
             while (lane := take_lane(conn.lanes)) is not None:
-                lane.close()
+                lane.close(cancel=False)
         for channel in self._connections.every_channel():
             channel.close()
         if self._watchdog is not None:

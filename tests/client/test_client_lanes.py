@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 import urllib.request
 from collections.abc import Callable, Iterator
 
@@ -14,7 +15,7 @@ import grpc
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from limelight_client import AsyncClient, Client, Explanation
+from limelight_client import AsyncClient, Client, Explanation, _lanes
 from limelight_client.errors import DeadlineExceeded, InvalidArgument, Unavailable
 from tests.client.llc_scripted import ScriptedServer
 from tests.conftest import RunningSidecar
@@ -190,4 +191,39 @@ def test_closing_the_client_ends_its_idle_streams(scripted: ScriptedServer) -> N
     lanes[0]._call.add_done_callback(lambda _: ended.set())
     client.close()
     assert ended.wait(10)
-    assert lanes[0]._call.code() == grpc.StatusCode.CANCELLED
+    assert not client._connections.open[0].lanes
+
+
+def test_an_old_stream_is_ended_gracefully_and_replaced(
+    scripted: ScriptedServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A stream would keep its connection past the server's GOAWAY (max_connection_age_s),
+    # where unary calls move on: lanes are renewed.
+    monkeypatch.setattr(_lanes, "LANE_MAX_AGE_S", 0.3)
+    with Client(scripted.target, single_calls="stream") as client:
+        client.explain("one")
+        (old,) = client._connections.open[0].lanes
+        client.explain("two")
+        assert client._connections.open[0].lanes == [old]  # young: reused
+        time.sleep(0.4)
+        client.explain("three")
+        (new,) = client._connections.open[0].lanes
+        assert new is not old
+        # The old stream's input was ended, not cancelled: the server closed it with OK.
+        ended = threading.Event()
+        old._call.add_done_callback(lambda _: ended.set())
+        assert ended.wait(10)
+        assert old._call.code() == grpc.StatusCode.OK
+    assert len(scripted.servicer.calls_to("ExplainStream")) == 2
+
+    async def run() -> None:
+        async with AsyncClient(scripted.target, single_calls="stream") as client:
+            await client.explain("four")
+            (old,) = client._connections.open[0].lanes
+            await asyncio.sleep(0.4)
+            await client.explain("five")
+            assert client._connections.open[0].lanes != [old]
+            assert await old._call.code() == grpc.StatusCode.OK
+
+    asyncio.run(run())
+    assert len(scripted.servicer.calls_to("ExplainStream")) == 4
