@@ -144,7 +144,7 @@ class Client(ClientBase[grpc.Channel]):
         single_calls: how :meth:`explain` reaches the sidecar. ``"unary"`` (the default): one
             ``Explain`` call each. ``"stream"``: each is one message on an ``ExplainStream`` the
             client keeps open and reuses (one input in flight per stream, up to 32 idle ones
-            kept per connection, each renewed after 10 s so that a server's connection ageing
+            kept per connection, each renewed after 3 s so that a server's connection ageing
             still moves the client), which costs the sidecar far less CPU than a call of its
             own and answers sooner; deadlines, retries on ``UNAVAILABLE`` and the errors raised are
             the same. The sidecar then counts these inputs under ``rpc="ExplainStream"`` (its

@@ -16,6 +16,7 @@ import pytest
 import yaml
 
 from limelight.settings import Settings
+from limelight_client._lanes import LANE_MAX_AGE_S
 from tests.deploy.crd_schemas import CRD_SCHEMAS
 from tests.deploy.deploy_support import (
     KUBERNETES_VERSION,
@@ -228,6 +229,9 @@ def test_sidecar_uses_native_grpc_probes_and_drains_within_grace(
     age = float(config["LIMELIGHT_MAX_CONNECTION_AGE_S"])
     assert age > 0
     assert 1.1 * age + 1 <= pre_stop
+    # The SDK's streamed single calls (single_calls="stream") keep a stream for up to
+    # LANE_MAX_AGE_S on the connection it was opened on, past that connection's GOAWAY.
+    assert 1.1 * age + 1 + LANE_MAX_AGE_S <= pre_stop
 
 
 def test_service_network_policy_and_pdb_select_the_pod(
