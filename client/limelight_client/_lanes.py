@@ -25,6 +25,7 @@ import grpc
 import grpc.aio
 
 from limelight_client._common import wrote_past_the_end
+from limelight_client._streams import wait_for
 from limelight_client.errors import DeadlineExceeded, Unavailable, from_status
 from limelight_client.proto import explainer_pb2 as pb
 
@@ -233,8 +234,8 @@ class AsyncLane:
         answer may still be on its way) and the caller closes it."""
         try:
             await self._call.write(lane_request(request, timeout))
-            response = await asyncio.wait_for(self._call.read(), timeout)
-        except asyncio.TimeoutError:  # noqa: UP041 (not the builtin on Python 3.10)
+            response = await wait_for(self._call.read(), timeout)
+        except TimeoutError:
             raise lane_deadline_error() from None
         except asyncio.InvalidStateError:  # the stream had ended (grpc.aio's way of saying)
             raise stream_ended() from None

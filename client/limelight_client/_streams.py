@@ -24,8 +24,16 @@ import queue
 import threading
 import time
 from collections import deque
-from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterable, Iterator, Sequence
-from typing import Any
+from collections.abc import (
+    AsyncIterable,
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Iterable,
+    Iterator,
+    Sequence,
+)
+from typing import Any, TypeVar
 
 import grpc
 
@@ -42,11 +50,23 @@ from limelight_client.errors import Internal, LimelightError, Unavailable, from_
 from limelight_client.proto import explainer_pb2 as pb
 from limelight_client.types import Explanation
 
+T = TypeVar("T")
+
 #: Texts ``explain_many(texts_per_call=N)`` keeps in flight per connection, in at least two
 #: calls: enough for the worker's micro-batcher to gather its next batch while one is served.
 #: Measured with bench/bench_sdk_connections.py (BERT-tiny, two workers): 64-128 texts served
 #: alike and more did not help; 32 (two calls of 16) served a quarter fewer texts per second.
 TEXTS_IN_FLIGHT_PER_CONNECTION = 128
+
+
+async def wait_for(aw: Awaitable[T], timeout: float | None) -> T:
+    """``asyncio.wait_for`` raising the builtin ``TimeoutError`` on every supported Python
+    (3.10's asyncio raises its own ``asyncio.TimeoutError``, which ``except TimeoutError``
+    misses)."""
+    try:
+        return await asyncio.wait_for(aw, timeout)
+    except asyncio.TimeoutError:  # noqa: UP041 (not the builtin on Python 3.10)
+        raise TimeoutError("timed out") from None
 
 
 def calls_in_flight(connections: int, texts_per_call: int) -> int:
@@ -322,7 +342,7 @@ class AsyncChunks(_ChunkBase):
         if self._in_hand is not None:
             return self._slice()
         if wait:
-            entry = await asyncio.wait_for(self._queue.get(), time_left(deadline))
+            entry = await wait_for(self._queue.get(), time_left(deadline))
         else:
             try:
                 entry = self._queue.get_nowait()
@@ -333,7 +353,7 @@ class AsyncChunks(_ChunkBase):
                 entry = self._queue.get_nowait()  # cheap while the input keeps up
             except asyncio.QueueEmpty:
                 try:
-                    entry = await asyncio.wait_for(self._queue.get(), LINGER_S)
+                    entry = await wait_for(self._queue.get(), LINGER_S)
                 except TimeoutError:
                     break
         return chunk or await self.take(wait, deadline)
@@ -422,7 +442,7 @@ class AsyncProgress(_Progress):
         while (outcome := self._look(done, more)) is None:
             left = self._time_left(sent_at, timeout)
             with contextlib.suppress(TimeoutError):  # then look again
-                await asyncio.wait_for(self._event.wait(), left)
+                await wait_for(self._event.wait(), left)
         return outcome
 
 
