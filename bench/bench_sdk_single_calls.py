@@ -17,24 +17,18 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import shutil
 import signal
 import statistics
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from itertools import cycle
-from pathlib import Path
 
 from limelight.api.ports import free_port
 from limelight.demo.build import ensure_demo_model
 from limelight.demo.datasets import rotten_tomatoes
 from limelight.evaluation.benchmark import machine, markdown_table, process_cpu_seconds
-from limelight.models.explainer_head import inline_heads
-from limelight.models.loaded import load_model
-from limelight.runtimes.onnx_export import export_onnx
 from limelight.settings import Settings
 from limelight_client import AsyncClient, Client
 from limelight_client._common import SingleCalls
@@ -140,14 +134,10 @@ def main() -> int:
     model_dir = ensure_demo_model(args.demo, Settings().cache_dir)
     texts = [e.text for e in rotten_tomatoes("test")][:500]
     port = free_port()
-    workdir = Path(tempfile.mkdtemp(prefix="limelight-bench-"))
+    # With --runtime onnx the sidecar exports its inline graph (the head in it) into the cache.
     argv = [sys.executable, "-m", "limelight.cli.main", "serve", "--model", str(model_dir),
             "--jobs", "off", "--port", str(port), "--metrics-port", "0",
             "--runtime", args.runtime, "--torch-threads", "1", "--no-viewer"]  # fmt: skip
-    if args.runtime == "onnx":  # the served graph, with the model's inline head in it
-        model = load_model(model_dir)
-        graph = export_onnx(model, workdir / "inline.onnx", heads=inline_heads(model))
-        argv += ["--onnx-path", str(graph)]
     server = subprocess.Popen(
         argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
     )
@@ -173,7 +163,6 @@ def main() -> int:
     finally:
         server.send_signal(signal.SIGTERM)
         server.wait(60)
-        shutil.rmtree(workdir, ignore_errors=True)
 
     def each(key: tuple[str, int, str], i: int, fmt: str) -> str:
         return " / ".join(format(v[i], fmt) for v in results[key])
