@@ -5,6 +5,7 @@ logged and the server keeps what it served."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import signal
@@ -371,6 +372,43 @@ def test_a_sighup_while_the_process_starts_does_not_end_it(
         process.send_signal(signal.SIGHUP)
         wait_for_log(process, log, "SERVING")
         wait_for_log(process, log, "SIGHUP: nothing new served")
+        r = stub(f"127.0.0.1:{port}").Explain(pb.ExplainRequest(text=TEXT), timeout=30)
+        assert r.explanation.method == "distilled"
+    finally:
+        assert stop_process(process) == 0, log.read_text()[-3000:]
+
+
+def _children(pid: int) -> list[int]:
+    text = Path(f"/proc/{pid}/task/{pid}/children").read_text()
+    return [int(p) for p in text.split()]
+
+
+def test_a_sighup_sent_to_a_worker_while_it_starts_does_not_end_it(
+    bert_tiny_dir: Path, tmp_path: Path
+) -> None:
+    """With ``--workers`` each worker catches SIGHUP from its first steps too (the supervisor
+    passes SIGHUP only to workers that serve, but anyone may signal a worker directly)."""
+    model = bare_copy(bert_tiny_dir, tmp_path / "model")
+    shutil.copytree(bert_tiny_dir / HEAD_DIRNAME, model / HEAD_DIRNAME)
+    log = tmp_path / "serve.log"
+    argv = [sys.executable, "-m", "limelight.cli.main", "serve", "--model", str(model)]
+    port = free_port()
+    argv += ["--port", str(port), "--metrics-port", "0", "--jobs", "off", "--workers", "2"]
+    argv += ["--reload-interval-s", "0", "--default-method", "auto"]
+    with log.open("wb") as out:
+        process = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT)
+    try:
+        worker = None
+        while worker is None:  # the first worker, caught SIGHUP but not yet importing torch
+            assert process.poll() is None, log.read_text()[-3000:]
+            worker = next((w for w in _children(process.pid) if _catches_sighup(w)), None)
+            time.sleep(0.005)
+        assert not _torch_loaded(worker)
+        os.kill(worker, signal.SIGHUP)
+        wait_for_log(process, log, "with 2 worker processes")
+        wait_for_log(process, log, "SIGHUP: nothing new served")
+        assert worker in _children(process.pid)  # the same process: not ended and restarted
+        assert "exited" not in log.read_text()
         r = stub(f"127.0.0.1:{port}").Explain(pb.ExplainRequest(text=TEXT), timeout=30)
         assert r.explanation.method == "distilled"
     finally:

@@ -184,6 +184,7 @@ def run(args: argparse.Namespace) -> int:
 def worker_main() -> None:
     """Entry point of one ``--workers`` process, started by ``limelight.api.workers.Supervisor``
     with its settings file, the file to announce its port in, and its index."""
+    hangup = _EarlyHangup()  # first, as in ``run``: a SIGHUP sent to the worker while it starts
     from limelight.api.server import SidecarServer
     from limelight.api.server_process import publish_port
     from limelight.api.workers import exit_with_parent
@@ -202,7 +203,7 @@ def worker_main() -> None:
         settings, metrics=metrics, on_ready=lambda s: publish_port(ready_file, s.port)
     )
     try:
-        asyncio.run(server.run())
+        asyncio.run(server.run(hangup_before=lambda: hangup.seen))
     except Exception as exc:  # one line, like `limelight serve` itself
         args = argparse.Namespace(**settings.model_dump())
         message, status = describe_error(exc, args)
