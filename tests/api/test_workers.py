@@ -16,6 +16,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from collections.abc import Callable, Iterator
@@ -228,6 +229,34 @@ def test_one_sdk_client_reaches_every_worker(served: Workers) -> None:
     after = per_worker(served.metrics(), metric)
     gained = {pid: after[pid] - before.get(pid, 0.0) for pid in after}
     # 16 connections over 2 workers: all on one has probability 2 ** -15.
+    assert len(gained) == WORKERS and all(n > 0 for n in gained.values()), gained
+    assert sum(gained.values()) == len(texts)
+
+
+def test_streamed_single_calls_reach_every_worker(served: Workers) -> None:
+    """``single_calls="stream"`` over spread connections: single calls from several threads
+    ride the connections' pooled streams to both workers, each answered with its own text."""
+    metric = "limelight_drift_reference_explanations"
+    before = per_worker(served.metrics(), metric)
+    texts = [f"review {i}: a witty, gorgeous film" + " truly" * (i % 4) for i in range(40)]
+    answers: dict[int, str | None] = {}
+    with Client(served.target, connections=4, single_calls="stream") as client:
+        client.wait_ready(timeout=60)
+
+        def work(k: int) -> None:
+            for i in range(k, len(texts), 4):
+                answers[i] = client.explain(texts[i], timeout=60).text
+
+        threads = [threading.Thread(target=work, args=(k,)) for k in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        for _ in range(client.connections):
+            client.drift()
+    assert [answers[i] for i in range(len(texts))] == texts
+    after = per_worker(served.metrics(), metric)
+    gained = {pid: after[pid] - before.get(pid, 0.0) for pid in after}
     assert len(gained) == WORKERS and all(n > 0 for n in gained.values()), gained
     assert sum(gained.values()) == len(texts)
 
