@@ -42,7 +42,14 @@ from limelight_client._common import (
     time_left,
     wrote_past_the_end,
 )
-from limelight_client._lanes import AsyncLane, give_back_lane, lane_answer, take_lane
+from limelight_client._lanes import (
+    CLOSE_WAIT_S,
+    AsyncLane,
+    give_back_lane,
+    lane_answer,
+    take_all_idle,
+    take_lane,
+)
 from limelight_client._streams import (
     AsyncChunks,
     AsyncProgress,
@@ -57,6 +64,7 @@ from limelight_client._streams import (
     check_texts_per_call,
     request_builder,
     stream_cut_short,
+    wait_for,
 )
 from limelight_client.client import job_outcome, no_answer, watch_broke
 from limelight_client.errors import (
@@ -130,9 +138,12 @@ class AsyncClient(ClientBase[grpc.aio.Channel]):
             return err.code()
 
     async def close(self) -> None:
-        for conn in self._connections.every_connection():
-            while (lane := take_lane(conn.lanes)) is not None:
-                lane.close(cancel=False)
+        # See ``Client.close``.
+        lanes = take_all_idle(c.lanes for c in self._connections.every_connection())
+        if lanes:
+            with contextlib.suppress(TimeoutError):
+                ending = asyncio.gather(*(lane.end() for lane in lanes), return_exceptions=True)
+                await wait_for(ending, CLOSE_WAIT_S)
         for channel in self._connections.every_channel():
             await channel.close()
 
