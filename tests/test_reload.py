@@ -345,6 +345,17 @@ def _catches_sighup(pid: int) -> bool:
     return False
 
 
+def _started_and_catches_sighup(pid: int, marker: bytes) -> bool:
+    """A child that runs its own program (``marker`` in its command line) and catches SIGHUP
+    itself. Between fork and exec a child still runs its parent's image and handlers (a SIGHUP
+    then is lost at exec), so its own command line must be in place first."""
+    try:
+        started = marker in Path(f"/proc/{pid}/cmdline").read_bytes()
+        return started and _catches_sighup(pid)
+    except FileNotFoundError:  # gone meanwhile
+        return False
+
+
 def _torch_loaded(pid: int) -> bool:
     return "libtorch" in Path(f"/proc/{pid}/maps").read_text()
 
@@ -365,7 +376,7 @@ def test_a_sighup_while_the_process_starts_does_not_end_it(
     with log.open("wb") as out:
         process = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT)
     try:
-        while not _catches_sighup(process.pid):
+        while not _started_and_catches_sighup(process.pid, b"limelight.cli.main"):
             assert process.poll() is None, log.read_text()[-3000:]
             time.sleep(0.005)
         assert not _torch_loaded(process.pid)  # caught well before the server's imports
@@ -381,6 +392,10 @@ def test_a_sighup_while_the_process_starts_does_not_end_it(
 def _children(pid: int) -> list[int]:
     text = Path(f"/proc/{pid}/task/{pid}/children").read_text()
     return [int(p) for p in text.split()]
+
+
+def _worker_catches_sighup(pid: int) -> bool:
+    return _started_and_catches_sighup(pid, b"worker_main")
 
 
 def test_a_sighup_sent_to_a_worker_while_it_starts_does_not_end_it(
@@ -401,7 +416,7 @@ def test_a_sighup_sent_to_a_worker_while_it_starts_does_not_end_it(
         worker = None
         while worker is None:  # the first worker, caught SIGHUP but not yet importing torch
             assert process.poll() is None, log.read_text()[-3000:]
-            worker = next((w for w in _children(process.pid) if _catches_sighup(w)), None)
+            worker = next((w for w in _children(process.pid) if _worker_catches_sighup(w)), None)
             time.sleep(0.005)
         assert not _torch_loaded(worker)
         os.kill(worker, signal.SIGHUP)
