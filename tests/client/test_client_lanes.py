@@ -17,6 +17,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from limelight_client import AsyncClient, Client, Explanation, _lanes
 from limelight_client.errors import DeadlineExceeded, InvalidArgument, Unavailable
+from limelight_client.proto import explainer_pb2 as pb
 from tests.client.llc_scripted import ScriptedServer
 from tests.conftest import RunningSidecar
 
@@ -126,13 +127,23 @@ def test_concurrent_threads_share_the_pool(sidecar: RunningSidecar) -> None:
 def test_each_input_asks_for_its_error_in_place_and_carries_its_budget(
     scripted: ScriptedServer,
 ) -> None:
-    with Client(scripted.target, timeout=30, single_calls="stream") as client:
+    # Without a deadline the input carries no budget; with one, a budget (its size is the time
+    # left when sent: checked exactly on ``lane_request`` below, not against a clock).
+    with Client(scripted.target, timeout=None, single_calls="stream") as client:
         client.explain("one")
         client.explain("two", timeout=5)
     assert len(scripted.servicer.calls_to("ExplainStream")) == 1  # one stream for both
     first, second = scripted.servicer.streamed
     assert first.continue_on_error and second.continue_on_error
-    assert 0 < first.timeout_seconds <= 30 and 0 < second.timeout_seconds <= 5
+    assert first.timeout_seconds == 0
+    assert second.timeout_seconds > 0
+
+
+def test_lane_request_sets_the_flag_and_the_time_left_as_the_budget() -> None:
+    sent = _lanes.lane_request(pb.ExplainRequest(text="a"), 2.5)
+    assert sent.continue_on_error and sent.timeout_seconds == 2.5
+    unbounded = _lanes.lane_request(pb.ExplainRequest(text="a", timeout_seconds=9.0), None)
+    assert unbounded.continue_on_error and unbounded.timeout_seconds == 0
 
 
 @pytest.fixture(params=["sync", "asyncio"])
