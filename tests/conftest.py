@@ -20,6 +20,7 @@ import pytest
 
 from limelight.api.ports import free_port
 from limelight.settings import Settings
+from tests.otlp_receiver import Receiver, running_receiver
 from tests.tiny_bert import save_tiny_bert
 
 __all__ = ["SLOW_FIXTURES", "RunningSidecar", "cache_dir", "free_port"]
@@ -180,6 +181,17 @@ def start_sidecar(tmp_path: Path) -> Iterator[Callable[..., RunningSidecar]]:
 def sidecar(start_sidecar: Callable[..., RunningSidecar], bert_tiny_dir: Path) -> RunningSidecar:
     """A sidecar serving the BERT-tiny demo model."""
     return start_sidecar(model_dir=bert_tiny_dir)
+
+
+@pytest.fixture
+def receiver(monkeypatch: pytest.MonkeyPatch) -> Iterator[Receiver]:
+    """An OTLP/gRPC receiver on a free port, and the OTEL_* variables pointing at it (a
+    sidecar started afterwards traces to it)."""
+    with running_receiver() as collected:
+        monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", collected.endpoint)
+        monkeypatch.setenv("OTEL_EXPORTER_OTLP_INSECURE", "true")
+        monkeypatch.setenv("OTEL_BSP_SCHEDULE_DELAY", "50")
+        yield collected
 
 
 @pytest.hookimpl(tryfirst=True)  # before -m deselects by marker

@@ -26,6 +26,7 @@ import grpc.aio
 
 from limelight_client._common import wrote_past_the_end
 from limelight_client._streams import wait_for
+from limelight_client._tracing import trace_context
 from limelight_client.errors import DeadlineExceeded, Unavailable, from_status
 from limelight_client.proto import explainer_pb2 as pb
 
@@ -56,9 +57,13 @@ WATCH_GRANULARITY_S = 0.02
 
 def lane_request(request: pb.ExplainRequest, timeout: float | None) -> pb.ExplainRequest:
     """``request`` as a lane sends it: its error in its place, the call's time left as its
-    budget on the server (0: none)."""
+    budget on the server (0: none), its caller's trace context (the lane's stream was opened by
+    another call). Built in the caller's thread or task, whose context is the caller's."""
     request.continue_on_error = True
     request.timeout_seconds = 0.0 if timeout is None else timeout
+    context = trace_context()
+    if context:
+        request.trace_context.update(context)
     return request
 
 

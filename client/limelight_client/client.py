@@ -157,7 +157,9 @@ class Client(ClientBase[grpc.Channel]):
             own and answers sooner; deadlines, retries on ``UNAVAILABLE`` and the errors raised are
             the same. The sidecar then counts these inputs under ``rpc="ExplainStream"`` (its
             per-input latency: ``limelight_inline_stage_duration_seconds{stage="total"}``), and
-            interceptors or tracing see one long call per stream rather than one per input.
+            gRPC interceptors see one long call per stream rather than one per input. With
+            OpenTelemetry installed, each input carries its caller's current trace context
+            (``ExplainRequest.trace_context``), so the sidecar traces it in the caller's trace.
 
     Use it as a context manager (or call :meth:`close`) to release the connections.
     """

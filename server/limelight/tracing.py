@@ -11,6 +11,7 @@ Without tracing the helpers here cost a dictionary lookup.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 from collections.abc import Iterator, Mapping, Sequence
@@ -22,6 +23,8 @@ from opentelemetry import trace
 from opentelemetry.context import Context
 from opentelemetry.propagate import extract, inject
 from opentelemetry.trace import Link, Span, SpanKind, Status, StatusCode
+
+from limelight.errors import LimelightError
 
 log = logging.getLogger(__name__)
 
@@ -124,6 +127,45 @@ def inline_batch(request_contexts: Sequence[Any], tokens: int) -> Iterator[Span]
         tracer().start_as_current_span("forward") as forward,
     ):
         yield forward
+
+
+@contextmanager
+def input_span(carrier: Mapping[str, str], request_id: str = "") -> Iterator[Span]:
+    """A SERVER span ``explain input`` for one input of a stream or batch that carries its
+    caller's trace context (``carrier``, W3C headers): a child of that caller, linked to the
+    span of the call that carried it (one stream may carry the inputs of many callers). The
+    span is current inside, so the micro-batch that serves the input links to it; an error
+    leaving it is recorded as the gRPC status code its own call would have had."""
+    if _provider is None or not carrier:
+        yield trace.INVALID_SPAN
+        return
+    call = span_context()
+    attributes = {"limelight.request_id": request_id} if request_id else {}
+    token = otel_context.attach(extract({k.lower(): v for k, v in carrier.items()}))
+    try:
+        with tracer().start_as_current_span(
+            "explain input",
+            kind=SpanKind.SERVER,
+            links=[Link(call)] if call is not None else [],
+            attributes=attributes,
+            set_status_on_exception=False,
+        ) as span:
+            try:
+                yield span
+            except BaseException as exc:
+                set_status(span, status_name(exc))
+                raise
+            set_status(span, "OK")
+    finally:
+        otel_context.detach(token)
+
+
+def status_name(exc: BaseException) -> str:
+    """The gRPC status code name a call failing with ``exc`` gets (``limelight.api.errors``
+    maps the same kinds); anything outside the error hierarchy is INTERNAL."""
+    if isinstance(exc, LimelightError):
+        return exc.kind.name
+    return "CANCELLED" if isinstance(exc, asyncio.CancelledError) else "INTERNAL"
 
 
 def flush(timeout_s: float = 30.0) -> bool:

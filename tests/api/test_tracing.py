@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import urllib.request
-from collections.abc import Iterator
 from typing import Any
 
 import grpc
@@ -13,20 +12,10 @@ import pytest
 from limelight import tracing
 from limelight_client.proto import explainer_pb2 as pb
 from limelight_client.proto import explainer_pb2_grpc
-from tests.otlp_receiver import Receiver, running_receiver
+from tests.otlp_receiver import Receiver
 
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
 PARENT_ID = "00f067aa0ba902b7"
-
-
-@pytest.fixture
-def receiver(monkeypatch: pytest.MonkeyPatch) -> Iterator[Receiver]:
-    """An OTLP/gRPC receiver on a free port, and the OTEL_* variables pointing at it."""
-    with running_receiver() as collected:
-        monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", collected.endpoint)
-        monkeypatch.setenv("OTEL_EXPORTER_OTLP_INSECURE", "true")
-        monkeypatch.setenv("OTEL_BSP_SCHEDULE_DELAY", "50")
-        yield collected
 
 
 def test_a_job_run_is_a_child_of_the_request_that_submitted_it(
@@ -119,3 +108,84 @@ def test_rpc_and_http_spans_reach_an_otlp_receiver(
     assert forward.trace_id == batches[0].trace_id
     (http,) = [s for _, s in receiver.spans if s.name == "HTTP v2.ServerReady"]
     assert http.trace_id.hex() == TRACE_ID and http.parent_span_id.hex() == PARENT_ID
+
+
+def test_each_traced_input_of_a_stream_is_a_span_of_its_callers_trace(
+    start_sidecar: Any, bert_tiny_dir: Any, receiver: Receiver
+) -> None:
+    """One stream, inputs of two other callers (``trace_context``) and one without: each traced
+    input is an ``explain input`` span in its caller's trace, linked to the stream's span, with
+    its own status; the micro-batch that served it links to it."""
+    running = start_sidecar(model_dir=bert_tiny_dir, jobs="off")
+    stub = explainer_pb2_grpc.ExplainerStub(grpc.insecure_channel(running.target))
+    callers = {"a": ("1" * 32, "2" * 16), "c": ("3" * 32, "4" * 16)}
+    requests = [
+        pb.ExplainRequest(
+            text="a gorgeous movie",
+            request_id="a",
+            trace_context={"traceparent": f"00-{callers['a'][0]}-{callers['a'][1]}-01"},
+        ),
+        pb.ExplainRequest(text="an untraced input", request_id="b"),
+        pb.ExplainRequest(
+            text="a dull movie",
+            request_id="c",
+            target=pb.Target(label="no such label"),
+            continue_on_error=True,
+            trace_context={"traceparent": f"00-{callers['c'][0]}-{callers['c'][1]}-01"},
+        ),
+    ]
+    answers = list(
+        stub.ExplainStream(
+            iter(requests),
+            metadata=(("traceparent", f"00-{TRACE_ID}-{PARENT_ID}-01"),),
+            timeout=30,
+        )
+    )
+    assert [a.request_id for a in answers] == ["a", "b", "c"]
+    assert answers[2].HasField("error") and not answers[0].HasField("error")
+    assert tracing.flush()
+    (stream,) = [
+        s
+        for s in receiver.named("limelight.v1.Explainer/ExplainStream")
+        if s.trace_id.hex() == TRACE_ID
+    ]
+    inputs = {s.trace_id.hex(): s for s in receiver.named("explain input")}
+    assert set(inputs) == {trace for trace, _ in callers.values()}  # not the untraced one
+    for request_id, (trace_id, parent_id) in callers.items():
+        span = inputs[trace_id]
+        assert span.parent_span_id.hex() == parent_id
+        assert span.kind == span.SPAN_KIND_SERVER
+        assert [(link.trace_id, link.span_id) for link in span.links] == [
+            (stream.trace_id, stream.span_id)
+        ]
+        assert _attributes(span)["limelight.request_id"] == request_id
+    served, refused = inputs[callers["a"][0]], inputs[callers["c"][0]]
+    assert _attributes(served)["rpc.grpc.status_code_name"] == "OK"
+    assert _attributes(refused)["rpc.grpc.status_code_name"] == "INVALID_ARGUMENT"
+    assert [
+        s
+        for s in receiver.named("inline batch")
+        if any(link.span_id == served.span_id for link in s.links)
+    ]
+
+    # An ExplainBatch input the same way.
+    batched = ("5" * 32, "6" * 16)
+    stub.ExplainBatch(
+        pb.ExplainBatchRequest(
+            requests=[
+                pb.ExplainRequest(text="an untraced input"),
+                pb.ExplainRequest(
+                    text="a gorgeous movie",
+                    trace_context={"traceparent": f"00-{batched[0]}-{batched[1]}-01"},
+                ),
+            ]
+        ),
+        timeout=30,
+    )
+    assert tracing.flush()
+    (span,) = [s for s in receiver.named("explain input") if s.trace_id.hex() == batched[0]]
+    assert span.parent_span_id.hex() == batched[1]
+
+
+def _attributes(span: Any) -> dict[str, str]:
+    return {a.key: a.value.string_value for a in span.attributes}

@@ -36,7 +36,14 @@ class Target(_message.Message):
     def __init__(self, label: _Optional[str] = ..., index: _Optional[int] = ...) -> None: ...
 
 class ExplainRequest(_message.Message):
-    __slots__ = ("text", "text_pair", "target", "all_classes", "method", "request_id", "continue_on_error", "timeout_seconds")
+    __slots__ = ("text", "text_pair", "target", "all_classes", "method", "request_id", "continue_on_error", "timeout_seconds", "trace_context")
+    class TraceContextEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
     TEXT_FIELD_NUMBER: _ClassVar[int]
     TEXT_PAIR_FIELD_NUMBER: _ClassVar[int]
     TARGET_FIELD_NUMBER: _ClassVar[int]
@@ -45,6 +52,7 @@ class ExplainRequest(_message.Message):
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     CONTINUE_ON_ERROR_FIELD_NUMBER: _ClassVar[int]
     TIMEOUT_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    TRACE_CONTEXT_FIELD_NUMBER: _ClassVar[int]
     text: str
     text_pair: str
     target: Target
@@ -53,7 +61,8 @@ class ExplainRequest(_message.Message):
     request_id: str
     continue_on_error: bool
     timeout_seconds: float
-    def __init__(self, text: _Optional[str] = ..., text_pair: _Optional[str] = ..., target: _Optional[_Union[Target, _Mapping]] = ..., all_classes: _Optional[bool] = ..., method: _Optional[str] = ..., request_id: _Optional[str] = ..., continue_on_error: _Optional[bool] = ..., timeout_seconds: _Optional[float] = ...) -> None: ...
+    trace_context: _containers.ScalarMap[str, str]
+    def __init__(self, text: _Optional[str] = ..., text_pair: _Optional[str] = ..., target: _Optional[_Union[Target, _Mapping]] = ..., all_classes: _Optional[bool] = ..., method: _Optional[str] = ..., request_id: _Optional[str] = ..., continue_on_error: _Optional[bool] = ..., timeout_seconds: _Optional[float] = ..., trace_context: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
 class ItemError(_message.Message):
     __slots__ = ("code", "message")

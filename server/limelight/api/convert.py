@@ -99,6 +99,7 @@ def explain_input(request: pb.ExplainRequest, deadline: float | None) -> Explain
         request_id=request.request_id,
         deadline=input_deadline(request, deadline),
         continue_on_error=request.continue_on_error,
+        trace_context=dict(request.trace_context) if request.trace_context else {},
     )
 
 

@@ -678,12 +678,16 @@ class ExplanationService:
         if isinstance(request, Failed):
             return request
         explain = self._explain_with_others if together else self.explain
-        if not request.continue_on_error:
-            return await explain(request)
         try:
+            if request.trace_context and tracing.enabled():
+                # This input's caller is not necessarily the call's (pooled streams).
+                with tracing.input_span(request.trace_context, request.request_id):
+                    return await explain(request)
             return await explain(request)
-        except Exception as exc:  # answered in its place; the API layer logs the unexpected
-            return Failed(exc, request.request_id)
+        except Exception as exc:
+            if not request.continue_on_error:
+                raise
+            return Failed(exc, request.request_id)  # the API layer logs the unexpected
 
     async def explain_batch(self, requests: Sequence[ExplainInput]) -> list[Explanation]:
         """Explain the inputs of one call concurrently (so that the micro-batcher fills) and

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import enum
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -36,6 +37,9 @@ class ExplainInput:
     """In a stream or a batch (``explain_many``, ``explain_each``): when this input fails, it
     is answered in its place by a ``Failed`` and the others go on; otherwise its error ends the
     stream or fails the whole batch."""
+    trace_context: Mapping[str, str] = field(default_factory=dict)
+    """The caller's W3C trace context (``traceparent``), for an input of a stream or batch whose
+    call carries other callers' inputs too: it is traced as a span of its own in that trace."""
 
     def expired(self) -> bool:
         return self.deadline is not None and time.monotonic() >= self.deadline
