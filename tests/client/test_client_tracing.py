@@ -25,6 +25,14 @@ def tracer() -> Tracer:
     return TracerProvider().get_tracer("caller")
 
 
+@pytest.fixture
+def sidecar(
+    start_sidecar: Callable[..., RunningSidecar], bert_tiny_dir: Path, receiver: Receiver
+) -> RunningSidecar:
+    """A sidecar tracing to ``receiver`` (started after it: the OTEL_* variables point there)."""
+    return start_sidecar(model_dir=bert_tiny_dir, jobs="off")
+
+
 def test_outside_any_span_nothing_is_sent() -> None:
     assert _tracing.trace_context() == {}
     request = _lanes.lane_request(pb.ExplainRequest(text="x"), None)
@@ -60,12 +68,8 @@ def _input_spans_of(receiver: Receiver, callers: Sequence[Span]) -> list[tuple[i
 
 
 def test_sync_calls_on_one_stream_each_join_their_callers_trace(
-    start_sidecar: Callable[..., RunningSidecar],
-    bert_tiny_dir: Path,
-    receiver: Receiver,
-    tracer: Tracer,
+    sidecar: RunningSidecar, receiver: Receiver, tracer: Tracer
 ) -> None:
-    sidecar = start_sidecar(model_dir=bert_tiny_dir, jobs="off")
     callers: list[Span] = []
     with Client(sidecar.target, timeout=60, single_calls="stream") as client:
         for text in ["a gorgeous movie", "a dull movie", "fine."]:
@@ -78,12 +82,8 @@ def test_sync_calls_on_one_stream_each_join_their_callers_trace(
 
 
 def test_async_concurrent_calls_each_join_their_callers_trace(
-    start_sidecar: Callable[..., RunningSidecar],
-    bert_tiny_dir: Path,
-    receiver: Receiver,
-    tracer: Tracer,
+    sidecar: RunningSidecar, receiver: Receiver, tracer: Tracer
 ) -> None:
-    sidecar = start_sidecar(model_dir=bert_tiny_dir, jobs="off")
 
     async def main() -> list[Span]:
         async with AsyncClient(sidecar.target, timeout=60, single_calls="stream") as client:
