@@ -18,6 +18,7 @@ from typing import Any, ClassVar, Generic, Literal, TypeAlias, TypeVar
 import grpc
 import grpc.aio
 
+from limelight_client._tracing import trace_context
 from limelight_client.errors import DeadlineExceeded, LimelightError, from_rpc_error
 from limelight_client.proto import explainer_pb2 as pb
 from limelight_client.proto import explainer_pb2_grpc as pb_grpc
@@ -230,6 +231,17 @@ def channel_options(
         items = options.items() if isinstance(options, Mapping) else options
         merged.update(dict(items))
     return list(merged.items())
+
+
+def late_bound(module: Any, name: str) -> Callable[..., Any]:
+    """``module.name``, looked up at each call rather than once: a process-wide gRPC
+    instrumentation (OpenTelemetry's) replaces grpc's channel constructors when it is
+    installed, which may be after this package was imported or a client was created."""
+
+    def call(*args: Any, **kwargs: Any) -> Any:
+        return getattr(module, name)(*args, **kwargs)
+
+    return call
 
 
 def call_metadata(token: str | None) -> tuple[tuple[str, str], ...]:
@@ -685,6 +697,14 @@ class ClientBase(Generic[ChannelT]):
             spread,
         )
         self._spread_lock = self._new_lock()
+
+    def _call_metadata(self) -> tuple[tuple[str, str], ...]:
+        """The metadata of a call made now: the configured one and, with OpenTelemetry
+        installed and a span current, the caller's trace context (a gRPC instrumentation, if
+        the application has one, replaces it with its own client span's). Not for the pooled
+        streams of single calls, which other callers reuse: their inputs carry their own."""
+        context = trace_context()
+        return self._metadata + tuple(context.items()) if context else self._metadata
 
     def _new_lock(self) -> Any:
         """The lock that keeps two calls from spreading the connections at once."""

@@ -33,6 +33,7 @@ from limelight_client._common import (
     deadline_error,
     explain_request,
     health_status_name,
+    late_bound,
     list_jobs_request,
     new_request_id,
     resume,
@@ -87,7 +88,7 @@ class AsyncClient(ClientBase[grpc.aio.Channel]):
     Create it inside the event loop that uses it; ``async with AsyncClient(...) as c:``.
     """
 
-    _dialers = (grpc.aio.secure_channel, grpc.aio.insecure_channel)
+    _dialers = (late_bound(grpc.aio, "secure_channel"), late_bound(grpc.aio, "insecure_channel"))
     _sleep = staticmethod(asyncio.sleep)
 
     def _new_lock(self) -> asyncio.Lock:
@@ -132,7 +133,7 @@ class AsyncClient(ClientBase[grpc.aio.Channel]):
             return grpc.StatusCode.DEADLINE_EXCEEDED
         try:
             return await stub.GetModel(
-                pb.GetModelRequest(), timeout=timeout, metadata=self._metadata
+                pb.GetModelRequest(), timeout=timeout, metadata=self._call_metadata()
             )
         except grpc.RpcError as err:
             return err.code()
@@ -201,7 +202,7 @@ class AsyncClient(ClientBase[grpc.aio.Channel]):
                         if on_stream:
                             return await self._ask_on_stream(conn, request, remaining)
                         rpc = conn.rpc(method)
-                        return await rpc(request, timeout=remaining, metadata=self._metadata)
+                        return await rpc(request, timeout=remaining, metadata=self._call_metadata())
                     except (grpc.RpcError, LimelightError) as err:
                         error = await self._retry_or_error(
                             err, attempt, deadline, idempotent=idempotent
@@ -352,7 +353,8 @@ class AsyncClient(ClientBase[grpc.aio.Channel]):
         silence = AsyncSilence(feed, self.timeout)
         await self._spread(deadline)
         async with self._lease_all() as conns:
-            calls = feed.open(conns, deadline, self._metadata)
+            metadata = self._call_metadata()
+            calls = feed.open(conns, deadline, metadata)
             silence.watch(calls)  # the list: a stream opened again is watched too
             attempts = [0] * len(calls)
             ring = list(conns)  # the connections the streams are on, in turn
@@ -386,7 +388,7 @@ class AsyncClient(ClientBase[grpc.aio.Channel]):
                         conns.append(self._connections.redial(ring[on[k]]))
                         ring[on[k]] = conns[-1]
                         on[k] = (on[k] + 1) % len(ring)
-                        calls[k] = await feed.reopen(k, ring[on[k]], deadline, self._metadata)
+                        calls[k] = await feed.reopen(k, ring[on[k]], deadline, metadata)
                     if resp is grpc.aio.EOF:  # item i went to stream i % streams: the last one
                         break
                     attempts[k] = 0
@@ -442,7 +444,7 @@ class AsyncClient(ClientBase[grpc.aio.Channel]):
         def send(request: pb.ExplainBatchRequest) -> tuple[Any, float, int]:
             on = next(turn)
             call = ring[on].stub.ExplainBatch(
-                request, timeout=time_left(deadline), metadata=self._metadata
+                request, timeout=time_left(deadline), metadata=self._call_metadata()
             )
             call.add_done_callback(progress.answered)
             return call, time.monotonic(), on
@@ -609,7 +611,7 @@ class AsyncClient(ClientBase[grpc.aio.Channel]):
             error: LimelightError | None = None
             async with self._lease() as conn:
                 call = conn.stub.WatchJob(
-                    pb.GetJobRequest(id=job_id), timeout=remaining, metadata=self._metadata
+                    pb.GetJobRequest(id=job_id), timeout=remaining, metadata=self._call_metadata()
                 )
                 try:
                     async for msg in call:

@@ -27,6 +27,7 @@ from limelight_client._common import (
     deadline_error,
     explain_request,
     health_status_name,
+    late_bound,
     list_jobs_request,
     new_request_id,
     resume,
@@ -159,12 +160,19 @@ class Client(ClientBase[grpc.Channel]):
             per-input latency: ``limelight_inline_stage_duration_seconds{stage="total"}``), and
             gRPC interceptors see one long call per stream rather than one per input. With
             OpenTelemetry installed, each input carries its caller's current trace context
-            (``ExplainRequest.trace_context``), so the sidecar traces it in the caller's trace.
+            (``ExplainRequest.trace_context``), so the sidecar traces it in the caller's trace
+            (other calls carry it in their metadata).
+
+    Tracing: with OpenTelemetry installed (the SDK does not require it), every call carries
+    the caller's current trace context as W3C ``traceparent`` metadata, so that a sidecar
+    with tracing on traces it in the caller's trace; an application's gRPC instrumentation
+    (OpenTelemetry's ``GrpcInstrumentorClient``) also applies to the channels of clients
+    created after it is installed, and its client span then takes that place.
 
     Use it as a context manager (or call :meth:`close`) to release the connections.
     """
 
-    _dialers = (grpc.secure_channel, grpc.insecure_channel)
+    _dialers = (late_bound(grpc, "secure_channel"), late_bound(grpc, "insecure_channel"))
     _sleep = staticmethod(time.sleep)
     #: Cancels single calls on streams at their deadline (started with the first of them).
     _watchdog: Watchdog | None = None
@@ -241,7 +249,9 @@ class Client(ClientBase[grpc.Channel]):
         if timeout <= 0:
             return grpc.StatusCode.DEADLINE_EXCEEDED
         try:
-            return stub.GetModel(pb.GetModelRequest(), timeout=timeout, metadata=self._metadata)
+            return stub.GetModel(
+                pb.GetModelRequest(), timeout=timeout, metadata=self._call_metadata()
+            )
         except grpc.RpcError as err:
             return err.code()
 
@@ -288,7 +298,9 @@ class Client(ClientBase[grpc.Channel]):
                     try:
                         if on_stream:
                             return self._ask_on_stream(conn, request, remaining)
-                        return conn.rpc(method)(request, timeout=remaining, metadata=self._metadata)
+                        return conn.rpc(method)(
+                            request, timeout=remaining, metadata=self._call_metadata()
+                        )
                     except (grpc.RpcError, LimelightError) as err:
                         error = self._retry_or_error(err, attempt, deadline, idempotent=idempotent)
                         if error is not None:
@@ -487,7 +499,8 @@ class Client(ClientBase[grpc.Channel]):
         silence = Silence(feed, self.timeout)
         self._spread(deadline)
         with self._lease_all() as conns:
-            calls = feed.open(conns, deadline, self._metadata)
+            metadata = self._call_metadata()
+            calls = feed.open(conns, deadline, metadata)
             silence.watch(calls)  # the list: a stream opened again is watched too
             attempts = [0] * len(calls)
             ring = list(conns)  # the connections the streams are on, in turn
@@ -512,7 +525,7 @@ class Client(ClientBase[grpc.Channel]):
                         conns.append(self._connections.redial(ring[on[k]]))
                         ring[on[k]] = conns[-1]
                         on[k] = (on[k] + 1) % len(ring)
-                        calls[k] = feed.reopen(k, ring[on[k]], deadline, self._metadata)
+                        calls[k] = feed.reopen(k, ring[on[k]], deadline, metadata)
                     if resp is None:  # item i went to stream i % streams: this was the last
                         break
                     attempts[k] = 0
@@ -567,7 +580,7 @@ class Client(ClientBase[grpc.Channel]):
         def send(request: pb.ExplainBatchRequest) -> tuple[grpc.Future, float, int]:
             on = next(turn)
             call = ring[on].stub.ExplainBatch.future(
-                request, timeout=time_left(deadline), metadata=self._metadata
+                request, timeout=time_left(deadline), metadata=self._call_metadata()
             )
             call.add_done_callback(progress.answered)
             return call, time.monotonic(), on
@@ -755,7 +768,7 @@ class Client(ClientBase[grpc.Channel]):
             error: LimelightError | None = None
             with self._lease() as conn:
                 call = conn.stub.WatchJob(
-                    pb.GetJobRequest(id=job_id), timeout=remaining, metadata=self._metadata
+                    pb.GetJobRequest(id=job_id), timeout=remaining, metadata=self._call_metadata()
                 )
                 try:
                     for msg in call:

@@ -1,17 +1,22 @@
-"""Streamed single calls carry each caller's own trace context: the pooled stream was opened
-by another call, so its metadata cannot; the sidecar traces each input in its caller's trace.
-Against the real sidecar tracing to an OTLP receiver; the callers' spans come from a tracer of
-the test's own (the OpenTelemetry SDK, not exported)."""
+"""The SDK carries its caller's trace context: in each call's metadata, and for streamed single
+calls in each input (the pooled stream was opened by another call, so its metadata cannot); a
+gRPC instrumentation installed by the application applies and takes precedence. Against the
+real sidecar tracing to an OTLP receiver; the callers' spans come from a tracer of the test's
+own (the OpenTelemetry SDK, not exported)."""
 
 from __future__ import annotations
 
 import asyncio
+import subprocess
+import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
+from opentelemetry import trace
 from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.trace import Span, Tracer
+from opentelemetry.trace import Span, SpanKind, Tracer
 
 from limelight import tracing
 from limelight_client import AsyncClient, Client, _lanes, _tracing
@@ -39,12 +44,19 @@ def test_outside_any_span_nothing_is_sent() -> None:
     assert dict(request.trace_context) == {}
 
 
-def test_without_opentelemetry_nothing_is_sent(
-    tracer: Tracer, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setattr(_tracing, "_injector", lambda: None)
-    with tracer.start_as_current_span("caller"):
-        assert _tracing.trace_context() == {}
+def test_without_opentelemetry_the_sdk_works_and_sends_nothing() -> None:
+    """OpenTelemetry is not a dependency of the SDK: with it absent (every import of it
+    failing, in a fresh interpreter) a request is built without a trace context."""
+    code = (
+        "import sys; sys.modules['opentelemetry'] = None\n"
+        "from limelight_client import Client, _lanes, _tracing\n"
+        "from limelight_client.proto import explainer_pb2 as pb\n"
+        "assert _tracing.trace_context() == {}\n"
+        "request = _lanes.lane_request(pb.ExplainRequest(text='x'), None)\n"
+        "assert not request.trace_context\n"
+        "Client('127.0.0.1:1').close()\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
 
 
 def test_the_request_carries_the_current_span_as_traceparent(tracer: Tracer) -> None:
@@ -99,3 +111,94 @@ def test_async_concurrent_calls_each_join_their_callers_trace(
     callers = asyncio.run(main())
     assert len(_input_spans_of(receiver, callers)) == 6
     assert len(receiver.named("explain input")) == 12  # two inputs per caller, none lost
+
+
+def _server_span(receiver: Receiver, rpc: str, trace_id: int) -> Any:
+    assert tracing.flush()
+    (span,) = [
+        s
+        for s in receiver.named(f"limelight.v1.Explainer/{rpc}")
+        if int.from_bytes(s.trace_id, "big") == trace_id
+    ]
+    return span
+
+
+def test_every_other_call_carries_the_callers_context_in_its_metadata(
+    sidecar: RunningSidecar, receiver: Receiver, tracer: Tracer
+) -> None:
+    """Unary calls and ``explain_many``'s streams (one caller each) in the metadata, without
+    any gRPC instrumentation: the sidecar's span of the call is a child of the caller's."""
+    with Client(sidecar.target, timeout=60) as client:
+        with tracer.start_as_current_span("caller") as unary:
+            client.explain("a gorgeous movie")
+        with tracer.start_as_current_span("caller") as many:
+            assert len(list(client.explain_many(["a dull movie", "fine."]))) == 2
+    for rpc, caller in [("Explain", unary), ("ExplainStream", many)]:
+        context = caller.get_span_context()
+        span = _server_span(receiver, rpc, context.trace_id)
+        assert int.from_bytes(span.parent_span_id, "big") == context.span_id
+
+    async def main() -> Span:
+        async with AsyncClient(sidecar.target, timeout=60) as client:
+            with tracer.start_as_current_span("async caller") as span:
+                await client.explain("a gorgeous movie")
+            return span
+
+    context = asyncio.run(main()).get_span_context()
+    span = _server_span(receiver, "Explain", context.trace_id)
+    assert int.from_bytes(span.parent_span_id, "big") == context.span_id
+
+
+@pytest.mark.parametrize("flavour", ["sync", "asyncio"])
+def test_a_grpc_instrumentation_installed_later_applies_and_its_span_is_the_parent(
+    sidecar: RunningSidecar, receiver: Receiver, flavour: str
+) -> None:
+    """OpenTelemetry's gRPC instrumentation (grpc's or grpc.aio's), installed after the SDK was
+    imported (it replaces the channel constructors), wraps the channels of a client created
+    afterwards; its client span, not the SDK's context, is what the sidecar's span hangs under."""
+    from opentelemetry.instrumentation.grpc import (
+        GrpcAioInstrumentorClient,
+        GrpcInstrumentorClient,
+    )
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    # The instrumentation's client spans come from the global tracer provider (its
+    # ``tracer_provider`` argument does not reach the channels it wraps in this version).
+    if not isinstance(trace.get_tracer_provider(), TracerProvider):
+        trace.set_tracer_provider(TracerProvider())
+    provider = trace.get_tracer_provider()
+    assert isinstance(provider, TracerProvider)
+    exported = InMemorySpanExporter()
+    provider.add_span_processor(SimpleSpanProcessor(exported))
+    tracer = provider.get_tracer("app")
+    instrumentor = GrpcInstrumentorClient() if flavour == "sync" else GrpcAioInstrumentorClient()
+    instrumentor.instrument()
+    try:
+        if flavour == "sync":
+            with (
+                Client(sidecar.target, timeout=60) as client,
+                tracer.start_as_current_span("caller") as caller,
+            ):
+                client.explain("a gorgeous movie")
+        else:
+
+            async def main() -> Span:
+                async with AsyncClient(sidecar.target, timeout=60) as client:
+                    with tracer.start_as_current_span("caller") as span:
+                        await client.explain("a gorgeous movie")
+                    return span
+
+            caller = asyncio.run(main())
+    finally:
+        instrumentor.uninstrument()
+    context = caller.get_span_context()
+    (client_span,) = [
+        s
+        for s in exported.get_finished_spans()
+        if s.kind == SpanKind.CLIENT and s.name.endswith("/Explain")
+    ]
+    exported.shutdown()
+    assert client_span.parent is not None and client_span.parent.span_id == context.span_id
+    span = _server_span(receiver, "Explain", context.trace_id)
+    assert int.from_bytes(span.parent_span_id, "big") == client_span.context.span_id
