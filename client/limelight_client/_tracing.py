@@ -1,10 +1,11 @@
-"""The caller's trace context for inputs sent on pooled streams, when OpenTelemetry is there.
+"""The caller's trace context, when OpenTelemetry is there.
 
-A unary call carries its caller's W3C ``traceparent`` in gRPC metadata (put there by the
-application's gRPC instrumentation, if it has one). A pooled stream ("lane", ``_lanes``) is
-opened once and carries later calls of other callers, whose contexts its metadata cannot hold:
-each input carries its own in ``ExplainRequest.trace_context``. The SDK does not depend on
-OpenTelemetry; without ``opentelemetry-api`` installed (or with no span current) nothing is sent.
+Every call carries it as W3C ``traceparent`` metadata (``ClientBase._call_metadata``; an
+application's gRPC instrumentation, if it has one, puts its own client span's there instead).
+A pooled stream ("lane", ``_lanes``) is opened once and carries later calls of other callers,
+whose contexts its metadata cannot hold: each of their inputs carries its own in
+``ExplainRequest.trace_context``. The SDK does not depend on OpenTelemetry; without
+``opentelemetry-api`` installed (or with no span current) nothing is sent.
 """
 
 from __future__ import annotations
