@@ -469,6 +469,8 @@ class Connections(Generic[ChannelT]):
         self.retired: list[Connection[ChannelT]] = []
         #: Channels no call uses any more, for the client to close (``take_closing``).
         self.closing: list[ChannelT] = []
+        #: The idle streams of single calls on those channels, for the client to end first.
+        self.ending: list[Any] = []
 
     @staticmethod
     def _connect(channel: ChannelT) -> Connection[ChannelT]:
@@ -512,7 +514,7 @@ class Connections(Generic[ChannelT]):
                 conn.calls -= 1
                 if not conn.calls and conn in self.retired:
                     self.retired.remove(conn)
-                    self.closing.append(conn.channel)
+                    self._close_later(conn)
 
     def redial(self, conn: Connection[ChannelT]) -> Connection[ChannelT]:
         """A new connection in place of ``conn``, whose worker answered as if going away (a
@@ -544,6 +546,11 @@ class Connections(Generic[ChannelT]):
         """The connections and any replaced ones still in use."""
         return [*self.open, *self.retired]
 
+    def idle_lane_lists(self) -> list[list[Any]]:
+        """Where idle streams of single calls wait: on each connection, and those of
+        connections left to close (``take_closing``)."""
+        return [*(c.lanes for c in self.every_connection()), self.ending]
+
     def every_channel(self) -> list[ChannelT]:
         """What closing the client closes: the connections and any replaced ones."""
         return [c.channel for c in (*self.open, *self.retired)] + self.closing
@@ -557,11 +564,21 @@ class Connections(Generic[ChannelT]):
         ``SPREAD_RETRY_S`` from now rather than at the next regular look."""
         self.spread_after = min(self.spread_after, time.monotonic() + SPREAD_RETRY_S)
 
-    def take_closing(self) -> list[ChannelT]:
-        """The channels left for the client to close now."""
+    def _close_later(self, conn: Connection[ChannelT]) -> None:
+        """Leave ``conn`` (no call uses it) for the client to close, its idle streams with it
+        (the caller holds the lock)."""
+        self.closing.append(conn.channel)
+        self.ending.extend(conn.lanes)
+        conn.lanes.clear()
+
+    def take_closing(self) -> tuple[list[ChannelT], list[Any]]:
+        """The channels left for the client to close now, and the idle streams on them to end
+        gracefully first (cut by their channel's close, each would end CANCELLED in the
+        sidecar's metrics)."""
         with self._lock:
             closing, self.closing = self.closing, []
-        return closing
+            ending, self.ending = self.ending, []
+        return closing, ending
 
     def spreading(self) -> Generator[pb_grpc.ExplainerStub, SpreadAnswer, None]:
         """One spreading attempt as a dialogue without I/O (drive it with ``resume``): yields
@@ -620,7 +637,7 @@ class Connections(Generic[ChannelT]):
             if old.calls:
                 self.retired.append(old)
             else:
-                self.closing.append(old.channel)
+                self._close_later(old)
 
     def _later(self, failure: grpc.StatusCode | None, counted: bool) -> None:
         """Leave the spreading to a later call, or give it up (a ``failure`` that will not

@@ -82,6 +82,20 @@ from limelight_client.types import DriftReport, Explanation, JobInfo, JobState, 
 __all__ = ["AsyncClient", "AsyncJob"]
 
 
+#: Background closes of released connections under way (``AsyncClient._close_released``).
+_CLOSING: set[asyncio.Task[None]] = set()
+
+
+async def _end_then_close(lanes: list[AsyncLane], channels: list[grpc.aio.Channel]) -> None:
+    """See ``limelight_client.client._end_then_close``."""
+    if lanes:
+        with contextlib.suppress(TimeoutError):
+            ending = asyncio.gather(*(lane.end() for lane in lanes), return_exceptions=True)
+            await wait_for(ending, CLOSE_WAIT_S)
+    for channel in channels:
+        await channel.close()
+
+
 class AsyncClient(ClientBase[grpc.aio.Channel]):
     """An asyncio connection to a Limelight sidecar; arguments as for ``Client``.
 
@@ -112,7 +126,14 @@ class AsyncClient(ClientBase[grpc.aio.Channel]):
             await self._close_released()
 
     async def _close_released(self) -> None:
-        for channel in self._connections.take_closing():
+        """See ``Client._close_released``."""
+        channels, lanes = self._connections.take_closing()
+        if lanes:
+            task = asyncio.ensure_future(_end_then_close(lanes, channels))
+            _CLOSING.add(task)  # the event loop keeps only weak references to tasks
+            task.add_done_callback(_CLOSING.discard)
+            return
+        for channel in channels:
             await channel.close()
 
     async def _spread(self, deadline: float | None) -> None:
@@ -140,13 +161,8 @@ class AsyncClient(ClientBase[grpc.aio.Channel]):
 
     async def close(self) -> None:
         # See ``Client.close``.
-        lanes = take_all_idle(c.lanes for c in self._connections.every_connection())
-        if lanes:
-            with contextlib.suppress(TimeoutError):
-                ending = asyncio.gather(*(lane.end() for lane in lanes), return_exceptions=True)
-                await wait_for(ending, CLOSE_WAIT_S)
-        for channel in self._connections.every_channel():
-            await channel.close()
+        lanes = take_all_idle(self._connections.idle_lane_lists())
+        await _end_then_close(lanes, self._connections.every_channel())
 
     async def __aenter__(self) -> AsyncClient:
         return self

@@ -115,6 +115,19 @@ def job_outcome(info: JobInfo) -> Explanation:
     raise ValueError(f"job {info.id} is not finished (state {info.state.name})")
 
 
+def _end_then_close(lanes: list[SyncLane], channels: list[grpc.Channel]) -> None:
+    """End the idle ``lanes`` gracefully, waiting up to ``CLOSE_WAIT_S`` for the sidecar to
+    close them (cut by their channel's close, each would end CANCELLED in its metrics), then
+    close ``channels``."""
+    for lane in lanes:
+        lane.close(cancel=False)
+    end_by = time.monotonic() + CLOSE_WAIT_S
+    for lane in lanes:
+        lane.wait_ended(end_by - time.monotonic())
+    for channel in channels:
+        channel.close()
+
+
 class Client(ClientBase[grpc.Channel]):
     """A connection to a Limelight sidecar.
 
@@ -186,16 +199,8 @@ class Client(ClientBase[grpc.Channel]):
         """Close the connections; calls in flight are cancelled. The idle streams of
         ``single_calls="stream"`` are ended first (waiting up to half a second for the
         sidecar to close them)."""
-        # Idle streams are ended gracefully first: cut by the channel's close, each would end
-        # CANCELLED in the sidecar's metrics.
-        lanes = take_all_idle(c.lanes for c in self._connections.every_connection())
-        for lane in lanes:
-            lane.close(cancel=False)
-        end_by = time.monotonic() + CLOSE_WAIT_S
-        for lane in lanes:
-            lane.wait_ended(end_by - time.monotonic())
-        for channel in self._connections.every_channel():
-            channel.close()
+        lanes = take_all_idle(self._connections.idle_lane_lists())
+        _end_then_close(lanes, self._connections.every_channel())
         if self._watchdog is not None:
             self._watchdog.close()
 
@@ -230,8 +235,16 @@ class Client(ClientBase[grpc.Channel]):
             self._close_released()
 
     def _close_released(self) -> None:
-        """Close what spreading replaced or dialled and no call uses any more."""
-        for channel in self._connections.take_closing():
+        """Close what spreading replaced or dialled and no call uses any more; with idle
+        streams on it, in the background, so that the call that released it does not wait
+        for them to end."""
+        channels, lanes = self._connections.take_closing()
+        if lanes:
+            threading.Thread(
+                target=_end_then_close, args=(lanes, channels), name="limelight-close", daemon=True
+            ).start()
+            return
+        for channel in channels:
             channel.close()
 
     def _spread(self, deadline: float | None) -> None:

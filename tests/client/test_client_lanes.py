@@ -10,15 +10,16 @@ import threading
 import time
 import urllib.request
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import grpc
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from limelight_client import AsyncClient, Client, Explanation, _lanes
+from limelight_client import AsyncClient, Client, Explanation, _common, _lanes
 from limelight_client.errors import DeadlineExceeded, InvalidArgument, Unavailable
 from limelight_client.proto import explainer_pb2 as pb
-from tests.client.llc_scripted import ScriptedServer
+from tests.client.llc_scripted import Placement, ScriptedServer
 from tests.conftest import RunningSidecar
 
 TEXTS = ["a gorgeous, moving film", "an unwatchable, overwrought misfire of a film", "fine."]
@@ -247,3 +248,51 @@ def test_an_old_stream_is_ended_gracefully_and_replaced(
 
     asyncio.run(run())
     assert len(scripted.servicer.calls_to("ExplainStream")) == 4
+
+
+def test_a_connection_replaced_by_spreading_ends_its_idle_streams_gracefully(
+    scripted: ScriptedServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two connections spread over workers a and b, an idle stream on each; b's connection
+    then re-established on a: the next look replaces one of the two, and its idle stream is
+    ended (OK on the server), not cut by the channel's close (CANCELLED)."""
+    monkeypatch.setattr(_common, "SPREAD_RECHECK_S", 0.0)  # look before every explanation
+
+    def move_b_to_a(placement: Placement) -> None:
+        on_b = next(peer for peer, worker in placement.of.items() if worker == "b")
+        placement.of[on_b] = "a"
+
+    placement = Placement(["a", "b", "b-restarted"])
+    scripted.servicer.instance_of, scripted.servicer.workers = placement, 2
+    with Client(scripted.target, connections=2, single_calls="stream") as client:
+        client.explain("one")
+        client.explain("two")  # the next connection in turn: a stream idle on each
+        lanes = _idle(client)
+        assert len(lanes) == 2
+        move_b_to_a(placement)
+        client.explain("three")
+        ended = threading.Event()
+        (lane,) = [lane for lane in lanes if lane not in _idle(client)]
+        lane._call.add_done_callback(lambda _: ended.set())
+        assert ended.wait(10)
+        assert lane._call.code() == grpc.StatusCode.OK
+
+    async def run() -> None:
+        placement = Placement(["a", "b", "b-restarted"])
+        scripted.servicer.instance_of = placement
+        async with AsyncClient(scripted.target, connections=2, single_calls="stream") as client:
+            await client.explain("four")
+            await client.explain("five")
+            lanes = _idle(client)
+            assert len(lanes) == 2
+            move_b_to_a(placement)
+            await client.explain("six")
+            (lane,) = [lane for lane in lanes if lane not in _idle(client)]
+            assert await asyncio.wait_for(lane._call.code(), 10) == grpc.StatusCode.OK
+
+    asyncio.run(run())
+
+
+def _idle(client: Client | AsyncClient) -> list[Any]:
+    """The idle streams of the client's current connections."""
+    return [lane for conn in client._connections.open for lane in conn.lanes]
