@@ -55,8 +55,8 @@ def test_fields_mirror_the_messages(
     proto = {f.name for m in messages for f in m.DESCRIPTOR.fields}
     if pb.ExplainResponse in messages:
         # ``explanation`` is flattened; an answer with ``error`` becomes that error (returned
-        # or raised), never a result.
-        proto -= {"explanation", "error"}
+        # or raised), never a result; ``token_columns`` is another layout of ``tokens``.
+        proto -= {"explanation", "error", "token_columns"}
     assert _field_names(cls) == proto | client_only
 
 
@@ -151,3 +151,12 @@ def test_to_dict_is_every_field_recursively_and_json() -> None:
         "current_share": 0.2,
         "delta": pytest.approx(0.19),
     }
+
+
+def test_token_columns_have_a_column_for_every_token_field() -> None:
+    """TOKEN_LAYOUT_COLUMNS carries the same fields as a Token message, in the same order
+    (the SDK reads both into ``Token``)."""
+    columns = [f.name for f in pb.TokenColumns.DESCRIPTOR.fields]
+    assert columns == [f.name for f in pb.Token.DESCRIPTOR.fields]
+    assert all(f.is_repeated for f in pb.TokenColumns.DESCRIPTOR.fields)
+    assert columns == [f.name for f in dataclasses.fields(Token)]

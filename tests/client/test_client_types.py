@@ -263,3 +263,31 @@ def test_struct_numbers() -> None:
     assert isinstance(back["nested"]["k"][0], int) and back["flag"] is True
     with pytest.raises(TypeError, match="JSON-like"):
         dict_to_struct({"x": object()})
+
+
+def test_tokens_in_columns_read_as_the_same_tokens(response_factory: Factory) -> None:
+    """A server asked for TOKEN_LAYOUT_COLUMNS lists the tokens in columns; an older one
+    ignores the field and sends Token messages: the SDK reads either to the same result."""
+    as_messages = response_factory(TEXT, request_id="r-2")
+    as_columns = pb.ExplainResponse()
+    as_columns.CopyFrom(as_messages)
+    del as_columns.explanation.tokens[:]
+    columns = as_columns.explanation.token_columns
+    for tok in as_messages.explanation.tokens:
+        columns.text.append(tok.text)
+        columns.id.append(tok.id)
+        columns.start.append(tok.start)
+        columns.end.append(tok.end)
+        columns.special.append(tok.special)
+        columns.segment.append(tok.segment)
+    expected = Explanation.from_proto(as_messages, text=TEXT)
+    read = Explanation.from_proto(as_columns, text=TEXT)
+    assert read == expected and read.to_dict() == expected.to_dict()
+    assert [hash(t) for t in read.tokens] == [hash(t) for t in expected.tokens]
+    assert read.words() == expected.words()
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        read.tokens[1].text = "changed"  # type: ignore[misc]
+    assert Token.all_from_proto(pb.Explanation()) == []
+    del columns.segment[-1]  # a malformed answer: columns of different lengths
+    with pytest.raises(ValueError):
+        Token.all_from_proto(as_columns.explanation)

@@ -12,6 +12,11 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class TokenLayout(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    TOKEN_LAYOUT_MESSAGES: _ClassVar[TokenLayout]
+    TOKEN_LAYOUT_COLUMNS: _ClassVar[TokenLayout]
+
 class JobState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     JOB_STATE_UNSPECIFIED: _ClassVar[JobState]
@@ -20,6 +25,8 @@ class JobState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     JOB_STATE_SUCCEEDED: _ClassVar[JobState]
     JOB_STATE_FAILED: _ClassVar[JobState]
     JOB_STATE_CANCELLED: _ClassVar[JobState]
+TOKEN_LAYOUT_MESSAGES: TokenLayout
+TOKEN_LAYOUT_COLUMNS: TokenLayout
 JOB_STATE_UNSPECIFIED: JobState
 JOB_STATE_QUEUED: JobState
 JOB_STATE_RUNNING: JobState
@@ -36,7 +43,7 @@ class Target(_message.Message):
     def __init__(self, label: _Optional[str] = ..., index: _Optional[int] = ...) -> None: ...
 
 class ExplainRequest(_message.Message):
-    __slots__ = ("text", "text_pair", "target", "all_classes", "method", "request_id", "continue_on_error", "timeout_seconds", "trace_context")
+    __slots__ = ("text", "text_pair", "target", "all_classes", "method", "request_id", "continue_on_error", "timeout_seconds", "trace_context", "token_layout")
     class TraceContextEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -53,6 +60,7 @@ class ExplainRequest(_message.Message):
     CONTINUE_ON_ERROR_FIELD_NUMBER: _ClassVar[int]
     TIMEOUT_SECONDS_FIELD_NUMBER: _ClassVar[int]
     TRACE_CONTEXT_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_LAYOUT_FIELD_NUMBER: _ClassVar[int]
     text: str
     text_pair: str
     target: Target
@@ -62,7 +70,8 @@ class ExplainRequest(_message.Message):
     continue_on_error: bool
     timeout_seconds: float
     trace_context: _containers.ScalarMap[str, str]
-    def __init__(self, text: _Optional[str] = ..., text_pair: _Optional[str] = ..., target: _Optional[_Union[Target, _Mapping]] = ..., all_classes: _Optional[bool] = ..., method: _Optional[str] = ..., request_id: _Optional[str] = ..., continue_on_error: _Optional[bool] = ..., timeout_seconds: _Optional[float] = ..., trace_context: _Optional[_Mapping[str, str]] = ...) -> None: ...
+    token_layout: TokenLayout
+    def __init__(self, text: _Optional[str] = ..., text_pair: _Optional[str] = ..., target: _Optional[_Union[Target, _Mapping]] = ..., all_classes: _Optional[bool] = ..., method: _Optional[str] = ..., request_id: _Optional[str] = ..., continue_on_error: _Optional[bool] = ..., timeout_seconds: _Optional[float] = ..., trace_context: _Optional[_Mapping[str, str]] = ..., token_layout: _Optional[_Union[TokenLayout, str]] = ...) -> None: ...
 
 class ItemError(_message.Message):
     __slots__ = ("code", "message")
@@ -100,6 +109,22 @@ class Token(_message.Message):
     segment: int
     def __init__(self, text: _Optional[str] = ..., id: _Optional[int] = ..., start: _Optional[int] = ..., end: _Optional[int] = ..., special: _Optional[bool] = ..., segment: _Optional[int] = ...) -> None: ...
 
+class TokenColumns(_message.Message):
+    __slots__ = ("text", "id", "start", "end", "special", "segment")
+    TEXT_FIELD_NUMBER: _ClassVar[int]
+    ID_FIELD_NUMBER: _ClassVar[int]
+    START_FIELD_NUMBER: _ClassVar[int]
+    END_FIELD_NUMBER: _ClassVar[int]
+    SPECIAL_FIELD_NUMBER: _ClassVar[int]
+    SEGMENT_FIELD_NUMBER: _ClassVar[int]
+    text: _containers.RepeatedScalarFieldContainer[str]
+    id: _containers.RepeatedScalarFieldContainer[int]
+    start: _containers.RepeatedScalarFieldContainer[int]
+    end: _containers.RepeatedScalarFieldContainer[int]
+    special: _containers.RepeatedScalarFieldContainer[bool]
+    segment: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, text: _Optional[_Iterable[str]] = ..., id: _Optional[_Iterable[int]] = ..., start: _Optional[_Iterable[int]] = ..., end: _Optional[_Iterable[int]] = ..., special: _Optional[_Iterable[bool]] = ..., segment: _Optional[_Iterable[int]] = ...) -> None: ...
+
 class ClassScores(_message.Message):
     __slots__ = ("scores",)
     SCORES_FIELD_NUMBER: _ClassVar[int]
@@ -123,7 +148,7 @@ class Timings(_message.Message):
     def __init__(self, queue_seconds: _Optional[float] = ..., tokenize_seconds: _Optional[float] = ..., forward_seconds: _Optional[float] = ..., attribute_seconds: _Optional[float] = ..., total_seconds: _Optional[float] = ..., batch_size: _Optional[int] = ...) -> None: ...
 
 class Explanation(_message.Message):
-    __slots__ = ("method", "parameters", "target_index", "target_label", "tokens", "scores", "class_scores", "extra_scores", "details")
+    __slots__ = ("method", "parameters", "target_index", "target_label", "tokens", "scores", "class_scores", "extra_scores", "details", "token_columns")
     class ExtraScoresEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -140,6 +165,7 @@ class Explanation(_message.Message):
     CLASS_SCORES_FIELD_NUMBER: _ClassVar[int]
     EXTRA_SCORES_FIELD_NUMBER: _ClassVar[int]
     DETAILS_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_COLUMNS_FIELD_NUMBER: _ClassVar[int]
     method: str
     parameters: _struct_pb2.Struct
     target_index: int
@@ -149,7 +175,8 @@ class Explanation(_message.Message):
     class_scores: _containers.RepeatedCompositeFieldContainer[ClassScores]
     extra_scores: _containers.MessageMap[str, ScoreArray]
     details: _struct_pb2.Struct
-    def __init__(self, method: _Optional[str] = ..., parameters: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., target_index: _Optional[int] = ..., target_label: _Optional[str] = ..., tokens: _Optional[_Iterable[_Union[Token, _Mapping]]] = ..., scores: _Optional[_Iterable[float]] = ..., class_scores: _Optional[_Iterable[_Union[ClassScores, _Mapping]]] = ..., extra_scores: _Optional[_Mapping[str, ScoreArray]] = ..., details: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ...) -> None: ...
+    token_columns: TokenColumns
+    def __init__(self, method: _Optional[str] = ..., parameters: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., target_index: _Optional[int] = ..., target_label: _Optional[str] = ..., tokens: _Optional[_Iterable[_Union[Token, _Mapping]]] = ..., scores: _Optional[_Iterable[float]] = ..., class_scores: _Optional[_Iterable[_Union[ClassScores, _Mapping]]] = ..., extra_scores: _Optional[_Mapping[str, ScoreArray]] = ..., details: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., token_columns: _Optional[_Union[TokenColumns, _Mapping]] = ...) -> None: ...
 
 class ScoreArray(_message.Message):
     __slots__ = ("values",)

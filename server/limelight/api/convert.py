@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -18,6 +18,8 @@ from limelight.core.types import (
     Explanation,
     ModelInfo,
     TargetSpec,
+    TokenColumns,
+    TokenInfo,
 )
 from limelight.errors import InvalidArgument
 from limelight_client.proto import explainer_pb2 as pb
@@ -121,19 +123,31 @@ def _fill_attribution(attribution: pb.Explanation, a: Attribution) -> None:
         attribution.extra_scores[name].values.extend(np.asarray(values).tolist())
 
 
-def explanation_to_proto(e: Explanation) -> pb.ExplainResponse:
-    attribution = pb.Explanation()
-    _fill_attribution(attribution, e.attribution)
+def _fill_tokens(attribution: pb.Explanation, tokens: Sequence[TokenInfo], layout: int) -> None:
+    table = TokenColumns.of(tokens)
+    starts = [start for start, _ in table.offsets]
+    ends = [end for _, end in table.offsets]
+    if layout == pb.TOKEN_LAYOUT_COLUMNS:
+        # One C-level extend per field instead of a message per token (a third of the time).
+        columns = attribution.token_columns
+        columns.text.extend(table.texts)
+        columns.id.extend(table.ids)
+        columns.start.extend(starts)
+        columns.end.extend(ends)
+        columns.special.extend(map(bool, table.special))
+        columns.segment.extend(table.segments)
+        return
     add = attribution.tokens.add  # in place: no intermediate Token messages to copy
-    for tok in e.tokens:
-        add(
-            text=tok.text,
-            id=tok.id,
-            start=tok.start,
-            end=tok.end,
-            special=tok.special,
-            segment=tok.segment,
-        )
+    for text, tid, start, end, special, segment in zip(
+        table.texts, table.ids, starts, ends, table.special, table.segments, strict=True
+    ):
+        add(text=text, id=tid, start=start, end=end, special=bool(special), segment=segment)
+
+
+def explanation_to_proto(
+    e: Explanation, token_layout: int = pb.TOKEN_LAYOUT_MESSAGES
+) -> pb.ExplainResponse:
+    """The answer to one input; ``token_layout`` is the request's ``TokenLayout``."""
     t = e.timings
     response = pb.ExplainResponse(
         request_id=e.request_id,
@@ -141,23 +155,25 @@ def explanation_to_proto(e: Explanation) -> pb.ExplainResponse:
         label=e.label,
         probabilities=e.probabilities,
         labels=e.labels,
-        explanation=attribution,
         model_name=e.model_name,
         model_version=e.model_version,
         truncated=e.truncated,
-        timings=pb.Timings(
-            queue_seconds=t.queue_seconds,
-            tokenize_seconds=t.tokenize_seconds,
-            forward_seconds=t.forward_seconds,
-            attribute_seconds=t.attribute_seconds,
-            total_seconds=t.total_seconds,
-            batch_size=t.batch_size,
-        ),
         predicted_labels=e.predicted_labels,
         multi_label=e.multi_label,
         thresholds=e.thresholds,
         windows=e.windows,
     )
+    # Filled in place: a message passed to a constructor is copied, tokens and all.
+    timings = response.timings
+    timings.queue_seconds = t.queue_seconds
+    timings.tokenize_seconds = t.tokenize_seconds
+    timings.forward_seconds = t.forward_seconds
+    timings.attribute_seconds = t.attribute_seconds
+    timings.total_seconds = t.total_seconds
+    timings.batch_size = t.batch_size
+    attribution = response.explanation
+    _fill_attribution(attribution, e.attribution)
+    _fill_tokens(attribution, e.tokens, token_layout)
     for extra in e.label_attributions:  # tokens omitted: the same as the first explanation's
         _fill_attribution(response.label_explanations.add(), extra)
     return response

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
+from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
 
@@ -234,7 +235,7 @@ class ExplainerServicer:
             result = await self.ready_service().explain(
                 convert.explain_input(request, request_deadline(context))
             )
-            return convert.explanation_to_proto(result)
+            return convert.explanation_to_proto(result, request.token_layout)
 
         return await self._guard("Explain", context, call)
 
@@ -242,15 +243,17 @@ class ExplainerServicer:
         self, requests: AsyncIterator[Any], context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.ExplainResponse]:
         deadline = request_deadline(context)
+        layouts: deque[int] = deque()  # of the inputs read, not yet answered (answers keep order)
 
         async def inputs() -> AsyncIterator[ExplainInput | Failed]:
             async for request in requests:
                 check_request(request)  # unreadable: not even its continue_on_error is known
+                layouts.append(request.token_layout)
                 yield _input_or_failed(request, deadline)
 
         async def stream() -> AsyncIterator[pb.ExplainResponse]:
             async for result in self.ready_service().explain_many(inputs()):
-                yield self._answer("ExplainStream", result)
+                yield self._answer("ExplainStream", result, layouts.popleft())
 
         async for item in self._guard_stream("ExplainStream", context, stream):
             yield item
@@ -263,15 +266,20 @@ class ExplainerServicer:
                 [_input_or_failed(r, deadline) for r in request.requests]
             )
             return pb.ExplainBatchResponse(
-                responses=[self._answer("ExplainBatch", r) for r in results]
+                responses=[
+                    self._answer("ExplainBatch", result, r.token_layout)
+                    for result, r in zip(results, request.requests, strict=True)
+                ]
             )
 
         return await self._guard("ExplainBatch", context, call)
 
-    def _answer(self, rpc: str, result: Explanation | Failed) -> pb.ExplainResponse:
+    def _answer(
+        self, rpc: str, result: Explanation | Failed, token_layout: int
+    ) -> pb.ExplainResponse:
         """One input's answer: its explanation, or the error it asked to be answered with."""
         if not isinstance(result, Failed):
-            return convert.explanation_to_proto(result)
+            return convert.explanation_to_proto(result, token_layout)
         code, message = client_status(result.error)
         self.metrics.item_errors.labels(rpc, code.name).inc()
         return pb.ExplainResponse(

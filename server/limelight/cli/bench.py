@@ -60,6 +60,13 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "keep-alive connection per client",
     )
     p.add_argument(
+        "--token-layout",
+        choices=("columns", "messages"),
+        default="columns",
+        help="how the served section's gRPC answers list their tokens: in columns (what the "
+        "SDK asks for) or one Token message each (what a request that does not ask gets)",
+    )
+    p.add_argument(
         "--texts-per-call",
         type=int,
         default=16,
@@ -284,6 +291,7 @@ def _run(args: argparse.Namespace, work: Path) -> int:
                         args.rpc,
                         args.spread,
                         args.texts_per_call,
+                        args.token_layout,
                     )
                     row: dict[str, Any] = {
                         "runtime": name,
@@ -470,6 +478,8 @@ def _argv(args: argparse.Namespace) -> list[str]:
         out += [f"--{flag}", str(getattr(args, flag))]
     if args.rpc == "batch":
         out += ["--texts-per-call", str(args.texts_per_call)]
+    if args.rpc != "http":
+        out += ["--token-layout", args.token_layout]
     out += ["--duration", f"{args.duration:g}"]
     if not args.spread:
         out.append("--no-spread")

@@ -38,7 +38,7 @@ from limelight.core.types import (
     ModelInfo,
     TargetSpec,
     Timings,
-    TokenInfo,
+    TokenColumns,
 )
 from limelight.core.windows import WindowLayout, aggregate_logits, check_stride, encode_windows
 from limelight.errors import (
@@ -201,17 +201,10 @@ def encode_batch(
                 results.append(exc)
             continue
         ids = enc.ids
-        tokens = [
-            TokenInfo(text, tid, start, end, bool(special), segment or 0)
-            for text, tid, (start, end), special, segment in zip(
-                enc.tokens,
-                ids,
-                enc.offsets,
-                enc.special_tokens_mask,
-                enc.sequence_ids,
-                strict=True,
-            )
-        ]
+        segments = (
+            [0] * len(ids) if inputs[index][1] is None else [s or 0 for s in enc.sequence_ids]
+        )
+        tokens = TokenColumns(enc.tokens, ids, enc.offsets, enc.special_tokens_mask, segments)
         results.append(Encoded(ids, enc.type_ids if with_types else None, tokens, truncated))
     return results
 
@@ -771,7 +764,7 @@ class ExplanationService:
             label=labels[predicted],
             probabilities=[float(p) for p in prediction.probabilities],
             labels=list(labels),
-            tokens=list(encoded.tokens),
+            tokens=encoded.tokens,  # shared, never changed
             attribution=attribution(targets[0], True),
             predicted_labels=[] if self._regression else [labels[i] for i in prediction.active],
             multi_label=multi,
@@ -819,8 +812,9 @@ class ExplanationService:
         if explanation.truncated:
             m.truncated.inc()
         if self.drift is not None and explanation.attribution.method == self.default_method.name:
-            keep = [i for i, tok in enumerate(explanation.tokens) if not tok.special]
-            texts = [explanation.tokens[i].text for i in keep]
+            columns = TokenColumns.of(explanation.tokens)
+            keep = [i for i, special in enumerate(columns.special) if not special]
+            texts = [columns.texts[i] for i in keep]
             for index in predicted:
                 column = matrix[:, index]
                 self.drift.observe(self._labels[index], texts, [float(column[i]) for i in keep])

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import enum
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, overload
 
 import numpy as np
 import numpy.typing as npt
@@ -76,13 +76,94 @@ class TokenInfo:
         }
 
 
+class TokenColumns(Sequence[TokenInfo]):
+    """An input's tokens as the fast tokenizer hands them over: one list per field. The request
+    path (tokenising, drift, the answer's protobuf) reads the columns and never builds an
+    object per token, which for a long text cost as much as tokenising it. Still a
+    ``Sequence[TokenInfo]`` for everything else: indexing or iterating builds each
+    ``TokenInfo`` on demand. Treated as immutable: the lists are shared, never changed."""
+
+    __slots__ = ("ids", "offsets", "segments", "special", "texts")
+
+    def __init__(
+        self,
+        texts: list[str],
+        ids: list[int],
+        offsets: list[tuple[int, int]],
+        special: list[int],
+        segments: list[int],
+    ) -> None:
+        self.texts = texts
+        self.ids = ids
+        #: ``(start, end)`` character offsets into the token's segment.
+        self.offsets = offsets
+        #: 1 for a token the tokenizer added (``[CLS]``, ``<s>``, ...), else 0.
+        self.special = special
+        #: 0: ``text``, 1: ``text_pair``.
+        self.segments = segments
+
+    @classmethod
+    def of(cls, tokens: Sequence[TokenInfo]) -> TokenColumns:
+        """``tokens`` in columns (themselves when they already are)."""
+        if isinstance(tokens, TokenColumns):
+            return tokens
+        return cls(
+            [t.text for t in tokens],
+            [t.id for t in tokens],
+            [(t.start, t.end) for t in tokens],
+            [int(t.special) for t in tokens],
+            [t.segment for t in tokens],
+        )
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def _row(self, i: int) -> TokenInfo:
+        start, end = self.offsets[i]
+        return TokenInfo(
+            self.texts[i], self.ids[i], start, end, bool(self.special[i]), self.segments[i]
+        )
+
+    @overload
+    def __getitem__(self, index: int) -> TokenInfo: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> list[TokenInfo]: ...
+
+    def __getitem__(self, index: int | slice) -> TokenInfo | list[TokenInfo]:
+        if isinstance(index, slice):
+            return [self._row(i) for i in range(*index.indices(len(self)))]
+        return self._row(range(len(self))[index])  # negative indexes, IndexError
+
+    def __iter__(self) -> Iterator[TokenInfo]:
+        for text, tid, (start, end), special, segment in zip(
+            self.texts, self.ids, self.offsets, self.special, self.segments, strict=True
+        ):
+            yield TokenInfo(text, tid, start, end, bool(special), segment)
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, Sequence) and not isinstance(other, str | bytes):
+            return list(self) == list(other)
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]  # mutable lists inside, like a list
+
+    def __repr__(self) -> str:
+        return f"TokenColumns({self.texts!r})"
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (TokenColumns, (self.texts, self.ids, self.offsets, self.special, self.segments))
+
+
 @dataclass(frozen=True)
 class Encoded:
     """One tokenised input, unpadded."""
 
     input_ids: list[int]
     token_type_ids: list[int] | None
-    tokens: list[TokenInfo]
+    tokens: Sequence[TokenInfo]
+    """``TokenColumns`` from the tokenizer; a plain list where tokens were put together
+    otherwise (windows, jobs read back)."""
     truncated: bool
 
     def __len__(self) -> int:
@@ -90,7 +171,7 @@ class Encoded:
 
     @property
     def special_mask(self) -> npt.NDArray[np.bool_]:
-        return np.array([t.special for t in self.tokens], dtype=bool)
+        return np.array(TokenColumns.of(self.tokens).special, dtype=bool)
 
 
 @dataclass
@@ -126,7 +207,7 @@ class Explanation:
     label: str
     probabilities: list[float]
     labels: list[str]
-    tokens: list[TokenInfo]
+    tokens: Sequence[TokenInfo]
     attribution: Attribution
     model_name: str
     model_version: str

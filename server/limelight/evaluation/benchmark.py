@@ -375,6 +375,7 @@ class LoadResult:
 
 
 RPCS = ("unary", "stream", "batch", "http")
+TOKEN_LAYOUTS = ("columns", "messages")
 """How the load generator calls the sidecar: ``Explain`` per request, one ``ExplainStream``
 per client, ``ExplainBatch`` with several texts per call, or KServe v1 ``:explain`` on the
 HTTP port, each client on its own keep-alive connection (as separate HTTP callers are)."""
@@ -391,6 +392,7 @@ def run_load(
     rpc: str = "unary",
     spread: bool = True,
     texts_per_call: int = 16,
+    token_layout: str = "columns",
 ) -> LoadResult:
     """Closed-loop load from a separate process: ``clients[kind]`` concurrent clients each send
     texts of that kind one after another, spread over ``channels`` gRPC channels (each its own
@@ -399,14 +401,18 @@ def run_load(
     keeps one ``ExplainStream`` open and sends its next request when the answer to the last
     one has come back) or ``batch`` (each client sends ``texts_per_call`` texts per
     ``ExplainBatch`` call; every text counts as a request, its latency the call's) or ``http``
-    (``target`` is then the HTTP port's ``host:port``; each
-    client keeps its own connection and posts KServe v1 ``:explain``; ``channels`` and
-    ``spread`` do not apply). With ``spread`` the channels are spread evenly over the
-    sidecar's workers (``limelight serve --workers``; the kernel alone places connections at
-    random). Server CPU (the process and its children) is read from ``/proc`` over the same
+    (``target`` is then the HTTP port's ``host:port``; each client keeps its own connection
+    and posts KServe v1 ``:explain``; ``channels``, ``spread`` and ``token_layout`` do not
+    apply). ``token_layout``: how the gRPC answers list their tokens, ``columns`` (what the SDK
+    asks for) or ``messages`` (a Token message each). With ``spread`` the channels are spread
+    evenly over the sidecar's workers (``limelight serve --workers``; the kernel alone places
+    connections at random). Server CPU (the process and its children) is read from ``/proc``
+    over the same
     window."""
     if rpc not in RPCS:
         raise ValueError(f"unknown rpc {rpc!r}; use one of {', '.join(RPCS)}")
+    if token_layout not in TOKEN_LAYOUTS:
+        raise ValueError(f"unknown token layout {token_layout!r}; use one of {TOKEN_LAYOUTS}")
     config = {
         "target": target,
         "texts": texts,
@@ -418,6 +424,7 @@ def run_load(
         "rpc": rpc,
         "spread": spread,
         "texts_per_call": texts_per_call,
+        "token_layout": token_layout,
     }
     code = "from limelight.evaluation.benchmark import loadgen_main; loadgen_main()"
     done = subprocess.run(
@@ -473,19 +480,29 @@ async def _generate_load(config: dict[str, Any]) -> dict[str, Any]:
     loop = asyncio.get_running_loop()
     tally = _Tally.starting(config)
     end = tally.end
+    layout = (
+        pb.TOKEN_LAYOUT_MESSAGES
+        if config.get("token_layout") == "messages"
+        else pb.TOKEN_LAYOUT_COLUMNS
+    )
+
+    def request(text: str) -> Any:
+        return pb.ExplainRequest(text=text, token_layout=layout)
 
     def record(kind: str, started: float, response: Any) -> None:
-        tally.record(kind, started, len(response.explanation.tokens))
+        explanation = response.explanation
+        tokens = len(explanation.tokens) or len(explanation.token_columns.id)
+        tally.record(kind, started, tokens)
 
     async def client(kind: str, index: int) -> None:
         pool = texts[kind]
         stub = stubs[index % len(stubs)]
         i = index
         while (started := loop.time()) < end:
-            request = pb.ExplainRequest(text=pool[i % len(pool)])
+            text = pool[i % len(pool)]
             i += 7
             try:
-                response = await stub.Explain(request, timeout=600)
+                response = await stub.Explain(request(text), timeout=600)
             except grpc.aio.AioRpcError:
                 tally.errors += 1
                 continue
@@ -499,7 +516,7 @@ async def _generate_load(config: dict[str, Any]) -> dict[str, Any]:
             call = stub.ExplainStream(timeout=600)
             try:
                 while (started := loop.time()) < end:
-                    await call.write(pb.ExplainRequest(text=pool[i % len(pool)]))
+                    await call.write(request(pool[i % len(pool)]))
                     i += 7
                     response = await call.read()
                     if response is grpc.aio.EOF:
@@ -518,7 +535,7 @@ async def _generate_load(config: dict[str, Any]) -> dict[str, Any]:
         per_call = max(1, int(config.get("texts_per_call", 16)))
         i = index
         while (started := loop.time()) < end:
-            requests = [pb.ExplainRequest(text=pool[(i + j) % len(pool)]) for j in range(per_call)]
+            requests = [request(pool[(i + j) % len(pool)]) for j in range(per_call)]
             i += 7 * per_call
             try:
                 response = await stub.ExplainBatch(

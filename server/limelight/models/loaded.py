@@ -16,7 +16,7 @@ from transformers import (
 )
 
 from limelight.core.prediction import MULTI_LABEL, REGRESSION, SINGLE_LABEL, ProblemType
-from limelight.core.types import Encoded, TokenInfo
+from limelight.core.types import Encoded, TokenColumns
 from limelight.errors import InvalidArgument, ModelLoadError
 from limelight.models.adapters import HeadAdapter, adapter_for, check_architecture
 from limelight.models.fingerprint import fingerprint
@@ -111,22 +111,14 @@ class LoadedModel:
             enc = self._tokenize(text, text_pair, limit)
             truncated = True
         ids: list[int] = enc["input_ids"]
-        seq_ids = enc.sequence_ids(0)
-        tokens = []
-        for pos, (tid, (start, end), special) in enumerate(
-            zip(ids, enc["offset_mapping"], enc["special_tokens_mask"], strict=True)
-        ):
-            segment = seq_ids[pos] if seq_ids[pos] is not None else 0
-            tokens.append(
-                TokenInfo(
-                    text=str(self.tokenizer.convert_ids_to_tokens(int(tid))),
-                    id=int(tid),
-                    start=int(start),
-                    end=int(end),
-                    special=bool(special),
-                    segment=int(segment),
-                )
-            )
+        segments = [segment or 0 for segment in enc.sequence_ids(0)]
+        tokens = TokenColumns(
+            [str(t) for t in self.tokenizer.convert_ids_to_tokens(ids)],
+            list(ids),
+            [(int(start), int(end)) for start, end in enc["offset_mapping"]],
+            [int(special) for special in enc["special_tokens_mask"]],
+            segments,
+        )
         types = enc.get("token_type_ids") if self.adapter.uses_token_type_ids else None
         return Encoded(ids, list(types) if types is not None else None, tokens, truncated)
 
