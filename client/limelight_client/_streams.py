@@ -65,7 +65,7 @@ async def wait_for(aw: Awaitable[T], timeout: float | None) -> T:
     misses)."""
     try:
         return await asyncio.wait_for(aw, timeout)
-    except asyncio.TimeoutError:  # noqa: UP041 (not the builtin on Python 3.10)
+    except asyncio.TimeoutError:  # not the builtin on Python 3.10
         raise TimeoutError("timed out") from None
 
 

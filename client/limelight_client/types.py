@@ -80,7 +80,7 @@ def _timestamp(message: Any, name: str) -> _dt.datetime | None:
     if not message.HasField(name):
         return None
     ts: timestamp_pb2.Timestamp = getattr(message, name)
-    return ts.ToDatetime(tzinfo=_dt.timezone.utc)  # noqa: UP017 (client supports Python 3.10)
+    return ts.ToDatetime(tzinfo=_dt.timezone.utc)  # datetime.UTC is 3.11+
 
 
 def _jsonable(value: Any) -> Any:

@@ -36,7 +36,14 @@ import numpy as np
 import numpy.typing as npt
 
 from limelight.core.service import ExplanationService
-from limelight.core.types import Cost, ExplainInput, Explanation, ModelInfo, TargetSpec
+from limelight.core.types import (
+    Cost,
+    ExplainInput,
+    Explanation,
+    ModelInfo,
+    TargetSpec,
+    TokenColumns,
+)
 from limelight.errors import InvalidArgument, NotFound
 
 PLATFORM = "limelight"
@@ -274,9 +281,10 @@ def output_tensors(
     offsets = np.full((n, width, 2), -1, dtype=np.int64)
     scores = np.zeros((n, width), dtype=np.float32)
     for row, e in enumerate(explanations):
-        count = len(e.tokens)
-        tokens[row, :count] = [t.text.encode() for t in e.tokens]
-        offsets[row, :count] = [(t.start, t.end) for t in e.tokens]
+        columns = TokenColumns.of(e.tokens)
+        count = len(columns)
+        tokens[row, :count] = [text.encode() for text in columns.texts]
+        offsets[row, :count] = columns.offsets
         scores[row, :count] = e.attribution.scores
     values: dict[str, npt.NDArray[Any]] = {
         "probabilities": np.array([e.probabilities for e in explanations], dtype=np.float32),
