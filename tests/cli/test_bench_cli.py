@@ -20,18 +20,27 @@ def quick_bench(
     )  # fmt: skip
 
 
-@pytest.mark.parametrize(("rpc", "workers"), [("stream", 1), ("http", 2)])
-def test_quick_served_bench(bert_tiny_dir: Path, tmp_path: Path, rpc: str, workers: int) -> None:
-    """Over streams, and over the HTTP port of two workers (which share it)."""
+@pytest.mark.parametrize(
+    ("rpc", "workers", "options"),
+    [("stream", 1, ["--drift", "--token-layout", "messages"]), ("http", 2, [])],
+)
+def test_quick_served_bench(
+    bert_tiny_dir: Path, tmp_path: Path, rpc: str, workers: int, options: list[str]
+) -> None:
+    """Over streams (drift monitor on, answers' tokens as messages), and over the HTTP port of
+    two workers (which share it)."""
     out = tmp_path / "bench"
     done = quick_bench(
         bert_tiny_dir, out, "served", "--runtimes", "onnx", "--clients", "2", "--rpc", rpc,
-        "--workers", str(workers),
+        "--workers", str(workers), *options,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-2000:]
     report = (out / "bench.md").read_text()
     assert f"--rpc {rpc}" in report  # the command that made it, for the docs
     assert f"closed loop, {rpc} calls" in report
+    command = next(line for line in report.splitlines() if line.startswith("command:"))
+    assert all(option in command.split() for option in options)
+    assert f"drift monitor {'on' if '--drift' in options else 'off'}" in report
     row = re.search(r"^\| onnx \| 2 \| ([\d.]+) \| [\d.]+ \| ([\d.e+]+) \|", report, re.M)
     assert row is not None, report
     assert float(row.group(1)) > 0 and float(row.group(2)) > 0  # p50 and req/s were measured

@@ -44,6 +44,13 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "(default: 1, or 8 with --workers above 1: one channel reaches one worker)",
     )
     p.add_argument(
+        "--drift",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="served and mix sections: run the sidecar with its drift monitor on (as it ships; "
+        "the reference bootstraps from the first answers) instead of off",
+    )
+    p.add_argument(
         "--spread",
         action=argparse.BooleanOptionalAction,
         default=True,
@@ -254,7 +261,11 @@ def _run(args: argparse.Namespace, work: Path) -> int:
 
     served: list[dict[str, Any]] = []
     model_dir = model.directory
-    common: dict[str, Any] = {"model_dir": model_dir, "torch_threads": settings.torch_threads}
+    common: dict[str, Any] = {
+        "model_dir": model_dir,
+        "torch_threads": settings.torch_threads,
+        "drift_enabled": args.drift,
+    }
     if settings.device:
         common["device"] = settings.device
     if "served" in sections:
@@ -367,7 +378,8 @@ def _run(args: argparse.Namespace, work: Path) -> int:
                 else f"{args.channels} gRPC channel(s)"
             )
             + f"); the sidecar ran {args.workers} worker "
-            "process(es) (with several: the channels per worker in brackets). Server CPU is "
+            f"process(es) (with several: the channels per worker in brackets), drift monitor "
+            f"{'on' if args.drift else 'off'}. Server CPU is "
             "the sidecar's user+system time (every process) over "
             "the measured window. "
             "In-process: batch tokenizer + one forward + NormXLogit, batch 32. Plain forward: "
@@ -483,6 +495,8 @@ def _argv(args: argparse.Namespace) -> list[str]:
     out += ["--duration", f"{args.duration:g}"]
     if not args.spread:
         out.append("--no-spread")
+    if args.drift:
+        out.append("--drift")
     if args.quick:
         out.append("--quick")
     return out
