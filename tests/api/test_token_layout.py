@@ -32,13 +32,9 @@ def rows(explanation: pb.Explanation) -> list[tuple[str, int, int, int, bool, in
     if explanation.tokens:
         assert not columns.text and not columns.id and not columns.segment
         return [(t.text, t.id, t.start, t.end, t.special, t.segment) for t in explanation.tokens]
+    # Read by the proto's own field list, not the SDK's: an independent reference.
     fields: list[Sequence[Any]] = [
-        columns.text,
-        columns.id,
-        columns.start,
-        columns.end,
-        columns.special,
-        columns.segment,
+        getattr(columns, field.name) for field in pb.TokenColumns.DESCRIPTOR.fields
     ]
     assert {len(f) for f in fields} == {len(columns.text)}, "every column has a row per token"
     return list(zip(*fields, strict=True))
