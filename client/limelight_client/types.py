@@ -678,6 +678,9 @@ class DriftReport(_Shape):
     reference_entropy: float = 0.0
     current_entropy: float = 0.0
     generated_at: _dt.datetime | None = None
+    sample_rate: float = 1.0
+    """Share of inline explanations the monitor observes: the counts are about this share of
+    the requests."""
 
     @property
     def alerts(self) -> list[LabelDrift]:
@@ -702,4 +705,6 @@ class DriftReport(_Shape):
             reference_entropy=message.reference_entropy,
             current_entropy=message.current_entropy,
             generated_at=_timestamp(message, "generated_at"),
+            # 0: a sidecar older than the field, which observed every explanation.
+            sample_rate=message.sample_rate or 1.0,
         )

@@ -212,6 +212,11 @@ class Settings(BaseSettings):
     """Without a reference file: how many first requests become the reference."""
     drift_window: PositiveInt = 500
     """Sliding window of recent explanations compared with the reference."""
+    drift_sample_rate: Annotated[float, Field(gt=0.0, le=1.0)] = 1.0
+    """Share of inline explanations the drift monitor observes, drawn at random (whatever
+    their content): 1 observes every one. The window and the bootstrap count observed ones,
+    so below 1 they span ``1 / drift_sample_rate`` times as many requests. Lower it where the
+    monitor's cost shows: a cheap model under heavy load (docs/drift.md, "Sampling")."""
     drift_sketch_size: PositiveInt = 256
     """Tokens tracked per label by the heavy-hitter sketch (the rest go to "other")."""
     drift_alert_threshold: float = 0.02

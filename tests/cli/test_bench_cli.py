@@ -22,13 +22,16 @@ def quick_bench(
 
 @pytest.mark.parametrize(
     ("rpc", "workers", "options"),
-    [("stream", 1, ["--drift", "--token-layout", "messages"]), ("http", 2, [])],
+    [
+        ("stream", 1, ["--drift", "--drift-sample-rate", "0.5", "--token-layout", "messages"]),
+        ("http", 2, []),
+    ],
 )
 def test_quick_served_bench(
     bert_tiny_dir: Path, tmp_path: Path, rpc: str, workers: int, options: list[str]
 ) -> None:
-    """Over streams (drift monitor on, answers' tokens as messages), and over the HTTP port of
-    two workers (which share it)."""
+    """Over streams (drift monitor on, observing half the answers; answers' tokens as
+    messages), and over the HTTP port of two workers (which share it)."""
     out = tmp_path / "bench"
     done = quick_bench(
         bert_tiny_dir, out, "served", "--runtimes", "onnx", "--clients", "2", "--rpc", rpc,
@@ -40,7 +43,8 @@ def test_quick_served_bench(
     assert f"closed loop, {rpc} calls" in report
     command = next(line for line in report.splitlines() if line.startswith("command:"))
     assert all(option in command.split() for option in options)
-    assert f"drift monitor {'on' if '--drift' in options else 'off'}" in report
+    drift = "on (observing 50% of answers)" if "--drift" in options else "off"
+    assert f"drift monitor {drift}" in report
     row = re.search(r"^\| onnx \| 2 \| ([\d.]+) \| [\d.]+ \| ([\d.e+]+) \|", report, re.M)
     assert row is not None, report
     assert float(row.group(1)) > 0 and float(row.group(2)) > 0  # p50 and req/s were measured

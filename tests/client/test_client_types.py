@@ -242,6 +242,9 @@ def test_drift_report_from_proto() -> None:
     assert riser.token == "refund" and riser.delta == pytest.approx(0.19)
     assert report.generated_at is None
     assert json.loads(json.dumps(report.to_dict()))["labels"][0]["risers"][0]["token"] == "refund"
+    # A sidecar older than the sample rate leaves it 0: it observed every explanation.
+    assert report.sample_rate == 1.0
+    assert DriftReport.from_proto(pb.DriftReport(sample_rate=0.25)).sample_rate == 0.25
 
 
 def test_top_puts_nan_last(response_factory: Factory) -> None:

@@ -58,3 +58,30 @@ def test_drift_cli_against_a_served_model(
         [promtool, "check", "metrics"], input=exposition, capture_output=True, check=False
     )
     assert check.returncode == 0, check.stderr.decode()
+
+
+def test_a_sampling_sidecar_observes_a_share_of_its_answers(
+    start_sidecar: Callable[..., Any],
+    bert_tiny_dir: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """At LIMELIGHT_DRIFT_SAMPLE_RATE 0.5 about half the answers reach the monitor (the
+    reference still building, its count is every observed one): 200 answers observe
+    Binomial(200, 0.5), inside 7 standard errors of 100 — never all 200, never none."""
+    running = start_sidecar(
+        model_dir=bert_tiny_dir, drift_bootstrap_n=10_000, drift_sample_rate=0.5
+    )
+    texts = [e.text for e in rotten_tomatoes("test")[:200]]
+    with Client(running.target, timeout=60) as client:
+        for text in texts:
+            client.explain(text)
+        report = client.drift(top_k=5)
+    assert report.reference_state == "building"
+    assert report.sample_rate == 0.5
+    assert abs(report.reference_count - 100) <= 7 * (200 * 0.25) ** 0.5
+
+    assert main(["drift", "--target", running.target]) == 0
+    assert "observing 50% of requests" in capsys.readouterr().out.splitlines()[0]
+    with urllib.request.urlopen(running.metrics_url, timeout=10) as response:
+        text = response.read().decode()
+    assert "limelight_drift_sample_rate 0.5" in text

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 import random
 import threading
@@ -177,6 +178,39 @@ def test_disabled_monitor_ignores_everything() -> None:
     assert report.reference_state == "disabled" and report.reference_count == 0
     get = metrics.registry.get_sample_value
     assert get("limelight_drift_reference_state", {"state": "disabled"}) == 1.0
+
+
+def test_sampling_at_rate_one_observes_every_explanation() -> None:
+    monitor = DriftMonitor(make_settings(), LABELS, None)
+    assert all(monitor.sampled() for _ in range(1000))
+    disabled = DriftMonitor(make_settings(drift_enabled=False), LABELS, None)
+    assert not any(disabled.sampled() for _ in range(100))
+
+
+@pytest.mark.parametrize("rate", [0.5, 0.1, 0.013])
+def test_sampling_is_a_coin_per_call(rate: float) -> None:
+    """The skips drawn per observed call behave as an independent coin per call: the share
+    observed and the share observed right after an observed call are both ``rate`` (each
+    within 5 binomial standard errors, a fixed seed)."""
+    metrics = Metrics(CollectorRegistry())
+    monitor = DriftMonitor(
+        make_settings(drift_sample_rate=rate), LABELS, metrics, rng=random.Random(7)
+    )
+    n = 200_000
+    calls = [monitor.sampled() for _ in range(n)]
+    observed = sum(calls)
+    assert abs(observed / n - rate) <= 5 * math.sqrt(rate * (1 - rate) / n)
+    after = [b for a, b in itertools.pairwise(calls) if a]
+    assert abs(sum(after) / len(after) - rate) <= 5 * math.sqrt(rate * (1 - rate) / len(after))
+    # Operators see the rate; reports carry it (the counts are observed explanations).
+    assert metrics.registry.get_sample_value("limelight_drift_sample_rate") == rate
+    assert monitor.report().sample_rate == rate
+
+
+@pytest.mark.parametrize("rate", [0.0, -0.5, 1.5])
+def test_sample_rate_outside_zero_to_one_is_refused(rate: float) -> None:
+    with pytest.raises(ValueError, match="drift_sample_rate"):
+        make_settings(drift_sample_rate=rate)
 
 
 def test_unknown_label_is_ignored_and_length_mismatch_raises() -> None:

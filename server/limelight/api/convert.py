@@ -281,4 +281,5 @@ def drift_to_proto(report: Any) -> pb.DriftReport:
         reference_entropy=report.reference_entropy,
         current_entropy=report.current_entropy,
         generated_at=_timestamp(report.generated_at),
+        sample_rate=report.sample_rate,
     )

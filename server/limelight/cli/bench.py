@@ -51,6 +51,12 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "the reference bootstraps from the first answers) instead of off",
     )
     p.add_argument(
+        "--drift-sample-rate",
+        type=float,
+        default=1.0,
+        help="with --drift: the share of answers the monitor observes (default 1: all)",
+    )
+    p.add_argument(
         "--spread",
         action=argparse.BooleanOptionalAction,
         default=True,
@@ -265,6 +271,7 @@ def _run(args: argparse.Namespace, work: Path) -> int:
         "model_dir": model_dir,
         "torch_threads": settings.torch_threads,
         "drift_enabled": args.drift,
+        "drift_sample_rate": args.drift_sample_rate,
     }
     if settings.device:
         common["device"] = settings.device
@@ -379,7 +386,7 @@ def _run(args: argparse.Namespace, work: Path) -> int:
             )
             + f"); the sidecar ran {args.workers} worker "
             f"process(es) (with several: the channels per worker in brackets), drift monitor "
-            f"{'on' if args.drift else 'off'}. Server CPU is "
+            f"{_drift_state(args)}. Server CPU is "
             "the sidecar's user+system time (every process) over "
             "the measured window. "
             "In-process: batch tokenizer + one forward + NormXLogit, batch 32. Plain forward: "
@@ -497,6 +504,15 @@ def _argv(args: argparse.Namespace) -> list[str]:
         out.append("--no-spread")
     if args.drift:
         out.append("--drift")
+        if args.drift_sample_rate < 1.0:
+            out += ["--drift-sample-rate", f"{args.drift_sample_rate:g}"]
     if args.quick:
         out.append("--quick")
     return out
+
+
+def _drift_state(args: argparse.Namespace) -> str:
+    if not args.drift:
+        return "off"
+    rate = args.drift_sample_rate
+    return "on" if rate >= 1.0 else f"on (observing {100.0 * rate:.3g}% of answers)"

@@ -195,12 +195,17 @@ def _shift_lines(title: str, shifts: Sequence[Any]) -> list[str]:
     return lines
 
 
+def _sampling(report: Any) -> str:
+    rate = getattr(report, "sample_rate", 1.0)
+    return "" if rate >= 1.0 else f"   observing {100.0 * rate:.3g}% of requests"
+
+
 def format_report(report: Any) -> str:
     """A readable table of a drift report (the SDK's or the server's ``DriftReport``)."""
     out = [
         f"reference: {report.reference_state} ({report.reference_count} explanations)   "
         f"window: {report.window_count} explanations   alert above JSD "
-        f"{report.alert_threshold:.3f}",
+        f"{report.alert_threshold:.3f}{_sampling(report)}",
         f"label mix JSD {report.label_mix_divergence:.4f}   attribution entropy "
         f"{report.reference_entropy:.2f} -> {report.current_entropy:.2f} bits",
         "",

@@ -80,6 +80,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     p.add_argument("--jobs-db", type=Path, help="SQLite journal for the embedded job backend")
     p.add_argument("--job-workers", type=int, help="in-process job worker threads")
     p.add_argument("--drift-reference", type=Path, help="reference file for drift")
+    p.add_argument(
+        "--drift-sample-rate",
+        type=float,
+        help="share of inline explanations the drift monitor observes, at random (default 1: "
+        "all; lower it on a cheap model under heavy load)",
+    )
     p.add_argument("--tls-cert", type=Path, help="server certificate (PEM)")
     p.add_argument("--tls-key", type=Path, help="server key (PEM)")
     p.add_argument("--tls-client-ca", type=Path, help="require client certs signed by this CA")

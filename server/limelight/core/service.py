@@ -76,6 +76,11 @@ class InferenceGate(Protocol):
 
 
 class DriftSink(Protocol):
+    def sampled(self) -> bool:
+        """Whether to observe the explanation at hand (asked first: a skipped one costs
+        nothing more)."""
+        ...
+
     def observe(self, label: str, tokens: list[str], scores: Sequence[float]) -> None: ...
 
     def report(self, top_k: int) -> Any: ...
@@ -811,13 +816,17 @@ class ExplanationService:
             m.confidence.observe(explanation.probabilities[explanation.label_index])
         if explanation.truncated:
             m.truncated.inc()
-        if self.drift is not None and explanation.attribution.method == self.default_method.name:
+        if (
+            self.drift is not None
+            and explanation.attribution.method == self.default_method.name
+            and self.drift.sampled()
+        ):
             columns = TokenColumns.of(explanation.tokens)
             keep = [i for i, special in enumerate(columns.special) if not special]
             texts = [columns.texts[i] for i in keep]
+            rows = matrix[keep]  # one numpy call, not one scalar read per token
             for index in predicted:
-                column = matrix[:, index]
-                self.drift.observe(self._labels[index], texts, [float(column[i]) for i in keep])
+                self.drift.observe(self._labels[index], texts, rows[:, index].tolist())
 
     # --- model info ----------------------------------------------------------------------------
 

@@ -5,6 +5,8 @@ tokens in a sliding window of the last ``settings.drift_window`` explanations an
 with a reference by Jensen-Shannon divergence (base 2, in [0, 1]). The reference comes from a
 file (``settings.drift_reference``, written by ``limelight drift-reference build``) or, without
 one, from the first ``settings.drift_bootstrap_n`` explanations (state "building" until then).
+With ``settings.drift_sample_rate`` below 1 it observes that share of the explanations, drawn at
+random: the caller asks :meth:`DriftMonitor.sampled` first and skips the rest unread.
 
 Memory is bounded: the window is a ring of sub-window profiles, each with a Space-Saving sketch
 of ``settings.drift_sketch_size`` tokens per label; the reference keeps
@@ -15,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import math
+import random
 import threading
 import time
 from collections.abc import Sequence
@@ -72,6 +75,7 @@ class DriftMonitor:
         top_k: int = 10,
         min_share: float = MIN_BIN_SHARE,
         gauge_interval_s: float = 5.0,
+        rng: random.Random | None = None,
     ) -> None:
         if not labels:
             raise ValueError("a drift monitor needs the model's labels")
@@ -83,6 +87,9 @@ class DriftMonitor:
         self.bootstrap_n = max(int(settings.drift_bootstrap_n), 1)
         self.capacity = max(int(settings.drift_sketch_size), 1)
         self.window = max(int(settings.drift_window), 1)
+        self.sample_rate = float(settings.drift_sample_rate)
+        self._rng = rng or random.Random()
+        self._skip = self._gap()
         self.top_k = top_k
         self.min_share = min_share
         self.gauge_interval_s = gauge_interval_s
@@ -134,6 +141,26 @@ class DriftMonitor:
     @property
     def state(self) -> ReferenceState:
         return self._state
+
+    def sampled(self) -> bool:
+        """Whether to observe the explanation at hand: always at ``sample_rate`` 1, otherwise
+        that share of the calls at random; never while disabled. One decrement per skipped
+        call: the request path does not read (or even collect) what is not observed."""
+        if self._state == "disabled":
+            return False
+        if self._skip > 0:
+            self._skip -= 1
+            return False
+        self._skip = self._gap()
+        return True
+
+    def _gap(self) -> int:
+        """How many calls to skip before the next observed one: a geometric draw, so that the
+        observed calls are those of a coin tossed per call (one draw per observed call)."""
+        if self.sample_rate >= 1.0:
+            return 0
+        # 1 - random() lies in (0, 1]: the logarithm is finite.
+        return int(math.log(1.0 - self._rng.random()) / math.log1p(-self.sample_rate))
 
     def observe(
         self,
@@ -215,6 +242,7 @@ class DriftMonitor:
             reference_entropy=reference.mean_entropy,
             current_entropy=window.mean_entropy if window is not None else 0.0,
             generated_at=time.time(),
+            sample_rate=self.sample_rate,
         )
 
     def _refresh_gauges(self, report: DriftReport) -> None:
@@ -229,6 +257,7 @@ class DriftMonitor:
         m.drift_reference_explanations.set(report.reference_count)
         m.drift_window_explanations.set(report.window_count)
         m.drift_alert_threshold.set(report.alert_threshold)
+        m.drift_sample_rate.set(report.sample_rate)
         ready = report.reference_state == "ready"
         for d in report.labels:
             # NaN (no sample in the window) keeps an empty label from looking healthy.

@@ -39,21 +39,24 @@ def positive_shares(
     """Each token's share of the explanation's positive mass, and that distribution's entropy.
 
     Returns ``({}, None)`` when no score is positive. The entropy (bits) is over token
-    positions; the shares are summed over equal normalised tokens.
+    positions; the shares are summed over equal normalised tokens (:func:`normalise_token`).
     """
     if len(tokens) != len(scores):
         raise ValueError(f"{len(tokens)} tokens but {len(scores)} scores")
-    values = scores.tolist() if isinstance(scores, np.ndarray) else list(scores)
-    positive = [(t, float(s)) for t, s in zip(tokens, values, strict=True) if s > 0.0]
-    mass = sum(s for _, s in positive)
+    values = scores.tolist() if isinstance(scores, np.ndarray) else scores
+    picked = [i for i, s in enumerate(values) if s > 0.0]
+    mass = math.fsum([values[i] for i in picked])
     if not mass > 0.0 or not math.isfinite(mass):
         return {}, None
+    inv = 1.0 / mass
+    log2 = math.log2
     shares: dict[str, float] = {}
     entropy = 0.0
-    for token, score in positive:
-        share = score / mass
-        entropy -= share * math.log2(share) if share > 0.0 else 0.0
-        key = normalise_token(token)
+    for i in picked:
+        share = float(values[i]) * inv
+        if share > 0.0:  # a share may underflow to 0
+            entropy -= share * log2(share)
+        key = normalise_token(tokens[i])
         shares[key] = shares.get(key, 0.0) + share
     return shares, max(entropy, 0.0)
 

@@ -51,6 +51,8 @@ class DriftReport:
     current_entropy: float
     generated_at: float
     """Unix time (seconds)."""
+    sample_rate: float = 1.0
+    """Share of inline explanations observed: the counts are about this share of requests."""
 
     @property
     def alerting(self) -> list[str]:

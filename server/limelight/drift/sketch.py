@@ -65,8 +65,9 @@ class SpaceSaving:
         self.total = 0.0
         self.floor = 0.0
         """Upper bound of the mass of any token that is not tracked."""
-        # Lazy min-heap of (count, token): entries go stale when a count grows and are
-        # skipped on pop, so an update costs O(log capacity) instead of a scan.
+        # Min-heap of (count, token), one entry per tracked token. A count that grows leaves
+        # its entry as it was (a lower bound): growing a tracked token, the common case, is a
+        # dict update, and only an eviction pays to bring stale entries up to date.
         self._heap: list[tuple[float, str]] = []
         self._heap_stale = False
 
@@ -85,7 +86,6 @@ class SpaceSaving:
         current = counts.get(token)
         if current is not None:
             counts[token] = current + weight
-            heapq.heappush(self._heap, (current + weight, token))
         elif len(counts) < self.capacity:
             # An untracked token may already hold up to `floor` (0 until something was dropped).
             counts[token] = self.floor + weight
@@ -102,15 +102,21 @@ class SpaceSaving:
             counts[token] = base + weight
             self.errors[token] = base
             heapq.heappush(self._heap, (base + weight, token))
-        if len(self._heap) > 4 * self.capacity + 16:
-            self._rebuild_heap()
 
     def _pop_min(self) -> tuple[float, str]:
+        """The tracked token with the smallest count (ties: the smallest token), off the heap.
+
+        Every entry is at most its token's count, so the first entry that is up to date is
+        the smallest count; a stale one goes back with its count."""
         heap = self._heap
+        counts = self.counts
         while True:
-            count, token = heapq.heappop(heap)
-            if self.counts.get(token) == count:
+            count, token = heap[0]
+            current = counts[token]
+            if current == count:
+                heapq.heappop(heap)
                 return count, token
+            heapq.heapreplace(heap, (current, token))
 
     def _rebuild_heap(self) -> None:
         self._heap = [(c, t) for t, c in self.counts.items()]

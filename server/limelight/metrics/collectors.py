@@ -219,6 +219,12 @@ class Metrics:
             multiprocess_mode="livemax",
             registry=r,
         )
+        self.drift_sample_rate = Gauge(
+            "limelight_drift_sample_rate",
+            "Configured share of inline explanations the drift monitor observes (1: all).",
+            multiprocess_mode="livemax",
+            registry=r,
+        )
 
     def exposition(self) -> bytes:
         """The text format of ``/metrics``: this process's metrics, or every worker's."""

@@ -985,6 +985,7 @@ async function loadDrift() {
   const alerting = report.labels.filter((d) => d.alert).map((d) => d.label);
   $("drift-summary").textContent = `reference ${report.reference_state} (${report.reference_count} ` +
     `explanations) · window ${report.window_count} · threshold ${report.alert_threshold} · ` +
+    (report.sample_rate < 1 ? `observing ${+(report.sample_rate * 100).toPrecision(3)} % of requests · ` : "") +
     `label-mix divergence ${report.label_mix_divergence.toFixed(4)} · entropy ${report.reference_entropy.toFixed(2)} → ` +
     `${report.current_entropy.toFixed(2)} bits · ${alerting.length ? `ALERT: ${alerting.join(", ")}` : "no alert"}`;
   $("drift-chart").replaceChildren(driftChart(report));
