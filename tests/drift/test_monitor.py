@@ -255,6 +255,82 @@ def test_concurrent_observe_and_report() -> None:
     assert report.reference_count + report.window_count == 4 * 500
 
 
+def test_a_report_in_progress_does_not_hold_up_observe(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A report merges and compares outside the lock that ``observe`` takes: with the
+    comparison held open in another thread, explanations are still counted (a report computed
+    under the lock would deadlock here; the joins' timeouts only turn that into a failure)."""
+    import limelight.drift.monitor as monitor_module
+
+    monitor = DriftMonitor(make_settings(drift_bootstrap_n=20, drift_window=100), LABELS, None)
+    feed(monitor, 60, seed=1)
+    inside, release = threading.Event(), threading.Event()
+    real_compare = monitor_module.compare
+
+    def held_compare(*args: object, **kw: object) -> object:
+        inside.set()
+        release.wait(30)
+        return real_compare(*args, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(monitor_module, "compare", held_compare)
+    reports: list[object] = []
+    reporter = threading.Thread(target=lambda: reports.append(monitor.report()))
+    reporter.start()
+    assert inside.wait(30)
+    observer = threading.Thread(target=feed, args=(monitor, 30, 2))
+    observer.start()
+    observer.join(30)
+    observed_while_held = not observer.is_alive()
+    release.set()
+    reporter.join(30)
+    observer.join(30)
+    assert observed_while_held
+    # The held report is of the window as it was when it began.
+    assert reports and reports[0].window_count == 40  # type: ignore[attr-defined]
+    assert monitor.report().window_count == 70
+
+
+def test_the_periodic_gauge_refresh_runs_off_the_observing_thread(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The explanation that fills a sub-window does not pay for the full report behind the
+    gauges: it runs in a thread of its own, and the gauges still follow the window."""
+    import limelight.drift.monitor as monitor_module
+
+    threads: set[str] = set()
+    real_compare = monitor_module.compare
+
+    def recording_compare(*args: object, **kw: object) -> object:
+        threads.add(threading.current_thread().name)
+        return real_compare(*args, **kw)  # type: ignore[arg-type]
+
+    metrics = Metrics(CollectorRegistry())
+    monitor = DriftMonitor(
+        make_settings(drift_bootstrap_n=20, drift_window=100), LABELS, metrics,
+        gauge_interval_s=0.0,
+    )  # fmt: skip
+    feed(monitor, 20, seed=3)  # the reference is ready: refreshed at once, on this thread
+    get = metrics.registry.get_sample_value
+    assert get("limelight_drift_reference_state", {"state": "ready"}) == 1.0
+    monkeypatch.setattr(monitor_module, "compare", recording_compare)
+    feed(monitor, 10, seed=4)  # fills the first sub-window (10 of them in 100)
+    for _ in range(3000):
+        if get("limelight_drift_window_explanations") == 10.0 and not monitor._refreshing:
+            break
+        threading.Event().wait(0.01)
+    assert get("limelight_drift_window_explanations") == 10.0
+    assert threads == {"drift-gauges"}
+
+
+def test_profile_copy_is_independent() -> None:
+    profile = Profile(LABELS, 8)
+    profile.add("pos", {"good": 0.75, "film": 0.25}, 0.8)
+    copy, counters = profile.copy(), profile.copy(with_sketches=False)
+    profile.add("pos", {"good": 1.0}, 0.0)
+    assert copy.count == 1 and copy.sketches["pos"].counts == {"good": 0.75, "film": 0.25}
+    assert counters.count == 1 and counters.mean_entropy == 0.8
+    assert len(counters.sketches["pos"]) == 0
+
+
 # --- reference files ------------------------------------------------------------------------------
 
 

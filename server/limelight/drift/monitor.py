@@ -52,8 +52,10 @@ class DriftMonitor:
 
     Prometheus gauges (when ``metrics`` is given) are refreshed when the reference becomes
     ready, when a sub-window fills (every ``drift_window / slots`` explanations) but at most
-    once per ``gauge_interval_s`` (a refresh is a full report: milliseconds), and on every
-    :meth:`report` / :meth:`refresh_gauges`.
+    once per ``gauge_interval_s``, and on every :meth:`report` / :meth:`refresh_gauges`. A
+    report merges every sub-window (milliseconds), so it never runs under the lock that
+    ``observe`` takes, and the periodic refresh runs in a thread of its own: the request that
+    fills a sub-window does not pay for it.
 
     ``model_version`` (the served model's fingerprint) is compared with the reference file's;
     a mismatch is logged. ``method`` (the served default inline method, whose attributions the
@@ -108,7 +110,9 @@ class DriftMonitor:
             self._state = "ready"
         else:
             self._state = "building"
-        self._refresh_gauges(self._compute(self.top_k))
+        self._refreshing = False
+        """A background gauge refresh is under way (one at a time)."""
+        self._refresh_gauges(self._compute(self.top_k, self._snapshot()))
 
     def _load_reference(
         self, settings: Settings, model_version: str | None, method: str | None
@@ -173,24 +177,38 @@ class DriftMonitor:
         if self._state == "disabled" or label not in self._label_set:
             return
         shares, entropy = positive_shares(tokens, scores)
-        report = None
+        became_ready = refresh = False
         with self._lock:
             if self._state == "building":
                 self._reference.add(label, shares, entropy)
                 if self._reference.count >= self.bootstrap_n:
                     self._state = "ready"
+                    became_ready = True
                     log.info("drift reference ready: the first %d explanations", self.bootstrap_n)
-                    report = self._compute(self.top_k)
             else:
                 self._ring.advance().add(label, shares, entropy)
-                if (
+                refresh = (
                     self._ring.tick()
                     and self._metrics is not None
+                    and not self._refreshing
                     and time.monotonic() - self._last_refresh >= self.gauge_interval_s
-                ):
-                    report = self._compute(self.top_k)
-        if report is not None:
-            self._refresh_gauges(report)
+                )
+                if refresh:
+                    self._refreshing = True
+        if became_ready:
+            self.refresh_gauges()  # the window is still empty: cheap, and seen at once
+        elif refresh:
+            threading.Thread(
+                target=self._refresh_in_background, name="drift-gauges", daemon=True
+            ).start()
+
+    def _refresh_in_background(self) -> None:
+        try:
+            self.refresh_gauges()
+        except Exception:  # a gauge refresh must never take a request down with it
+            log.exception("drift gauge refresh failed")
+        finally:
+            self._refreshing = False
 
     def refresh_gauges(self) -> None:
         """Recompute the report and update the Prometheus gauges now (e.g. from a timer)."""
@@ -200,14 +218,26 @@ class DriftMonitor:
         """The current window against the reference, with ``top_k`` risers and fallers."""
         k = self.top_k if top_k is None or top_k <= 0 else top_k
         with self._lock:
-            report = self._compute(k)
+            snapshot = self._snapshot()
+        report = self._compute(k, snapshot)
         self._refresh_gauges(report)
         return report
 
-    def _compute(self, top_k: int) -> DriftReport:
-        reference = self._reference
-        ready = self._state == "ready"
-        window = Profile.merge(self._ring.parts()) if ready else None
+    def _snapshot(self) -> tuple[ReferenceState, Profile, list[Profile] | None]:
+        """What a report reads, taken under the lock in microseconds: the state, the reference
+        and, once it is ready, the window's sub-windows. A ready reference and the full
+        sub-windows no longer change; the newest sub-window still fills, so it is copied."""
+        if self._state != "ready":
+            # Building: the report reads only the reference's counters (no window yet).
+            return self._state, self._reference.copy(with_sketches=False), None
+        parts = self._ring.parts()
+        return self._state, self._reference, [*parts[:-1], parts[-1].copy()]
+
+    def _compute(
+        self, top_k: int, snapshot: tuple[ReferenceState, Profile, list[Profile] | None]
+    ) -> DriftReport:
+        state, reference, parts = snapshot
+        window = Profile.merge(parts) if parts is not None else None
         labels: list[LabelDrift] = []
         for label in self.labels:
             if window is None:
@@ -233,7 +263,7 @@ class DriftMonitor:
                 [window.label_counts[x] for x in self.labels],
             )
         return DriftReport(
-            reference_state=self._state,
+            reference_state=state,
             reference_count=reference.count,
             window_count=window.count if window is not None else 0,
             alert_threshold=self.threshold,

@@ -85,6 +85,17 @@ class Profile:
             self.entropy_sum += entropy
             self.entropy_count += 1
 
+    def copy(self, with_sketches: bool = True) -> Profile:
+        """An independent copy (``with_sketches=False``: the counters, with empty sketches)."""
+        out = Profile(list(self.label_counts), self.capacity)
+        if with_sketches:
+            out.sketches = {label: s.copy() for label, s in self.sketches.items()}
+        out.label_counts = dict(self.label_counts)
+        out.count = self.count
+        out.entropy_sum = self.entropy_sum
+        out.entropy_count = self.entropy_count
+        return out
+
     @property
     def mean_entropy(self) -> float:
         return self.entropy_sum / self.entropy_count if self.entropy_count else 0.0
