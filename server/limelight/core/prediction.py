@@ -71,6 +71,20 @@ def predict(logits: FloatArray, problem: ProblemType, thresholds: Sequence[float
     return Prediction(probs, top, [top])
 
 
+def predict_rows(
+    logits: FloatArray, problem: ProblemType, thresholds: Sequence[float]
+) -> list[Prediction]:
+    """:func:`predict` for every row of a batch's logits [B, C]: the same answers, with one
+    numpy pass for the whole batch where a row's own pass costs microseconds of fixed overhead
+    (single-label; the other kinds go row by row)."""
+    logits = np.asarray(logits, dtype=np.float32)
+    if problem != SINGLE_LABEL or logits.ndim != 2:
+        return [predict(row, problem, thresholds) for row in logits]
+    shifted = np.exp(logits - logits.max(axis=1, keepdims=True))
+    probs = np.asarray(shifted / shifted.sum(axis=1, keepdims=True), dtype=np.float32)
+    return [Prediction(probs[i], top, [top]) for i, top in enumerate(probs.argmax(axis=1).tolist())]
+
+
 def label_thresholds(
     labels: Sequence[str], default: float, per_label: Mapping[str, float]
 ) -> list[float]:

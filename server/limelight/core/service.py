@@ -24,6 +24,7 @@ from limelight.core.prediction import (
     Prediction,
     label_thresholds,
     predict,
+    predict_rows,
     softmax,  # noqa: F401  (re-exported: older imports of limelight.core.service.softmax)
 )
 from limelight.core.types import (
@@ -108,6 +109,8 @@ class _InlineResult:
     forward_s: float
     attribute_s: float
     batch_size: int
+    prediction: Prediction | None = None
+    """Computed with the batch's (one numpy pass); None: from ``logits`` when assembled."""
 
 
 def validate_text(text: str, text_pair: str | None, max_chars: int) -> None:
@@ -533,6 +536,7 @@ class ExplanationService:
             else self._normxlogit.attribute(outputs, row, len(item.encoded))
             for row, item in enumerate(items)
         ]
+        predictions = predict_rows(outputs.logits, self._problem, self.thresholds)
         done = time.monotonic()
         return [
             _InlineResult(
@@ -543,6 +547,7 @@ class ExplanationService:
                 forward_s=forwarded - start,
                 attribute_s=done - forwarded,
                 batch_size=len(items),
+                prediction=predictions[row],
             )
             for row, item in enumerate(items)
         ]
@@ -739,7 +744,7 @@ class ExplanationService:
         result: _InlineResult,
     ) -> Explanation:
         model = self.model
-        prediction = self.predict(result.logits)
+        prediction = result.prediction or self.predict(result.logits)
         predicted = prediction.index
         labels = self._labels
         if request.target is None and not self._multi_label:
