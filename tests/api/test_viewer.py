@@ -223,6 +223,7 @@ def test_drift_report_and_history(viewer_sidecar: RunningSidecar) -> None:
     assert status == 200 and report["reference_state"] == "ready"
     assert {d["label"] for d in report["labels"]} == {"negative", "neutral", "positive"}
     assert report["alert_threshold"] == viewer_sidecar.settings.drift_alert_threshold
+    assert report["sample_rate"] == viewer_sidecar.settings.drift_sample_rate == 1.0
     assert all(len(d["risers"]) <= 3 for d in report["labels"])
     history = report["history"]
     assert len(history) == 2 and history[-1]["state"] == "ready"
@@ -660,6 +661,26 @@ def test_browser_pages_explain_and_jobs(
             assert overflow <= 0, (view, overflow)
     finally:
         driver.set_window_size(1280, 1000)
+
+
+@needs_browser
+def test_browser_drift_page_says_the_sample_rate(
+    browser: Any, start_sidecar: Callable[..., RunningSidecar], random_bert_dir: Path
+) -> None:
+    """A monitor that observes a share of the answers says so on the drift page (its counts
+    are observed answers, not requests); one that observes all does not."""
+    from selenium.webdriver.common.by import By
+
+    for rate, shown in [(0.25, "observing 25 % of requests"), (1.0, None)]:
+        sidecar = start_sidecar(model_dir=random_bert_dir, drift_sample_rate=rate)
+        open_viewer(browser, sidecar)
+        browser.find_element(By.CSS_SELECTOR, "nav a[data-view=drift]").click()
+        summary = wait(browser, lambda d: d.find_element(By.ID, "drift-summary").text or None)
+        assert summary.startswith("reference building")
+        if shown is None:
+            assert "observing" not in summary
+        else:
+            assert shown in summary
 
 
 @needs_browser
