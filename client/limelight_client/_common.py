@@ -137,6 +137,7 @@ def submit_request(
         # A key makes the submit safe to retry: the server returns the same job for it.
         idempotency_key=idempotency_key or new_idempotency_key(),
         timeout_seconds=float(timeout_seconds or 0.0),
+        token_layout=pb.TOKEN_LAYOUT_COLUMNS,  # read for a key that names a finished job
     )
     if text_pair is not None:
         req.text_pair = text_pair
@@ -159,6 +160,16 @@ def list_jobs_request(
         parsed = [JobState.parse(s) for s in states]
     # Enum names keep the request independent of the generated enum's Python type.
     return pb.ListJobsRequest(states=[f"JOB_STATE_{s.name}" for s in parsed], limit=limit)
+
+
+def get_job_request(job_id: str) -> pb.GetJobRequest:
+    """GetJob's and WatchJob's request: a result's tokens in columns, as ``explain_request``
+    asks (a server that predates the field sends messages, which ``JobInfo`` reads as well)."""
+    return pb.GetJobRequest(id=job_id, token_layout=pb.TOKEN_LAYOUT_COLUMNS)
+
+
+def cancel_job_request(job_id: str) -> pb.CancelJobRequest:
+    return pb.CancelJobRequest(id=job_id, token_layout=pb.TOKEN_LAYOUT_COLUMNS)
 
 
 def terminal_state(value: int) -> bool:

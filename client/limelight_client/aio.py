@@ -30,8 +30,10 @@ from limelight_client._common import (
     SpreadAnswer,
     TargetArg,
     TextItem,
+    cancel_job_request,
     deadline_error,
     explain_request,
+    get_job_request,
     health_status_name,
     late_bound,
     list_jobs_request,
@@ -611,13 +613,13 @@ class AsyncClient(ClientBase[grpc.aio.Channel]):
         text: str | None = None,
         text_pair: str | None = None,
     ) -> JobInfo:
-        resp = await self._unary("GetJob", pb.GetJobRequest(id=job_id), timeout)
+        resp = await self._unary("GetJob", get_job_request(job_id), timeout)
         return JobInfo.from_proto(resp, text=text, text_pair=text_pair)
 
     async def _cancel_job(
         self, job_id: str, timeout: float | None, text: str | None, text_pair: str | None
     ) -> JobInfo:
-        resp = await self._unary("CancelJob", pb.CancelJobRequest(id=job_id), timeout)
+        resp = await self._unary("CancelJob", cancel_job_request(job_id), timeout)
         return JobInfo.from_proto(resp, text=text, text_pair=text_pair)
 
     async def _watch_job(self, job_id: str, deadline: float | None) -> AsyncIterator[pb.Job]:
@@ -627,7 +629,7 @@ class AsyncClient(ClientBase[grpc.aio.Channel]):
             error: LimelightError | None = None
             async with self._lease() as conn:
                 call = conn.stub.WatchJob(
-                    pb.GetJobRequest(id=job_id), timeout=remaining, metadata=self._call_metadata()
+                    get_job_request(job_id), timeout=remaining, metadata=self._call_metadata()
                 )
                 try:
                     async for msg in call:

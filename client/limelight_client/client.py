@@ -24,8 +24,10 @@ from limelight_client._common import (
     SpreadAnswer,
     TargetArg,
     TextItem,
+    cancel_job_request,
     deadline_error,
     explain_request,
+    get_job_request,
     health_status_name,
     late_bound,
     list_jobs_request,
@@ -763,14 +765,14 @@ class Client(ClientBase[grpc.Channel]):
         text: str | None = None,
         text_pair: str | None = None,
     ) -> JobInfo:
-        resp = self._unary("GetJob", pb.GetJobRequest(id=job_id), timeout)
+        resp = self._unary("GetJob", get_job_request(job_id), timeout)
         return JobInfo.from_proto(resp, text=text, text_pair=text_pair)
 
     def _cancel_job(
         self, job_id: str, timeout: float | None, text: str | None, text_pair: str | None
     ) -> JobInfo:
         # Cancelling twice has the same effect as once, so retrying is safe.
-        resp = self._unary("CancelJob", pb.CancelJobRequest(id=job_id), timeout)
+        resp = self._unary("CancelJob", cancel_job_request(job_id), timeout)
         return JobInfo.from_proto(resp, text=text, text_pair=text_pair)
 
     def _watch_job(self, job_id: str, deadline: float | None) -> Iterator[pb.Job]:
@@ -781,7 +783,7 @@ class Client(ClientBase[grpc.Channel]):
             error: LimelightError | None = None
             with self._lease() as conn:
                 call = conn.stub.WatchJob(
-                    pb.GetJobRequest(id=job_id), timeout=remaining, metadata=self._call_metadata()
+                    get_job_request(job_id), timeout=remaining, metadata=self._call_metadata()
                 )
                 try:
                     for msg in call:

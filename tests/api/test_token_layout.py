@@ -3,14 +3,20 @@ each input of a stream or a batch answered in the layout it asked for."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterator, Sequence
 from typing import Any
 
 import grpc
 import pytest
 
-from limelight_client import Client
-from limelight_client._common import explain_request
+from limelight_client import AsyncClient, Client
+from limelight_client._common import (
+    cancel_job_request,
+    explain_request,
+    get_job_request,
+    submit_request,
+)
 from limelight_client.proto import explainer_pb2 as pb
 from limelight_client.proto import explainer_pb2_grpc
 from limelight_client.types import Token
@@ -131,3 +137,58 @@ def test_the_sdk_asks_for_columns_and_reads_the_same_tokens(
         assert [e.tokens for e in client.explain_many([text, text])] == [expected, expected]
     # Every explain call of the SDK builds its requests here.
     assert explain_request(text, None, None, False, None, None).token_layout == COLUMNS
+
+
+def test_a_jobs_result_is_listed_in_the_layout_each_request_asks_for(
+    sidecar: RunningSidecar, stub: explainer_pb2_grpc.ExplainerStub
+) -> None:
+    text, key = "a tender, funny and quietly devastating film", "layout-job"
+    submitted = stub.SubmitJob(
+        pb.SubmitJobRequest(text=text, method="grad_x_input", idempotency_key=key), timeout=30
+    )
+    watched = list(
+        stub.WatchJob(pb.GetJobRequest(id=submitted.id, token_layout=COLUMNS), timeout=300)
+    )
+    done = watched[-1]
+    assert done.state == pb.JOB_STATE_SUCCEEDED, done.error
+    # Every Job of the watch is in the layout the watch asked for; only the last has a result.
+    assert all(not job.result.explanation.tokens for job in watched)
+    as_columns = done.result.explanation
+    assert as_columns.token_columns.text and not as_columns.tokens
+
+    as_messages = stub.GetJob(pb.GetJobRequest(id=submitted.id), timeout=30)
+    assert as_messages.result.explanation.tokens
+    assert not as_messages.result.explanation.token_columns.text
+    same_answer(done.result, as_messages.result)
+    expected = rows(as_messages.result.explanation)
+    # The same job, read through each job call in columns.
+    reads = [
+        stub.GetJob(pb.GetJobRequest(id=submitted.id, token_layout=COLUMNS), timeout=30),
+        stub.CancelJob(pb.CancelJobRequest(id=submitted.id, token_layout=COLUMNS), timeout=30),
+        # The idempotency key names the succeeded job: the submit answers with its result.
+        stub.SubmitJob(
+            pb.SubmitJobRequest(
+                text=text, method="grad_x_input", idempotency_key=key, token_layout=COLUMNS
+            ),
+            timeout=30,
+        ),
+    ]
+    for job in reads:
+        assert job.id == submitted.id and job.state == pb.JOB_STATE_SUCCEEDED
+        assert not job.result.explanation.tokens
+        assert rows(job.result.explanation) == expected
+
+    # The SDK asks for columns on every job call and reads the same tokens.
+    tokens = Token.all_from_proto(as_messages.result.explanation)
+    with Client(sidecar.target) as client:
+        assert client.job(submitted.id).result(timeout=60).tokens == tokens
+
+    async def read_async() -> list[Token]:
+        async with AsyncClient(sidecar.target) as client:
+            job = await client.job(submitted.id)
+            return (await job.result(timeout=60)).tokens
+
+    assert asyncio.run(read_async()) == tokens
+    assert get_job_request("x").token_layout == COLUMNS
+    assert cancel_job_request("x").token_layout == COLUMNS
+    assert submit_request(text, "grad_x_input", None, None, None, None, {}).token_layout == COLUMNS

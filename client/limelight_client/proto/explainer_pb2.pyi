@@ -277,7 +277,7 @@ class ModelInfo(_message.Message):
     def __init__(self, name: _Optional[str] = ..., version: _Optional[str] = ..., architecture: _Optional[str] = ..., labels: _Optional[_Iterable[str]] = ..., num_layers: _Optional[int] = ..., num_heads: _Optional[int] = ..., hidden_size: _Optional[int] = ..., methods: _Optional[_Iterable[_Union[MethodInfo, _Mapping]]] = ..., default_method: _Optional[str] = ..., max_tokens: _Optional[int] = ..., max_text_chars: _Optional[int] = ..., runtime: _Optional[str] = ..., supports_text_pair: _Optional[bool] = ..., problem_type: _Optional[str] = ..., thresholds: _Optional[_Iterable[float]] = ..., instance: _Optional[str] = ..., workers: _Optional[int] = ...) -> None: ...
 
 class SubmitJobRequest(_message.Message):
-    __slots__ = ("text", "text_pair", "target", "method", "parameters", "idempotency_key", "timeout_seconds")
+    __slots__ = ("text", "text_pair", "target", "method", "parameters", "idempotency_key", "timeout_seconds", "token_layout")
     TEXT_FIELD_NUMBER: _ClassVar[int]
     TEXT_PAIR_FIELD_NUMBER: _ClassVar[int]
     TARGET_FIELD_NUMBER: _ClassVar[int]
@@ -285,6 +285,7 @@ class SubmitJobRequest(_message.Message):
     PARAMETERS_FIELD_NUMBER: _ClassVar[int]
     IDEMPOTENCY_KEY_FIELD_NUMBER: _ClassVar[int]
     TIMEOUT_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_LAYOUT_FIELD_NUMBER: _ClassVar[int]
     text: str
     text_pair: str
     target: Target
@@ -292,7 +293,8 @@ class SubmitJobRequest(_message.Message):
     parameters: _struct_pb2.Struct
     idempotency_key: str
     timeout_seconds: float
-    def __init__(self, text: _Optional[str] = ..., text_pair: _Optional[str] = ..., target: _Optional[_Union[Target, _Mapping]] = ..., method: _Optional[str] = ..., parameters: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., idempotency_key: _Optional[str] = ..., timeout_seconds: _Optional[float] = ...) -> None: ...
+    token_layout: TokenLayout
+    def __init__(self, text: _Optional[str] = ..., text_pair: _Optional[str] = ..., target: _Optional[_Union[Target, _Mapping]] = ..., method: _Optional[str] = ..., parameters: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., idempotency_key: _Optional[str] = ..., timeout_seconds: _Optional[float] = ..., token_layout: _Optional[_Union[TokenLayout, str]] = ...) -> None: ...
 
 class Job(_message.Message):
     __slots__ = ("id", "state", "method", "parameters", "progress", "message", "created_at", "started_at", "finished_at", "attempts", "result", "error", "idempotency_key")
@@ -325,16 +327,20 @@ class Job(_message.Message):
     def __init__(self, id: _Optional[str] = ..., state: _Optional[_Union[JobState, str]] = ..., method: _Optional[str] = ..., parameters: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., progress: _Optional[float] = ..., message: _Optional[str] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., started_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., finished_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., attempts: _Optional[int] = ..., result: _Optional[_Union[ExplainResponse, _Mapping]] = ..., error: _Optional[str] = ..., idempotency_key: _Optional[str] = ...) -> None: ...
 
 class GetJobRequest(_message.Message):
-    __slots__ = ("id",)
+    __slots__ = ("id", "token_layout")
     ID_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_LAYOUT_FIELD_NUMBER: _ClassVar[int]
     id: str
-    def __init__(self, id: _Optional[str] = ...) -> None: ...
+    token_layout: TokenLayout
+    def __init__(self, id: _Optional[str] = ..., token_layout: _Optional[_Union[TokenLayout, str]] = ...) -> None: ...
 
 class CancelJobRequest(_message.Message):
-    __slots__ = ("id",)
+    __slots__ = ("id", "token_layout")
     ID_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_LAYOUT_FIELD_NUMBER: _ClassVar[int]
     id: str
-    def __init__(self, id: _Optional[str] = ...) -> None: ...
+    token_layout: TokenLayout
+    def __init__(self, id: _Optional[str] = ..., token_layout: _Optional[_Union[TokenLayout, str]] = ...) -> None: ...
 
 class ListJobsRequest(_message.Message):
     __slots__ = ("states", "limit")

@@ -230,7 +230,8 @@ def _timestamp(seconds: float | None) -> timestamp_pb2.Timestamp | None:
     return ts
 
 
-def job_to_proto(job: JobRecord) -> pb.Job:
+def job_to_proto(job: JobRecord, token_layout: int = pb.TOKEN_LAYOUT_MESSAGES) -> pb.Job:
+    """A job; a succeeded job's result lists its tokens in ``token_layout`` (the request's)."""
     message = pb.Job(
         id=job.id,
         state=_STATE_TO_PROTO[job.state],
@@ -246,7 +247,7 @@ def job_to_proto(job: JobRecord) -> pb.Job:
         idempotency_key=job.spec.idempotency_key,
     )
     if job.result is not None:
-        message.result.CopyFrom(explanation_to_proto(job.result))
+        message.result.CopyFrom(explanation_to_proto(job.result, token_layout))
     return message
 
 

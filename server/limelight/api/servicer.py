@@ -309,7 +309,7 @@ class ExplainerServicer:
                 timeout_s=request.timeout_seconds,
                 owner=principal(context),
             )
-            return convert.job_to_proto(job)
+            return convert.job_to_proto(job, request.token_layout)
 
         return await self._guard("SubmitJob", context, call)
 
@@ -317,7 +317,8 @@ class ExplainerServicer:
         async def call() -> pb.Job:
             check_request(request)
             return convert.job_to_proto(
-                await self.ready_service().get_job(request.id, principal(context))
+                await self.ready_service().get_job(request.id, principal(context)),
+                request.token_layout,
             )
 
         return await self._guard("GetJob", context, call)
@@ -328,7 +329,7 @@ class ExplainerServicer:
         async def stream() -> AsyncIterator[pb.Job]:
             check_request(request)
             async for job in self.ready_service().watch_job(request.id, principal(context)):
-                yield convert.job_to_proto(job)
+                yield convert.job_to_proto(job, request.token_layout)
 
         async for item in self._guard_stream("WatchJob", context, stream):
             yield item
@@ -337,7 +338,8 @@ class ExplainerServicer:
         async def call() -> pb.Job:
             check_request(request)
             return convert.job_to_proto(
-                await self.ready_service().cancel_job(request.id, principal(context))
+                await self.ready_service().cancel_job(request.id, principal(context)),
+                request.token_layout,
             )
 
         return await self._guard("CancelJob", context, call)
