@@ -79,3 +79,27 @@ def test_quick_inline_bench_prices_the_head_against_normxlogit_alone(
         numbers = [float(c) for c in cells.split("|")]  # every cell was measured
         assert len(numbers) == (5 if has_head else 4) and all(n > 0 for n in numbers)
     assert "medians of alternating (forward, explain) pairs" in report
+
+
+@pytest.mark.parametrize("truncation", ["truncate", "window"])
+def test_quick_mix_bench_serves_long_texts_cut_or_whole(
+    bert_tiny_dir: Path, tmp_path: Path, truncation: str
+) -> None:
+    """`--truncation window` explains the long texts of the mix whole: their answers carry more
+    tokens than the model's limit (512), where cut texts carry exactly the limit."""
+    out = tmp_path / "bench"
+    options = ["--truncation", truncation] if truncation == "window" else []
+    done = quick_bench(bert_tiny_dir, out, "mix", "--mix", "1+1", "--long-chars", "6000", *options)
+    assert done.returncode == 0, done.stderr[-2000:]
+    report = (out / "bench.md").read_text()
+    command = next(line for line in report.splitlines() if line.startswith("command:"))
+    assert ("--truncation window" in command) == (truncation == "window")
+    header = next(line for line in report.splitlines() if "tokens per long answer" in line)
+    column = [c.strip() for c in header.split("|")].index("tokens per long answer")
+    rows = [line for line in report.splitlines() if line.startswith("| length-")]
+    assert len(rows) == 2, report
+    for row in rows:
+        tokens = int(row.split("|")[column].strip())
+        assert tokens > 512 if truncation == "window" else tokens == 512
+    whole = "explained whole, in overlapping windows"
+    assert (whole in report) == (truncation == "window")

@@ -51,6 +51,14 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "the reference bootstraps from the first answers) instead of off",
     )
     p.add_argument(
+        "--truncation",
+        choices=("truncate", "window"),
+        default="truncate",
+        help="served and mix sections: the sidecar's policy for texts over the token limit "
+        "(`serve --truncation`): cut them (default), or explain all of each in overlapping "
+        "windows",
+    )
+    p.add_argument(
         "--drift-sample-rate",
         type=float,
         default=1.0,
@@ -272,6 +280,7 @@ def _run(args: argparse.Namespace, work: Path) -> int:
         "torch_threads": settings.torch_threads,
         "drift_enabled": args.drift,
         "drift_sample_rate": args.drift_sample_rate,
+        "truncation": args.truncation,
     }
     if settings.device:
         common["device"] = settings.device
@@ -437,6 +446,7 @@ def _run(args: argparse.Namespace, work: Path) -> int:
                     mixed.per_s("short"),
                     mixed.per_s("long"),
                     mixed.p50_ms("long"),
+                    round(mixed.tokens_per_answer("long")),
                     alone.tokens_per_s,
                     mixed.tokens_per_s,
                     mixed.tokens_per_s / alone.tokens_per_s,
@@ -461,13 +471,19 @@ def _run(args: argparse.Namespace, work: Path) -> int:
                     "short req/s mixed",
                     "long req/s mixed",
                     "long p50 mixed ms",
+                    "tokens per long answer",
                     "tokens/s alone",
                     "tokens/s mixed",
                     "tokens/s mixed/alone",
                 ],
                 rows,
             ),
-            "torch runtime; long texts are truncated to the model's token limit.",
+            "torch runtime; "
+            + (
+                "long texts are explained whole, in overlapping windows (truncation=window)."
+                if args.truncation == "window"
+                else "long texts are truncated to the model's token limit."
+            ),
         )
 
     job_methods = [m for m in args.job_methods.split(",") if m]
@@ -506,6 +522,8 @@ def _argv(args: argparse.Namespace) -> list[str]:
         out.append("--drift")
         if args.drift_sample_rate < 1.0:
             out += ["--drift-sample-rate", f"{args.drift_sample_rate:g}"]
+    if args.truncation != "truncate":
+        out += ["--truncation", args.truncation]
     if args.quick:
         out.append("--quick")
     return out

@@ -41,7 +41,7 @@ from limelight.core.types import (
     Timings,
     TokenColumns,
 )
-from limelight.core.windows import WindowLayout, aggregate_logits, check_stride, encode_windows
+from limelight.core.windows import aggregate_logits, check_stride, encode_document
 from limelight.errors import (
     DeadlineExceeded,
     FailedPrecondition,
@@ -605,9 +605,9 @@ class ExplanationService:
         assert self._batcher is not None
         settings = self.settings
         limit = min(settings.max_tokens, self.model.max_tokens)
-        windows = await asyncio.get_running_loop().run_in_executor(
+        windows, layout = await asyncio.get_running_loop().run_in_executor(
             self._tokenize_executor,
-            encode_windows,
+            encode_document,
             self.model,
             request.text,
             limit,
@@ -621,7 +621,6 @@ class ExplanationService:
                 for w in windows
             )
         )
-        layout = WindowLayout.of(windows)
         normx = [r.normxlogit for r in results if r.normxlogit is not None]
         merged = _InlineResult(
             logits=aggregate_logits([r.logits for r in results], settings.window_aggregation),
@@ -633,7 +632,7 @@ class ExplanationService:
             attribute_s=sum(r.attribute_s / r.batch_size for r in results),
             batch_size=max(r.batch_size for r in results),
         )
-        document = Encoded([t.id for t in layout.tokens], None, layout.tokens, truncated=False)
+        document = Encoded(layout.tokens.ids, None, layout.tokens, truncated=False)
         explanation = self._assemble(request, document, method, merged)
         explanation.windows = len(windows)
         timings = explanation.timings

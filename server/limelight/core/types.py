@@ -162,8 +162,8 @@ class Encoded:
     input_ids: list[int]
     token_type_ids: list[int] | None
     tokens: Sequence[TokenInfo]
-    """``TokenColumns`` from the tokenizer; a plain list where tokens were put together
-    otherwise (windows, jobs read back)."""
+    """``TokenColumns`` from the tokenizer (windows and stitched documents too); a plain list
+    where tokens were put together otherwise (jobs read back)."""
     truncated: bool
 
     def __len__(self) -> int:

@@ -24,11 +24,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
+from itertools import chain
+from operator import itemgetter
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
+import numpy.typing as npt
 
-from limelight.core.types import Encoded, FloatArray, TokenInfo
+from limelight.core.types import Encoded, FloatArray, TokenColumns
 from limelight.errors import InvalidArgument
 
 if TYPE_CHECKING:
@@ -59,13 +62,14 @@ def encode_windows(model: LoadedModel, text: str, limit: int, stride: int) -> li
     with_types = model.adapter.uses_token_type_ids
     windows = []
     for w, ids in enumerate(enc["input_ids"]):
-        names = model.tokenizer.convert_ids_to_tokens(ids)
-        tokens = [
-            TokenInfo(str(name), int(tid), int(start), int(end), bool(special), 0)
-            for name, tid, (start, end), special in zip(
-                names, ids, enc["offset_mapping"][w], enc["special_tokens_mask"][w], strict=True
-            )
-        ]
+        # Columns, as the one-window path hands them over: no object per token.
+        tokens = TokenColumns(
+            [str(name) for name in model.tokenizer.convert_ids_to_tokens(ids)],
+            list(ids),
+            [(int(start), int(end)) for start, end in enc["offset_mapping"][w]],
+            [int(special) for special in enc["special_tokens_mask"][w]],
+            [0] * len(ids),
+        )
         types = enc["token_type_ids"][w] if with_types and "token_type_ids" in enc else None
         type_ids = list(types) if types is not None else None
         windows.append(Encoded(list(ids), type_ids, tokens, False))
@@ -74,53 +78,96 @@ def encode_windows(model: LoadedModel, text: str, limit: int, stride: int) -> li
 
 @dataclass
 class WindowLayout:
-    """Where each token of the stitched document comes from: (window, row) pairs."""
+    """Where each token of the stitched document comes from.
 
-    tokens: list[TokenInfo]
-    sources: list[list[tuple[int, int]]]
+    The windows' rows laid end to end (window 0's, then window 1's, ...) are "flat rows". The
+    document is the first window's leading special tokens, then every distinct text span in
+    text order, then the last window's trailing special tokens. A span seen by several windows
+    (their overlap) gets the mean of their rows. Index arrays, so stitching a long document
+    is a few numpy calls rather than a Python step per token (it runs on the event loop)."""
+
+    tokens: TokenColumns
+    #: Flat rows of the leading special tokens, of the one row per span that names its token
+    #: (the first window that saw it), and of the trailing special tokens.
+    lead_rows: npt.NDArray[np.intp]
+    body_rows: npt.NDArray[np.intp]
+    tail_rows: npt.NDArray[np.intp]
+    #: Every flat row of a span, grouped by span in document order; ``group_starts[i]`` is
+    #: where span i's rows begin in ``span_rows``, ``group_sizes[i]`` how many there are.
+    span_rows: npt.NDArray[np.intp]
+    group_starts: npt.NDArray[np.intp]
+    group_sizes: npt.NDArray[np.intp]
 
     @classmethod
     def of(cls, windows: Sequence[Encoded]) -> WindowLayout:
-        first, last = windows[0].tokens, windows[-1].tokens
+        columns = [TokenColumns.of(w.tokens) for w in windows]
+        sizes = [len(c) for c in columns]
+        first_row = np.concatenate(([0], np.cumsum(sizes)))
+        special = np.concatenate([np.asarray(c.special, dtype=bool) for c in columns])
+        flat_offsets = chain.from_iterable(chain.from_iterable(c.offsets for c in columns))
+        offsets = np.fromiter(flat_offsets, dtype=np.int64, count=2 * int(first_row[-1]))
+        offsets = offsets.reshape(-1, 2)
+        first, last = columns[0], columns[-1]
         lead = 0
-        while lead < len(first) and first[lead].special:
+        while lead < len(first) and first.special[lead]:
             lead += 1
         tail = len(last)
-        while tail > 0 and last[tail - 1].special:
+        while tail > 0 and last.special[tail - 1]:
             tail -= 1
-        tokens: list[TokenInfo] = list(first[:lead])
-        sources: list[list[tuple[int, int]]] = [[(0, row)] for row in range(lead)]
-        where: dict[tuple[int, int], int] = {}
-        for w, window in enumerate(windows):
-            for row, tok in enumerate(window.tokens):
-                if tok.special:
-                    continue
-                key = (tok.start, tok.end)
-                index = where.get(key)
-                if index is None:
-                    where[key] = len(tokens)
-                    tokens.append(tok)
-                    sources.append([(w, row)])
-                else:
-                    sources[index].append((w, row))
-        # Text order whatever order the tokenizer returned the windows in (left truncation).
-        body = sorted(range(lead, len(tokens)), key=lambda i: (tokens[i].start, tokens[i].end))
-        tokens[lead:] = [tokens[i] for i in body]
-        sources[lead:] = [sources[i] for i in body]
-        for row in range(tail, len(last)):
-            tokens.append(last[row])
-            sources.append([(len(windows) - 1, row)])
-        return cls(tokens, sources)
+        text_rows = np.flatnonzero(~special)
+        # One key per span; sorting the keys puts the spans in text order, whatever order the
+        # tokenizer returned the windows in (left truncation returns them reversed).
+        spans = offsets[text_rows]
+        keys = spans[:, 0] * (int(spans[:, 1].max(initial=0)) + 1) + spans[:, 1]
+        _, first_seen, span_of_row, group_sizes = np.unique(
+            keys, return_index=True, return_inverse=True, return_counts=True
+        )
+        order = np.argsort(span_of_row, kind="stable")
+        group_starts = np.cumsum(group_sizes) - group_sizes
+        lead_rows = np.arange(lead, dtype=np.intp)
+        tail_rows = first_row[-2] + np.arange(tail, len(last), dtype=np.intp)
+        body_rows = text_rows[first_seen]
+        picked = np.concatenate((lead_rows, body_rows, tail_rows)).tolist()
+        take = itemgetter(*picked) if len(picked) > 1 else (lambda xs: (xs[picked[0]],))
+
+        def gathered(field: str) -> list[Any]:
+            return list(take(list(chain.from_iterable(getattr(c, field) for c in columns))))
+
+        tokens = TokenColumns(
+            gathered("texts"),
+            gathered("ids"),
+            gathered("offsets"),
+            gathered("special"),
+            gathered("segments"),
+        )
+        return cls(
+            tokens,
+            lead_rows.astype(np.intp),
+            body_rows.astype(np.intp),
+            tail_rows.astype(np.intp),
+            text_rows[order].astype(np.intp),
+            group_starts.astype(np.intp),
+            group_sizes.astype(np.intp),
+        )
 
     def stitch(self, arrays: Sequence[FloatArray]) -> FloatArray:
         """Per-window arrays [n_w, ...] -> one [len(tokens), ...] array (means over overlaps)."""
-        rows = [
-            np.mean([arrays[w][row] for w, row in pairs], axis=0)
-            if len(pairs) > 1
-            else arrays[pairs[0][0]][pairs[0][1]]
-            for pairs in self.sources
-        ]
-        return np.ascontiguousarray(np.stack(rows), dtype=np.float32)
+        rows = np.concatenate([np.asarray(a, dtype=np.float32) for a in arrays])
+        spans = rows[self.span_rows]
+        sums = np.add.reduceat(spans, self.group_starts, axis=0) if len(spans) else spans
+        sizes = self.group_sizes.reshape((-1,) + (1,) * (rows.ndim - 1))
+        body = (sums / sizes).astype(np.float32)
+        out = np.concatenate((rows[self.lead_rows], body, rows[self.tail_rows]))
+        return np.ascontiguousarray(out, dtype=np.float32)
+
+
+def encode_document(
+    model: LoadedModel, text: str, limit: int, stride: int
+) -> tuple[list[Encoded], WindowLayout]:
+    """The windows of ``text`` and their layout: everything of a long text that does not need
+    the model's outputs, done together (in the tokenizer's thread, off the event loop)."""
+    windows = encode_windows(model, text, limit, stride)
+    return windows, WindowLayout.of(windows)
 
 
 def aggregate_logits(logits: Sequence[FloatArray], rule: Aggregation) -> FloatArray:

@@ -365,6 +365,9 @@ class LoadResult:
     def per_s(self, kind: str | None = None) -> float:
         return self.count(kind) / self.duration_s
 
+    def tokens_per_answer(self, kind: str) -> float:
+        return self.tokens.get(kind, 0) / max(1, self.count(kind))
+
     @property
     def tokens_per_s(self) -> float:
         return sum(self.tokens.values()) / self.duration_s

@@ -253,5 +253,5 @@ def _run_windows(
         extra_scores={k: stitched([o.extra_scores[k] for o in outputs]) for k in names},
         details={"windows": count, "per_window": [dict(o.details) for o in outputs]},
     )
-    document = Encoded([t.id for t in layout.tokens], None, layout.tokens, truncated=False)
+    document = Encoded(layout.tokens.ids, None, layout.tokens, truncated=False)
     return output, document
