@@ -39,7 +39,7 @@ from limelight.api.auth import bearer_allowed
 from limelight.api.errors import INTERNAL_MESSAGE, http_status_for
 from limelight.api.viewer import Viewer
 from limelight.core.service import ExplanationService
-from limelight.core.types import ExplainInput, Explanation
+from limelight.core.types import ExplainInput, Explanation, scored_tokens
 from limelight.errors import InvalidArgument, LimelightError, Unauthenticated, Unavailable
 from limelight.metrics import Metrics
 from limelight.settings import Settings
@@ -266,7 +266,7 @@ def v1_explanation(e: Explanation) -> dict[str, Any]:
         "method": a.method,
         "target_label": a.target_label,
         "target_index": a.target_index,
-        "tokens": [t.scored(score) for t, score in zip(e.tokens, a.scores.tolist(), strict=True)],
+        "tokens": scored_tokens(e.tokens, a.scores.tolist()),
     }
 
 

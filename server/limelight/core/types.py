@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import enum
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, overload
 
@@ -62,18 +62,6 @@ class TokenInfo:
     end: int
     special: bool
     segment: int = 0
-
-    def scored(self, score: float | None) -> dict[str, Any]:
-        """The token as JSON with its score (the HTTP APIs' and the viewer's token shape;
-        None where the viewer has no finite score)."""
-        return {
-            "text": self.text,
-            "start": self.start,
-            "end": self.end,
-            "special": self.special,
-            "segment": self.segment,
-            "score": None if score is None else float(score),
-        }
 
 
 class TokenColumns(Sequence[TokenInfo]):
@@ -153,6 +141,27 @@ class TokenColumns(Sequence[TokenInfo]):
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (TokenColumns, (self.texts, self.ids, self.offsets, self.special, self.segments))
+
+
+def scored_tokens(
+    tokens: Sequence[TokenInfo], scores: Iterable[float | None]
+) -> list[dict[str, Any]]:
+    """Each token as JSON with its score: the HTTP APIs' and the viewer's token shape (a score
+    of None where the viewer has no finite one). Read from the columns: no object per token."""
+    columns = TokenColumns.of(tokens)
+    return [
+        {
+            "text": text,
+            "start": start,
+            "end": end,
+            "special": bool(special),
+            "segment": segment,
+            "score": None if score is None else float(score),
+        }
+        for text, (start, end), special, segment, score in zip(
+            columns.texts, columns.offsets, columns.special, columns.segments, scores, strict=True
+        )
+    ]
 
 
 @dataclass(frozen=True)

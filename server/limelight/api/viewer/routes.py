@@ -19,7 +19,14 @@ from aiohttp import web
 
 from limelight.core.jobs import JobRecord, JobState
 from limelight.core.service import ExplanationService
-from limelight.core.types import ExplainInput, Explanation, TargetSpec, TokenInfo
+from limelight.core.types import (
+    ExplainInput,
+    Explanation,
+    TargetSpec,
+    TokenColumns,
+    TokenInfo,
+    scored_tokens,
+)
 from limelight.errors import InvalidArgument, Unavailable
 from limelight.settings import Settings
 
@@ -82,21 +89,24 @@ def word_spans(
     segment, or a gap between one piece's end and the next one's start (whitespace)."""
     words: list[dict[str, Any]] = []
     current: dict[str, Any] | None = None
-    for index, token in enumerate(tokens):
-        if token.special or token.end <= token.start:
+    columns = TokenColumns.of(tokens)  # read in columns: no object per token
+    for index, ((start, end), special, segment) in enumerate(
+        zip(columns.offsets, columns.special, columns.segments, strict=True)
+    ):
+        if special or end <= start:
             current = None
             continue
-        source = text_pair if token.segment == 1 and text_pair is not None else text
+        source = text_pair if segment == 1 and text_pair is not None else text
         if (
             current is None
-            or current["segment"] != token.segment
-            or token.start != current["end"]
-            or source[token.start : token.start + 1].isspace()
+            or current["segment"] != segment
+            or start != current["end"]
+            or source[start : start + 1].isspace()
         ):
-            current = {"start": token.start, "end": token.end, "segment": token.segment}
+            current = {"start": start, "end": end, "segment": segment}
             current["tokens"] = []
             words.append(current)
-        current["end"] = token.end
+        current["end"] = end
         current["tokens"].append(index)
     for word in words:
         source = text_pair if word["segment"] == 1 and text_pair is not None else text
@@ -119,7 +129,7 @@ def explanation_json(e: Explanation, text: str, text_pair: str | None) -> dict[s
         "details": jsonable(a.details),
         "target_label": a.target_label,
         "target_index": a.target_index,
-        "tokens": [t.scored(s) for t, s in zip(e.tokens, scores, strict=True)],
+        "tokens": scored_tokens(e.tokens, scores),
         "words": word_spans(e.tokens, text, text_pair),
         "class_scores": (
             [_floats(row) for row in np.asarray(a.class_scores).T]
