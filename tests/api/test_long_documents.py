@@ -3,6 +3,7 @@ windows, checked against classifying and explaining each window alone with trans
 
 from __future__ import annotations
 
+import json
 import re
 import urllib.request
 from collections.abc import Callable
@@ -115,6 +116,20 @@ def test_a_long_text_is_explained_whole(
         metrics = response.read().decode()
     total = re.search(r"^limelight_batch_size_sum ([0-9.e+]+)$", metrics, re.M)
     assert total is not None and float(total.group(1)) == len(alone) + 1 + 1  # + short, pair
+
+    # A KServe v1 client gets the same stitched tokens and scores from the HTTP port.
+    body = {"instances": [TEXT], "parameters": {"method": "normxlogit"}}
+    request = urllib.request.Request(
+        f"http://127.0.0.1:{running.server.metrics_port}/v1/models/{random_bert_dir.name}:explain",
+        data=json.dumps(body).encode(),
+        headers={"Content-Type": "application/json"},
+    )
+    with urllib.request.urlopen(request, timeout=60) as response:
+        (v1,) = json.loads(response.read())["explanations"]
+    assert [(t["text"], t["start"], t["end"], t["special"]) for t in v1["tokens"]] == [
+        (t.text, t.start, t.end, t.special) for t in result.tokens
+    ]
+    np.testing.assert_allclose([t["score"] for t in v1["tokens"]], result.scores, rtol=1e-5)
 
 
 def test_max_aggregation_and_limits(
