@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import time
 from collections.abc import Callable
 from functools import partial
 from typing import Any
@@ -26,17 +25,9 @@ from limelight.cli.bench import long_texts
 from limelight.core.windows import WindowLayout, encode_windows
 from limelight.demo.build import ensure_demo_model
 from limelight.demo.datasets import rotten_tomatoes
+from limelight.evaluation.benchmark import median_seconds
 from limelight.models.loaded import load_model
 from limelight.settings import Settings
-
-
-def median_ms(call: Callable[[], Any], repeat: int) -> float:
-    times = []
-    for _ in range(repeat):
-        began = time.perf_counter()
-        call()
-        times.append(time.perf_counter() - began)
-    return 1e3 * statistics.median(times)
 
 
 def stitch_twice(layout: WindowLayout, matrices: list[np.ndarray]) -> None:
@@ -73,7 +64,7 @@ def main() -> None:
             "stitch": partial(stitch_twice, layout, matrices),
         }
         for step, call in calls.items():
-            steps[step].append(median_ms(call, args.repeat))
+            steps[step].append(1e3 * median_seconds(call, args.repeat, warmup=1))
         windows_per_text.append(len(windows))
         tokens_per_text.append(len(layout.tokens))
     print(
