@@ -7,6 +7,8 @@
     # or counted: instructions do not depend on the host's load
     valgrind --tool=callgrind .venv/bin/python bench/bench_drift_observe.py run obs.json --repeat 0
     valgrind --tool=callgrind .venv/bin/python bench/bench_drift_observe.py run obs.json --repeat 1
+    # what the service spends on the event loop to have one answer observed
+    .venv/bin/python bench/bench_drift_observe.py loop
 
 The first 500 attributions bootstrap the reference (as a sidecar's first answers do); the rest
 are the measured requests: for each, ``sampled()`` and, when sampled, ``observe``. The
@@ -71,6 +73,58 @@ def run(path: Path, sample_rate: float, repeat: int) -> None:
     )
 
 
+def loop_cost(repeat: int) -> None:
+    """The event-loop time of the service's drift step for one answer (``_observe``, which
+    hands the answer to the drift feeder), for a short review and a 20,000-character document
+    explained whole (BERT-tiny, ``truncation=window``); the feeder is flushed between calls,
+    untimed."""
+    import asyncio
+    import statistics
+
+    import numpy as np
+
+    from limelight.app import build_application
+    from limelight.cli.bench import long_texts
+    from limelight.core.types import ExplainInput
+    from limelight.demo.build import ensure_demo_model
+    from limelight.demo.datasets import rotten_tomatoes
+    from limelight.metrics import Metrics
+
+    async def measure() -> None:
+        model_dir = ensure_demo_model("bert-tiny", Settings().cache_dir)
+        settings = Settings(
+            model_dir=model_dir, jobs="off", metrics_port=0, truncation="window",
+            drift_bootstrap_n=BOOTSTRAP,
+        )  # fmt: skip
+        service = build_application(settings, Metrics()).service
+        await service.start()
+        reviews = [e.text for e in rotten_tomatoes("test")]
+        cases = [
+            ("short review", reviews[0]),
+            ("20,000 characters", long_texts(reviews, 20_000, 1)[0]),
+        ]
+        try:
+            for name, text in cases:
+                answer = await service.explain(ExplainInput(text=text))
+                shape = (len(answer.tokens), len(answer.labels))
+                matrix = np.random.default_rng(0).standard_normal(shape).astype(np.float32)
+                for _ in range(BOOTSTRAP):  # the reference fills: the window takes the rest
+                    service._observe(answer, matrix)
+                await service.drift_report(1)
+                seconds = []
+                for _ in range(repeat):
+                    started = time.perf_counter()
+                    service._observe(answer, matrix)
+                    seconds.append(time.perf_counter() - started)
+                    await service.drift_report(1)  # waits for the feeder
+                median = 1e6 * statistics.median(seconds)
+                print(f"{name} ({shape[0]} tokens): {median:.1f} us on the event loop per answer")
+        finally:
+            await service.close()
+
+    asyncio.run(measure())
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -82,9 +136,13 @@ def main(argv: list[str] | None = None) -> int:
     p_run.add_argument("path", type=Path)
     p_run.add_argument("--sample-rate", type=float, default=1.0)
     p_run.add_argument("--repeat", type=int, default=1, help="passes over the measured ones")
+    p_loop = sub.add_parser("loop", help="the service's event-loop time per observed answer")
+    p_loop.add_argument("--repeat", type=int, default=200)
     args = parser.parse_args(argv)
     if args.command == "save":
         save(args.path, args.model, args.n)
+    elif args.command == "loop":
+        loop_cost(args.repeat)
     else:
         run(args.path, args.sample_rate, args.repeat)
     return 0

@@ -361,7 +361,7 @@ class ExplainerServicer:
     async def GetDrift(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         async def call() -> pb.DriftReport:
             check_request(request)
-            return convert.drift_to_proto(self.ready_service().drift_report(request.top_k))
+            return convert.drift_to_proto(await self.ready_service().drift_report(request.top_k))
 
         return await self._guard("GetDrift", context, call)
 

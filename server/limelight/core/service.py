@@ -12,6 +12,7 @@ import weakref
 from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
+from functools import partial
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 import numpy as np
@@ -40,8 +41,10 @@ from limelight.core.types import (
     TargetSpec,
     Timings,
     TokenColumns,
+    TokenInfo,
 )
 from limelight.core.windows import aggregate_logits, check_stride, encode_document
+from limelight.drift.feeder import DriftFeeder
 from limelight.errors import (
     DeadlineExceeded,
     FailedPrecondition,
@@ -218,6 +221,8 @@ def encode_batch(
 
 
 NORMXLOGIT = "normxlogit"
+DRIFT_FLUSH_S = 2.0
+"""A drift report waits this long at most for the answers still queued for the monitor."""
 
 
 def resolve_default_method(name: str, runtime: Runtime) -> str:
@@ -274,6 +279,23 @@ def resolve_target(model: LoadedModel, target: TargetSpec | None, predicted: int
     return target.index
 
 
+def _observe_drift(
+    drift: DriftSink,
+    labels: Sequence[str],
+    tokens: Sequence[TokenInfo],
+    matrix: FloatArray,
+    indices: Sequence[int],
+) -> None:
+    """Feed one answer to ``drift`` (in the feeder's thread): its text tokens and, for each
+    predicted label (``labels``, at ``indices`` of the matrix's columns), their scores."""
+    columns = TokenColumns.of(tokens)
+    keep = [i for i, special in enumerate(columns.special) if not special]
+    texts = [columns.texts[i] for i in keep]
+    rows = matrix[keep]  # one numpy call, not one scalar read per token
+    for label, index in zip(labels, indices, strict=True):
+        drift.observe(label, texts, rows[:, index].tolist())
+
+
 class ExplanationService:
     """Serves inline explanations and fronts the job backend and the drift monitor."""
 
@@ -296,6 +318,9 @@ class ExplanationService:
         self.metrics = metrics
         self.jobs = jobs
         self.drift = drift
+        # Observing an answer for drift is O(tokens) of Python: its own thread does it, after
+        # the answer has gone (limelight.drift.feeder); started with the first observation.
+        self._drift_feeder: DriftFeeder | None = None
         self._gate = gate
         # One inference thread: torch parallelises inside the op; batches run one at a time.
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="inline")
@@ -406,6 +431,10 @@ class ExplanationService:
             await self._batcher.stop()
         self._executor.shutdown(wait=False, cancel_futures=True)
         self._tokenize_executor.shutdown(wait=False, cancel_futures=True)
+        if self._drift_feeder is not None:  # what was answered is observed, briefly
+            await asyncio.get_running_loop().run_in_executor(
+                None, self._drift_feeder.close, DRIFT_FLUSH_S
+            )
 
     def _require_ready(self) -> None:
         if not self._ready:
@@ -820,17 +849,20 @@ class ExplanationService:
             m.confidence.observe(explanation.probabilities[explanation.label_index])
         if explanation.truncated:
             m.truncated.inc()
+        drift = self.drift
         if (
-            self.drift is not None
+            drift is not None
             and explanation.attribution.method == self.default_method.name
-            and self.drift.sampled()
+            and drift.sampled()
         ):
-            columns = TokenColumns.of(explanation.tokens)
-            keep = [i for i, special in enumerate(columns.special) if not special]
-            texts = [columns.texts[i] for i in keep]
-            rows = matrix[keep]  # one numpy call, not one scalar read per token
-            for index in predicted:
-                self.drift.observe(self._labels[index], texts, rows[:, index].tolist())
+            feeder = self._drift_feeder
+            if feeder is None:
+                feeder = self._drift_feeder = DriftFeeder(
+                    self.settings.drift_queue_size, m.drift_dropped
+                )
+            # The monitor observing now (a swapped runtime brings its own) gets the answer.
+            names = [self._labels[index] for index in predicted]
+            feeder.put(partial(_observe_drift, drift, names, explanation.tokens, matrix, predicted))
 
     # --- model info ----------------------------------------------------------------------------
 
@@ -937,7 +969,18 @@ class ExplanationService:
 
     # --- drift ---------------------------------------------------------------------------------
 
-    def drift_report(self, top_k: int) -> Any:
-        if self.drift is None:
+    async def drift_report(self, top_k: int) -> Any:
+        """The drift monitor's report, with every answer given so far observed (waiting up to
+        ``DRIFT_FLUSH_S`` for the monitor's thread); computed off the event loop (milliseconds:
+        it merges the window's sketches)."""
+        drift = self.drift
+        if drift is None:
             raise Unimplemented("drift monitoring is disabled on this server")
-        return self.drift.report(top_k if top_k > 0 else 10)
+        feeder = self._drift_feeder
+
+        def report() -> Any:
+            if feeder is not None:
+                feeder.flush(DRIFT_FLUSH_S)
+            return drift.report(top_k if top_k > 0 else 10)
+
+        return await asyncio.get_running_loop().run_in_executor(None, report)

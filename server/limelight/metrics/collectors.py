@@ -219,6 +219,12 @@ class Metrics:
             multiprocess_mode="livemax",
             registry=r,
         )
+        self.drift_dropped = Counter(
+            "limelight_drift_dropped_total",
+            "Inline answers the drift monitor did not observe because its queue was full "
+            "(the monitor fell behind the traffic).",
+            registry=r,
+        )
         self.drift_sample_rate = Gauge(
             "limelight_drift_sample_rate",
             "Configured share of inline explanations the drift monitor observes (1: all).",

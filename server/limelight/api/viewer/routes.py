@@ -431,7 +431,7 @@ class Viewer:
             top_k = int(request.query.get("top_k", "10"))
         except ValueError:
             raise InvalidArgument("'top_k' must be an integer") from None
-        report = self.ready_service().drift_report(max(1, min(top_k, 50)))
+        report = await self.ready_service().drift_report(max(1, min(top_k, 50)))
         self._record(report)
         return _json({**drift_json(report), "history": list(self.history)})
 
@@ -454,7 +454,7 @@ class Viewer:
         """Take a drift sample now (no-op while loading or without drift monitoring)."""
         service = self._service()
         if service is not None and service.drift is not None:
-            self._record(service.drift_report(1))
+            self._record(await service.drift_report(1))
 
     async def sampler(self, app: web.Application) -> AsyncIterator[None]:
         """aiohttp cleanup context: samples drift every ``viewer_drift_sample_s`` seconds, so

@@ -1,0 +1,103 @@
+"""The drift monitor's own thread: answers hand their observation over and go.
+
+Observing an answer is O(tokens) of Python (about 25 µs for a short review, 2 ms for a
+4,000-token document). Done on the event loop before the answer is sent, every caller waited
+for it and every other request's I/O waited behind it. The service instead hands each observed
+answer to a :class:`DriftFeeder`, whose thread feeds the monitor when the process has a moment.
+
+The queue is bounded and never blocks the caller: when the monitor falls behind (a cheap model
+under more load than the process can also observe), an answer that finds the queue full goes
+unobserved and is counted (``limelight_drift_dropped_total``). Which answers that drops depends
+on the load at the time, not on their content, so the window stays a sample of the traffic, as
+with ``LIMELIGHT_DRIFT_SAMPLE_RATE`` (docs/drift.md, "Sampling").
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import deque
+from collections.abc import Callable
+from typing import Protocol
+
+log = logging.getLogger(__name__)
+
+
+class DropCounter(Protocol):
+    def inc(self, amount: float = 1) -> None: ...
+
+
+class DriftFeeder:
+    """A bounded queue of observations and the one thread that runs them, in order.
+
+    ``capacity``: observations waiting at most (the one being run not counted). ``dropped``:
+    counted once per observation refused because the queue was full or the feeder closed.
+    """
+
+    def __init__(self, capacity: int, dropped: DropCounter | None = None) -> None:
+        if capacity < 1:
+            raise ValueError("a drift feeder needs room for at least one observation")
+        self.capacity = capacity
+        self._dropped = dropped
+        self._items: deque[Callable[[], object]] = deque()
+        self._running = False
+        """An observation is being run (taken off the queue, not finished)."""
+        self._closed = False
+        lock = threading.Lock()
+        self._work = threading.Condition(lock)
+        """Notified when the queue gains its first observation or the feeder closes."""
+        self._idle = threading.Condition(lock)
+        """Notified when the queue runs empty (what :meth:`flush` waits for)."""
+        self._thread = threading.Thread(target=self._run, name="drift-feeder", daemon=True)
+        self._thread.start()
+
+    def put(self, observe: Callable[[], object]) -> bool:
+        """Queue ``observe`` (it feeds the monitor); False, counted, if the queue is full."""
+        with self._work:
+            if self._closed or len(self._items) >= self.capacity:
+                accepted = False
+            else:
+                self._items.append(observe)
+                accepted = True
+                if len(self._items) == 1:  # the thread only waits on an empty queue
+                    self._work.notify()
+        if not accepted and self._dropped is not None:
+            self._dropped.inc()
+        return accepted
+
+    def pending(self) -> int:
+        """Observations queued or being run."""
+        with self._work:
+            return len(self._items) + self._running
+
+    def flush(self, timeout: float | None = None) -> bool:
+        """Wait until everything queued so far has been observed; False if ``timeout`` ran out
+        first (a report then reads the window as it stands)."""
+        with self._idle:
+            return self._idle.wait_for(lambda: not self._items and not self._running, timeout)
+
+    def close(self, timeout: float | None = None) -> None:
+        """Refuse new observations, run the queued ones (up to ``timeout``) and stop."""
+        with self._work:
+            self._closed = True
+            self._work.notify()
+        self._thread.join(timeout)
+
+    def _run(self) -> None:
+        items, work, idle = self._items, self._work, self._idle
+        while True:
+            with work:
+                work.wait_for(lambda: items or self._closed)
+                if not items:
+                    return  # closed, and everything queued was observed
+                observe = items.popleft()
+                self._running = True
+            try:
+                observe()
+            except Exception:  # one bad observation must not stop the monitor
+                log.exception("drift observation failed")
+            finally:
+                with idle:
+                    self._running = False
+                    if not items:
+                        idle.notify_all()

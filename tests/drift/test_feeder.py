@@ -1,0 +1,93 @@
+"""The drift monitor's thread: observations run in order, off the caller's thread; a full
+queue refuses (and counts) instead of blocking; flush and close wait for what was queued."""
+
+from __future__ import annotations
+
+import threading
+from functools import partial
+
+import pytest
+from prometheus_client import CollectorRegistry, Counter
+
+from limelight.drift.feeder import DriftFeeder
+
+WAIT_S = 30.0
+"""A hang guard, not a speed limit: each wait below ends as soon as the thread gets there."""
+
+
+def test_observations_run_in_order_on_the_feeder_thread() -> None:
+    feeder = DriftFeeder(capacity=100)
+    seen: list[tuple[int, str]] = []
+
+    def observe(i: int) -> None:
+        seen.append((i, threading.current_thread().name))
+
+    for i in range(50):
+        assert feeder.put(partial(observe, i))
+    assert feeder.flush(WAIT_S)
+    assert [i for i, _ in seen] == list(range(50))
+    assert {name for _, name in seen} == {"drift-feeder"}
+    assert feeder.pending() == 0
+    feeder.close(WAIT_S)
+
+
+def test_a_full_queue_refuses_and_counts_without_blocking() -> None:
+    registry = CollectorRegistry()
+    dropped = Counter("dropped", "refused observations", registry=registry)
+    feeder = DriftFeeder(capacity=2, dropped=dropped)
+    started, release = threading.Event(), threading.Event()
+    ran: list[int] = []
+
+    def hold() -> None:
+        started.set()
+        release.wait(WAIT_S)
+
+    assert feeder.put(hold)
+    assert started.wait(WAIT_S)  # the thread is busy: the queue itself is empty
+    assert feeder.put(lambda: ran.append(1))
+    assert feeder.put(lambda: ran.append(2))
+    assert not feeder.put(lambda: ran.append(3))  # full: refused at once
+    assert not feeder.put(lambda: ran.append(4))
+    assert registry.get_sample_value("dropped_total") == 2
+    assert feeder.pending() == 3
+    assert not feeder.flush(0.05)  # still held
+    release.set()
+    assert feeder.flush(WAIT_S)
+    assert ran == [1, 2]
+    feeder.close(WAIT_S)
+
+
+def test_a_failing_observation_is_logged_and_the_next_ones_run(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    feeder = DriftFeeder(capacity=10)
+    ran: list[int] = []
+
+    def fail() -> None:
+        raise ValueError("3 tokens but 2 scores")
+
+    feeder.put(fail)
+    feeder.put(lambda: ran.append(1))
+    assert feeder.flush(WAIT_S)
+    assert ran == [1]
+    assert "drift observation failed" in caplog.text
+    feeder.close(WAIT_S)
+
+
+def test_close_runs_what_was_queued_and_refuses_the_rest() -> None:
+    feeder = DriftFeeder(capacity=10)
+    release = threading.Event()
+    ran: list[int] = []
+    feeder.put(lambda: release.wait(WAIT_S))
+    for i in range(5):
+        feeder.put(partial(ran.append, i))
+    release.set()
+    feeder.close(WAIT_S)
+    assert ran == list(range(5))
+    assert not feeder.put(lambda: ran.append(99))
+    assert ran == list(range(5))
+
+
+def test_capacity_must_hold_one() -> None:
+    with pytest.raises(ValueError):
+        DriftFeeder(capacity=0)
