@@ -45,6 +45,32 @@ def test_table_names_labels_alerts_and_shares() -> None:
     assert " 0.00% -> 50.00%" in riser  # half the positive mass of every "fresh" text
 
 
+def test_an_empty_window_prints_no_divergence() -> None:
+    """Building (or a label no recent answer was predicted as): nothing to compare, so no
+    JSD of 0 and no "ok" that reads as healthy."""
+    settings = Settings(drift_bootstrap_n=10, drift_window=100, drift_sketch_size=32)
+    monitor = DriftMonitor(settings, ["rotten", "fresh"], None)
+    for _ in range(3):
+        monitor.observe("fresh", ["a", "gorgeous", "film"], [0.1, 2.0, 0.3])
+    lines = format_report(monitor.report(top_k=3)).splitlines()
+    assert lines[0].startswith("reference: building (3 explanations)   window: 0 explanations")
+    assert lines[1].startswith("label mix JSD -   attribution entropy ")
+    assert lines[1].endswith(" -> - bits")
+    for label in ("rotten", "fresh"):
+        row = next(line for line in lines if line.startswith(f"{label} "))
+        assert row.split() == [label, "-", "-", "0"]
+    # Ready, with answers of one label only: the other has nothing to compare.
+    for _ in range(10):
+        monitor.observe("fresh", ["a", "gorgeous", "film"], [0.1, 2.0, 0.3])
+    lines = format_report(monitor.report(top_k=3)).splitlines()
+    assert lines[0].startswith("reference: ready (10 explanations)   window: 3 explanations")
+    assert next(line for line in lines if line.startswith("rotten ")).split() == [
+        "rotten", "-", "-", "0"
+    ]  # fmt: skip
+    fresh = next(line for line in lines if line.startswith("fresh ")).split()
+    assert fresh[2] == "ok" and float(fresh[1]) < 0.02 and fresh[3] == "3"
+
+
 def test_plot_writes_a_png(tmp_path: Path) -> None:
     out = tmp_path / "drift.png"
     plot_report(synthetic_report(), out)

@@ -200,14 +200,24 @@ def _sampling(report: Any) -> str:
     return "" if rate >= 1.0 else f"   observing {100.0 * rate:.3g}% of requests"
 
 
+NOT_COMPARED = "-"
+"""Printed for a divergence with nothing in the window to compare (Prometheus exports NaN)."""
+
+
 def format_report(report: Any) -> str:
-    """A readable table of a drift report (the SDK's or the server's ``DriftReport``)."""
+    """A readable table of a drift report (the SDK's or the server's ``DriftReport``).
+
+    With nothing in the window (the reference still building, or a label no recent answer was
+    predicted as) there is nothing to compare: the divergences print as ``-``, not 0."""
+    compared = report.window_count > 0
+    mix = f"{report.label_mix_divergence:.4f}" if compared else NOT_COMPARED
+    current = f"{report.current_entropy:.2f}" if compared else NOT_COMPARED
     out = [
         f"reference: {report.reference_state} ({report.reference_count} explanations)   "
         f"window: {report.window_count} explanations   alert above JSD "
         f"{report.alert_threshold:.3f}{_sampling(report)}",
-        f"label mix JSD {report.label_mix_divergence:.4f}   attribution entropy "
-        f"{report.reference_entropy:.2f} -> {report.current_entropy:.2f} bits",
+        f"label mix JSD {mix}   attribution entropy {report.reference_entropy:.2f} -> "
+        f"{current} bits",
         "",
     ]
     if not report.labels:
@@ -216,8 +226,11 @@ def format_report(report: Any) -> str:
     out.append(f"{'label':<{width}}  {'JSD':>7}  {'alert':<5}  {'window':>6}")
     out.append("-" * (width + 26))
     for d in report.labels:
-        alert = "ALERT" if d.alert else "ok"
-        out.append(f"{d.label:<{width}}  {d.divergence:7.4f}  {alert:<5}  {d.window_count:>6}")
+        if d.window_count > 0:
+            jsd, alert = f"{d.divergence:7.4f}", "ALERT" if d.alert else "ok"
+        else:
+            jsd, alert = f"{NOT_COMPARED:>7}", NOT_COMPARED
+        out.append(f"{d.label:<{width}}  {jsd}  {alert:<5}  {d.window_count:>6}")
     for d in report.labels:
         if not d.risers and not d.fallers:
             continue
