@@ -88,6 +88,23 @@ def test_close_runs_what_was_queued_and_refuses_the_rest() -> None:
     assert ran == list(range(5))
 
 
+def test_answers_that_come_while_it_lingers_are_taken_in_one_batch() -> None:
+    feeder = DriftFeeder(capacity=10, linger_s=600.0)  # close() ends the linger
+    batch_sizes: list[int] = []
+
+    def observe() -> None:
+        batch_sizes.append(feeder._running)
+
+    feeder.put(observe)
+    assert feeder.flush(WAIT_S)
+    for _ in range(3):  # the thread sleeps: queued without waking it
+        feeder.put(observe)
+    assert feeder.pending() == 3
+    assert batch_sizes == [1]
+    feeder.close(WAIT_S)
+    assert batch_sizes == [1, 3, 3, 3]
+
+
 def test_capacity_must_hold_one() -> None:
     with pytest.raises(ValueError):
         DriftFeeder(capacity=0)
