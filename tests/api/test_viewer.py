@@ -677,6 +677,10 @@ def test_browser_drift_page_says_the_sample_rate(
         browser.find_element(By.CSS_SELECTOR, "nav a[data-view=drift]").click()
         summary = wait(browser, lambda d: d.find_element(By.ID, "drift-summary").text or None)
         assert summary.startswith("reference building")
+        # Nothing in the window yet: no divergence of 0 that would read as healthy.
+        assert "label-mix divergence – · " in summary and " → – bits" in summary
+        cards = browser.find_elements(By.CSS_SELECTOR, "#drift-labels article p")
+        assert cards and all("nothing to compare" in card.text for card in cards)
         if shown is None:
             assert "observing" not in summary
         else:

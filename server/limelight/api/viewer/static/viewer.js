@@ -983,16 +983,22 @@ async function loadDrift() {
   const report = await guarded(() => api("drift?top_k=8"));
   if (!report) return;
   const alerting = report.labels.filter((d) => d.alert).map((d) => d.label);
+  // An empty window (reference still building, or a label no recent answer was predicted as)
+  // has nothing to compare: "–", not a divergence of 0 that reads as healthy.
+  const compared = report.window_count > 0;
   $("drift-summary").textContent = `reference ${report.reference_state} (${report.reference_count} ` +
     `explanations) · window ${report.window_count} · threshold ${report.alert_threshold} · ` +
     (report.sample_rate < 1 ? `observing ${+(report.sample_rate * 100).toPrecision(3)} % of requests · ` : "") +
-    `label-mix divergence ${report.label_mix_divergence.toFixed(4)} · entropy ${report.reference_entropy.toFixed(2)} → ` +
-    `${report.current_entropy.toFixed(2)} bits · ${alerting.length ? `ALERT: ${alerting.join(", ")}` : "no alert"}`;
+    `label-mix divergence ${compared ? report.label_mix_divergence.toFixed(4) : "–"} · entropy ` +
+    `${report.reference_entropy.toFixed(2)} → ${compared ? report.current_entropy.toFixed(2) : "–"} bits · ` +
+    `${alerting.length ? `ALERT: ${alerting.join(", ")}` : "no alert"}`;
   $("drift-chart").replaceChildren(driftChart(report));
   $("drift-labels").replaceChildren(...report.labels.map((d) => el("article",
     { class: `panel card${d.alert ? " alert" : ""}`, "data-label": d.label },
     el("h3", { text: d.label }),
-    el("p", {}, `divergence ${d.divergence.toFixed(4)} over ${d.window_count} explanations `,
+    el("p", {}, d.window_count > 0
+      ? `divergence ${d.divergence.toFixed(4)} over ${d.window_count} explanations `
+      : "no answer in the window yet: nothing to compare ",
       d.alert ? el("span", { class: "alert-text", text: "— above the threshold" }) : ""),
     shiftChart(d))));
   $("drift-mix").replaceChildren(mixChart(report));
