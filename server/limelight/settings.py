@@ -217,11 +217,12 @@ class Settings(BaseSettings):
     their content): 1 observes every one. The window and the bootstrap count observed ones,
     so below 1 they span ``1 / drift_sample_rate`` times as many requests. Lower it where the
     monitor's cost shows: a cheap model under heavy load (docs/drift.md, "Sampling")."""
-    drift_queue_size: PositiveInt = 1024
-    """Answers waiting for the drift monitor's thread at most. The monitor observes answers
-    after they are sent; when it falls behind (a cheap model under heavy load), an answer that
-    finds the queue full goes unobserved and is counted in ``limelight_drift_dropped_total``
-    (docs/drift.md, "Sampling")."""
+    drift_queue_tokens: PositiveInt = 131_072
+    """Tokens of the answers waiting for the drift monitor's thread, at most (what they hold in
+    memory: about 5,000 short reviews, or 29 documents of 20,000 characters). The monitor observes
+    answers after they are sent; when it falls behind (a cheap model under heavy load), an
+    answer that finds no room goes unobserved and is counted in
+    ``limelight_drift_dropped_total`` (docs/drift.md, "Observed after the answer")."""
     drift_sketch_size: PositiveInt = 256
     """Tokens tracked per label by the heavy-hitter sketch (the rest go to "other")."""
     drift_alert_threshold: float = 0.02

@@ -9,6 +9,7 @@ import threading
 from pathlib import Path
 
 import pytest
+from transformers import AutoTokenizer
 
 from limelight.app import build_application
 from limelight.core.types import ExplainInput
@@ -21,17 +22,19 @@ WAIT_S = 60.0
 
 @pytest.mark.asyncio
 async def test_answers_do_not_wait_for_the_drift_monitor(bert_tiny_dir: Path) -> None:
+    texts = ["a gorgeous, witty, seductive movie", "an overwrought misfire", "dull", "fine"]
+    tokenizer = AutoTokenizer.from_pretrained(bert_tiny_dir)
+    sizes = [len(tokenizer(t)["input_ids"]) for t in texts]
     settings = Settings(
         model_dir=bert_tiny_dir,
         jobs="off",
         metrics_port=0,
         default_method="normxlogit",
         drift_bootstrap_n=100,  # every observed answer goes into the reference: countable
-        drift_queue_size=2,
+        drift_queue_tokens=sizes[0] + sizes[1],  # room for the first two answers' tokens
     )
     metrics = Metrics()
     service = build_application(settings, metrics).service
-    texts = ["a gorgeous, witty, seductive movie", "an overwrought misfire", "dull", "fine"]
     await service.start()
     try:
         first = await service.explain(ExplainInput(text=texts[0]))
@@ -46,7 +49,8 @@ async def test_answers_do_not_wait_for_the_drift_monitor(bert_tiny_dir: Path) ->
 
         feeder.put(hold)
         assert await asyncio.to_thread(held.wait, WAIT_S)
-        # The monitor is stuck: the answers still come, two queued, two lost and counted.
+        # The monitor is stuck: the answers still come; the first two fill the queue's tokens,
+        # the two after them find no room and are counted.
         answers = [
             await asyncio.wait_for(service.explain(ExplainInput(text=t)), WAIT_S) for t in texts
         ]

@@ -57,6 +57,37 @@ def test_a_full_queue_refuses_and_counts_without_blocking() -> None:
     feeder.close(WAIT_S)
 
 
+def test_the_capacity_counts_sizes_and_one_of_any_size_passes_alone() -> None:
+    registry = CollectorRegistry()
+    dropped = Counter("dropped", "refused observations", registry=registry)
+    feeder = DriftFeeder(capacity=100, dropped=dropped)
+    started, release = threading.Event(), threading.Event()
+    ran: list[str] = []
+
+    def hold() -> None:
+        started.set()
+        release.wait(WAIT_S)
+
+    assert feeder.put(hold, size=500)  # nothing waits: taken whatever its size
+    assert started.wait(WAIT_S)
+    assert feeder.put(partial(ran.append, "long"), size=500)  # alone in the queue: taken
+    assert not feeder.put(partial(ran.append, "short"), size=1)  # no room left
+    release.set()
+    assert feeder.flush(WAIT_S)
+    release.clear()
+    started.clear()
+    assert feeder.put(hold)
+    assert started.wait(WAIT_S)
+    assert feeder.put(partial(ran.append, "a"), size=60)
+    assert not feeder.put(partial(ran.append, "b"), size=41)  # 101 > 100
+    assert feeder.put(partial(ran.append, "c"), size=40)  # exactly full
+    release.set()
+    assert feeder.flush(WAIT_S)
+    assert ran == ["long", "a", "c"]
+    assert registry.get_sample_value("dropped_total") == 2
+    feeder.close(WAIT_S)
+
+
 def test_a_failing_observation_is_logged_and_the_next_ones_run(
     caplog: pytest.LogCaptureFixture,
 ) -> None:

@@ -858,11 +858,13 @@ class ExplanationService:
             feeder = self._drift_feeder
             if feeder is None:
                 feeder = self._drift_feeder = DriftFeeder(
-                    self.settings.drift_queue_size, m.drift_dropped
+                    self.settings.drift_queue_tokens, m.drift_dropped
                 )
             # The monitor observing now (a swapped runtime brings its own) gets the answer.
             names = [self._labels[index] for index in predicted]
-            feeder.put(partial(_observe_drift, drift, names, explanation.tokens, matrix, predicted))
+            tokens = explanation.tokens
+            observe = partial(_observe_drift, drift, names, tokens, matrix, predicted)
+            feeder.put(observe, size=len(tokens))
 
     # --- model info ----------------------------------------------------------------------------
 

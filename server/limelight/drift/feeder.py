@@ -5,11 +5,13 @@ Observing an answer is O(tokens) of Python (about 25 µs for a short review, 2 m
 for it and every other request's I/O waited behind it. The service instead hands each observed
 answer to a :class:`DriftFeeder`, whose thread feeds the monitor when the process has a moment.
 
-The queue is bounded and never blocks the caller: when the monitor falls behind (a cheap model
-under more load than the process can also observe), an answer that finds the queue full goes
-unobserved and is counted (``limelight_drift_dropped_total``). Which answers that drops depends
-on the load at the time, not on their content, so the window stays a sample of the traffic, as
-with ``LIMELIGHT_DRIFT_SAMPLE_RATE`` (docs/drift.md, "Sampling").
+The queue is bounded in tokens (what an answer waiting in it holds in memory) and never blocks
+the caller: when the monitor falls behind (a cheap model under more load than the process can
+also observe), an answer that finds no room goes unobserved and is counted
+(``limelight_drift_dropped_total``). Which answers that drops depends on the load at the time,
+not on their words, so the window stays a sample of the traffic, as with
+``LIMELIGHT_DRIFT_SAMPLE_RATE`` (docs/drift.md, "Sampling"); near full, a long answer finds no
+room sooner than a short one.
 """
 
 from __future__ import annotations
@@ -35,19 +37,23 @@ class DriftFeeder:
     """A bounded queue of observations and the one thread that runs them, in order: it takes
     everything queued at once, runs it, then lingers ``linger_s`` before waiting again.
 
-    ``capacity``: observations waiting at most (those being run not counted). ``dropped``:
-    counted once per observation refused because the queue was full or the feeder closed.
+    ``capacity``: the sizes (an answer's tokens) of the observations waiting add up to this at
+    most (those being run not counted); one observation is taken whatever its size when nothing
+    waits. ``dropped``: counted once per observation refused for want of room or because the
+    feeder closed.
     """
 
     def __init__(
         self, capacity: int, dropped: DropCounter | None = None, linger_s: float = LINGER_S
     ) -> None:
         if capacity < 1:
-            raise ValueError("a drift feeder needs room for at least one observation")
+            raise ValueError("a drift feeder needs a capacity of at least 1")
         self.capacity = capacity
         self.linger_s = linger_s
         self._dropped = dropped
         self._items: deque[Callable[[], object]] = deque()
+        self._queued = 0
+        """The sizes of the observations waiting, summed."""
         self._running = 0
         """Observations taken off the queue and not finished (one batch)."""
         self._closed = False
@@ -61,13 +67,16 @@ class DriftFeeder:
         self._thread = threading.Thread(target=self._run, name="drift-feeder", daemon=True)
         self._thread.start()
 
-    def put(self, observe: Callable[[], object]) -> bool:
-        """Queue ``observe`` (it feeds the monitor); False, counted, if the queue is full."""
+    def put(self, observe: Callable[[], object], size: int = 1) -> bool:
+        """Queue ``observe`` (it feeds the monitor) of ``size`` (its answer's tokens); False,
+        counted, if the queue has no room for it."""
         with self._work:
-            if self._closed or len(self._items) >= self.capacity:
+            room = not self._items or self._queued + size <= self.capacity
+            if self._closed or not room:
                 accepted = False
             else:
                 self._items.append(observe)
+                self._queued += size
                 accepted = True
                 if len(self._items) == 1:  # the thread only waits on an empty queue
                     self._work.notify()
@@ -103,6 +112,7 @@ class DriftFeeder:
                     return  # closed, and everything queued was observed
                 batch = list(items)
                 items.clear()
+                self._queued = 0
                 self._running = len(batch)
             for observe in batch:
                 try:

@@ -221,7 +221,7 @@ class Metrics:
         )
         self.drift_dropped = Counter(
             "limelight_drift_dropped_total",
-            "Inline answers the drift monitor did not observe because its queue was full "
+            "Inline answers the drift monitor did not observe because its queue had no room "
             "(the monitor fell behind the traffic).",
             registry=r,
         )
