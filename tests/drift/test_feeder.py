@@ -31,60 +31,66 @@ def test_observations_run_in_order_on_the_feeder_thread() -> None:
     feeder.close(WAIT_S)
 
 
+class HeldFeeder:
+    """A feeder with a drop counter, whose thread one observation can hold busy (its queue
+    then empty) until :meth:`let_go`."""
+
+    def __init__(self, capacity: int) -> None:
+        self.registry = CollectorRegistry()
+        dropped = Counter("dropped", "refused observations", registry=self.registry)
+        self.feeder = DriftFeeder(capacity=capacity, dropped=dropped)
+        self._started, self._release = threading.Event(), threading.Event()
+
+    def hold(self, size: int = 1) -> None:
+        self._started.clear()
+        self._release.clear()
+        assert self.feeder.put(self._held, size=size)
+        assert self._started.wait(WAIT_S)  # running: taken off the queue
+
+    def _held(self) -> None:
+        self._started.set()
+        self._release.wait(WAIT_S)
+
+    def let_go(self) -> None:
+        self._release.set()
+        assert self.feeder.flush(WAIT_S)
+
+    def dropped(self) -> float | None:
+        return self.registry.get_sample_value("dropped_total")
+
+
 def test_a_full_queue_refuses_and_counts_without_blocking() -> None:
-    registry = CollectorRegistry()
-    dropped = Counter("dropped", "refused observations", registry=registry)
-    feeder = DriftFeeder(capacity=2, dropped=dropped)
-    started, release = threading.Event(), threading.Event()
+    held = HeldFeeder(capacity=2)
+    feeder = held.feeder
     ran: list[int] = []
-
-    def hold() -> None:
-        started.set()
-        release.wait(WAIT_S)
-
-    assert feeder.put(hold)
-    assert started.wait(WAIT_S)  # the thread is busy: the queue itself is empty
-    assert feeder.put(lambda: ran.append(1))
-    assert feeder.put(lambda: ran.append(2))
-    assert not feeder.put(lambda: ran.append(3))  # full: refused at once
-    assert not feeder.put(lambda: ran.append(4))
-    assert registry.get_sample_value("dropped_total") == 2
+    held.hold()
+    assert feeder.put(partial(ran.append, 1))
+    assert feeder.put(partial(ran.append, 2))
+    assert not feeder.put(partial(ran.append, 3))  # full: refused at once
+    assert not feeder.put(partial(ran.append, 4))
+    assert held.dropped() == 2
     assert feeder.pending() == 3
     assert not feeder.flush(0.05)  # still held
-    release.set()
-    assert feeder.flush(WAIT_S)
+    held.let_go()
     assert ran == [1, 2]
     feeder.close(WAIT_S)
 
 
 def test_the_capacity_counts_sizes_and_one_of_any_size_passes_alone() -> None:
-    registry = CollectorRegistry()
-    dropped = Counter("dropped", "refused observations", registry=registry)
-    feeder = DriftFeeder(capacity=100, dropped=dropped)
-    started, release = threading.Event(), threading.Event()
+    held = HeldFeeder(capacity=100)
+    feeder = held.feeder
     ran: list[str] = []
-
-    def hold() -> None:
-        started.set()
-        release.wait(WAIT_S)
-
-    assert feeder.put(hold, size=500)  # nothing waits: taken whatever its size
-    assert started.wait(WAIT_S)
+    held.hold(size=500)  # nothing waited: taken whatever its size
     assert feeder.put(partial(ran.append, "long"), size=500)  # alone in the queue: taken
     assert not feeder.put(partial(ran.append, "short"), size=1)  # no room left
-    release.set()
-    assert feeder.flush(WAIT_S)
-    release.clear()
-    started.clear()
-    assert feeder.put(hold)
-    assert started.wait(WAIT_S)
+    held.let_go()
+    held.hold()
     assert feeder.put(partial(ran.append, "a"), size=60)
     assert not feeder.put(partial(ran.append, "b"), size=41)  # 101 > 100
     assert feeder.put(partial(ran.append, "c"), size=40)  # exactly full
-    release.set()
-    assert feeder.flush(WAIT_S)
+    held.let_go()
     assert ran == ["long", "a", "c"]
-    assert registry.get_sample_value("dropped_total") == 2
+    assert held.dropped() == 2
     feeder.close(WAIT_S)
 
 
