@@ -214,3 +214,41 @@ def test_inputs_embeds_are_checked_on_the_probe(model_type: str, problem: str) -
         assert problem in adapter.inputs_embeds_problem
     else:
         assert adapter.inputs_embeds_problem == ""
+
+
+@pytest.mark.parametrize("model_type", ["xlnet", "fnet", "yoso"])
+def test_padding_hooks_keep_each_threads_mask(model_type: str) -> None:
+    """XLNet's summary and FNet's / YOSO's unpadded rows read the attention mask of the call
+    through hooks. The inference thread and job workers run the model at once, so each call must
+    read its own mask, never another thread's: two threads run the classifier's own forward on
+    differently padded batches, over and over, and each must get what it gets alone."""
+    import threading
+
+    model = tiny_family(model_type, vocab_size=120)
+    GenericAdapter(model).derive()
+    ids, mask = padded_batch()
+    batches = [(ids, mask), (ids[:2, :8].clone(), mask[:2, :8].clone())]
+    batches[1][1][0, 5:] = 0
+    with torch.no_grad():
+        expected = [model(input_ids=i, attention_mask=m).logits for i, m in batches]
+    wrong: list[str] = []
+
+    def run(k: int) -> None:
+        i, m = batches[k]
+        for _ in range(40):
+            with torch.no_grad():
+                try:
+                    got = model(input_ids=i, attention_mask=m).logits
+                except Exception as exc:
+                    wrong.append(repr(exc))
+                    return
+            if not torch.allclose(got, expected[k], atol=1e-5, rtol=1e-5):
+                wrong.append(f"batch {k}: another call's mask")
+                return
+
+    threads = [threading.Thread(target=run, args=(k % 2,)) for k in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not wrong, wrong[:3]

@@ -6,9 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import threading
 import time
-import weakref
 from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
@@ -62,6 +60,7 @@ from limelight.methods.base import (
 )
 from limelight.methods.normxlogit import NormXLogit
 from limelight.metrics import Metrics
+from limelight.models.tokenize import backend, to_encoded
 from limelight.runtimes.base import InlineBatch, Runtime
 
 if TYPE_CHECKING:
@@ -137,34 +136,6 @@ def _chars(item: tuple[str, str | None]) -> int:
     return len(item[0]) + len(item[1] or "")
 
 
-_BACKENDS: weakref.WeakKeyDictionary[Any, dict[int, Any]] = weakref.WeakKeyDictionary()
-_BACKENDS_LOCK = threading.Lock()
-
-
-def _truncating_backend(tokenizer: Any, limit: int) -> Any:
-    """A private copy of the fast tokenizer's Rust backend that truncates at ``limit`` like
-    ``tokenizer(..., truncation=True, max_length=limit)``. A copy, because the Hugging Face
-    wrapper reconfigures its own backend on every call (other threads use it too); calling the
-    backend directly skips the wrapper's per-token conversion to Python lists."""
-    with _BACKENDS_LOCK:
-        per_limit = _BACKENDS.setdefault(tokenizer, {})
-        backend = per_limit.get(limit)
-        if backend is None:
-            from tokenizers import Tokenizer
-
-            backend = Tokenizer.from_str(tokenizer.backend_tokenizer.to_str())
-            backend.no_padding()
-            backend.enable_truncation(
-                max_length=limit,
-                stride=0,
-                strategy="longest_first",
-                direction=tokenizer.truncation_side,
-            )
-            backend.encode_special_tokens = bool(getattr(tokenizer, "split_special_tokens", False))
-            per_limit[limit] = backend
-        return backend
-
-
 def encode_batch(
     model: LoadedModel,
     inputs: Sequence[tuple[str, str | None]],
@@ -176,7 +147,7 @@ def encode_batch(
     Same result as ``LoadedModel.encode`` for each input; an input the truncation policy
     rejects gets its error in its place instead of failing the others."""
     limit = min(max_tokens or model.max_tokens, model.max_tokens)
-    backend = _truncating_backend(model.tokenizer, limit)
+    cutting = backend(model.tokenizer, limit)
     # A single text far longer than the limit is tokenised from a prefix: the tokens kept are
     # the same as long as they end well before the cut (checked below; else the whole text).
     cut = limit * _PREFIX_CHARS_PER_TOKEN
@@ -189,9 +160,9 @@ def encode_batch(
         # backend's parallel batch machinery, which one input has no use for.
         text, pair = inputs[0]
         first = text[:cut] if pair is None and len(text) > cut else text
-        encodings = [backend.encode(first, pair, add_special_tokens=True)]
+        encodings = [cutting.encode(first, pair, add_special_tokens=True)]
     else:
-        encodings = backend.encode_batch(batch, add_special_tokens=True)
+        encodings = cutting.encode_batch(batch, add_special_tokens=True)
     for index, (enc, (text, pair)) in enumerate(zip(encodings, inputs, strict=True)):
         if pair is None and len(text) > cut:
             ends = [
@@ -200,7 +171,7 @@ def encode_batch(
                 if not special
             ]
             if not enc.overflowing or not ends or max(ends) > cut - _PREFIX_MARGIN_CHARS:
-                encodings[index] = backend.encode(text, add_special_tokens=True)
+                encodings[index] = cutting.encode(text, add_special_tokens=True)
     with_types = model.adapter.uses_token_type_ids
     results: list[Encoded | LimelightError] = []
     for index, enc in enumerate(encodings):
@@ -211,12 +182,8 @@ def encode_batch(
             except LimelightError as exc:
                 results.append(exc)
             continue
-        ids = enc.ids
-        segments = (
-            [0] * len(ids) if inputs[index][1] is None else [s or 0 for s in enc.sequence_ids]
-        )
-        tokens = TokenColumns(enc.tokens, ids, enc.offsets, enc.special_tokens_mask, segments)
-        results.append(Encoded(ids, enc.type_ids if with_types else None, tokens, truncated))
+        paired = inputs[index][1] is not None
+        results.append(to_encoded(enc, paired, with_types, truncated))
     return results
 
 

@@ -33,6 +33,7 @@ import numpy.typing as npt
 
 from limelight.core.types import Encoded, FloatArray, TokenColumns
 from limelight.errors import InvalidArgument
+from limelight.models.tokenize import backend, to_encoded
 
 if TYPE_CHECKING:
     from limelight.models.loaded import LoadedModel
@@ -49,31 +50,14 @@ def check_stride(stride: int, limit: int) -> None:
 
 
 def encode_windows(model: LoadedModel, text: str, limit: int, stride: int) -> list[Encoded]:
-    """``text`` as overlapping windows of at most ``limit`` tokens; one window when it fits."""
-    enc = model.tokenizer(
-        text,
-        truncation=True,
-        max_length=limit,
-        stride=stride,
-        return_overflowing_tokens=True,
-        return_offsets_mapping=True,
-        return_special_tokens_mask=True,
-    )
+    """``text`` as overlapping windows of at most ``limit`` tokens; one window when it fits.
+
+    What ``tokenizer(text, truncation=True, max_length=limit, stride=stride,
+    return_overflowing_tokens=True)`` gives, through a private backend: safe from any thread
+    (``limelight.models.tokenize``)."""
+    first = backend(model.tokenizer, limit, stride).encode(text, add_special_tokens=True)
     with_types = model.adapter.uses_token_type_ids
-    windows = []
-    for w, ids in enumerate(enc["input_ids"]):
-        # Columns, as the one-window path hands them over: no object per token.
-        tokens = TokenColumns(
-            [str(name) for name in model.tokenizer.convert_ids_to_tokens(ids)],
-            list(ids),
-            [(int(start), int(end)) for start, end in enc["offset_mapping"][w]],
-            [int(special) for special in enc["special_tokens_mask"][w]],
-            [0] * len(ids),
-        )
-        types = enc["token_type_ids"][w] if with_types and "token_type_ids" in enc else None
-        type_ids = list(types) if types is not None else None
-        windows.append(Encoded(list(ids), type_ids, tokens, False))
-    return windows
+    return [to_encoded(w, False, with_types, False) for w in [first, *first.overflowing]]
 
 
 @dataclass

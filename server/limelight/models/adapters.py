@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import threading
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -258,16 +259,17 @@ def _xlnet_summary_on_last_non_pad(model: Any) -> None:
     classifier's own forward on a right-padded batch reads a pad token's state for the shorter
     rows. Two hooks make it read each row's last non-pad token instead: one keeps the
     attention mask of the classifier's call, the other moves that token's state to the last
-    position of the tensor the summary sees (a copy; the base's outputs are untouched)."""
+    position of the tensor the summary sees (a copy; the base's outputs are untouched). The
+    mask is kept per thread: the inference thread and job workers run the model at once."""
     if getattr(model, "_limelight_last_non_pad", False):
         return
-    seen: dict[str, torch.Tensor | None] = {"mask": None}
+    seen = threading.local()
 
     def keep_mask(_m: nn.Module, _args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-        seen["mask"] = kwargs.get("attention_mask")
+        seen.mask = kwargs.get("attention_mask")
 
     def read_last_non_pad(_m: nn.Module, args: tuple[Any, ...]) -> tuple[Any, ...] | None:
-        mask = seen["mask"]
+        mask = getattr(seen, "mask", None)
         if not args or not isinstance(args[0], torch.Tensor) or mask is None:
             return None
         hidden = args[0]
@@ -297,25 +299,26 @@ def _rows_unpadded(model: Any) -> None:
     weights pad keys like real ones; FNet's Fourier mixing takes no mask). Patches the base's
     forward, so that the classifier's own forward (perturbation methods) and the adapter's
     base forward both get it; one forward pass per row. A classifier that does not hand the
-    mask on to its base (FNet's) has it kept by a hook for the duration of its call."""
+    mask on to its base (FNet's) has it kept by a hook for the duration of its call, per
+    thread (the inference thread and job workers run the model at once)."""
     base = model.base_model
     if getattr(base, "_limelight_rows_unpadded", False):
         return
     original = base.forward
     signature = inspect.signature(original)
-    held: dict[str, torch.Tensor | None] = {"mask": None}
+    held = threading.local()
 
     def hold(_m: nn.Module, _args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-        held["mask"] = kwargs.get("attention_mask")
+        held.mask = kwargs.get("attention_mask")
 
     def release(_m: nn.Module, _args: tuple[Any, ...], _out: Any) -> None:
-        held["mask"] = None
+        held.mask = None
 
     @functools.wraps(original)
     def forward(*args: Any, **kwargs: Any) -> Any:
         mask = kwargs.pop("attention_mask", None)
         if mask is None:
-            mask = held["mask"]
+            mask = getattr(held, "mask", None)
         bound = signature.bind(*args, **kwargs)
         values = dict(bound.arguments)
         extra = values.pop(

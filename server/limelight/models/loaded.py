@@ -16,11 +16,12 @@ from transformers import (
 )
 
 from limelight.core.prediction import MULTI_LABEL, REGRESSION, SINGLE_LABEL, ProblemType
-from limelight.core.types import Encoded, TokenColumns
+from limelight.core.types import Encoded
 from limelight.errors import InvalidArgument, ModelLoadError
 from limelight.models.adapters import HeadAdapter, adapter_for, check_architecture
 from limelight.models.fingerprint import fingerprint
 from limelight.models.sources import resolve_model_source
+from limelight.models.tokenize import backend, to_encoded
 
 
 @dataclass
@@ -99,38 +100,20 @@ class LoadedModel:
         max_tokens: int | None = None,
         truncation: Literal["truncate", "reject", "window"] = "truncate",
     ) -> Encoded:
-        """Tokenise with character offsets, flagging special tokens and over-long input."""
-        limit = min(max_tokens or self.max_tokens, self.max_tokens)
-        enc = self._tokenize(text, text_pair, None)
-        truncated = False
-        if len(enc["input_ids"]) > limit:
-            if truncation == "reject":
-                raise InvalidArgument(
-                    f"input has {len(enc['input_ids'])} tokens; the limit is {limit}"
-                )
-            enc = self._tokenize(text, text_pair, limit)
-            truncated = True
-        ids: list[int] = enc["input_ids"]
-        segments = [segment or 0 for segment in enc.sequence_ids(0)]
-        tokens = TokenColumns(
-            [str(t) for t in self.tokenizer.convert_ids_to_tokens(ids)],
-            list(ids),
-            [(int(start), int(end)) for start, end in enc["offset_mapping"]],
-            [int(special) for special in enc["special_tokens_mask"]],
-            segments,
-        )
-        types = enc.get("token_type_ids") if self.adapter.uses_token_type_ids else None
-        return Encoded(ids, list(types) if types is not None else None, tokens, truncated)
+        """Tokenise with character offsets, flagging special tokens and over-long input.
 
-    def _tokenize(self, text: str, text_pair: str | None, limit: int | None) -> Any:
-        return self.tokenizer(
-            text,
-            text_pair,
-            return_offsets_mapping=True,
-            return_special_tokens_mask=True,
-            truncation=limit is not None,
-            max_length=limit,
-        )
+        Through private copies of the tokenizer's backend (``limelight.models.tokenize``):
+        safe from any thread, whatever else is being tokenised at the time."""
+        limit = min(max_tokens or self.max_tokens, self.max_tokens)
+        enc = backend(self.tokenizer, None).encode(text, text_pair, add_special_tokens=True)
+        truncated = False
+        if len(enc.ids) > limit:
+            if truncation == "reject":
+                raise InvalidArgument(f"input has {len(enc.ids)} tokens; the limit is {limit}")
+            enc = backend(self.tokenizer, limit).encode(text, text_pair, add_special_tokens=True)
+            truncated = True
+        paired = text_pair is not None
+        return to_encoded(enc, paired, self.adapter.uses_token_type_ids, truncated)
 
 
 def check_model_directory(model_dir: Path) -> None:
