@@ -1,7 +1,7 @@
 """Soak test: a real `limelight serve` process under mixed traffic for a long while.
 
-    .venv/bin/python bench/bench_soak.py [--demo bert-tiny] [--minutes 10] [--clients 4]
-        [--stream-clients 2] [--truncation window] [--out docs/bench/soak.json]
+    .venv/bin/python bench/bench_soak.py [--demo bert-tiny] [--runtime torch] [--minutes 10]
+        [--clients 4] [--stream-clients 2] [--truncation window] [--out docs/bench/soak.json]
 
 Unary Explain calls of short and long texts (up to the token limit; with ``--truncation
 window``, every tenth a document of about 20,000 characters explained whole) from
@@ -204,7 +204,10 @@ class Traffic:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--demo", default="bert-tiny", choices=["bert-tiny", "minilm"])
+    parser.add_argument(
+        "--demo", default="bert-tiny", choices=["bert-tiny", "minilm", "bert-tiny-multilabel"]
+    )
+    parser.add_argument("--runtime", default="torch", choices=["torch", "onnx"])
     parser.add_argument("--minutes", type=float, default=10.0)
     parser.add_argument("--clients", type=int, default=4, help="unary Explain threads")
     parser.add_argument("--stream-clients", type=int, default=0, help="ExplainStream threads")
@@ -225,6 +228,7 @@ def main() -> int:
     argv = [sys.executable, "-m", "limelight.cli.main", "serve", "--model", str(model_dir)]
     argv += ["--port", str(port), "--metrics-port", str(metrics_port)]
     argv += ["--jobs-db", str(workdir / "jobs.db"), "--truncation", args.truncation]
+    argv += ["--runtime", args.runtime]
     argv += ["--log-level", "WARNING"]
     server = subprocess.Popen(argv, cwd=ROOT, stderr=(workdir / "server.log").open("wb"))
     target = f"127.0.0.1:{port}"
@@ -291,6 +295,7 @@ def main() -> int:
     report = {
         "machine": machine(),
         "demo": args.demo,
+        "runtime": args.runtime,
         "minutes": args.minutes,
         "clients": args.clients,
         "stream_clients": args.stream_clients,

@@ -109,6 +109,57 @@ async def test_a_failing_batch_fails_its_callers_and_the_batcher_survives() -> N
     await batcher.stop()
 
 
+@pytest.mark.asyncio
+async def test_items_submitted_together_are_queued_all_or_none() -> None:
+    """A long document's windows: admitted as a whole or refused as a whole, so a full backlog
+    never leaves part of a document to be computed for an answer that is an error."""
+    computed: list[int] = []
+    release = threading.Event()
+
+    def process(items: list[int]) -> list[int]:
+        computed.extend(items)
+        release.wait(10)  # hold the inference thread: what is submitted now stays queued
+        return items
+
+    batcher = make(process, max_pending=4, max_batch_size=1, max_wait_s=0)
+    await batcher.start()
+    running = asyncio.ensure_future(batcher.submit(0))
+    await until(lambda: computed == [0])
+    first = batcher.submit_all([1, 2, 3])
+    assert batcher.pending == 3
+    with pytest.raises(ResourceExhausted, match="room for 1 of this input's 2 windows"):
+        batcher.submit_all([4, 5])
+    assert batcher.pending == 3  # nothing of the refused pair was queued
+    last = batcher.submit_all([6])
+    release.set()
+    assert await asyncio.gather(running, *first, *last) == [0, 1, 2, 3, 6]
+    await batcher.stop()
+    assert computed == [0, 1, 2, 3, 6]
+
+
+@pytest.mark.asyncio
+async def test_a_future_withdrawn_before_its_batch_is_not_computed() -> None:
+    computed: list[int] = []
+    release = threading.Event()
+
+    def process(items: list[int]) -> list[int]:
+        computed.extend(items)
+        release.wait(10)
+        return items
+
+    batcher = make(process, max_batch_size=1, max_wait_s=0)
+    await batcher.start()
+    running = asyncio.ensure_future(batcher.submit(0))
+    await until(lambda: computed == [0])
+    queued = batcher.submit_all([1, 2, 3])
+    queued[1].cancel()
+    release.set()
+    assert await running == 0
+    assert [await queued[0], await queued[2]] == [1, 3]
+    await batcher.stop()
+    assert computed == [0, 1, 3]
+
+
 # --- idle dispatch ------------------------------------------------------------------------------
 
 

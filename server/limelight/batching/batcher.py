@@ -167,25 +167,42 @@ class MicroBatcher(Generic[T, R]):
         self._task = asyncio.get_running_loop().create_task(self._run(), name="micro-batcher")
 
     async def submit(self, item: T, deadline: float | None = None) -> R:
+        return await self.submit_all([item], deadline)[0]
+
+    def submit_all(
+        self, items: Sequence[T], deadline: float | None = None
+    ) -> list[asyncio.Future[R]]:
+        """Queue ``items`` together, all or none: ResourceExhausted when the backlog has no
+        room for every one of them (a long document's windows are admitted as a whole, so an
+        overloaded server never computes part of a document it then refuses). One future per
+        item; a future cancelled before its batch runs is skipped."""
         if self._wakeup is None or self._closing:
             raise Unavailable("the server is not accepting inline requests")
-        if self._count >= self._max_pending:
-            raise ResourceExhausted(
-                f"inline backlog is full ({self._max_pending} requests waiting); retry later"
-            )
-        size = max(1, int(self._size(item))) if self._size is not None else 1
-        future: asyncio.Future[R] = asyncio.get_running_loop().create_future()
-        key = self.policy.bucket(size)
-        bucket = self._buckets.get(key)
-        if bucket is None:
-            bucket = self._buckets[key] = _Bucket(key, deque())
-        if not bucket.items:
-            # (Re)activated: start at the current virtual time, no saved credit, no old debt.
-            bucket.start = max(bucket.start, self._vtime)
-        bucket.items.append(_Pending(item, size, future, deadline, time.monotonic()))
-        self._count += 1
+        if self._count + len(items) > self._max_pending:
+            if len(items) == 1:
+                detail = f"{self._max_pending} requests waiting"
+            else:
+                room = max(0, self._max_pending - self._count)
+                detail = f"room for {room} of this input's {len(items)} windows"
+            raise ResourceExhausted(f"inline backlog is full ({detail}); retry later")
+        loop = asyncio.get_running_loop()
+        now = time.monotonic()
+        futures: list[asyncio.Future[R]] = []
+        for item in items:
+            size = max(1, int(self._size(item))) if self._size is not None else 1
+            future: asyncio.Future[R] = loop.create_future()
+            key = self.policy.bucket(size)
+            bucket = self._buckets.get(key)
+            if bucket is None:
+                bucket = self._buckets[key] = _Bucket(key, deque())
+            if not bucket.items:
+                # (Re)activated: start at the current virtual time, no saved credit, no old debt.
+                bucket.start = max(bucket.start, self._vtime)
+            bucket.items.append(_Pending(item, size, future, deadline, now))
+            self._count += 1
+            futures.append(future)
         self._wakeup.set()
-        return await future
+        return futures
 
     async def drain(self, timeout: float) -> bool:
         """Stop accepting; wait until queued and running work is done. True if it all finished."""

@@ -611,12 +611,17 @@ class ExplanationService:
         )
         tokenized = time.monotonic()
         trace = tracing.span_context()
-        results = await asyncio.gather(
-            *(
-                self._batcher.submit(_InlineItem(w, method, tokenized, trace), request.deadline)
-                for w in windows
-            )
+        # Admitted as a whole; once one window fails (its deadline passed in the queue, its
+        # batch failed) the others are withdrawn rather than computed for nothing.
+        pending = self._batcher.submit_all(
+            [_InlineItem(w, method, tokenized, trace) for w in windows], request.deadline
         )
+        try:
+            results = await asyncio.gather(*pending)
+        except BaseException:
+            for future in pending:
+                future.cancel()
+            raise
         normx = [r.normxlogit for r in results if r.normxlogit is not None]
         merged = _InlineResult(
             logits=aggregate_logits([r.logits for r in results], settings.window_aggregation),

@@ -1,0 +1,95 @@
+"""A long document's windows go to the micro-batcher as a whole: admitted together or refused
+together, and withdrawn together once one of them fails, so that an overloaded or failing
+server computes no window of a document whose answer is already an error."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from limelight.app import build_application
+from limelight.core.service import ExplanationService
+from limelight.core.types import ExplainInput
+from limelight.core.windows import encode_windows
+from limelight.errors import ResourceExhausted
+from limelight.metrics import Metrics
+from limelight.runtimes.base import InlineBatch, InlineOutputs
+from limelight.settings import Settings
+
+WAIT_S = 60.0
+"""A hang guard, not a speed limit."""
+DOCUMENT = " ".join(
+    f"the service was slow in part {i} but the food arrived warm" for i in range(12)
+)
+
+
+def windowed_service(bert_tiny_dir: Path, **settings: Any) -> ExplanationService:
+    values: dict[str, Any] = dict(
+        model_dir=bert_tiny_dir,
+        jobs="off",
+        drift_enabled=False,
+        metrics_port=0,
+        default_method="normxlogit",
+        truncation="window",
+        max_tokens=32,
+        window_stride=8,
+        max_batch_size=1,  # one window per forward pass: each one counted
+        max_batch_wait_ms=0,
+    )
+    values.update(settings)
+    return build_application(Settings(**values), Metrics()).service
+
+
+def count_forwards(service: ExplanationService, fail: bool = False) -> list[int]:
+    """Record the length of every batch the runtime is asked for (``fail``: refuse each)."""
+    seen: list[int] = []
+    run_inline = service.runtime.run_inline
+
+    def recording(batch: InlineBatch) -> InlineOutputs:
+        seen.append(int(batch.input_ids.shape[0]))
+        if fail:
+            raise RuntimeError("the runtime failed")
+        return run_inline(batch)
+
+    service.runtime.run_inline = recording  # type: ignore[method-assign]
+    return seen
+
+
+@pytest.mark.asyncio
+async def test_a_document_is_admitted_whole_or_refused_whole(bert_tiny_dir: Path) -> None:
+    service = windowed_service(bert_tiny_dir, max_pending=4)
+    await service.start()
+    try:
+        assert (
+            len(encode_windows(service.model, DOCUMENT, 32, 8)) > 4
+        )  # more than the backlog holds
+        seen = count_forwards(service)
+        with pytest.raises(ResourceExhausted, match=r"room for 4 of this input's \d+ windows"):
+            await service.explain(ExplainInput(text=DOCUMENT))
+        assert seen == [] and service._batcher is not None and service._batcher.pending == 0
+        # The server goes on: a short text is answered.
+        assert (await service.explain(ExplainInput(text="a witty film"))).label
+    finally:
+        await service.close()
+
+
+@pytest.mark.asyncio
+async def test_the_other_windows_are_withdrawn_once_one_fails(bert_tiny_dir: Path) -> None:
+    service = windowed_service(bert_tiny_dir)
+    await service.start()
+    try:
+        whole = await service.explain(ExplainInput(text=DOCUMENT))
+        assert whole.windows > 4
+        seen = count_forwards(service, fail=True)
+        with pytest.raises(RuntimeError, match="the runtime failed"):
+            await service.explain(ExplainInput(text=DOCUMENT))
+        batcher = service._batcher
+        assert batcher is not None
+        assert await batcher.drain(WAIT_S)  # whatever was still queued has run by now
+        # The failing window, and at most the one the inference thread took next before the
+        # failure reached the document; the rest were never computed.
+        assert 1 <= len(seen) <= 2 < whole.windows
+    finally:
+        await service.close()
