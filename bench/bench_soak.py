@@ -1,13 +1,16 @@
 """Soak test: a real `limelight serve` process under mixed traffic for a long while.
 
     .venv/bin/python bench/bench_soak.py [--demo bert-tiny] [--runtime torch] [--minutes 10]
-        [--clients 4] [--stream-clients 2] [--truncation window] [--out docs/bench/soak.json]
+        [--clients 4] [--stream-clients 2] [--http-clients 1] [--truncation window]
+        [--out docs/bench/soak.json]
 
 Unary Explain calls of short and long texts (up to the token limit; with ``--truncation
-window``, every tenth a document of about 20,000 characters explained whole) from
+window``, every tenth a document of about 16,000 characters explained whole) from
 ``--clients`` threads, ``--stream-clients`` threads each keeping one ``ExplainStream`` open
-(tokens in columns, as the SDK asks), a job thread submitting a rotation of job methods
-(gradient, grad_x_input, integrated_gradients, lrp, slalom, random) and waiting for each, and
+(tokens in columns, as the SDK asks), ``--http-clients`` threads posting KServe v1 ``:explain``
+calls of three texts to the HTTP port, a job thread submitting a rotation of job methods
+(gradient, grad_x_input, integrated_gradients, lrp, slalom, random; with ``--truncation
+window`` every ninth on a whole document) and waiting for each, and
 a thread asking ``GetDrift`` every 2 s while the drift monitor (on, as it ships) observes every
 answer. Every ``--sample-s`` seconds it records the server's resident memory, open file
 descriptors and threads (from /proc) and the inline latency percentiles of that interval; at
@@ -29,6 +32,7 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.error
 import urllib.request
 from collections import Counter
 from collections.abc import Iterator
@@ -160,6 +164,30 @@ class Traffic:
                 text=text, token_layout=pb.TOKEN_LAYOUT_COLUMNS, timeout_seconds=30
             )
 
+    def http(self, index: int, url: str) -> None:
+        """KServe v1 ``:explain`` on the HTTP port, three instances a call (one ``explain_batch``
+        of the service: its inputs tokenised together, long ones in windows)."""
+        i = 0
+        while not self.stop.is_set():
+            texts = []
+            for _ in range(3):
+                i += 1
+                texts.append(text_of(self.words(i, index), i + 9000 + 1000 * index))
+            body = json.dumps({"instances": texts}).encode()
+            request = urllib.request.Request(
+                url, body, {"Content-Type": "application/json"}, method="POST"
+            )
+            started = time.perf_counter()
+            try:
+                with urllib.request.urlopen(request, timeout=60) as response:
+                    answers = json.loads(response.read())["explanations"]
+                code = "OK" if len(answers) == len(texts) else "HTTP_SHORT_ANSWER"
+            except urllib.error.HTTPError as exc:
+                code = f"HTTP_{exc.code}"
+            except OSError as exc:
+                code = f"HTTP_{type(exc).__name__}"
+            self.record(started, code)
+
     def drift_reader(self) -> None:
         stub = explainer_pb2_grpc.ExplainerStub(grpc.insecure_channel(self.target))
         while not self.stop.wait(2.0):
@@ -181,7 +209,10 @@ class Traffic:
             i += 1
             struct = struct_pb2.Struct()
             struct.update(params)
-            words = 200 if i % 4 == 0 else 20
+            # Every fourth job on 200 words; with --truncation window every ninth on a whole
+            # document, so that jobs cut windows while requests do.
+            words = self.long_words if i % 9 == 0 and self.long_words > 400 else 20
+            words = 200 if i % 4 == 0 else words
             try:
                 job = stub.SubmitJob(
                     pb.SubmitJobRequest(text=text_of(words, i), method=method, parameters=struct),
@@ -211,6 +242,9 @@ def main() -> int:
     parser.add_argument("--minutes", type=float, default=10.0)
     parser.add_argument("--clients", type=int, default=4, help="unary Explain threads")
     parser.add_argument("--stream-clients", type=int, default=0, help="ExplainStream threads")
+    parser.add_argument(
+        "--http-clients", type=int, default=0, help="KServe v1 :explain threads (HTTP port)"
+    )
     parser.add_argument(
         "--truncation",
         default="truncate",
@@ -249,6 +283,13 @@ def main() -> int:
     threads += [
         threading.Thread(target=traffic.streaming, args=(args.clients + i,))
         for i in range(args.stream_clients)
+    ]
+    model_name = stub.GetModel(pb.GetModelRequest(), timeout=5).name
+    explain_url = f"http://127.0.0.1:{metrics_port}/v1/models/{model_name}:explain"
+    first = args.clients + args.stream_clients
+    threads += [
+        threading.Thread(target=traffic.http, args=(first + i, explain_url))
+        for i in range(args.http_clients)
     ]
     threads.append(threading.Thread(target=traffic.jobs_loop))
     threads.append(threading.Thread(target=traffic.drift_reader))
@@ -299,6 +340,7 @@ def main() -> int:
         "minutes": args.minutes,
         "clients": args.clients,
         "stream_clients": args.stream_clients,
+        "http_clients": args.http_clients,
         "truncation": args.truncation,
         "server_survived": alive,
         "inline_codes": dict(traffic.codes),
