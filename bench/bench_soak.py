@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -233,6 +234,20 @@ class Traffic:
         return out
 
 
+def reloads(
+    server: subprocess.Popen[bytes], model_dir: Path, every_s: float, stop: threading.Event
+) -> None:
+    """Touch the distilled head's files beside the model (a new version written in place, as
+    far as the server can tell) and send SIGHUP: the server builds the runtime again and swaps
+    it in between two batches, under load."""
+    from limelight.models.explainer_head import HEAD_DIRNAME
+
+    while not stop.wait(every_s):
+        for path in (model_dir / HEAD_DIRNAME).iterdir():
+            os.utime(path)
+        server.send_signal(signal.SIGHUP)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
@@ -244,6 +259,13 @@ def main() -> int:
     parser.add_argument("--stream-clients", type=int, default=0, help="ExplainStream threads")
     parser.add_argument(
         "--http-clients", type=int, default=0, help="KServe v1 :explain threads (HTTP port)"
+    )
+    parser.add_argument(
+        "--reload-every",
+        type=float,
+        default=0.0,
+        help="seconds between hot reloads: the model is served from a copy whose head files are "
+        "touched, then the server gets SIGHUP (0: none)",
     )
     parser.add_argument(
         "--truncation",
@@ -259,11 +281,13 @@ def main() -> int:
     model_dir = ensure_demo_model(args.demo, Settings().cache_dir)
     port, metrics_port = free_port(), free_port()
     workdir = Path(tempfile.mkdtemp(prefix="limelight-soak-"))
+    if args.reload_every > 0:  # a copy: the reloads touch the files beside the model
+        model_dir = Path(shutil.copytree(model_dir, workdir / "model"))
     argv = [sys.executable, "-m", "limelight.cli.main", "serve", "--model", str(model_dir)]
     argv += ["--port", str(port), "--metrics-port", str(metrics_port)]
     argv += ["--jobs-db", str(workdir / "jobs.db"), "--truncation", args.truncation]
     argv += ["--runtime", args.runtime]
-    argv += ["--log-level", "WARNING"]
+    argv += ["--log-level", "INFO" if args.reload_every > 0 else "WARNING"]
     server = subprocess.Popen(argv, cwd=ROOT, stderr=(workdir / "server.log").open("wb"))
     target = f"127.0.0.1:{port}"
     stub = explainer_pb2_grpc.ExplainerStub(grpc.insecure_channel(target))
@@ -293,6 +317,10 @@ def main() -> int:
     ]
     threads.append(threading.Thread(target=traffic.jobs_loop))
     threads.append(threading.Thread(target=traffic.drift_reader))
+    if args.reload_every > 0:
+        threads.append(
+            threading.Thread(target=reloads, args=(server, model_dir, args.reload_every, stop))
+        )
     for t in threads:
         t.start()
     samples: list[dict[str, float]] = []
@@ -327,6 +355,9 @@ def main() -> int:
         server.wait(60)
 
     second_half = [s for s in samples if s["t_s"] >= args.minutes * 30]
+    log = (workdir / "server.log").read_text(errors="replace")
+    reloaded = log.count("reloaded the inline outputs")
+    failed_reloads = log.count("still serving")
     rss_growth = second_half[-1]["rss_mib"] - second_half[0]["rss_mib"] if second_half else 0.0
     fd_growth = second_half[-1]["open_fds"] - second_half[0]["open_fds"] if second_half else 0
     thread_counts = [s["threads"] for s in second_half]
@@ -351,6 +382,8 @@ def main() -> int:
         "drift_reports": dict(traffic.drift_reports),
         "drift_window_explanations": window,
         "drift_dropped": dropped,
+        "reloads": reloaded,
+        "failed_reloads": failed_reloads,
         "samples": samples,
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
@@ -361,7 +394,10 @@ def main() -> int:
     print(markdown_table(header, rows))
     print(f"inline: {dict(traffic.codes)}\njobs: {dict(traffic.jobs)}")
     print(f"drift: reports {dict(traffic.drift_reports)}, window {window}, dropped {dropped}")
+    if args.reload_every > 0:
+        print(f"hot reloads: {reloaded}, failed: {failed_reloads}")
     ok = alive and not unexpected and not failed_jobs and fd_growth <= 2 and thread_growth <= 2
+    ok = ok and (args.reload_every <= 0 or (reloaded > 0 and not failed_reloads))
     print("PASS" if ok else f"FAIL: unexpected={unexpected} failed_jobs={failed_jobs}")
     return 0 if ok else 1
 
