@@ -237,14 +237,15 @@ class Traffic:
 def reloads(
     server: subprocess.Popen[bytes], model_dir: Path, every_s: float, stop: threading.Event
 ) -> None:
-    """Touch the distilled head's files beside the model (a new version written in place, as
-    far as the server can tell) and send SIGHUP: the server builds the runtime again and swaps
-    it in between two batches, under load."""
+    """Write a new file into the distilled head's folder beside the model (new bytes: a new
+    version of the head, as far as the server can tell) and send SIGHUP: the server builds the
+    runtime again and swaps it in between two batches, under load."""
     from limelight.models.explainer_head import HEAD_DIRNAME
 
+    n = 0
     while not stop.wait(every_s):
-        for path in (model_dir / HEAD_DIRNAME).iterdir():
-            os.utime(path)
+        n += 1
+        (model_dir / HEAD_DIRNAME / "soak-reload.txt").write_text(f"reload {n}\n")
         server.send_signal(signal.SIGHUP)
 
 
@@ -264,8 +265,8 @@ def main() -> int:
         "--reload-every",
         type=float,
         default=0.0,
-        help="seconds between hot reloads: the model is served from a copy whose head files are "
-        "touched, then the server gets SIGHUP (0: none)",
+        help="seconds between hot reloads: the model is served from a copy whose head folder "
+        "gets a file with new bytes, then the server gets SIGHUP (0: none)",
     )
     parser.add_argument(
         "--truncation",

@@ -23,7 +23,7 @@ import pytest
 from limelight.api.ports import free_port
 from limelight.cli.main import main
 from limelight.models.explainer_head import HEAD_DIRNAME
-from limelight.reload import fingerprint
+from limelight.reload import content_digest, fingerprint
 from limelight_client.proto import explainer_pb2 as pb
 from limelight_client.proto import explainer_pb2_grpc
 from tests.conftest import RunningSidecar
@@ -240,6 +240,61 @@ def test_the_fingerprint_changes_when_a_file_is_written_replaced_or_removed(
     assert fingerprint(paths) != three
     graph.unlink()
     assert fingerprint(paths) == three
+
+
+def test_the_content_digest_moves_with_the_bytes_only(tmp_path: Path) -> None:
+    head = tmp_path / "head"
+    head.mkdir()
+    weights = head / "head.safetensors"
+    weights.write_bytes(b"x" * 10)
+    paths = [head, tmp_path / "graph.onnx"]
+    first = content_digest(paths)
+    os.utime(weights, ns=(1, 1))
+    weights.write_bytes(b"x" * 10)
+    assert content_digest(paths) == first  # touched and rewritten, the same bytes
+    weights.write_bytes(b"x" * 9 + b"y")
+    assert content_digest(paths) != first  # the same size, other bytes
+    weights.write_bytes(b"x" * 10)
+    (head / "card.json").write_text("{}")
+    with_card = content_digest(paths)
+    assert with_card != first  # a file more
+    (head / "card.json").rename(head / "other.json")
+    assert content_digest(paths) != with_card  # the same bytes under another name
+
+
+def test_files_touched_or_rewritten_unchanged_are_not_reloaded(
+    start_sidecar: Callable[..., RunningSidecar], bert_tiny_dir: Path, tmp_path: Path
+) -> None:
+    """A head written again with the same bytes (a periodic job, a copy that keeps the bytes)
+    is not a new head: no runtime is rebuilt and the drift monitor keeps its reference. New
+    bytes are reloaded as before."""
+    model = Path(shutil.copytree(bert_tiny_dir, tmp_path / "model"))
+    served = start_sidecar(model_dir=model, default_method="auto", reload_interval_s=0.05)
+    reloader = served.server.reloader
+    service = served.server.app.service
+    monitor = service.drift
+    assert monitor is not None and monitor.method == "distilled"
+    head = model / HEAD_DIRNAME
+    paths = reloader._paths
+
+    def looked_at_the_files() -> None:
+        give_up = time.monotonic() + 60
+        while reloader._seen.stats != fingerprint(paths) and time.monotonic() < give_up:
+            time.sleep(0.05)
+        assert reloader._seen.stats == fingerprint(paths)
+
+    for path in head.iterdir():
+        os.utime(path, ns=(time.time_ns(), time.time_ns() + 10**9))  # touched
+    looked_at_the_files()
+    weights = next(p for p in head.iterdir() if p.suffix == ".safetensors")
+    weights.write_bytes(weights.read_bytes())  # written again, the same bytes
+    looked_at_the_files()
+    assert reloader.reloads == 0 and service.drift is monitor
+    (head / "notes.txt").write_text("a new file beside the head")  # new bytes
+    give_up = time.monotonic() + 60
+    while reloader.reloads == 0 and time.monotonic() < give_up:
+        time.sleep(0.05)
+    assert reloader.reloads == 1 and service.drift is not monitor
 
 
 def serve_process(

@@ -4,19 +4,23 @@ A distilled head (`limelight distill`), a lexicon table (`limelight lexicon`) or
 (`limelight export-onnx`) may be written while a sidecar serves the model: by the user, by a
 Kubernetes job on a shared volume, or by the demo build finishing in the background. The
 reloader looks at those files every ``reload_interval_s`` (a few ``stat`` calls), and at once on
-SIGHUP (``kill -HUP``: whoever wrote the files need not wait for the next look), and, when they
-changed, builds the runtime again off the event loop and swaps it in between two batches with
-the default method and the drift monitor that go with it (with ``runtime=onnx``, building the
-runtime exports a graph that carries the new head into the cache: not a watched file, so the
-export does not trigger a second reload). A build that fails (a head trained for another model,
-a half-written file) is logged and the server keeps what it serves.
+SIGHUP (``kill -HUP``: whoever wrote the files need not wait for the next look), and, when their
+bytes changed (a moved ``stat`` is checked against a digest of the bytes: a file touched or
+written again unchanged is not a new head), builds the runtime again off the event loop and
+swaps it in between two batches with the default method and the drift monitor that go with it
+(with ``runtime=onnx``, building the runtime exports a graph that carries the new head into the
+cache: not a watched file, so the export does not trigger a second reload). A build that fails
+(a head trained for another model, a half-written file) is logged and the server keeps what it
+serves.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import logging
+from dataclasses import dataclass
 from pathlib import Path
 
 from limelight.app import Application, build_drift, build_runtime, describe_model
@@ -41,31 +45,61 @@ def served_files(settings: Settings, model: LoadedModel) -> list[Path]:
     return paths
 
 
+def _entries(paths: list[Path]) -> list[Path]:
+    """The files at ``paths``, one level into each directory, in a stable order."""
+    found: list[Path] = []
+    for path in paths:
+        with contextlib.suppress(OSError):  # absent, or removed meanwhile
+            found.extend(sorted(path.iterdir()) if path.is_dir() else [path])
+    return found
+
+
 def fingerprint(paths: list[Path]) -> Fingerprint:
     """Name, size and modification time of every file at ``paths`` (one level into each
     directory): it changes when one is written, replaced or removed."""
     found: list[tuple[str, int, int]] = []
-    for path in paths:
-        entries = sorted(path.iterdir()) if path.is_dir() else [path]
-        for entry in entries:
-            with contextlib.suppress(OSError):  # absent, or removed between the two calls
-                stat = entry.stat()
-                found.append((str(entry), stat.st_size, stat.st_mtime_ns))
+    for entry in _entries(paths):
+        with contextlib.suppress(OSError):  # absent, or removed between the two calls
+            stat = entry.stat()
+            found.append((str(entry), stat.st_size, stat.st_mtime_ns))
     return tuple(found)
+
+
+def content_digest(paths: list[Path]) -> str:
+    """A digest of the names and bytes of every file at ``paths`` (as :func:`fingerprint` finds
+    them): unchanged when a file is only touched or written again with the same bytes."""
+    digest = hashlib.blake2b(digest_size=16)
+    for entry in _entries(paths):
+        with contextlib.suppress(OSError), entry.open("rb") as f:
+            digest.update(str(entry).encode() + b"\0")
+            while chunk := f.read(1 << 20):
+                digest.update(chunk)
+            digest.update(b"\0")
+    return digest.hexdigest()
+
+
+@dataclass(frozen=True)
+class FilesSeen:
+    """What the reloader last saw of the served files: their fingerprint (a few ``stat`` calls,
+    read at every look) and the digest of their bytes (read only when the fingerprint moved)."""
+
+    stats: Fingerprint
+    digest: str
+
+    @classmethod
+    def of(cls, paths: list[Path]) -> FilesSeen:
+        return cls(fingerprint(paths), content_digest(paths))
 
 
 class InlineReloader:
     """Swaps in a runtime built from the files beside the model when they change."""
 
-    def __init__(
-        self, app: Application, interval_s: float, seen: Fingerprint | None = None
-    ) -> None:
-        """``seen``: the files' fingerprint taken before ``app`` was built from them (default:
-        now)."""
+    def __init__(self, app: Application, interval_s: float, seen: FilesSeen | None = None) -> None:
+        """``seen``: the files as they were before ``app`` was built from them (default: now)."""
         self.app = app
         self.interval_s = interval_s
         self._paths = served_files(app.settings, app.model)
-        self._seen = fingerprint(self._paths) if seen is None else seen
+        self._seen = FilesSeen.of(self._paths) if seen is None else seen
         self.reloads = 0
         self._checking: asyncio.Lock | None = None  # made in the running loop, at first use
 
@@ -83,9 +117,18 @@ class InlineReloader:
             self._checking = asyncio.Lock()
         async with self._checking:
             now = fingerprint(self._paths)
-            if now == self._seen:
+            if now == self._seen.stats:
                 return False
-            self._seen = now  # a failed build is tried again when the files change again
+            digest = await asyncio.get_running_loop().run_in_executor(
+                None, content_digest, self._paths
+            )
+            unchanged = digest == self._seen.digest
+            self._seen = FilesSeen(now, digest)  # a failed build is tried again on the next change
+            if unchanged:
+                # Touched, or written again with the same bytes: rebuilding the runtime (and,
+                # with its default method's head, the drift reference) would gain nothing.
+                log.info("the files beside the model were rewritten unchanged: nothing to reload")
+                return False
             return await self.reload()
 
     async def reload(self) -> bool:

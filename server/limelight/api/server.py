@@ -36,7 +36,7 @@ from limelight.api.tracing import TracingInterceptor
 from limelight.app import Application, build_application, load_served_model
 from limelight.metrics import Metrics
 from limelight.models.loaded import LoadedModel
-from limelight.reload import Fingerprint, InlineReloader, fingerprint, served_files
+from limelight.reload import FilesSeen, InlineReloader, served_files
 from limelight.settings import Settings
 from limelight_client.proto import explainer_pb2
 
@@ -118,12 +118,12 @@ class SidecarServer:
         for name in ("", SERVICE_NAME):
             await self._health.set(name, status)
 
-    def _build(self) -> tuple[Application, Fingerprint]:
+    def _build(self) -> tuple[Application, FilesSeen]:
         # The demo's LM head (Decoded Grad-CAM only) is fitted in the background: the first
         # start serves without waiting for it.
         model = self._model or load_served_model(self.settings, serving=True)
         # Before the build: a head written while it runs is picked up at the first check.
-        seen = fingerprint(served_files(self.settings, model))
+        seen = FilesSeen.of(served_files(self.settings, model))
         return build_application(self.settings, self.metrics, model), seen
 
     async def _load(self) -> Application:
