@@ -41,6 +41,18 @@ def special_ids(core: Tokenizer) -> tuple[int, int]:
     return bos, eos
 
 
+def wrapped(core: Tokenizer) -> PreTrainedTokenizerFast:
+    """The Hugging Face wrapper of a trained backend, with its special tokens named."""
+    return PreTrainedTokenizerFast(
+        tokenizer_object=core,
+        bos_token="<s>",
+        eos_token="</s>",
+        pad_token="<pad>",
+        unk_token="<unk>",
+        mask_token="<mask>",
+    )
+
+
 def byte_level_bpe() -> PreTrainedTokenizerFast:
     """A RoBERTa-style tokenizer (byte-level BPE, ``Ġ`` word starts), trained here."""
     core = Tokenizer(models.BPE())
@@ -55,14 +67,7 @@ def byte_level_bpe() -> PreTrainedTokenizerFast:
     core.post_processor = processors.RobertaProcessing(
         ("</s>", eos), ("<s>", bos), trim_offsets=True
     )
-    return PreTrainedTokenizerFast(
-        tokenizer_object=core,
-        bos_token="<s>",
-        eos_token="</s>",
-        pad_token="<pad>",
-        unk_token="<unk>",
-        mask_token="<mask>",
-    )
+    return wrapped(core)
 
 
 def unigram() -> PreTrainedTokenizerFast:
@@ -77,14 +82,7 @@ def unigram() -> PreTrainedTokenizerFast:
         pair="<s> $A </s> $B:1 </s>:1",
         special_tokens=[("<s>", bos), ("</s>", eos)],
     )
-    return PreTrainedTokenizerFast(
-        tokenizer_object=core,
-        bos_token="<s>",
-        eos_token="</s>",
-        pad_token="<pad>",
-        unk_token="<unk>",
-        mask_token="<mask>",
-    )
+    return wrapped(core)
 
 
 def wordpiece(bert_tiny_dir: Path) -> Any:
