@@ -23,6 +23,7 @@ import pytest
 from limelight.api.ports import free_port
 from limelight.cli.main import main
 from limelight.models.explainer_head import HEAD_DIRNAME
+from limelight.models.lexicon_table import LEXICON_DIRNAME
 from limelight.reload import content_digest, fingerprint
 from limelight_client.proto import explainer_pb2 as pb
 from limelight_client.proto import explainer_pb2_grpc
@@ -267,7 +268,8 @@ def test_files_touched_or_rewritten_unchanged_are_not_reloaded(
 ) -> None:
     """A head written again with the same bytes (a periodic job, a copy that keeps the bytes)
     is not a new head: no runtime is rebuilt and the drift monitor keeps its reference. New
-    bytes are reloaded as before."""
+    bytes are reloaded as before, with a new monitor when they are the served head's, and the
+    same monitor when they are another file's."""
     model = Path(shutil.copytree(bert_tiny_dir, tmp_path / "model"))
     served = start_sidecar(model_dir=model, default_method="auto", reload_interval_s=0.05)
     reloader = served.server.reloader
@@ -291,10 +293,22 @@ def test_files_touched_or_rewritten_unchanged_are_not_reloaded(
     looked_at_the_files()
     assert reloader.reloads == 0 and service.drift is monitor
     (head / "notes.txt").write_text("a new file beside the head")  # new bytes
-    give_up = time.monotonic() + 60
-    while reloader.reloads == 0 and time.monotonic() < give_up:
-        time.sleep(0.05)
-    assert reloader.reloads == 1 and service.drift is not monitor
+
+    def reloaded(count: int) -> None:
+        give_up = time.monotonic() + 60
+        while reloader.reloads < count and time.monotonic() < give_up:
+            time.sleep(0.05)
+        assert reloader.reloads == count
+
+    reloaded(1)
+    renewed = service.drift
+    assert renewed is not monitor and renewed is not None and renewed.method == "distilled"
+    # New bytes beside the model, but not the head's: the head's monitor keeps its reference.
+    tables = model / LEXICON_DIRNAME
+    tables.mkdir(exist_ok=True)
+    (tables / "notes.txt").write_text("not the head")
+    reloaded(2)
+    assert service.default_method.name == "distilled" and service.drift is renewed
 
 
 def serve_process(

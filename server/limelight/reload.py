@@ -8,7 +8,8 @@ SIGHUP (``kill -HUP``: whoever wrote the files need not wait for the next look),
 bytes changed (a moved ``stat`` is checked against a digest of the bytes: a file touched or
 written again unchanged is not a new head), builds the runtime again off the event loop and
 swaps it in between two batches with the default method and the drift monitor that go with it
-(with ``runtime=onnx``, building the runtime exports a graph that carries the new head into the
+(a new monitor only when the default method or the files its scores come from changed; with
+``runtime=onnx``, building the runtime exports a graph that carries the new head into the
 cache: not a watched file, so the export does not trigger a second reload). A build that fails
 (a head trained for another model, a half-written file) is logged and the server keeps what it
 serves.
@@ -39,10 +40,31 @@ Fingerprint = tuple[tuple[str, int, int], ...]
 
 def served_files(settings: Settings, model: LoadedModel) -> list[Path]:
     """The files (or directories of files) a runtime is built from, besides the model's weights."""
-    paths = [head_dir(model), lexicon_dir(model), cached_lexicon_dir(model, settings.cache_dir)]
-    if settings.runtime == "onnx":
-        paths.append(Path(settings.onnx_path or model.directory / DEFAULT_GRAPH))
-    return paths
+    return [head_dir(model), *_tables(settings, model), *_graph(settings, model)]
+
+
+def _tables(settings: Settings, model: LoadedModel) -> list[Path]:
+    return [lexicon_dir(model), cached_lexicon_dir(model, settings.cache_dir)]
+
+
+def _graph(settings: Settings, model: LoadedModel) -> list[Path]:
+    """The ONNX graph, when served."""
+    if settings.runtime != "onnx":
+        return []
+    return [Path(settings.onnx_path or model.directory / DEFAULT_GRAPH)]
+
+
+def method_files(settings: Settings, model: LoadedModel, method: str) -> list[Path]:
+    """The served files ``method``'s scores come from: none for NormXLogit, the head for the
+    distilled explainer, the tables for the lexicon lookup (and, with ONNX Runtime, the graph,
+    which carries them); every served file for a method not known here."""
+    if method == NORMXLOGIT:
+        return []
+    if method == "distilled":
+        return [head_dir(model), *_graph(settings, model)]
+    if method == "lexicon_lookup":
+        return [*_tables(settings, model), *_graph(settings, model)]
+    return served_files(settings, model)
 
 
 def _entries(paths: list[Path]) -> list[Path]:
@@ -78,17 +100,23 @@ def content_digest(paths: list[Path]) -> str:
     return digest.hexdigest()
 
 
+def content_digests(paths: list[Path]) -> dict[str, str]:
+    """:func:`content_digest` of each of ``paths`` on its own."""
+    return {str(path): content_digest([path]) for path in paths}
+
+
 @dataclass(frozen=True)
 class FilesSeen:
     """What the reloader last saw of the served files: their fingerprint (a few ``stat`` calls,
-    read at every look) and the digest of their bytes (read only when the fingerprint moved)."""
+    read at every look) and the digest of each path's bytes (read only when the fingerprint
+    moved)."""
 
     stats: Fingerprint
-    digest: str
+    digests: dict[str, str]
 
     @classmethod
     def of(cls, paths: list[Path]) -> FilesSeen:
-        return cls(fingerprint(paths), content_digest(paths))
+        return cls(fingerprint(paths), content_digests(paths))
 
 
 class InlineReloader:
@@ -119,19 +147,21 @@ class InlineReloader:
             now = fingerprint(self._paths)
             if now == self._seen.stats:
                 return False
-            digest = await asyncio.get_running_loop().run_in_executor(
-                None, content_digest, self._paths
+            digests = await asyncio.get_running_loop().run_in_executor(
+                None, content_digests, self._paths
             )
-            unchanged = digest == self._seen.digest
-            self._seen = FilesSeen(now, digest)  # a failed build is tried again on the next change
-            if unchanged:
+            changed = {p for p, d in digests.items() if d != self._seen.digests.get(p)}
+            self._seen = FilesSeen(now, digests)  # a failed build is tried again on the next change
+            if not changed:
                 # Touched, or written again with the same bytes: rebuilding the runtime (and,
                 # with its default method's head, the drift reference) would gain nothing.
                 log.info("the files beside the model were rewritten unchanged: nothing to reload")
                 return False
-            return await self.reload()
+            return await self.reload(changed)
 
-    async def reload(self) -> bool:
+    async def reload(self, changed: set[str] | None = None) -> bool:
+        """Build the runtime again and serve it. ``changed``: the served paths whose bytes
+        changed (None: unknown, any may have)."""
         app, service = self.app, self.app.service
         settings, model = app.settings, app.model
         before = service.default_method.name
@@ -140,13 +170,16 @@ class InlineReloader:
                 None, build_runtime, settings, model
             )
             method = resolve_default_method(settings.default_method, runtime)
-            # NormXLogit reads no file, so its monitor keeps its window; any other method's
-            # scores may come from a new head or table: a new monitor (and reference) for them,
-            # or drift would report the explainer's change as the traffic's.
+            # The default method's monitor keeps its window and reference while the files its
+            # scores come from are unchanged (NormXLogit reads none); a new head or table gets
+            # a new monitor (and reference), or drift would report the explainer's change as
+            # the traffic's.
+            own = {str(p) for p in method_files(settings, model, method)}
+            kept = method == before and changed is not None and not own & changed
             try:
                 drift = (
                     service.drift
-                    if method == before == NORMXLOGIT
+                    if kept or method == before == NORMXLOGIT
                     else build_drift(settings, model, app.metrics, method)
                 )
             except FailedPrecondition as exc:
