@@ -292,7 +292,12 @@ def test_files_touched_or_rewritten_unchanged_are_not_reloaded(
     weights.write_bytes(weights.read_bytes())  # written again, the same bytes
     looked_at_the_files()
     assert reloader.reloads == 0 and service.drift is monitor
-    (head / "notes.txt").write_text("a new file beside the head")  # new bytes
+    # New bytes, each file moved into place whole: a file seen half-written would be a
+    # change of its own (and a reload of its own).
+    staged = tmp_path / "staged"
+    staged.mkdir()
+    (staged / "notes.txt").write_text("a new file beside the head")
+    (staged / "notes.txt").rename(head / "notes.txt")
 
     def reloaded(count: int) -> None:
         give_up = time.monotonic() + 60
@@ -304,9 +309,14 @@ def test_files_touched_or_rewritten_unchanged_are_not_reloaded(
     renewed = service.drift
     assert renewed is not monitor and renewed is not None and renewed.method == "distilled"
     # New bytes beside the model, but not the head's: the head's monitor keeps its reference.
+    (staged / "notes.txt").write_text("not the head")
     tables = model / LEXICON_DIRNAME
-    tables.mkdir(exist_ok=True)
-    (tables / "notes.txt").write_text("not the head")
+    if tables.exists():
+        (staged / "notes.txt").rename(tables / "limelight-test-notes.txt")
+    else:  # the folder appears whole, with its file
+        (staged / "tables").mkdir()
+        (staged / "notes.txt").rename(staged / "tables" / "notes.txt")
+        (staged / "tables").rename(tables)
     reloaded(2)
     assert service.default_method.name == "distilled" and service.drift is renewed
 
