@@ -30,6 +30,20 @@ async def until(condition: Callable[[], bool], timeout_s: float = 10.0) -> None:
         await asyncio.sleep(0.001)
 
 
+class Held:
+    """A ``process`` that records what it is given and holds the inference thread until
+    ``release`` is set: what is submitted meanwhile stays queued."""
+
+    def __init__(self) -> None:
+        self.computed: list[int] = []
+        self.release = threading.Event()
+
+    def __call__(self, items: list[int]) -> list[int]:
+        self.computed.extend(items)
+        self.release.wait(10)
+        return items
+
+
 @pytest.mark.asyncio
 async def test_concurrent_items_share_batches_and_keep_order() -> None:
     seen: list[int] = []
@@ -53,20 +67,14 @@ async def test_concurrent_items_share_batches_and_keep_order() -> None:
 
 @pytest.mark.asyncio
 async def test_full_backlog_is_rejected() -> None:
-    running: list[int] = []
-    release = threading.Event()
-
-    def process(items: list[int]) -> list[int]:
-        running.extend(items)
-        release.wait(10)  # the backlog stays full until every submit has been answered or queued
-        return items
-
+    # The backlog stays full until every submit has been answered or queued.
+    process = Held()
     batcher = make(process, max_pending=2, max_batch_size=1)
     await batcher.start()
     tasks = [asyncio.ensure_future(batcher.submit(i)) for i in range(6)]
     # Every submit is either rejected (done), waiting in the backlog, or being processed.
-    await until(lambda: sum(t.done() for t in tasks) + batcher.pending + len(running) == 6)
-    release.set()
+    await until(lambda: sum(t.done() for t in tasks) + batcher.pending + len(process.computed) == 6)
+    process.release.set()
     results = await asyncio.gather(*tasks, return_exceptions=True)
     await batcher.stop()
     rejected = [r for r in results if isinstance(r, ResourceExhausted)]
@@ -113,14 +121,8 @@ async def test_a_failing_batch_fails_its_callers_and_the_batcher_survives() -> N
 async def test_items_submitted_together_are_queued_all_or_none() -> None:
     """A long document's windows: admitted as a whole or refused as a whole, so a full backlog
     never leaves part of a document to be computed for an answer that is an error."""
-    computed: list[int] = []
-    release = threading.Event()
-
-    def process(items: list[int]) -> list[int]:
-        computed.extend(items)
-        release.wait(10)  # hold the inference thread: what is submitted now stays queued
-        return items
-
+    process = Held()
+    computed = process.computed
     batcher = make(process, max_pending=4, max_batch_size=1, max_wait_s=0)
     await batcher.start()
     running = asyncio.ensure_future(batcher.submit(0))
@@ -131,7 +133,7 @@ async def test_items_submitted_together_are_queued_all_or_none() -> None:
         batcher.submit_all([4, 5])
     assert batcher.pending == 3  # nothing of the refused pair was queued
     last = batcher.submit_all([6])
-    release.set()
+    process.release.set()
     assert await asyncio.gather(running, *first, *last) == [0, 1, 2, 3, 6]
     await batcher.stop()
     assert computed == [0, 1, 2, 3, 6]
@@ -139,21 +141,15 @@ async def test_items_submitted_together_are_queued_all_or_none() -> None:
 
 @pytest.mark.asyncio
 async def test_a_future_withdrawn_before_its_batch_is_not_computed() -> None:
-    computed: list[int] = []
-    release = threading.Event()
-
-    def process(items: list[int]) -> list[int]:
-        computed.extend(items)
-        release.wait(10)
-        return items
-
+    process = Held()
+    computed = process.computed
     batcher = make(process, max_batch_size=1, max_wait_s=0)
     await batcher.start()
     running = asyncio.ensure_future(batcher.submit(0))
     await until(lambda: computed == [0])
     queued = batcher.submit_all([1, 2, 3])
     queued[1].cancel()
-    release.set()
+    process.release.set()
     assert await running == 0
     assert [await queued[0], await queued[2]] == [1, 3]
     await batcher.stop()
