@@ -93,3 +93,51 @@ async def test_the_other_windows_are_withdrawn_once_one_fails(bert_tiny_dir: Pat
         assert 1 <= len(seen) <= 2 < whole.windows
     finally:
         await service.close()
+
+
+@pytest.mark.asyncio
+async def test_a_document_admitted_before_a_reload_is_explained_by_one_runtime(
+    bert_tiny_dir: Path,
+) -> None:
+    """A hot reload swaps the runtime between two batches; a document whose windows straddle
+    that moment is still computed window by window on the runtime it was admitted with, and the
+    requests after the swap on the new one."""
+    import asyncio
+    import threading
+
+    from limelight.app import build_runtime
+
+    service = windowed_service(bert_tiny_dir, warmup=False)  # every forward a window's
+    await service.start()
+    try:
+        old = service.runtime
+        new = build_runtime(service.settings, service.model)
+        ran: list[str] = []
+        gate = threading.Event()
+
+        def recording(runtime: Any, name: str) -> None:
+            run_inline = runtime.run_inline
+
+            def run(batch: InlineBatch) -> InlineOutputs:
+                ran.append(name)
+                gate.wait(WAIT_S)  # hang guard: the first window waits for the swap
+                return run_inline(batch)
+
+            runtime.run_inline = run
+
+        recording(old, "old")
+        recording(new, "new")
+        document = asyncio.ensure_future(service.explain(ExplainInput(text=DOCUMENT)))
+        while not ran:  # the first window is in the inference thread
+            await asyncio.sleep(0.01)
+        swapped = asyncio.ensure_future(service.swap_runtime(new, service.drift))
+        await asyncio.sleep(0.05)  # the swap waits behind the first window
+        gate.set()
+        await swapped
+        whole = await document
+        assert ran == ["old"] * whole.windows
+        after = await service.explain(ExplainInput(text=DOCUMENT))
+        assert ran[whole.windows :] == ["new"] * after.windows
+        assert after.attribution.scores.tolist() == pytest.approx(whole.attribution.scores.tolist())
+    finally:
+        await service.close()

@@ -7,7 +7,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from functools import partial
@@ -93,6 +93,10 @@ class DriftSink(Protocol):
 class _InlineItem:
     encoded: Encoded
     method: InlineMethod
+    runtime: Runtime
+    """The runtime served when the request was admitted: a hot reload swaps in a new one for
+    the requests after it, while every window of a long document admitted before is still
+    computed by the same model and head."""
     submitted: float
     trace: Any = None
     """The request's span context, to link its micro-batch to it (tracing on)."""
@@ -100,6 +104,20 @@ class _InlineItem:
     def size(self) -> int:
         """Tokens, for the batcher's length policy."""
         return len(self.encoded.input_ids)
+
+
+def abandon(tasks: Iterable[asyncio.Future[Any]]) -> None:
+    """Cancel work whose answer no one will read, and take its outcome when it ends (asyncio
+    logs a task's exception that was never retrieved as an error: a deadline that passed under
+    a stream the client had already left is not one)."""
+    for task in tasks:
+        task.cancel()
+        task.add_done_callback(_take_outcome)
+
+
+def _take_outcome(task: asyncio.Future[Any]) -> None:
+    if not task.cancelled():
+        task.exception()
 
 
 @dataclass
@@ -442,12 +460,11 @@ class ExplanationService:
     async def swap_runtime(
         self, runtime: Runtime, drift: DriftSink | None, default_method: str | None = None
     ) -> None:
-        """Serve inline requests with ``runtime`` from the next batch on (warmed up first, in the
-        inference thread, between two batches), its default method (or ``default_method``) and
-        ``drift`` with it. A request admitted before keeps the method it was admitted with;
-        every runtime computes the per-token outputs NormXLogit reads, and a new one at least
-        the extra outputs of the old (a head or table is only ever added or replaced beside the
-        model)."""
+        """Serve the inline requests admitted from now on with ``runtime`` (warmed up first, in
+        the inference thread, between two batches), its default method (or ``default_method``)
+        and ``drift`` with it. A request admitted before keeps the method and the runtime it was
+        admitted with, so that every window of a long document is computed by one model and
+        head."""
         loop = asyncio.get_running_loop()
         if self.settings.warmup:
             warm = self.model.encode("Limelight warm-up.", None, self.settings.max_tokens)
@@ -510,14 +527,26 @@ class ExplanationService:
         return encoded
 
     def _process(self, items: list[_InlineItem]) -> list[_InlineResult]:
-        """Runs in the inference thread: one forward pass for the whole batch."""
+        """Runs in the inference thread: one forward pass for the whole batch (one per runtime
+        in the batch, which is only ever more than one right after a hot reload)."""
+        runtime = items[0].runtime
+        if all(item.runtime is runtime for item in items):
+            return self._process_on(runtime, items)
+        results: dict[int, _InlineResult] = {}
+        for served in {id(item.runtime): item.runtime for item in items}.values():
+            rows = [row for row, item in enumerate(items) if item.runtime is served]
+            answers = self._process_on(served, [items[row] for row in rows])
+            results.update(zip(rows, answers, strict=True))
+        return [results[row] for row in range(len(items))]
+
+    def _process_on(self, runtime: Runtime, items: list[_InlineItem]) -> list[_InlineResult]:
         start = time.monotonic()
         batch = InlineBatch.from_encoded([i.encoded for i in items], self.model.pad_id)
         if self._gate is not None:
             self._gate.enter()
         try:
             with tracing.inline_batch([i.trace for i in items], batch.input_ids.size):
-                outputs = self.runtime.run_inline(batch)
+                outputs = runtime.run_inline(batch)
         finally:
             if self._gate is not None:
                 self._gate.exit()
@@ -572,15 +601,16 @@ class ExplanationService:
         began = time.monotonic()
         if request.expired():
             raise DeadlineExceeded("the deadline passed before the request was read")
-        method = self._inline_method(request.method)
+        method, runtime = self._inline_method(request.method), self.runtime
         if request.target is not None and request.target.label is not None:
             self.model.label_index(request.target.label)  # fail fast on an unknown label
         encoded = await self.encode_async(request.text, request.text_pair, tokenize_here)
         if encoded.truncated and self._windowed(request):
-            return await self._explain_windows(request, method, began)
+            return await self._explain_windows(request, method, runtime, began)
         tokenized = time.monotonic()
         result = await self._batcher.submit(
-            _InlineItem(encoded, method, tokenized, tracing.span_context()), request.deadline
+            _InlineItem(encoded, method, runtime, tokenized, tracing.span_context()),
+            request.deadline,
         )
         explanation = self._assemble(request, encoded, method, result)
         timings = explanation.timings
@@ -593,7 +623,7 @@ class ExplanationService:
         return self.settings.truncation == "window" and request.text_pair is None
 
     async def _explain_windows(
-        self, request: ExplainInput, method: InlineMethod, began: float
+        self, request: ExplainInput, method: InlineMethod, runtime: Runtime, began: float
     ) -> Explanation:
         """A text over the token limit under ``truncation=window``: every window goes through
         the micro-batcher as an item of its own; the prediction and the attributions are put
@@ -614,7 +644,8 @@ class ExplanationService:
         # Admitted as a whole; once one window fails (its deadline passed in the queue, its
         # batch failed) the others are withdrawn rather than computed for nothing.
         pending = self._batcher.submit_all(
-            [_InlineItem(w, method, tokenized, trace) for w in windows], request.deadline
+            [_InlineItem(w, method, runtime, tokenized, trace) for w in windows],
+            request.deadline,
         )
         try:
             results = await asyncio.gather(*pending)
@@ -653,25 +684,32 @@ class ExplanationService:
         read) is passed through in its place."""
         window = window or 2 * self.settings.max_batch_size
         pending: asyncio.Queue[asyncio.Task[Explanation | Failed] | None] = asyncio.Queue(window)
+        # Every answer begun and not yet read: when the reader goes away (cancelled, its deadline
+        # passed, an earlier answer failed) these include the one the feeder holds while it
+        # waits for room in the queue.
+        unread: set[asyncio.Task[Explanation | Failed]] = set()
 
         async def feed() -> None:
             try:
                 async for request in requests:
-                    await pending.put(asyncio.ensure_future(self._answer(request)))
-            finally:
-                await pending.put(None)
+                    task = asyncio.ensure_future(self._answer(request))
+                    unread.add(task)
+                    await pending.put(task)
+            except asyncio.CancelledError:
+                raise  # the reader has left: there is no one to tell where the inputs end
+            except Exception:
+                await pending.put(None)  # the reader learns what failed from `await feeder`
+                raise
+            await pending.put(None)
 
         feeder = asyncio.ensure_future(feed())
         try:
             while (task := await pending.get()) is not None:
+                unread.discard(task)
                 yield await task
             await feeder
         finally:
-            feeder.cancel()
-            while not pending.empty():
-                leftover = pending.get_nowait()
-                if leftover is not None:
-                    leftover.cancel()
+            abandon([feeder, *unread])
 
     async def _answer(
         self, request: ExplainInput | Failed, together: bool = False

@@ -1,0 +1,111 @@
+"""A stream whose reader goes away (the client cancelled, its deadline passed) leaves nothing
+behind: every answer begun for it is withdrawn — including the one the feeder holds while it
+waits for room — and no task's outcome is left for asyncio to log as an error."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import threading
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from limelight.app import build_application
+from limelight.core.service import ExplanationService
+from limelight.core.types import ExplainInput
+from limelight.metrics import Metrics
+from limelight.runtimes.base import InlineBatch, InlineOutputs
+from limelight.settings import Settings
+
+WAIT_S = 60.0
+"""A hang guard, not a speed limit."""
+
+
+def one_at_a_time(bert_tiny_dir: Path) -> ExplanationService:
+    settings = Settings(
+        model_dir=bert_tiny_dir,
+        jobs="off",
+        drift_enabled=False,
+        metrics_port=0,
+        default_method="normxlogit",
+        max_batch_size=1,  # one input per forward pass: each one counted
+        max_batch_wait_ms=0,
+    )
+    return build_application(settings, Metrics()).service
+
+
+def held_forwards(service: ExplanationService, gate: threading.Event) -> list[int]:
+    """Every forward pass waits for ``gate``; returns the list they are recorded in."""
+    seen: list[int] = []
+    run_inline = service.runtime.run_inline
+
+    def held(batch: InlineBatch) -> InlineOutputs:
+        seen.append(int(batch.input_ids.shape[0]))
+        gate.wait(WAIT_S)
+        return run_inline(batch)
+
+    service.runtime.run_inline = held  # type: ignore[method-assign]
+    return seen
+
+
+async def wait_for(condition: Any) -> None:
+    until = time.monotonic() + WAIT_S
+    while not condition():
+        assert time.monotonic() < until, "timed out"
+        await asyncio.sleep(0.01)
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("deadline_s", [None, 0.2], ids=["no-deadline", "deadline"])
+async def test_a_stream_left_by_its_reader_leaves_nothing_running(
+    bert_tiny_dir: Path, deadline_s: float | None
+) -> None:
+    service = one_at_a_time(bert_tiny_dir)
+    await service.start()
+    loop = asyncio.get_running_loop()
+    reported: list[dict[str, Any]] = []
+    loop.set_exception_handler(lambda _loop, context: reported.append(context))
+    gate = threading.Event()
+    try:
+        seen = held_forwards(service, gate)
+        read = 0
+
+        async def inputs() -> AsyncIterator[ExplainInput]:
+            nonlocal read
+            while True:  # an endless stream: the feeder always has the next input in hand
+                read += 1
+                deadline = None if deadline_s is None else time.monotonic() + deadline_s
+                yield ExplainInput(text=f"a witty film, part {read}", deadline=deadline)
+
+        async def reader() -> None:
+            async for _ in service.explain_many(inputs(), window=2):
+                pass
+
+        reading = asyncio.ensure_future(reader())
+        # The first input is in the forward pass; two more fill the queue; the feeder holds a
+        # fourth, waiting for room.
+        await wait_for(lambda: len(seen) == 1 and read >= 4)
+        reading.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await reading
+        if deadline_s is not None:
+            await asyncio.sleep(deadline_s)  # the withdrawn inputs' deadlines pass as well
+        gate.set()
+        batcher = service._batcher
+        assert batcher is not None
+        await wait_for(lambda: batcher.idle)
+        # A later request runs at once, alone: nothing left over from the stream ran before it
+        # or beside it.
+        assert (await service.explain(ExplainInput(text="a witty film"))).label
+        assert seen == [1, 1]
+        gc.collect()  # asyncio reports an unretrieved exception when the task is collected
+        await asyncio.sleep(0)
+        assert reported == []
+    finally:
+        gate.set()
+        loop.set_exception_handler(None)
+        await service.close()
