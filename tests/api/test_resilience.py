@@ -314,6 +314,30 @@ def test_client_deadlines_are_counted_not_logged_as_errors(
     assert counted is not None and counted > 0
 
 
+def test_an_answer_to_a_client_that_hung_up_is_a_warning_line(
+    sidecar: RunningSidecar, caplog: pytest.LogCaptureFixture
+) -> None:
+    """gRPC's own report of an answer its core would not send (the call had ended: the client
+    cancelled or closed its connection between the handler's return and the send), as gRPC
+    writes it, reaches the server's log as one WARNING line without a traceback."""
+    import logging
+
+    grpc_log = logging.getLogger("grpc._cython.cygrpc")
+    with caplog.at_level("WARNING"):
+        try:
+            raise RuntimeError('Failed "execute_batch"')
+        except RuntimeError:
+            grpc_log.exception(
+                "ExecuteBatchError raised in core by servicer method [%s]",
+                "/limelight.v1.Explainer/Explain",
+            )
+        grpc_log.error("Unexpected [ValueError] raised by servicer method [/x]")  # not a hang-up
+    hung_up, other = caplog.records[-2:]
+    assert (hung_up.levelname, hung_up.exc_info) == ("WARNING", None)
+    assert hung_up.getMessage().startswith("/limelight.v1.Explainer/Explain: the answer was not")
+    assert other.levelname == "ERROR"
+
+
 def test_shutdown_keeps_one_deadline_and_ends_open_calls_unavailable(
     bert_tiny_dir: Path, tmp_path: Path
 ) -> None:

@@ -47,6 +47,31 @@ log = logging.getLogger(__name__)
 QUIET_BEFORE_STOP_S = 0.5
 
 
+class ClientHangUps(logging.Filter):
+    """gRPC logs an answer its core would not send — the call had ended between the handler's
+    return and the send: the client cancelled, its deadline passed or its connection closed —
+    as an ERROR with a traceback ("ExecuteBatchError raised in core by servicer method").
+    That is the client's hang-up, not a fault of the server: one WARNING line instead."""
+
+    PREFIX = "ExecuteBatchError raised in core by servicer method"
+    LOGGER = "grpc._cython.cygrpc"
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if isinstance(record.msg, str) and record.msg.startswith(self.PREFIX):
+            method = record.getMessage()[len(self.PREFIX) :].strip(" []") or "a call"
+            record.levelno, record.levelname = logging.WARNING, "WARNING"
+            record.msg = "%s: the answer was not sent, the call had ended (the client hung up)"
+            record.args = (method,)
+            record.exc_info = record.exc_text = None
+        return True
+
+    @classmethod
+    def install(cls) -> None:
+        logger = logging.getLogger(cls.LOGGER)
+        if not any(isinstance(f, cls) for f in logger.filters):
+            logger.addFilter(cls())
+
+
 def _read(path: Path | None) -> bytes | None:
     return Path(path).read_bytes() if path is not None else None
 
@@ -186,6 +211,7 @@ class SidecarServer:
             ("grpc.so_reuseport", int(settings.reuse_port)),
             *connection_age_options(settings),
         ]
+        ClientHangUps.install()
         server = grpc.aio.server(interceptors=interceptors, options=options)
         self._health = HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
