@@ -338,6 +338,41 @@ def test_an_answer_to_a_client_that_hung_up_is_a_warning_line(
     assert other.levelname == "ERROR"
 
 
+def test_an_http_client_that_hangs_up_mid_body_is_counted_not_logged_as_an_error(
+    sidecar: RunningSidecar, caplog: pytest.LogCaptureFixture
+) -> None:
+    import json
+    import socket
+    import urllib.request
+
+    assert sidecar.settings.model_dir is not None
+    port, model = sidecar.server.metrics_port, sidecar.settings.model_dir.name
+    path = f"/v1/models/{model}:explain"
+    body = json.dumps({"instances": ["a gorgeous, witty, seductive movie"]}).encode()
+    registry = sidecar.server.metrics.registry
+    labels = {"rpc": "v1.explain", "code": "CANCELLED"}
+    with caplog.at_level("WARNING"):
+        for _ in range(3):
+            with socket.create_connection(("127.0.0.1", port), timeout=30) as conn:
+                head = f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
+                head += f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+                conn.sendall(head.encode() + body[: len(body) // 2])
+        until = time.monotonic() + 60  # a hang guard, not a speed limit
+        while (
+            registry.get_sample_value("limelight_request_duration_seconds_count", labels) or 0
+        ) < 3:
+            assert time.monotonic() < until, "the hang-ups were not counted"
+            time.sleep(0.05)
+        # The port goes on serving.
+        request = urllib.request.Request(
+            f"http://127.0.0.1:{port}{path}", body, {"Content-Type": "application/json"}
+        )
+        with urllib.request.urlopen(request, timeout=30) as response:
+            assert len(json.loads(response.read())["explanations"]) == 1
+    errors = [r for r in caplog.records if r.levelname in ("ERROR", "CRITICAL")]
+    assert not errors, [r.getMessage() for r in errors[:3]]
+
+
 def test_shutdown_keeps_one_deadline_and_ends_open_calls_unavailable(
     bert_tiny_dir: Path, tmp_path: Path
 ) -> None:

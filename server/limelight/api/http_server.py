@@ -332,6 +332,11 @@ class HttpServer:
                 except web.HTTPException as exc:  # e.g. 413 from aiohttp: a body over the limit
                     code = "RESOURCE_EXHAUSTED" if exc.status == 413 else "INVALID_ARGUMENT"
                     raise
+                except ConnectionResetError:
+                    # The client closed its connection before its body was read: its hang-up,
+                    # not a fault (re-raised, aiohttp would log it as one). No one reads this.
+                    code = "CANCELLED"
+                    return _error(400, "the connection closed before the request was read")
                 except Exception:
                     log.exception("unexpected error in HTTP %s", rpc)
                     code = "INTERNAL"
