@@ -5,6 +5,7 @@ scripts are in ``limelight.jobs.redis_store``.
 
 Redis faults: a command that cannot reach Redis raises ``Unavailable`` (clients retry it); the
 client reconnects by itself on the next command, and ``watch`` rides out a Redis restart.
+Watches learn of changes through one shared pub/sub subscription (``redis_events``).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import redis.asyncio as aioredis
 from limelight.core.jobs import JobBackend, JobRecord, JobSpec, JobState, owned_by, scoped_key
 from limelight.errors import ResourceExhausted, Unavailable
 from limelight.jobs.execution import not_found, reuse, watch_changes
+from limelight.jobs.redis_events import JobEvents
 from limelight.jobs.redis_store import (
     CONNECTION_ERRORS,
     GROUP,
@@ -89,6 +91,7 @@ class RedisJobBackend(JobBackend):
         self._submit: Any = None
         self._cancel: Any = None
         self._depth_task: asyncio.Task[None] | None = None
+        self._events: JobEvents | None = None
         self.depth_interval_s = 5.0
         """How often the queue-depth gauge is refreshed even when no RPC touches the queue."""
         self.watch_reconnect_s = 60.0
@@ -138,6 +141,9 @@ class RedisJobBackend(JobBackend):
             with contextlib.suppress(asyncio.CancelledError):
                 await self._depth_task
             self._depth_task = None
+        if self._events is not None:
+            await self._events.close()
+            self._events = None
         if self._client is not None:
             await self._client.aclose()
             self._client = None
@@ -255,16 +261,7 @@ class RedisJobBackend(JobBackend):
         return out[:limit]
 
     async def watch(self, job_id: str, owner: str | None = None) -> AsyncIterator[JobRecord]:
-        channel = self.keys.events(job_id)
-        pubsub: Any = None
         outage: dict[str, float | None] = {"since": None}
-
-        async def close_pubsub() -> None:
-            nonlocal pubsub
-            if pubsub is not None:
-                with contextlib.suppress(redis.RedisError, OSError):
-                    await pubsub.aclose()
-                pubsub = None
 
         def unreachable(exc: BaseException) -> None:
             """Remember when the outage began; give up after ``watch_reconnect_s``."""
@@ -276,31 +273,28 @@ class RedisJobBackend(JobBackend):
                 raise _unreachable(exc) from exc
 
         async def get() -> JobRecord:
-            nonlocal pubsub
             while True:
                 try:
-                    if pubsub is None:
-                        # Subscribe before reading, so that no change slips in between.
-                        pubsub = self.client.pubsub()
-                        await pubsub.subscribe(channel)
                     record = await self._get(job_id, owner)
                     outage["since"] = None
                     return record
                 except CONNECTION_ERRORS as exc:
-                    await close_pubsub()
                     unreachable(exc)
                     await asyncio.sleep(0.2)
 
-        async def wait_change(timeout: float) -> None:
-            # The timeout only guards against a missed message; changes arrive by pub/sub.
-            try:
-                await pubsub.get_message(ignore_subscribe_messages=True, timeout=timeout)
-            except CONNECTION_ERRORS as exc:
-                await close_pubsub()
-                unreachable(exc)
+        # Listening before the first read, so that no change slips in between.
+        with self._job_events().listening(job_id) as changed:
 
-        try:
+            async def wait_change(timeout: float) -> None:
+                # The timeout only guards against a missed message; changes arrive by pub/sub.
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(changed.wait(), timeout)
+                changed.clear()
+
             async for record in watch_changes(get, wait_change):
                 yield record
-        finally:
-            await close_pubsub()
+
+    def _job_events(self) -> JobEvents:
+        if self._events is None:
+            self._events = JobEvents(self.client, self.keys)
+        return self._events

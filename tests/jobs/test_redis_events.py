@@ -1,0 +1,72 @@
+"""Watches share one pub/sub subscription per process (``limelight.jobs.redis_events``), on a
+real redis-server: more watchers than the client's connection pool holds all hear their job's
+changes, the job API stays usable meanwhile, and a subscription killed by Redis comes back."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+import redis
+from helpers import await_until
+
+from limelight.core.jobs import JobRecord, JobSpec, JobState
+from limelight.jobs.redis_backend import RedisJobBackend
+from limelight.settings import Settings
+
+WATCHERS = 150
+"""More than the asyncio Redis client's pool (100 connections by default)."""
+
+
+def subscribers(url: str) -> int:
+    """Connections of this database's clients that hold a (pattern) subscription."""
+    clients = redis.Redis.from_url(url).client_list()
+    return sum(1 for c in clients if int(c.get("sub", 0)) or int(c.get("psub", 0)))
+
+
+async def follow(backend: RedisJobBackend, job_id: str, seen: list[JobRecord]) -> None:
+    async for record in backend.watch(job_id):
+        seen.append(record)
+
+
+@pytest.mark.asyncio
+async def test_more_watchers_than_the_pool_holds_share_one_subscription(
+    redis_clean: str, tmp_path: Path
+) -> None:
+    backend = RedisJobBackend(Settings(cache_dir=tmp_path, jobs=redis_clean))  # no workers
+    await backend.start()
+    try:
+        job = await backend.submit(JobSpec(method="steps", text="a witty film"))
+        seen: list[list[JobRecord]] = [[] for _ in range(WATCHERS)]
+        watches = [asyncio.ensure_future(follow(backend, job.id, s)) for s in seen]
+        await await_until(lambda: all(seen))  # every watcher has the job as it is: queued
+        assert subscribers(redis_clean) == 1
+        # The job API still has connections to work with.
+        other = await backend.submit(JobSpec(method="steps", text="another"))
+        assert (await backend.get(other.id)).state == JobState.QUEUED
+        await backend.cancel(job.id)
+        await asyncio.wait_for(asyncio.gather(*watches), 60)  # a hang guard
+        assert all(s[-1].state == JobState.CANCELLED for s in seen)
+    finally:
+        await backend.stop(1)
+
+
+@pytest.mark.asyncio
+async def test_a_killed_subscription_comes_back_and_watchers_hear_on(
+    redis_clean: str, tmp_path: Path
+) -> None:
+    backend = RedisJobBackend(Settings(cache_dir=tmp_path, jobs=redis_clean))
+    await backend.start()
+    try:
+        job = await backend.submit(JobSpec(method="steps", text="a witty film"))
+        seen: list[JobRecord] = []
+        watch = asyncio.ensure_future(follow(backend, job.id, seen))
+        await await_until(lambda: seen and subscribers(redis_clean) == 1)
+        redis.Redis.from_url(redis_clean).client_kill_filter(_type="pubsub")
+        await await_until(lambda: subscribers(redis_clean) == 1)  # subscribed again
+        await backend.cancel(job.id)
+        await asyncio.wait_for(watch, 60)
+        assert [r.state for r in seen] == [JobState.QUEUED, JobState.CANCELLED]
+    finally:
+        await backend.stop(1)
