@@ -156,6 +156,26 @@ async def test_a_future_withdrawn_before_its_batch_is_not_computed() -> None:
     assert computed == [0, 1, 3]
 
 
+@pytest.mark.asyncio
+async def test_the_pending_count_reaches_zero_when_only_withdrawn_items_were_left() -> None:
+    """``on_pending`` (the pending-requests gauge) follows the queue to empty also when the
+    last items in it were withdrawn (a cancelled call) and no batch ran after them."""
+    process = Held()
+    reported: list[int] = []
+    batcher = make(process, max_batch_size=1, max_wait_s=0, on_pending=reported.append)
+    await batcher.start()
+    running = asyncio.ensure_future(batcher.submit(0))
+    await until(lambda: process.computed == [0])
+    queued = batcher.submit_all([1, 2])
+    for future in queued:
+        future.cancel()
+    process.release.set()
+    assert await running == 0
+    await until(lambda: batcher.idle)
+    await batcher.stop()
+    assert process.computed == [0] and reported[-1] == 0
+
+
 # --- idle dispatch ------------------------------------------------------------------------------
 
 

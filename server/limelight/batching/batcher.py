@@ -128,11 +128,14 @@ class MicroBatcher(Generic[T, R]):
         size: Callable[[T], int] | None = None,
         on_batch: Callable[[list[int], list[float]], None] | None = None,
         on_anticipation: Callable[[bool], None] | None = None,
+        on_pending: Callable[[int], None] | None = None,
     ) -> None:
         """``process`` maps a list of items to one result per item (same order); ``size``
         gives an item's token count (default 1 for every item). ``on_batch(sizes,
         queue_waits)`` is called once per processed batch with each item's size and time in the
-        queue, ``on_anticipation(hit)`` once per anticipation wait (metrics)."""
+        queue, ``on_anticipation(hit)`` once per anticipation wait, ``on_pending(count)`` with
+        the items left waiting each time a batch is taken from the queue or the queue turns
+        out to hold only withdrawn and expired items (metrics)."""
         self._process = process
         self._executor = executor
         self.policy = LengthPolicy(max_batch_size, max_batch_tokens, bucket_floor, length_penalty)
@@ -142,6 +145,7 @@ class MicroBatcher(Generic[T, R]):
         self._size = size
         self._on_batch = on_batch
         self._on_anticipation = on_anticipation
+        self._on_pending = on_pending
         self._buckets: dict[int, _Bucket[T, R]] = {}
         self._count = 0
         self._vtime = 0.0
@@ -335,6 +339,8 @@ class MicroBatcher(Generic[T, R]):
                 await self._anticipate_for(last)
             now = time.monotonic()
             live = self._take(now)
+            if self._on_pending is not None:
+                self._on_pending(self._count)
             if not live:
                 last = None
                 continue

@@ -367,6 +367,7 @@ class ExplanationService:
             size=_InlineItem.size,
             on_batch=self._record_batch,
             on_anticipation=self._record_anticipation,
+            on_pending=self.metrics.inline_pending.set,
         )
         await self._batcher.start()
         # Length-aware too (by characters): a short text is not tokenised in the same call
@@ -582,7 +583,6 @@ class ExplanationService:
         # Sizes are token counts: input / padded tokens is the length policy's efficiency.
         self.metrics.batch_tokens.labels(kind="input").inc(sum(sizes))
         self.metrics.batch_tokens.labels(kind="padded").inc(len(sizes) * max(sizes))
-        self.metrics.inline_pending.set(self._batcher.pending if self._batcher else 0)
 
     def _record_anticipation(self, hit: bool) -> None:
         self.metrics.batch_anticipation.labels(outcome="hit" if hit else "miss").inc()
