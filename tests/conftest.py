@@ -98,6 +98,23 @@ def lexicon_bert_dir(tmp_path_factory: pytest.TempPathFactory, random_bert_dir: 
     return out
 
 
+def inline_service(model_dir: Path, metrics: Any = None, **overrides: Any) -> Any:
+    """A real ``ExplanationService`` on ``model_dir``, not started: no jobs, no drift monitor,
+    NormXLogit as the default method unless ``overrides`` say otherwise."""
+    from limelight.app import build_application
+    from limelight.metrics import Metrics
+
+    values: dict[str, Any] = dict(
+        model_dir=model_dir,
+        jobs="off",
+        drift_enabled=False,
+        metrics_port=0,
+        default_method="normxlogit",
+    )
+    values.update(overrides)
+    return build_application(Settings(**values), metrics or Metrics()).service
+
+
 @dataclass
 class RunningSidecar:
     target: str

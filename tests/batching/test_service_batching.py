@@ -9,29 +9,19 @@ from pathlib import Path
 
 import pytest
 
-from limelight.app import build_application
 from limelight.batching import LengthPolicy
 from limelight.core.types import ExplainInput
 from limelight.metrics import Metrics
 from limelight.runtimes.base import InlineBatch, InlineOutputs
-from limelight.settings import Settings
+from tests.conftest import inline_service
 
 
 @pytest.mark.asyncio
 async def test_mixed_lengths_are_batched_by_the_policy(bert_tiny_dir: Path) -> None:
-    settings = Settings(
-        model_dir=bert_tiny_dir,
-        jobs="off",
-        drift_enabled=False,
-        metrics_port=0,
-        default_method="normxlogit",
-        max_batch_size=8,
-        max_batch_tokens=512,
-        batch_bucket_floor=32,
-    )
     metrics = Metrics()
-    app = build_application(settings, metrics)
-    service = app.service
+    service = inline_service(
+        bert_tiny_dir, metrics, max_batch_size=8, max_batch_tokens=512, batch_bucket_floor=32
+    )
     widths: list[list[int]] = []
     run_inline = service.runtime.run_inline
 

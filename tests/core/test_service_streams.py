@@ -14,28 +14,21 @@ from typing import Any
 
 import pytest
 
-from limelight.app import build_application
 from limelight.core.service import ExplanationService
 from limelight.core.types import ExplainInput
-from limelight.metrics import Metrics
 from limelight.runtimes.base import InlineBatch, InlineOutputs
-from limelight.settings import Settings
+from tests.conftest import inline_service
 
 WAIT_S = 60.0
 """A hang guard, not a speed limit."""
 
 
 def one_at_a_time(bert_tiny_dir: Path) -> ExplanationService:
-    settings = Settings(
-        model_dir=bert_tiny_dir,
-        jobs="off",
-        drift_enabled=False,
-        metrics_port=0,
-        default_method="normxlogit",
-        max_batch_size=1,  # one input per forward pass: each one counted
-        max_batch_wait_ms=0,
+    # One input per forward pass: each one counted.
+    service: ExplanationService = inline_service(
+        bert_tiny_dir, max_batch_size=1, max_batch_wait_ms=0
     )
-    return build_application(settings, Metrics()).service
+    return service
 
 
 def held_forwards(service: ExplanationService, gate: threading.Event) -> list[int]:

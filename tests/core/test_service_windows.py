@@ -9,14 +9,12 @@ from typing import Any
 
 import pytest
 
-from limelight.app import build_application
 from limelight.core.service import ExplanationService
 from limelight.core.types import ExplainInput
 from limelight.core.windows import encode_windows
 from limelight.errors import ResourceExhausted
-from limelight.metrics import Metrics
 from limelight.runtimes.base import InlineBatch, InlineOutputs
-from limelight.settings import Settings
+from tests.conftest import inline_service
 
 WAIT_S = 60.0
 """A hang guard, not a speed limit."""
@@ -27,11 +25,6 @@ DOCUMENT = " ".join(
 
 def windowed_service(bert_tiny_dir: Path, **settings: Any) -> ExplanationService:
     values: dict[str, Any] = dict(
-        model_dir=bert_tiny_dir,
-        jobs="off",
-        drift_enabled=False,
-        metrics_port=0,
-        default_method="normxlogit",
         truncation="window",
         max_tokens=32,
         window_stride=8,
@@ -39,7 +32,8 @@ def windowed_service(bert_tiny_dir: Path, **settings: Any) -> ExplanationService
         max_batch_wait_ms=0,
     )
     values.update(settings)
-    return build_application(Settings(**values), Metrics()).service
+    service: ExplanationService = inline_service(bert_tiny_dir, **values)
+    return service
 
 
 def count_forwards(service: ExplanationService, fail: bool = False) -> list[int]:
