@@ -2,7 +2,8 @@
 
     .venv/bin/python bench/bench_soak.py [--demo bert-tiny] [--runtime torch] [--minutes 10]
         [--clients 4] [--stream-clients 2] [--http-clients 1] [--rude-clients 2]
-        [--truncation window] [--reload-every 10] [--out docs/bench/soak.json]
+        [--truncation window] [--reload-every 10] [--workers 2 [--redis-restart-every 45]
+        [--kill-worker-every 30]] [--out docs/bench/soak.json]
 
 Unary Explain calls of short and long texts (up to the token limit; with ``--truncation
 window``, every tenth a document of about 16,000 characters explained whole) from
@@ -89,10 +90,10 @@ def process_tree(pid: int) -> list[int]:
     """``pid`` and its descendants (the workers of ``--workers``)."""
     tree, i = [pid], 0
     while i < len(tree):
-        with contextlib.suppress(OSError):
-            tree += [
-                int(c) for c in Path(f"/proc/{tree[i]}/task/{tree[i]}/children").read_text().split()
-            ]
+        # Each thread's children: a worker restarted by a supervisor thread is that thread's.
+        for task in Path(f"/proc/{tree[i]}/task").glob("*"):
+            with contextlib.suppress(OSError):
+                tree += [int(c) for c in (task / "children").read_text().split()]
         i += 1
     return tree
 
@@ -471,6 +472,27 @@ class Traffic:
         return out
 
 
+def worker_kills(
+    server: subprocess.Popen[bytes], every_s: float, stop: threading.Event
+) -> list[int]:
+    """SIGKILL the oldest of the supervisor's sidecar workers every ``every_s`` seconds (a
+    crash: the supervisor starts another). Returns the list the killed pids go into."""
+    killed: list[int] = []
+
+    def run() -> None:
+        while not stop.wait(every_s):
+            workers = process_tree(server.pid)[1:]
+            if workers:
+                # The oldest (pids grow): every worker in turn, the restarted ones too.
+                victim = min(workers)
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(victim, signal.SIGKILL)
+                    killed.append(victim)
+
+    threading.Thread(target=run, name="worker-kills", daemon=True).start()
+    return killed
+
+
 def reloads(
     server: subprocess.Popen[bytes], model_dir: Path, every_s: float, stop: threading.Event
 ) -> None:
@@ -532,6 +554,13 @@ def main() -> int:
         default=0.0,
         help="seconds between kills (SIGKILL) and restarts of that redis-server (0: none); "
         "every job it had accepted must still end",
+    )
+    parser.add_argument(
+        "--kill-worker-every",
+        type=float,
+        default=0.0,
+        help="seconds between SIGKILLs of one of the --workers sidecars (0: none); calls on its "
+        "connections fail UNAVAILABLE, the supervisor starts another",
     )
     parser.add_argument("--sample-s", type=float, default=15.0)
     parser.add_argument("--out", type=Path, default=ROOT / "docs" / "bench" / "soak.json")
@@ -609,6 +638,7 @@ def main() -> int:
         )
     for t in threads:
         t.start()
+    killed = worker_kills(server, args.kill_worker_every, stop) if args.kill_worker_every else []
     samples: list[dict[str, float]] = []
     started = time.monotonic()
     end = started + args.minutes * 60
@@ -660,14 +690,23 @@ def main() -> int:
     fd_growth = second_half[-1]["open_fds"] - second_half[0]["open_fds"] if second_half else 0
     thread_counts = [s["threads"] for s in second_half]
     thread_growth = max(thread_counts) - min(thread_counts) if thread_counts else 0
-    unexpected = {c: n for c, n in traffic.codes.items() if c not in EXPECTED}
+    # A killed worker's calls fail UNAVAILABLE (HTTP: a reset connection), as they must.
+    crashed = {"UNAVAILABLE"} | {
+        c for c in traffic.codes if c.startswith("HTTP_") and not c[5:].isdigit()
+    }
+    expected = EXPECTED | (crashed if killed else set())
+    unexpected = {c: n for c, n in traffic.codes.items() if c not in expected}
     # The rude clients' job calls while the queue's Redis is down are refused, as they should be.
-    rude_ok = RUDE_EXPECTED | {"KILLED"} | ({"UNAVAILABLE"} if args.redis_restart_every else set())
+    rude_ok = RUDE_EXPECTED | {"KILLED"}
+    rude_ok |= {"UNAVAILABLE"} if args.redis_restart_every or killed else set()
     rude_unexpected = {c: n for c, n in traffic.rude_codes.items() if c not in rude_ok}
     if job_worker is not None:
         log += (workdir / "worker.log").read_text(errors="replace")
+    restarted = log.count("exited with -9")  # the supervisor's record of each kill
     errors_logged = sum(
-        1 for line in log.splitlines() if " ERROR " in line or line.startswith("Traceback")
+        1
+        for line in log.splitlines()
+        if (" ERROR " in line and "exited with -9" not in line) or line.startswith("Traceback")
     )
     failed_jobs = {k: n for k, n in traffic.jobs.items() if not k.endswith(":JOB_STATE_SUCCEEDED")}
     report = {
@@ -688,6 +727,8 @@ def main() -> int:
         "jobs_refused": dict(traffic.refused_jobs),
         "watches_taken_up_again": traffic.rewatched,
         "redis_restarts": redis_server.restarts if redis_server is not None else 0,
+        "workers_killed": len(killed),
+        "worker_deaths_logged": restarted,
         "in_flight_after": in_flight,
         "pending_after": pending,
         "drain_s": round(drain_s, 2),
@@ -724,12 +765,17 @@ def main() -> int:
     )
     if args.reload_every > 0:
         print(f"hot reloads: {reloaded}, failed: {failed_reloads}")
-    ok = alive and not unexpected and not failed_jobs and fd_growth <= 2 and thread_growth <= 2
+    if killed:
+        print(f"workers killed: {len(killed)}, deaths the supervisor logged: {restarted}")
+    # With kills a sample may fall while a worker is being replaced: the counts are reported.
+    flat = bool(killed) or (fd_growth <= 2 and thread_growth <= 2)
+    ok = alive and not unexpected and not failed_jobs and flat
     ok = ok and not rude_unexpected and in_flight == 0 and pending == 0 and exit_code == 0
     ok = ok and not errors_logged
-    # Jobs are refused only while the queue's Redis is down.
-    ok = ok and (args.redis_restart_every > 0 or not traffic.refused_jobs)
+    # Jobs are refused only while the queue's Redis is down or a worker has just died.
+    ok = ok and (args.redis_restart_every > 0 or bool(killed) or not traffic.refused_jobs)
     ok = ok and (args.reload_every <= 0 or (reloaded > 0 and not failed_reloads))
+    ok = ok and restarted == len(killed)
     print(
         "PASS"
         if ok
