@@ -36,12 +36,12 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import FrameType
 
 from prometheus_client import multiprocess
 
 from limelight.errors import InvalidArgument, Unavailable
 from limelight.settings import Settings
+from limelight.signals import on_signals
 
 log = logging.getLogger(__name__)
 
@@ -93,10 +93,16 @@ class Supervisor:
     def worker_pids(self) -> list[int]:
         return [w.process.pid for w in self._workers.values()]
 
-    def request_stop(self, signum: int | None = None, frame: FrameType | None = None) -> None:
+    def request_stop(self) -> None:
         self._stop.set()
 
-    def pass_reload_on(self, signum: int | None = None, frame: FrameType | None = None) -> None:
+    def _on_signal(self, sig: signal.Signals) -> None:
+        if sig == signal.SIGHUP:
+            self.pass_reload_on()
+        else:
+            self.request_stop()
+
+    def pass_reload_on(self) -> None:
         """SIGHUP: every serving worker checks the files beside the model now. One still
         starting is skipped: it may not handle SIGHUP yet (the default action ends a process),
         and it reads the files as it loads anyway."""
@@ -109,9 +115,8 @@ class Supervisor:
         start, or workers keep dying; the workers print their own errors."""
         from limelight.app import resolve_model_dir
 
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(sig, self.request_stop)
-        signal.signal(signal.SIGHUP, self.pass_reload_on)
+        # Handled on a thread: a handler running inside ``self._stop.wait`` must not set it.
+        on_signals((signal.SIGTERM, signal.SIGINT, signal.SIGHUP), self._on_signal, "signals")
         model_dir = resolve_model_dir(self.settings, serving=True)  # once, not by N workers
         self._run_dir = Path(tempfile.mkdtemp(prefix="limelight-workers-"))
         self.metrics_dir.mkdir()

@@ -10,11 +10,11 @@ import signal
 import threading
 import time
 from pathlib import Path
-from types import FrameType
 from typing import Any
 
 from limelight.cli.common import add_model_args, settings_from_args, setup_logging
 from limelight.settings import Settings
+from limelight.signals import on_signals
 
 log = logging.getLogger("limelight.worker")
 
@@ -90,7 +90,7 @@ def _child(settings: Settings, extra_methods: list[str], metrics_port: int) -> N
     runner = JobRunner(model, MethodRegistry.load(settings, plugins=extra_methods), settings)
     worker = RedisWorker(settings, runner, metrics)
 
-    def on_term(signum: int, frame: FrameType | None) -> None:
+    def on_term(sig: signal.Signals) -> None:
         if worker._stop.is_set():  # second signal: hand the job back now
             worker.abandon()
             return
@@ -100,8 +100,8 @@ def _child(settings: Settings, extra_methods: list[str], metrics_port: int) -> N
         timer.daemon = True
         timer.start()
 
-    signal.signal(signal.SIGTERM, on_term)
-    signal.signal(signal.SIGINT, on_term)
+    # On a thread: a handler running inside ``worker._stop.wait`` must not set it.
+    on_signals((signal.SIGTERM, signal.SIGINT), on_term, "signals")
     log.info("worker %s ready (model %s, %s)", worker.name, model.name, model.version)
     try:
         worker.run()
@@ -132,14 +132,13 @@ def run(args: argparse.Namespace) -> int:
         slots[i] = proc
         log.info("started worker process %d (pid %s)", i, proc.pid)
 
-    def on_term(signum: int, frame: FrameType | None) -> None:
+    def on_term(sig: signal.Signals) -> None:
         stopping.set()
         for proc in slots:
             if proc is not None and proc.is_alive() and proc.pid:
                 os.kill(proc.pid, signal.SIGTERM)
 
-    signal.signal(signal.SIGTERM, on_term)
-    signal.signal(signal.SIGINT, on_term)
+    on_signals((signal.SIGTERM, signal.SIGINT), on_term, "signals")  # not inside stopping.wait
     for i in range(count):
         start(i)
     # Supervise: a worker that dies (OOM kill, crash inside a method) is replaced; its job is

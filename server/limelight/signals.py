@@ -1,0 +1,52 @@
+"""Signal handlers whose work runs on a thread of its own, not inside the handler.
+
+A Python signal handler runs in the main thread between two bytecodes, wherever that thread
+happens to be: inside ``threading.Event.wait`` too, holding the event's lock. A handler that
+then takes the same lock (``Event.set`` does) waits for itself forever. The ``--workers``
+supervisor, polling ``Event.wait(0.2)`` and stopped by a handler calling ``Event.set``, hung
+this way (in CI) on a SIGTERM that landed in that window.
+
+``on_signals`` installs a handler that only writes the signal's number to a pipe (no lock
+taken); a daemon thread reads the pipe and runs the callback, where locks, logging and
+``Event.set`` are safe. asyncio's ``loop.add_signal_handler`` does the same for a running loop;
+this is for the processes that have none (the supervisor, ``limelight worker``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import signal
+import threading
+from collections.abc import Callable, Iterable
+from types import FrameType
+
+log = logging.getLogger(__name__)
+
+
+def on_signals(
+    signals: Iterable[signal.Signals], callback: Callable[[signal.Signals], None], name: str
+) -> None:
+    """From now on, each of ``signals`` received by this process runs ``callback(signal)`` on
+    a daemon thread called ``name``, in the order received. Call from the main thread (as
+    ``signal.signal`` requires)."""
+    read_end, write_end = os.pipe()
+    os.set_blocking(write_end, False)
+
+    def note(signum: int, frame: FrameType | None) -> None:
+        # Full only with 64 KiB of signals not yet handled: one more adds nothing.
+        with contextlib.suppress(BlockingIOError):
+            os.write(write_end, bytes([signum]))
+
+    def dispatch() -> None:
+        while True:
+            for signum in os.read(read_end, 64):
+                try:
+                    callback(signal.Signals(signum))
+                except Exception:  # a failed callback must not end the handling of signals
+                    log.exception("handling signal %d failed", signum)
+
+    threading.Thread(target=dispatch, name=name, daemon=True).start()
+    for sig in signals:
+        signal.signal(sig, note)
