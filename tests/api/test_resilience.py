@@ -75,12 +75,16 @@ def served_process(bert_tiny_dir: Path, tmp_path: Path):  # type: ignore[no-unty
     """`limelight serve` as a real child process (for signals and memory readings)."""
     port = free_port()
     env = {**os.environ, "LIMELIGHT_GRACE_PERIOD_S": "20"}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "limelight.cli.main", "serve", "--model", str(bert_tiny_dir),
-         "--port", str(port), "--metrics-port", "0", "--jobs", "sqlite",
-         "--jobs-db", str(tmp_path / "jobs.db"), "--max-batch-size", "4"],
-        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-    )  # fmt: skip
+    # Its log goes to a file: a pipe nobody reads while the test runs would fill (64 KiB) and
+    # then block the server on its next log line.
+    log = tmp_path / "serve.log"
+    with log.open("wb") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "limelight.cli.main", "serve", "--model", str(bert_tiny_dir),
+             "--port", str(port), "--metrics-port", "0", "--jobs", "sqlite",
+             "--jobs-db", str(tmp_path / "jobs.db"), "--max-batch-size", "4"],
+            env=env, stdout=out, stderr=subprocess.STDOUT,
+        )  # fmt: skip
     target = f"127.0.0.1:{port}"
     health = health_pb2_grpc.HealthStub(grpc.insecure_channel(target))
     deadline = time.monotonic() + 300
@@ -91,7 +95,7 @@ def served_process(bert_tiny_dir: Path, tmp_path: Path):  # type: ignore[no-unty
                 break
         except grpc.RpcError:
             pass
-        assert proc.poll() is None, proc.stdout.read() if proc.stdout else ""
+        assert proc.poll() is None, log.read_text()[-3000:]
         if time.monotonic() > deadline:
             proc.kill()
             pytest.fail("the sidecar did not become SERVING")
