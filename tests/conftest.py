@@ -211,10 +211,10 @@ def receiver(monkeypatch: pytest.MonkeyPatch) -> Iterator[Receiver]:
         yield collected
 
 
-@pytest.hookimpl(tryfirst=True)  # before -m deselects by marker
-@pytest.fixture(scope="session")
-def redis_url(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
-    """A real redis-server on a free loopback port, without persistence, for this session."""
+@contextlib.contextmanager
+def running_redis(workdir: Path, url: str, *config: str) -> Iterator[str]:
+    """A real redis-server on a free loopback port, without persistence, with extra
+    ``config`` arguments; yields ``url`` with ``{port}`` filled in once it answers a PING."""
     import shutil
     import subprocess
     import time
@@ -224,26 +224,11 @@ def redis_url(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-unty
     exe = shutil.which("redis-server")
     if exe is None:
         pytest.fail("redis-server is not installed (run `make sysdeps`)")
-    workdir = tmp_path_factory.mktemp("redis")
     port = free_port()
-    proc = subprocess.Popen(
-        [
-            exe,
-            "--port",
-            str(port),
-            "--bind",
-            "127.0.0.1",
-            "--save",
-            "",
-            "--appendonly",
-            "no",
-            "--dir",
-            str(workdir),
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.STDOUT,
-    )
-    url = f"redis://127.0.0.1:{port}/0"
+    argv = [exe, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
+    argv += ["--dir", str(workdir), *config]
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+    url = url.format(port=port)
     client = redis.Redis.from_url(url)
     deadline = time.monotonic() + 60
     while True:
@@ -254,11 +239,55 @@ def redis_url(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-unty
             if proc.poll() is not None or time.monotonic() > deadline:
                 pytest.fail("redis-server did not start")
             time.sleep(0.05)
-    yield url
-    proc.terminate()
-    proc.wait()
+    try:
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait()
 
 
+@pytest.fixture(scope="session")
+def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A real redis-server on a free loopback port, without persistence, for this session."""
+    with running_redis(tmp_path_factory.mktemp("redis"), "redis://127.0.0.1:{port}/0") as url:
+        yield url
+
+
+#: What a Redis ACL user of Limelight needs (README, "Jobs"): its keys, its job events channel
+#: pattern (PSUBSCRIBE patterns are matched literally: ``&limelight:*`` does not grant it), and
+#: every command but the dangerous ones.
+REDIS_ACL = "~limelight:* &limelight:events:* +@all -@dangerous"
+
+
+@dataclass
+class RedisAcl:
+    """A redis-server that refuses unauthenticated clients; its users' URLs."""
+
+    url: str
+    """The ``limelight`` user, with ``REDIS_ACL``."""
+    admin_url: str
+    """The default user, with every permission (for flushing between tests)."""
+    no_pattern_url: str
+    """A user with ``REDIS_ACL`` but ``&limelight:*`` for channels: may publish job events,
+    may not subscribe to their pattern."""
+
+
+@pytest.fixture(scope="session")
+def redis_acl(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisAcl]:
+    config = ["--user", "default", "on", ">admin-secret", "~*", "&*", "+@all"]
+    config += ["--user", "limelight", "on", ">s3cret", *REDIS_ACL.split()]
+    no_pattern = REDIS_ACL.replace("&limelight:events:*", "&limelight:*")
+    config += ["--user", "no-pattern", "on", ">s3cret", *no_pattern.split()]
+    admin = "redis://default:admin-secret@127.0.0.1:{port}/0"
+    with running_redis(tmp_path_factory.mktemp("redis-acl"), admin, *config) as admin_url:
+        yield RedisAcl(
+            url=admin_url.replace("default:admin-secret", "limelight:s3cret"),
+            admin_url=admin_url,
+            no_pattern_url=admin_url.replace("default:admin-secret", "no-pattern:s3cret"),
+        )
+
+
+@pytest.hookimpl(tryfirst=True)  # before -m deselects by marker
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Mark every test that needs a model-building fixture as ``slow``."""
     slow = pytest.mark.slow

@@ -8,6 +8,7 @@ reported to clients as a generic INTERNAL error while the details go to the log.
 from __future__ import annotations
 
 import enum
+import re
 
 
 class ErrorKind(enum.Enum):
@@ -73,3 +74,16 @@ class ModelLoadError(LimelightError):
     """The model directory cannot be served (raised at start-up, not per request)."""
 
     kind = ErrorKind.FAILED_PRECONDITION
+
+
+#: ``scheme://user:password@`` in a URL, and a ``password=`` query parameter (redis-py's
+#: ``unix://`` form): what ``redact_credentials`` hides.
+_USERINFO = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)[^/\s]*@")
+_PASSWORD_PARAM = re.compile(r"(?P<key>[?&]password=)[^&\s]*")
+
+
+def redact_credentials(text: str) -> str:
+    """``text`` with the credentials of every URL in it replaced by ``***``: a job queue
+    address such as ``redis://limelight:secret@redis:6379/0`` may appear in an error message,
+    and messages go to logs and clients."""
+    return _PASSWORD_PARAM.sub(r"\g<key>***", _USERINFO.sub(r"\g<scheme>***@", text))

@@ -66,3 +66,18 @@ def redis_clean(redis_url: str) -> str:
 
     redis.Redis.from_url(redis_url).flushall()
     return redis_url
+
+
+@pytest.fixture(params=["open", "acl"])
+def redis_queue(request: pytest.FixtureRequest) -> str:
+    """An empty Redis job queue's URL: on an open server, then as the ``limelight`` ACL user
+    of a server that requires a password (``tests/conftest.py: REDIS_ACL``)."""
+    import redis
+
+    if request.param == "open":
+        url = admin = request.getfixturevalue("redis_url")
+    else:
+        acl = request.getfixturevalue("redis_acl")
+        url, admin = acl.url, acl.admin_url
+    redis.Redis.from_url(admin).flushall()
+    return str(url)

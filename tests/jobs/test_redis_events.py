@@ -14,6 +14,7 @@ from helpers import await_until
 from limelight.core.jobs import JobRecord, JobSpec, JobState
 from limelight.jobs.redis_backend import RedisJobBackend
 from limelight.settings import Settings
+from tests.conftest import RedisAcl
 
 WATCHERS = 150
 """More than the asyncio Redis client's pool (100 connections by default)."""
@@ -68,5 +69,31 @@ async def test_a_killed_subscription_comes_back_and_watchers_hear_on(
         await backend.cancel(job.id)
         await asyncio.wait_for(watch, 60)
         assert [r.state for r in seen] == [JobState.QUEUED, JobState.CANCELLED]
+    finally:
+        await backend.stop(1)
+
+
+@pytest.mark.asyncio
+async def test_a_refused_subscription_leaves_watches_polling(
+    redis_acl: RedisAcl, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An ACL granting the channels as ``&limelight:*`` lets the job scripts publish but
+    refuses the pattern subscription (Redis matches PSUBSCRIBE patterns literally): watches
+    still follow their job (each polls it every second), one WARNING says why, and the
+    subscriber stays alive to ask again (the old one ended with its exception unread)."""
+    redis.Redis.from_url(redis_acl.admin_url).flushall()
+    backend = RedisJobBackend(Settings(cache_dir=tmp_path, jobs=redis_acl.no_pattern_url))
+    await backend.start()
+    try:
+        job = await backend.submit(JobSpec(method="steps", text="a witty film"))
+        seen: list[JobRecord] = []
+        watch = asyncio.ensure_future(follow(backend, job.id, seen))
+        await await_until(lambda: seen and "refused the subscription" in caplog.text)
+        (subscriber,) = [t for t in asyncio.all_tasks() if t.get_name() == "job-events"]
+        assert not subscriber.done()
+        await backend.cancel(job.id)
+        await asyncio.wait_for(watch, 60)  # a hang guard
+        assert [r.state for r in seen] == [JobState.QUEUED, JobState.CANCELLED]
+        assert caplog.text.count("refused the subscription") == 1
     finally:
         await backend.stop(1)

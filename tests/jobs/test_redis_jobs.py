@@ -31,13 +31,15 @@ from prometheus_client import CollectorRegistry
 
 from limelight.api.ports import free_port
 from limelight.core.jobs import JobSpec, JobState
-from limelight.errors import InvalidArgument, NotFound, ResourceExhausted
+from limelight.errors import InvalidArgument, NotFound, ResourceExhausted, Unavailable
+from limelight.jobs.factory import create_backend
 from limelight.jobs.redis_backend import RedisJobBackend
 from limelight.jobs.redis_worker import RedisWorker
 from limelight.jobs.runner import JobRunner
 from limelight.metrics import Metrics
 from limelight.models.loaded import LoadedModel
 from limelight.settings import Settings
+from tests.conftest import RedisAcl
 
 HERE = Path(__file__).parent
 ROOT = HERE.parent.parent
@@ -65,9 +67,9 @@ def _sample(metrics: Metrics, name: str, labels: dict[str, str]) -> float:
 
 @pytest.mark.asyncio
 async def test_lifecycle_cancel_timeout(
-    tiny_model: LoadedModel, redis_clean: str, tmp_path: Path
+    tiny_model: LoadedModel, redis_queue: str, tmp_path: Path
 ) -> None:
-    settings = _settings(redis_clean, tmp_path, job_timeout_s=600)
+    settings = _settings(redis_queue, tmp_path, job_timeout_s=600)
     runner = JobRunner(tiny_model, test_registry(), settings)
     side_metrics, worker_metrics = Metrics(CollectorRegistry()), Metrics(CollectorRegistry())
     text = "the acting was awful"
@@ -145,7 +147,7 @@ async def test_lifecycle_cancel_timeout(
     assert _sample(worker_metrics, "limelight_job_wait_seconds_count", {"method": "steps"}) == 1
     assert _sample(side_metrics, "limelight_job_queue_depth", {"method": "steps"}) == 0
     # Finished entries are acknowledged and removed from the stream.
-    client = redis.Redis.from_url(redis_clean)
+    client = redis.Redis.from_url(redis_queue)
     assert client.xlen("limelight:stream") == 0
     assert client.xpending("limelight:stream", "workers")["pending"] == 0
 
@@ -344,8 +346,26 @@ def test_worker_refuses_non_redis_queue(tmp_path: Path) -> None:
     assert out.returncode == 2 and "redis" in out.stderr
 
 
+@pytest.mark.asyncio
+async def test_a_refused_password_is_unavailable_and_never_shown(
+    redis_acl: RedisAcl, tmp_path: Path
+) -> None:
+    """A sidecar whose queue refuses its password does not start, and says where it tried to
+    connect and why, without the password (the message goes to logs)."""
+    wrong = redis_acl.url.replace(":s3cret@", ":not-the-password@")
+    backend = RedisJobBackend(_settings(wrong, tmp_path))
+    with pytest.raises(Unavailable) as refused:
+        await backend.start()
+    message = refused.value.message
+    assert "not-the-password" not in message
+    assert "redis://***@127.0.0.1:" in message and "password" in message  # redis-py's reason
+    with pytest.raises(InvalidArgument) as unknown:
+        create_backend(_settings("reddis://limelight:not-the-password@host/0", tmp_path), None)
+    assert "not-the-password" not in unknown.value.message
+
+
 def test_sidecar_enqueues_and_workers_run(
-    bert_tiny_dir: Path, redis_clean: str, tmp_path: Path
+    bert_tiny_dir: Path, redis_queue: str, tmp_path: Path
 ) -> None:
     """`limelight serve --jobs redis://…` only enqueues; a `limelight worker` runs the jobs."""
     from limelight_client import Client
@@ -353,9 +373,11 @@ def test_sidecar_enqueues_and_workers_run(
     from limelight_client.types import JobState as ClientState
 
     port = free_port()
-    env = {**os.environ, "LIMELIGHT_TORCH_THREADS": "1"}
+    # The queue's address in the environment, as from a Kubernetes Secret (argv is readable by
+    # every user of the machine, and the address may hold a password).
+    env = {**os.environ, "LIMELIGHT_TORCH_THREADS": "1", "LIMELIGHT_JOBS": redis_queue}
     argv = [sys.executable, "-m", "limelight.cli.main", "serve", "--model", str(bert_tiny_dir)]
-    argv += ["--port", str(port), "--metrics-port", "0", "--jobs", redis_clean]
+    argv += ["--port", str(port), "--metrics-port", "0"]
     argv += ["--log-level", "WARNING"]
     server = subprocess.Popen(argv, cwd=ROOT, env=env)
     worker: subprocess.Popen | None = None
@@ -377,7 +399,7 @@ def test_sidecar_enqueues_and_workers_run(
             ]
             # No worker yet: the sidecar itself runs nothing.
             assert all(j.refresh().state == ClientState.QUEUED for j in jobs)
-            worker = _worker_proc(redis_clean, bert_tiny_dir, tmp_path)
+            worker = _worker_proc(redis_queue, bert_tiny_dir, tmp_path)
             results = [j.result(timeout=600) for j in jobs]
             assert all(len(r.scores) == len(r.tokens) for r in results)
             assert [j.refresh().attempts for j in jobs] == [1, 1]

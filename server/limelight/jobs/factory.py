@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from limelight.core.jobs import JobBackend
-from limelight.errors import InvalidArgument
+from limelight.errors import InvalidArgument, redact_credentials
 from limelight.jobs.priority import InlineGate
 from limelight.jobs.runner import JobRunner
 from limelight.metrics import Metrics
@@ -30,4 +30,6 @@ def create_backend(
 
         # The sidecar only enqueues (the runner validates specs); `limelight worker` runs jobs.
         return RedisJobBackend(settings, metrics, runner=runner)
-    raise InvalidArgument(f"unknown job backend {settings.jobs!r}: use sqlite, redis://… or off")
+    raise InvalidArgument(
+        f"unknown job backend {redact_credentials(spec)!r}: use sqlite, redis://… or off"
+    )

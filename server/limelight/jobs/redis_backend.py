@@ -25,7 +25,7 @@ import redis
 import redis.asyncio as aioredis
 
 from limelight.core.jobs import JobBackend, JobRecord, JobSpec, JobState, owned_by, scoped_key
-from limelight.errors import ResourceExhausted, Unavailable
+from limelight.errors import ResourceExhausted, Unavailable, redact_credentials
 from limelight.jobs.execution import not_found, reuse, watch_changes
 from limelight.jobs.redis_events import JobEvents
 from limelight.jobs.redis_store import (
@@ -109,7 +109,11 @@ class RedisJobBackend(JobBackend):
             await self._client.ping()
             await self._ensure_group()
         except CONNECTION_ERRORS as exc:
-            raise Unavailable(f"cannot reach the job queue at {self.settings.jobs}: {exc}") from exc
+            client, self._client = self._client, None
+            with contextlib.suppress(redis.RedisError, OSError):
+                await client.aclose()
+            where = redact_credentials(self.settings.jobs)
+            raise Unavailable(f"cannot reach the job queue at {where}: {exc}") from exc
         self._submit = self._client.register_script(lua("submit"))
         self._cancel = self._client.register_script(lua("cancel"))
         self._stopping = False

@@ -28,6 +28,9 @@ log = logging.getLogger(__name__)
 IDLE_S = 10.0
 #: Pause before subscribing again after the connection broke.
 RECONNECT_S = 0.2
+#: Pause before asking again after Redis refused the subscription (an ACL without the pattern):
+#: watches poll their job meanwhile (``watch_changes``), so nothing waits on it.
+REFUSED_S = 30.0
 
 
 def _glob_escape(text: str) -> str:
@@ -81,7 +84,9 @@ class JobEvents:
                 changed.set()
 
     async def _run(self) -> None:
+        refused = False
         while True:
+            pause = RECONNECT_S
             pubsub = self._client.pubsub()
             try:
                 await pubsub.psubscribe(self._pattern)
@@ -90,16 +95,30 @@ class JobEvents:
                     message = await pubsub.get_message(
                         ignore_subscribe_messages=True, timeout=IDLE_S
                     )
+                    if refused:  # a refusal is the first reply read, so not this time
+                        log.info("job events: subscribed to %s", self._pattern)
+                        refused = False
                     channel = message.get("channel") if message else None
                     if isinstance(channel, str) and channel.startswith(self._prefix):
                         self._wake(channel[len(self._prefix) :])
             except CONNECTION_ERRORS as exc:
                 log.debug("job events: subscription lost (%s); subscribing again", exc)
                 self._wake_all()
+            except redis.RedisError as exc:
+                # Such as NOPERM: an ACL must grant this pattern literally (``&prefix:events:*``).
+                if not refused:
+                    log.warning(
+                        "job events: Redis refused the subscription to %s (%s); WatchJob polls "
+                        "each job every second instead (the README's Redis ACL grants it)",
+                        self._pattern,
+                        exc,
+                    )
+                refused, pause = True, REFUSED_S
+                self._wake_all()
             finally:
                 with contextlib.suppress(redis.RedisError, OSError):
                     await pubsub.aclose()
-            await asyncio.sleep(RECONNECT_S)
+            await asyncio.sleep(pause)
 
     async def close(self) -> None:
         task, self._task = self._task, None

@@ -1,0 +1,26 @@
+"""``limelight.errors.redact_credentials``: what an error message may say about a URL."""
+
+from __future__ import annotations
+
+import pytest
+
+from limelight.errors import redact_credentials
+
+
+@pytest.mark.parametrize(
+    ("text", "shown"),
+    [
+        ("redis://limelight:s3cret@redis:6379/0", "redis://***@redis:6379/0"),
+        ("rediss://:s3cret@redis:6380/1", "rediss://***@redis:6380/1"),
+        ("redis://user:p@ss@host/0", "redis://***@host/0"),  # an unescaped @ in the password
+        (
+            "unix:///run/redis.sock?db=0&password=s3cret&x=1",
+            "unix:///run/redis.sock?db=0&password=***&x=1",
+        ),
+        ("at redis://a:b@h/0 and http://c:d@e/f.", "at redis://***@h/0 and http://***@e/f."),
+        ("redis://redis:6379/0", "redis://redis:6379/0"),  # nothing to hide
+        ("sqlite", "sqlite"),
+    ],
+)
+def test_credentials_in_urls_are_hidden(text: str, shown: str) -> None:
+    assert redact_credentials(text) == shown
