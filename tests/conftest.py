@@ -212,9 +212,11 @@ def receiver(monkeypatch: pytest.MonkeyPatch) -> Iterator[Receiver]:
 
 
 @contextlib.contextmanager
-def running_redis(workdir: Path, url: str, *config: str) -> Iterator[str]:
+def running_redis(workdir: Path, url: str, *config: str, tls: Path | None = None) -> Iterator[str]:
     """A real redis-server on a free loopback port, without persistence, with extra
-    ``config`` arguments; yields ``url`` with ``{port}`` filled in once it answers a PING."""
+    ``config`` arguments; yields ``url`` with ``{port}`` filled in once it answers a PING.
+    With ``tls`` (a ``tests.pki.make_pki`` folder) the port speaks TLS only and asks clients
+    for a certificate."""
     import shutil
     import subprocess
     import time
@@ -226,6 +228,15 @@ def running_redis(workdir: Path, url: str, *config: str) -> Iterator[str]:
         pytest.fail("redis-server is not installed (run `make sysdeps`)")
     port = free_port()
     argv = [exe, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
+    if tls is not None:
+        argv += ["--port", "0", "--tls-port", str(port), "--tls-auth-clients", "yes"]
+        argv += [
+            "--tls-cert-file",
+            str(tls / "server.pem"),
+            "--tls-key-file",
+            str(tls / "server.key"),
+        ]
+        argv += ["--tls-ca-cert-file", str(tls / "ca.pem")]
     argv += ["--dir", str(workdir), *config]
     proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
     url = url.format(port=port)
@@ -251,6 +262,19 @@ def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """A real redis-server on a free loopback port, without persistence, for this session."""
     with running_redis(tmp_path_factory.mktemp("redis"), "redis://127.0.0.1:{port}/0") as url:
         yield url
+
+
+@pytest.fixture(scope="session")
+def redis_tls_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A redis-server on TLS only, which asks for a client certificate; the URL carries the CA
+    and the client's certificate as redis-py reads them (``rediss://…?ssl_ca_certs=…``)."""
+    from tests.pki import make_pki
+
+    pki = make_pki(tmp_path_factory.mktemp("redis-pki"))
+    url = f"rediss://127.0.0.1:{{port}}/0?ssl_ca_certs={pki / 'ca.pem'}"
+    url += f"&ssl_certfile={pki / 'client.pem'}&ssl_keyfile={pki / 'client.key'}"
+    with running_redis(tmp_path_factory.mktemp("redis-tls"), url, tls=pki) as tls_url:
+        yield tls_url
 
 
 #: What a Redis ACL user of Limelight needs (README, "Jobs"): its keys, its job events channel

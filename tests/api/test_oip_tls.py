@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import shutil
 import ssl
-import subprocess
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -17,36 +16,14 @@ import pytest
 import tritonclient.grpc as tgrpc
 from tritonclient.utils import InferenceServerException
 
+from tests.pki import make_pki
+
 pytestmark = pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl CLI")
-
-
-def _run(d: Path, *args: str) -> None:
-    subprocess.run(["openssl", *args], cwd=d, check=True, capture_output=True)
-
-
-def _issue(d: Path, name: str, extensions: str) -> None:
-    """A P-256 key and a certificate for ``name`` signed by ``ca``."""
-    _run(d, "ecparam", "-name", "prime256v1", "-genkey", "-noout", "-out", f"{name}.key")
-    _run(d, "req", "-new", "-key", f"{name}.key", "-subj", f"/CN={name}", "-out", f"{name}.csr")
-    (d / f"{name}.cnf").write_text(extensions)
-    _run(
-        d, "x509", "-req", "-in", f"{name}.csr", "-CA", "ca.pem", "-CAkey", "ca.key",
-        "-CAcreateserial", "-days", "1", "-extfile", f"{name}.cnf", "-out", f"{name}.pem",
-    )  # fmt: skip
 
 
 @pytest.fixture(scope="module")
 def certs(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    d = tmp_path_factory.mktemp("oip-pki")
-    _run(d, "ecparam", "-name", "prime256v1", "-genkey", "-noout", "-out", "ca.key")
-    _run(
-        d, "req", "-x509", "-new", "-key", "ca.key", "-subj", "/CN=oip-test-ca", "-days", "1",
-        "-addext", "basicConstraints=critical,CA:TRUE",
-        "-addext", "keyUsage=critical,keyCertSign,cRLSign", "-out", "ca.pem",
-    )  # fmt: skip
-    _issue(d, "server", "subjectAltName=IP:127.0.0.1\nextendedKeyUsage=serverAuth\n")
-    _issue(d, "client", "extendedKeyUsage=clientAuth\n")
-    return d
+    return make_pki(tmp_path_factory.mktemp("oip-pki"))
 
 
 def _context(certs: Path, with_client_cert: bool) -> ssl.SSLContext:

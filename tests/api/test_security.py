@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import subprocess
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -14,26 +13,13 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from limelight_client.proto import explainer_pb2 as pb
 from limelight_client.proto import explainer_pb2_grpc
 from tests.conftest import RunningSidecar
-
-
-def _openssl(*args: str, cwd: Path) -> None:
-    subprocess.run(["openssl", *args], cwd=cwd, check=True, capture_output=True)
+from tests.pki import make_pki
 
 
 @pytest.fixture(scope="module")
 def pki(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A throwaway CA, a server certificate for localhost and a client certificate."""
-    d = tmp_path_factory.mktemp("pki")
-    _openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj",
-             "/CN=limelight-test-ca", "-keyout", "ca.key", "-out", "ca.pem", cwd=d)  # fmt: skip
-    (d / "san.cnf").write_text("subjectAltName=DNS:localhost,IP:127.0.0.1\n")
-    for name in ("server", "client"):
-        _openssl("req", "-newkey", "rsa:2048", "-nodes", "-subj", f"/CN={name}",
-                 "-keyout", f"{name}.key", "-out", f"{name}.csr", cwd=d)  # fmt: skip
-        extra = ["-extfile", "san.cnf"] if name == "server" else []
-        _openssl("x509", "-req", "-in", f"{name}.csr", "-CA", "ca.pem", "-CAkey", "ca.key",
-                 "-CAcreateserial", "-days", "2", "-out", f"{name}.pem", *extra, cwd=d)  # fmt: skip
-    return d
+    return make_pki(tmp_path_factory.mktemp("pki"))
 
 
 def _secure_stub(target: str, pki: Path, client_cert: bool) -> explainer_pb2_grpc.ExplainerStub:

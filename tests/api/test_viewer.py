@@ -19,6 +19,7 @@ from limelight.api.viewer import word_spans
 from limelight.core.types import TokenInfo
 from limelight_client import Client
 from tests.conftest import RunningSidecar
+from tests.pki import make_pki
 from tests.tiny_bert import save_tiny_bert
 
 INJECTION = '<img src=x onerror="window.__pwned=1">'
@@ -328,21 +329,9 @@ def test_client_certificate_owns_the_same_jobs_on_both_ports(
     """Under mutual TLS a job submitted from the viewer with a client certificate is the same
     principal's job over gRPC (the subject as gRPC prints it), and no one else's."""
     import ssl
-    import subprocess
 
-    def openssl(*args: str) -> None:
-        subprocess.run(["openssl", *args], cwd=tmp_path, check=True, capture_output=True)
-
-    openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj",
-            "/CN=viewer-test-ca", "-keyout", "ca.key", "-out", "ca.pem")  # fmt: skip
-    (tmp_path / "san.cnf").write_text("subjectAltName=DNS:localhost,IP:127.0.0.1\n")
-    subjects = {"server": "/CN=server", "alice": "/C=NL/O=Lime, Inc./CN=alice", "bob": "/CN=bob"}
-    for name, subject in subjects.items():
-        openssl("req", "-newkey", "rsa:2048", "-nodes", "-subj", subject,
-                "-keyout", f"{name}.key", "-out", f"{name}.csr")  # fmt: skip
-        extra = ["-extfile", "san.cnf"] if name == "server" else []
-        openssl("x509", "-req", "-in", f"{name}.csr", "-CA", "ca.pem", "-CAkey", "ca.key",
-                "-CAcreateserial", "-days", "2", "-out", f"{name}.pem", *extra)  # fmt: skip
+    subjects = {"alice": "/C=NL/O=Lime, Inc./CN=alice", "bob": "/CN=bob"}
+    make_pki(tmp_path, clients=subjects)
     sidecar = start_sidecar(
         model_dir=random_bert_dir,
         tls_cert=tmp_path / "server.pem",

@@ -68,14 +68,16 @@ def redis_clean(redis_url: str) -> str:
     return redis_url
 
 
-@pytest.fixture(params=["open", "acl"])
+@pytest.fixture(params=["open", "acl", "tls"])
 def redis_queue(request: pytest.FixtureRequest) -> str:
-    """An empty Redis job queue's URL: on an open server, then as the ``limelight`` ACL user
-    of a server that requires a password (``tests/conftest.py: REDIS_ACL``)."""
+    """An empty Redis job queue's URL: on an open server, as the ``limelight`` ACL user of a
+    server that requires a password (``tests/conftest.py: REDIS_ACL``), and over mutual TLS."""
     import redis
 
-    if request.param == "open":
-        url = admin = request.getfixturevalue("redis_url")
+    if request.param in ("open", "tls"):
+        url = admin = request.getfixturevalue(
+            "redis_url" if request.param == "open" else "redis_tls_url"
+        )
     else:
         acl = request.getfixturevalue("redis_acl")
         url, admin = acl.url, acl.admin_url

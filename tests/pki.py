@@ -1,0 +1,46 @@
+"""A throwaway certificate authority for the TLS tests, made with the ``openssl`` CLI."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+#: Subjects of the client certificates ``make_pki`` issues by default (name → subject).
+CLIENTS = {"client": "/CN=client"}
+
+
+def _openssl(directory: Path, *args: str) -> None:
+    subprocess.run(["openssl", *args], cwd=directory, check=True, capture_output=True)
+
+
+def _issue(directory: Path, name: str, subject: str, extensions: str) -> None:
+    """``name.key`` (P-256) and ``name.pem``, signed by the CA in ``directory``."""
+    _openssl(
+        directory, "ecparam", "-name", "prime256v1", "-genkey", "-noout", "-out", f"{name}.key"
+    )
+    _openssl(
+        directory, "req", "-new", "-key", f"{name}.key", "-subj", subject, "-out", f"{name}.csr"
+    )
+    (directory / f"{name}.cnf").write_text(extensions)
+    _openssl(
+        directory, "x509", "-req", "-in", f"{name}.csr", "-CA", "ca.pem", "-CAkey", "ca.key",
+        "-CAcreateserial", "-days", "2", "-extfile", f"{name}.cnf", "-out", f"{name}.pem",
+    )  # fmt: skip
+
+
+def make_pki(directory: Path, clients: dict[str, str] = CLIENTS) -> Path:
+    """In ``directory``: a CA (``ca.pem``, ``ca.key``), a server certificate for ``localhost``
+    and ``127.0.0.1`` (``server.pem``, ``server.key``) and a client certificate for each of
+    ``clients`` (``NAME.pem``, ``NAME.key``), all signed by the CA. Returns ``directory``."""
+    directory.mkdir(parents=True, exist_ok=True)
+    _openssl(directory, "ecparam", "-name", "prime256v1", "-genkey", "-noout", "-out", "ca.key")
+    _openssl(
+        directory, "req", "-x509", "-new", "-key", "ca.key", "-subj", "/CN=limelight-test-ca",
+        "-days", "2", "-addext", "basicConstraints=critical,CA:TRUE",
+        "-addext", "keyUsage=critical,keyCertSign,cRLSign", "-out", "ca.pem",
+    )  # fmt: skip
+    server = "subjectAltName=DNS:localhost,IP:127.0.0.1\nextendedKeyUsage=serverAuth\n"
+    _issue(directory, "server", "/CN=server", server)
+    for name, subject in clients.items():
+        _issue(directory, name, subject, "extendedKeyUsage=clientAuth\n")
+    return directory
