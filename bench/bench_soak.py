@@ -30,6 +30,7 @@ import argparse
 import contextlib
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -42,7 +43,7 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -202,6 +203,7 @@ class Traffic:
         self.explain_url = ""  # KServe v1 :explain on the HTTP port, once known
         self.refused_jobs: Counter[str] = Counter()
         self.rewatched = 0
+        self.retried_jobs = 0
         self.jobs: Counter[str] = Counter()
         self.drift_reports: Counter[str] = Counter()
 
@@ -336,6 +338,9 @@ class Traffic:
             try:
                 for update in stub.WatchJob(pb.GetJobRequest(id=job_id), timeout=600):
                     if update.state in FINAL_JOB_STATES:
+                        if update.attempts > 1:  # its worker died: reclaimed and run again
+                            with self.lock:
+                                self.retried_jobs += 1
                         return str(pb.JobState.Name(update.state))
                 return "WATCH_ENDED_EARLY"
             except grpc.RpcError as exc:
@@ -472,16 +477,28 @@ class Traffic:
         return out
 
 
+def _is_job_process(pid: int) -> bool:
+    """A job process of ``limelight worker`` (started by multiprocessing's spawn), not the
+    resource tracker that multiprocessing starts beside them."""
+    with contextlib.suppress(OSError):
+        return b"spawn_main" in Path(f"/proc/{pid}/cmdline").read_bytes()
+    return False
+
+
 def worker_kills(
-    server: subprocess.Popen[bytes], every_s: float, stop: threading.Event
+    parent: subprocess.Popen[bytes],
+    every_s: float,
+    stop: threading.Event,
+    which: Callable[[int], bool] = lambda pid: True,
 ) -> list[int]:
-    """SIGKILL the oldest of the supervisor's sidecar workers every ``every_s`` seconds (a
-    crash: the supervisor starts another). Returns the list the killed pids go into."""
+    """SIGKILL the oldest of ``parent``'s worker processes (those ``which`` accepts) every
+    ``every_s`` seconds, as a crash: the supervisor of ``--workers`` or ``limelight worker``
+    starts another. Returns the list the killed pids go into."""
     killed: list[int] = []
 
     def run() -> None:
         while not stop.wait(every_s):
-            workers = process_tree(server.pid)[1:]
+            workers = [pid for pid in process_tree(parent.pid)[1:] if which(pid)]
             if workers:
                 # The oldest (pids grow): every worker in turn, the restarted ones too.
                 victim = min(workers)
@@ -489,7 +506,7 @@ def worker_kills(
                     os.kill(victim, signal.SIGKILL)
                     killed.append(victim)
 
-    threading.Thread(target=run, name="worker-kills", daemon=True).start()
+    threading.Thread(target=run, name=f"kills-{parent.pid}", daemon=True).start()
     return killed
 
 
@@ -562,6 +579,20 @@ def main() -> int:
         help="seconds between SIGKILLs of one of the --workers sidecars (0: none); calls on its "
         "connections fail UNAVAILABLE, the supervisor starts another",
     )
+    parser.add_argument(
+        "--kill-job-worker-every",
+        type=float,
+        default=0.0,
+        help="seconds between SIGKILLs of the `limelight worker` job process (0: none; implies "
+        "the Redis queue); its job is reclaimed once its heartbeat is older than "
+        "--job-reclaim-idle-s, and must still succeed",
+    )
+    parser.add_argument(
+        "--job-reclaim-idle-s",
+        type=float,
+        default=30.0,
+        help="LIMELIGHT_JOB_RECLAIM_IDLE_S of the sidecars and the job worker (default as shipped)",
+    )
     parser.add_argument("--sample-s", type=float, default=15.0)
     parser.add_argument("--out", type=Path, default=ROOT / "docs" / "bench" / "soak.json")
     args = parser.parse_args()
@@ -574,7 +605,8 @@ def main() -> int:
     argv = [sys.executable, "-m", "limelight.cli.main", "serve", "--model", str(model_dir)]
     argv += ["--port", str(port), "--metrics-port", str(metrics_port)]
     redis_server = job_worker = None
-    if args.workers > 1 or args.redis_restart_every > 0:
+    os.environ["LIMELIGHT_JOB_RECLAIM_IDLE_S"] = str(args.job_reclaim_idle_s)  # both read it
+    if args.workers > 1 or args.redis_restart_every > 0 or args.kill_job_worker_every > 0:
         redis_server = RedisServer(workdir)
         redis_server.start()
         argv += ["--jobs", redis_server.url, "--workers", str(args.workers)]
@@ -639,6 +671,9 @@ def main() -> int:
     for t in threads:
         t.start()
     killed = worker_kills(server, args.kill_worker_every, stop) if args.kill_worker_every else []
+    jobs_killed: list[int] = []
+    if job_worker is not None and args.kill_job_worker_every > 0:
+        jobs_killed = worker_kills(job_worker, args.kill_job_worker_every, stop, _is_job_process)
     samples: list[dict[str, float]] = []
     started = time.monotonic()
     end = started + args.minutes * 60
@@ -700,9 +735,15 @@ def main() -> int:
     rude_ok = RUDE_EXPECTED | {"KILLED"}
     rude_ok |= {"UNAVAILABLE"} if args.redis_restart_every or killed else set()
     rude_unexpected = {c: n for c, n in traffic.rude_codes.items() if c not in rude_ok}
+    # Each supervisor's record of each kill: the sidecars' and `limelight worker`'s.
+    restarted = len(re.findall(r"worker \d+ \(pid \d+\) exited with -9", log))
+    job_restarted = 0
     if job_worker is not None:
-        log += (workdir / "worker.log").read_text(errors="replace")
-    restarted = log.count("exited with -9")  # the supervisor's record of each kill
+        worker_log = (workdir / "worker.log").read_text(errors="replace")
+        job_restarted = len(
+            re.findall(r"worker process \d+ \(pid \d+\) exited with -9", worker_log)
+        )
+        log += worker_log
     errors_logged = sum(
         1
         for line in log.splitlines()
@@ -729,6 +770,9 @@ def main() -> int:
         "redis_restarts": redis_server.restarts if redis_server is not None else 0,
         "workers_killed": len(killed),
         "worker_deaths_logged": restarted,
+        "job_workers_killed": len(jobs_killed),
+        "jobs_run_again": traffic.retried_jobs,
+        "job_worker_deaths_logged": job_restarted,
         "in_flight_after": in_flight,
         "pending_after": pending,
         "drain_s": round(drain_s, 2),
@@ -767,6 +811,11 @@ def main() -> int:
         print(f"hot reloads: {reloaded}, failed: {failed_reloads}")
     if killed:
         print(f"workers killed: {len(killed)}, deaths the supervisor logged: {restarted}")
+    if jobs_killed:
+        print(
+            f"job processes killed: {len(jobs_killed)}, deaths logged: {job_restarted}; jobs "
+            f"reclaimed and run again: {traffic.retried_jobs}"
+        )
     # With kills a sample may fall while a worker is being replaced: the counts are reported.
     flat = bool(killed) or (fd_growth <= 2 and thread_growth <= 2)
     ok = alive and not unexpected and not failed_jobs and flat
@@ -775,7 +824,7 @@ def main() -> int:
     # Jobs are refused only while the queue's Redis is down or a worker has just died.
     ok = ok and (args.redis_restart_every > 0 or bool(killed) or not traffic.refused_jobs)
     ok = ok and (args.reload_every <= 0 or (reloaded > 0 and not failed_reloads))
-    ok = ok and restarted == len(killed)
+    ok = ok and restarted == len(killed) and job_restarted == len(jobs_killed)
     print(
         "PASS"
         if ok
