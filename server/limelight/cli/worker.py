@@ -109,12 +109,69 @@ def _child(settings: Settings, extra_methods: list[str], metrics_port: int) -> N
         tracing.shutdown_tracing()
 
 
+class RestartBackoff:
+    """When to start worker slot ``i`` again after its process died: at once after a worker
+    that ran for a while, after 2, 4, 8, … ``max_s`` seconds while each start dies within
+    ``healthy_s``."""
+
+    def __init__(self, count: int, *, healthy_s: float = 30.0, max_s: float = 60.0) -> None:
+        self.healthy_s = healthy_s
+        self.max_s = max_s
+        self.started_at = [time.monotonic()] * count
+        self.quick_deaths = [0] * count
+        self.due: list[float | None] = [None] * count
+        """When a dead slot is started again; None while its process runs."""
+
+    def died(self, i: int) -> float:
+        """Note slot ``i``'s death; the delay before its restart."""
+        now = time.monotonic()
+        lived = now - self.started_at[i]
+        self.quick_deaths[i] = self.quick_deaths[i] + 1 if lived < self.healthy_s else 0
+        n = self.quick_deaths[i]
+        delay = min(self.max_s, 2.0**n) if n else 0.0
+        self.due[i] = now + delay
+        return delay
+
+    def ready(self, i: int) -> bool:
+        due = self.due[i]
+        return due is not None and time.monotonic() >= due
+
+    def started(self, i: int) -> None:
+        self.started_at[i] = time.monotonic()
+        self.due[i] = None
+
+
+def _check_queue(url: str) -> None:
+    """Raise (one clear line, no credentials) when the queue refuses this worker's credentials
+    or ACL, or cannot hold the queue; an unreachable queue is fine (the workers wait for it)."""
+    import redis
+
+    from limelight.errors import FailedPrecondition, Unavailable, redact_credentials
+    from limelight.jobs.redis_store import (
+        CONNECTION_ERRORS,
+        REFUSED_ERRORS,
+        check_access,
+        refusal,
+    )
+
+    where = redact_credentials(url)
+    try:
+        check_access(url)
+    except REFUSED_ERRORS as exc:
+        raise Unavailable(f"the job queue at {where}: {refusal(exc)}") from exc
+    except CONNECTION_ERRORS as exc:
+        log.warning("the job queue at %s is not reachable yet (%s); workers wait", where, exc)
+    except redis.RedisError as exc:  # e.g. READONLY: the address of a replica
+        raise FailedPrecondition(f"the job queue at {where} cannot be used: {exc}") from exc
+
+
 def run(args: argparse.Namespace) -> int:
     settings = settings_from_args(args)
     setup_logging(settings.log_level)
     if not settings.jobs.startswith(("redis://", "rediss://", "unix://")):
         log.error("limelight worker needs a Redis queue: --jobs redis://host:port/db")
         return 2
+    _check_queue(settings.jobs)  # before the workers load their model
     count = max(1, args.job_processes or settings.job_workers)
     # spawn, not fork: forking a process that has touched torch threads can deadlock.
     ctx = mp.get_context("spawn")
@@ -142,18 +199,25 @@ def run(args: argparse.Namespace) -> int:
     for i in range(count):
         start(i)
     # Supervise: a worker that dies (OOM kill, crash inside a method) is replaced; its job is
-    # reclaimed from the queue by whichever worker sees it idle first.
-    restarts = [0.0] * count
+    # reclaimed from the queue by whichever worker sees it idle first. One that keeps dying
+    # soon after its start (a broken model directory) waits longer each time.
+    backoff = RestartBackoff(count)
     while not stopping.is_set():
         for i, proc in enumerate(slots):
-            if proc is not None and not proc.is_alive() and not stopping.is_set():
-                log.warning("worker process %d (pid %s) exited with %s", i, proc.pid, proc.exitcode)
-                # Back off when a worker dies again right away (e.g. a broken model directory).
-                if time.monotonic() - restarts[i] < 5.0:
-                    stopping.wait(2.0)
-                restarts[i] = time.monotonic()
-                if not stopping.is_set():
-                    start(i)
+            if proc is None or proc.is_alive() or stopping.is_set():
+                continue
+            if backoff.due[i] is None:
+                delay = backoff.died(i)
+                log.warning(
+                    "worker process %d (pid %s) exited with %s; %s",
+                    i,
+                    proc.pid,
+                    proc.exitcode,
+                    f"restarting it in {delay:.0f} s" if delay else "restarting it",
+                )
+            if backoff.ready(i):
+                start(i)
+                backoff.started(i)
         stopping.wait(0.2)
     for proc in slots:
         if proc is not None:

@@ -4,7 +4,8 @@ Jobs run in ``limelight.jobs.redis_worker.RedisWorker`` processes; the key layou
 scripts are in ``limelight.jobs.redis_store``.
 
 Redis faults: a command that cannot reach Redis raises ``Unavailable`` (clients retry it); the
-client reconnects by itself on the next command, and ``watch`` rides out a Redis restart.
+client reconnects by itself on the next command, and ``watch`` rides out a Redis restart. A
+refusal (credentials, ACL) is ``Unavailable`` too, without the details, which go to the log.
 Watches learn of changes through one shared pub/sub subscription (``redis_events``).
 """
 
@@ -31,10 +32,13 @@ from limelight.jobs.redis_events import JobEvents
 from limelight.jobs.redis_store import (
     CONNECTION_ERRORS,
     GROUP,
+    REFUSED_ERRORS,
+    REFUSED_S,
     Keys,
     client_options,
     lua,
     record_from_hash,
+    refusal,
     ttl_ms,
 )
 from limelight.jobs.runner import JobRunner
@@ -55,12 +59,16 @@ def _unreachable(exc: BaseException) -> Unavailable:
 def _redis_call(
     fn: Callable[P, Coroutine[Any, Any, T]],
 ) -> Callable[P, Coroutine[Any, Any, T]]:
-    """Redis connection faults → Unavailable (the SDK retries UNAVAILABLE)."""
+    """Redis connection faults and refusals → Unavailable (the SDK retries UNAVAILABLE)."""
 
     @functools.wraps(fn)
     async def wrapper(*args: P.args, **kwargs: P.kwargs) -> T:
         try:
             return await fn(*args, **kwargs)
+        except REFUSED_ERRORS as exc:  # before CONNECTION_ERRORS: a wrong password is both
+            backend = args[0]
+            assert isinstance(backend, RedisJobBackend)
+            raise backend._refused(exc) from exc
         except CONNECTION_ERRORS as exc:
             raise _unreachable(exc) from exc
 
@@ -96,6 +104,7 @@ class RedisJobBackend(JobBackend):
         """How often the queue-depth gauge is refreshed even when no RPC touches the queue."""
         self.watch_reconnect_s = 60.0
         """How long ``watch`` waits for an unreachable Redis before it gives up (UNAVAILABLE)."""
+        self._refusal_logged = -REFUSED_S
 
     @property
     def client(self) -> Any:  # redis-py's stubs type replies as bytes | str | …
@@ -105,14 +114,16 @@ class RedisJobBackend(JobBackend):
 
     async def start(self) -> None:
         self._client = aioredis.Redis.from_url(self.settings.jobs, **client_options())
+        where = redact_credentials(self.settings.jobs)
         try:
             await self._client.ping()
             await self._ensure_group()
-        except CONNECTION_ERRORS as exc:
+        except (*REFUSED_ERRORS, *CONNECTION_ERRORS) as exc:
             client, self._client = self._client, None
             with contextlib.suppress(redis.RedisError, OSError):
                 await client.aclose()
-            where = redact_credentials(self.settings.jobs)
+            if isinstance(exc, REFUSED_ERRORS):
+                raise Unavailable(f"the job queue at {where}: {refusal(exc)}") from exc
             raise Unavailable(f"cannot reach the job queue at {where}: {exc}") from exc
         self._submit = self._client.register_script(lua("submit"))
         self._cancel = self._client.register_script(lua("cancel"))
@@ -282,6 +293,8 @@ class RedisJobBackend(JobBackend):
                     record = await self._get(job_id, owner)
                     outage["since"] = None
                     return record
+                except REFUSED_ERRORS as exc:
+                    raise self._refused(exc) from exc
                 except CONNECTION_ERRORS as exc:
                     unreachable(exc)
                     await asyncio.sleep(0.2)
@@ -297,6 +310,15 @@ class RedisJobBackend(JobBackend):
 
             async for record in watch_changes(get, wait_change):
                 yield record
+
+    def _refused(self, exc: BaseException) -> Unavailable:
+        """A refusal for the client (no details) and the log (at most one per ``REFUSED_S``:
+        every job call fails alike until someone fixes the Redis user)."""
+        now = time.monotonic()
+        if now - self._refusal_logged >= REFUSED_S:
+            self._refusal_logged = now
+            log.error("the job queue refused this sidecar: %s", refusal(exc, self.keys.prefix))
+        return Unavailable("the job queue refused this sidecar's Redis user (its log says why)")
 
     def _job_events(self) -> JobEvents:
         if self._events is None:

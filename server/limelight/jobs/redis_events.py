@@ -19,7 +19,7 @@ from typing import Any
 
 import redis
 
-from limelight.jobs.redis_store import CONNECTION_ERRORS, Keys
+from limelight.jobs.redis_store import CONNECTION_ERRORS, REFUSED_ERRORS, REFUSED_S, Keys
 
 log = logging.getLogger(__name__)
 
@@ -28,9 +28,6 @@ log = logging.getLogger(__name__)
 IDLE_S = 10.0
 #: Pause before subscribing again after the connection broke.
 RECONNECT_S = 0.2
-#: Pause before asking again after Redis refused the subscription (an ACL without the pattern):
-#: watches poll their job meanwhile (``watch_changes``), so nothing waits on it.
-REFUSED_S = 30.0
 
 
 def _glob_escape(text: str) -> str:
@@ -101,19 +98,22 @@ class JobEvents:
                     channel = message.get("channel") if message else None
                     if isinstance(channel, str) and channel.startswith(self._prefix):
                         self._wake(channel[len(self._prefix) :])
-            except CONNECTION_ERRORS as exc:
-                log.debug("job events: subscription lost (%s); subscribing again", exc)
-                self._wake_all()
             except redis.RedisError as exc:
-                # Such as NOPERM: an ACL must grant this pattern literally (``&prefix:events:*``).
-                if not refused:
-                    log.warning(
-                        "job events: Redis refused the subscription to %s (%s); WatchJob polls "
-                        "each job every second instead (the README's Redis ACL grants it)",
-                        self._pattern,
-                        exc,
-                    )
-                refused, pause = True, REFUSED_S
+                if isinstance(exc, CONNECTION_ERRORS) and not isinstance(exc, REFUSED_ERRORS):
+                    log.debug("job events: subscription lost (%s); subscribing again", exc)
+                else:
+                    # Such as NOPERM: an ACL must grant the pattern literally
+                    # (``&prefix:events:*``); or a password that stopped working.
+                    if not refused:
+                        log.warning(
+                            "job events: Redis refused the subscription to %s (%s); WatchJob "
+                            "polls each job every second instead (the README's Redis ACL "
+                            "grants it)",
+                            self._pattern,
+                            exc,
+                        )
+                    # Watches poll their job meanwhile (``watch_changes``): nothing waits on it.
+                    refused, pause = True, REFUSED_S
                 self._wake_all()
             finally:
                 with contextlib.suppress(redis.RedisError, OSError):

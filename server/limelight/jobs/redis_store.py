@@ -41,6 +41,29 @@ CONNECTION_ERRORS: tuple[type[Exception], ...] = (
     redis.exceptions.BusyLoadingError,
 )
 
+#: Errors that mean "Redis answered, and said no": wrong credentials, or an ACL user without a
+#: key, channel or command Limelight uses. Not transient: a person has to fix the user (the
+#: README's Redis ACL). ``AuthenticationError`` is also a ``ConnectionError``: test this first.
+REFUSED_ERRORS: tuple[type[Exception], ...] = (
+    redis.AuthenticationError,
+    redis.exceptions.AuthenticationWrongNumberOfArgsError,
+    redis.exceptions.NoPermissionError,
+)
+#: Pause before asking again after a refusal: the user may be fixed while Limelight runs
+#: (``ACL SETUSER``, a rotated Secret), and asking more often only fills the log.
+REFUSED_S = 30.0
+
+
+def refusal(exc: BaseException, prefix: str = "limelight") -> str:
+    """What a refusal means and what to do about it, in one line (no credentials in it)."""
+    if isinstance(exc, redis.exceptions.NoPermissionError):
+        return (
+            f"Redis refused a command ({exc}): the queue's user needs the ACL "
+            f"~{prefix}:* &{prefix}:events:* +@all -@dangerous "
+            "(README: Redis credentials, ACL and TLS)"
+        )
+    return f"Redis refused the credentials ({exc}): check the user and password of the address"
+
 
 @dataclass(frozen=True)
 class Keys:
@@ -116,6 +139,27 @@ def record_from_hash(data: dict[str, str], with_result: bool = True) -> JobRecor
         result=result,
         error=data.get("error", ""),
     )
+
+
+def check_access(url: str, prefix: str = "limelight") -> None:
+    """Ask the queue at ``url`` once for what every worker needs first (its consumer group,
+    created if missing). Raises a ``REFUSED_ERRORS`` or ``CONNECTION_ERRORS`` error."""
+    client = redis.Redis.from_url(url, **client_options())
+    try:
+        client.ping()
+        ensure_group(client, Keys(prefix))
+    finally:
+        client.close()
+
+
+def ensure_group(client: Any, keys: Keys) -> bool:
+    """Create the workers' consumer group (and the stream) unless it exists."""
+    try:
+        client.xgroup_create(keys.stream, GROUP, id="0", mkstream=True)
+    except redis.ResponseError as exc:
+        if "BUSYGROUP" not in str(exc):
+            raise
+    return True
 
 
 def is_missing_group(exc: redis.ResponseError) -> bool:

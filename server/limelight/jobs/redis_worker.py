@@ -7,7 +7,9 @@ are taken over with ``XAUTOCLAIM``. Each start counts an attempt; a job whose wo
 
 Redis faults never kill a worker (each restart would reload the model): while Redis is
 unreachable the worker waits and retries with capped exponential backoff, keeps a running job
-going, writes its outcome once Redis is back, and reports ``ready`` False in the meantime.
+going, writes its outcome once Redis is back, and reports ``ready`` False in the meantime. A
+refusal (wrong credentials, an ACL without a key or command) is logged once as an error that
+says what the user needs, and asked again every ``REFUSED_S``: the user may be fixed live.
 """
 
 from __future__ import annotations
@@ -28,10 +30,14 @@ from limelight.jobs.execution import JobHooks, Outcome, StopReason, execute
 from limelight.jobs.redis_store import (
     CONNECTION_ERRORS,
     GROUP,
+    REFUSED_ERRORS,
+    REFUSED_S,
     Keys,
     client_options,
+    ensure_group,
     is_missing_group,
     lua,
+    refusal,
     ttl_ms,
 )
 from limelight.jobs.runner import JobRunner
@@ -42,6 +48,9 @@ from limelight.settings import Settings
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
+
+#: Everything that makes the worker wait for Redis rather than fail.
+_WAIT_ERRORS = CONNECTION_ERRORS + REFUSED_ERRORS
 
 
 class RedisWorker:
@@ -77,8 +86,10 @@ class RedisWorker:
         self._ready = threading.Event()
         self.idle_ms = max(1, int(settings.job_reclaim_idle_s * 1000))
         self.backoff_max_s = backoff_max_s
+        self.refused_retry_s = REFUSED_S
+        """Pause before asking again after Redis refused this worker."""
         self.jobs_done = 0
-        self._warned = False
+        self._warned: str | None = None  # "unreachable" or "refused": logged for this outage
         self.outages = 0
         """How many times Redis became unreachable while this worker ran."""
 
@@ -112,49 +123,59 @@ class RedisWorker:
     # --- Redis faults --------------------------------------------------------------------------
 
     def _lost_connection(self, what: str, exc: BaseException) -> None:
-        """Note an unreachable queue (logged once per outage)."""
-        if self._ready.is_set() or not self._warned:
+        """Note an unreachable or refusing queue (each logged once per outage)."""
+        kind = "refused" if isinstance(exc, REFUSED_ERRORS) else "unreachable"
+        if self._ready.is_set() or self._warned != kind:
             if self._ready.is_set():
                 self.outages += 1
-            self._warned = True
+            self._warned = kind
             self._set_ready(False)
-            log.warning("worker %s: job queue unreachable (%s: %s); retrying", self.name, what, exc)
+            if kind == "refused":
+                log.error(
+                    "worker %s: the job queue refused it (%s): %s; asking again every %.0f s",
+                    self.name,
+                    what,
+                    refusal(exc, self.keys.prefix),
+                    self.refused_retry_s,
+                )
+            else:
+                log.warning(
+                    "worker %s: job queue unreachable (%s: %s); retrying", self.name, what, exc
+                )
 
     def _reconnected(self) -> None:
         if not self._ready.is_set():
             log.info("worker %s: job queue reachable", self.name)
-            self._warned = False
+            self._warned = None
             self._set_ready(True)
 
     def _unreachable(self, what: str, exc: BaseException, delay: float) -> float:
         """Note an outage, wait ``delay`` (or until stopped); the next, longer delay."""
         self._lost_connection(what, exc)
+        if isinstance(exc, REFUSED_ERRORS):
+            self._stop.wait(self.refused_retry_s)
+            return delay
         self._stop.wait(delay)
         return min(self.backoff_max_s, delay * 2)
 
     def _retry(self, what: str, call: Callable[[], T], *, until_stop: bool = True) -> T | None:
         """``call()`` until Redis answers; None when the worker is asked to stop first
         (``until_stop``) or abandons."""
-        delay = 0.05
+        delay, failed = 0.05, False
         while True:
             try:
                 result = call()
-            except CONNECTION_ERRORS as exc:
+            except _WAIT_ERRORS as exc:
                 if (until_stop and self._stop.is_set()) or self._abandon.is_set():
                     return None
-                delay = self._unreachable(what, exc, delay)
+                delay, failed = self._unreachable(what, exc, delay), True
             else:
-                if delay > 0.05:
+                if failed:
                     self._reconnected()
                 return result
 
     def _ensure_group(self) -> bool:
-        try:
-            self.client.xgroup_create(self.keys.stream, GROUP, id="0", mkstream=True)
-        except redis.ResponseError as exc:
-            if "BUSYGROUP" not in str(exc):
-                raise
-        return True
+        return ensure_group(self.client, self.keys)
 
     # --- the loop ------------------------------------------------------------------------------
 
@@ -170,7 +191,7 @@ class RedisWorker:
                 break
             try:
                 entry = self._reclaim() or self._read(block_ms)
-            except CONNECTION_ERRORS as exc:
+            except _WAIT_ERRORS as exc:
                 delay = self._unreachable("reading the queue", exc, delay)
                 continue
             except redis.ResponseError as exc:
@@ -283,7 +304,7 @@ class RedisWorker:
                     keys=[keys.job(job_id)],
                     args=[self.name, progress, message, keys.events(job_id)],
                 )
-            except CONNECTION_ERRORS as exc:
+            except _WAIT_ERRORS as exc:
                 # Keep computing: the outcome is written once Redis is back.
                 self._lost_connection(f"progress of job {job_id}", exc)
                 return

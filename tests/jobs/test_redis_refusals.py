@@ -1,0 +1,132 @@
+"""A Redis that answers but refuses (a wrong password, an ACL user without Limelight's keys), on
+a real redis-server with ACL users: the worker does not crash and reload its model in a loop,
+it logs one error saying what the user needs, reports not ready, and takes work as soon as an
+operator fixes the user (``ACL SETUSER`` while it runs); the sidecar answers job calls
+``UNAVAILABLE`` with the reason in its log (once, not once per call), never in the reply."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+import redis
+from helpers import await_until, test_registry
+
+from limelight.core.jobs import JobSpec, JobState
+from limelight.errors import Unavailable
+from limelight.jobs.redis_backend import RedisJobBackend
+from limelight.jobs.redis_worker import RedisWorker
+from limelight.jobs.runner import JobRunner
+from limelight.models.loaded import LoadedModel
+from limelight.settings import Settings
+from tests.conftest import REDIS_ACL, RedisAcl
+
+PASSWORD = "pw-never-shown"
+WITHOUT_KEYS = "~other:* &* +@all"
+"""An ACL user that may connect and run every command, on keys Limelight does not use."""
+
+
+@contextmanager
+def acl_user(acl: RedisAcl, rules: str) -> Iterator[tuple[str, redis.Redis]]:
+    """A fresh ACL user with ``rules``: its queue URL and an admin client to change it."""
+    admin = redis.Redis.from_url(acl.admin_url)
+    admin.flushall()
+    name = f"user-{uuid.uuid4().hex[:8]}"
+    admin.execute_command("ACL", "SETUSER", name, "on", f">{PASSWORD}", *rules.split())
+    url = acl.admin_url.replace("default:admin-secret", f"{name}:{PASSWORD}")
+    try:
+        yield url, admin
+    finally:
+        admin.acl_deluser(name)
+        admin.close()
+
+
+def set_rules(admin: redis.Redis, url: str, rules: str) -> None:
+    """Replace the keys and channels of ``url``'s user by ``rules`` (as an operator would)."""
+    name = url.split("//", 1)[1].split(":", 1)[0]
+    admin.execute_command("ACL", "SETUSER", name, "resetkeys", "resetchannels", *rules.split())
+
+
+def errors(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+
+
+@pytest.mark.asyncio
+async def test_a_refused_worker_waits_says_why_and_works_once_the_user_is_fixed(
+    tiny_model: LoadedModel, redis_acl: RedisAcl, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    with acl_user(redis_acl, WITHOUT_KEYS) as (url, admin):
+        settings = Settings(cache_dir=tmp_path, jobs=url, job_reclaim_idle_s=30)
+        runner = JobRunner(tiny_model, test_registry(), settings)
+        worker = RedisWorker(settings, runner, name="w-refused")
+        worker.refused_retry_s = 0.1
+        thread = threading.Thread(target=worker.run, daemon=True)
+        thread.start()
+        backend = RedisJobBackend(settings, runner=runner)
+        try:
+            await await_until(lambda: errors(caplog))
+            assert thread.is_alive() and not worker.ready
+            (error,) = errors(caplog)
+            assert REDIS_ACL in error and PASSWORD not in caplog.text
+
+            set_rules(admin, url, REDIS_ACL)  # the operator grants the README's ACL
+            await await_until(lambda: worker.ready)
+            await backend.start()
+            job = await backend.submit(JobSpec(method="steps", text="a witty film"))
+            await await_until(lambda: worker.jobs_done == 1)
+            assert (await backend.get(job.id)).state is JobState.SUCCEEDED
+
+            # Revoked while it runs: not ready again, one more error, back once granted.
+            set_rules(admin, url, WITHOUT_KEYS)
+            await await_until(lambda: not worker.ready)
+            await asyncio.sleep(0.5)  # several refusals: still one error for this outage
+            assert len(errors(caplog)) == 2 and thread.is_alive()
+            set_rules(admin, url, REDIS_ACL)
+            await await_until(lambda: worker.ready)
+            assert worker.outages == 1  # the first refusal came before it was ever ready
+        finally:
+            worker.request_stop()
+            thread.join()
+            await backend.stop(1.0)
+
+
+@pytest.mark.asyncio
+async def test_a_refused_sidecar_answers_unavailable_and_logs_the_reason_once(
+    redis_acl: RedisAcl, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    with acl_user(redis_acl, WITHOUT_KEYS) as (url, admin):
+        backend = RedisJobBackend(Settings(cache_dir=tmp_path, jobs=url))
+        with pytest.raises(Unavailable) as at_start:
+            await backend.start()
+        # Startup errors go to the operator: where, and what the user needs; no password.
+        assert REDIS_ACL in at_start.value.message and "redis://***@" in at_start.value.message
+        assert PASSWORD not in at_start.value.message
+
+        set_rules(admin, url, REDIS_ACL)
+        await backend.start()
+        try:
+            job = await backend.submit(JobSpec(method="steps", text="a witty film"))
+            set_rules(admin, url, WITHOUT_KEYS)
+            caplog.clear()
+            for call in (backend.submit(JobSpec(method="steps", text="x")), backend.get(job.id)):
+                with pytest.raises(Unavailable) as refused:
+                    await call
+                # Clients learn that the queue refused, not the ACL or the address.
+                assert "refused" in refused.value.message
+                assert "~" not in refused.value.message and "redis://" not in refused.value.message
+            with pytest.raises(Unavailable):
+                async for _ in backend.watch(job.id):
+                    pass
+            (error,) = errors(caplog)  # one line for the three refusals
+            assert REDIS_ACL in error and PASSWORD not in caplog.text
+
+            set_rules(admin, url, REDIS_ACL)
+            assert (await backend.get(job.id)).state is JobState.QUEUED
+        finally:
+            await backend.stop(1.0)
