@@ -1,5 +1,5 @@
 """Structural JSON schemas for the custom kinds the manifests use: the two Prometheus Operator
-kinds, and KEDA's ScaledObject (keda.sh/v1alpha1, from KEDA's ScaledObject reference).
+kinds, and KEDA's ScaledObject and TriggerAuthentication (keda.sh/v1alpha1, from KEDA's reference).
 
 No Python package ships the monitoring.coreos.com CRD schemas for offline use, so these cover
 the fields of ServiceMonitor and PrometheusRule (monitoring.coreos.com/v1) that Limelight's
@@ -267,8 +267,42 @@ SCALED_OBJECT = {
     "additionalProperties": False,
 }
 
+# KEDA's TriggerAuthentication (keda.sh/v1alpha1): parameters from Secrets, as the manifests use.
+TRIGGER_AUTHENTICATION = {
+    "$schema": "https://json-schema.org/draft/2020-12/schema",
+    "type": "object",
+    "required": ["apiVersion", "kind", "metadata", "spec"],
+    "properties": {
+        "apiVersion": {"const": "keda.sh/v1alpha1"},
+        "kind": {"const": "TriggerAuthentication"},
+        "metadata": _METADATA,
+        "spec": {
+            "type": "object",
+            "properties": {
+                "secretTargetRef": {
+                    "type": "array",
+                    "minItems": 1,
+                    "items": {
+                        "type": "object",
+                        "required": ["parameter", "name", "key"],
+                        "properties": {
+                            "parameter": {"type": "string", "minLength": 1},
+                            "name": _NAME,
+                            "key": {"type": "string", "minLength": 1},
+                        },
+                        "additionalProperties": False,
+                    },
+                },
+            },
+            "additionalProperties": False,
+        },
+    },
+    "additionalProperties": False,
+}
+
 CRD_SCHEMAS: dict[tuple[str, str], dict[str, Any]] = {
     ("monitoring.coreos.com/v1", "ServiceMonitor"): SERVICE_MONITOR,
     ("monitoring.coreos.com/v1", "PrometheusRule"): PROMETHEUS_RULE,
     ("keda.sh/v1alpha1", "ScaledObject"): SCALED_OBJECT,
+    ("keda.sh/v1alpha1", "TriggerAuthentication"): TRIGGER_AUTHENTICATION,
 }

@@ -21,6 +21,7 @@ K8S = REPO / "k8s"
 OVERLAYS: dict[str, Path] = {
     "base": K8S / "base",
     "redis-workers": K8S / "overlays" / "redis-workers",
+    "managed-redis": K8S / "overlays" / "managed-redis",
     "gpu": K8S / "overlays" / "gpu",
 }
 KUBERNETES_VERSION = "1.32.0"

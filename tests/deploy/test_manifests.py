@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import os
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -22,6 +23,7 @@ from tests.deploy.deploy_support import (
     KUBERNETES_VERSION,
     KUBERNETES_VERSIONS,
     OVERLAYS,
+    REPO,
     dashboard,
     dashboard_exprs,
     exported_metric_families,
@@ -179,7 +181,9 @@ def test_limelight_containers_write_only_to_mounted_volumes(
         for c in spec["containers"]:
             if not c["image"].startswith("registry.example.com/limelight/"):
                 continue
-            env = {e["name"]: e["value"] for e in c.get("env", [])}
+            # A literal value must agree with the ConfigMap (one from a Secret is checked by the
+            # overlay's own test).
+            env = {e["name"]: e["value"] for e in c.get("env", []) if "value" in e}
             assert env.get("LIMELIGHT_JOBS", settings.jobs) == settings.jobs
             mounts = {m["mountPath"]: m for m in c["volumeMounts"]}
             model = mounts[str(settings.model_dir)]
@@ -336,6 +340,64 @@ def test_redis_workers_overlay_wires_queue_workers_and_keda(
     assert all(worker_service["metadata"]["labels"].get(k) == v for k, v in monitor.items())
     # Redis is not scraped as if it were Limelight.
     assert redis_service["metadata"]["labels"]["app.kubernetes.io/name"] != "limelight"
+
+
+def documented_secret(guide: Path) -> tuple[set[str], str]:
+    """The keys of the guide's `kubectl create secret generic limelight-redis` command, and the
+    queue URL it stores."""
+    text = guide.read_text("utf-8")
+    command = text[text.index("create secret generic limelight-redis") :]
+    command = command[: command.index("```")]
+    keys = set(re.findall(r"--from-(?:literal|file)=([\w.]+)=", command))
+    (url,) = re.findall(r"--from-literal=url='([^']+)'", command)
+    return keys, url
+
+
+def test_managed_redis_overlay_reads_the_queue_and_keda_credentials_from_one_secret(
+    rendered: dict[str, list[dict[str, Any]]],
+) -> None:
+    objects = rendered["managed-redis"]
+    # The in-cluster Redis (every object named after it but KEDA's credentials), and its
+    # address in the ConfigMap, are gone.
+    names = {(o["kind"], o["metadata"]["name"]) for o in objects}
+    assert {n for n in names if n[1].startswith("limelight-redis")} == {
+        ("TriggerAuthentication", "limelight-redis")
+    }
+    assert "LIMELIGHT_JOBS" not in _config(objects)
+    secret = "limelight-redis"
+    documented_keys, documented_url = documented_secret(REPO / "docs" / "deploy.md")
+    used_keys = {"url"}
+    for deployment, name in (("limelight", "limelight"), ("limelight-worker", "worker")):
+        container = _container(objects, deployment, name)
+        (jobs,) = [e for e in container["env"] if e["name"] == "LIMELIGHT_JOBS"]
+        assert jobs["valueFrom"]["secretKeyRef"] == {"name": secret, "key": "url"}
+        spec = find(objects, "Deployment", deployment)["spec"]["template"]["spec"]
+        volumes = {v["name"]: v for v in spec["volumes"]}
+        (mount,) = [
+            m
+            for m in container["volumeMounts"]
+            if volumes[m["name"]].get("secret", {}).get("secretName") == secret
+        ]
+        assert mount["readOnly"] is True
+        items = {i["key"]: i["path"] for i in volumes[mount["name"]]["secret"]["items"]}
+        used_keys |= set(items)
+        # The CA where the documented address's ssl_ca_certs looks for it.
+        assert f"ssl_ca_certs={mount['mountPath']}/{items['ca.crt']}" in documented_url
+    assert documented_url.startswith("rediss://")
+    auth = find(objects, "TriggerAuthentication", secret)["spec"]["secretTargetRef"]
+    assert {ref["name"] for ref in auth} == {secret}
+    params = {ref["parameter"]: ref["key"] for ref in auth}
+    assert {"username", "password", "ca"} <= set(params)
+    assert "tls" not in params  # KEDA refuses TLS set both here and in the trigger
+    used_keys |= set(params.values())
+    assert used_keys <= documented_keys, "the guide's Secret lacks a key the manifests read"
+    scaled = find(objects, "ScaledObject", "limelight-worker")["spec"]
+    queue = [t for t in scaled["triggers"] if t["type"] == "redis-streams"]
+    assert len(queue) == 2
+    for trigger in queue:
+        assert trigger["authenticationRef"] == {"name": secret}
+        assert trigger["metadata"]["enableTLS"] == "true"
+        assert ".svc.cluster.local" not in trigger["metadata"]["address"]
 
 
 def test_gpu_overlay_requests_a_gpu_and_the_onnx_cuda_path(
