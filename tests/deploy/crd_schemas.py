@@ -52,13 +52,15 @@ _LABEL_SELECTOR = {
 }
 
 
-def _resource(kind: str, spec: dict[str, Any]) -> dict[str, Any]:
+def _resource(
+    kind: str, spec: dict[str, Any], api_version: str = "monitoring.coreos.com/v1"
+) -> dict[str, Any]:
     return {
         "$schema": "https://json-schema.org/draft/2020-12/schema",
         "type": "object",
         "required": ["apiVersion", "kind", "metadata", "spec"],
         "properties": {
-            "apiVersion": {"const": "monitoring.coreos.com/v1"},
+            "apiVersion": {"const": api_version},
             "kind": {"const": kind},
             "metadata": _METADATA,
             "spec": spec,
@@ -173,86 +175,48 @@ _SCALING_RULES = {
 }
 
 # KEDA's ScaledObject (keda.sh/v1alpha1), the fields of KEDA's reference that the manifests use.
-SCALED_OBJECT = {
-    "$schema": "https://json-schema.org/draft/2020-12/schema",
-    "type": "object",
-    "required": ["apiVersion", "kind", "metadata", "spec"],
-    "properties": {
-        "apiVersion": {"const": "keda.sh/v1alpha1"},
-        "kind": {"const": "ScaledObject"},
-        "metadata": _METADATA,
-        "spec": {
-            "type": "object",
-            "required": ["scaleTargetRef", "triggers"],
-            "properties": {
-                "scaleTargetRef": {
-                    "type": "object",
-                    "required": ["name"],
-                    "properties": {
-                        "apiVersion": {"type": "string"},
-                        "kind": {"type": "string"},
-                        "name": _NAME,
-                        "envSourceContainerName": {"type": "string"},
-                    },
-                    "additionalProperties": False,
+SCALED_OBJECT = _resource(
+    "ScaledObject",
+    {
+        "type": "object",
+        "required": ["scaleTargetRef", "triggers"],
+        "properties": {
+            "scaleTargetRef": {
+                "type": "object",
+                "required": ["name"],
+                "properties": {
+                    "apiVersion": {"type": "string"},
+                    "kind": {"type": "string"},
+                    "name": _NAME,
+                    "envSourceContainerName": {"type": "string"},
                 },
-                "pollingInterval": _INT,
-                "cooldownPeriod": _INT,
-                "initialCooldownPeriod": _INT,
-                "idleReplicaCount": _INT,
-                "minReplicaCount": _INT,
-                "maxReplicaCount": _INT,
-                "fallback": {
-                    "type": "object",
-                    "required": ["failureThreshold", "replicas"],
-                    "properties": {"failureThreshold": _INT, "replicas": _INT},
-                    "additionalProperties": False,
-                },
-                "advanced": {
-                    "type": "object",
-                    "properties": {
-                        "restoreToOriginalReplicaCount": {"type": "boolean"},
-                        "horizontalPodAutoscalerConfig": {
-                            "type": "object",
-                            "properties": {
-                                "name": {"type": "string"},
-                                "behavior": {
-                                    "type": "object",
-                                    "properties": {
-                                        "scaleUp": _SCALING_RULES,
-                                        "scaleDown": _SCALING_RULES,
-                                    },
-                                    "additionalProperties": False,
-                                },
-                            },
-                            "additionalProperties": False,
-                        },
-                    },
-                    "additionalProperties": False,
-                },
-                "triggers": {
-                    "type": "array",
-                    "minItems": 1,
-                    "items": {
+                "additionalProperties": False,
+            },
+            "pollingInterval": _INT,
+            "cooldownPeriod": _INT,
+            "initialCooldownPeriod": _INT,
+            "idleReplicaCount": _INT,
+            "minReplicaCount": _INT,
+            "maxReplicaCount": _INT,
+            "fallback": {
+                "type": "object",
+                "required": ["failureThreshold", "replicas"],
+                "properties": {"failureThreshold": _INT, "replicas": _INT},
+                "additionalProperties": False,
+            },
+            "advanced": {
+                "type": "object",
+                "properties": {
+                    "restoreToOriginalReplicaCount": {"type": "boolean"},
+                    "horizontalPodAutoscalerConfig": {
                         "type": "object",
-                        "required": ["type", "metadata"],
                         "properties": {
-                            "type": {"type": "string", "minLength": 1},
                             "name": {"type": "string"},
-                            "metadata": _STRING_MAP,
-                            "metricType": {"enum": ["AverageValue", "Value", "Utilization"]},
-                            "useCachedMetrics": {"type": "boolean"},
-                            "authenticationRef": {
+                            "behavior": {
                                 "type": "object",
-                                "required": ["name"],
                                 "properties": {
-                                    "name": {"type": "string"},
-                                    "kind": {
-                                        "enum": [
-                                            "TriggerAuthentication",
-                                            "ClusterTriggerAuthentication",
-                                        ]
-                                    },
+                                    "scaleUp": _SCALING_RULES,
+                                    "scaleDown": _SCALING_RULES,
                                 },
                                 "additionalProperties": False,
                             },
@@ -260,45 +224,69 @@ SCALED_OBJECT = {
                         "additionalProperties": False,
                     },
                 },
+                "additionalProperties": False,
             },
-            "additionalProperties": False,
-        },
-    },
-    "additionalProperties": False,
-}
-
-# KEDA's TriggerAuthentication (keda.sh/v1alpha1): parameters from Secrets, as the manifests use.
-TRIGGER_AUTHENTICATION = {
-    "$schema": "https://json-schema.org/draft/2020-12/schema",
-    "type": "object",
-    "required": ["apiVersion", "kind", "metadata", "spec"],
-    "properties": {
-        "apiVersion": {"const": "keda.sh/v1alpha1"},
-        "kind": {"const": "TriggerAuthentication"},
-        "metadata": _METADATA,
-        "spec": {
-            "type": "object",
-            "properties": {
-                "secretTargetRef": {
-                    "type": "array",
-                    "minItems": 1,
-                    "items": {
-                        "type": "object",
-                        "required": ["parameter", "name", "key"],
-                        "properties": {
-                            "parameter": {"type": "string", "minLength": 1},
-                            "name": _NAME,
-                            "key": {"type": "string", "minLength": 1},
+            "triggers": {
+                "type": "array",
+                "minItems": 1,
+                "items": {
+                    "type": "object",
+                    "required": ["type", "metadata"],
+                    "properties": {
+                        "type": {"type": "string", "minLength": 1},
+                        "name": {"type": "string"},
+                        "metadata": _STRING_MAP,
+                        "metricType": {"enum": ["AverageValue", "Value", "Utilization"]},
+                        "useCachedMetrics": {"type": "boolean"},
+                        "authenticationRef": {
+                            "type": "object",
+                            "required": ["name"],
+                            "properties": {
+                                "name": {"type": "string"},
+                                "kind": {
+                                    "enum": [
+                                        "TriggerAuthentication",
+                                        "ClusterTriggerAuthentication",
+                                    ]
+                                },
+                            },
+                            "additionalProperties": False,
                         },
-                        "additionalProperties": False,
                     },
+                    "additionalProperties": False,
                 },
             },
-            "additionalProperties": False,
         },
+        "additionalProperties": False,
     },
-    "additionalProperties": False,
-}
+    api_version="keda.sh/v1alpha1",
+)
+
+# KEDA's TriggerAuthentication (keda.sh/v1alpha1): parameters from Secrets, as the manifests use.
+TRIGGER_AUTHENTICATION = _resource(
+    "TriggerAuthentication",
+    {
+        "type": "object",
+        "properties": {
+            "secretTargetRef": {
+                "type": "array",
+                "minItems": 1,
+                "items": {
+                    "type": "object",
+                    "required": ["parameter", "name", "key"],
+                    "properties": {
+                        "parameter": {"type": "string", "minLength": 1},
+                        "name": _NAME,
+                        "key": {"type": "string", "minLength": 1},
+                    },
+                    "additionalProperties": False,
+                },
+            },
+        },
+        "additionalProperties": False,
+    },
+    api_version="keda.sh/v1alpha1",
+)
 
 CRD_SCHEMAS: dict[tuple[str, str], dict[str, Any]] = {
     ("monitoring.coreos.com/v1", "ServiceMonitor"): SERVICE_MONITOR,
