@@ -1,12 +1,15 @@
 """Redis faults on a real redis-server that the tests stop and start: the sidecar side answers
-UNAVAILABLE and reconnects by itself, watch rides out a restart, workers wait instead of dying,
-and with append-only persistence queued jobs survive a Redis restart."""
+UNAVAILABLE and reconnects by itself (also when Redis was down as it started), watch rides out a
+restart, workers wait instead of dying, and with append-only persistence queued jobs survive a
+Redis restart."""
 
 from __future__ import annotations
 
 import asyncio
+import os
 import shutil
 import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -193,3 +196,58 @@ async def test_a_worker_started_while_redis_is_down_waits_for_it(
             assert final is JobState.SUCCEEDED  # None: the watch ended before the job did
         finally:
             await backend.stop(1.0)
+
+
+def test_a_sidecar_started_while_redis_is_down_serves_and_takes_jobs_once_it_is_up(
+    bert_tiny_dir: Path, tmp_path: Path
+) -> None:
+    """Inline explanations do not need the job queue: a sidecar whose Redis is down when it
+    starts (restarting beside it, say) serves them, answers job calls UNAVAILABLE, and takes
+    jobs once Redis answers, without a restart (it used to exit, taking the pod's readiness
+    and every inline explanation with it)."""
+    import grpc
+
+    from limelight_client import Client
+    from limelight_client.errors import LimelightError
+    from limelight_client.types import JobState as ClientState
+
+    queue = RedisProcess(tmp_path / "redis", free_port())  # not started yet
+    queue.workdir.mkdir()
+    port = free_port()
+    env = {**os.environ, "LIMELIGHT_TORCH_THREADS": "1", "LIMELIGHT_JOBS": queue.url}
+    argv = [sys.executable, "-m", "limelight.cli.main", "serve", "--model", str(bert_tiny_dir)]
+    argv += ["--port", str(port), "--metrics-port", "0", "--log-level", "WARNING"]
+    log = tmp_path / "sidecar.log"
+    with log.open("wb") as out:
+        server = subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT)
+    try:
+        with Client(f"127.0.0.1:{port}", timeout=30, retries=0) as client:
+
+            def serving() -> bool:
+                assert server.poll() is None, log.read_text()
+                try:
+                    client.model(timeout=5)
+                except LimelightError:
+                    return False
+                return True
+
+            wait_until(serving, interval=0.2)
+            assert client.explain("a moving , funny film").tokens
+            with pytest.raises(LimelightError) as down:
+                client.submit("dull and far too long", "integrated_gradients", steps=8)
+            assert down.value.code == grpc.StatusCode.UNAVAILABLE
+            assert "unreachable" in log.read_text()
+
+            queue.start()
+            job = client.submit("dull and far too long", "integrated_gradients", steps=8)
+            assert job.refresh().state == ClientState.QUEUED
+            # Once Redis answered, the sidecar also made the workers' consumer group (KEDA
+            # reads its lag before any worker started).
+            admin = redis.Redis.from_url(queue.url)
+            wait_until(lambda: len(admin.xinfo_groups("limelight:stream")) == 1)
+            assert server.poll() is None
+    finally:
+        if server.poll() is None:
+            server.terminate()
+            server.wait(60)
+        queue.stop()

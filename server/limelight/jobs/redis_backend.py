@@ -99,6 +99,7 @@ class RedisJobBackend(JobBackend):
         self._submit: Any = None
         self._cancel: Any = None
         self._depth_task: asyncio.Task[None] | None = None
+        self._connect_task: asyncio.Task[None] | None = None
         self._events: JobEvents | None = None
         self.depth_interval_s = 5.0
         """How often the queue-depth gauge is refreshed even when no RPC touches the queue."""
@@ -113,24 +114,52 @@ class RedisJobBackend(JobBackend):
         return self._client
 
     async def start(self) -> None:
+        """Connect; a queue that refuses the credentials or the ACL is an error (a mistake in
+        the deployment), one that is unreachable is not: inline explanations do not need it, so
+        the sidecar serves them while job calls answer ``UNAVAILABLE`` until Redis answers."""
         self._client = aioredis.Redis.from_url(self.settings.jobs, **client_options())
         where = redact_credentials(self.settings.jobs)
         try:
-            await self._client.ping()
-            await self._ensure_group()
-        except (*REFUSED_ERRORS, *CONNECTION_ERRORS) as exc:
+            await self._connect()
+        except REFUSED_ERRORS as exc:
             client, self._client = self._client, None
             with contextlib.suppress(redis.RedisError, OSError):
                 await client.aclose()
-            if isinstance(exc, REFUSED_ERRORS):
-                raise Unavailable(f"the job queue at {where}: {refusal(exc)}") from exc
-            raise Unavailable(f"cannot reach the job queue at {where}: {exc}") from exc
+            raise Unavailable(f"the job queue at {where}: {refusal(exc)}") from exc
+        except CONNECTION_ERRORS as exc:
+            log.warning(
+                "the job queue at %s is unreachable (%s): serving inline explanations without "
+                "it; job calls answer UNAVAILABLE until it answers",
+                where,
+                exc,
+            )
+            self._connect_task = asyncio.create_task(self._connect_when_reachable(where))
         self._submit = self._client.register_script(lua("submit"))
         self._cancel = self._client.register_script(lua("cancel"))
         self._stopping = False
-        await self._refresh_depth()
         if self.metrics is not None:
             self._depth_task = asyncio.create_task(self._depth_loop())
+
+    async def _connect(self) -> None:
+        await self.client.ping()
+        await self._ensure_group()  # for KEDA's lag before any worker ran
+        await self._refresh_depth()
+
+    async def _connect_when_reachable(self, where: str) -> None:
+        """Try again, with backoff, until the queue unreachable at start answers."""
+        delay = 0.5
+        while True:
+            await asyncio.sleep(delay)
+            try:
+                await self._connect()
+            except REFUSED_ERRORS as exc:
+                self._refused(exc)
+                delay = REFUSED_S
+            except CONNECTION_ERRORS:
+                delay = min(5.0, delay * 2)
+            else:
+                log.info("the job queue at %s is reachable", where)
+                return
 
     async def _ensure_group(self) -> None:
         try:
@@ -151,11 +180,12 @@ class RedisJobBackend(JobBackend):
     async def stop(self, grace_s: float) -> None:
         # Jobs live in Redis and run in workers: nothing to drain here.
         self._stopping = True
-        if self._depth_task is not None:
-            self._depth_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._depth_task
-            self._depth_task = None
+        for task in (self._depth_task, self._connect_task):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+        self._depth_task = self._connect_task = None
         if self._events is not None:
             await self._events.close()
             self._events = None
