@@ -1,7 +1,7 @@
 """Redis faults on a real redis-server that the tests stop and start: the sidecar side answers
-UNAVAILABLE and reconnects by itself (also when Redis was down as it started), watch rides out a
-restart, workers wait instead of dying, and with append-only persistence queued jobs survive a
-Redis restart."""
+UNAVAILABLE and reconnects by itself (also when Redis was down as it started, and after a
+failover), watch rides out a restart, workers wait instead of dying, and with append-only
+persistence queued jobs survive a Redis restart."""
 
 from __future__ import annotations
 
@@ -27,6 +27,7 @@ from limelight.jobs.redis_worker import RedisWorker
 from limelight.jobs.runner import JobRunner
 from limelight.models.loaded import LoadedModel
 from limelight.settings import Settings
+from tests.conftest import running_redis
 
 
 class RedisProcess:
@@ -251,3 +252,74 @@ def test_a_sidecar_started_while_redis_is_down_serves_and_takes_jobs_once_it_is_
             server.terminate()
             server.wait(60)
         queue.stop()
+
+
+@pytest.fixture
+def demoted_node(tmp_path: Path) -> Iterator[str]:
+    """The URL of a Redis that is a replica: what a client's open connections reach after a
+    managed Redis failed over (the old primary demoted, the address moved on). Promoting it
+    (``REPLICAOF NO ONE``) stands for the new primary answering."""
+    (tmp_path / "primary").mkdir()
+    (tmp_path / "replica").mkdir()
+    url = "redis://127.0.0.1:{port}/0"
+    with running_redis(tmp_path / "primary", url) as primary:
+        port = primary.rsplit(":", 1)[1].split("/")[0]
+        with running_redis(tmp_path / "replica", url, "--replicaof", "127.0.0.1", port) as node:
+            yield node
+
+
+def _clients(node: redis.Redis) -> set[str]:
+    """Ids of the node's client connections, not counting ``node``'s own or its link to its
+    primary (flag M)."""
+    own = str(node.client_id())
+    return {
+        str(c["id"])
+        for c in node.client_list()
+        if str(c["id"]) != own and "M" not in str(c.get("flags", ""))
+    }
+
+
+@pytest.mark.asyncio
+async def test_a_failover_is_unavailable_and_the_sidecar_dials_the_new_primary(
+    demoted_node: str, tmp_path: Path
+) -> None:
+    node = redis.Redis.from_url(demoted_node)
+    others = _clients(node)
+    backend = RedisJobBackend(_settings(demoted_node, tmp_path))
+    await backend.start()  # READONLY on its consumer group: serves, and says so
+    try:
+        assert await backend.list(None, 10) == []  # reads work on a replica
+        pooled = _clients(node) - others
+        assert pooled
+        with pytest.raises(Unavailable):  # READONLY: a write, refused (was INTERNAL)
+            await backend.submit(JobSpec(method="steps", text="a witty film"))
+        # Every connection that reached the demoted node is closed: the next command dials
+        # the address again, which after a real failover reaches the new primary.
+        await await_until(lambda: not pooled & _clients(node))
+        node.replicaof("NO", "ONE")
+        job = await backend.submit(JobSpec(method="steps", text="a witty film"))
+        assert (await backend.get(job.id)).state is JobState.QUEUED
+    finally:
+        await backend.stop(1.0)
+
+
+@pytest.mark.asyncio
+async def test_a_worker_waits_out_a_failover(
+    tiny_model: LoadedModel, demoted_node: str, tmp_path: Path
+) -> None:
+    settings = _settings(demoted_node, tmp_path)
+    runner = JobRunner(tiny_model, test_registry(), settings)
+    worker = RedisWorker(settings, runner, name="w-failover", backoff_max_s=0.2)
+    with running(worker) as thread:
+        await asyncio.sleep(0.5)  # READONLY on its consumer group, several times
+        assert thread.is_alive() and not worker.ready
+        redis.Redis.from_url(demoted_node).replicaof("NO", "ONE")
+        await await_until(lambda: worker.ready)
+        backend = RedisJobBackend(settings, runner=runner)
+        await backend.start()
+        try:
+            job = await backend.submit(JobSpec(method="steps", text="fun"))
+            await await_until(lambda: worker.jobs_done == 1)
+            assert (await backend.get(job.id)).state is JobState.SUCCEEDED
+        finally:
+            await backend.stop(1.0)

@@ -161,7 +161,7 @@ def _check_queue(url: str) -> None:
         raise Unavailable(f"the job queue at {where}: {refusal(exc)}") from exc
     except CONNECTION_ERRORS as exc:
         log.warning("the job queue at %s is not reachable yet (%s); workers wait", where, exc)
-    except redis.RedisError as exc:  # e.g. READONLY: the address of a replica
+    except redis.RedisError as exc:  # e.g. WRONGTYPE: the stream key holds something else
         raise FailedPrecondition(f"the job queue at {where} cannot be used: {exc}") from exc
 
 

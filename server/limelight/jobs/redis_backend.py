@@ -31,6 +31,7 @@ from limelight.jobs.execution import not_found, reuse, watch_changes
 from limelight.jobs.redis_events import JobEvents
 from limelight.jobs.redis_store import (
     CONNECTION_ERRORS,
+    FAILOVER_ERRORS,
     GROUP,
     REFUSED_ERRORS,
     REFUSED_S,
@@ -70,6 +71,9 @@ def _redis_call(
             assert isinstance(backend, RedisJobBackend)
             raise backend._refused(exc) from exc
         except CONNECTION_ERRORS as exc:
+            backend = args[0]
+            assert isinstance(backend, RedisJobBackend)
+            await backend._lost(exc)
             raise _unreachable(exc) from exc
 
     return wrapper
@@ -127,6 +131,7 @@ class RedisJobBackend(JobBackend):
                 await client.aclose()
             raise Unavailable(f"the job queue at {where}: {refusal(exc)}") from exc
         except CONNECTION_ERRORS as exc:
+            await self._lost(exc)
             log.warning(
                 "the job queue at %s is unreachable (%s): serving inline explanations without "
                 "it; job calls answer UNAVAILABLE until it answers",
@@ -155,7 +160,8 @@ class RedisJobBackend(JobBackend):
             except REFUSED_ERRORS as exc:
                 self._refused(exc)
                 delay = REFUSED_S
-            except CONNECTION_ERRORS:
+            except CONNECTION_ERRORS as exc:
+                await self._lost(exc)
                 delay = min(5.0, delay * 2)
             else:
                 log.info("the job queue at %s is reachable", where)
@@ -326,6 +332,7 @@ class RedisJobBackend(JobBackend):
                 except REFUSED_ERRORS as exc:
                     raise self._refused(exc) from exc
                 except CONNECTION_ERRORS as exc:
+                    await self._lost(exc)
                     unreachable(exc)
                     await asyncio.sleep(0.2)
 
@@ -340,6 +347,13 @@ class RedisJobBackend(JobBackend):
 
             async for record in watch_changes(get, wait_change):
                 yield record
+
+    async def _lost(self, exc: BaseException) -> None:
+        """After a failover error, close the pool's connections: the next command dials the
+        address again and reaches the new primary."""
+        if isinstance(exc, FAILOVER_ERRORS) and self._client is not None:
+            with contextlib.suppress(redis.RedisError, OSError):
+                await self._client.connection_pool.disconnect()
 
     def _refused(self, exc: BaseException) -> Unavailable:
         """A refusal for the client (no details) and the log (at most one per ``REFUSED_S``:

@@ -34,11 +34,20 @@ from limelight.settings import Settings
 
 GROUP = "workers"
 
-#: Errors that mean "Redis is not reachable right now" (down, restarting, loading its data).
+#: Errors of a failover: the node this connection reaches is a replica now (READONLY), or a
+#: replica that lost its primary (MASTERDOWN). A managed Redis moves its address to the new
+#: primary, but open connections stay on the old node: the callers close their pool's.
+FAILOVER_ERRORS: tuple[type[Exception], ...] = (
+    redis.exceptions.ReadOnlyError,
+    redis.exceptions.MasterDownError,
+)
+#: Errors that mean "Redis is not reachable right now" (down, restarting, loading its data,
+#: failing over).
 CONNECTION_ERRORS: tuple[type[Exception], ...] = (
     redis.ConnectionError,
     redis.TimeoutError,
     redis.exceptions.BusyLoadingError,
+    *FAILOVER_ERRORS,
 )
 
 #: Errors that mean "Redis answered, and said no": wrong credentials, or an ACL user without a

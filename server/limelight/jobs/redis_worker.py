@@ -29,6 +29,7 @@ from limelight.core.jobs import JobSpec, JobState
 from limelight.jobs.execution import JobHooks, Outcome, StopReason, execute
 from limelight.jobs.redis_store import (
     CONNECTION_ERRORS,
+    FAILOVER_ERRORS,
     GROUP,
     REFUSED_ERRORS,
     REFUSED_S,
@@ -124,6 +125,8 @@ class RedisWorker:
 
     def _lost_connection(self, what: str, exc: BaseException) -> None:
         """Note an unreachable or refusing queue (each logged once per outage)."""
+        if isinstance(exc, FAILOVER_ERRORS):  # the next command dials the new primary
+            self.client.connection_pool.disconnect()
         kind = "refused" if isinstance(exc, REFUSED_ERRORS) else "unreachable"
         if self._ready.is_set() or self._warned != kind:
             if self._ready.is_set():
