@@ -21,7 +21,7 @@ from helpers import await_until, test_registry, touch, wait_until
 
 from limelight.api.ports import free_port
 from limelight.core.jobs import JobSpec, JobState
-from limelight.errors import ErrorKind, LimelightError, Unavailable
+from limelight.errors import ErrorKind, LimelightError, ResourceExhausted, Unavailable
 from limelight.jobs.redis_backend import RedisJobBackend
 from limelight.jobs.redis_worker import RedisWorker
 from limelight.jobs.runner import JobRunner
@@ -323,3 +323,65 @@ async def test_a_worker_waits_out_a_failover(
             assert (await backend.get(job.id)).state is JobState.SUCCEEDED
         finally:
             await backend.stop(1.0)
+
+
+@pytest.fixture
+def small_redis(tmp_path: Path) -> Iterator[str]:
+    """A Redis that refuses writes once it holds its ``maxmemory`` (``noeviction``); tests
+    make it full by setting that limit below what it holds (``full``)."""
+    (tmp_path / "small").mkdir()
+    config = ("--maxmemory-policy", "noeviction")
+    with running_redis(tmp_path / "small", "redis://127.0.0.1:{port}/0", *config) as url:
+        yield url
+
+
+def full(url: str, is_full: bool = True) -> None:
+    """A ``maxmemory`` of 1 byte (every write refused) or none (room again)."""
+    redis.Redis.from_url(url).config_set("maxmemory", 1 if is_full else 0)
+
+
+@pytest.mark.asyncio
+async def test_a_full_redis_is_resource_exhausted_and_workers_wait_for_room(
+    tiny_model: LoadedModel, small_redis: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    settings = _settings(small_redis, tmp_path)
+    runner = JobRunner(tiny_model, test_registry(), settings)
+    backend = RedisJobBackend(settings, runner=runner)
+    await backend.start()
+    try:
+        job = await backend.submit(JobSpec(method="steps", text="a witty film"))
+        full(small_redis)
+        for _ in range(3):  # INTERNAL before
+            with pytest.raises(ResourceExhausted):
+                await backend.submit(JobSpec(method="steps", text="one more"))
+        assert (await backend.get(job.id)).state is JobState.QUEUED  # reads still work
+        assert caplog.text.count("the job queue is out of memory") == 1  # not one per call
+
+        worker = RedisWorker(settings, runner, name="w-full", backoff_max_s=0.2)
+        with running(worker) as thread:
+            await await_until(lambda: "Redis is out of memory" in caplog.text)
+            assert thread.is_alive() and worker.jobs_done == 0  # it waits (it crashed before)
+            full(small_redis, False)  # room again
+            await await_until(lambda: worker.jobs_done == 1)
+        assert (await backend.get(job.id)).state is JobState.SUCCEEDED
+    finally:
+        await backend.stop(1.0)
+
+
+@pytest.mark.asyncio
+async def test_a_redis_that_may_evict_jobs_is_named_at_start(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """``allkeys-*`` lets a full Redis drop queued jobs, even the stream: the sidecar and
+    ``limelight worker`` say so when they connect (``noeviction`` passes silently)."""
+    from limelight.jobs.redis_store import check_access
+
+    url = "redis://127.0.0.1:{port}/0"
+    for policy, warned in (("allkeys-lru", True), ("noeviction", False)):
+        caplog.clear()
+        with running_redis(tmp_path, url, "--maxmemory-policy", policy) as queue:
+            backend = RedisJobBackend(_settings(queue, tmp_path))
+            await backend.start()
+            await backend.stop(1.0)
+            check_access(queue)  # what `limelight worker` asks before it starts its processes
+        assert caplog.text.count(f"maxmemory-policy {policy}") == (2 if warned else 0)

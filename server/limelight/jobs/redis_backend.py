@@ -32,11 +32,13 @@ from limelight.jobs.redis_events import JobEvents
 from limelight.jobs.redis_store import (
     CONNECTION_ERRORS,
     FAILOVER_ERRORS,
+    FULL_ERRORS,
     GROUP,
     REFUSED_ERRORS,
     REFUSED_S,
     Keys,
     client_options,
+    eviction_risk,
     lua,
     record_from_hash,
     refusal,
@@ -70,6 +72,13 @@ def _redis_call(
             backend = args[0]
             assert isinstance(backend, RedisJobBackend)
             raise backend._refused(exc) from exc
+        except FULL_ERRORS as exc:
+            backend = args[0]
+            assert isinstance(backend, RedisJobBackend)
+            backend._log_at_most_every(REFUSED_S, "the job queue is out of memory: %s", exc)
+            raise ResourceExhausted(
+                "the job queue is full (Redis is out of memory); retry later"
+            ) from exc
         except CONNECTION_ERRORS as exc:
             backend = args[0]
             assert isinstance(backend, RedisJobBackend)
@@ -109,7 +118,7 @@ class RedisJobBackend(JobBackend):
         """How often the queue-depth gauge is refreshed even when no RPC touches the queue."""
         self.watch_reconnect_s = 60.0
         """How long ``watch`` waits for an unreachable Redis before it gives up (UNAVAILABLE)."""
-        self._refusal_logged = -REFUSED_S
+        self._error_logged = -REFUSED_S
 
     @property
     def client(self) -> Any:  # redis-py's stubs type replies as bytes | str | …
@@ -119,8 +128,8 @@ class RedisJobBackend(JobBackend):
 
     async def start(self) -> None:
         """Connect; a queue that refuses the credentials or the ACL is an error (a mistake in
-        the deployment), one that is unreachable is not: inline explanations do not need it, so
-        the sidecar serves them while job calls answer ``UNAVAILABLE`` until Redis answers."""
+        the deployment), one that is unreachable or full is not: inline explanations do not need
+        it, so the sidecar serves them while job calls fail until Redis answers."""
         self._client = aioredis.Redis.from_url(self.settings.jobs, **client_options())
         where = redact_credentials(self.settings.jobs)
         try:
@@ -130,12 +139,13 @@ class RedisJobBackend(JobBackend):
             with contextlib.suppress(redis.RedisError, OSError):
                 await client.aclose()
             raise Unavailable(f"the job queue at {where}: {refusal(exc)}") from exc
-        except CONNECTION_ERRORS as exc:
+        except (*CONNECTION_ERRORS, *FULL_ERRORS) as exc:
             await self._lost(exc)
             log.warning(
-                "the job queue at %s is unreachable (%s): serving inline explanations without "
-                "it; job calls answer UNAVAILABLE until it answers",
+                "the job queue at %s is %s (%s): serving inline explanations without it; job "
+                "calls fail until it answers",
                 where,
+                "out of memory" if isinstance(exc, FULL_ERRORS) else "unreachable",
                 exc,
             )
             self._connect_task = asyncio.create_task(self._connect_when_reachable(where))
@@ -149,6 +159,10 @@ class RedisJobBackend(JobBackend):
         await self.client.ping()
         await self._ensure_group()  # for KEDA's lag before any worker ran
         await self._refresh_depth()
+        with contextlib.suppress(redis.exceptions.NoPermissionError):  # INFO is @dangerous
+            risk = eviction_risk(await self.client.info("memory"))
+            if risk:
+                log.warning("%s", risk)
 
     async def _connect_when_reachable(self, where: str) -> None:
         """Try again, with backoff, until the queue unreachable at start answers."""
@@ -160,7 +174,7 @@ class RedisJobBackend(JobBackend):
             except REFUSED_ERRORS as exc:
                 self._refused(exc)
                 delay = REFUSED_S
-            except CONNECTION_ERRORS as exc:
+            except (*CONNECTION_ERRORS, *FULL_ERRORS) as exc:
                 await self._lost(exc)
                 delay = min(5.0, delay * 2)
             else:
@@ -356,13 +370,18 @@ class RedisJobBackend(JobBackend):
                 await self._client.connection_pool.disconnect()
 
     def _refused(self, exc: BaseException) -> Unavailable:
-        """A refusal for the client (no details) and the log (at most one per ``REFUSED_S``:
-        every job call fails alike until someone fixes the Redis user)."""
-        now = time.monotonic()
-        if now - self._refusal_logged >= REFUSED_S:
-            self._refusal_logged = now
-            log.error("the job queue refused this sidecar: %s", refusal(exc, self.keys.prefix))
+        """A refusal for the client (no details) and the log."""
+        reason = refusal(exc, self.keys.prefix)
+        self._log_at_most_every(REFUSED_S, "the job queue refused this sidecar: %s", reason)
         return Unavailable("the job queue refused this sidecar's Redis user (its log says why)")
+
+    def _log_at_most_every(self, seconds: float, message: str, *args: object) -> None:
+        """An error for the log, at most one per ``seconds``: every job call fails alike until
+        someone fixes Redis, and one line says it."""
+        now = time.monotonic()
+        if now - self._error_logged >= seconds:
+            self._error_logged = now
+            log.error(message, *args)
 
     def _job_events(self) -> JobEvents:
         if self._events is None:

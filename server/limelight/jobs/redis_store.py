@@ -19,7 +19,9 @@ and workers.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
 from dataclasses import dataclass
 from importlib import resources
 from typing import Any
@@ -31,6 +33,8 @@ from redis.retry import Retry
 from limelight.core.jobs import JobRecord, JobState
 from limelight.jobs.serialize import explanation_from_dict, spec_from_dict
 from limelight.settings import Settings
+
+log = logging.getLogger(__name__)
 
 GROUP = "workers"
 
@@ -58,6 +62,9 @@ REFUSED_ERRORS: tuple[type[Exception], ...] = (
     redis.exceptions.AuthenticationWrongNumberOfArgsError,
     redis.exceptions.NoPermissionError,
 )
+#: Redis at its ``maxmemory`` with the ``noeviction`` policy refuses every write: job calls are
+#: RESOURCE_EXHAUSTED, workers wait (finished results expire after the job result TTL).
+FULL_ERRORS: tuple[type[Exception], ...] = (redis.exceptions.OutOfMemoryError,)
 #: Pause before asking again after a refusal: the user may be fixed while Limelight runs
 #: (``ACL SETUSER``, a rotated Secret), and asking more often only fills the log.
 REFUSED_S = 30.0
@@ -150,6 +157,19 @@ def record_from_hash(data: dict[str, str], with_result: bool = True) -> JobRecor
     )
 
 
+def eviction_risk(memory_info: dict[str, Any]) -> str | None:
+    """A warning when Redis (its ``INFO memory``) may evict any key when full: queued jobs and
+    the stream itself could vanish. ``noeviction`` (or ``volatile-*``: only keys with a TTL,
+    which here are finished jobs) keep the queue."""
+    policy = str(memory_info.get("maxmemory_policy", ""))
+    if not policy.startswith("allkeys-"):
+        return None
+    return (
+        f"Redis evicts any key when full (maxmemory-policy {policy}): queued jobs can be lost; "
+        "set maxmemory-policy noeviction (or a volatile-* policy)"
+    )
+
+
 def check_access(url: str, prefix: str = "limelight") -> None:
     """Ask the queue at ``url`` once for what every worker needs first (its consumer group,
     created if missing). Raises a ``REFUSED_ERRORS`` or ``CONNECTION_ERRORS`` error."""
@@ -157,6 +177,10 @@ def check_access(url: str, prefix: str = "limelight") -> None:
     try:
         client.ping()
         ensure_group(client, Keys(prefix))
+        with contextlib.suppress(redis.exceptions.NoPermissionError):  # INFO is @dangerous
+            risk = eviction_risk(client.info("memory"))
+            if risk:
+                log.warning("%s", risk)
     finally:
         client.close()
 

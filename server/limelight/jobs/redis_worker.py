@@ -30,6 +30,7 @@ from limelight.jobs.execution import JobHooks, Outcome, StopReason, execute
 from limelight.jobs.redis_store import (
     CONNECTION_ERRORS,
     FAILOVER_ERRORS,
+    FULL_ERRORS,
     GROUP,
     REFUSED_ERRORS,
     REFUSED_S,
@@ -51,7 +52,7 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 #: Everything that makes the worker wait for Redis rather than fail.
-_WAIT_ERRORS = CONNECTION_ERRORS + REFUSED_ERRORS
+_WAIT_ERRORS = CONNECTION_ERRORS + REFUSED_ERRORS + FULL_ERRORS
 
 
 class RedisWorker:
@@ -90,7 +91,7 @@ class RedisWorker:
         self.refused_retry_s = REFUSED_S
         """Pause before asking again after Redis refused this worker."""
         self.jobs_done = 0
-        self._warned: str | None = None  # "unreachable" or "refused": logged for this outage
+        self._warned: str | None = None  # "unreachable", "refused", "full": logged this outage
         self.outages = 0
         """How many times Redis became unreachable while this worker ran."""
 
@@ -127,7 +128,11 @@ class RedisWorker:
         """Note an unreachable or refusing queue (each logged once per outage)."""
         if isinstance(exc, FAILOVER_ERRORS):  # the next command dials the new primary
             self.client.connection_pool.disconnect()
-        kind = "refused" if isinstance(exc, REFUSED_ERRORS) else "unreachable"
+        kind = "unreachable"
+        if isinstance(exc, REFUSED_ERRORS):
+            kind = "refused"
+        elif isinstance(exc, FULL_ERRORS):
+            kind = "full"
         if self._ready.is_set() or self._warned != kind:
             if self._ready.is_set():
                 self.outages += 1
@@ -140,6 +145,15 @@ class RedisWorker:
                     what,
                     refusal(exc, self.keys.prefix),
                     self.refused_retry_s,
+                )
+            elif kind == "full":
+                log.error(
+                    "worker %s: Redis is out of memory (%s: %s): waiting until it takes writes "
+                    "again (finished results expire after LIMELIGHT_JOB_RESULT_TTL_S; or raise "
+                    "its maxmemory)",
+                    self.name,
+                    what,
+                    exc,
                 )
             else:
                 log.warning(
