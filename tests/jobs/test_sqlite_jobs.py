@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import sqlite3
@@ -394,5 +395,59 @@ async def test_a_report_racing_a_cancel_keeps_it_cancelling(
     await backend.start()
     try:
         await cancel_during_a_late_report(backend, tmp_path)
+    finally:
+        await backend.stop(5)
+
+
+def fill_the_disk(backend: SqliteJobBackend) -> None:
+    """SQLite may not grow the database (``max_page_count`` at its size) and its free pages are
+    taken: a write that needs a page fails with SQLITE_FULL, as on a full disk."""
+    with backend._lock:
+        db = backend._db
+        assert db is not None
+        db.execute("CREATE TABLE IF NOT EXISTS filler (x BLOB)")
+        pages = db.execute("PRAGMA page_count").fetchone()[0]
+        db.execute(f"PRAGMA max_page_count={pages}")
+        with pytest.raises(sqlite3.OperationalError, match="full"):
+            while True:
+                db.execute("INSERT INTO filler VALUES (zeroblob(256))")
+
+
+def make_room(backend: SqliteJobBackend) -> None:
+    with backend._lock:
+        assert backend._db is not None
+        backend._db.execute("PRAGMA max_page_count=1073741823")
+
+
+@pytest.mark.asyncio
+async def test_a_full_disk_is_resource_exhausted_and_outcomes_wait_for_room(
+    tiny_model: LoadedModel, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Submitting to a full store is RESOURCE_EXHAUSTED (it was INTERNAL), logged once; a job
+    that finishes meanwhile keeps its outcome until it can be written (the worker thread died
+    before, and no job ran again until a restart)."""
+    backend = _backend(tiny_model, _settings(tmp_path))
+    await backend.start()
+    try:
+        release = tmp_path / "release"
+        text = " ".join(["a witty and moving film"] * 30)  # a result larger than a page
+        job = await backend.submit(
+            JobSpec(method="block", text=text, params={"release": str(release)})
+        )
+        await wait_state(backend, job.id, {JobState.RUNNING})
+        fill_the_disk(backend)
+        for _ in range(3):
+            with pytest.raises(ResourceExhausted, match="job store is full"):
+                await backend.submit(JobSpec(method="steps", text=text * 10))  # > a page
+        touch(release)  # the job ends; its outcome does not fit
+        await asyncio.sleep(1.0)  # time to try
+        assert (await backend.get(job.id)).state is JobState.RUNNING
+        assert caplog.text.count("cannot be written") == 1  # one line for every refusal
+        make_room(backend)
+        final = await asyncio.wait_for(wait_state(backend, job.id), 60)  # a hang guard
+        assert final.state is JobState.SUCCEEDED and final.result is not None
+        # The same worker thread runs the next job.
+        after = await backend.submit(JobSpec(method="steps", text="fun"))
+        assert (await asyncio.wait_for(wait_state(backend, after.id), 60)).state.name == "SUCCEEDED"
     finally:
         await backend.stop(5)

@@ -47,6 +47,11 @@ from limelight.settings import Settings
 
 log = logging.getLogger(__name__)
 
+#: While the job store's disk is full, how often that is logged.
+FULL_LOG_S = 30.0
+#: Longest pause between a worker's tries to write a job's outcome to a full or busy store.
+WRITE_RETRY_MAX_S = 5.0
+
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS jobs (
     seq INTEGER PRIMARY KEY AUTOINCREMENT,
@@ -75,6 +80,16 @@ _COLUMNS = (
     "id, state, spec, result, error, progress, message, created_at, started_at, finished_at, "
     "attempts"
 )
+
+
+def _store_error(exc: sqlite3.OperationalError) -> Exception:
+    """A full disk and a busy database as errors a client can act on (others unchanged)."""
+    name = getattr(exc, "sqlite_errorname", "")
+    if name == "SQLITE_FULL":
+        return ResourceExhausted("the job store is full (no room left on its disk); retry later")
+    if name in ("SQLITE_BUSY", "SQLITE_LOCKED"):
+        return Unavailable("the job store is busy; retry later")
+    return exc
 
 
 @dataclass
@@ -115,6 +130,7 @@ class SqliteJobBackend(JobBackend):
         self._watch_lock = threading.Lock()
         self._watchers: dict[str, set[tuple[asyncio.AbstractEventLoop, asyncio.Event]]] = {}
         self._depth_methods: set[str] = set()
+        self._full_logged = -FULL_LOG_S
 
     # --- storage -------------------------------------------------------------------------------
 
@@ -124,13 +140,29 @@ class SqliteJobBackend(JobBackend):
             if self._db is None:
                 raise Unavailable("job store is not open")
             db = self._db
-            db.execute("BEGIN IMMEDIATE")
             try:
-                yield db
-            except BaseException:
-                db.execute("ROLLBACK")
-                raise
-            db.execute("COMMIT")
+                db.execute("BEGIN IMMEDIATE")
+                try:
+                    yield db
+                    db.execute("COMMIT")
+                except BaseException:
+                    if db.in_transaction:  # SQLite may have rolled back already (a full disk)
+                        db.execute("ROLLBACK")
+                    raise
+            except sqlite3.OperationalError as exc:
+                error = _store_error(exc)
+                if error is exc:
+                    raise
+                if isinstance(error, ResourceExhausted):
+                    self._log_full(exc)
+                raise error from exc
+
+    def _log_full(self, exc: BaseException) -> None:
+        """One error line per ``FULL_LOG_S`` while the disk is full (every write fails alike)."""
+        now = time.monotonic()
+        if now - self._full_logged >= FULL_LOG_S:
+            self._full_logged = now
+            log.error("the job store %s cannot be written: %s", self.path, exc)
 
     def _open(self) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -400,6 +432,8 @@ class SqliteJobBackend(JobBackend):
                 claimed = self._claim()
             except Unavailable:
                 return
+            except ResourceExhausted:  # logged by _tx; try again after the idle poll
+                claimed = None
             except Exception:
                 log.exception("job worker: claiming a job failed")
                 claimed = None
@@ -408,7 +442,10 @@ class SqliteJobBackend(JobBackend):
                     if not self._stopping.is_set():
                         self._work.wait(self._idle_poll_s)
                 continue
-            self._execute(*claimed)
+            try:
+                self._execute(*claimed)
+            except Exception:  # this thread must live on: it is one of the few job workers
+                log.exception("job worker: job %s failed outside its method", claimed[0])
 
     def _claim(self) -> tuple[str, JobSpec, float, _Control] | None:
         now = time.time()
@@ -433,16 +470,24 @@ class SqliteJobBackend(JobBackend):
         self._notify(row["id"])
         return row["id"], spec, now - row["created_at"], control
 
-    def _update(self, job_id: str, sql: str, args: tuple[Any, ...]) -> bool:
+    def _update(self, job_id: str, sql: str, args: tuple[Any, ...], *, wait: bool = True) -> bool:
         """Journal a change from a worker; False when the store is closed (after stop): the
-        job is still RUNNING in the journal then and the next start() re-queues it."""
-        try:
-            with self._tx() as db:
-                db.execute(sql, (*args, job_id))
-        except Unavailable:
-            return False
-        self._notify(job_id)
-        return True
+        job is still RUNNING in the journal then and the next start() re-queues it. While the
+        disk is full or the database busy it tries again (``wait``) until it can or the job is
+        abandoned; a progress report (not ``wait``) is skipped instead."""
+        delay = 0.1
+        while True:
+            try:
+                with self._tx() as db:
+                    db.execute(sql, (*args, job_id))
+            except (ResourceExhausted, Unavailable):
+                if self._db is None or not wait or self._abandon.is_set():
+                    return False
+                self._abandon.wait(delay)
+                delay = min(WRITE_RETRY_MAX_S, delay * 2)
+                continue
+            self._notify(job_id)
+            return True
 
     def _execute(self, job_id: str, spec: JobSpec, waited: float, control: _Control) -> None:
         assert self.runner is not None
@@ -461,6 +506,7 @@ class SqliteJobBackend(JobBackend):
                 "UPDATE jobs SET progress=?, "
                 "message=CASE WHEN cancel_requested=1 THEN message ELSE ? END WHERE id=?",
                 (fraction, message),
+                wait=False,  # progress can be skipped; the outcome cannot
             )
 
         def settle(outcome: Outcome) -> bool:
