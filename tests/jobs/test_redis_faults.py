@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 import redis
 from helpers import await_until, test_registry, touch, wait_until
+from prometheus_client import CollectorRegistry
 
 from limelight.api.ports import free_port
 from limelight.core.jobs import JobSpec, JobState
@@ -25,6 +26,7 @@ from limelight.errors import ErrorKind, LimelightError, ResourceExhausted, Unava
 from limelight.jobs.redis_backend import RedisJobBackend
 from limelight.jobs.redis_worker import RedisWorker
 from limelight.jobs.runner import JobRunner
+from limelight.metrics import Metrics
 from limelight.models.loaded import LoadedModel
 from limelight.settings import Settings
 from tests.conftest import running_redis
@@ -101,9 +103,16 @@ async def test_backend_answers_unavailable_while_redis_is_down_and_reconnects(
     settings = _settings(restartable_redis.url, tmp_path)
     runner = JobRunner(tiny_model, test_registry(), settings)
 
-    backend = RedisJobBackend(settings, runner=runner)
+    metrics = Metrics(CollectorRegistry())
+    backend = RedisJobBackend(settings, metrics, runner=runner)
+    backend.depth_interval_s = 0.1
+
+    def queue_up() -> float | None:
+        return metrics.registry.get_sample_value("limelight_job_queue_up", {"backend": "redis"})
+
     await backend.start()
     try:
+        assert queue_up() == 1
         jobs = [
             await backend.submit(JobSpec(method="steps", text=f"good film {i}")) for i in range(12)
         ]
@@ -118,7 +127,9 @@ async def test_backend_answers_unavailable_while_redis_is_down_and_reconnects(
             with pytest.raises(Unavailable) as err:
                 await call
             assert _kind(err.value) is ErrorKind.UNAVAILABLE, name
+        assert queue_up() == 0  # for LimelightJobQueueDown
         restartable_redis.start()
+        await await_until(lambda: queue_up() == 1)
         # Same backend, no restart: it reconnects on the next command, and with
         # append-only persistence every queued job is still there.
         listed = await backend.list([JobState.QUEUED], 100)

@@ -426,9 +426,15 @@ async def test_a_full_disk_is_resource_exhausted_and_outcomes_wait_for_room(
     """Submitting to a full store is RESOURCE_EXHAUSTED (it was INTERNAL), logged once; a job
     that finishes meanwhile keeps its outcome until it can be written (the worker thread died
     before, and no job ran again until a restart)."""
-    backend = _backend(tiny_model, _settings(tmp_path))
+    metrics = Metrics(CollectorRegistry())
+    backend = _backend(tiny_model, _settings(tmp_path), metrics)
+
+    def queue_up() -> float | None:
+        return metrics.registry.get_sample_value("limelight_job_queue_up", {"backend": "sqlite"})
+
     await backend.start()
     try:
+        assert queue_up() == 1
         release = tmp_path / "release"
         text = " ".join(["a witty and moving film"] * 30)  # a result larger than a page
         job = await backend.submit(
@@ -443,9 +449,11 @@ async def test_a_full_disk_is_resource_exhausted_and_outcomes_wait_for_room(
         await asyncio.sleep(1.0)  # time to try
         assert (await backend.get(job.id)).state is JobState.RUNNING
         assert caplog.text.count("cannot be written") == 1  # one line for every refusal
+        assert queue_up() == 0  # for LimelightJobQueueDown
         make_room(backend)
         final = await asyncio.wait_for(wait_state(backend, job.id), 60)  # a hang guard
         assert final.state is JobState.SUCCEEDED and final.result is not None
+        assert queue_up() == 1
         # The same worker thread runs the next job.
         after = await backend.submit(JobSpec(method="steps", text="fun"))
         assert (await asyncio.wait_for(wait_state(backend, after.id), 60)).state.name == "SUCCEEDED"

@@ -68,21 +68,18 @@ def _redis_call(
     async def wrapper(*args: P.args, **kwargs: P.kwargs) -> T:
         try:
             return await fn(*args, **kwargs)
-        except REFUSED_ERRORS as exc:  # before CONNECTION_ERRORS: a wrong password is both
-            backend = args[0]
-            assert isinstance(backend, RedisJobBackend)
-            raise backend._refused(exc) from exc
-        except FULL_ERRORS as exc:
-            backend = args[0]
-            assert isinstance(backend, RedisJobBackend)
-            backend._log_at_most_every(REFUSED_S, "the job queue is out of memory: %s", exc)
-            raise ResourceExhausted(
-                "the job queue is full (Redis is out of memory); retry later"
-            ) from exc
-        except CONNECTION_ERRORS as exc:
+        except (*REFUSED_ERRORS, *FULL_ERRORS, *CONNECTION_ERRORS) as exc:
             backend = args[0]
             assert isinstance(backend, RedisJobBackend)
             await backend._lost(exc)
+            # A refusal first: a wrong password is also a ConnectionError.
+            if isinstance(exc, REFUSED_ERRORS):
+                raise backend._refused(exc) from exc
+            if isinstance(exc, FULL_ERRORS):
+                backend._log_at_most_every(REFUSED_S, "the job queue is out of memory: %s", exc)
+                raise ResourceExhausted(
+                    "the job queue is full (Redis is out of memory); retry later"
+                ) from exc
             raise _unreachable(exc) from exc
 
     return wrapper
@@ -159,6 +156,7 @@ class RedisJobBackend(JobBackend):
         await self.client.ping()
         await self._ensure_group()  # for KEDA's lag before any worker ran
         await self._refresh_depth()
+        self._queue_up(True)
         with contextlib.suppress(redis.exceptions.NoPermissionError):  # INFO is @dangerous
             risk = eviction_risk(await self.client.info("memory"))
             if risk:
@@ -194,8 +192,13 @@ class RedisJobBackend(JobBackend):
             await asyncio.sleep(self.depth_interval_s)
             try:
                 await self._refresh_depth()
+                # A write: a full or refusing Redis answers reads, but takes no jobs.
+                await self._ensure_group()
             except (redis.RedisError, Unavailable) as exc:
-                log.debug("queue depth refresh failed: %s", exc)
+                log.debug("job queue check failed: %s", exc)
+                self._queue_up(False)
+            else:
+                self._queue_up(True)
 
     async def stop(self, grace_s: float) -> None:
         # Jobs live in Redis and run in workers: nothing to drain here.
@@ -362,15 +365,22 @@ class RedisJobBackend(JobBackend):
             async for record in watch_changes(get, wait_change):
                 yield record
 
+    def _queue_up(self, up: bool) -> None:
+        if self.metrics is not None:
+            self.metrics.job_queue_up.labels(backend="redis").set(1 if up else 0)
+
     async def _lost(self, exc: BaseException) -> None:
-        """After a failover error, close the pool's connections: the next command dials the
-        address again and reaches the new primary."""
+        """The queue failed a command: down on the gauge until it answers again (the depth
+        refresh looks every ``depth_interval_s``). After a failover error, close the pool's
+        connections: the next command dials the address again and reaches the new primary."""
+        self._queue_up(False)
         if isinstance(exc, FAILOVER_ERRORS) and self._client is not None:
             with contextlib.suppress(redis.RedisError, OSError):
                 await self._client.connection_pool.disconnect()
 
     def _refused(self, exc: BaseException) -> Unavailable:
         """A refusal for the client (no details) and the log."""
+        self._queue_up(False)
         reason = refusal(exc, self.keys.prefix)
         self._log_at_most_every(REFUSED_S, "the job queue refused this sidecar: %s", reason)
         return Unavailable("the job queue refused this sidecar's Redis user (its log says why)")

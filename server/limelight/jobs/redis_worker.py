@@ -121,6 +121,7 @@ class RedisWorker:
             self._ready.clear()
         if self.metrics is not None:
             self.metrics.ready.set(1 if ready else 0)
+            self.metrics.job_queue_up.labels(backend="redis").set(1 if ready else 0)
 
     # --- Redis faults --------------------------------------------------------------------------
 

@@ -143,8 +143,11 @@ class SqliteJobBackend(JobBackend):
             try:
                 db.execute("BEGIN IMMEDIATE")
                 try:
+                    changes = db.total_changes
                     yield db
                     db.execute("COMMIT")
+                    if db.total_changes != changes:  # a write went through: room on the disk
+                        self._queue_up(True)
                 except BaseException:
                     if db.in_transaction:  # SQLite may have rolled back already (a full disk)
                         db.execute("ROLLBACK")
@@ -157,8 +160,13 @@ class SqliteJobBackend(JobBackend):
                     self._log_full(exc)
                 raise error from exc
 
+    def _queue_up(self, up: bool) -> None:
+        if self.metrics is not None:
+            self.metrics.job_queue_up.labels(backend="sqlite").set(1 if up else 0)
+
     def _log_full(self, exc: BaseException) -> None:
         """One error line per ``FULL_LOG_S`` while the disk is full (every write fails alike)."""
+        self._queue_up(False)
         now = time.monotonic()
         if now - self._full_logged >= FULL_LOG_S:
             self._full_logged = now
@@ -230,6 +238,7 @@ class SqliteJobBackend(JobBackend):
 
     async def start(self) -> None:
         self._open()
+        self._queue_up(True)
         now = time.time()
         with self._tx() as db:
             self._purge(db)

@@ -142,6 +142,14 @@ class Metrics:
             registry=r,
         )
         # Jobs.
+        self.job_queue_up = Gauge(
+            "limelight_job_queue_up",
+            "1 while the job queue takes work; 0 while it is unreachable, refuses this "
+            "process's Redis user or is full (no series without a job queue).",
+            ["backend"],
+            multiprocess_mode="livemin",
+            registry=r,
+        )
         self.job_queue_depth = Gauge(
             "limelight_job_queue_depth",
             "Jobs waiting to run, by method.",
