@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import subprocess
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -105,6 +106,24 @@ def reference_prediction(model: LoadedModel, text: str) -> tuple[list[int], np.n
     with torch.no_grad():
         logits = model.model(**enc).logits[0]
     return enc["input_ids"][0].tolist(), torch.softmax(logits, -1).numpy()
+
+
+def wait_serving(client: Any, proc: subprocess.Popen[Any], log: Path | None = None) -> None:
+    """Wait until the sidecar ``proc`` answers ``client`` (an SDK ``Client``); fail at once,
+    with the end of its ``log``, if it exits first."""
+    from limelight_client.errors import LimelightError
+
+    def serving() -> bool:
+        if proc.poll() is not None:
+            tail = log.read_text()[-3000:] if log is not None else ""
+            raise AssertionError(f"sidecar exited early:\n{tail}")
+        try:
+            client.model(timeout=5)
+        except LimelightError:
+            return False
+        return True
+
+    wait_until(serving, interval=0.2, timeout=300)
 
 
 def touch(path: Path) -> None:

@@ -19,12 +19,11 @@ from typing import Any
 
 import numpy as np
 import pytest
-from helpers import wait_until
+from helpers import wait_serving
 
 from limelight.api.ports import free_port
 from limelight.cli.main import main as cli
 from limelight_client import Client
-from limelight_client.errors import LimelightError
 from limelight_client.types import JobState
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -58,19 +57,6 @@ def sidecar(model_dir: Path, db: Path, port: int, log: Path) -> Iterator[subproc
                 proc.wait()
 
 
-def _ready(client: Client, proc: subprocess.Popen, log: Path) -> None:
-    def serving() -> bool:
-        if proc.poll() is not None:
-            raise AssertionError(f"sidecar exited early:\n{log.read_text()[-3000:]}")
-        try:
-            client.model(timeout=5)
-        except LimelightError:
-            return False
-        return True
-
-    wait_until(serving, interval=0.2, timeout=300)
-
-
 def test_kill_9_mid_job_then_restart(
     bert_tiny_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -81,7 +67,7 @@ def test_kill_9_mid_job_then_restart(
     fast: dict[str, Any] = {"steps": 8}
 
     with sidecar(bert_tiny_dir, db, port, log) as proc, Client(target, timeout=30) as client:
-        _ready(client, proc, log)
+        wait_serving(client, proc, log)
         done_job = client.submit(TEXTS[0], "integrated_gradients", steps=8)
         before = done_job.result(timeout=300)
         ids = [
@@ -101,7 +87,7 @@ def test_kill_9_mid_job_then_restart(
     assert [journal[i] for i in ids[1:]] == ["queued", "queued"]
 
     with sidecar(bert_tiny_dir, db, port, log) as proc, Client(target, timeout=30) as client:
-        _ready(client, proc, log)
+        wait_serving(client, proc, log)
         after = client.job(done_job.id).result(timeout=60)
         assert after.tokens == before.tokens
         np.testing.assert_array_equal(after.scores, before.scores)

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 import redis
-from helpers import await_until, test_registry, touch, wait_until
+from helpers import await_until, test_registry, touch, wait_serving, wait_until
 from prometheus_client import CollectorRegistry
 
 from limelight.api.ports import free_port
@@ -234,16 +234,7 @@ def test_a_sidecar_started_while_redis_is_down_serves_and_takes_jobs_once_it_is_
         server = subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT)
     try:
         with Client(f"127.0.0.1:{port}", timeout=30, retries=0) as client:
-
-            def serving() -> bool:
-                assert server.poll() is None, log.read_text()
-                try:
-                    client.model(timeout=5)
-                except LimelightError:
-                    return False
-                return True
-
-            wait_until(serving, interval=0.2)
+            wait_serving(client, server, log)
             assert client.explain("a moving , funny film").tokens
             with pytest.raises(LimelightError) as down:
                 client.submit("dull and far too long", "integrated_gradients", steps=8)

@@ -23,8 +23,8 @@ from helpers import (
     reference_prediction,
     test_registry,
     touch,
+    wait_serving,
     wait_state,
-    wait_until,
 )
 from jobs_testing_methods import expected_scores
 from prometheus_client import CollectorRegistry
@@ -369,7 +369,6 @@ def test_sidecar_enqueues_and_workers_run(
 ) -> None:
     """`limelight serve --jobs redis://…` only enqueues; a `limelight worker` runs the jobs."""
     from limelight_client import Client
-    from limelight_client.errors import LimelightError
     from limelight_client.types import JobState as ClientState
 
     port = free_port()
@@ -383,16 +382,7 @@ def test_sidecar_enqueues_and_workers_run(
     worker: subprocess.Popen | None = None
     try:
         with Client(f"127.0.0.1:{port}", timeout=30) as client:
-
-            def serving() -> bool:
-                assert server.poll() is None, "sidecar exited"
-                try:
-                    client.model(timeout=5)
-                except LimelightError:
-                    return False
-                return True
-
-            wait_until(serving, interval=0.2)
+            wait_serving(client, server)
             jobs = [
                 client.submit(text, "integrated_gradients", steps=8)
                 for text in ("a moving , funny film", "dull and far too long")
