@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 import redis
-from helpers import await_until, test_registry, touch, wait_serving, wait_until
+from helpers import await_until, test_registry, touch, wait_serving, wait_state, wait_until
 from prometheus_client import CollectorRegistry
 
 from limelight.api.ports import free_port
@@ -321,8 +321,8 @@ async def test_a_worker_waits_out_a_failover(
         await backend.start()
         try:
             job = await backend.submit(JobSpec(method="steps", text="fun"))
-            await await_until(lambda: worker.jobs_done == 1)
-            assert (await backend.get(job.id)).state is JobState.SUCCEEDED
+            final = await asyncio.wait_for(wait_state(backend, job.id), 120)  # a hang guard
+            assert final.state is JobState.SUCCEEDED
         finally:
             await backend.stop(1.0)
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 import redis
-from helpers import await_until, test_registry
+from helpers import await_until, test_registry, wait_state
 
 from limelight.core.jobs import JobSpec, JobState
 from limelight.errors import Unavailable
@@ -79,8 +79,8 @@ async def test_a_refused_worker_waits_says_why_and_works_once_the_user_is_fixed(
             await await_until(lambda: worker.ready)
             await backend.start()
             job = await backend.submit(JobSpec(method="steps", text="a witty film"))
-            await await_until(lambda: worker.jobs_done == 1)
-            assert (await backend.get(job.id)).state is JobState.SUCCEEDED
+            final = await asyncio.wait_for(wait_state(backend, job.id), 120)  # a hang guard
+            assert final.state is JobState.SUCCEEDED
 
             # Revoked while it runs: not ready again, one more error, back once granted.
             set_rules(admin, url, WITHOUT_KEYS)
@@ -129,4 +129,41 @@ async def test_a_refused_sidecar_answers_unavailable_and_logs_the_reason_once(
             set_rules(admin, url, REDIS_ACL)
             assert (await backend.get(job.id)).state is JobState.QUEUED
         finally:
+            await backend.stop(1.0)
+
+
+@pytest.mark.asyncio
+async def test_a_job_running_through_a_refusal_finishes_and_logs_it_once(
+    tiny_model: LoadedModel, redis_acl: RedisAcl, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The ACL revoked while a job runs: the job keeps computing, its heartbeats fail quietly
+    (one line, not one per beat), and its outcome is written once the user is fixed."""
+    with acl_user(redis_acl, REDIS_ACL) as (url, admin):
+        # Heartbeats every 0.1 s; one worker, so nobody reclaims its job meanwhile.
+        settings = Settings(cache_dir=tmp_path, jobs=url, job_reclaim_idle_s=0.3)
+        runner = JobRunner(tiny_model, test_registry(), settings)
+        worker = RedisWorker(settings, runner, name="w-revoked")
+        worker.refused_retry_s = 0.1
+        thread = threading.Thread(target=worker.run, daemon=True)
+        backend = RedisJobBackend(settings, runner=runner)
+        await backend.start()
+        thread.start()
+        try:
+            release = tmp_path / "release"
+            job = await backend.submit(
+                JobSpec(method="block", text="a witty film", params={"release": str(release)})
+            )
+            await await_until(lambda: admin.hget(f"limelight:job:{job.id}", "state") == b"running")
+            set_rules(admin, url, WITHOUT_KEYS)
+            await await_until(lambda: caplog.text.count("heartbeat failed") == 1)
+            await asyncio.sleep(1.0)  # about ten more beats, refused
+            set_rules(admin, url, REDIS_ACL)
+            release.write_text("go")
+
+            final = await asyncio.wait_for(wait_state(backend, job.id), 120)  # a hang guard
+            assert final.state is JobState.SUCCEEDED
+            assert caplog.text.count("heartbeat failed") == 1
+        finally:
+            worker.request_stop()
+            thread.join()
             await backend.stop(1.0)

@@ -141,7 +141,7 @@ class RedisWorker:
             self._set_ready(False)
             if kind == "refused":
                 log.error(
-                    "worker %s: the job queue refused it (%s): %s; asking again every %.0f s",
+                    "worker %s: the job queue refused it (%s): %s; asking again every %g s",
                     self.name,
                     what,
                     refusal(exc, self.keys.prefix),
@@ -309,11 +309,18 @@ class RedisWorker:
         def heartbeat() -> None:
             # Re-claiming our own entry resets its idle time: we are alive.
             interval = self.settings.job_reclaim_idle_s / 3
+            failing = False  # one line per outage, not one per beat
             while not beat_stop.wait(interval):
                 try:
                     self.client.xclaim(keys.stream, GROUP, self.name, 0, [entry], justid=True)
                 except redis.RedisError as exc:
-                    log.warning("worker %s: heartbeat failed: %s", self.name, exc)
+                    if not failing:
+                        log.warning("worker %s: heartbeat failed: %s", self.name, exc)
+                    failing = True
+                else:
+                    if failing:
+                        log.info("worker %s: heartbeat back", self.name)
+                    failing = False
 
         def poll(progress: str = "", message: str = "") -> None:
             remote["checked"] = time.monotonic()
