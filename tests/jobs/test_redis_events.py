@@ -41,11 +41,16 @@ async def test_more_watchers_than_the_pool_holds_share_one_subscription(
         job = await backend.submit(JobSpec(method="steps", text="a witty film"))
         seen: list[list[JobRecord]] = [[] for _ in range(WATCHERS)]
         watches = [asyncio.ensure_future(follow(backend, job.id, s)) for s in seen]
-        await await_until(lambda: all(seen))  # every watcher has the job as it is: queued
-        assert subscribers(redis_clean) == 1
-        # The job API still has connections to work with.
-        other = await backend.submit(JobSpec(method="steps", text="another"))
-        assert (await backend.get(other.id)).state == JobState.QUEUED
+        await await_until(lambda: all(seen) and subscribers(redis_clean) == 1)
+        # The job API still has connections to work with, also while every watcher reads its
+        # job at once (the subscription killed: it comes back and wakes them all). That burst
+        # made concurrent calls fail "Too many connections" (UNAVAILABLE) before.
+        redis.Redis.from_url(redis_clean).client_kill_filter(_type="pubsub")
+        others = await asyncio.gather(
+            *(backend.submit(JobSpec(method="steps", text=f"another {i}")) for i in range(50))
+        )
+        records = await asyncio.gather(*(backend.get(o.id) for o in others))
+        assert {r.state for r in records} == {JobState.QUEUED}
         await backend.cancel(job.id)
         await asyncio.wait_for(asyncio.gather(*watches), 60)  # a hang guard
         assert all(s[-1].state == JobState.CANCELLED for s in seen)

@@ -51,6 +51,11 @@ from limelight.settings import Settings
 
 log = logging.getLogger(__name__)
 
+#: Connections of a sidecar's Redis client (its pub/sub subscription takes one).
+POOL_SIZE = 100
+#: Longest a call waits for one of them before it is UNAVAILABLE.
+POOL_WAIT_S = 10.0
+
 P = ParamSpec("P")
 T = TypeVar("T")
 
@@ -127,7 +132,12 @@ class RedisJobBackend(JobBackend):
         """Connect; a queue that refuses the credentials or the ACL is an error (a mistake in
         the deployment), one that is unreachable or full is not: inline explanations do not need
         it, so the sidecar serves them while job calls fail until Redis answers."""
-        self._client = aioredis.Redis.from_url(self.settings.jobs, **client_options())
+        # A burst of calls (a wake of every watcher) waits for a free connection instead of
+        # failing with "Too many connections" once the pool's 100 are in use.
+        pool = aioredis.BlockingConnectionPool.from_url(
+            self.settings.jobs, max_connections=POOL_SIZE, timeout=POOL_WAIT_S, **client_options()
+        )
+        self._client = aioredis.Redis.from_pool(pool)
         where = redact_credentials(self.settings.jobs)
         try:
             await self._connect()
