@@ -7,10 +7,11 @@ operator fixes the user (``ACL SETUSER`` while it runs); the sidecar answers job
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import threading
 import uuid
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -53,6 +54,28 @@ def set_rules(admin: redis.Redis, url: str, rules: str) -> None:
     admin.execute_command("ACL", "SETUSER", name, "resetkeys", "resetchannels", *rules.split())
 
 
+@contextlib.asynccontextmanager
+async def worker_and_sidecar(
+    model: LoadedModel, url: str, tmp_path: Path, name: str, *, reclaim_idle_s: float = 30.0
+) -> AsyncIterator[tuple[RedisWorker, threading.Thread, RedisJobBackend]]:
+    """A worker running in a thread (asking again 0.1 s after a refusal) and a sidecar's job
+    backend on ``url``, not started (it would refuse to while Redis refuses); both stopped at
+    the end."""
+    settings = Settings(cache_dir=tmp_path, jobs=url, job_reclaim_idle_s=reclaim_idle_s)
+    runner = JobRunner(model, test_registry(), settings)
+    worker = RedisWorker(settings, runner, name=name)
+    worker.refused_retry_s = 0.1
+    thread = threading.Thread(target=worker.run, daemon=True)
+    backend = RedisJobBackend(settings, runner=runner)
+    thread.start()
+    try:
+        yield worker, thread, backend
+    finally:
+        worker.request_stop()
+        thread.join()
+        await backend.stop(1.0)
+
+
 def errors(caplog: pytest.LogCaptureFixture) -> list[str]:
     return [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
 
@@ -62,14 +85,11 @@ async def test_a_refused_worker_waits_says_why_and_works_once_the_user_is_fixed(
     tiny_model: LoadedModel, redis_acl: RedisAcl, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     with acl_user(redis_acl, WITHOUT_KEYS) as (url, admin):
-        settings = Settings(cache_dir=tmp_path, jobs=url, job_reclaim_idle_s=30)
-        runner = JobRunner(tiny_model, test_registry(), settings)
-        worker = RedisWorker(settings, runner, name="w-refused")
-        worker.refused_retry_s = 0.1
-        thread = threading.Thread(target=worker.run, daemon=True)
-        thread.start()
-        backend = RedisJobBackend(settings, runner=runner)
-        try:
+        async with worker_and_sidecar(tiny_model, url, tmp_path, "w-refused") as (
+            worker,
+            thread,
+            backend,
+        ):
             await await_until(lambda: errors(caplog))
             assert thread.is_alive() and not worker.ready
             (error,) = errors(caplog)
@@ -90,10 +110,6 @@ async def test_a_refused_worker_waits_says_why_and_works_once_the_user_is_fixed(
             set_rules(admin, url, REDIS_ACL)
             await await_until(lambda: worker.ready)
             assert worker.outages == 1  # the first refusal came before it was ever ready
-        finally:
-            worker.request_stop()
-            thread.join()
-            await backend.stop(1.0)
 
 
 @pytest.mark.asyncio
@@ -140,15 +156,10 @@ async def test_a_job_running_through_a_refusal_finishes_and_logs_it_once(
     (one line, not one per beat), and its outcome is written once the user is fixed."""
     with acl_user(redis_acl, REDIS_ACL) as (url, admin):
         # Heartbeats every 0.1 s; one worker, so nobody reclaims its job meanwhile.
-        settings = Settings(cache_dir=tmp_path, jobs=url, job_reclaim_idle_s=0.3)
-        runner = JobRunner(tiny_model, test_registry(), settings)
-        worker = RedisWorker(settings, runner, name="w-revoked")
-        worker.refused_retry_s = 0.1
-        thread = threading.Thread(target=worker.run, daemon=True)
-        backend = RedisJobBackend(settings, runner=runner)
-        await backend.start()
-        thread.start()
-        try:
+        async with worker_and_sidecar(
+            tiny_model, url, tmp_path, "w-revoked", reclaim_idle_s=0.3
+        ) as (_worker, _thread, backend):
+            await backend.start()
             release = tmp_path / "release"
             job = await backend.submit(
                 JobSpec(method="block", text="a witty film", params={"release": str(release)})
@@ -163,7 +174,3 @@ async def test_a_job_running_through_a_refusal_finishes_and_logs_it_once(
             final = await asyncio.wait_for(wait_state(backend, job.id), 120)  # a hang guard
             assert final.state is JobState.SUCCEEDED
             assert caplog.text.count("heartbeat failed") == 1
-        finally:
-            worker.request_stop()
-            thread.join()
-            await backend.stop(1.0)
