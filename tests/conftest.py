@@ -278,9 +278,9 @@ def redis_tls_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 
 
 #: What a Redis ACL user of Limelight needs (README, "Jobs"): its keys, its job events channel
-#: pattern (PSUBSCRIBE patterns are matched literally: ``&limelight:*`` does not grant it), and
-#: every command but the dangerous ones.
-REDIS_ACL = "~limelight:* &limelight:events:* +@all -@dangerous"
+#: pattern (PSUBSCRIBE patterns are matched literally: ``&limelight:*`` does not grant it),
+#: every command but the dangerous ones, and INFO (to check the eviction policy).
+REDIS_ACL = "~limelight:* &limelight:events:* +@all -@dangerous +info"
 
 
 @dataclass

@@ -179,6 +179,12 @@ class Settings(BaseSettings):
     """Job backend: ``sqlite`` (embedded, journalled), ``redis://host:port/db``, or ``off``."""
     jobs_db: Path | None = None
     """SQLite journal path; unset: ``<cache_dir>/jobs.sqlite3``."""
+    jobs_refused_at_start: Literal["stop", "serve"] = "stop"
+    """Redis backend: what ``limelight serve`` does when the queue refuses its credentials or
+    ACL at start. ``stop``: exit with the reason (a wrong Secret stalls a rollout instead of
+    passing it). ``serve``: log the reason, serve inline explanations, answer job calls
+    UNAVAILABLE and ask again every 30 s — for a sidecar in the classifier's pod, whose
+    readiness should not wait on the queue. A refusal that starts later never stops it."""
     job_workers: NonNegativeInt = 1
     """Job worker threads (embedded backend) or processes (``limelight worker``)."""
     method_plugins: list[str] = []

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import os
 import subprocess
+import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +23,7 @@ from jobs_testing_methods import (
     StepMethod,
 )
 
+from limelight.api.ports import free_port
 from limelight.core.jobs import JobBackend, JobRecord, JobSpec, JobState
 from limelight.errors import NotFound
 from limelight.methods.base import MethodRegistry
@@ -124,6 +128,28 @@ def wait_serving(client: Any, proc: subprocess.Popen[Any], log: Path | None = No
         return True
 
     wait_until(serving, interval=0.2, timeout=300)
+
+
+@contextmanager
+def served_sidecar(
+    model_dir: Path, jobs: str, tmp_path: Path, **env: str
+) -> Iterator[tuple[subprocess.Popen[bytes], int, Path]]:
+    """``limelight serve`` on ``model_dir`` with the job queue ``jobs`` (in the environment, as
+    from a Kubernetes Secret) and extra ``LIMELIGHT_*`` ``env``: the process, its port and its
+    log file; terminated at the end."""
+    port = free_port()
+    environ = {**os.environ, "LIMELIGHT_TORCH_THREADS": "1", "LIMELIGHT_JOBS": jobs, **env}
+    argv = [sys.executable, "-m", "limelight.cli.main", "serve", "--model", str(model_dir)]
+    argv += ["--port", str(port), "--metrics-port", "0", "--log-level", "WARNING"]
+    log = tmp_path / "sidecar.log"
+    with log.open("wb") as out:
+        proc = subprocess.Popen(argv, env=environ, stdout=out, stderr=subprocess.STDOUT)
+    try:
+        yield proc, port, log
+    finally:
+        if proc.poll() is None:
+            proc.terminate()
+            proc.wait(60)
 
 
 def touch(path: Path) -> None:

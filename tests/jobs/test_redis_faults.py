@@ -6,10 +6,8 @@ persistence queued jobs survive a Redis restart."""
 from __future__ import annotations
 
 import asyncio
-import os
 import shutil
 import subprocess
-import sys
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -17,7 +15,15 @@ from pathlib import Path
 
 import pytest
 import redis
-from helpers import await_until, test_registry, touch, wait_serving, wait_state, wait_until
+from helpers import (
+    await_until,
+    served_sidecar,
+    test_registry,
+    touch,
+    wait_serving,
+    wait_state,
+    wait_until,
+)
 from prometheus_client import CollectorRegistry
 
 from limelight.api.ports import free_port
@@ -225,15 +231,11 @@ def test_a_sidecar_started_while_redis_is_down_serves_and_takes_jobs_once_it_is_
 
     queue = RedisProcess(tmp_path / "redis", free_port())  # not started yet
     queue.workdir.mkdir()
-    port = free_port()
-    env = {**os.environ, "LIMELIGHT_TORCH_THREADS": "1", "LIMELIGHT_JOBS": queue.url}
-    argv = [sys.executable, "-m", "limelight.cli.main", "serve", "--model", str(bert_tiny_dir)]
-    argv += ["--port", str(port), "--metrics-port", "0", "--log-level", "WARNING"]
-    log = tmp_path / "sidecar.log"
-    with log.open("wb") as out:
-        server = subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT)
     try:
-        with Client(f"127.0.0.1:{port}", timeout=30, retries=0) as client:
+        with (
+            served_sidecar(bert_tiny_dir, queue.url, tmp_path) as (server, port, log),
+            Client(f"127.0.0.1:{port}", timeout=30, retries=0) as client,
+        ):
             wait_serving(client, server, log)
             assert client.explain("a moving , funny film").tokens
             with pytest.raises(LimelightError) as down:
@@ -250,9 +252,6 @@ def test_a_sidecar_started_while_redis_is_down_serves_and_takes_jobs_once_it_is_
             wait_until(lambda: len(admin.xinfo_groups("limelight:stream")) == 1)
             assert server.poll() is None
     finally:
-        if server.poll() is None:
-            server.terminate()
-            server.wait(60)
         queue.stop()
 
 

@@ -17,13 +17,15 @@ from pathlib import Path
 
 import pytest
 import redis
-from helpers import await_until, test_registry, wait_state
+from helpers import await_until, served_sidecar, test_registry, wait_serving, wait_state
+from prometheus_client import CollectorRegistry
 
 from limelight.core.jobs import JobSpec, JobState
 from limelight.errors import Unavailable
 from limelight.jobs.redis_backend import RedisJobBackend
 from limelight.jobs.redis_worker import RedisWorker
 from limelight.jobs.runner import JobRunner
+from limelight.metrics import Metrics
 from limelight.models.loaded import LoadedModel
 from limelight.settings import Settings
 from tests.conftest import REDIS_ACL, RedisAcl
@@ -174,3 +176,101 @@ async def test_a_job_running_through_a_refusal_finishes_and_logs_it_once(
             final = await asyncio.wait_for(wait_state(backend, job.id), 120)  # a hang guard
             assert final.state is JobState.SUCCEEDED
             assert caplog.text.count("heartbeat failed") == 1
+
+
+def queue_up(metrics: Metrics) -> float | None:
+    return metrics.registry.get_sample_value("limelight_job_queue_up", {"backend": "redis"})
+
+
+@pytest.mark.asyncio
+async def test_a_sidecar_told_to_serve_through_a_refusal_at_start_takes_jobs_once_fixed(
+    redis_acl: RedisAcl, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """``jobs_refused_at_start=serve``: the job backend starts although Redis refuses its user,
+    job calls are UNAVAILABLE (the reason logged once, however often it asks again), and it
+    takes jobs as soon as the operator fixes the user, without a restart."""
+    with acl_user(redis_acl, WITHOUT_KEYS) as (url, admin):
+        metrics = Metrics(CollectorRegistry())
+        settings = Settings(cache_dir=tmp_path, jobs=url, jobs_refused_at_start="serve")
+        backend = RedisJobBackend(settings, metrics)
+        backend.refused_retry_s = 0.1
+        await backend.start()
+        try:
+            assert queue_up(metrics) == 0
+            with pytest.raises(Unavailable) as refused:
+                await backend.submit(JobSpec(method="steps", text="a witty film"))
+            assert "refused" in refused.value.message and "~" not in refused.value.message
+            await asyncio.sleep(0.5)  # asked again several times, refused each time
+            (error,) = errors(caplog)
+            assert REDIS_ACL in error and PASSWORD not in caplog.text
+
+            set_rules(admin, url, REDIS_ACL)
+            await await_until(lambda: queue_up(metrics) == 1)
+            job = await backend.submit(JobSpec(method="steps", text="a witty film"))
+            assert (await backend.get(job.id)).state is JobState.QUEUED
+            assert len(errors(caplog)) == 1
+        finally:
+            await backend.stop(1.0)
+
+
+@pytest.mark.parametrize("at_start", ["stop", "serve"])
+def test_limelight_serve_against_a_queue_that_refuses_it_at_start(
+    bert_tiny_dir: Path, redis_acl: RedisAcl, tmp_path: Path, at_start: str
+) -> None:
+    """By default ``limelight serve`` stops with one line naming what the queue's user lacks (a
+    wrong Secret stalls the rollout); with ``LIMELIGHT_JOBS_REFUSED_AT_START=serve`` it serves
+    inline explanations and answers job calls UNAVAILABLE, so a classifier sharing its pod
+    stays Ready."""
+    import grpc
+
+    from limelight_client import Client
+    from limelight_client.errors import LimelightError
+
+    with (
+        acl_user(redis_acl, WITHOUT_KEYS) as (url, _admin),
+        served_sidecar(bert_tiny_dir, url, tmp_path, LIMELIGHT_JOBS_REFUSED_AT_START=at_start) as (
+            server,
+            port,
+            log,
+        ),
+    ):
+        if at_start == "stop":
+            assert server.wait(300) != 0
+            text = log.read_text()
+            assert REDIS_ACL in text and "redis://***@" in text
+            assert PASSWORD not in text and "Traceback" not in text
+            return
+        with Client(f"127.0.0.1:{port}", timeout=30, retries=0) as client:
+            wait_serving(client, server, log)
+            assert client.explain("a moving , funny film").tokens
+            with pytest.raises(LimelightError) as refused:
+                client.submit("dull and far too long", "integrated_gradients", steps=8)
+            assert refused.value.code == grpc.StatusCode.UNAVAILABLE
+            assert server.poll() is None
+        text = log.read_text()
+        assert text.count(REDIS_ACL) == 1 and PASSWORD not in text
+
+
+@pytest.mark.asyncio
+async def test_the_eviction_policy_is_checked_with_the_readmes_acl(
+    redis_acl: RedisAcl, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The README's ACL grants INFO, so a sidecar running as that user warns about a policy
+    that may evict queued jobs; a user without INFO is told that the policy goes unchecked."""
+    caplog.set_level(logging.INFO, logger="limelight.jobs.redis_store")
+    admin = redis.Redis.from_url(redis_acl.admin_url)
+    admin.config_set("maxmemory-policy", "allkeys-lru")
+    try:
+        for rules, said in (
+            (REDIS_ACL, "maxmemory-policy allkeys-lru"),
+            (REDIS_ACL.replace(" +info", ""), "its eviction policy goes unchecked"),
+        ):
+            caplog.clear()
+            with acl_user(redis_acl, rules) as (url, _):
+                backend = RedisJobBackend(Settings(cache_dir=tmp_path, jobs=url))
+                await backend.start()
+                await backend.stop(1.0)
+            assert caplog.text.count(said) == 1
+    finally:
+        admin.config_set("maxmemory-policy", "noeviction")
+        admin.close()

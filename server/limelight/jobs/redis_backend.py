@@ -38,11 +38,11 @@ from limelight.jobs.redis_store import (
     REFUSED_S,
     Keys,
     client_options,
-    eviction_risk,
     lua,
     record_from_hash,
     refusal,
     ttl_ms,
+    warn_eviction_risk,
 )
 from limelight.jobs.runner import JobRunner
 from limelight.jobs.serialize import spec_to_dict
@@ -120,6 +120,8 @@ class RedisJobBackend(JobBackend):
         """How often the queue-depth gauge is refreshed even when no RPC touches the queue."""
         self.watch_reconnect_s = 60.0
         """How long ``watch`` waits for an unreachable Redis before it gives up (UNAVAILABLE)."""
+        self.refused_retry_s = REFUSED_S
+        """After a refusal at start (``jobs_refused_at_start=serve``): how often to ask again."""
         self._error_logged = -REFUSED_S
 
     @property
@@ -142,10 +144,21 @@ class RedisJobBackend(JobBackend):
         try:
             await self._connect()
         except REFUSED_ERRORS as exc:
-            client, self._client = self._client, None
-            with contextlib.suppress(redis.RedisError, OSError):
-                await client.aclose()
-            raise Unavailable(f"the job queue at {where}: {refusal(exc)}") from exc
+            if self.settings.jobs_refused_at_start == "stop":
+                client, self._client = self._client, None
+                with contextlib.suppress(redis.RedisError, OSError):
+                    await client.aclose()
+                raise Unavailable(f"the job queue at {where}: {refusal(exc)}") from exc
+            self._refused(exc)
+            log.warning(
+                "serving inline explanations without the job queue at %s; job calls fail "
+                "until it accepts this sidecar (asked again every %.0f s)",
+                where,
+                self.refused_retry_s,
+            )
+            self._connect_task = asyncio.create_task(
+                self._connect_when_reachable(where, first_delay=self.refused_retry_s)
+            )
         except (*CONNECTION_ERRORS, *FULL_ERRORS) as exc:
             await self._lost(exc)
             log.warning(
@@ -167,26 +180,27 @@ class RedisJobBackend(JobBackend):
         await self._ensure_group()  # for KEDA's lag before any worker ran
         await self._refresh_depth()
         self._queue_up(True)
-        with contextlib.suppress(redis.exceptions.NoPermissionError):  # INFO is @dangerous
-            risk = eviction_risk(await self.client.info("memory"))
-            if risk:
-                log.warning("%s", risk)
+        try:
+            memory_info = await self.client.info("memory")
+        except redis.exceptions.NoPermissionError:  # INFO is @dangerous
+            memory_info = None
+        warn_eviction_risk(memory_info)
 
-    async def _connect_when_reachable(self, where: str) -> None:
-        """Try again, with backoff, until the queue unreachable at start answers."""
-        delay = 0.5
+    async def _connect_when_reachable(self, where: str, first_delay: float = 0.5) -> None:
+        """Try again, with backoff, until the queue that failed at start answers."""
+        delay = first_delay
         while True:
             await asyncio.sleep(delay)
             try:
                 await self._connect()
             except REFUSED_ERRORS as exc:
                 self._refused(exc)
-                delay = REFUSED_S
+                delay = self.refused_retry_s
             except (*CONNECTION_ERRORS, *FULL_ERRORS) as exc:
                 await self._lost(exc)
                 delay = min(5.0, delay * 2)
             else:
-                log.info("the job queue at %s is reachable", where)
+                log.info("the job queue at %s answers: job calls work again", where)
                 return
 
     async def _ensure_group(self) -> None:

@@ -19,7 +19,6 @@ and workers.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 from dataclasses import dataclass
@@ -70,13 +69,19 @@ FULL_ERRORS: tuple[type[Exception], ...] = (redis.exceptions.OutOfMemoryError,)
 REFUSED_S = 30.0
 
 
+def acl_rules(prefix: str = "limelight") -> str:
+    """The ACL a Limelight user needs: its keys, its job-event channels (granted as written:
+    Redis matches a subscription pattern against the ACL literally), the ordinary commands, and
+    ``INFO`` (itself ``@dangerous``) to check the eviction policy."""
+    return f"~{prefix}:* &{prefix}:events:* +@all -@dangerous +info"
+
+
 def refusal(exc: BaseException, prefix: str = "limelight") -> str:
     """What a refusal means and what to do about it, in one line (no credentials in it)."""
     if isinstance(exc, redis.exceptions.NoPermissionError):
         return (
             f"Redis refused a command ({exc}): the queue's user needs the ACL "
-            f"~{prefix}:* &{prefix}:events:* +@all -@dangerous "
-            "(README: Redis credentials, ACL and TLS)"
+            f"{acl_rules(prefix)} (README: Redis credentials, ACL and TLS)"
         )
     return f"Redis refused the credentials ({exc}): check the user and password of the address"
 
@@ -157,17 +162,23 @@ def record_from_hash(data: dict[str, str], with_result: bool = True) -> JobRecor
     )
 
 
-def eviction_risk(memory_info: dict[str, Any]) -> str | None:
-    """A warning when Redis (its ``INFO memory``) may evict any key when full: queued jobs and
-    the stream itself could vanish. ``noeviction`` (or ``volatile-*``: only keys with a TTL,
-    which here are finished jobs) keep the queue."""
+def warn_eviction_risk(memory_info: dict[str, Any] | None) -> None:
+    """Warn when Redis (its ``INFO memory``; None: the user may not ask) may evict any key when
+    full: queued jobs and the stream itself could vanish. ``noeviction`` (or ``volatile-*``:
+    only keys with a TTL, which here are finished jobs) keep the queue."""
+    if memory_info is None:
+        log.info(
+            "the job queue's user may not run INFO, so its eviction policy goes unchecked "
+            "(grant +info: README, Redis credentials, ACL and TLS)"
+        )
+        return
     policy = str(memory_info.get("maxmemory_policy", ""))
-    if not policy.startswith("allkeys-"):
-        return None
-    return (
-        f"Redis evicts any key when full (maxmemory-policy {policy}): queued jobs can be lost; "
-        "set maxmemory-policy noeviction (or a volatile-* policy)"
-    )
+    if policy.startswith("allkeys-"):
+        log.warning(
+            "Redis evicts any key when full (maxmemory-policy %s): queued jobs can be lost; "
+            "set maxmemory-policy noeviction (or a volatile-* policy)",
+            policy,
+        )
 
 
 def check_access(url: str, prefix: str = "limelight") -> None:
@@ -177,10 +188,11 @@ def check_access(url: str, prefix: str = "limelight") -> None:
     try:
         client.ping()
         ensure_group(client, Keys(prefix))
-        with contextlib.suppress(redis.exceptions.NoPermissionError):  # INFO is @dangerous
-            risk = eviction_risk(client.info("memory"))
-            if risk:
-                log.warning("%s", risk)
+        try:
+            memory_info = client.info("memory")
+        except redis.exceptions.NoPermissionError:  # INFO is @dangerous
+            memory_info = None
+        warn_eviction_risk(memory_info)
     finally:
         client.close()
 
