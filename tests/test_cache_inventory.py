@@ -46,6 +46,7 @@ class Cache:
     graph_unrecorded: Path
     lexicon_of_demo: Path
     lexicon_unrecorded: Path
+    unreadable_journal: Path
 
 
 @pytest.fixture
@@ -57,6 +58,10 @@ def cache(tmp_path: Path) -> Cache:
     earlier_log = root / "models" / ".bert-tiny-000000000000.build.log"
     earlier_log.write_text("built\n")
     (root / "jobs.sqlite3").write_bytes(b"journal")
+    # What the sidecar moved aside when it could not read its journal at start.
+    unreadable_journal = root / "jobs.sqlite3.corrupt-20261205T120000Z"
+    unreadable_journal.write_bytes(b"not a database")
+    (root / f"{unreadable_journal.name}-wal").write_bytes(b"its log")
     foreign = model_dir(root / "models" / "my-classifier", b"someone's model")
     users = model_dir(tmp_path / "served" / "user-model", b"user weights v2")
 
@@ -79,6 +84,7 @@ def cache(tmp_path: Path) -> Cache:
         graph_unrecorded=graph("00000000deadbeef", None),
         lexicon_of_demo=folder(root / "lexicons" / fingerprint(demo)),
         lexicon_unrecorded=folder(root / "lexicons" / "1111111111111111"),
+        unreadable_journal=unreadable_journal,
     )
 
 
@@ -100,6 +106,7 @@ def test_inventory_tells_what_is_needed(cache: Cache) -> None:
         cache.lexicon_of_demo: Use.IN_USE,
         cache.lexicon_unrecorded: Use.UNRECORDED,
         cache.root / "jobs.sqlite3": Use.IN_USE,
+        cache.unreadable_journal: Use.STALE,
     }
     why = {e.path: e.why for e in entries}
     assert "earlier recipe of bert-tiny" in why[cache.earlier]
@@ -110,13 +117,21 @@ def test_inventory_tells_what_is_needed(cache: Cache) -> None:
     record = len(f"{cache.root.parent / 'gone'}\n")
     assert sizes[cache.graph_gone] == 100 + record  # the payload and the served-from record
     assert sizes[cache.earlier] == len(b"old weights") + len('{"model_type": "bert"}')
+    assert sizes[cache.unreadable_journal] == len(b"not a database") + len(b"its log")
 
 
 def test_prune_removes_the_stale_and_keeps_the_rest(cache: Cache) -> None:
     removed = prune(inventory(cache.root))
-    assert {e.path for e in removed} == {cache.earlier, cache.graph_changed, cache.graph_gone}
+    assert {e.path for e in removed} == {
+        cache.earlier,
+        cache.graph_changed,
+        cache.graph_gone,
+        cache.unreadable_journal,
+    }
     for entry in removed:
         assert not entry.path.exists()
+    assert not list(cache.root.glob("jobs.sqlite3.corrupt-*"))  # its WAL file too
+    assert (cache.root / "jobs.sqlite3").exists()
     assert not cache.earlier_log.exists()  # the earlier build's log went with it
     for kept in (cache.demo, cache.foreign, cache.graph_of_demo, cache.graph_in_use):
         assert kept.exists()
@@ -139,7 +154,7 @@ def test_nothing_a_lock_holds_is_removed(cache: Cache) -> None:
         assert uses(entries)[cache.earlier] is Use.BUSY
         assert uses(entries)[cache.graph_gone] is Use.BUSY
         removed = prune(entries)
-    assert {e.path for e in removed} == {cache.graph_changed}
+    assert {e.path for e in removed} == {cache.graph_changed, cache.unreadable_journal}
     assert cache.earlier.exists() and cache.graph_gone.exists()
 
 

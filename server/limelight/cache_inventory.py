@@ -47,7 +47,8 @@ class Use(enum.Enum):
 @dataclass(frozen=True)
 class Entry:
     kind: str
-    """``demo model``, ``ONNX graph``, ``lexicon table`` or ``jobs journal``."""
+    """``demo model``, ``ONNX graph``, ``lexicon table``, ``jobs journal`` or ``unreadable jobs
+    journal``."""
     path: Path
     size: int
     """Bytes on disk (the files' sizes)."""
@@ -69,7 +70,18 @@ def inventory(cache_dir: Path) -> list[Entry]:
         if journal.exists()
         else []
     )
-    return [*demos, *graphs, *lexicons, *jobs]
+    unreadable = [
+        Entry(
+            "unreadable jobs journal",
+            aside,
+            sum(_size(f) for f in _with_wal(aside)),
+            Use.STALE,
+            "moved aside as unreadable when the sidecar started (it began an empty journal); "
+            "kept only to recover from it (`sqlite3 FILE .recover`)",
+        )
+        for aside in sorted(cache_dir.glob("jobs.sqlite3.corrupt-*[0-9]Z"))
+    ]
+    return [*demos, *graphs, *lexicons, *jobs, *unreadable]
 
 
 def prune(entries: Iterable[Entry], unrecorded: bool = False) -> list[Entry]:
@@ -80,13 +92,26 @@ def prune(entries: Iterable[Entry], unrecorded: bool = False) -> list[Entry]:
         if entry.use is Use.STALE or (unrecorded and entry.use is Use.UNRECORDED):
             if _locked(entry):
                 continue
-            shutil.rmtree(entry.path, ignore_errors=True)
+            if entry.path.is_dir():
+                shutil.rmtree(entry.path, ignore_errors=True)
+            else:
+                for path in _with_wal(entry.path):
+                    path.unlink(missing_ok=True)
             if entry.kind == "demo model":  # its build log and progress files
                 for leftover in entry.path.parent.glob(f".{entry.path.name}.*"):
                     if leftover.is_file() and not held_elsewhere(leftover):
                         leftover.unlink(missing_ok=True)
             removed.append(entry)
     return removed
+
+
+def _with_wal(database: Path) -> list[Path]:
+    """An SQLite file and its write-ahead log files, those that exist."""
+    return [
+        p
+        for p in (database.with_name(database.name + s) for s in ("", "-wal", "-shm"))
+        if p.exists()
+    ]
 
 
 def _demo_models(cache_dir: Path) -> list[Entry]:

@@ -459,3 +459,49 @@ async def test_a_full_disk_is_resource_exhausted_and_outcomes_wait_for_room(
         assert (await asyncio.wait_for(wait_state(backend, after.id), 60)).state.name == "SUCCEEDED"
     finally:
         await backend.stop(5)
+
+
+def _damage(path: Path, how: str) -> None:
+    """Make the journal at ``path`` unreadable the way a disk or a copy does."""
+    data = bytearray(path.read_bytes())
+    if how == "not a database":
+        data[:] = np.random.default_rng(0).bytes(len(data))
+    elif how == "truncated":
+        del data[len(data) // 2 :]
+    else:  # "damaged page": one page's bytes overwritten
+        page = 4096
+        data[2 * page + 100 : 3 * page - 100] = np.random.default_rng(0).bytes(page - 200)
+    path.write_bytes(bytes(data))
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("how", ["not a database", "truncated", "damaged page"])
+async def test_an_unreadable_journal_is_moved_aside_and_the_sidecar_starts(
+    tiny_model: LoadedModel, tmp_path: Path, caplog: pytest.LogCaptureFixture, how: str
+) -> None:
+    """A journal SQLite cannot read stopped the sidecar at every start (a crash loop that took
+    the classifier's pod down with it). It is kept beside, under a name that says why, the
+    sidecar starts an empty one, says so once, and runs jobs."""
+    settings = _settings(tmp_path)
+    journal = settings.resolved_jobs_db()
+    old = _backend(None, settings)  # no workers: the jobs stay queued in the journal
+    await old.start()
+    for i in range(40):  # several pages of jobs
+        await old.submit(JobSpec(method="steps", text=f"review {i} " + "a witty film " * 40))
+    await old.stop(1.0)
+    assert not journal.with_name(journal.name + "-wal").exists()  # checkpointed into the file
+    _damage(journal, how)
+    damaged = journal.read_bytes()
+
+    backend = _backend(tiny_model, settings)
+    await backend.start()
+    try:
+        (aside,) = tmp_path.glob("jobs.sqlite3.corrupt-*[0-9]Z")
+        assert aside.read_bytes() == damaged  # kept as it was, for `sqlite3 … .recover`
+        (error,) = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
+        assert "unreadable" in error and str(aside) in error
+        assert await backend.list(None, 100) == []  # the jobs it held are lost, as logged
+        job = await backend.submit(JobSpec(method="steps", text="fun"))
+        assert (await asyncio.wait_for(wait_state(backend, job.id), 60)).state.name == "SUCCEEDED"
+    finally:
+        await backend.stop(5)

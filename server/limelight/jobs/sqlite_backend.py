@@ -26,6 +26,7 @@ import uuid
 from collections.abc import AsyncIterator, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any
 
 from limelight.core.jobs import JobBackend, JobRecord, JobSpec, JobState, scoped_key
@@ -90,6 +91,15 @@ def _store_error(exc: sqlite3.OperationalError) -> Exception:
     if name in ("SQLITE_BUSY", "SQLITE_LOCKED"):
         return Unavailable("the job store is busy; retry later")
     return exc
+
+
+def _is_corrupt(exc: sqlite3.DatabaseError) -> bool:
+    """SQLite's verdict on a file that is not, or no longer, a readable database."""
+    name = getattr(exc, "sqlite_errorname", "")  # Python 3.11+
+    if name in ("SQLITE_NOTADB", "SQLITE_CORRUPT"):
+        return True
+    text = str(exc)
+    return "file is not a database" in text or "database disk image is malformed" in text
 
 
 @dataclass
@@ -174,18 +184,54 @@ class SqliteJobBackend(JobBackend):
 
     def _open(self) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            self._db = self._connect()
+        except sqlite3.DatabaseError as exc:
+            if not _is_corrupt(exc):
+                raise
+            # A journal SQLite cannot read (a disk fault, a partial copy) must not keep the
+            # sidecar, and the classifier in its pod, down: keep it for recovery, start afresh.
+            aside = self._move_aside()
+            log.error(
+                "the job journal %s is unreadable (%s): moved aside to %s (try `sqlite3 %s "
+                ".recover`); starting an empty journal, the jobs it held are lost",
+                self.path,
+                exc,
+                aside,
+                aside,
+            )
+            self._db = self._connect()
+
+    def _connect(self) -> sqlite3.Connection:
         db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
-        db.row_factory = sqlite3.Row
-        db.execute("PRAGMA journal_mode=WAL")
-        # WAL + NORMAL: a committed transaction survives a process crash (kill -9); only an OS
-        # crash or power loss may drop the last commits.
-        db.execute("PRAGMA synchronous=NORMAL")
-        db.execute("PRAGMA busy_timeout=5000")
-        db.executescript(_SCHEMA)
-        columns = {row["name"] for row in db.execute("PRAGMA table_info(jobs)")}
-        if "owner" not in columns:  # a journal from before job ownership: its jobs are unowned
-            db.execute("ALTER TABLE jobs ADD COLUMN owner TEXT NOT NULL DEFAULT ''")
-        self._db = db
+        try:
+            db.row_factory = sqlite3.Row
+            db.execute("PRAGMA journal_mode=WAL")
+            # WAL + NORMAL: a committed transaction survives a process crash (kill -9); only an
+            # OS crash or power loss may drop the last commits.
+            db.execute("PRAGMA synchronous=NORMAL")
+            db.execute("PRAGMA busy_timeout=5000")
+            verdict = db.execute("PRAGMA quick_check(1)").fetchone()[0]
+            if verdict != "ok":
+                raise sqlite3.DatabaseError(f"database disk image is malformed: {verdict}")
+            db.executescript(_SCHEMA)
+            columns = {row["name"] for row in db.execute("PRAGMA table_info(jobs)")}
+            if "owner" not in columns:  # a journal from before job ownership: unowned jobs
+                db.execute("ALTER TABLE jobs ADD COLUMN owner TEXT NOT NULL DEFAULT ''")
+        except BaseException:
+            db.close()
+            raise
+        return db
+
+    def _move_aside(self) -> Path:
+        """Rename the journal (and its WAL files) to ``<name>.corrupt-<UTC time>``."""
+        stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+        aside = self.path.with_name(f"{self.path.name}.corrupt-{stamp}")
+        for suffix in ("", "-wal", "-shm"):
+            source = self.path.with_name(self.path.name + suffix)
+            if source.exists():
+                source.rename(aside.with_name(aside.name + suffix))
+        return aside
 
     def _record(self, row: sqlite3.Row, with_result: bool = True) -> JobRecord:
         result = None
