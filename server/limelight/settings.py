@@ -121,7 +121,13 @@ class Settings(BaseSettings):
     """``truncation=window``: the document's logits are the mean of its windows' logits, or
     their maximum per class (a label as strong as its strongest window)."""
     max_message_bytes: PositiveInt = 4 * 1024 * 1024
-    """Largest gRPC message accepted or sent."""
+    """Largest request accepted: a gRPC message, or an HTTP request's body."""
+    max_response_bytes: PositiveInt = 64 * 1024 * 1024
+    """Largest gRPC answer sent. An answer outgrows its question (each token's text, offsets
+    and scores: an ``ExplainBatch`` of long documents answers about 4 bytes for each byte of
+    text), so this is above ``max_message_bytes``; a larger answer fails RESOURCE_EXHAUSTED,
+    saying its size, instead of gRPC's bare "Sent message larger than max". Clients must
+    accept as much: the Python SDK does (64 MiB); grpc-go and grpc-java default to 4 MiB."""
     max_connection_age_s: PositiveFloat | None = None
     """Close each client connection after about this long (gRPC sends GOAWAY, ±10 % jitter):
     the client's next call opens a new one, which the load balancer may send to another

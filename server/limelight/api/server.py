@@ -124,7 +124,9 @@ class SidecarServer:
         self._server: grpc.aio.Server | None = None
         self._probes: grpc.aio.Server | None = None
         self.health_port = settings.health_port
-        self._servicer = ExplainerServicer(self.metrics, workers=settings.workers)
+        self._servicer = ExplainerServicer(
+            self.metrics, workers=settings.workers, max_response_bytes=settings.max_response_bytes
+        )
         self._inference = oip_grpc.InferenceServicer(self._servicer, __version__)
         self._stopping: asyncio.Event | None = None
         self._http: HttpServer | None = None
@@ -205,7 +207,7 @@ class SidecarServer:
             interceptors.append(BearerTokenInterceptor(tokens))
         options = [
             ("grpc.max_receive_message_length", settings.max_message_bytes),
-            ("grpc.max_send_message_length", settings.max_message_bytes),
+            ("grpc.max_send_message_length", settings.max_response_bytes),
             # Off unless several workers share the port: a second sidecar started on a taken
             # port must fail rather than silently split the traffic.
             ("grpc.so_reuseport", int(settings.reuse_port)),

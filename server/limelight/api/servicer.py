@@ -22,13 +22,15 @@ from limelight.api.auth import principal
 from limelight.api.errors import client_status
 from limelight.core.service import ExplanationService
 from limelight.core.types import ExplainInput, Explanation, Failed
-from limelight.errors import InvalidArgument, LimelightError, Unavailable
+from limelight.errors import InvalidArgument, LimelightError, ResourceExhausted, Unavailable
 from limelight.metrics import Metrics
 from limelight_client.proto import explainer_pb2 as pb
 
 Req = TypeVar("Req")
 Resp = TypeVar("Resp")
 SERVICE_NAME = "limelight.v1.Explainer"
+#: Calls that answer several texts at once: a too large answer should be split.
+_BATCH_RPCS = frozenset({"ExplainBatch", "ModelInfer"})
 
 
 class MalformedRequest:
@@ -81,9 +83,15 @@ def _input_or_failed(request: Any, deadline: float | None) -> ExplainInput | Fai
 
 class ExplainerServicer:
     def __init__(
-        self, metrics: Metrics, service: ExplanationService | None = None, workers: int = 1
+        self,
+        metrics: Metrics,
+        service: ExplanationService | None = None,
+        workers: int = 1,
+        max_response_bytes: int | None = None,
     ) -> None:
         self.metrics = metrics
+        #: The gRPC server's send limit: a larger answer is an error that says so.
+        self.max_response_bytes = max_response_bytes
         #: Who answered, for ``GetModel``: this process (new at every start) and how many
         #: worker processes share its port.
         self.instance = uuid.uuid4().hex[:16]
@@ -117,6 +125,24 @@ class ExplainerServicer:
         if self.service is None:
             raise Unavailable("the model is still loading")
         return self.service
+
+    def _check_size(self, rpc: str, answer: Any) -> None:
+        """An answer over the send limit fails with its size, not with gRPC's bare "Sent
+        message larger than max" after the work is done (ByteSize: ~1 µs per 50 tokens)."""
+        limit = self.max_response_bytes
+        if limit is None or answer is None:
+            return
+        size = answer.ByteSize()
+        if size > limit:
+            hint = (
+                "send fewer texts per call, or stream them (ExplainStream)"
+                if rpc in _BATCH_RPCS
+                else "send a shorter text, or ask the operator for a larger limit"
+            )
+            raise ResourceExhausted(
+                f"the answer is {size / 2**20:.1f} MiB, above this server's limit of "
+                f"{limit / 2**20:.1f} MiB for one message: {hint}"
+            )
 
     # --- the guard: metrics and error mapping in one place ------------------------------------
 
@@ -176,7 +202,9 @@ class ExplainerServicer:
         in_flight.inc()
         task = self._track()
         try:
-            return await call()
+            answer = await call()
+            self._check_size(rpc, answer)
+            return answer
         except asyncio.CancelledError:
             code = "CANCELLED"
             if not self._shut_out(task, context):
@@ -201,7 +229,10 @@ class ExplainerServicer:
         rpc: str,
         context: grpc.aio.ServicerContext,
         stream: Callable[[], AsyncIterator[Resp]],
+        *,
+        sized: bool = False,
     ) -> AsyncIterator[Resp]:
+        """``sized``: the stream checks its items' sizes itself (see ``_check_size``)."""
         start = time.monotonic()
         code = "OK"
         in_flight = self._in_flight_gauge(rpc)
@@ -209,6 +240,8 @@ class ExplainerServicer:
         task = self._track()
         try:
             async for item in stream():
+                if not sized:
+                    self._check_size(rpc, item)
                 yield item
         except asyncio.CancelledError:
             code = "CANCELLED"
@@ -243,19 +276,28 @@ class ExplainerServicer:
         self, requests: AsyncIterator[Any], context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.ExplainResponse]:
         deadline = request_deadline(context)
-        layouts: deque[int] = deque()  # of the inputs read, not yet answered (answers keep order)
+        # Of the inputs read, not yet answered (answers keep order): layout, continue_on_error.
+        asked: deque[tuple[int, bool]] = deque()
 
         async def inputs() -> AsyncIterator[ExplainInput | Failed]:
             async for request in requests:
                 check_request(request)  # unreadable: not even its continue_on_error is known
-                layouts.append(request.token_layout)
+                asked.append((request.token_layout, request.continue_on_error))
                 yield _input_or_failed(request, deadline)
 
         async def stream() -> AsyncIterator[pb.ExplainResponse]:
             async for result in self.ready_service().explain_many(inputs()):
-                yield self._answer("ExplainStream", result, layouts.popleft())
+                layout, continue_on_error = asked.popleft()
+                answer = self._answer("ExplainStream", result, layout)
+                try:
+                    self._check_size("ExplainStream", answer)
+                except ResourceExhausted as exc:
+                    if not continue_on_error:
+                        raise
+                    answer = self._answer("ExplainStream", Failed(exc, answer.request_id), layout)
+                yield answer
 
-        async for item in self._guard_stream("ExplainStream", context, stream):
+        async for item in self._guard_stream("ExplainStream", context, stream, sized=True):
             yield item
 
     async def ExplainBatch(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
