@@ -13,7 +13,7 @@ def _openssl(directory: Path, *args: str) -> None:
     subprocess.run(["openssl", *args], cwd=directory, check=True, capture_output=True)
 
 
-def _issue(directory: Path, name: str, subject: str, extensions: str) -> None:
+def _issue(directory: Path, name: str, subject: str, extensions: str, days: int = 2) -> None:
     """``name.key`` (P-256) and ``name.pem``, signed by the CA in ``directory``."""
     _openssl(
         directory, "ecparam", "-name", "prime256v1", "-genkey", "-noout", "-out", f"{name}.key"
@@ -24,14 +24,15 @@ def _issue(directory: Path, name: str, subject: str, extensions: str) -> None:
     (directory / f"{name}.cnf").write_text(extensions)
     _openssl(
         directory, "x509", "-req", "-in", f"{name}.csr", "-CA", "ca.pem", "-CAkey", "ca.key",
-        "-CAcreateserial", "-days", "2", "-extfile", f"{name}.cnf", "-out", f"{name}.pem",
+        "-CAcreateserial", "-days", str(days), "-extfile", f"{name}.cnf", "-out", f"{name}.pem",
     )  # fmt: skip
 
 
-def make_pki(directory: Path, clients: dict[str, str] = CLIENTS) -> Path:
+def make_pki(directory: Path, clients: dict[str, str] = CLIENTS, days: int = 2) -> Path:
     """In ``directory``: a CA (``ca.pem``, ``ca.key``), a server certificate for ``localhost``
-    and ``127.0.0.1`` (``server.pem``, ``server.key``) and a client certificate for each of
-    ``clients`` (``NAME.pem``, ``NAME.key``), all signed by the CA. Returns ``directory``."""
+    and ``127.0.0.1`` valid for ``days`` (``server.pem``, ``server.key``) and a client
+    certificate for each of ``clients`` (``NAME.pem``, ``NAME.key``), all signed by the CA.
+    Returns ``directory``."""
     directory.mkdir(parents=True, exist_ok=True)
     _openssl(directory, "ecparam", "-name", "prime256v1", "-genkey", "-noout", "-out", "ca.key")
     _openssl(
@@ -40,7 +41,7 @@ def make_pki(directory: Path, clients: dict[str, str] = CLIENTS) -> Path:
         "-addext", "keyUsage=critical,keyCertSign,cRLSign", "-out", "ca.pem",
     )  # fmt: skip
     server = "subjectAltName=DNS:localhost,IP:127.0.0.1\nextendedKeyUsage=serverAuth\n"
-    _issue(directory, "server", "/CN=server", server)
+    _issue(directory, "server", "/CN=server", server, days)
     for name, subject in clients.items():
         _issue(directory, name, subject, "extendedKeyUsage=clientAuth\n")
     return directory

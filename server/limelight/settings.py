@@ -249,6 +249,10 @@ class Settings(BaseSettings):
     """Server private key (PEM)."""
     tls_client_ca: Path | None = None
     """CA bundle for client certificates: set it to require mutual TLS."""
+    tls_reload_interval_s: NonNegativeFloat = 30.0
+    """How often the TLS files are looked at: changed ones (a certificate renewed by
+    cert-manager, a rotated Secret) are served to new connections without a restart once they
+    load and the key matches; connections already open keep theirs. 0: only on SIGHUP."""
     auth_tokens_file: Path | None = None
     """File with one accepted bearer token per line; enables auth."""
     auth_token: str | None = None

@@ -161,7 +161,7 @@ def test_tls_start_up_says_what_is_wrong_and_exposes_the_expiry(
         model_dir=bert_tiny_dir, jobs="off", tls_cert=pki / "server.pem", tls_key=pki / "server.key"
     )
     expires = side.server.metrics.registry.get_sample_value(
-        "limelight_tls_certificate_expiry_timestamp_seconds"
+        "limelight_tls_certificate_expiry_timestamp_seconds", {"cert": str(pki / "server.pem")}
     )
     assert expires == check_server_tls(pki / "server.pem", pki / "server.key")
     # Past that moment the same files start with a warning that names the problem.

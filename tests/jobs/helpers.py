@@ -2,13 +2,10 @@
 
 from __future__ import annotations
 
-import asyncio
-import inspect
 import os
 import subprocess
 import sys
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -29,6 +26,9 @@ from limelight.errors import NotFound
 from limelight.methods.base import MethodRegistry
 from limelight.methods.normxlogit import NormXLogit
 from limelight.models.loaded import LoadedModel
+from tests.waiting import WAIT_S as WAIT_S  # re-exported: the job tests import them from here
+from tests.waiting import await_until as await_until
+from tests.waiting import wait_until as wait_until
 
 
 def test_registry() -> MethodRegistry:
@@ -58,41 +58,6 @@ async def wait_state(
         if (states is None and record.state.terminal) or (states and record.state in states):
             return record
     return await backend.get(job_id)
-
-
-WAIT_S = 120.0
-"""How long a poll waits for its condition before the test fails (generous: shared CI cores)."""
-
-
-def wait_until(
-    predicate: Callable[[], Any], interval: float = 0.02, timeout: float = WAIT_S
-) -> Any:
-    """Poll until ``predicate()`` is truthy and return its value; AssertionError after
-    ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"condition not met within {timeout} s: {predicate!r}")
-        time.sleep(interval)
-
-
-async def await_until(
-    predicate: Callable[[], Any], interval: float = 0.02, timeout: float = WAIT_S
-) -> Any:
-    """``wait_until`` inside an event loop; ``predicate`` may be a coroutine function."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if inspect.isawaitable(value):
-            value = await value
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"condition not met within {timeout} s: {predicate!r}")
-        await asyncio.sleep(interval)
 
 
 async def expired(backend: JobBackend, job_id: str) -> bool:

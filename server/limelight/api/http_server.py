@@ -26,7 +26,6 @@ import ssl
 import time
 import weakref
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -48,20 +47,6 @@ log = logging.getLogger(__name__)
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-
-
-def ssl_context(settings: Settings) -> ssl.SSLContext | None:
-    """The gRPC TLS settings (certificate, key, optional client CA) as an ``SSLContext``."""
-    if settings.tls_cert is None and settings.tls_key is None:
-        return None
-    if settings.tls_cert is None or settings.tls_key is None:
-        raise ValueError("TLS needs both tls_cert and tls_key")
-    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    context.load_cert_chain(Path(settings.tls_cert), Path(settings.tls_key))
-    if settings.tls_client_ca is not None:
-        context.load_verify_locations(cafile=str(settings.tls_client_ca))
-        context.verify_mode = ssl.CERT_REQUIRED
-    return context
 
 
 def _error(status: int, message: str) -> web.Response:

@@ -6,7 +6,8 @@ service warms up; then health goes SERVING. (A worker that shares its port with 
 ``--workers``, loads first and binds after, so connections that reach it find it ready.)
 SIGTERM: health NOT_SERVING, no new work, in-flight requests finish within the grace period,
 running jobs finish or go back to the durable queue. SIGHUP: look beside the model for a new
-head, lexicon table or graph now (as the reloader does every ``reload_interval_s``).
+head, lexicon table or graph now (as the reloader does every ``reload_interval_s``), and at the
+TLS files (renewed ones are served to new connections: ``server_tls``).
 """
 
 from __future__ import annotations
@@ -16,22 +17,20 @@ import contextlib
 import logging
 import signal
 import time
-from collections.abc import Callable
-from pathlib import Path
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
 from grpc_reflection.v1alpha import reflection
-from prometheus_client import Gauge
 
 from limelight import __version__, tracing
 from limelight.api import oip_grpc
 from limelight.api.auth import BearerTokenInterceptor, TokenStore
-from limelight.api.http_server import HttpServer, ssl_context
+from limelight.api.http_server import HttpServer
+from limelight.api.server_tls import ServerTls
 from limelight.api.servicer import SERVICE_NAME, ExplainerServicer, add_to_server
-from limelight.api.tls_check import check_server_tls
 from limelight.api.tracing import TracingInterceptor
 from limelight.app import Application, build_application, load_served_model
 from limelight.metrics import Metrics
@@ -70,23 +69,6 @@ class ClientHangUps(logging.Filter):
         logger = logging.getLogger(cls.LOGGER)
         if not any(isinstance(f, cls) for f in logger.filters):
             logger.addFilter(cls())
-
-
-def _read(path: Path | None) -> bytes | None:
-    return Path(path).read_bytes() if path is not None else None
-
-
-def server_credentials(settings: Settings) -> grpc.ServerCredentials | None:
-    if settings.tls_cert is None and settings.tls_key is None:
-        return None
-    if settings.tls_cert is None or settings.tls_key is None:
-        raise ValueError("TLS needs both tls_cert and tls_key")
-    client_ca = _read(settings.tls_client_ca)
-    return grpc.ssl_server_credentials(
-        [(_read(settings.tls_key), _read(settings.tls_cert))],
-        root_certificates=client_ca,
-        require_client_auth=client_ca is not None,
-    )
 
 
 def connection_age_options(settings: Settings) -> list[tuple[str, int]]:
@@ -134,6 +116,8 @@ class SidecarServer:
         self._reloading: asyncio.Task[None] | None = None
         self._asked_reloads: set[asyncio.Task[bool]] = set()
         self._reload_when_loaded = False  # a SIGHUP came while the model was loading
+        self.tls: ServerTls | None = None
+        self._tls_watch: asyncio.Task[None] | None = None
 
     async def _set_health(self, serving: bool) -> None:
         status = (
@@ -169,16 +153,31 @@ class SidecarServer:
         return app
 
     def request_reload(self) -> None:
-        """SIGHUP: check the files beside the model now, in a task of the running loop."""
+        """SIGHUP: check the TLS files and the files beside the model now, in a task of the
+        running loop."""
+        if self.tls is not None:
+            self._track_reload(asyncio.to_thread(self.tls.check))
         if self.reloader is None:
             log.info(
                 "SIGHUP: the model is still loading; the files beside it are checked once it is in"
             )
             self._reload_when_loaded = True
             return
-        task = asyncio.get_running_loop().create_task(self._reload_now(self.reloader))
+        self._track_reload(self._reload_now(self.reloader))
+
+    def _track_reload(self, check: Coroutine[Any, Any, bool]) -> None:
+        task = asyncio.get_running_loop().create_task(check)
         self._asked_reloads.add(task)  # held until done: the loop keeps only a weak reference
         task.add_done_callback(self._asked_reloads.discard)
+
+    async def _watch_tls(self, tls: ServerTls, interval_s: float) -> None:
+        """Serve renewed TLS files to new connections (``tls_reload_interval_s``)."""
+        while True:
+            await asyncio.sleep(interval_s)
+            try:
+                await asyncio.to_thread(tls.check)
+            except Exception:  # never let a surprise end the watch: the next look may work
+                log.exception("checking the TLS files failed")
 
     async def _reload_now(self, reloader: InlineReloader) -> bool:
         if self._stopping is not None and self._stopping.is_set():
@@ -228,20 +227,17 @@ class SidecarServer:
             server,
         )
         address = f"{settings.host}:{settings.port}"
-        if settings.tls_cert is not None and settings.tls_key is not None:
+        if settings.tls_cert is not None or settings.tls_key is not None:
             # Say what is wrong with the files (gRPC would only fail to bind), warn on expiry.
-            expires = check_server_tls(settings.tls_cert, settings.tls_key)
-            Gauge(
-                "limelight_tls_certificate_expiry_timestamp_seconds",
-                "When the server's TLS certificate expires (Unix time).",
-                multiprocess_mode="livemax",
-                registry=self.metrics.registry,
-            ).set(expires)
-        credentials = server_credentials(settings)
-        if credentials is None:
-            self.port = server.add_insecure_port(address)
+            expiry = self.metrics.tls_certificate_expiry.labels(str(settings.tls_cert))
+            self.tls = ServerTls(settings, on_expiry=expiry.set)
+            self.port = server.add_secure_port(address, self.tls.grpc_credentials())
+            if settings.tls_reload_interval_s > 0:
+                self._tls_watch = asyncio.create_task(
+                    self._watch_tls(self.tls, settings.tls_reload_interval_s)
+                )
         else:
-            self.port = server.add_secure_port(address, credentials)
+            self.port = server.add_insecure_port(address)
         await self._set_health(False)
         await server.start()
         self._server = server
@@ -257,14 +253,14 @@ class SidecarServer:
             http = HttpServer(
                 settings, self.metrics, lambda: self._servicer.service, tokens, __version__
             )
-            http_tls = ssl_context(settings) if settings.http_tls else None
+            http_tls = self.tls.ssl_context() if self.tls and settings.http_tls else None
             self.metrics_port = await http.start(settings.host, settings.metrics_port, http_tls)
             self._http = http
         log.info(
             "listening on %s:%d (gRPC%s), %s%s",
             settings.host,
             self.port,
-            ", TLS" if credentials else "",
+            ", TLS" if self.tls else "",
             f"HTTP (metrics) on port {self.metrics_port}" if self.metrics_port else "no HTTP port",
             "" if self.app is not None else "; loading the model",
         )
@@ -300,7 +296,7 @@ class SidecarServer:
         retry; while it runs, such a call is answered UNAVAILABLE instead."""
         grace = self.settings.grace_period_s
         deadline = time.monotonic() + grace
-        for task in [self._reloading, *self._asked_reloads]:
+        for task in [self._reloading, self._tls_watch, *self._asked_reloads]:
             if task is not None:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):

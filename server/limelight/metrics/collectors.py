@@ -141,6 +141,14 @@ class Metrics:
             multiprocess_mode="livemin",
             registry=r,
         )
+        self.tls_certificate_expiry = Gauge(
+            "limelight_tls_certificate_expiry_timestamp_seconds",
+            "When the TLS certificate served now expires (Unix time), by its file; it follows "
+            "renewals (no series without TLS).",
+            ["cert"],
+            multiprocess_mode="livemin",
+            registry=r,
+        )
         # Jobs.
         self.job_queue_up = Gauge(
             "limelight_job_queue_up",
