@@ -150,7 +150,9 @@ def submit_request(
 
 
 def list_jobs_request(
-    states: Sequence[JobState | str | int] | JobState | str | None, limit: int
+    states: Sequence[JobState | str | int] | JobState | str | None,
+    limit: int,
+    page_token: str = "",
 ) -> pb.ListJobsRequest:
     if states is None:
         parsed: list[JobState] = []
@@ -159,7 +161,9 @@ def list_jobs_request(
     else:
         parsed = [JobState.parse(s) for s in states]
     # Enum names keep the request independent of the generated enum's Python type.
-    return pb.ListJobsRequest(states=[f"JOB_STATE_{s.name}" for s in parsed], limit=limit)
+    return pb.ListJobsRequest(
+        states=[f"JOB_STATE_{s.name}" for s in parsed], limit=limit, page_token=page_token
+    )
 
 
 def get_job_request(job_id: str) -> pb.GetJobRequest:

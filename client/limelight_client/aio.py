@@ -606,6 +606,23 @@ class AsyncClient(ClientBase[grpc.aio.Channel]):
         resp = await self._unary("ListJobs", list_jobs_request(states, limit), timeout)
         return [JobInfo.from_proto(j) for j in resp.jobs]
 
+    async def iter_jobs(
+        self,
+        states: Sequence[JobState | str | int] | JobState | str | None = None,
+        page_size: int = 100,
+        timeout: float | None = None,
+    ) -> AsyncIterator[JobInfo]:
+        """See ``Client.iter_jobs``."""
+        token = ""
+        while True:
+            request = list_jobs_request(states, page_size, token)
+            resp = await self._unary("ListJobs", request, timeout)
+            for job in resp.jobs:
+                yield JobInfo.from_proto(job)
+            token = resp.next_page_token
+            if not token:
+                return
+
     async def _get_job(
         self,
         job_id: str,

@@ -754,9 +754,30 @@ class Client(ClientBase[grpc.Channel]):
         limit: int = 50,
         timeout: float | None = None,
     ) -> list[JobInfo]:
-        """Recent jobs, optionally only those in ``states`` (names like ``"running"`` work)."""
+        """Recent jobs, newest first, optionally only those in ``states`` (names like
+        ``"running"`` work); at most ``limit`` (the server answers up to 1000; ``iter_jobs``
+        reads them all)."""
         resp = self._unary("ListJobs", list_jobs_request(states, limit), timeout)
         return [JobInfo.from_proto(j) for j in resp.jobs]
+
+    def iter_jobs(
+        self,
+        states: Sequence[JobState | str | int] | JobState | str | None = None,
+        page_size: int = 100,
+        timeout: float | None = None,
+    ) -> Iterator[JobInfo]:
+        """Every job the server lists (optionally only those in ``states``), newest first,
+        read ``page_size`` at a time; ``timeout`` bounds each page's call. A job submitted
+        meanwhile is not among them; none comes twice."""
+        token = ""
+        while True:
+            request = list_jobs_request(states, page_size, token)
+            resp = self._unary("ListJobs", request, timeout)
+            for job in resp.jobs:
+                yield JobInfo.from_proto(job)
+            token = resp.next_page_token
+            if not token:
+                return
 
     def _get_job(
         self,

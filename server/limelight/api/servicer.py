@@ -395,8 +395,12 @@ class ExplainerServicer:
                 if state is None:
                     raise InvalidArgument(f"unknown job state {value}")
                 states.append(state)
-            jobs = await self.ready_service().list_jobs(states, request.limit, principal(context))
-            return pb.ListJobsResponse(jobs=[convert.job_to_proto(j) for j in jobs])
+            jobs, next_page = await self.ready_service().list_jobs(
+                states, request.limit, principal(context), request.page_token
+            )
+            return pb.ListJobsResponse(
+                jobs=[convert.job_to_proto(j) for j in jobs], next_page_token=next_page
+            )
 
         return await self._guard("ListJobs", context, call)
 

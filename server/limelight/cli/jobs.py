@@ -26,7 +26,13 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     ls.add_argument(
         "--state", action="append", choices=_STATES, help="only jobs in this state (repeatable)"
     )
-    ls.add_argument("--limit", type=int, default=50, help="at most this many jobs (default 50)")
+    count = ls.add_mutually_exclusive_group()
+    count.add_argument(
+        "--limit", type=int, default=50, help="at most this many jobs (default 50; 1000 at most)"
+    )
+    count.add_argument(
+        "--all", action="store_true", help="every job the sidecar holds, read a page at a time"
+    )
     ls.add_argument("--json", action="store_true", help="print JSON instead of a table")
     ls.set_defaults(func=run_list)
 
@@ -126,7 +132,11 @@ def _call(args: argparse.Namespace, action: Any) -> int:
 
 def run_list(args: argparse.Namespace) -> int:
     def action(client: Any) -> int:
-        infos = client.jobs(states=args.state or None, limit=args.limit)
+        states = args.state or None
+        if args.all:
+            infos = list(client.iter_jobs(states=states, page_size=1000))
+        else:
+            infos = client.jobs(states=states, limit=args.limit)
         if args.json:
             print(json.dumps([i.to_dict() for i in infos], indent=2))
         elif infos:

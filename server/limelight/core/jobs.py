@@ -6,13 +6,18 @@ Backends (embedded SQLite, Redis Streams) live in ``limelight.jobs`` and impleme
 
 from __future__ import annotations
 
+import base64
+import binascii
 import enum
+import json
+import math
 from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
 from limelight.core.types import Explanation, TargetSpec
+from limelight.errors import InvalidArgument
 
 
 class JobState(enum.Enum):
@@ -85,6 +90,42 @@ class JobRecord:
     error: str = ""
 
 
+@dataclass(frozen=True)
+class JobCursor:
+    """Where a page of ``JobBackend.list`` ended. Jobs are listed newest first by
+    ``(created_at, id)``, so a cursor made of the last one's stays put when jobs are added or
+    expire: the next page starts right after it, with nothing repeated or skipped."""
+
+    created_at: float
+    id: str
+
+    @classmethod
+    def of(cls, record: JobRecord) -> JobCursor:
+        return cls(record.created_at, record.id)
+
+    def before(self, created_at: float, job_id: str) -> bool:
+        """Whether a job with this ``created_at`` and id comes after the cursor."""
+        return created_at < self.created_at or (created_at == self.created_at and job_id < self.id)
+
+    def token(self) -> str:
+        """Opaque to clients (``ListJobsResponse.next_page_token``)."""
+        raw = json.dumps([self.created_at, self.id], separators=(",", ":")).encode()
+        return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+    @classmethod
+    def from_token(cls, token: str) -> JobCursor:
+        try:
+            raw = base64.urlsafe_b64decode(token + "=" * (-len(token) % 4))
+            created_at, job_id = json.loads(raw)
+            if isinstance(created_at, bool) or not isinstance(created_at, (int, float)):
+                raise ValueError(created_at)
+            if not isinstance(job_id, str) or not math.isfinite(created_at):
+                raise ValueError(job_id)
+        except (ValueError, TypeError, binascii.Error):
+            raise InvalidArgument("page_token is not a page token of this server") from None
+        return cls(float(created_at), job_id)
+
+
 class JobBackend(ABC):
     """Durable job store + queue. All methods are called from the event loop."""
 
@@ -111,8 +152,14 @@ class JobBackend(ABC):
 
     @abstractmethod
     async def list(
-        self, states: list[JobState] | None, limit: int, owner: str | None = None
-    ) -> list[JobRecord]: ...
+        self,
+        states: list[JobState] | None,
+        limit: int,
+        owner: str | None = None,
+        after: JobCursor | None = None,
+    ) -> list[JobRecord]:
+        """Up to ``limit`` jobs (results left out), newest first by ``(created_at, id)``;
+        with ``after``, only those that come after it."""
 
     @abstractmethod
     def watch(self, job_id: str, owner: str | None = None) -> AsyncIterator[JobRecord]:

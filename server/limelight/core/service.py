@@ -17,7 +17,7 @@ import numpy as np
 
 from limelight import tracing
 from limelight.batching import MicroBatcher
-from limelight.core.jobs import JobBackend, JobRecord, JobSpec, JobState
+from limelight.core.jobs import JobBackend, JobCursor, JobRecord, JobSpec, JobState
 from limelight.core.prediction import (
     MULTI_LABEL,
     Prediction,
@@ -68,6 +68,8 @@ if TYPE_CHECKING:
     from limelight.settings import Settings
 
 log = logging.getLogger(__name__)
+#: Most jobs ``list_jobs`` returns in one page.
+MAX_LIST_JOBS = 1000
 
 
 class InferenceGate(Protocol):
@@ -972,9 +974,20 @@ class ExplanationService:
         return await self._job_backend().cancel(job_id, owner)
 
     async def list_jobs(
-        self, states: list[JobState] | None, limit: int, owner: str | None = None
-    ) -> list[JobRecord]:
-        return await self._job_backend().list(states or None, limit if limit > 0 else 100, owner)
+        self,
+        states: list[JobState] | None,
+        limit: int,
+        owner: str | None = None,
+        page_token: str = "",
+    ) -> tuple[list[JobRecord], str]:
+        """A page of jobs, newest first, and the token of the next page ("" on the last)."""
+        limit = max(1, min(limit if limit > 0 else 100, MAX_LIST_JOBS))
+        after = JobCursor.from_token(page_token) if page_token else None
+        # One more than asked: whether another page follows, without a second query.
+        jobs = await self._job_backend().list(states or None, limit + 1, owner, after)
+        if len(jobs) <= limit:
+            return jobs, ""
+        return jobs[:limit], JobCursor.of(jobs[limit - 1]).token()
 
     def watch_job(self, job_id: str, owner: str | None = None) -> AsyncIterator[JobRecord]:
         return self._job_backend().watch(job_id, owner)

@@ -25,7 +25,15 @@ from typing import Any, ParamSpec, TypeVar
 import redis
 import redis.asyncio as aioredis
 
-from limelight.core.jobs import JobBackend, JobRecord, JobSpec, JobState, owned_by, scoped_key
+from limelight.core.jobs import (
+    JobBackend,
+    JobCursor,
+    JobRecord,
+    JobSpec,
+    JobState,
+    owned_by,
+    scoped_key,
+)
 from limelight.errors import ResourceExhausted, Unavailable, redact_credentials
 from limelight.jobs.execution import not_found, reuse, watch_changes
 from limelight.jobs.redis_events import JobEvents
@@ -323,32 +331,48 @@ class RedisJobBackend(JobBackend):
 
     @_redis_call
     async def list(
-        self, states: list[JobState] | None, limit: int, owner: str | None = None
+        self,
+        states: list[JobState] | None,
+        limit: int,
+        owner: str | None = None,
+        after: JobCursor | None = None,
     ) -> list[JobRecord]:
-        """Newest first; results are left out (read one job with ``get``)."""
-        limit = max(1, min(int(limit) if limit else 100, 1000))
+        """Newest first by ``(created_at, id)`` (the index's score and member); results are
+        left out (read one job with ``get``). Reads the index a page at a time from the
+        cursor and drops the ids of jobs that expired."""
         wanted = set(states or [])
         out: list[JobRecord] = []
-        start, page = 0, max(limit, 100)
+        page = max(limit, 100)
+        cursor = after
         while len(out) < limit:
-            ids = await self.client.zrevrange(self.keys.index, start, start + page - 1)
-            if not ids:
+            if cursor is None:
+                top, skip = "+inf", 0
+            else:
+                top = repr(cursor.created_at)
+                # Members with the cursor's own score come in reverse id order: skip those
+                # at or before it (usually just the cursor's job itself).
+                tied = await self.client.zrangebyscore(self.keys.index, top, top)
+                skip = sum(1 for job_id in tied if job_id >= cursor.id)
+            batch = await self.client.zrevrangebyscore(
+                self.keys.index, top, "-inf", start=skip, num=page, withscores=True
+            )
+            if not batch:
                 break
-            start += len(ids)
             pipe = self.client.pipeline(transaction=False)
-            for job_id in ids:
+            for job_id, _ in batch:
                 pipe.hgetall(self.keys.job(job_id))
             gone = []
-            for job_id, data in zip(ids, await pipe.execute(), strict=True):
+            for (job_id, _), data in zip(batch, await pipe.execute(), strict=True):
                 if not data:
                     gone.append(job_id)
                     continue
                 record = record_from_hash(data, with_result=False)
                 if (not wanted or record.state in wanted) and owned_by(record, owner):
                     out.append(record)
+            job_id, score = batch[-1]
+            cursor = JobCursor(float(score), job_id)
             if gone:  # expired jobs: prune the index as we go
                 await self.client.zrem(self.keys.index, *gone)
-                start -= len(gone)
         await self._refresh_depth()
         return out[:limit]
 

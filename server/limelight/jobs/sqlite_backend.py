@@ -29,7 +29,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from limelight.core.jobs import JobBackend, JobRecord, JobSpec, JobState, scoped_key
+from limelight.core.jobs import JobBackend, JobCursor, JobRecord, JobSpec, JobState, scoped_key
 from limelight.errors import ResourceExhausted, Unavailable
 from limelight.jobs.execution import (
     JobHooks,
@@ -75,6 +75,7 @@ CREATE TABLE IF NOT EXISTS jobs (
 );
 CREATE INDEX IF NOT EXISTS jobs_state ON jobs(state, seq);
 CREATE INDEX IF NOT EXISTS jobs_expiry ON jobs(expires_at);
+CREATE INDEX IF NOT EXISTS jobs_created ON jobs(created_at, id);
 """
 
 _COLUMNS = (
@@ -435,23 +436,30 @@ class SqliteJobBackend(JobBackend):
         return self._record(row)
 
     async def list(
-        self, states: list[JobState] | None, limit: int, owner: str | None = None
+        self,
+        states: list[JobState] | None,
+        limit: int,
+        owner: str | None = None,
+        after: JobCursor | None = None,
     ) -> list[JobRecord]:
         """Newest first; results are left out (read one job with ``get``)."""
-        limit = max(1, min(int(limit) if limit else 100, 1000))
-        where, args = ["1=1"], []
+        where: list[str] = ["1=1"]
+        args: list[Any] = []
         if states:
             where.append(f"state IN ({','.join('?' for _ in states)})")
             args += [s.value for s in states]
         if owner is not None:
             where.append("owner = ?")
             args.append(owner)
+        if after is not None:
+            where.append("(created_at < ? OR (created_at = ? AND id < ?))")
+            args += [after.created_at, after.created_at, after.id]
         with self._tx() as db:
             self._purge(db)
             rows = db.execute(
                 f"SELECT {_COLUMNS} FROM jobs WHERE {' AND '.join(where)} "
-                "ORDER BY seq DESC LIMIT ?",
-                (*args, limit),
+                "ORDER BY created_at DESC, id DESC LIMIT ?",
+                (*args, max(1, limit)),
             ).fetchall()
         return [self._record(r, with_result=False) for r in rows]
 

@@ -412,10 +412,15 @@ class Viewer:
                 states.append(JobState(name))
             except ValueError:
                 raise InvalidArgument(f"unknown job state {name!r}") from None
-        records = await self.ready_service().list_jobs(
-            states or None, max(1, min(limit, MAX_LIST)), principal(request)
+        records, next_page = await self.ready_service().list_jobs(
+            states or None,
+            max(1, min(limit, MAX_LIST)),
+            principal(request),
+            request.query.get("page_token", ""),
         )
-        return _json({"jobs": [job_json(j, full=False) for j in records]})
+        return _json(
+            {"jobs": [job_json(j, full=False) for j in records], "next_page_token": next_page}
+        )
 
     async def job(self, request: web.Request) -> web.StreamResponse:
         record = await self.ready_service().get_job(request.match_info["id"], principal(request))
