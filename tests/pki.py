@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
+import time
 from pathlib import Path
 
 #: Subjects of the client certificates ``make_pki`` issues by default (name → subject).
@@ -45,3 +47,19 @@ def make_pki(directory: Path, clients: dict[str, str] = CLIENTS, days: int = 2) 
     for name, subject in clients.items():
         _issue(directory, name, subject, "extendedKeyUsage=clientAuth\n")
     return directory
+
+
+def mount_secret(secret: Path, files: dict[str, Path]) -> None:
+    """Put ``files`` (name → source) in ``secret`` as the kubelet updates a mounted Secret: a
+    new folder of files, then the ``..data`` symlink swapped in one rename (the names are
+    symlinks through it)."""
+    version = secret / f"..{time.time_ns()}"
+    version.mkdir(parents=True)
+    for name, source in files.items():
+        (version / name).write_bytes(source.read_bytes())
+    swap = secret / "..data_tmp"
+    swap.symlink_to(version.name)
+    os.replace(swap, secret / "..data")
+    for name in files:
+        if not (secret / name).is_symlink():
+            (secret / name).symlink_to(f"..data/{name}")

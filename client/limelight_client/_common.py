@@ -6,7 +6,9 @@ from __future__ import annotations
 import collections
 import contextlib
 import itertools
+import logging
 import random
+import ssl
 import threading
 import time
 import uuid
@@ -23,6 +25,8 @@ from limelight_client.errors import DeadlineExceeded, LimelightError, from_rpc_e
 from limelight_client.proto import explainer_pb2 as pb
 from limelight_client.proto import explainer_pb2_grpc as pb_grpc
 from limelight_client.types import JobInfo, JobState, dict_to_struct
+
+log = logging.getLogger(__name__)
 
 #: Default cap on message sizes in both directions (long texts with all-class matrices).
 DEFAULT_MAX_MESSAGE_BYTES = 64 * 1024 * 1024
@@ -207,26 +211,79 @@ def _read_pem(value: str | bytes | Path | None, what: str) -> bytes | None:
         raise ValueError(f"cannot read {what} from {path}: {exc}") from exc
 
 
-def channel_credentials(
-    tls: bool,
-    ca_cert: str | bytes | Path | None,
-    client_cert: str | bytes | Path | None,
-    client_key: str | bytes | Path | None,
-) -> grpc.ChannelCredentials | None:
-    """TLS credentials, or None for a plaintext channel.
+def _stamp(value: str | bytes | Path | None) -> tuple[int, int] | None:
+    """When a PEM argument given as a path last changed (None: given as bytes, or unreadable)."""
+    if value is None or isinstance(value, bytes):
+        return None
+    if isinstance(value, str) and value.lstrip().startswith("-----BEGIN"):
+        return None
+    try:
+        info = Path(value).stat()
+    except OSError:
+        return None
+    return info.st_mtime_ns, info.st_size
+
+
+class ChannelCredentials:
+    """TLS credentials for each new connection, or None for plaintext.
 
     Any certificate argument implies TLS. Without ``ca_cert`` the system roots verify the
     server. ``client_cert`` and ``client_key`` (mutual TLS) come together or not at all.
+    Arguments given as paths are read again when their files change (a certificate renewed by
+    cert-manager): the next connection dialled presents the new one; a pair caught half-written
+    keeps the previous credentials until the files make a whole one.
     """
-    if (client_cert is None) != (client_key is None):
-        raise ValueError("client_cert and client_key must be given together (mutual TLS)")
-    if not (tls or ca_cert is not None or client_cert is not None):
-        return None
-    return grpc.ssl_channel_credentials(
-        root_certificates=_read_pem(ca_cert, "ca_cert"),
-        private_key=_read_pem(client_key, "client_key"),
-        certificate_chain=_read_pem(client_cert, "client_cert"),
-    )
+
+    def __init__(
+        self,
+        tls: bool,
+        ca_cert: str | bytes | Path | None,
+        client_cert: str | bytes | Path | None,
+        client_key: str | bytes | Path | None,
+    ) -> None:
+        if (client_cert is None) != (client_key is None):
+            raise ValueError("client_cert and client_key must be given together (mutual TLS)")
+        self.secure = tls or ca_cert is not None or client_cert is not None
+        self._pems = {"ca_cert": ca_cert, "client_cert": client_cert, "client_key": client_key}
+        self._lock = threading.Lock()
+        self._stamps = self._current_stamps()
+        self._credentials = self._build() if self.secure else None
+
+    def _current_stamps(self) -> tuple[tuple[int, int] | None, ...]:
+        return tuple(_stamp(value) for value in self._pems.values())
+
+    def _build(self) -> grpc.ChannelCredentials:
+        pems = {what: _read_pem(value, what) for what, value in self._pems.items()}
+        return grpc.ssl_channel_credentials(
+            root_certificates=pems["ca_cert"],
+            private_key=pems["client_key"],
+            certificate_chain=pems["client_cert"],
+        )
+
+    def _check_pair(self) -> None:
+        """Whether a client certificate and key given as files belong together."""
+        cert, key = self._pems["client_cert"], self._pems["client_key"]
+        if _stamp(cert) is not None and _stamp(key) is not None:
+            assert isinstance(cert, (str, Path)) and isinstance(key, (str, Path))
+            ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT).load_cert_chain(cert, key)
+
+    def current(self) -> grpc.ChannelCredentials | None:
+        """The credentials for a connection dialled now."""
+        if self._credentials is None:
+            return None
+        with self._lock:
+            stamps = self._current_stamps()
+            if stamps != self._stamps:
+                try:
+                    self._check_pair()
+                    credentials = self._build()
+                except (ValueError, ssl.SSLError) as exc:
+                    # Caught mid-update (a file missing, a key of the other certificate): keep
+                    # the previous credentials; the next dial looks again.
+                    log.warning("TLS files not reloaded: %s", exc)
+                else:
+                    self._stamps, self._credentials = stamps, credentials
+            return self._credentials
 
 
 def channel_options(
@@ -460,7 +517,7 @@ class Connections(Generic[ChannelT]):
         secure: Callable[..., ChannelT],
         insecure: Callable[..., ChannelT],
         target: str,
-        credentials: grpc.ChannelCredentials | None,
+        credentials: ChannelCredentials,
         options: list[tuple[str, Any]],
         count: int,
         spread: bool = True,
@@ -469,8 +526,8 @@ class Connections(Generic[ChannelT]):
         if count < 1:
             raise ValueError("connections must be >= 1")
         self._dial: Callable[[], ChannelT] = (
-            (lambda: secure(target, credentials, options=options))
-            if credentials is not None
+            (lambda: secure(target, credentials.current(), options=options))
+            if credentials.secure
             else (lambda: insecure(target, options=options))
         )
         self.open = [self._connect(self._dial()) for _ in range(count)]
@@ -726,7 +783,7 @@ class ClientBase(Generic[ChannelT]):
             secure,
             insecure,
             target,
-            channel_credentials(tls, ca_cert, client_cert, client_key),
+            ChannelCredentials(tls, ca_cert, client_cert, client_key),
             channel_options(options, max_message_bytes),
             connections,
             spread,

@@ -143,7 +143,10 @@ class Client(ClientBase[grpc.Channel]):
         backoff: base of the exponential backoff between retries, in seconds (with jitter).
         tls: use TLS with the system's root certificates (implied by any certificate argument).
         ca_cert: CA certificate(s) that signed the server's certificate (PEM bytes or path).
-        client_cert, client_key: the client's certificate and key for mutual TLS.
+        client_cert, client_key: the client's certificate and key for mutual TLS. Given as
+            paths, the certificate files are read again when they change (a renewal), and
+            each connection dialled from then on presents the new ones: a connection the
+            sidecar refuses with the old certificate is retried on a new one.
         token: bearer token, sent as ``authorization: Bearer <token>`` metadata on every call.
         options: extra gRPC channel options (mapping or ``(key, value)`` pairs); they override
             the defaults, e.g. ``{"grpc.max_receive_message_length": 128 << 20}``.

@@ -7,9 +7,7 @@ files and the ``..data`` symlink swapped in one rename."""
 from __future__ import annotations
 
 import logging
-import os
 import ssl
-import time
 import urllib.request
 from collections.abc import Callable
 from pathlib import Path
@@ -21,7 +19,7 @@ from cryptography import x509
 from limelight_client.proto import explainer_pb2 as pb
 from limelight_client.proto import explainer_pb2_grpc
 from tests.conftest import RunningSidecar
-from tests.pki import make_pki
+from tests.pki import make_pki, mount_secret
 from tests.waiting import wait_until
 
 
@@ -35,20 +33,6 @@ def new(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Another CA (clients that trust only it refuse the old certificate), and a server
     certificate with another expiry."""
     return make_pki(tmp_path_factory.mktemp("new-pki"), days=3)
-
-
-def mount(secret: Path, files: dict[str, Path]) -> None:
-    """Put ``files`` (name → source) in ``secret`` as the kubelet updates a Secret volume."""
-    version = secret / f"..{time.time_ns()}"
-    version.mkdir(parents=True)
-    for name, source in files.items():
-        (version / name).write_bytes(source.read_bytes())
-    swap = secret / "..data_tmp"
-    swap.symlink_to(version.name)
-    os.replace(swap, secret / "..data")
-    for name in files:
-        if not (secret / name).is_symlink():
-            (secret / name).symlink_to(f"..data/{name}")
 
 
 def server_files(pki: Path, key_of: Path | None = None) -> dict[str, Path]:
@@ -111,7 +95,7 @@ def test_a_renewed_certificate_is_served_to_new_connections(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     secret = tmp_path / "tls"
-    mount(secret, server_files(old))
+    mount_secret(secret, server_files(old))
     sidecar = start_sidecar(
         model_dir=bert_tiny_dir,
         jobs="off",
@@ -128,12 +112,12 @@ def test_a_renewed_certificate_is_served_to_new_connections(
 
     # Half-written: the new certificate with the old key. Not served; one warning.
     with caplog.at_level(logging.WARNING, logger="limelight.api.server_tls"):
-        mount(secret, server_files(new, key_of=old))
+        mount_secret(secret, server_files(new, key_of=old))
         wait_until(lambda: "cannot be served" in caplog.text, timeout=30)
     assert answers(sidecar.target, old) and not answers(sidecar.target, new)
     assert caplog.text.count("cannot be served") == 1
 
-    mount(secret, server_files(new))
+    mount_secret(secret, server_files(new))
     wait_until(lambda: answers(sidecar.target, new), timeout=30)
     assert not answers(sidecar.target, old)
     after = metrics(sidecar, new)  # the HTTP port too
@@ -152,7 +136,7 @@ def test_a_rotated_client_ca_is_required_of_new_connections(
     new: Path,
 ) -> None:
     secret = tmp_path / "tls"
-    mount(secret, {**server_files(old), "ca.crt": old / "ca.pem"})
+    mount_secret(secret, {**server_files(old), "ca.crt": old / "ca.pem"})
     sidecar = start_sidecar(
         model_dir=bert_tiny_dir,
         jobs="off",
@@ -164,6 +148,6 @@ def test_a_rotated_client_ca_is_required_of_new_connections(
     assert answers(sidecar.target, old, client=old)
     assert not answers(sidecar.target, old, client=new)
 
-    mount(secret, {**server_files(new), "ca.crt": new / "ca.pem"})
+    mount_secret(secret, {**server_files(new), "ca.crt": new / "ca.pem"})
     wait_until(lambda: answers(sidecar.target, new, client=new), timeout=30)
     assert not answers(sidecar.target, new, client=old)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -11,7 +13,11 @@ import grpc
 import pytest
 
 from limelight_client import Client, errors
+from limelight_client.proto import explainer_pb2 as pb
+from limelight_client.proto import explainer_pb2_grpc
 from tests.client.llc_scripted import ScriptedExplainer, ScriptedServer, start_server
+from tests.conftest import RunningSidecar
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl CLI")
 
@@ -141,3 +147,70 @@ def test_client_cert_needs_key(pki: Pki) -> None:
         Client("127.0.0.1:1", ca_cert=pki.pem("ca"), client_cert=pki.pem("client"))
     with pytest.raises(ValueError, match="cannot read"):
         Client("127.0.0.1:1", ca_cert="/nonexistent/ca.pem")
+
+
+def test_renewed_client_certificate_files_are_presented_on_new_connections(
+    start_sidecar: Callable[..., RunningSidecar], bert_tiny_dir: Path, tmp_path: Path
+) -> None:
+    """Both sides rotate under a running client: the sidecar's client CA moves to a new CA
+    (served without a restart) and the client's certificate files to one that CA signed. The
+    client's connection, closed by the sidecar's connection ageing, dials again with the old
+    certificate, is refused, and the SDK's retry dials with the files as they are now: every
+    call succeeds and nobody restarts."""
+    from tests.pki import make_pki, mount_secret
+
+    old = make_pki(tmp_path / "old")
+    new = make_pki(tmp_path / "new")
+    server_tls = tmp_path / "server-tls"
+    serving = {"tls.crt": old / "server.pem", "tls.key": old / "server.key"}
+    mount_secret(server_tls, {**serving, "ca.crt": old / "ca.pem"})
+    sidecar = start_sidecar(
+        model_dir=bert_tiny_dir,
+        jobs="off",
+        tls_cert=server_tls / "tls.crt",
+        tls_key=server_tls / "tls.key",
+        tls_client_ca=server_tls / "ca.crt",
+        tls_reload_interval_s=0.1,
+        max_connection_age_s=0.5,
+    )
+    mine = tmp_path / "client-tls"
+    mount_secret(mine, {"tls.crt": old / "client.pem", "tls.key": old / "client.key"})
+    target = f"localhost:{sidecar.target.rsplit(':', 1)[1]}"
+    with Client(
+        target,
+        ca_cert=old / "ca.pem",
+        client_cert=mine / "tls.crt",
+        client_key=mine / "tls.key",
+        timeout=30,
+    ) as client:
+        assert client.explain("before the renewal").label
+        mount_secret(mine, {"tls.crt": new / "client.pem", "tls.key": new / "client.key"})
+        mount_secret(server_tls, {**serving, "ca.crt": new / "ca.pem"})
+        refused = old_client_refused(target, old)
+        wait_until(refused)  # the sidecar serves the new client CA
+        for _ in range(20):  # several connection lifetimes
+            assert client.explain("after the renewal").label
+            time.sleep(0.1)
+        assert refused()  # so the calls above came in on the new certificate
+
+
+def old_client_refused(target: str, old: Path) -> Callable[[], bool]:
+    def refused() -> bool:
+        creds = grpc.ssl_channel_credentials(
+            (old / "ca.pem").read_bytes(),
+            (old / "client.key").read_bytes(),
+            (old / "client.pem").read_bytes(),
+        )
+        with grpc.secure_channel(target, creds) as channel:
+            try:
+                grpc.channel_ready_future(channel).result(timeout=2)
+            except grpc.FutureTimeoutError:
+                return True
+            stub = explainer_pb2_grpc.ExplainerStub(channel)
+            try:
+                stub.GetModel(pb.GetModelRequest(), timeout=5)
+            except grpc.RpcError:
+                return True
+            return False
+
+    return refused
