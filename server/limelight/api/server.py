@@ -156,7 +156,7 @@ class SidecarServer:
         """SIGHUP: check the TLS files and the files beside the model now, in a task of the
         running loop."""
         if self.tls is not None:
-            self._track_reload(asyncio.to_thread(self.tls.check))
+            self._track_reload(self.tls.check())
         if self.reloader is None:
             log.info(
                 "SIGHUP: the model is still loading; the files beside it are checked once it is in"
@@ -175,7 +175,7 @@ class SidecarServer:
         while True:
             await asyncio.sleep(interval_s)
             try:
-                await asyncio.to_thread(tls.check)
+                await tls.check()
             except Exception:  # never let a surprise end the watch: the next look may work
                 log.exception("checking the TLS files failed")
 

@@ -13,6 +13,7 @@ keep the certificate they started with.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import ssl
 import threading
@@ -128,29 +129,44 @@ class ServerTls:
 
     # --- reloading ----------------------------------------------------------------------------
 
-    def check(self) -> bool:
-        """Serve the files anew if they changed since last looked at and make a whole, valid
-        set; True when they did. A set that does not load keeps the previous one (one warning
-        per change of the files)."""
+    def changed(self) -> _Files | None:
+        """The files, read and checked, if they changed since last looked at and make a whole,
+        valid set (file work: call it off the event loop). A set that does not load is not
+        served: one warning per change of the files."""
         stamp = self._stamps()
         if stamp == self._stamp:
-            return False
+            return None
         self._stamp = stamp
         try:
-            files = self._read()
-            for context in self._contexts:
+            return self._read()
+        except TlsConfigError as exc:
+            log.warning("the TLS files changed but cannot be served (%s): kept the previous", exc)
+            return None
+
+    def serve(self, files: _Files) -> None:
+        """Serve ``files`` to new connections. Call it on the event loop that runs the HTTP
+        port: its handshakes read the ``SSLContext`` that this loads the new pair into."""
+        for context in self._contexts:
+            try:
                 context.load_cert_chain(self.cert, self.key)
                 if self.client_ca is not None:
                     # OpenSSL's store only grows: a CA dropped from the bundle stays trusted on
                     # the HTTP port until a restart (gRPC takes the new bundle as it is).
                     context.load_verify_locations(cafile=str(self.client_ca))
-        except (TlsConfigError, ssl.SSLError, OSError) as exc:
-            log.warning("the TLS files changed but cannot be served (%s): kept the previous", exc)
-            return False
+            except (ssl.SSLError, OSError) as exc:  # changed again since read: next look
+                log.warning("the HTTP port keeps its TLS files for now: %s", exc)
+                self._stamp = ()
         with self._lock:
             self._files = files
             self._generation += 1
         if self.on_expiry is not None:
             self.on_expiry(files.expires)
         log.info("TLS files reloaded: new connections get the certificate in %s", self.cert)
+
+    async def check(self) -> bool:
+        """Look at the files now and serve them if they changed; True when they did."""
+        files = await asyncio.to_thread(self.changed)
+        if files is None:
+            return False
+        self.serve(files)
         return True
