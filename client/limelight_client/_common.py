@@ -30,6 +30,9 @@ log = logging.getLogger(__name__)
 
 #: Default cap on message sizes in both directions (long texts with all-class matrices).
 DEFAULT_MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+#: How long a connection may be idle before the SDK pings it (a load balancer or NAT that drops
+#: idle connections silently would otherwise hang the next call until its deadline).
+DEFAULT_KEEPALIVE_S = 30.0
 
 TargetArg = str | int | None
 TextItem = str | tuple[str, str | None]
@@ -286,11 +289,37 @@ class ChannelCredentials:
             return self._credentials
 
 
+#: Longest a keepalive ping of the SDK waits for its answer before the connection is closed.
+KEEPALIVE_TIMEOUT_S = 10.0
+
+
+def keepalive_options(keepalive: float | None) -> dict[str, Any]:
+    """Ping a connection idle for ``keepalive`` seconds, with or without calls in flight, and
+    close it if the ping goes unanswered (None: no pings)."""
+    if keepalive is None:
+        return {}
+    if keepalive <= 0:
+        raise ValueError("keepalive must be positive seconds, or None")
+    timeout_ms = round(min(keepalive, KEEPALIVE_TIMEOUT_S) * 1000)
+    return {
+        "grpc.keepalive_time_ms": round(keepalive * 1000),
+        "grpc.keepalive_timeout_ms": timeout_ms,
+        # Any ping in flight (gRPC's own bandwidth probes too) must time out as soon: a
+        # keepalive ping waits for it, and its default timeout is a minute.
+        "grpc.http2.ping_timeout_ms": timeout_ms,
+        "grpc.keepalive_permit_without_calls": 1,
+        "grpc.http2.max_pings_without_data": 0,
+    }
+
+
 def channel_options(
-    options: Mapping[str, Any] | Sequence[tuple[str, Any]] | None, max_message_bytes: int
+    options: Mapping[str, Any] | Sequence[tuple[str, Any]] | None,
+    max_message_bytes: int,
+    keepalive: float | None = None,
 ) -> list[tuple[str, Any]]:
     """Default channel options, overridden by the caller's."""
     merged: dict[str, Any] = {
+        **keepalive_options(keepalive),
         "grpc.max_send_message_length": max_message_bytes,
         "grpc.max_receive_message_length": max_message_bytes,
         # gRPC's own reconnect backoff starts at 1 s; a sidecar that restarts should be
@@ -770,6 +799,7 @@ class ClientBase(Generic[ChannelT]):
         connections: int = 1,
         spread: bool = True,
         single_calls: SingleCalls = "unary",
+        keepalive: float | None = DEFAULT_KEEPALIVE_S,
     ) -> None:
         if single_calls not in ("unary", "stream"):
             raise ValueError(f"single_calls must be 'unary' or 'stream', not {single_calls!r}")
@@ -784,7 +814,7 @@ class ClientBase(Generic[ChannelT]):
             insecure,
             target,
             ChannelCredentials(tls, ca_cert, client_cert, client_key),
-            channel_options(options, max_message_bytes),
+            channel_options(options, max_message_bytes, keepalive),
             connections,
             spread,
         )

@@ -180,6 +180,13 @@ class Client(ClientBase[grpc.Channel]):
             OpenTelemetry installed, each input carries its caller's current trace context
             (``ExplainRequest.trace_context``), so the sidecar traces it in the caller's trace
             (other calls carry it in their metadata).
+        keepalive: ping a connection idle for this many seconds, with or without calls in
+            flight (default 30; ``None``: never). A ping unanswered within 10 s closes the
+            connection, and the next call dials a new one: a load balancer or NAT that
+            dropped an idle connection without a word would otherwise hang that call until
+            its deadline. Limelight servers accept pings every 10 s or more
+            (``LIMELIGHT_KEEPALIVE_MIN_CLIENT_INTERVAL_S``); other servers may answer pings
+            that come more often than every 5 minutes by closing the connection.
 
     Tracing: with OpenTelemetry installed (the SDK does not require it), every call carries
     the caller's current trace context as W3C ``traceparent`` metadata, so that a sidecar

@@ -141,6 +141,17 @@ class Settings(BaseSettings):
     """How long calls still open on a connection past ``max_connection_age_s`` may run before it
     is closed under them (they end ``UNAVAILABLE``; the SDK opens an ``explain_many`` stream
     ended so again and resends what was unanswered). Unset: as long as they take."""
+    keepalive_time_s: PositiveFloat = 60.0
+    """The server pings a client connection idle for this long and closes it when no answer
+    comes within ``keepalive_timeout_s``: a client that vanished without closing (a crashed
+    pod, a NAT or load balancer that dropped the connection) no longer holds its streams
+    (``WatchJob``, ``ExplainStream``) open for ever."""
+    keepalive_timeout_s: PositiveFloat = 20.0
+    """How long a keepalive ping may go unanswered before the connection is closed."""
+    keepalive_min_client_interval_s: PositiveFloat = 10.0
+    """How often clients may ping, also with no call in flight (the SDK pings idle connections
+    every 30 s so that a load balancer does not drop them silently); a client that pings more
+    often is sent GOAWAY ("too_many_pings") and reconnects."""
     max_batch_size: PositiveInt = 32
     """Most inline requests run in one forward pass."""
     max_batch_wait_ms: NonNegativeFloat = 0.0

@@ -71,6 +71,26 @@ class ClientHangUps(logging.Filter):
             logger.addFilter(cls())
 
 
+def keepalive_options(settings: Settings) -> list[tuple[str, int]]:
+    """gRPC's server options for keepalive: ping idle clients, and let clients ping idle
+    connections (gRPC's default refuses pings more often than every 5 minutes without a call)."""
+    timeout_ms = round(settings.keepalive_timeout_s * 1000)
+    return [
+        ("grpc.keepalive_time_ms", round(settings.keepalive_time_s * 1000)),
+        ("grpc.keepalive_timeout_ms", timeout_ms),
+        # A ping already in flight (a bandwidth probe) holds the keepalive ping back; it must
+        # time out as soon (gRPC's default: a minute).
+        ("grpc.http2.ping_timeout_ms", timeout_ms),
+        ("grpc.keepalive_permit_without_calls", 1),
+        ("grpc.http2.max_pings_without_data", 0),
+        # The least time between a client's pings the server accepts (the "recv" interval).
+        (
+            "grpc.http2.min_ping_interval_without_data_ms",
+            round(settings.keepalive_min_client_interval_s * 1000),
+        ),
+    ]
+
+
 def connection_age_options(settings: Settings) -> list[tuple[str, int]]:
     """gRPC's server options for ``max_connection_age_s`` and its grace (none when unset)."""
     options = []
@@ -211,6 +231,7 @@ class SidecarServer:
             # port must fail rather than silently split the traffic.
             ("grpc.so_reuseport", int(settings.reuse_port)),
             *connection_age_options(settings),
+            *keepalive_options(settings),
         ]
         ClientHangUps.install()
         server = grpc.aio.server(interceptors=interceptors, options=options)
