@@ -196,6 +196,10 @@ class Settings(BaseSettings):
     """Job backend: ``sqlite`` (embedded, journalled), ``redis://host:port/db``, or ``off``."""
     jobs_db: Path | None = None
     """SQLite journal path; unset: ``<cache_dir>/jobs.sqlite3``."""
+    jobs_password_file: Path | None = None
+    """Redis backend: a file holding the queue user's password (a mounted Secret), read at
+    each new connection, so a rotated password takes effect without a restart; the address
+    then carries at most the user name (``redis://limelight@host:6379/0``)."""
     jobs_refused_at_start: Literal["stop", "serve"] = "stop"
     """Redis backend: what ``limelight serve`` does when the queue refuses its credentials or
     ACL at start. ``stop``: exit with the reason (a wrong Secret stalls a rollout instead of

@@ -10,6 +10,7 @@ import shutil
 import subprocess
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import jsonschema
 import kubernetes_validate
@@ -369,8 +370,8 @@ def test_managed_redis_overlay_reads_the_queue_and_keda_credentials_from_one_sec
     used_keys = {"url"}
     for deployment, name in (("limelight", "limelight"), ("limelight-worker", "worker")):
         container = _container(objects, deployment, name)
-        (jobs,) = [e for e in container["env"] if e["name"] == "LIMELIGHT_JOBS"]
-        assert jobs["valueFrom"]["secretKeyRef"] == {"name": secret, "key": "url"}
+        env = {e["name"]: e for e in container["env"]}
+        assert env["LIMELIGHT_JOBS"]["valueFrom"]["secretKeyRef"] == {"name": secret, "key": "url"}
         spec = find(objects, "Deployment", deployment)["spec"]["template"]["spec"]
         volumes = {v["name"]: v for v in spec["volumes"]}
         (mount,) = [
@@ -381,9 +382,14 @@ def test_managed_redis_overlay_reads_the_queue_and_keda_credentials_from_one_sec
         assert mount["readOnly"] is True
         items = {i["key"]: i["path"] for i in volumes[mount["name"]]["secret"]["items"]}
         used_keys |= set(items)
-        # The CA where the documented address's ssl_ca_certs looks for it.
+        # The CA where the documented address's ssl_ca_certs looks for it, the password where
+        # LIMELIGHT_JOBS_PASSWORD_FILE does.
         assert f"ssl_ca_certs={mount['mountPath']}/{items['ca.crt']}" in documented_url
+        password_file = env["LIMELIGHT_JOBS_PASSWORD_FILE"]["value"]
+        assert password_file == f"{mount['mountPath']}/{items['password']}"
     assert documented_url.startswith("rediss://")
+    # The password is in the file only (the sidecar refuses it in both places).
+    assert urlsplit(documented_url).password is None
     auth = find(objects, "TriggerAuthentication", secret)["spec"]["secretTargetRef"]
     assert {ref["name"] for ref in auth} == {secret}
     params = {ref["parameter"]: ref["key"] for ref in auth}

@@ -381,8 +381,9 @@ async def test_a_redis_that_may_evict_jobs_is_named_at_start(
     for policy, warned in (("allkeys-lru", True), ("noeviction", False)):
         caplog.clear()
         with running_redis(tmp_path, url, "--maxmemory-policy", policy) as queue:
-            backend = RedisJobBackend(_settings(queue, tmp_path))
+            settings = _settings(queue, tmp_path)
+            backend = RedisJobBackend(settings)
             await backend.start()
             await backend.stop(1.0)
-            check_access(queue)  # what `limelight worker` asks before it starts its processes
+            check_access(settings)  # what `limelight worker` asks before starting its processes
         assert caplog.text.count(f"maxmemory-policy {policy}") == (2 if warned else 0)

@@ -14,14 +14,15 @@ import uuid
 from collections.abc import AsyncIterator, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
 import redis
 from helpers import await_until, served_sidecar, test_registry, wait_serving, wait_state
 from prometheus_client import CollectorRegistry
 
-from limelight.core.jobs import JobSpec, JobState
-from limelight.errors import Unavailable
+from limelight.core.jobs import JobRecord, JobSpec, JobState
+from limelight.errors import InvalidArgument, Unavailable
 from limelight.jobs.redis_backend import RedisJobBackend
 from limelight.jobs.redis_worker import RedisWorker
 from limelight.jobs.runner import JobRunner
@@ -58,12 +59,20 @@ def set_rules(admin: redis.Redis, url: str, rules: str) -> None:
 
 @contextlib.asynccontextmanager
 async def worker_and_sidecar(
-    model: LoadedModel, url: str, tmp_path: Path, name: str, *, reclaim_idle_s: float = 30.0
+    model: LoadedModel,
+    url: str,
+    tmp_path: Path,
+    name: str,
+    *,
+    reclaim_idle_s: float = 30.0,
+    **settings_: Any,
 ) -> AsyncIterator[tuple[RedisWorker, threading.Thread, RedisJobBackend]]:
     """A worker running in a thread (asking again 0.1 s after a refusal) and a sidecar's job
     backend on ``url``, not started (it would refuse to while Redis refuses); both stopped at
     the end."""
-    settings = Settings(cache_dir=tmp_path, jobs=url, job_reclaim_idle_s=reclaim_idle_s)
+    settings = Settings(
+        cache_dir=tmp_path, jobs=url, job_reclaim_idle_s=reclaim_idle_s, **settings_
+    )
     runner = JobRunner(model, test_registry(), settings)
     worker = RedisWorker(settings, runner, name=name)
     worker.refused_retry_s = 0.1
@@ -274,3 +283,65 @@ async def test_the_eviction_policy_is_checked_with_the_readmes_acl(
     finally:
         admin.config_set("maxmemory-policy", "noeviction")
         admin.close()
+
+
+async def submit_as_clients_do(backend: RedisJobBackend, spec: JobSpec) -> JobRecord:
+    """Submit, trying again after UNAVAILABLE as the SDK does (a connection Redis closed
+    fails the call that finds it so)."""
+    for _ in range(5):
+        try:
+            return await backend.submit(spec)
+        except Unavailable as exc:
+            if "refused" in exc.message:  # not a connection fault: trying again will not help
+                raise
+            await asyncio.sleep(0.1)
+    return await backend.submit(spec)
+
+
+@pytest.mark.asyncio
+async def test_a_password_file_rotates_without_a_restart(
+    tiny_model: LoadedModel, redis_acl: RedisAcl, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """``jobs_password_file`` (a mounted Secret): every new connection reads the password, so
+    after an operator rotates it in Redis and in the Secret, the sidecar and the workers
+    reconnect with the new one (with the password in the address they were refused until
+    someone restarted them)."""
+    with acl_user(redis_acl, REDIS_ACL) as (url, admin):
+        name = url.split("//", 1)[1].split(":", 1)[0]
+        secret = tmp_path / "redis-password"
+        secret.write_text(PASSWORD + "\n")  # as `kubectl create secret --from-file` may leave it
+        address = url.replace(f":{PASSWORD}@", "@")
+        async with worker_and_sidecar(
+            tiny_model, address, tmp_path, "w-rotated", jobs_password_file=secret
+        ) as (worker, _thread, backend):
+            await backend.start()
+            job = await backend.submit(JobSpec(method="steps", text="a witty film"))
+            assert (await asyncio.wait_for(wait_state(backend, job.id), 120)).state.name == (
+                "SUCCEEDED"
+            )
+            admin.execute_command("ACL", "SETUSER", name, "resetpass", ">rotated-pw")
+            secret.write_text("rotated-pw\n")
+            admin.execute_command("CLIENT", "KILL", "USER", name)  # every connection dials again
+            job = await submit_as_clients_do(backend, JobSpec(method="steps", text="a dull film"))
+            assert (await asyncio.wait_for(wait_state(backend, job.id), 120)).state.name == (
+                "SUCCEEDED"
+            )
+            assert worker.ready and not errors(caplog)
+
+            secret.unlink()  # a Secret not mounted: a refusal that says which file
+            admin.execute_command("CLIENT", "KILL", "USER", name)
+            with pytest.raises(Unavailable, match="refused"):
+                await submit_as_clients_do(backend, JobSpec(method="steps", text="x"))
+            assert any(str(secret) in e for e in errors(caplog))
+            assert "rotated-pw" not in caplog.text
+
+
+@pytest.mark.asyncio
+async def test_a_password_in_the_address_and_in_a_file_is_refused(tmp_path: Path) -> None:
+    secret = tmp_path / "redis-password"
+    secret.write_text("pw")
+    settings = Settings(
+        cache_dir=tmp_path, jobs="redis://u:pw@127.0.0.1:1/0", jobs_password_file=secret
+    )
+    with pytest.raises(InvalidArgument, match="keep one"):
+        await RedisJobBackend(settings).start()

@@ -141,7 +141,7 @@ class RestartBackoff:
         self.due[i] = None
 
 
-def _check_queue(url: str) -> None:
+def _check_queue(settings: Settings) -> None:
     """Raise (one clear line, no credentials) when the queue refuses this worker's credentials
     or ACL, or cannot hold the queue; an unreachable queue is fine (the workers wait for it)."""
     import redis
@@ -154,9 +154,9 @@ def _check_queue(url: str) -> None:
         refusal,
     )
 
-    where = redact_credentials(url)
+    where = redact_credentials(settings.jobs)
     try:
-        check_access(url)
+        check_access(settings)
     except REFUSED_ERRORS as exc:
         raise Unavailable(f"the job queue at {where}: {refusal(exc)}") from exc
     except CONNECTION_ERRORS as exc:
@@ -171,7 +171,7 @@ def run(args: argparse.Namespace) -> int:
     if not settings.jobs.startswith(("redis://", "rediss://", "unix://")):
         log.error("limelight worker needs a Redis queue: --jobs redis://host:port/db")
         return 2
-    _check_queue(settings.jobs)  # before the workers load their model
+    _check_queue(settings)  # before the workers load their model
     count = max(1, args.job_processes or settings.job_workers)
     # spawn, not fork: forking a process that has touched torch threads can deadlock.
     ctx = mp.get_context("spawn")

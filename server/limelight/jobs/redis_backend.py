@@ -45,7 +45,7 @@ from limelight.jobs.redis_store import (
     REFUSED_ERRORS,
     REFUSED_S,
     Keys,
-    client_options,
+    connection,
     lua,
     record_from_hash,
     refusal,
@@ -144,8 +144,9 @@ class RedisJobBackend(JobBackend):
         it, so the sidecar serves them while job calls fail until Redis answers."""
         # A burst of calls (a wake of every watcher) waits for a free connection instead of
         # failing with "Too many connections" once the pool's 100 are in use.
+        url, options = connection(self.settings)
         pool = aioredis.BlockingConnectionPool.from_url(
-            self.settings.jobs, max_connections=POOL_SIZE, timeout=POOL_WAIT_S, **client_options()
+            url, max_connections=POOL_SIZE, timeout=POOL_WAIT_S, **options
         )
         self._client = aioredis.Redis.from_pool(pool)
         where = redact_credentials(self.settings.jobs)

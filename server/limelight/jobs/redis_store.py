@@ -23,13 +23,17 @@ import json
 import logging
 from dataclasses import dataclass
 from importlib import resources
+from pathlib import Path
 from typing import Any
+from urllib.parse import unquote, urlsplit, urlunsplit
 
 import redis
 from redis.backoff import ExponentialBackoff
+from redis.credentials import CredentialProvider
 from redis.retry import Retry
 
 from limelight.core.jobs import JobRecord, JobState
+from limelight.errors import InvalidArgument
 from limelight.jobs.serialize import explanation_from_dict, spec_from_dict
 from limelight.settings import Settings
 
@@ -121,6 +125,48 @@ def lua(name: str) -> str:
     return resources.files("limelight.jobs").joinpath("lua", f"{name}.lua").read_text("utf-8")
 
 
+class PasswordFile(CredentialProvider):
+    """The queue's user (from its address) with the password in a file — a mounted Secret —
+    read at every new connection, so a rotated password takes effect without a restart
+    (connections already authenticated stay so)."""
+
+    def __init__(self, username: str | None, path: Path) -> None:
+        self.username = username
+        self.path = path
+
+    def get_credentials(self) -> tuple[str] | tuple[str, str]:
+        try:
+            password = self.path.read_text().rstrip("\r\n")
+        except OSError as exc:
+            # A refusal, not an outage: a person has to fix the file or the Secret.
+            raise redis.AuthenticationError(
+                f"cannot read the password file {self.path}: {exc.strerror or exc}"
+            ) from None
+        return (self.username, password) if self.username else (password,)
+
+    async def get_credentials_async(self) -> tuple[str] | tuple[str, str]:
+        return self.get_credentials()
+
+
+def connection(settings: Settings) -> tuple[str, dict[str, Any]]:
+    """The queue's address and the options of every Redis client on it: ``client_options``,
+    and with ``jobs_password_file`` the password from that file (the address then carries at
+    most the user name)."""
+    url, options = settings.jobs, client_options()
+    if settings.jobs_password_file is None:
+        return url, options
+    parts = urlsplit(url)
+    if parts.password:
+        raise InvalidArgument(
+            "the job queue's password is in its address and in jobs_password_file: keep one"
+        )
+    host = parts.netloc.rsplit("@", 1)[-1]
+    options["credential_provider"] = PasswordFile(
+        unquote(parts.username) if parts.username else None, Path(settings.jobs_password_file)
+    )
+    return urlunsplit(parts._replace(netloc=host)), options
+
+
 def client_options() -> dict[str, Any]:
     """Connection options of every Redis client: reconnect on the next command after a
     connection error, with a short bounded retry so that a down Redis answers quickly (callers
@@ -181,10 +227,11 @@ def warn_eviction_risk(memory_info: dict[str, Any] | None) -> None:
         )
 
 
-def check_access(url: str, prefix: str = "limelight") -> None:
-    """Ask the queue at ``url`` once for what every worker needs first (its consumer group,
-    created if missing). Raises a ``REFUSED_ERRORS`` or ``CONNECTION_ERRORS`` error."""
-    client = redis.Redis.from_url(url, **client_options())
+def check_access(settings: Settings, prefix: str = "limelight") -> None:
+    """Ask the queue once for what every worker needs first (its consumer group, created if
+    missing). Raises a ``REFUSED_ERRORS`` or ``CONNECTION_ERRORS`` error."""
+    url, options = connection(settings)
+    client = redis.Redis.from_url(url, **options)
     try:
         client.ping()
         ensure_group(client, Keys(prefix))

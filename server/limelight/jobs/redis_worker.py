@@ -35,7 +35,7 @@ from limelight.jobs.redis_store import (
     REFUSED_ERRORS,
     REFUSED_S,
     Keys,
-    client_options,
+    connection,
     ensure_group,
     is_missing_group,
     lua,
@@ -78,7 +78,8 @@ class RedisWorker:
         self.metrics = metrics
         self.keys = Keys(prefix)
         self.name = name or f"{socket.gethostname()}-{os.getpid()}"
-        self.client: Any = redis.Redis.from_url(settings.jobs, **client_options())
+        url, options = connection(settings)
+        self.client: Any = redis.Redis.from_url(url, **options)
         self._claim = self.client.register_script(lua("claim"))
         self._progress = self.client.register_script(lua("progress"))
         self._finish = self.client.register_script(lua("finish"))
