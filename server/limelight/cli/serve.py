@@ -78,6 +78,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     )
     p.add_argument("--jobs", help="sqlite (default), redis://host:port/db, or off")
     p.add_argument("--jobs-db", type=Path, help="SQLite journal for the embedded job backend")
+    p.add_argument(
+        "--jobs-password-file",
+        type=Path,
+        help="Redis password, read at each new connection (a mounted Secret: rotates without a "
+        "restart)",
+    )
     p.add_argument("--job-workers", type=int, help="in-process job worker threads")
     p.add_argument("--drift-reference", type=Path, help="reference file for drift")
     p.add_argument(

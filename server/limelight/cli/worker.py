@@ -31,6 +31,12 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     add_model_args(p)
     p.add_argument("--jobs", help="queue address redis://host:port/db (or $LIMELIGHT_JOBS)")
     p.add_argument(
+        "--jobs-password-file",
+        type=Path,
+        help="Redis password, read at each new connection (a mounted Secret: rotates without a "
+        "restart)",
+    )
+    p.add_argument(
         "--workers",
         dest="job_processes",  # not Settings.workers: that one counts sidecar processes
         type=int,
