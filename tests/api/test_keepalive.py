@@ -33,6 +33,7 @@ class SilentProxy:
         self.listener = socket.create_server(("127.0.0.1", 0))
         self.port = int(self.listener.getsockname()[1])
         self.accepted = 0
+        self.closed_by_client = 0
         self._flows: list[dict[str, bool]] = []
         self._sockets: list[socket.socket] = []
         threading.Thread(target=self._accept, daemon=True).start()
@@ -49,14 +50,18 @@ class SilentProxy:
             self._flows.append(flow)
             self._sockets += [conn, up]
             for source, sink in ((conn, up), (up, conn)):
-                threading.Thread(target=self._pump, args=(source, sink, flow), daemon=True).start()
+                threading.Thread(
+                    target=self._pump, args=(source, sink, flow, source is conn), daemon=True
+                ).start()
 
-    @staticmethod
-    def _pump(source: socket.socket, sink: socket.socket, flow: dict[str, bool]) -> None:
+    def _pump(
+        self, source: socket.socket, sink: socket.socket, flow: dict[str, bool], client: bool
+    ) -> None:
         while True:
             try:
                 data = source.recv(65536)
                 if not data:
+                    self.closed_by_client += client
                     sink.shutdown(socket.SHUT_WR)
                     return
                 if not flow["dropped"]:
@@ -96,11 +101,14 @@ def test_the_sdk_notices_a_connection_dropped_silently(
     ):
         assert client.explain("before the load balancer forgets us").label
         proxy.drop_silently()
-        time.sleep(3)  # idle: a ping after 1 s, unanswered for 1 s, closes the connection
         if keepalive is None:
+            time.sleep(3)  # idle as long as the pinging client takes to notice
+            assert proxy.closed_by_client == 0  # it never does
             with pytest.raises(DeadlineExceeded):  # sent into the void
                 client.explain("after")
         else:
+            # Idle: a ping after 1 s, unanswered for 1 s, and the client closes the connection.
+            wait_until(lambda: proxy.closed_by_client == 1)
             assert client.explain("after").label
             assert proxy.accepted == 2
 
