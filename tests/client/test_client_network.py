@@ -290,7 +290,10 @@ def test_explain_many_server_error(scripted: ScriptedServer, connections: int) -
         assert next(it).text == "fine"
         with pytest.raises(errors.InvalidArgument, match="boom"):
             list(it)
-    assert len(scripted.servicer.calls_to("ExplainStream")) == connections  # not opened again
+    # At most one stream per connection: none opened again after the error. (A stream the
+    # client closed before the server's thread started its handler is not recorded at all:
+    # under load the third of three sometimes is not.)
+    assert 1 <= len(scripted.servicer.calls_to("ExplainStream")) <= connections
 
 
 DROPS = ["a", "b", "drop 1", "c", "d", "e", "drop 2", "f", "g"]
