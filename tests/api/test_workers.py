@@ -19,7 +19,7 @@ import sys
 import threading
 import time
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -33,6 +33,8 @@ from limelight_client.proto import explainer_pb2 as pb
 from limelight_client.proto import explainer_pb2_grpc as pb_grpc
 
 WORKERS = 2
+#: Texts explain_many sends before its input pauses for the signal (see the stream test).
+HELD = 100
 
 
 @dataclass
@@ -372,15 +374,35 @@ def test_explain_many_streams_ride_out_a_worker_that_goes_away(
     texts = [f"review {i}: a gorgeous, witty film" + " indeed" * (i % 9) for i in range(600)]
     got: list[str | None] = []
     victim = min(workers.children())  # the client's two connections reach both workers
+    # The input pauses after HELD texts until the signal is sent: otherwise a fast victim can
+    # have read and answered its whole share before the signal lands, and a drained stream
+    # that has nothing left to read ends OK, with nothing to open again.
+    sent = threading.Event()
+
+    def held() -> Iterator[str]:
+        for i, text in enumerate(texts):
+            if i == HELD:
+                assert sent.wait(60)
+            yield text
+
+    async def held_async() -> AsyncIterator[str]:
+        for i, text in enumerate(texts):
+            while i == HELD and not sent.is_set():
+                await asyncio.sleep(0.01)
+            yield text
+
+    def answered(text: str | None) -> None:
+        got.append(text)
+        if len(got) == 50:  # more in flight on both streams, hundreds still to send
+            os.kill(victim, sig)
+            sent.set()
 
     async def explain_async() -> None:
         async with AsyncClient(workers.target, connections=2) as client:
             await client.wait_ready(timeout=60)
             assert len({(await client.model()).instance for _ in range(2)}) == 2
-            async for answer in client.explain_many(texts):
-                got.append(answer.text)
-                if len(got) == 50:  # hundreds more in flight on both streams
-                    os.kill(victim, sig)
+            async for answer in client.explain_many(held_async()):
+                answered(answer.text)
 
     try:
         if sdk == "asyncio":
@@ -389,10 +411,8 @@ def test_explain_many_streams_ride_out_a_worker_that_goes_away(
             with Client(workers.target, connections=2) as client:
                 client.wait_ready(timeout=60)
                 assert len({client.model().instance for _ in range(2)}) == 2  # one on each
-                for answer in client.explain_many(texts):
-                    got.append(answer.text)
-                    if len(got) == 50:
-                        os.kill(victim, sig)
+                for answer in client.explain_many(held()):
+                    answered(answer.text)
     finally:
         stop(workers)
     assert got == texts
