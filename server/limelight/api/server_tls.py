@@ -5,10 +5,12 @@ Secret's files in place; a server that read them only at start serves the old ce
 it is restarted, and clients refuse it once it expires. ``ServerTls`` looks at the files every
 ``tls_reload_interval_s`` (and on SIGHUP); files that changed are checked like at start (a
 readable PEM certificate, the key that matches it) and then served to every new connection:
-gRPC asks for the new configuration before each handshake, and the HTTP port's ``SSLContext``
-loads the new pair in place. Files caught half-written (a certificate without its new key) are
-not served: the previous certificate stays until the pair is whole. Connections already open
-keep the certificate they started with.
+gRPC asks for the new configuration before each handshake, and the HTTP port hands each new
+handshake to an ``SSLContext`` built afresh from the new files (from the ``sni_callback``, which
+OpenSSL calls on every ClientHello, with or without a server name): loading files into the old
+context would add a client CA but never drop one, as OpenSSL's trust store only grows. Files
+caught half-written (a certificate without its new key) are not served: the previous certificate
+stays until the pair is whole. Connections already open keep the certificate they started with.
 """
 
 from __future__ import annotations
@@ -60,7 +62,7 @@ class ServerTls:
         self._files = self._read()  # raises TlsConfigError: a bad file at start is an error
         self._generation = 0
         self._handed = 0  # the generation gRPC last got
-        self._contexts: list[ssl.SSLContext] = []
+        self._http: ssl.SSLContext | None = None  # what new HTTPS handshakes get, once asked
         if on_expiry is not None:
             on_expiry(self._files.expires)
 
@@ -117,15 +119,29 @@ class ServerTls:
             self._handed = self._generation
             return self._grpc_config(self._files)
 
-    def ssl_context(self) -> ssl.SSLContext:
-        """A context for the HTTP port; ``check`` loads new files into it in place."""
+    def _http_context(self, files: _Files) -> ssl.SSLContext:
+        """A server context for the HTTP port: the certificate and key on disk (``ssl`` reads a
+        pair from files only; a pair that no longer matches raises ``ssl.SSLError``) and
+        ``files``' client CA bundle."""
         context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
         context.load_cert_chain(self.cert, self.key)
-        if self.client_ca is not None:
-            context.load_verify_locations(cafile=str(self.client_ca))
+        if files.client_ca is not None:
+            context.load_verify_locations(cadata=files.client_ca.decode("ascii", "replace"))
             context.verify_mode = ssl.CERT_REQUIRED
-        self._contexts.append(context)
         return context
+
+    def ssl_context(self) -> ssl.SSLContext:
+        """The context to listen with on the HTTP port: each handshake is handed on to the
+        context of the files served now."""
+        self._http = self._http_context(self._files)
+        listening = self._http_context(self._files)
+
+        def current(ssl_object: ssl.SSLObject, name: str | None, _: ssl.SSLContext) -> None:
+            if self._http is not None:
+                ssl_object.context = self._http
+
+        listening.sni_callback = current
+        return listening
 
     # --- reloading ----------------------------------------------------------------------------
 
@@ -145,14 +161,10 @@ class ServerTls:
 
     def serve(self, files: _Files) -> None:
         """Serve ``files`` to new connections. Call it on the event loop that runs the HTTP
-        port: its handshakes read the ``SSLContext`` that this loads the new pair into."""
-        for context in self._contexts:
+        port: its handshakes read the context this replaces."""
+        if self._http is not None:
             try:
-                context.load_cert_chain(self.cert, self.key)
-                if self.client_ca is not None:
-                    # OpenSSL's store only grows: a CA dropped from the bundle stays trusted on
-                    # the HTTP port until a restart (gRPC takes the new bundle as it is).
-                    context.load_verify_locations(cafile=str(self.client_ca))
+                self._http = self._http_context(files)
             except (ssl.SSLError, OSError) as exc:  # changed again since read: next look
                 log.warning("the HTTP port keeps its TLS files for now: %s", exc)
                 self._stamp = ()
