@@ -24,3 +24,14 @@ from limelight.errors import redact_credentials
 )
 def test_credentials_in_urls_are_hidden(text: str, shown: str) -> None:
     assert redact_credentials(text) == shown
+
+
+def test_every_kind_has_a_grpc_and_an_http_status() -> None:
+    """One mapping table each; a kind added without its row would fail at the first call that
+    raised it."""
+    from limelight.api.errors import HTTP_STATUS_BY_KIND, STATUS_BY_KIND
+    from limelight.errors import ErrorKind
+
+    assert set(STATUS_BY_KIND) == set(ErrorKind) == set(HTTP_STATUS_BY_KIND)
+    # Distinct kinds are distinct gRPC codes: a client tells them apart.
+    assert len(set(STATUS_BY_KIND.values())) == len(ErrorKind)

@@ -16,6 +16,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "Cancelled",
+    "DataLoss",
     "DeadlineExceeded",
     "FailedPrecondition",
     "Internal",
@@ -98,6 +99,11 @@ class Internal(LimelightError):
     """An unexpected server failure; the details are in the server's log, not here."""
 
 
+class DataLoss(Internal):
+    """Data the server stored can no longer be read (e.g. its job journal is damaged); retrying
+    does not help. A subclass of :class:`Internal`, so handlers of ``Internal`` still see it."""
+
+
 class JobFailed(LimelightError):
     """A job ended in state FAILED; ``message`` is the server's reason."""
 
@@ -128,7 +134,7 @@ _BY_CODE: dict[grpc.StatusCode, type[LimelightError]] = {
     grpc.StatusCode.CANCELLED: Cancelled,
     grpc.StatusCode.INTERNAL: Internal,
     grpc.StatusCode.UNKNOWN: Internal,
-    grpc.StatusCode.DATA_LOSS: Internal,
+    grpc.StatusCode.DATA_LOSS: DataLoss,
 }
 
 

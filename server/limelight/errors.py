@@ -21,6 +21,7 @@ class ErrorKind(enum.Enum):
     UNAUTHENTICATED = "unauthenticated"
     UNIMPLEMENTED = "unimplemented"
     CANCELLED = "cancelled"
+    DATA_LOSS = "data_loss"
     INTERNAL = "internal"
 
 
@@ -68,6 +69,12 @@ class Unimplemented(LimelightError):
 
 class Cancelled(LimelightError):
     kind = ErrorKind.CANCELLED
+
+
+class DataLoss(LimelightError):
+    """Stored data can no longer be read (a damaged job journal): retrying will not help."""
+
+    kind = ErrorKind.DATA_LOSS
 
 
 class ModelLoadError(LimelightError):

@@ -22,7 +22,7 @@ CLASSES = [
     (grpc.StatusCode.UNIMPLEMENTED, errors.Unimplemented),
     (grpc.StatusCode.CANCELLED, errors.Cancelled),
     (grpc.StatusCode.INTERNAL, errors.Internal),
-    (grpc.StatusCode.DATA_LOSS, errors.Internal),
+    (grpc.StatusCode.DATA_LOSS, errors.DataLoss),  # an Internal too
     (grpc.StatusCode.ABORTED, errors.LimelightError),  # no class of its own
 ]
 

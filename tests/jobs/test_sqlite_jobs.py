@@ -19,8 +19,10 @@ from helpers import (
     cancel_during_a_late_report,
     expired,
     reference_prediction,
+    served_sidecar,
     test_registry,
     touch,
+    wait_serving,
     wait_state,
 )
 from jobs_testing_methods import expected_scores
@@ -505,3 +507,53 @@ async def test_an_unreadable_journal_is_moved_aside_and_the_sidecar_starts(
         assert (await asyncio.wait_for(wait_state(backend, job.id), 60)).state.name == "SUCCEEDED"
     finally:
         await backend.stop(5)
+
+
+def test_a_journal_damaged_while_served_is_data_loss_and_a_restart_moves_it_aside(
+    bert_tiny_dir: Path, tmp_path: Path
+) -> None:
+    """A journal that goes bad under a running sidecar (a disk fault, a file overwritten) made
+    every job call a bare INTERNAL. Job calls are DATA_LOSS with what to do, said once in the
+    log; inline explanations go on; the restart it asks for moves the journal aside as a start
+    does and jobs run again."""
+    from limelight_client import Client
+    from limelight_client import errors as client_errors
+
+    journal = tmp_path / "jobs.sqlite3"
+    env = {"LIMELIGHT_JOBS_DB": str(journal)}
+    text = "a moving , witty and gorgeous film " * 12
+    with served_sidecar(bert_tiny_dir, "sqlite", tmp_path, **env) as (server, port, log):
+        with Client(f"127.0.0.1:{port}", timeout=60, retries=0) as client:
+            wait_serving(client, server, log)
+            jobs = [client.submit(text, "integrated_gradients", steps=4) for _ in range(12)]
+            for job in jobs:  # every write done: nothing changes the file while it is damaged
+                job.result(timeout=120)
+            with sqlite3.connect(journal) as db:  # every page into the file, none in the WAL
+                assert db.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()[0] == 0
+            page = 4096
+            assert journal.stat().st_size > 3 * page
+            with journal.open("r+b") as f:  # keep the header and schema page, damage the rest
+                f.seek(page)
+                f.write(np.random.default_rng(0).bytes(journal.stat().st_size - page))
+            with sqlite3.connect(journal) as db:  # a commit elsewhere: the sidecar's page cache
+                db.execute("PRAGMA user_version = 7")  # of the file is stale, it reads again
+            for call in (lambda: client.job(jobs[0].id), lambda: client.submit(text, "lrp")):
+                with pytest.raises(client_errors.DataLoss, match="damaged") as lost:
+                    call()
+                assert lost.value.code is not None and lost.value.code.name == "DATA_LOSS"
+            assert client.explain("still serving").tokens
+            assert server.poll() is None
+        server.terminate()
+        assert server.wait(60) == 0
+    damaged_lines = [line for line in log.read_text().splitlines() if "is damaged" in line]
+    assert len(damaged_lines) == 1 and "restart" in damaged_lines[0], damaged_lines
+
+    with (
+        served_sidecar(bert_tiny_dir, "sqlite", tmp_path, **env) as (server, port, log),
+        Client(f"127.0.0.1:{port}", timeout=60, retries=0) as client,
+    ):
+        wait_serving(client, server, log)
+        assert list(tmp_path.glob("jobs.sqlite3.corrupt-*[0-9]Z"))
+        with pytest.raises(client_errors.NotFound):
+            client.job(jobs[0].id)  # lost with the journal, as the log said at the start
+        assert client.submit(text, "integrated_gradients", steps=4).result(timeout=120)

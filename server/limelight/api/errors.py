@@ -20,6 +20,7 @@ STATUS_BY_KIND: dict[ErrorKind, grpc.StatusCode] = {
     ErrorKind.UNAUTHENTICATED: grpc.StatusCode.UNAUTHENTICATED,
     ErrorKind.UNIMPLEMENTED: grpc.StatusCode.UNIMPLEMENTED,
     ErrorKind.CANCELLED: grpc.StatusCode.CANCELLED,
+    ErrorKind.DATA_LOSS: grpc.StatusCode.DATA_LOSS,
     ErrorKind.INTERNAL: grpc.StatusCode.INTERNAL,
 }
 
@@ -42,6 +43,7 @@ HTTP_STATUS_BY_KIND: dict[ErrorKind, int] = {
     ErrorKind.UNAUTHENTICATED: 401,
     ErrorKind.UNIMPLEMENTED: 501,
     ErrorKind.CANCELLED: 499,
+    ErrorKind.DATA_LOSS: 500,
     ErrorKind.INTERNAL: 500,
 }
 

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from limelight.core.jobs import JobBackend, JobCursor, JobRecord, JobSpec, JobState, scoped_key
-from limelight.errors import ResourceExhausted, Unavailable
+from limelight.errors import DataLoss, ResourceExhausted, Unavailable
 from limelight.jobs.execution import (
     JobHooks,
     Outcome,
@@ -142,6 +142,7 @@ class SqliteJobBackend(JobBackend):
         self._watchers: dict[str, set[tuple[asyncio.AbstractEventLoop, asyncio.Event]]] = {}
         self._depth_methods: set[str] = set()
         self._full_logged = -FULL_LOG_S
+        self._damage_logged = -FULL_LOG_S
 
     # --- storage -------------------------------------------------------------------------------
 
@@ -170,6 +171,10 @@ class SqliteJobBackend(JobBackend):
                 if isinstance(error, ResourceExhausted):
                     self._log_full(exc)
                 raise error from exc
+            except sqlite3.DatabaseError as exc:
+                if not _is_corrupt(exc):
+                    raise
+                raise self._damaged(exc) from exc
 
     def _queue_up(self, up: bool) -> None:
         if self.metrics is not None:
@@ -182,6 +187,25 @@ class SqliteJobBackend(JobBackend):
         if now - self._full_logged >= FULL_LOG_S:
             self._full_logged = now
             log.error("the job store %s cannot be written: %s", self.path, exc)
+
+    def _damaged(self, exc: sqlite3.DatabaseError) -> DataLoss:
+        """The journal went bad while open (a disk fault, a file overwritten under the
+        sidecar): job calls fail ``DATA_LOSS`` and workers idle until a restart moves it aside,
+        as a start does with a journal it cannot read. One error line per ``FULL_LOG_S``."""
+        self._queue_up(False)
+        now = time.monotonic()
+        if now - self._damage_logged >= FULL_LOG_S:
+            self._damage_logged = now
+            log.error(
+                "the job journal %s is damaged (%s): job calls fail DATA_LOSS; restart the "
+                "sidecar to move it aside and start an empty journal",
+                self.path,
+                exc,
+            )
+        return DataLoss(
+            "the job store is damaged and cannot be read; the sidecar's operator must restart "
+            "it (the jobs it held may be lost)"
+        )
 
     def _open(self) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -263,9 +287,15 @@ class SqliteJobBackend(JobBackend):
         with self._lock:
             if self._db is None:
                 return
-            rows = self._db.execute(
-                "SELECT method, COUNT(*) FROM jobs WHERE state = 'queued' GROUP BY method"
-            ).fetchall()
+            try:
+                rows = self._db.execute(
+                    "SELECT method, COUNT(*) FROM jobs WHERE state = 'queued' GROUP BY method"
+                ).fetchall()
+            except sqlite3.DatabaseError as exc:
+                if not _is_corrupt(exc):
+                    raise
+                self._damaged(exc)  # a gauge is not worth failing the call that moved it
+                return
         counts = {m: n for m, n in rows}
         self._depth_methods |= set(counts)
         for method in self._depth_methods:
@@ -495,7 +525,7 @@ class SqliteJobBackend(JobBackend):
                 claimed = self._claim()
             except Unavailable:
                 return
-            except ResourceExhausted:  # logged by _tx; try again after the idle poll
+            except (ResourceExhausted, DataLoss):  # logged by _tx; try again after the poll
                 claimed = None
             except Exception:
                 log.exception("job worker: claiming a job failed")
@@ -543,6 +573,8 @@ class SqliteJobBackend(JobBackend):
             try:
                 with self._tx() as db:
                     db.execute(sql, (*args, job_id))
+            except DataLoss:  # logged by _tx; the journal cannot take this job's outcome
+                return False
             except (ResourceExhausted, Unavailable):
                 if self._db is None or not wait or self._abandon.is_set():
                     return False

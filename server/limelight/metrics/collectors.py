@@ -153,7 +153,7 @@ class Metrics:
         self.job_queue_up = Gauge(
             "limelight_job_queue_up",
             "1 while the job queue takes work; 0 while it is unreachable, refuses this "
-            "process's Redis user or is full (no series without a job queue).",
+            "process's Redis user, is full or is damaged (no series without a job queue).",
             ["backend"],
             multiprocess_mode="livemin",
             registry=r,
