@@ -144,7 +144,7 @@ class RedisJobBackend(JobBackend):
         it, so the sidecar serves them while job calls fail until Redis answers."""
         # A burst of calls (a wake of every watcher) waits for a free connection instead of
         # failing with "Too many connections" once the pool's 100 are in use.
-        url, options = connection(self.settings)
+        url, options = connection(self.settings, for_asyncio=True)
         pool = aioredis.BlockingConnectionPool.from_url(
             url, max_connections=POOL_SIZE, timeout=POOL_WAIT_S, **options
         )

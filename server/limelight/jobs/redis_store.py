@@ -28,6 +28,7 @@ from typing import Any
 from urllib.parse import unquote, urlsplit, urlunsplit
 
 import redis
+from redis.asyncio.retry import Retry as AsyncRetry
 from redis.backoff import ExponentialBackoff
 from redis.credentials import CredentialProvider
 from redis.retry import Retry
@@ -148,11 +149,11 @@ class PasswordFile(CredentialProvider):
         return self.get_credentials()
 
 
-def connection(settings: Settings) -> tuple[str, dict[str, Any]]:
+def connection(settings: Settings, for_asyncio: bool = False) -> tuple[str, dict[str, Any]]:
     """The queue's address and the options of every Redis client on it: ``client_options``,
     and with ``jobs_password_file`` the password from that file (the address then carries at
-    most the user name)."""
-    url, options = settings.jobs, client_options()
+    most the user name). ``for_asyncio``: for a ``redis.asyncio`` client."""
+    url, options = settings.jobs, client_options(for_asyncio)
     if settings.jobs_password_file is None:
         return url, options
     parts = urlsplit(url)
@@ -167,15 +168,20 @@ def connection(settings: Settings) -> tuple[str, dict[str, Any]]:
     return urlunsplit(parts._replace(netloc=host)), options
 
 
-def client_options() -> dict[str, Any]:
-    """Connection options of every Redis client: reconnect on the next command after a
-    connection error, with a short bounded retry so that a down Redis answers quickly (callers
-    map the error to UNAVAILABLE and clients retry)."""
+def client_options(for_asyncio: bool = False) -> dict[str, Any]:
+    """Connection options of every Redis client: a command that meets a connection error is
+    sent again on a new connection, twice at most with a short backoff, so that a dropped
+    connection (a Redis restart, a proxy's idle timeout) costs no call and a down Redis answers
+    quickly (callers map the error to UNAVAILABLE and clients retry). A command may so run
+    twice when its reply was lost: the job scripts recognise their own second run. ``for_asyncio``:
+    for a ``redis.asyncio`` client, which awaits its retry policy (given the synchronous one,
+    it never retried)."""
+    backoff = ExponentialBackoff(cap=0.2, base=0.02)
     return {
         "decode_responses": True,
         "socket_connect_timeout": 2.0,
         "socket_timeout": 10.0,
-        "retry": Retry(ExponentialBackoff(cap=0.2, base=0.02), retries=2),
+        "retry": AsyncRetry(backoff, retries=2) if for_asyncio else Retry(backoff, retries=2),
         "health_check_interval": 10,
     }
 

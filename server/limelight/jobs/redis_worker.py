@@ -20,6 +20,7 @@ import os
 import socket
 import threading
 import time
+import uuid
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -266,6 +267,9 @@ class RedisWorker:
 
     def _handle(self, entry: str, job_id: str) -> None:
         keys = self.keys
+        # The same token on every try of this claim: a try whose reply was lost is not counted
+        # again as an attempt (the claim script sees its own token).
+        token = uuid.uuid4().hex
         reply = self._retry(
             "claiming a job",
             lambda: self._claim(
@@ -279,6 +283,7 @@ class RedisWorker:
                     entry,
                     keys.idem(""),
                     keys.events(job_id),
+                    token,
                 ],
             ),
         )

@@ -1,7 +1,13 @@
 -- KEYS: job, depth, stream. ARGV: consumer, now, max_attempts, ttl, group, entry, idem prefix,
--- events channel.
-local f = redis.call('HMGET', KEYS[1], 'state', 'method', 'attempts', 'cancel', 'idem')
+-- events channel, claim token (new for every call).
+local f = redis.call('HMGET', KEYS[1], 'state', 'method', 'attempts', 'cancel', 'idem', 'claim')
 local state = f[1]
+if state == 'running' and f[6] == ARGV[9] then
+  -- This very call ran already and its reply was lost with the connection: the same answer,
+  -- without counting the attempt twice.
+  local g = redis.call('HMGET', KEYS[1], 'spec', 'created_at')
+  return {'run', f[2], g[1], g[2], f[3]}
+end
 if not state then
   redis.call('XACK', KEYS[3], ARGV[5], ARGV[6])
   redis.call('XDEL', KEYS[3], ARGV[6])
@@ -36,7 +42,7 @@ else
 end
 local attempts = redis.call('HINCRBY', KEYS[1], 'attempts', 1)
 redis.call('HSET', KEYS[1], 'state', 'running', 'started_at', ARGV[2], 'consumer', ARGV[1],
-  'progress', '0', 'message', 'running', 'entry', ARGV[6])
+  'progress', '0', 'message', 'running', 'entry', ARGV[6], 'claim', ARGV[9])
 redis.call('PUBLISH', ARGV[8], 'running')
 local g = redis.call('HMGET', KEYS[1], 'spec', 'created_at')
 return {'run', f[2], g[1], g[2], tostring(attempts)}

@@ -1,6 +1,8 @@
 -- KEYS: job, stream. ARGV: consumer, state, now, ttl, error, message, result, progress, group,
 -- entry, idem prefix, events channel.
 local f = redis.call('HMGET', KEYS[1], 'state', 'consumer', 'idem')
+-- Already ended so by this worker: this very call ran and its reply was lost with the connection.
+if f[1] == ARGV[2] and f[2] == ARGV[1] then return 'ok' end
 if f[1] ~= 'running' or f[2] ~= ARGV[1] then return 'lost' end
 redis.call('HSET', KEYS[1], 'state', ARGV[2], 'finished_at', ARGV[3], 'error', ARGV[5],
   'message', ARGV[6])

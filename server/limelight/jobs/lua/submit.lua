@@ -1,5 +1,8 @@
 -- KEYS: job, stream, idem, index, depth. ARGV: id, method, spec, created_at, queue_max,
 -- idempotency key, job key prefix.
+-- ARGV[1] is new for every call: a job under it means this very call ran already and its reply
+-- was lost with the connection (the client sent it again): report it, do not queue it twice.
+if redis.call('EXISTS', KEYS[1]) == 1 then return {'created', ARGV[1]} end
 if ARGV[6] ~= '' then
   local existing = redis.call('GET', KEYS[3])
   if existing and redis.call('EXISTS', ARGV[7] .. existing) == 1 then
