@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import sqlite3
 import subprocess
 import sys
 import textwrap
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +32,7 @@ from prometheus_client import CollectorRegistry
 
 from limelight.core.jobs import JobSpec, JobState
 from limelight.core.types import TargetSpec
-from limelight.errors import InvalidArgument, NotFound, ResourceExhausted
+from limelight.errors import InvalidArgument, NotFound, ResourceExhausted, Unavailable
 from limelight.jobs.priority import InlineGate
 from limelight.jobs.runner import JobRunner
 from limelight.jobs.sqlite_backend import SqliteJobBackend
@@ -557,3 +559,88 @@ def test_a_journal_damaged_while_served_is_data_loss_and_a_restart_moves_it_asid
         with pytest.raises(client_errors.NotFound):
             client.job(jobs[0].id)  # lost with the journal, as the log said at the start
         assert client.submit(text, "integrated_gradients", steps=4).result(timeout=120)
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path) -> Iterator[Path]:
+    """A real 2 MiB filesystem (tmpfs) to fill: mounting needs root (CI runs as root)."""
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(disk)], capture_output=True
+    )
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.decode().strip()}")
+    try:
+        yield disk
+    finally:
+        subprocess.run(["umount", "-l", str(disk)], check=False)
+
+
+def _fill(disk: Path) -> Path:
+    """Write to ``disk`` until no byte more fits; the file that took the room."""
+    fill = disk / "fill"
+    with fill.open("wb", buffering=0) as out, contextlib.suppress(OSError):
+        while True:
+            out.write(b"x" * 512)
+    return fill
+
+
+@pytest.mark.asyncio
+async def test_a_sidecar_that_starts_on_a_full_disk_serves_and_opens_the_journal_later(
+    tiny_model: LoadedModel, small_disk: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A journal that cannot be opened for want of disk space (SQLite cannot even grow its
+    shared-memory file) stopped the sidecar at start, and with it the classifier's pod. It
+    starts without the journal: job calls are RESOURCE_EXHAUSTED, the queue is down on
+    /metrics, one error says why; once there is room it opens the journal and runs the jobs
+    that were queued in it."""
+    settings = Settings(cache_dir=small_disk, jobs_db=small_disk / "jobs.sqlite3")
+    before = _backend(None, settings)  # no workers: the jobs stay queued in the journal
+    await before.start()
+    queued = [await before.submit(JobSpec(method="steps", text=f"film {i}")) for i in range(5)]
+    await before.stop(1.0)
+    fill = _fill(small_disk)
+
+    metrics = Metrics(CollectorRegistry())
+    backend = _backend(tiny_model, settings, metrics, open_retry_s=0.1)
+    await backend.start()  # raised "disk I/O error" before
+    try:
+        assert _sample(metrics, "limelight_job_queue_up", {"backend": "sqlite"}) == 0
+        with pytest.raises(ResourceExhausted, match="cannot be opened"):
+            await backend.submit(JobSpec(method="steps", text="now"))
+        with pytest.raises(ResourceExhausted):
+            await backend.get(queued[0].id)
+        errors = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
+        assert len(errors) == 1 and "disk is full" in errors[0], errors
+        await asyncio.sleep(0.5)  # several tries, not one line each
+        assert len([r for r in caplog.records if r.levelname == "ERROR"]) == 1
+
+        fill.unlink()
+        await await_until(
+            lambda: _sample(metrics, "limelight_job_queue_up", {"backend": "sqlite"}) == 1
+        )
+        for job in queued:
+            done = await asyncio.wait_for(wait_state(backend, job.id), 60)
+            assert done.state is JobState.SUCCEEDED
+        job = await backend.submit(JobSpec(method="steps", text="later"))
+        assert (await asyncio.wait_for(wait_state(backend, job.id), 60)).state.name == "SUCCEEDED"
+    finally:
+        await backend.stop(5)
+
+
+@pytest.mark.asyncio
+async def test_a_sidecar_waiting_for_room_stops_at_once(
+    tiny_model: LoadedModel, small_disk: Path
+) -> None:
+    settings = Settings(cache_dir=small_disk, jobs_db=small_disk / "jobs.sqlite3")
+    before = _backend(None, settings)
+    await before.start()
+    await before.submit(JobSpec(method="steps", text="film"))
+    await before.stop(1.0)
+    _fill(small_disk)
+    backend = _backend(tiny_model, settings, open_retry_s=30.0)
+    await backend.start()
+    await asyncio.wait_for(backend.stop(5), 10)  # does not wait out its next try
+    with pytest.raises(Unavailable):
+        await backend.get("any")

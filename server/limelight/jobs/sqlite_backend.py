@@ -19,6 +19,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import os
 import sqlite3
 import threading
 import time
@@ -52,6 +53,11 @@ log = logging.getLogger(__name__)
 FULL_LOG_S = 30.0
 #: Longest pause between a worker's tries to write a job's outcome to a full or busy store.
 WRITE_RETRY_MAX_S = 5.0
+#: A journal that could not be opened for want of disk space at start is tried again this often.
+OPEN_RETRY_S = 5.0
+#: Below this much free space, an I/O error opening the journal is taken for a full disk
+#: (SQLite reports a shared-memory file it cannot grow as SQLITE_IOERR_SHMSIZE, not FULL).
+NO_ROOM_BYTES = 1 << 20
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS jobs (
@@ -94,6 +100,24 @@ def _store_error(exc: sqlite3.OperationalError) -> Exception:
     return exc
 
 
+def _no_room(exc: BaseException, directory: Path) -> bool:
+    """Whether ``exc``, met opening or recovering the journal, says its disk is full."""
+    if isinstance(exc, ResourceExhausted):  # SQLITE_FULL, mapped by _tx
+        return True
+    if not isinstance(exc, sqlite3.OperationalError):
+        return False
+    name = getattr(exc, "sqlite_errorname", "")
+    if name == "SQLITE_FULL":
+        return True
+    if not name.startswith("SQLITE_IOERR"):
+        return False
+    try:
+        stats = os.statvfs(directory)
+    except OSError:
+        return False
+    return stats.f_bavail * stats.f_frsize < NO_ROOM_BYTES
+
+
 def _is_corrupt(exc: sqlite3.DatabaseError) -> bool:
     """SQLite's verdict on a file that is not, or no longer, a readable database."""
     name = getattr(exc, "sqlite_errorname", "")  # Python 3.11+
@@ -122,6 +146,7 @@ class SqliteJobBackend(JobBackend):
         *,
         yield_timeout_s: float = 1.0,
         idle_poll_s: float = 1.0,
+        open_retry_s: float = OPEN_RETRY_S,
     ) -> None:
         self.settings = settings
         self.runner = runner
@@ -131,6 +156,9 @@ class SqliteJobBackend(JobBackend):
         self._yield_timeout_s = yield_timeout_s
         """Longest a job waits for inline traffic at one checkpoint (no starvation)."""
         self._idle_poll_s = idle_poll_s
+        self._open_retry_s = open_retry_s
+        # Set while the journal waits for room on its disk to open (a start on a full disk).
+        self._waiting_for_room: threading.Thread | None = None
         self._db: sqlite3.Connection | None = None
         self._lock = threading.RLock()
         self._work = threading.Condition()
@@ -150,6 +178,10 @@ class SqliteJobBackend(JobBackend):
     def _tx(self) -> Iterator[sqlite3.Connection]:
         with self._lock:
             if self._db is None:
+                if self._waiting_for_room is not None:
+                    raise ResourceExhausted(
+                        "the job store cannot be opened (no room left on its disk); retry later"
+                    )
                 raise Unavailable("job store is not open")
             db = self._db
             try:
@@ -314,6 +346,58 @@ class SqliteJobBackend(JobBackend):
     # --- JobBackend ----------------------------------------------------------------------------
 
     async def start(self) -> None:
+        """Open the journal, re-queue what a previous run left running and start the workers.
+        A disk too full to open or recover the journal does not stop the sidecar: inline
+        explanations do not need it, so it serves them while job calls are
+        ``RESOURCE_EXHAUSTED``, and opens the journal once there is room."""
+        self._stopping.clear()
+        self._abandon.clear()
+        try:
+            await asyncio.to_thread(self._open_and_recover)
+        except Exception as exc:
+            if not _no_room(exc, self.path.parent):
+                raise
+            self._close_db()
+            self._queue_up(False)
+            log.error(
+                "the job journal %s cannot be opened: its disk is full (%s); serving without "
+                "jobs (job calls fail RESOURCE_EXHAUSTED) and trying again every %.0f s",
+                self.path,
+                exc,
+                self._open_retry_s,
+            )
+            self._waiting_for_room = threading.Thread(
+                target=self._open_when_room, name="limelight-jobs-open", daemon=True
+            )
+            self._waiting_for_room.start()
+            return
+        self._start_workers()
+
+    def _open_when_room(self) -> None:
+        while not self._stopping.wait(self._open_retry_s):
+            try:
+                self._open_and_recover()
+            except Exception as exc:
+                self._close_db()
+                if not _no_room(exc, self.path.parent):
+                    log.exception("the job journal %s still cannot be opened", self.path)
+                continue
+            with self._lock:
+                if self._stopping.is_set():  # stop() came meanwhile: it closes what is open
+                    return
+                self._waiting_for_room = None
+            log.info("the job journal %s is open: taking jobs", self.path)
+            self._start_workers()
+            return
+
+    def _close_db(self) -> None:
+        with self._lock:
+            if self._db is not None:
+                with contextlib.suppress(sqlite3.Error):
+                    self._db.close()
+                self._db = None
+
+    def _open_and_recover(self) -> None:
         self._open()
         self._queue_up(True)
         now = time.time()
@@ -349,8 +433,8 @@ class SqliteJobBackend(JobBackend):
                 queued,
             )
         self._refresh_depth()
-        self._stopping.clear()
-        self._abandon.clear()
+
+    def _start_workers(self) -> None:
         if self.runner is not None:
             for i in range(max(1, self.settings.job_workers)):
                 thread = threading.Thread(
@@ -363,6 +447,10 @@ class SqliteJobBackend(JobBackend):
         self._stopping.set()
         with self._work:
             self._work.notify_all()
+        opening = self._waiting_for_room
+        if opening is not None:  # it looks at _stopping between tries
+            await asyncio.to_thread(opening.join, grace_s)
+            self._waiting_for_room = None
         deadline = time.monotonic() + grace_s
         # Within grace_s in all: running jobs may finish in the first part; in the rest they
         # stop at their next checkpoint and go back to QUEUED; one stuck between checkpoints
