@@ -379,6 +379,7 @@ class SqliteJobBackend(JobBackend):
                 self._open_and_recover()
             except Exception as exc:
                 self._close_db()
+                self._queue_up(False)  # it may have opened before the recovery failed
                 if not _no_room(exc, self.path.parent):
                     log.exception("the job journal %s still cannot be opened", self.path)
                 continue
