@@ -18,12 +18,14 @@ from pathlib import Path
 import pytest
 import redis
 from helpers import await_until, test_registry, wait_state
+from prometheus_client import CollectorRegistry
 
 from limelight.core.jobs import JobSpec, JobState
 from limelight.jobs.redis_backend import RedisJobBackend
 from limelight.jobs.redis_store import Keys, lua
 from limelight.jobs.redis_worker import RedisWorker
 from limelight.jobs.runner import JobRunner
+from limelight.metrics import Metrics
 from limelight.models.loaded import LoadedModel
 from limelight.settings import Settings
 
@@ -193,4 +195,27 @@ async def test_a_worker_that_loses_a_claim_or_a_finish_reply_counts_one_attempt(
         worker.request_stop()
         if thread.is_alive():
             thread.join(30)
+        await backend.stop(1)
+
+
+@pytest.mark.asyncio
+async def test_a_lost_cancel_reply_counts_the_cancelled_job(
+    proxied: tuple[LostReplies, str], redis_clean: str, tmp_path: Path
+) -> None:
+    """A cancel sent again found the job already cancelled by its first run and did not count
+    it in ``limelight_jobs_total``."""
+    proxy, url = proxied
+    metrics = Metrics(CollectorRegistry())
+    backend = RedisJobBackend(Settings(cache_dir=tmp_path, jobs=url), metrics)
+    await backend.start()
+    try:
+        job = await backend.submit(JobSpec(method="steps", text="a"))
+        proxy.lose(script("cancel"))
+        assert (await backend.cancel(job.id)).state is JobState.CANCELLED
+        assert proxy.lost == 1
+        counted = {"method": "steps", "outcome": "cancelled"}
+        assert metrics.registry.get_sample_value("limelight_jobs_total", counted) == 1
+        direct = redis.Redis.from_url(redis_clean, decode_responses=True)
+        assert direct.hget(Keys("limelight").depth, "steps") == "0"
+    finally:
         await backend.stop(1)

@@ -320,6 +320,7 @@ class RedisJobBackend(JobBackend):
                 GROUP,
                 keys.idem(""),
                 keys.events(job_id),
+                uuid.uuid4().hex,  # the same on every try of this call
             ],
         )
         if state == "missing":
