@@ -515,14 +515,15 @@ def test_explain_many_packed_timeout_bounds_the_whole_run(scripted: ScriptedServ
 def test_explain_many_packed_timeout_is_measured_from_the_last_answer(
     given: Callable[[list[str]], Iterable[str]],
 ) -> None:
-    """The run's first call is answered last, 1.2 s after it was sent (beyond the client's
-    0.6 s timeout), but the server answered one of the run's calls every 0.3 s: nothing fails.
+    """The run's first call is answered last, 2 s after it was sent (beyond the client's
+    1.5 s timeout), but the server answered one of the run's calls every 0.5 s (a whole second
+    of slack for a busy machine): nothing fails.
     The server answers only once all four calls are in: they must be in flight together."""
     texts = [f"text {i}" for i in range(8)]
-    servicer = AnswersOutOfOrder(order=["text 6", "text 4", "text 2", "text 0"], gap=0.3)
+    servicer = AnswersOutOfOrder(order=["text 6", "text 4", "text 2", "text 0"], gap=0.5)
     server = start_server(servicer)
     try:
-        with client_for(server, timeout=0.6) as c:
+        with client_for(server, timeout=1.5) as c:
             assert [r.text for r in c.explain_many(given(texts), texts_per_call=2)] == texts
     finally:
         server.server.stop(grace=None)
@@ -580,7 +581,7 @@ def test_explain_many_stream_fails_when_the_server_stops_answering(
 def _slow_input(texts: list[str]) -> Iterator[str]:
     for i, text in enumerate(texts):
         if i:
-            time.sleep(0.5)
+            time.sleep(1.0)
         yield text
 
 
@@ -588,21 +589,21 @@ def _slow_input(texts: list[str]) -> Iterator[str]:
 def test_explain_many_stream_timeout_counts_only_the_servers_silence(
     scripted: ScriptedServer, slow: str
 ) -> None:
-    """The client's 0.4 s timeout bounds each wait for an answer, not the run: a server that
-    answers every 0.15 s, an input that gives an item every 0.5 s, or a caller that takes
-    0.5 s over each answer all run well past it without failing."""
-    texts = [f"text {i}" for i in range(6)] if slow == "server" else ["a", "b", "c"]
-    scripted.servicer.stream_gap = 0.15 if slow == "server" else 0.0
+    """The client's 0.8 s timeout bounds each wait for an answer, not the run: a server that
+    answers every 0.2 s, an input that gives an item every 1 s, or a caller that takes 1 s
+    over each answer all run well past it without failing."""
+    texts = [f"text {i}" for i in range(8)] if slow == "server" else ["a", "b", "c"]
+    scripted.servicer.stream_gap = 0.2 if slow == "server" else 0.0
     given = _slow_input(texts) if slow == "input" else texts
     got: list[str | None] = []
     start = time.monotonic()
-    with client_for(scripted, timeout=0.4) as c:
+    with client_for(scripted, timeout=0.8) as c:
         for r in c.explain_many(given):
             got.append(r.text)
             if slow == "caller":
-                time.sleep(0.5)
+                time.sleep(1.0)
     assert got == texts
-    assert time.monotonic() - start > 0.8  # so the timeout would have ended a bounded run
+    assert time.monotonic() - start > 1.5  # so the timeout would have ended a bounded run
 
 
 def test_explain_many_stream_ended_early_is_an_error(scripted: ScriptedServer) -> None:
