@@ -134,3 +134,45 @@ def parse_params(items: list[str]) -> dict[str, Any]:
         except json.JSONDecodeError:
             params[key] = raw
     return params
+
+
+class JobProgressBar:
+    """A job's progress as one terminal line: percent, elapsed time, and the job's state with
+    its stage ("running: 16/32 path points"). A rate such as tqdm's "%/s" means nothing for a
+    job, so the line shows none."""
+
+    def __init__(self, description: str, quiet: bool = False) -> None:
+        from tqdm import tqdm
+
+        self._bar = tqdm(
+            total=100,
+            desc=description,
+            disable=quiet,
+            bar_format="{desc}: {percentage:3.0f}%|{bar}| {elapsed}{postfix}",
+        )
+
+    def show(self, fraction: float, message: str, state: str = "") -> None:
+        self._bar.n = min(100, max(0, round(100 * fraction)))
+        self._bar.set_postfix_str(job_status_line(state, message)[:60], refresh=False)
+        self._bar.refresh()
+
+    def __enter__(self) -> JobProgressBar:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._bar.close()
+
+
+def job_status_line(state: str, message: str) -> str:
+    """``state: message``, either alone when the other is empty or says the same."""
+    state, message = state.strip(), message.strip()
+    if not state or message.lower() == state.lower():
+        return message
+    return f"{state}: {message}" if message else state
+
+
+def follow_job(job: Any, quiet: bool = False) -> None:
+    """Watch an SDK job with a progress bar until it ends."""
+    with JobProgressBar(f"{job.info.method} {job.id[:8]}", quiet) as bar:
+        for info in job.watch():
+            bar.show(info.progress, info.message, info.state.name.lower())

@@ -20,10 +20,12 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from limelight.cli.common import (
+    JobProgressBar,
     add_client_args,
     add_model_args,
     client_error_line,
     client_from_args,
+    follow_job,
     parse_params,
     settings_from_args,
 )
@@ -114,13 +116,7 @@ def _show(explanation: Any, args: argparse.Namespace) -> None:
 
 def _follow(job: Any, quiet: bool) -> Any:
     """Watch a job with a progress bar until it ends, then return its explanation."""
-    from tqdm import tqdm
-
-    with tqdm(total=100, desc=f"{job.info.method} {job.id[:8]}", disable=quiet, unit="%") as bar:
-        for info in job.watch():
-            bar.n = round(100 * info.progress)
-            bar.set_postfix_str(f"{info.state.name.lower()} {info.message}"[:60])
-            bar.refresh()
+    follow_job(job, quiet)
     return job.result(timeout=0)
 
 
@@ -223,8 +219,6 @@ def _run_local(args: argparse.Namespace) -> Any:
 
             result = asyncio.run(once())
         else:
-            from tqdm import tqdm
-
             from limelight.jobs.runner import JobRunner
 
             service.encode(args.text, args.text_pair)
@@ -235,14 +229,8 @@ def _run_local(args: argparse.Namespace) -> Any:
                 target=spec,
                 params=method.validate_params(parse_params(args.param)),
             )
-            with tqdm(total=100, desc=method.name, unit="%", disable=args.json) as bar:
-
-                def report(fraction: float, message: str) -> None:
-                    bar.n = round(100 * fraction)
-                    bar.set_postfix_str(message[:50])
-                    bar.refresh()
-
-                result = JobRunner(model, service.methods, settings).run(job, report=report)
+            with JobProgressBar(method.name, quiet=args.json) as bar:
+                result = JobRunner(model, service.methods, settings).run(job, report=bar.show)
     except ServerError as exc:
         print(f"error: {exc.message}", file=sys.stderr)
         raise SystemExit(1) from None

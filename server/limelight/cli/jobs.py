@@ -8,7 +8,12 @@ import json
 import sys
 from typing import Any
 
-from limelight.cli.common import add_client_args, client_error_line, client_from_args
+from limelight.cli.common import (
+    add_client_args,
+    client_error_line,
+    client_from_args,
+    follow_job,
+)
 
 _STATES = ["queued", "running", "succeeded", "failed", "cancelled"]
 
@@ -159,14 +164,8 @@ def run_show(args: argparse.Namespace) -> int:
 
 def run_watch(args: argparse.Namespace) -> int:
     def action(client: Any) -> int:
-        from tqdm import tqdm
-
         job = client.job(args.id)
-        with tqdm(total=100, desc=f"{job.info.method} {job.id[:8]}", unit="%") as bar:
-            for info in job.watch():
-                bar.n = round(100 * info.progress)
-                bar.set_postfix_str(f"{info.state.name.lower()} {info.message}"[:60])
-                bar.refresh()
+        follow_job(job)
         info = job.refresh()
         print(describe(info))
         return 0 if info.state.name == "SUCCEEDED" else 1
