@@ -57,6 +57,34 @@ def test_explain_local_matches_server(sidecar: RunningSidecar, bert_tiny_dir: Pa
         assert abs(a - b) < 1e-4
 
 
+def test_a_job_method_is_submitted_followed_and_shown(sidecar: RunningSidecar) -> None:
+    """A job method without --wait prints the job (JSON with --json, for scripts); with --wait
+    the explanation; `jobs show` and `jobs watch` find the job by its id."""
+    text = "a gorgeous movie"
+    target = ("--target", sidecar.target)
+    submitted = limelight("explain", text, "--method", "integrated_gradients", "--json", *target)
+    assert submitted.returncode == 0, submitted.stderr
+    job = json.loads(submitted.stdout)
+    assert job["method"] == "integrated_gradients" and len(job["id"]) == 32
+    hint = limelight("explain", text, "--method", "integrated_gradients", *target)
+    assert hint.stdout.startswith("submitted job ") and "limelight jobs show " in hint.stdout
+
+    waited = limelight(
+        "explain", text, "--method", "integrated_gradients", "--wait", "--json", *target
+    )
+    assert waited.returncode == 0, waited.stderr
+    explained = json.loads(waited.stdout)
+    assert explained["method"] == "integrated_gradients" and explained["text"] == text
+    assert len(explained["scores"]) == len(explained["tokens"])
+
+    watched = limelight("jobs", "watch", job["id"], *target)
+    assert watched.returncode == 0, watched.stderr
+    assert "succeeded" in watched.stdout.lower()
+    assert "%/s" not in watched.stderr  # the bar shows percent and time, not a rate
+    shown = json.loads(limelight("jobs", "show", job["id"], "--json", *target).stdout)
+    assert shown["id"] == job["id"] and shown["state"] == "SUCCEEDED"
+
+
 def test_bad_input_exits_non_zero_with_a_clear_message(sidecar: RunningSidecar) -> None:
     out = limelight("explain", "fine", "--class", "meh", "--target", sidecar.target)
     assert out.returncode == 1

@@ -172,9 +172,13 @@ def _run_remote(args: argparse.Namespace) -> Any:
             **parse_params(args.param),
         )
         if not args.wait:
-            print(
-                f"submitted job {job.id} ({method}); follow it with: limelight jobs show {job.id}"
-            )
+            if args.json:  # scripts read the job's id and state, as `limelight jobs show --json`
+                print(json.dumps(job.info.to_dict(), indent=2))
+            else:
+                print(
+                    f"submitted job {job.id} ({method}); follow it with: "
+                    f"limelight jobs show {job.id}"
+                )
             return None
         return _follow(job, quiet=args.json)
 
