@@ -50,7 +50,10 @@ def test_an_empty_window_prints_no_divergence() -> None:
     JSD of 0 and no "ok" that reads as healthy."""
     settings = Settings(drift_bootstrap_n=10, drift_window=100, drift_sketch_size=32)
     monitor = DriftMonitor(settings, ["rotten", "fresh"], None)
-    for _ in range(3):
+    monitor.observe("fresh", ["a", "gorgeous", "film"], [0.1, 2.0, 0.3])
+    first = format_report(monitor.report(top_k=3)).splitlines()[0]
+    assert first.startswith("reference: building (1 explanation)   window: 0 explanations")
+    for _ in range(2):
         monitor.observe("fresh", ["a", "gorgeous", "film"], [0.1, 2.0, 0.3])
     lines = format_report(monitor.report(top_k=3)).splitlines()
     assert lines[0].startswith("reference: building (3 explanations)   window: 0 explanations")

@@ -204,6 +204,10 @@ NOT_COMPARED = "-"
 """Printed for a divergence with nothing in the window to compare (Prometheus exports NaN)."""
 
 
+def _explanations(count: int) -> str:
+    return f"{count} explanation{'' if count == 1 else 's'}"
+
+
 def format_report(report: Any) -> str:
     """A readable table of a drift report (the SDK's or the server's ``DriftReport``).
 
@@ -213,8 +217,8 @@ def format_report(report: Any) -> str:
     mix = f"{report.label_mix_divergence:.4f}" if compared else NOT_COMPARED
     current = f"{report.current_entropy:.2f}" if compared else NOT_COMPARED
     out = [
-        f"reference: {report.reference_state} ({report.reference_count} explanations)   "
-        f"window: {report.window_count} explanations   alert above JSD "
+        f"reference: {report.reference_state} ({_explanations(report.reference_count)})   "
+        f"window: {_explanations(report.window_count)}   alert above JSD "
         f"{report.alert_threshold:.3f}{_sampling(report)}",
         f"label mix JSD {mix}   attribution entropy {report.reference_entropy:.2f} -> "
         f"{current} bits",
