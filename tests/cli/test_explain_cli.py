@@ -83,6 +83,9 @@ def test_a_job_method_is_submitted_followed_and_shown(sidecar: RunningSidecar) -
     assert "%/s" not in watched.stderr  # the bar shows percent and time, not a rate
     shown = json.loads(limelight("jobs", "show", job["id"], "--json", *target).stdout)
     assert shown["id"] == job["id"] and shown["state"] == "SUCCEEDED"
+    late = limelight("jobs", "cancel", job["id"], *target)
+    assert late.returncode == 0, late.stderr
+    assert late.stdout.strip() == f"job {job['id']}: already succeeded; nothing to cancel"
 
 
 def test_bad_input_exits_non_zero_with_a_clear_message(sidecar: RunningSidecar) -> None:

@@ -179,8 +179,10 @@ def run_cancel(args: argparse.Namespace) -> int:
         state = info.state.name.lower()
         if state == "running":
             print(f"job {info.id}: cancellation requested; it stops at its next checkpoint")
-        else:
-            print(f"job {info.id}: {state}")
+        elif state == "cancelled":
+            print(f"job {info.id}: cancelled")
+        else:  # it ended before the cancel came: nothing was cancelled
+            print(f"job {info.id}: already {state}; nothing to cancel")
         return 0
 
     return _call(args, action)
