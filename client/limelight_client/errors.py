@@ -7,6 +7,7 @@ success surface as :class:`JobFailed` / :class:`JobCancelled` from ``Job.result(
 
 from __future__ import annotations
 
+import re
 from typing import TYPE_CHECKING, Any
 
 import grpc
@@ -68,7 +69,9 @@ class FailedPrecondition(LimelightError):
 
 
 class ResourceExhausted(LimelightError):
-    """The server is at capacity (job queue or inline backlog full); try again later."""
+    """The server is at capacity (job queue or inline backlog full): try again later; or a
+    request or its answer is over a size limit (the message says whose and which setting), which
+    fails again the same way."""
 
 
 class Unavailable(LimelightError):
@@ -163,4 +166,44 @@ def from_status(code: object, message: object) -> LimelightError:
         code = _CODE_BY_NUMBER.get(code)
     status = code if isinstance(code, grpc.StatusCode) else grpc.StatusCode.UNKNOWN
     text = message if isinstance(message, str) and message else status.name.lower()
+    if status is grpc.StatusCode.RESOURCE_EXHAUSTED:
+        text = _size_limit_message(text)
     return _BY_CODE.get(status, LimelightError)(status, text)
+
+
+#: gRPC's own refusal of a message over a size limit, on either side of the call.
+_OVER_LIMIT = re.compile(
+    r"(CLIENT|SERVER): (Sent|Received) message larger than max \((\d+) vs\. (\d+)\)"
+)
+
+#: Which message went over whose limit, and the setting that sets it.
+_LIMITS = {
+    ("SERVER", "Received"): (
+        "the request",
+        "the sidecar accepts (its LIMELIGHT_MAX_MESSAGE_BYTES): "
+        "send shorter texts or fewer per call",
+    ),
+    ("SERVER", "Sent"): (
+        "the answer",
+        "the sidecar sends (its LIMELIGHT_MAX_RESPONSE_BYTES): send fewer texts per call",
+    ),
+    ("CLIENT", "Sent"): (
+        "the request",
+        "this client sends (its max_message_bytes): send shorter texts or fewer per call",
+    ),
+    ("CLIENT", "Received"): (
+        "the answer",
+        "this client accepts (its max_message_bytes): raise it, or send fewer texts per call",
+    ),
+}
+
+
+def _size_limit_message(text: str) -> str:
+    """gRPC's "CLIENT: Received message larger than max (4617 vs. 3000)" as what went over
+    which side's limit, and what to change."""
+    found = _OVER_LIMIT.search(text)
+    if found is None:
+        return text
+    side, verb, size, limit = found.groups()
+    what, whose = _LIMITS[side, verb]
+    return f"{what} is {int(size):,} bytes, more than the {int(limit):,} {whose}"
