@@ -28,6 +28,7 @@ from limelight.reload import content_digest, fingerprint
 from limelight_client.proto import explainer_pb2 as pb
 from limelight_client.proto import explainer_pb2_grpc
 from tests.conftest import RunningSidecar
+from tests.waiting import wait_until
 
 TEXT = "a gorgeous, witty, seductive movie that never lets up"
 
@@ -96,7 +97,8 @@ def test_a_table_and_then_a_head_written_after_the_start_are_served_without_a_re
     try:
         shutil.copytree(bert_tiny_dir / HEAD_DIRNAME, model / HEAD_DIRNAME)
         after = wait_for_method(served.target, "distilled")
-        time.sleep(0.2)
+        # The traffic reaches the new head too (or fails: reported below).
+        wait_until(lambda: "distilled" in methods or errors)
     finally:
         stop.set()
         for c in clients:

@@ -58,12 +58,14 @@ async def test_gives_up_and_maps_errors(scripted: ScriptedServer) -> None:
 
 
 async def test_deadline_and_token(scripted: ScriptedServer) -> None:
+    # The first call must reach the server (it is counted below) before its 1 s deadline, and
+    # the 2 s delay must outlast that deadline: a second of slack each way for a busy machine.
     scripted.servicer.required_token = "tok"
-    scripted.servicer.delays["GetModel"] = 0.5
-    async with connect(scripted, token="tok", timeout=0.1) as c:
+    scripted.servicer.delays["GetModel"] = 2.0
+    async with connect(scripted, token="tok", timeout=1.0) as c:
         with pytest.raises(errors.DeadlineExceeded):
             await c.model()
-        assert (await c.model(timeout=5)).name == "tiny"
+        assert (await c.model(timeout=30)).name == "tiny"
     calls = scripted.servicer.calls_to("GetModel")
     assert len(calls) == 2
     assert all(call.metadata["authorization"] == "Bearer tok" for call in calls)
@@ -277,7 +279,9 @@ async def test_explain_many_packed_answers_a_trickle_as_it_comes(
             await stalled.wait()
             yield "never"
 
-        it = c.explain_many(stalls(), texts_per_call=4, timeout=0.5)
+        # The run's deadline: long enough for "only" to be answered on a busy machine, then
+        # spent waiting for input that does not come.
+        it = c.explain_many(stalls(), texts_per_call=4, timeout=2.0)
         assert (await anext(it)).text == "only"
         with pytest.raises(errors.DeadlineExceeded, match="waiting for input"):
             await anext(it)

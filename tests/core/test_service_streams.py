@@ -52,8 +52,10 @@ async def wait_for(condition: Any) -> None:
         await asyncio.sleep(0.01)
 
 
+# The deadline: the first input must reach the forward pass within it (a second of slack for a
+# busy machine), and the inputs withdrawn after the cancel see it pass.
 @pytest.mark.asyncio
-@pytest.mark.parametrize("deadline_s", [None, 0.2], ids=["no-deadline", "deadline"])
+@pytest.mark.parametrize("deadline_s", [None, 1.0], ids=["no-deadline", "deadline"])
 async def test_a_stream_left_by_its_reader_leaves_nothing_running(
     bert_tiny_dir: Path, deadline_s: float | None
 ) -> None:

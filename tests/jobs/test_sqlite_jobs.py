@@ -200,7 +200,8 @@ async def test_cancel_queued_and_running(tiny_model: LoadedModel, tmp_path: Path
 
 @pytest.mark.asyncio
 async def test_result_ttl(tiny_model: LoadedModel, tmp_path: Path) -> None:
-    backend = _backend(tiny_model, _settings(tmp_path, job_result_ttl_s=0.3))
+    # The watch must read the finished job before it expires: 1.5 s of slack for a busy machine.
+    backend = _backend(tiny_model, _settings(tmp_path, job_result_ttl_s=1.5))
     await backend.start()
     try:
         job = await backend.submit(JobSpec(method="steps", text="a", idempotency_key="k"))
