@@ -16,7 +16,11 @@ from typing import Any
 
 from limelight.cli.common import add_model_args, settings_from_args
 
-DEFAULT_METHODS = "normxlogit,decoded_gradcam,lrp,slalom,grad_x_input,integrated_gradients,random"
+#: The served default first (the inline head; skipped, with the reason, where the model has
+#: none), then NormXLogit, the job methods and the random baseline.
+DEFAULT_METHODS = (
+    "distilled,normxlogit,decoded_gradcam,lrp,slalom,grad_x_input,integrated_gradients,random"
+)
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -31,9 +35,16 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "data: drugscom for bert-tiny-multilabel, else rotten_tomatoes)",
     )
     p.add_argument("--split", default="test", help="split of a built-in dataset (default: test)")
-    p.add_argument("--text-field", default="text")
-    p.add_argument("--label-field", default="label")
-    p.add_argument("--evidence-field", default="evidence")
+    p.add_argument("--text-field", default="text", help="a file's text column (default: text)")
+    p.add_argument(
+        "--label-field", default="label", help="a file's gold label column (default: label)"
+    )
+    p.add_argument(
+        "--evidence-field",
+        default="evidence",
+        help="a JSONL file's human rationale field, for the overlap metrics (default: evidence; "
+        "optional)",
+    )
     p.add_argument(
         "--label-map",
         default="",
