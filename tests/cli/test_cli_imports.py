@@ -37,3 +37,23 @@ def test_listing_the_cache_imports_no_heavy_package(tmp_path: Path) -> None:
     )
     assert "limelight.cache_inventory" in loaded
     assert not loaded & set(HEAVY), loaded & set(HEAVY)
+
+
+def test_every_option_of_every_command_says_what_it_does() -> None:
+    """`limelight COMMAND --help` explains each flag: none is listed bare."""
+    import argparse
+
+    from limelight.cli.main import build_parser
+
+    bare: list[str] = []
+
+    def walk(parser: argparse.ArgumentParser) -> None:
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for child in dict.fromkeys(action.choices.values()):
+                    walk(child)
+            elif action.option_strings and not action.help:
+                bare.append(f"{parser.prog} {'/'.join(action.option_strings)}")
+
+    walk(build_parser())
+    assert not bare, bare

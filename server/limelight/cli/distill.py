@@ -31,7 +31,13 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         default="rotten_tomatoes",
         help="rotten_tomatoes or drugscom (training split), or a CSV/JSONL/text file",
     )
-    p.add_argument("--teacher", default=DEFAULT_TEACHER, choices=list(TEACHERS))
+    p.add_argument(
+        "--teacher",
+        default=DEFAULT_TEACHER,
+        choices=list(TEACHERS),
+        help=f"the job method whose attributions label the training texts (default: "
+        f"{DEFAULT_TEACHER})",
+    )
     p.add_argument(
         "--param",
         action="append",
@@ -56,7 +62,13 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument(
         "--validation", type=int, default=100, help="held-out texts from the end of the data"
     )
-    p.add_argument("--epochs", type=int, default=defaults.epochs)
+    p.add_argument(
+        "--epochs",
+        type=int,
+        default=defaults.epochs,
+        help=f"epochs of the amortisation stage, regressing on the teacher's labels (default: "
+        f"{defaults.epochs})",
+    )
     p.add_argument(
         "--loop-steps",
         type=int,
@@ -148,7 +160,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="per-text scaling of the teacher's scores: rms keeps their signs (default), "
         "standard centres them",
     )
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="the training seed (default: 0)")
     p.add_argument("--out", type=Path, help="head directory (default: beside the model)")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     p.set_defaults(func=run)

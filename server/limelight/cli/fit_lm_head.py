@@ -29,7 +29,12 @@ def register(subparsers: Any) -> None:
         type=Path,
         help="classifier directory (default: the demo model from --demo / LIMELIGHT_DEMO_MODEL)",
     )
-    parser.add_argument("--demo", dest="demo_model", choices=["minilm", "bert-tiny"])
+    parser.add_argument(
+        "--demo",
+        dest="demo_model",
+        choices=["minilm", "bert-tiny"],
+        help="the demo model to fit a head for when --model is not given",
+    )
     parser.add_argument("--cache-dir", type=Path, help="cache of built demo models")
     parser.add_argument(
         "--data",
@@ -40,11 +45,11 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--text-field", default="text", help="text column of CSV/JSONL data")
     parser.add_argument("--steps", type=int, help="optimisation steps (overrides --epochs)")
     parser.add_argument("--epochs", type=float, help="passes over the data (default: 600 steps)")
-    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--batch-size", type=int, default=32, help="texts per step (default: 32)")
     parser.add_argument("--lr", type=float, default=1e-2, help="peak learning rate (AdamW)")
     parser.add_argument("--max-length", type=int, default=128, help="tokens per text")
     parser.add_argument("--eval-texts", type=int, default=300, help="held-out texts to score")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=int, default=0, help="data order and masking (default: 0)")
     parser.add_argument(
         "--encoder-precision",
         choices=["float32", "bfloat16"],
