@@ -447,7 +447,8 @@ class ExplanationService:
         method = self.methods.get(name) if name else self.default_method
         if not isinstance(method, InlineMethod):
             raise InvalidArgument(
-                f"{method.name!r} is a job method; submit it with SubmitJob instead of Explain"
+                f"{method.name!r} is a job method, not served inline: submit it as a job (gRPC "
+                f"SubmitJob, the SDK's submit(), `limelight explain --method {method.name}`)"
             )
         reason = method.unavailable_reason(self.model)
         if reason:
