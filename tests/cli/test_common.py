@@ -22,6 +22,7 @@ def test_job_status_line(state: str, message: str, line: str) -> None:
 
 def test_job_bar_shows_percent_and_stage_without_a_rate(capsys: pytest.CaptureFixture[str]) -> None:
     with JobProgressBar("shapley 1234abcd") as bar:
+        bar.show(float("nan"), "starting", "running")  # not a number: shown as 0 %
         bar.show(0.5, "8/16 permutations", "running")
         bar.show(1.5, "done", "succeeded")  # clamped: never past 100 %
     last = capsys.readouterr().err.replace("\r", "\n").strip().splitlines()[-1]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import math
 import os
 import re
 from pathlib import Path
@@ -152,7 +153,8 @@ class JobProgressBar:
         )
 
     def show(self, fraction: float, message: str, state: str = "") -> None:
-        self._bar.n = min(100, max(0, round(100 * fraction)))
+        percent = 100 * fraction if math.isfinite(fraction) else 0.0
+        self._bar.n = min(100, max(0, round(percent)))
         self._bar.set_postfix_str(job_status_line(state, message)[:60], refresh=False)
         self._bar.refresh()
 
