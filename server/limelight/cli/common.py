@@ -56,8 +56,9 @@ def setup_logging(level: str = "INFO") -> None:
     )
 
 
-def add_client_args(parser: argparse.ArgumentParser) -> None:
-    """Connection flags of commands that talk to a running sidecar."""
+def add_client_args(parser: argparse.ArgumentParser, timeout_note: str = "") -> None:
+    """Connection flags of commands that talk to a running sidecar (``timeout_note``: what
+    ``--timeout`` also bounds in this command)."""
     parser.add_argument(
         "--target",
         default=os.environ.get("LIMELIGHT_TARGET", DEFAULT_TARGET),
@@ -67,7 +68,7 @@ def add_client_args(parser: argparse.ArgumentParser) -> None:
         "--timeout",
         type=float,
         default=30.0,
-        help="per-call deadline (s); with --lines, the longest wait for an answer",
+        help=f"per-call deadline in seconds (default: 30){timeout_note}",
     )
     parser.add_argument("--tls", action="store_true", help="use TLS")
     parser.add_argument("--ca-cert", type=Path, help="CA bundle that signed the server cert")

@@ -84,7 +84,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument("--json", action="store_true", help="print JSON instead of the heat-map")
     p.add_argument("--top", type=int, default=5, help="how many top tokens to list")
     p.add_argument("--local", action="store_true", help="run in this process, no server")
-    add_client_args(p)
+    add_client_args(p, timeout_note="; with --lines, the longest wait for an answer")
     add_model_args(p)
     p.set_defaults(func=run)
 
