@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
-import pytest
+import math
 
-from limelight.cli.common import JobProgressBar, job_status_line
+import pytest
+from limelight_client.types import Explanation, Token
+
+from limelight.cli.common import JobProgressBar, job_status_line, top_token_lines
 
 
 @pytest.mark.parametrize(
@@ -29,3 +32,40 @@ def test_job_bar_shows_percent_and_stage_without_a_rate(capsys: pytest.CaptureFi
     assert last.startswith("shapley 1234abcd: 100%|")
     assert last.endswith("succeeded: done")
     assert "/s" not in last
+
+
+def _explained(words: list[str], scores: list[float]) -> Explanation:
+    tokens = [Token("[CLS]", 101, 0, 0, special=True)]
+    tokens += [Token(w, 1000 + i, 0, 0) for i, w in enumerate(words)]
+    tokens.append(Token("[SEP]", 102, 0, 0, special=True))
+    return Explanation(
+        label="fresh",
+        label_index=1,
+        labels=["rotten", "fresh"],
+        probabilities={"rotten": 0.1, "fresh": 0.9},
+        tokens=tokens,
+        scores=[9.0, *scores, 9.0],  # the special tokens' scores are never listed
+        method="distilled",
+        target_label="fresh",
+        target_index=1,
+    )
+
+
+def test_top_tokens_list_support_and_opposition_apart() -> None:
+    words = ["a", "gorgeous", "film", "weak", ",", "moving", "odd"]
+    scores = [-0.1, 2.0, 0.2, -1.5, -0.3, 1.0, math.nan]
+    lines = top_token_lines(_explained(words, scores), 2)
+    # the strongest evidence against comes first, ahead of weakly negative tokens
+    assert lines == [
+        'for fresh: "gorgeous" +2.000, "moving" +1.000',
+        'against fresh: "weak" -1.500, "," -0.300',
+    ]
+
+
+def test_top_tokens_of_a_method_without_negative_scores() -> None:
+    lines = top_token_lines(_explained(["a", "b"], [0.5, 0.0]), 5)
+    assert lines == ['for fresh: "a" +0.500']
+    assert top_token_lines(_explained(["a"], [-0.5]), 5) == [
+        "for fresh: none",
+        'against fresh: "a" -0.500',
+    ]

@@ -179,3 +179,27 @@ def follow_job(job: Any, quiet: bool = False) -> None:
     with JobProgressBar(f"{job.info.method} {job.id[:8]}", quiet) as bar:
         for info in job.watch():
             bar.show(info.progress, info.message, info.state.name.lower())
+
+
+def top_token_lines(explanation: Any, k: int) -> list[str]:
+    """The ``k`` tokens that most support and most oppose each explained label, one line each.
+
+    A single list sorted by signed score would show weakly negative tokens ahead of the
+    strongest evidence against the label; the two directions are listed apart instead, the
+    second only when some score is negative (a non-negative method has no "against").
+    """
+    lines = []
+    for one in explanation.explained():  # multi-label: each explained label
+        ranked = one.top(len(one.tokens))  # best first, NaN last
+        support = [pair for pair in ranked if pair[1] > 0][: max(k, 0)]
+        oppose = [pair for pair in reversed(ranked) if pair[1] < 0][: max(k, 0)]
+        label = one.target_label
+        lines.append(f"for {label}: {_listed(support)}")
+        if oppose:
+            lines.append(f"against {label}: {_listed(oppose)}")
+    return lines
+
+
+def _listed(pairs: list[tuple[Any, float]]) -> str:
+    # quoted: punctuation tokens ("," or ".") would otherwise read as the list's own marks
+    return ", ".join(f'"{tok.text}" {score:+.3f}' for tok, score in pairs) or "none"

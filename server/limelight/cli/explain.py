@@ -28,6 +28,7 @@ from limelight.cli.common import (
     follow_job,
     parse_params,
     settings_from_args,
+    top_token_lines,
 )
 
 
@@ -82,7 +83,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument("--wait", action="store_true", help="for job methods: wait for the result")
     p.add_argument("--html", type=Path, help="also write a self-contained HTML heat-map here")
     p.add_argument("--json", action="store_true", help="print JSON instead of the heat-map")
-    p.add_argument("--top", type=int, default=5, help="how many top tokens to list")
+    p.add_argument("--top", type=int, default=5, help="how many tokens to list for and against each explained label (default 5)")
     p.add_argument("--local", action="store_true", help="run in this process, no server")
     add_client_args(p, timeout_note="; with --lines, the longest wait for an answer")
     add_model_args(p)
@@ -105,11 +106,8 @@ def _show(explanation: Any, args: argparse.Namespace) -> None:
     # SLALOM's importance (how much a token matters at all) beside its primary scores
     maps = ["scores", "importance"] if explanation.method == "slalom" else "scores"
     print(explanation.to_terminal(scores=maps))
-    explained = explanation.explained()
-    for one in explained:  # multi-label: one line per explained label
-        top = ", ".join(f"{tok.text} ({score:+.3f})" for tok, score in one.top(args.top))
-        which = f" for {one.target_label}" if len(explained) > 1 else ""
-        print(f"top tokens{which}: {top}")
+    for line in top_token_lines(explanation, args.top):
+        print(line)
     if args.html is not None:
         print(f"HTML heat-map written to {args.html}")
 

@@ -13,6 +13,7 @@ from limelight.cli.common import (
     client_error_line,
     client_from_args,
     follow_job,
+    top_token_lines,
 )
 
 _STATES = ["queued", "running", "succeeded", "failed", "cancelled"]
@@ -45,7 +46,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     add_client_args(show)
     show.add_argument("id", help="job id")
     show.add_argument("--json", action="store_true", help="print JSON")
-    show.add_argument("--top", type=int, default=5, help="top tokens to list (default 5)")
+    show.add_argument("--top", type=int, default=5, help="how many tokens to list for and against each explained label (default 5)")
     show.set_defaults(func=run_show)
 
     watch = sub.add_parser("watch", help="follow a job's progress until it ends")
@@ -119,8 +120,7 @@ def describe(info: Any, top: int = 5) -> str:
     if result is not None:
         lines.append("")
         lines.append(result.to_terminal())
-        ranked = ", ".join(f"{tok.text} ({score:+.3f})" for tok, score in result.top(top))
-        lines.append(f"top tokens: {ranked}")
+        lines.extend(top_token_lines(result, top))
     return "\n".join(lines)
 
 
