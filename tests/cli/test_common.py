@@ -5,9 +5,9 @@ from __future__ import annotations
 import math
 
 import pytest
-from limelight_client.types import Explanation, Token
 
 from limelight.cli.common import JobProgressBar, job_status_line, top_token_lines
+from limelight_client.types import Explanation, Token
 
 
 @pytest.mark.parametrize(

@@ -8,10 +8,10 @@ on the same journal finishes every job, and results finished before the crash re
 from __future__ import annotations
 
 import os
+import re
 import signal
 import sqlite3
 import subprocess
-import re
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager

@@ -83,7 +83,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument("--wait", action="store_true", help="for job methods: wait for the result")
     p.add_argument("--html", type=Path, help="also write a self-contained HTML heat-map here")
     p.add_argument("--json", action="store_true", help="print JSON instead of the heat-map")
-    p.add_argument("--top", type=int, default=5, help="how many tokens to list for and against each explained label (default 5)")
+    p.add_argument(
+        "--top", type=int, default=5, help="tokens to list for and against each label (default 5)"
+    )
     p.add_argument("--local", action="store_true", help="run in this process, no server")
     add_client_args(p, timeout_note="; with --lines, the longest wait for an answer")
     add_model_args(p)

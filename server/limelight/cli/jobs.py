@@ -46,7 +46,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     add_client_args(show)
     show.add_argument("id", help="job id")
     show.add_argument("--json", action="store_true", help="print JSON")
-    show.add_argument("--top", type=int, default=5, help="how many tokens to list for and against each explained label (default 5)")
+    show.add_argument(
+        "--top", type=int, default=5, help="tokens to list for and against each label (default 5)"
+    )
     show.set_defaults(func=run_show)
 
     watch = sub.add_parser("watch", help="follow a job's progress until it ends")
