@@ -681,6 +681,9 @@ class DriftReport(_Shape):
     sample_rate: float = 1.0
     """Share of inline explanations the monitor observes: the counts are about this share of
     the requests."""
+    reference_target: int = 0
+    """While the reference builds: how many explanations it is built from (the sidecar's
+    ``LIMELIGHT_DRIFT_BOOTSTRAP_N``); 0 once it is ready or when the sidecar does not say."""
 
     @property
     def alerts(self) -> list[LabelDrift]:
@@ -707,4 +710,5 @@ class DriftReport(_Shape):
             generated_at=_timestamp(message, "generated_at"),
             # 0: a sidecar older than the field, which observed every explanation.
             sample_rate=message.sample_rate or 1.0,
+            reference_target=message.reference_target,
         )

@@ -5,6 +5,7 @@ Debian's chromium-driver) against a real sidecar serving a small random BERT."""
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import time
 import urllib.error
@@ -665,7 +666,7 @@ def test_browser_drift_page_says_the_sample_rate(
         open_viewer(browser, sidecar)
         browser.find_element(By.CSS_SELECTOR, "nav a[data-view=drift]").click()
         summary = wait(browser, lambda d: d.find_element(By.ID, "drift-summary").text or None)
-        assert summary.startswith("reference building")
+        assert re.match(r"reference building \(\d+ of \d+ explanations\) · ", summary), summary
         # Nothing in the window yet: no divergence of 0 that would read as healthy.
         assert "label-mix divergence – · " in summary and " → – bits" in summary
         cards = browser.find_elements(By.CSS_SELECTOR, "#drift-labels article p")

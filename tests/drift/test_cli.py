@@ -52,11 +52,15 @@ def test_an_empty_window_prints_no_divergence() -> None:
     monitor = DriftMonitor(settings, ["rotten", "fresh"], None)
     monitor.observe("fresh", ["a", "gorgeous", "film"], [0.1, 2.0, 0.3])
     first = format_report(monitor.report(top_k=3)).splitlines()[0]
-    assert first.startswith("reference: building (1 explanation)   window: 0 explanations")
+    # how far along the reference is, and that nothing is compared before it is ready
+    assert first.startswith(
+        "reference: building (1 of 10 explanations; drift is compared once it has them)   "
+        "window: 0 explanations"
+    )
     for _ in range(2):
         monitor.observe("fresh", ["a", "gorgeous", "film"], [0.1, 2.0, 0.3])
     lines = format_report(monitor.report(top_k=3)).splitlines()
-    assert lines[0].startswith("reference: building (3 explanations)   window: 0 explanations")
+    assert lines[0].startswith("reference: building (3 of 10 explanations; ")
     assert lines[1].startswith("label mix JSD -   attribution entropy ")
     assert lines[1].endswith(" -> - bits")
     for label in ("rotten", "fresh"):

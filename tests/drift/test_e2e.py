@@ -26,14 +26,14 @@ def test_drift_cli_against_a_served_model(
     texts = [e.text for e in rotten_tomatoes("test")[:50]]
     with Client(running.target, timeout=60) as client:
         building = client.drift(top_k=5)
-        assert building.reference_state == "building"
+        assert building.reference_state == "building" and building.reference_target == 20
         for text in texts[:20]:
             client.explain(text)
         for text in texts[20:50]:
             client.explain(text + " brilliant brilliant brilliant")
         report = client.drift(top_k=5)
     assert report.reference_state == "ready"
-    assert report.reference_count == 20
+    assert report.reference_count == 20 and report.reference_target == 0
     assert report.window_count == 30
     assert sum(d.window_count for d in report.labels) == 30
 

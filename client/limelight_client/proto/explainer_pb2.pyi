@@ -393,7 +393,7 @@ class LabelDrift(_message.Message):
     def __init__(self, label: _Optional[str] = ..., divergence: _Optional[float] = ..., alert: _Optional[bool] = ..., window_count: _Optional[int] = ..., risers: _Optional[_Iterable[_Union[TokenShift, _Mapping]]] = ..., fallers: _Optional[_Iterable[_Union[TokenShift, _Mapping]]] = ...) -> None: ...
 
 class DriftReport(_message.Message):
-    __slots__ = ("reference_state", "reference_count", "window_count", "alert_threshold", "labels", "label_mix_divergence", "reference_entropy", "current_entropy", "generated_at", "sample_rate")
+    __slots__ = ("reference_state", "reference_count", "window_count", "alert_threshold", "labels", "label_mix_divergence", "reference_entropy", "current_entropy", "generated_at", "sample_rate", "reference_target")
     REFERENCE_STATE_FIELD_NUMBER: _ClassVar[int]
     REFERENCE_COUNT_FIELD_NUMBER: _ClassVar[int]
     WINDOW_COUNT_FIELD_NUMBER: _ClassVar[int]
@@ -404,6 +404,7 @@ class DriftReport(_message.Message):
     CURRENT_ENTROPY_FIELD_NUMBER: _ClassVar[int]
     GENERATED_AT_FIELD_NUMBER: _ClassVar[int]
     SAMPLE_RATE_FIELD_NUMBER: _ClassVar[int]
+    REFERENCE_TARGET_FIELD_NUMBER: _ClassVar[int]
     reference_state: str
     reference_count: int
     window_count: int
@@ -414,4 +415,5 @@ class DriftReport(_message.Message):
     current_entropy: float
     generated_at: _timestamp_pb2.Timestamp
     sample_rate: float
-    def __init__(self, reference_state: _Optional[str] = ..., reference_count: _Optional[int] = ..., window_count: _Optional[int] = ..., alert_threshold: _Optional[float] = ..., labels: _Optional[_Iterable[_Union[LabelDrift, _Mapping]]] = ..., label_mix_divergence: _Optional[float] = ..., reference_entropy: _Optional[float] = ..., current_entropy: _Optional[float] = ..., generated_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., sample_rate: _Optional[float] = ...) -> None: ...
+    reference_target: int
+    def __init__(self, reference_state: _Optional[str] = ..., reference_count: _Optional[int] = ..., window_count: _Optional[int] = ..., alert_threshold: _Optional[float] = ..., labels: _Optional[_Iterable[_Union[LabelDrift, _Mapping]]] = ..., label_mix_divergence: _Optional[float] = ..., reference_entropy: _Optional[float] = ..., current_entropy: _Optional[float] = ..., generated_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., sample_rate: _Optional[float] = ..., reference_target: _Optional[int] = ...) -> None: ...

@@ -283,4 +283,5 @@ def drift_to_proto(report: Any) -> pb.DriftReport:
         current_entropy=report.current_entropy,
         generated_at=_timestamp(report.generated_at),
         sample_rate=report.sample_rate,
+        reference_target=report.reference_target,
     )

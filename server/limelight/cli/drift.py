@@ -205,7 +205,18 @@ NOT_COMPARED = "-"
 
 
 def _explanations(count: int) -> str:
-    return f"{count} explanation{'' if count == 1 else 's'}"
+    return f"{count:,} explanation{'' if count == 1 else 's'}"
+
+
+def _reference_progress(report: Any) -> str:
+    """``7 explanations``, or while the reference builds ``7 of 1,000 explanations; drift is
+    compared once it has them`` (a sidecar that does not say its target gives the count only)."""
+    target = getattr(report, "reference_target", 0)
+    if report.reference_state != "building" or target <= 0:
+        return _explanations(report.reference_count)
+    return (
+        f"{report.reference_count:,} of {_explanations(target)}; drift is compared once it has them"
+    )
 
 
 def format_report(report: Any) -> str:
@@ -217,7 +228,7 @@ def format_report(report: Any) -> str:
     mix = f"{report.label_mix_divergence:.4f}" if compared else NOT_COMPARED
     current = f"{report.current_entropy:.2f}" if compared else NOT_COMPARED
     out = [
-        f"reference: {report.reference_state} ({_explanations(report.reference_count)})   "
+        f"reference: {report.reference_state} ({_reference_progress(report)})   "
         f"window: {_explanations(report.window_count)}   alert above JSD "
         f"{report.alert_threshold:.3f}{_sampling(report)}",
         f"label mix JSD {mix}   attribution entropy {report.reference_entropy:.2f} -> "

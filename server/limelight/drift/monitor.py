@@ -273,6 +273,7 @@ class DriftMonitor:
             current_entropy=window.mean_entropy if window is not None else 0.0,
             generated_at=time.time(),
             sample_rate=self.sample_rate,
+            reference_target=self.bootstrap_n if state == "building" else 0,
         )
 
     def _refresh_gauges(self, report: DriftReport) -> None:

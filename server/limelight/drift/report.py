@@ -53,6 +53,8 @@ class DriftReport:
     """Unix time (seconds)."""
     sample_rate: float = 1.0
     """Share of inline explanations observed: the counts are about this share of requests."""
+    reference_target: int = 0
+    """While the reference builds: the explanations it is built from; 0 otherwise."""
 
     @property
     def alerting(self) -> list[str]:

@@ -986,8 +986,10 @@ async function loadDrift() {
   // An empty window (reference still building, or a label no recent answer was predicted as)
   // has nothing to compare: "–", not a divergence of 0 that reads as healthy.
   const compared = report.window_count > 0;
-  $("drift-summary").textContent = `reference ${report.reference_state} (${report.reference_count} ` +
-    `explanations) · window ${report.window_count} · threshold ${report.alert_threshold} · ` +
+  // While the reference builds, how far along it is: drift is compared only once it is ready.
+  const building = report.reference_state === "building" && report.reference_target > 0;
+  $("drift-summary").textContent = `reference ${report.reference_state} (${report.reference_count}` +
+    `${building ? ` of ${report.reference_target}` : ""} explanations) · window ${report.window_count} · threshold ${report.alert_threshold} · ` +
     (report.sample_rate < 1 ? `observing ${+(report.sample_rate * 100).toPrecision(3)} % of requests · ` : "") +
     `label-mix divergence ${compared ? report.label_mix_divergence.toFixed(4) : "–"} · entropy ` +
     `${report.reference_entropy.toFixed(2)} → ${compared ? report.current_entropy.toFixed(2) : "–"} bits · ` +
