@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import datetime
+import shlex
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -235,8 +237,33 @@ def run(args: argparse.Namespace) -> int:
     if out.resolve() == head_dir(model).resolve():
         print(f"served by default: limelight serve --model {model.directory}")
     else:  # the server loads the head from beside the model only
-        print(f"to serve it, move it beside the model: mv {out} {head_dir(model)}")
+        for line in serve_hint(out, head_dir(model)):
+            print(line)
     return 0
+
+
+def serve_hint(out: Path, dest: Path, now: datetime.datetime | None = None) -> list[str]:
+    """How to serve a head written to ``out`` instead of beside the model (``dest``).
+
+    ``mv OUT DEST`` alone would move the new head *into* a head already at ``dest``, which
+    stays served; that one is moved aside first, under a name no head has, and kept."""
+    quote = shlex.quote
+    move = f"mv {quote(str(out))} {quote(str(dest))}"
+    if not dest.exists():
+        lines = ["to serve it, move it beside the model:", f"  {move}"]
+    else:
+        stamp = (now or datetime.datetime.now()).strftime("%Y%m%d-%H%M%S")
+        aside = dest.with_name(f"{dest.name}.replaced-{stamp}")
+        lines = [
+            f"to serve it instead of the head beside the model (kept as {aside.name}):",
+            f"  mv {quote(str(dest))} {quote(str(aside))} && {move}",
+        ]
+    lines.append(
+        "a running sidecar serves it at its next look (LIMELIGHT_RELOAD_INTERVAL_S) or on SIGHUP; "
+        "start one with limelight serve --model "
+        f"{quote(str(dest.parent))} (--demo builds the demo's own head back)"
+    )
+    return lines
 
 
 def parse_mixture(spec: str, params: list[str]) -> Mixture:
