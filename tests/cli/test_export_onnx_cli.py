@@ -29,6 +29,10 @@ def test_int8_keeps_the_head_in_float_and_reports_its_fidelity(
     assert code == 0
     printed = capsys.readouterr().out
     assert "included inline heads: distilled" in printed
+    # the outputs the graph has, the head's among them
+    listed = printed.split("outputs: ", 1)[1].split(";", 1)[0].split(", ")
+    assert listed == [o.name for o in onnx.load(str(out)).graph.output]
+    assert f"{EXTRA_PREFIX}distilled" in listed
     assert "Spearman of the distilled head vs fp32:" in printed
     quantised = tmp_path / "g.int8.onnx"
     assert f"or the int8 graph: limelight serve --model {bert_tiny_dir} " in printed

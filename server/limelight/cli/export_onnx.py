@@ -78,7 +78,7 @@ def run(args: argparse.Namespace) -> int:
     setup_logging(settings.log_level)
     from limelight.app import load_served_model
     from limelight.models.explainer_head import inline_heads
-    from limelight.runtimes.onnx_export import export_onnx
+    from limelight.runtimes.onnx_export import export_onnx, read_description
     from limelight.runtimes.onnx_runtime import DEFAULT_GRAPH
 
     model = load_served_model(settings)
@@ -87,8 +87,9 @@ def run(args: argparse.Namespace) -> int:
     export_onnx(model, out, heads=heads)
     if heads:
         print(f"included inline heads: {', '.join(heads)}")
-    print(f"wrote {out} ({out.stat().st_size / 1e6:.1f} MB; outputs: logits, embedding_norms,")
-    print("token_logits; dynamic batch and sequence axes)")
+    outputs = ", ".join(read_description(out).get("outputs", []))  # as written, heads included
+    print(f"wrote {out} ({out.stat().st_size / 1e6:.1f} MB; outputs: {outputs};")
+    print("dynamic batch and sequence axes)")
     if args.int8:
         from limelight.runtimes.onnx_export import quantize_int8
 
