@@ -154,6 +154,39 @@ def test_with_onnx_runtime_a_new_head_is_exported_and_served_without_a_restart(
     assert served.server.reloader.reloads == reloads == 1
 
 
+def test_a_graph_given_with_onnx_path_is_served_as_it_is_until_exported_again(
+    start_sidecar: Callable[..., RunningSidecar],
+    bert_tiny_dir: Path,
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The sidecar never exports over a graph it was given: a new head beside the model is not
+    served (and no reload is logged as if it were) until the user exports that graph again."""
+    model = bare_copy(bert_tiny_dir, tmp_path / "model")
+    pinned = tmp_path / "graphs" / "pinned.onnx"
+    assert main(["export-onnx", "--model", str(model), "--out", str(pinned)]) == 0
+    served = start_sidecar(
+        model_dir=model,
+        runtime="onnx",
+        onnx_path=pinned,
+        default_method="auto",
+        reload_interval_s=0.05,
+        jobs="off",
+    )
+    s = stub(served.target)
+    shutil.copytree(bert_tiny_dir / HEAD_DIRNAME, model / HEAD_DIRNAME)
+    with caplog.at_level("WARNING", logger="limelight.reload"):
+        said = wait_until(
+            lambda: [r.getMessage() for r in caplog.records if "export it again" in r.getMessage()]
+        )
+    assert str(pinned) in said[0] and "keeps serving" in said[0]
+    assert s.Explain(pb.ExplainRequest(text=TEXT), timeout=30).explanation.method == "normxlogit"
+    assert served.server.reloader.reloads == 0
+    assert main(["export-onnx", "--model", str(model), "--out", str(pinned)]) == 0
+    assert wait_for_method(served.target, "distilled").explanation.method == "distilled"
+    assert served.server.reloader.reloads == 1
+
+
 def test_a_head_made_for_another_model_is_not_served_and_says_why(
     start_sidecar: Callable[..., RunningSidecar], bert_tiny_dir: Path, tmp_path: Path
 ) -> None:

@@ -27,9 +27,10 @@ from pathlib import Path
 from limelight.app import Application, build_drift, build_runtime, describe_model
 from limelight.core.service import NORMXLOGIT, resolve_default_method
 from limelight.errors import FailedPrecondition
-from limelight.models.explainer_head import head_dir
+from limelight.models.explainer_head import head_dir, inline_heads
 from limelight.models.lexicon_table import cached_lexicon_dir, lexicon_dir
 from limelight.models.loaded import LoadedModel
+from limelight.runtimes.onnx_export import heads_mismatch
 from limelight.runtimes.onnx_runtime import DEFAULT_GRAPH
 from limelight.settings import Settings
 
@@ -52,6 +53,15 @@ def _graph(settings: Settings, model: LoadedModel) -> list[Path]:
     if settings.runtime != "onnx":
         return []
     return [Path(settings.onnx_path or model.directory / DEFAULT_GRAPH)]
+
+
+def pinned_graph_behind(settings: Settings, model: LoadedModel) -> str:
+    """Why the graph the sidecar was told to serve (``onnx_path``) does not carry the heads
+    beside the model, or "". The sidecar never exports over a graph it was given, so a new
+    head is served only once that graph is exported again."""
+    if settings.runtime != "onnx" or settings.onnx_path is None:
+        return ""
+    return heads_mismatch(Path(settings.onnx_path), inline_heads(model))
 
 
 def method_files(settings: Settings, model: LoadedModel, method: str) -> list[Path]:
@@ -165,10 +175,22 @@ class InlineReloader:
         app, service = self.app, self.app.service
         settings, model = app.settings, app.model
         before = service.default_method.name
+        loop = asyncio.get_running_loop()
         try:
-            runtime = await asyncio.get_running_loop().run_in_executor(
-                None, build_runtime, settings, model
-            )
+            behind = await loop.run_in_executor(None, pinned_graph_behind, settings, model)
+            if behind:
+                # Rebuilding would serve the same graph and log a reload that changed nothing.
+                log.warning(
+                    "%s; the sidecar keeps serving %s as it is (default method %s): export it "
+                    "again (`limelight export-onnx --model %s --out %s`) to serve the new head",
+                    behind,
+                    settings.onnx_path,
+                    before,
+                    model.directory,
+                    settings.onnx_path,
+                )
+                return False
+            runtime = await loop.run_in_executor(None, build_runtime, settings, model)
             method = resolve_default_method(settings.default_method, runtime)
             # The default method's monitor keeps its window and reference while the files its
             # scores come from are unchanged (NormXLogit reads none); a new head or table gets

@@ -3,6 +3,7 @@ int8 copy with its fidelity report."""
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -14,7 +15,7 @@ from limelight.models.explainer_head import OUTPUT_NAME, inline_heads
 from limelight.models.loaded import load_model
 from limelight.runtimes.base import InlineBatch
 from limelight.runtimes.onnx_export import EXTRA_PREFIX, heads_mismatch
-from limelight.runtimes.onnx_runtime import OnnxRuntime
+from limelight.runtimes.onnx_runtime import DEFAULT_GRAPH, OnnxRuntime
 
 
 def test_int8_keeps_the_head_in_float_and_reports_its_fidelity(
@@ -52,3 +53,19 @@ def test_int8_keeps_the_head_in_float_and_reports_its_fidelity(
     int8 = OnnxRuntime(quantised, model).run_inline(batch).extra[OUTPUT_NAME]
     assert int8.shape == full.shape and np.isfinite(int8).all()
     assert not np.array_equal(int8, full)  # it reads the quantised classifier's hidden states
+
+
+def test_a_graph_beside_the_model_is_served_without_pinning_it(
+    bert_tiny_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Written beside the model, the graph is found there: the printed command leaves out
+    `--onnx-path`, which would pin it (a head written later would not be served)."""
+    model = Path(shutil.copytree(bert_tiny_dir, tmp_path / "model"))
+    for old in model.glob("*.onnx*"):
+        old.unlink()
+    assert main(["export-onnx", "--model", str(model)]) == 0
+    printed = capsys.readouterr().out
+    assert (model / DEFAULT_GRAPH).exists()
+    assert printed.rstrip().endswith(
+        f"serve it with: limelight serve --model {model} --runtime onnx"
+    )

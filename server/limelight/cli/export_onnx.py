@@ -102,8 +102,13 @@ def run(args: argparse.Namespace) -> int:
         for name in heads:
             value = report[f"mean_spearman_{name}"]
             print(f"  Spearman of the {name} head vs fp32: {value:.3f}")
-    serve = f"limelight serve --model {model.directory} --runtime onnx --onnx-path"
-    print(f"serve it with: {serve} {out}")
+    serve = f"limelight serve --model {model.directory} --runtime onnx"
+    if out.resolve() == (model.directory / DEFAULT_GRAPH).resolve():
+        # found beside the model without --onnx-path, which would pin it: a head written
+        # later is then exported and served by the sidecar itself
+        print(f"serve it with: {serve}")
+    else:
+        print(f"serve it with: {serve} --onnx-path {out}")
     if args.int8:
-        print(f"or the int8 graph: {serve} {quantised}")
+        print(f"or the int8 graph: {serve} --onnx-path {quantised}")
     return 0
