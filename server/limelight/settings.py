@@ -10,7 +10,14 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import Field, NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt
+from pydantic import (
+    Field,
+    NonNegativeFloat,
+    NonNegativeInt,
+    PositiveFloat,
+    PositiveInt,
+    field_validator,
+)
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 #: A TCP port; 0 picks a free one (or, where documented, turns the endpoint off).
@@ -20,6 +27,23 @@ Port = Annotated[int, Field(ge=0, le=65535)]
 def default_cache_dir() -> Path:
     """Where built demo models and other derived artefacts are cached."""
     return Path.home() / ".cache" / "limelight"
+
+
+JobBackendKind = Literal["off", "sqlite", "redis"]
+
+
+def job_backend_kind(spec: str) -> JobBackendKind:
+    """Which job backend a ``jobs`` setting names; ValueError for none."""
+    spec = spec.strip()
+    if spec in ("off", "", "none"):
+        return "off"
+    if spec == "sqlite":
+        return "sqlite"
+    if spec.startswith(("redis://", "rediss://", "unix://")):
+        return "redis"
+    raise ValueError(
+        "unknown job backend: use sqlite, redis://host:port/db (rediss://, unix://) or off"
+    )
 
 
 class Settings(BaseSettings):
@@ -275,6 +299,13 @@ class Settings(BaseSettings):
 
     log_level: str = "INFO"
     """Python logging level."""
+
+    @field_validator("jobs")
+    @classmethod
+    def _known_job_backend(cls, value: str) -> str:
+        # Checked with the other settings, before a start loads (or builds) the model.
+        job_backend_kind(value)
+        return value
 
     def resolved_jobs_db(self) -> Path:
         return self.jobs_db or self.cache_dir / "jobs.sqlite3"

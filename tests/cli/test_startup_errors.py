@@ -69,6 +69,23 @@ def test_debug_log_level_shows_the_traceback(tmp_path: Path) -> None:
     assert out.stderr.strip().splitlines()[-1].startswith("limelight serve: error:")
 
 
+def test_an_unknown_job_backend_is_refused_before_the_model_is_built(tmp_path: Path) -> None:
+    """Checked with the settings, not after a first start built the demo model for minutes;
+    the rejected address is repeated without its password, even where it is malformed."""
+    cache = tmp_path / "cache"
+    for given in ("redis:/limelight:s3cret@queue:6379/0", "postgres://limelight:s3cret@db/0"):
+        out = limelight(
+            "serve", "--port", "0", "--metrics-port", "0",
+            env={"LIMELIGHT_JOBS": given, "LIMELIGHT_CACHE_DIR": str(cache)},
+        )  # fmt: skip
+        assert out.returncode == EXIT_USAGE, out.stderr
+        line = error_line(out.stderr)
+        assert out.stderr.strip().count("\n") == 0, out.stderr  # nothing ran before it
+        assert line.startswith("limelight serve: error: invalid setting jobs: unknown job backend")
+        assert "LIMELIGHT_JOBS" in line and "s3cret" not in line and "Value error" not in line
+    assert not cache.exists()  # no demo model was built
+
+
 def test_invalid_batch_size_is_refused_before_anything_starts(tmp_path: Path) -> None:
     # Settings are checked before a port opens or the model loads: no log line comes first.
     for args, env in (

@@ -5,8 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from pydantic import ValidationError
 
-from limelight.errors import InvalidArgument
 from limelight.jobs.factory import create_backend
 from limelight.jobs.priority import InlineGate
 from limelight.jobs.redis_backend import RedisJobBackend
@@ -24,5 +24,5 @@ def test_factory(tmp_path: Path) -> None:
     redis = create_backend(Settings(jobs="redis://127.0.0.1:1/0"), None)
     assert isinstance(redis, RedisJobBackend)
     assert create_backend(Settings(jobs="off"), None) is None
-    with pytest.raises(InvalidArgument, match="unknown job backend"):
-        create_backend(Settings(jobs="postgres://x"), None)
+    with pytest.raises(ValidationError, match="unknown job backend"):
+        Settings(jobs="postgres://x")  # refused with the settings, before any backend

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from limelight import __version__
-from limelight.errors import ErrorKind, LimelightError
+from limelight.errors import ErrorKind, LimelightError, redact_credentials
 
 #: Exit status of a command that failed because of its arguments or settings.
 EXIT_USAGE = 2
@@ -88,15 +88,27 @@ def _flag_for(args: argparse.Namespace, filename: object) -> str | None:
     return None
 
 
+def _shown(value: object) -> object:
+    """A rejected setting's value as an error may repeat it: a queue address may carry a
+    password, also where it is too malformed to read as a URL (``redis:/user:secret@host``)."""
+    if not isinstance(value, str):
+        return value
+    value = redact_credentials(value)
+    if "@" in value and "***@" not in value:
+        value = "***@" + value.rsplit("@", 1)[1]
+    return value
+
+
 def _validation_message(exc: Any) -> str:
     """pydantic's ValidationError as one line: setting, problem, offending value."""
     parts = []
     for err in exc.errors():
         name = ".".join(str(x) for x in err.get("loc", ())) or "settings"
         value = err.get("input")
-        got = f" (got {value!r})" if not isinstance(value, dict) else ""
+        got = f" (got {_shown(value)!r})" if not isinstance(value, dict) else ""
+        message = str(err.get("msg", "invalid")).removeprefix("Value error, ")
         parts.append(
-            f"{name}: {err.get('msg', 'invalid')}{got}; set it with --{name.replace('_', '-')} "
+            f"{name}: {message}{got}; set it with --{name.replace('_', '-')} "
             f"or LIMELIGHT_{name.upper()}"
         )
     return "invalid setting " + "; ".join(parts)

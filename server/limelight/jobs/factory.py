@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 from limelight.core.jobs import JobBackend
-from limelight.errors import InvalidArgument, redact_credentials
 from limelight.jobs.priority import InlineGate
 from limelight.jobs.runner import JobRunner
 from limelight.metrics import Metrics
-from limelight.settings import Settings
+from limelight.settings import Settings, job_backend_kind
 
 
 def create_backend(
@@ -18,18 +17,14 @@ def create_backend(
 ) -> JobBackend | None:
     """``sqlite`` → embedded backend with in-process workers; ``redis://…`` → enqueue-only
     backend (workers are ``limelight worker`` processes); ``off`` → None (no job API)."""
-    spec = settings.jobs.strip()
-    if spec in ("off", "", "none"):
+    kind = job_backend_kind(settings.jobs)  # the settings were checked with it
+    if kind == "off":
         return None
-    if spec == "sqlite":
+    if kind == "sqlite":
         from limelight.jobs.sqlite_backend import SqliteJobBackend
 
         return SqliteJobBackend(settings, runner, metrics, gate)
-    if spec.startswith(("redis://", "rediss://", "unix://")):
-        from limelight.jobs.redis_backend import RedisJobBackend
+    from limelight.jobs.redis_backend import RedisJobBackend
 
-        # The sidecar only enqueues (the runner validates specs); `limelight worker` runs jobs.
-        return RedisJobBackend(settings, metrics, runner=runner)
-    raise InvalidArgument(
-        f"unknown job backend {redact_credentials(spec)!r}: use sqlite, redis://… or off"
-    )
+    # The sidecar only enqueues (the runner validates specs); `limelight worker` runs jobs.
+    return RedisJobBackend(settings, metrics, runner=runner)
