@@ -346,6 +346,15 @@ class ExplanationService:
             if model.is_multi_label
             else []
         )
+        ignored = sorted({"label_threshold", "label_thresholds"} & settings.model_fields_set)
+        if ignored and not model.is_multi_label:
+            # Not an error (one configuration may serve several models), but never silent.
+            log.warning(
+                "%s: %s is a %s model, thresholds apply to multi-label models only; ignored",
+                " and ".join(ignored),
+                model.name,
+                model.problem_type.replace("_", " "),
+            )
 
     # --- lifecycle -----------------------------------------------------------------------------
 
