@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -14,13 +15,15 @@ from limelight.settings import Settings
 def test_thresholds_for_a_single_label_model_are_logged_as_ignored(
     bert_tiny_dir: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    common = {"model_dir": bert_tiny_dir, "jobs": "off", "metrics_port": 0}
+    def settings(**thresholds: Any) -> Settings:
+        return Settings(model_dir=bert_tiny_dir, jobs="off", metrics_port=0, **thresholds)
+
     with caplog.at_level("WARNING", logger="limelight.core.service"):
-        build_application(Settings(**common), Metrics())
+        build_application(settings(), Metrics())
         assert not [r for r in caplog.records if "threshold" in r.getMessage()]
         # an unknown label too: a softmax model reads no thresholds, so this is no error
-        settings = Settings(**common, label_thresholds={"toxic": 0.3}, label_threshold=0.4)
-        service = build_application(settings, Metrics()).service
+        given = settings(label_thresholds={"toxic": 0.3}, label_threshold=0.4)
+        service = build_application(given, Metrics()).service
     assert service.thresholds == []
     said = [r.getMessage() for r in caplog.records if "threshold" in r.getMessage()]
     assert len(said) == 1
