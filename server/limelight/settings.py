@@ -7,6 +7,8 @@ environment variables, then the defaults below. Nothing here is read at import t
 
 from __future__ import annotations
 
+import difflib
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Literal
 
@@ -27,6 +29,38 @@ Port = Annotated[int, Field(ge=0, le=65535)]
 def default_cache_dir() -> Path:
     """Where built demo models and other derived artefacts are cached."""
     return Path.home() / ".cache" / "limelight"
+
+
+#: LIMELIGHT_* variables that are not sidecar settings: the CLI client's defaults for
+#: ``--target`` and ``--token``, and the test suite's own switches.
+OTHER_VARIABLES = frozenset(
+    {
+        "LIMELIGHT_TARGET",
+        "LIMELIGHT_TOKEN",
+        "LIMELIGHT_TEST_DEVICE",
+        "LIMELIGHT_TEST_OLDEST_PYTHON",
+        "LIMELIGHT_SKIP_CONTAINER_TEST",
+    }
+)
+
+
+def unknown_variables(environ: Mapping[str, str]) -> list[str]:
+    """A warning for each ``LIMELIGHT_*`` variable in ``environ`` that names no setting, with
+    the closest setting's name: the settings ignore unknown variables, so a misspelt one would
+    otherwise leave its setting at the default without a word. Names are matched without case,
+    as the settings read them."""
+    known = {f"LIMELIGHT_{name.upper()}" for name in Settings.model_fields} | OTHER_VARIABLES
+    lines = []
+    for variable in sorted(environ):
+        name = variable.upper()
+        if not name.startswith("LIMELIGHT_") or name in known:
+            continue
+        # compared without the prefix they all share, which would make any two look alike
+        suffixes = sorted(k.removeprefix("LIMELIGHT_") for k in known)
+        close = difflib.get_close_matches(name.removeprefix("LIMELIGHT_"), suffixes, 1, 0.75)
+        hint = f"; did you mean LIMELIGHT_{close[0]}?" if close else ""
+        lines.append(f"{variable} is not a Limelight setting and is ignored{hint}")
+    return lines
 
 
 JobBackendKind = Literal["off", "sqlite", "redis"]

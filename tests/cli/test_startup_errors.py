@@ -86,6 +86,22 @@ def test_an_unknown_job_backend_is_refused_before_the_model_is_built(tmp_path: P
     assert not cache.exists()  # no demo model was built
 
 
+def test_a_misspelt_variable_is_named_before_anything_else(tmp_path: Path) -> None:
+    """The settings ignore variables they do not know: without a word, LIMELIGHT_MAX_BATCHSIZE
+    would leave the batch size at its default."""
+    out = limelight(
+        *SERVE, "--model", str(tmp_path / "missing"),
+        env={"LIMELIGHT_MAX_BATCHSIZE": "8", "LIMELIGHT_TRUNCATION": "sometimes"},
+    )  # fmt: skip
+    assert out.returncode == EXIT_USAGE, out.stderr
+    first, *_ = out.stderr.strip().splitlines()
+    assert first == (
+        "warning: LIMELIGHT_MAX_BATCHSIZE is not a Limelight setting and is ignored; "
+        "did you mean LIMELIGHT_MAX_BATCH_SIZE?"
+    )
+    assert "invalid setting truncation" in error_line(out.stderr)
+
+
 def test_invalid_batch_size_is_refused_before_anything_starts(tmp_path: Path) -> None:
     # Settings are checked before a port opens or the model loads: no log line comes first.
     for args, env in (

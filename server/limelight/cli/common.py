@@ -8,10 +8,11 @@ import logging
 import math
 import os
 import re
+import sys
 from pathlib import Path
 from typing import Any
 
-from limelight.settings import Settings
+from limelight.settings import Settings, unknown_variables
 
 DEFAULT_TARGET = "localhost:50051"
 
@@ -46,6 +47,8 @@ def settings_from_args(args: argparse.Namespace, **overrides: Any) -> Settings:
         if getattr(args, field, None) is not None
     }
     values.update(overrides)
+    for line in unknown_variables(os.environ):  # before a settings error ends the command
+        print(f"warning: {line}", file=sys.stderr)
     return Settings(**values)
 
 

@@ -1,0 +1,47 @@
+"""What the settings accept, and what they say about LIMELIGHT_* variables they do not know."""
+
+from __future__ import annotations
+
+import pytest
+
+from limelight.settings import job_backend_kind, unknown_variables
+
+
+def test_misspelt_variables_are_named_with_the_setting_meant() -> None:
+    environ = {
+        "LIMELIGHT_MAX_BATCHSIZE": "8",  # a misspelt setting
+        "limelight_drift_windows": "3",  # read without case, as the settings read them
+        "LIMELIGHT_FOO": "1",  # like nothing: no guess
+        "LIMELIGHT_MAX_BATCH_SIZE": "8",  # settings and the CLI client's variables: fine
+        "LIMELIGHT_TARGET": "host:50051",
+        "LIMELIGHT_TOKEN": "t",
+        "PATH": "/bin",
+    }
+    assert unknown_variables(environ) == [
+        "LIMELIGHT_FOO is not a Limelight setting and is ignored",
+        "LIMELIGHT_MAX_BATCHSIZE is not a Limelight setting and is ignored; "
+        "did you mean LIMELIGHT_MAX_BATCH_SIZE?",
+        "limelight_drift_windows is not a Limelight setting and is ignored; "
+        "did you mean LIMELIGHT_DRIFT_WINDOW?",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("spec", "kind"),
+    [
+        ("sqlite", "sqlite"),
+        ("off", "off"),
+        ("", "off"),
+        (" redis://queue:6379/0 ", "redis"),
+        ("rediss://user@queue:6380/0", "redis"),
+        ("unix:///run/redis.sock", "redis"),
+    ],
+)
+def test_job_backends(spec: str, kind: str) -> None:
+    assert job_backend_kind(spec) == kind
+
+
+@pytest.mark.parametrize("spec", ["redis", "postgres://db/0", "redis:/queue", "sqlite3"])
+def test_unknown_job_backends(spec: str) -> None:
+    with pytest.raises(ValueError, match="unknown job backend"):
+        job_backend_kind(spec)
