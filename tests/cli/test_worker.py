@@ -12,7 +12,7 @@ import pytest
 import redis
 
 from limelight.cli import worker as worker_cli
-from limelight.cli.main import EXIT_FAILURE
+from limelight.cli.main import EXIT_FAILURE, EXIT_USAGE
 from tests.conftest import REDIS_ACL, RedisAcl
 
 
@@ -21,6 +21,17 @@ def limelight_worker(jobs_url: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "LIMELIGHT_JOBS": jobs_url}
     argv = [sys.executable, "-m", "limelight.cli.main", "worker", "--demo", "bert-tiny"]
     return subprocess.run(argv, capture_output=True, text=True, timeout=120, env=env)
+
+
+@pytest.mark.parametrize("jobs", ["sqlite", "off"])
+def test_a_worker_without_a_redis_queue_says_so_in_one_line(jobs: str) -> None:
+    out = limelight_worker(jobs)
+    assert out.returncode == EXIT_USAGE, out.stderr
+    (line,) = [line for line in out.stderr.splitlines() if line.strip()]
+    assert line.startswith(
+        f"limelight worker: error: workers take their jobs from a Redis queue, not {jobs!r}"
+    )
+    assert "LIMELIGHT_JOBS" in line
 
 
 @pytest.mark.parametrize("refusal", ["wrong password", "no keys"])

@@ -13,7 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from limelight.cli.common import add_model_args, settings_from_args, setup_logging
-from limelight.settings import Settings
+from limelight.errors import InvalidArgument
+from limelight.settings import Settings, job_backend_kind
 from limelight.signals import on_signals
 
 log = logging.getLogger("limelight.worker")
@@ -174,9 +175,12 @@ def _check_queue(settings: Settings) -> None:
 def run(args: argparse.Namespace) -> int:
     settings = settings_from_args(args)
     setup_logging(settings.log_level)
-    if not settings.jobs.startswith(("redis://", "rediss://", "unix://")):
-        log.error("limelight worker needs a Redis queue: --jobs redis://host:port/db")
-        return 2
+    if job_backend_kind(settings.jobs) != "redis":
+        raise InvalidArgument(
+            f"workers take their jobs from a Redis queue, not {settings.jobs.strip() or 'off'!r}: "
+            "give --jobs redis://host:port/db or LIMELIGHT_JOBS (the embedded sqlite backend "
+            "runs jobs in the sidecar's own process)"
+        )
     _check_queue(settings)  # before the workers load their model
     count = max(1, args.job_processes or settings.job_workers)
     # spawn, not fork: forking a process that has touched torch threads can deadlock.
