@@ -152,3 +152,19 @@ def test_a_sidecar_builds_it_at_start_up_and_serves_it(
     expected = table[enc.input_ids, e.target_index]
     expected[enc.special_mask] = 0.0
     np.testing.assert_allclose(e.scores, expected, atol=1e-6)
+
+
+def test_a_graph_given_to_the_torch_runtime_is_said_to_be_unused(
+    bert_tiny_dir: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    from limelight.app import build_application
+    from limelight.metrics import Metrics
+
+    graph = tmp_path / "model.onnx"
+    with caplog.at_level("WARNING", logger="limelight.app"):
+        app = build_application(
+            Settings(model_dir=bert_tiny_dir, jobs="off", onnx_path=graph), Metrics()
+        )
+    assert app.service.runtime.name == "torch"
+    (said,) = [r.getMessage() for r in caplog.records if "onnx_path" in r.getMessage()]
+    assert str(graph) in said and "--runtime onnx" in said

@@ -155,6 +155,13 @@ def build_application(
 ) -> Application:
     """Everything the sidecar serves; call ``service.start()`` inside the event loop."""
     model = model or load_served_model(settings)
+    if settings.onnx_path is not None and settings.runtime != "onnx":
+        # Easy to miss: the graph is given, the runtime flag forgotten, and torch serves.
+        log.warning(
+            "onnx_path %s is not used: the runtime is %s (--runtime onnx serves the graph)",
+            settings.onnx_path,
+            settings.runtime,
+        )
     prepare_lexicon(settings, model)  # before anything reads which tables there are
     methods = MethodRegistry.load(settings)  # built-ins, plug-ins, configured (e.g. --lm-head)
     runtime = build_runtime(settings, model)
