@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import pytest
+from pydantic import ValidationError
 
-from limelight.settings import job_backend_kind, unknown_variables
+from limelight.settings import Settings, job_backend_kind, unknown_variables
 
 
 def test_misspelt_variables_are_named_with_the_setting_meant() -> None:
@@ -45,3 +46,14 @@ def test_job_backends(spec: str, kind: str) -> None:
 def test_unknown_job_backends(spec: str) -> None:
     with pytest.raises(ValueError, match="unknown job backend"):
         job_backend_kind(spec)
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda", "cuda:1", "auto", " cuda:0 ", "CPU"])
+def test_devices(device: str) -> None:
+    assert Settings(device=device).device == device.strip().lower()
+
+
+@pytest.mark.parametrize("device", ["tpu", "cuda:x", "gpu", "cuda:", ""])
+def test_unknown_devices_are_refused_with_the_settings(device: str) -> None:
+    with pytest.raises(ValidationError, match="the device is cpu, cuda, cuda:N"):
+        Settings(device=device)

@@ -8,6 +8,7 @@ environment variables, then the defaults below. Nothing here is read at import t
 from __future__ import annotations
 
 import difflib
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Literal
@@ -333,6 +334,16 @@ class Settings(BaseSettings):
 
     log_level: str = "INFO"
     """Python logging level."""
+
+    @field_validator("device")
+    @classmethod
+    def _known_device(cls, value: str) -> str:
+        value = value.strip().lower()
+        if not re.fullmatch(r"cpu|auto|cuda(:\d+)?", value):
+            # checked here rather than by torch at load time, whose message lists every
+            # device type it knows, served here or not
+            raise ValueError("the device is cpu, cuda, cuda:N (a GPU's index) or auto")
+        return value
 
     @field_validator("jobs")
     @classmethod
