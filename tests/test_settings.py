@@ -57,3 +57,9 @@ def test_devices(device: str) -> None:
 def test_unknown_devices_are_refused_with_the_settings(device: str) -> None:
     with pytest.raises(ValidationError, match="the device is cpu, cuda, cuda:N"):
         Settings(device=device)
+
+
+def test_log_levels() -> None:
+    assert Settings(log_level="debug").log_level == "DEBUG"
+    with pytest.raises(ValidationError, match="the log level is one of DEBUG, INFO"):
+        Settings(log_level="verbose")

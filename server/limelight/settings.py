@@ -64,6 +64,8 @@ def unknown_variables(environ: Mapping[str, str]) -> list[str]:
     return lines
 
 
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+
 JobBackendKind = Literal["off", "sqlite", "redis"]
 
 
@@ -333,7 +335,8 @@ class Settings(BaseSettings):
     """A single accepted bearer token (from the environment); enables auth."""
 
     log_level: str = "INFO"
-    """Python logging level."""
+    """Python logging level: DEBUG (adds tracebacks to CLI errors), INFO, WARNING, ERROR or
+    CRITICAL, in any case."""
 
     @field_validator("device")
     @classmethod
@@ -344,6 +347,14 @@ class Settings(BaseSettings):
             # device type it knows, served here or not
             raise ValueError("the device is cpu, cuda, cuda:N (a GPU's index) or auto")
         return value
+
+    @field_validator("log_level")
+    @classmethod
+    def _known_log_level(cls, value: str) -> str:
+        level = value.strip().upper()
+        if level not in LOG_LEVELS:  # logging would fall back to INFO without a word
+            raise ValueError(f"the log level is one of {', '.join(LOG_LEVELS)}")
+        return level
 
     @field_validator("jobs")
     @classmethod
