@@ -86,7 +86,11 @@ def job_backend_kind(spec: str) -> JobBackendKind:
 class Settings(BaseSettings):
     """Configuration of a Limelight sidecar, worker or CLI command."""
 
-    model_config = SettingsConfigDict(env_prefix="LIMELIGHT_", extra="ignore")
+    # Inputs stay out of a ValidationError's text (tracebacks, logs): a queue address may
+    # carry a password. The CLI repeats a rejected value itself, redacted.
+    model_config = SettingsConfigDict(
+        env_prefix="LIMELIGHT_", extra="ignore", hide_input_in_errors=True
+    )
 
     # --- model -------------------------------------------------------------------------------
     model_dir: Path | None = None

@@ -28,11 +28,11 @@ from helpers import (
 )
 from jobs_testing_methods import expected_scores
 from prometheus_client import CollectorRegistry
+from pydantic import ValidationError
 
 from limelight.api.ports import free_port
 from limelight.core.jobs import JobSpec, JobState
 from limelight.errors import InvalidArgument, NotFound, ResourceExhausted, Unavailable
-from limelight.jobs.factory import create_backend
 from limelight.jobs.redis_backend import RedisJobBackend
 from limelight.jobs.redis_worker import RedisWorker
 from limelight.jobs.runner import JobRunner
@@ -359,9 +359,9 @@ async def test_a_refused_password_is_unavailable_and_never_shown(
     message = refused.value.message
     assert "not-the-password" not in message
     assert "redis://***@127.0.0.1:" in message and "password" in message  # redis-py's reason
-    with pytest.raises(InvalidArgument) as unknown:
-        create_backend(_settings("reddis://limelight:not-the-password@host/0", tmp_path), None)
-    assert "not-the-password" not in unknown.value.message
+    with pytest.raises(ValidationError, match="unknown job backend") as unknown:
+        _settings("reddis://limelight:not-the-password@host/0", tmp_path)  # a typo'd scheme
+    assert "not-the-password" not in str(unknown.value)
 
 
 def test_sidecar_enqueues_and_workers_run(
