@@ -63,3 +63,8 @@ def test_log_levels() -> None:
     assert Settings(log_level="debug").log_level == "DEBUG"
     with pytest.raises(ValidationError, match="the log level is one of DEBUG, INFO"):
         Settings(log_level="verbose")
+
+
+def test_the_job_backend_is_kept_without_surrounding_blanks() -> None:
+    # a value from a YAML block or a shell line keeps no stray blank for the Redis client
+    assert Settings(jobs=" redis://queue:6379/0\n").jobs == "redis://queue:6379/0"

@@ -20,7 +20,7 @@ from limelight.metrics import Metrics
 from limelight.models.loaded import LoadedModel, load_model
 from limelight.runtimes.base import Runtime
 from limelight.runtimes.serving import torch_serving_runtime, with_lexicon
-from limelight.settings import Settings
+from limelight.settings import Settings, job_backend_kind
 
 if TYPE_CHECKING:
     from limelight.core.jobs import JobBackend
@@ -167,7 +167,7 @@ def build_application(
     runtime = build_runtime(settings, model)
     gate = None
     jobs = None
-    if settings.jobs != "off":
+    if job_backend_kind(settings.jobs) != "off":
         gate = InlineGate()
         jobs = build_jobs(settings, model, methods, metrics, gate)
     service = ExplanationService(

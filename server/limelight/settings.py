@@ -51,13 +51,13 @@ def unknown_variables(environ: Mapping[str, str]) -> list[str]:
     otherwise leave its setting at the default without a word. Names are matched without case,
     as the settings read them."""
     known = {f"LIMELIGHT_{name.upper()}" for name in Settings.model_fields} | OTHER_VARIABLES
+    # compared without the prefix they all share, which would make any two look alike
+    suffixes = sorted(k.removeprefix("LIMELIGHT_") for k in known)
     lines = []
     for variable in sorted(environ):
         name = variable.upper()
         if not name.startswith("LIMELIGHT_") or name in known:
             continue
-        # compared without the prefix they all share, which would make any two look alike
-        suffixes = sorted(k.removeprefix("LIMELIGHT_") for k in known)
         close = difflib.get_close_matches(name.removeprefix("LIMELIGHT_"), suffixes, 1, 0.75)
         hint = f"; did you mean LIMELIGHT_{close[0]}?" if close else ""
         lines.append(f"{variable} is not a Limelight setting and is ignored{hint}")
@@ -365,7 +365,7 @@ class Settings(BaseSettings):
     def _known_job_backend(cls, value: str) -> str:
         # Checked with the other settings, before a start loads (or builds) the model.
         job_backend_kind(value)
-        return value
+        return value.strip()
 
     def resolved_jobs_db(self) -> Path:
         return self.jobs_db or self.cache_dir / "jobs.sqlite3"

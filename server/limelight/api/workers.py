@@ -40,7 +40,7 @@ from pathlib import Path
 from prometheus_client import multiprocess
 
 from limelight.errors import InvalidArgument, Unavailable
-from limelight.settings import Settings
+from limelight.settings import Settings, job_backend_kind
 from limelight.signals import on_signals
 
 log = logging.getLogger(__name__)
@@ -55,7 +55,7 @@ READY_TIMEOUT_S = 900.0
 
 def check_workers(settings: Settings) -> None:
     """Refuse settings that several workers cannot share."""
-    if settings.workers > 1 and settings.jobs == "sqlite":
+    if settings.workers > 1 and job_backend_kind(settings.jobs) == "sqlite":
         raise InvalidArgument(
             f"--workers {settings.workers} needs --jobs off or --jobs redis://HOST:PORT/DB: the "
             "embedded SQLite job backend runs in one process"
