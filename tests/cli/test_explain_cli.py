@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import pty
 import re
 import subprocess
 import sys
@@ -39,12 +40,55 @@ def test_explain_against_server_json_and_html(sidecar: RunningSidecar, tmp_path:
     page = tmp_path / "out.html"
     shown = limelight("explain", text, "--target", sidecar.target, "--html", str(page))
     assert shown.returncode == 0, shown.stderr
-    assert "\x1b[" in shown.stdout and re.search(r"^for (fresh|rotten): ", shown.stdout, re.M)
+    assert re.search(r"^for (fresh|rotten): ", shown.stdout, re.M)
     html = page.read_text()
     assert "<html" in html.lower() and "gorgeous" in html and "http://" not in html
 
-    plain = limelight("explain", text, "--target", sidecar.target, env={"NO_COLOR": "1"})
-    assert "\x1b[" not in plain.stdout and "gorgeous" in plain.stdout
+
+def test_the_heat_map_is_coloured_on_a_terminal_only(sidecar: RunningSidecar) -> None:
+    """A heat-map redirected to a file or a pipe carries no escape codes (each score is printed
+    after its token instead); on a terminal it is coloured; --color, FORCE_COLOR and NO_COLOR
+    decide over that."""
+    text = "a gorgeous, witty, seductive movie"
+    args = ("explain", text, "--target", sidecar.target)
+    clean = {"NO_COLOR": "", "FORCE_COLOR": ""}
+    piped = limelight(*args, env=clean)
+    assert piped.returncode == 0, piped.stderr
+    assert "\x1b[" not in piped.stdout and re.search(r"gorgeous\[[+-]\d", piped.stdout)
+    assert "\x1b[48;2;" in limelight(*args, "--color", "always", env=clean).stdout
+    assert "\x1b[48;2;" in limelight(*args, env={"FORCE_COLOR": "1"}).stdout
+    assert "\x1b[" not in limelight(*args, env={"NO_COLOR": "1"}).stdout
+
+    primary, secondary = pty.openpty()  # a real terminal on standard output
+    try:
+        on_tty = subprocess.run(
+            [sys.executable, "-m", "limelight.cli.main", *args],
+            stdout=secondary,
+            stderr=subprocess.PIPE,
+            timeout=600,
+            env={**os.environ, **clean},
+        )
+        os.close(secondary)
+        assert on_tty.returncode == 0, on_tty.stderr
+        shown = _read_all(primary).decode()
+    finally:
+        os.close(primary)
+    assert "\x1b[48;2;" in shown and "gorgeous" in shown
+    never = limelight(*args, "--color", "never", env={"FORCE_COLOR": "1"})
+    assert "\x1b[" not in never.stdout
+
+
+def _read_all(fd: int) -> bytes:
+    chunks = []
+    while True:
+        try:
+            chunk = os.read(fd, 65536)
+        except OSError:  # EIO: the terminal's other end is closed and everything was read
+            break
+        if not chunk:
+            break
+        chunks.append(chunk)
+    return b"".join(chunks)
 
 
 def test_explain_local_matches_server(sidecar: RunningSidecar, bert_tiny_dir: Path) -> None:
@@ -78,9 +122,13 @@ def test_a_job_method_is_submitted_followed_and_shown(sidecar: RunningSidecar) -
     assert explained["method"] == "integrated_gradients" and explained["text"] == text
     assert len(explained["scores"]) == len(explained["tokens"])
 
-    watched = limelight("jobs", "watch", job["id"], *target)
+    watched = limelight("jobs", "watch", job["id"], *target, env={"FORCE_COLOR": ""})
     assert watched.returncode == 0, watched.stderr
-    assert "succeeded" in watched.stdout.lower()
+    assert "succeeded" in watched.stdout.lower() and "\x1b[" not in watched.stdout
+    page = limelight("jobs", "show", job["id"], "--color", "always", "--top", "1", *target)
+    assert "\x1b[48;2;" in page.stdout and re.search(
+        r"^for \w+: \"[^\"]*\" [+-][\d.]+$", page.stdout, re.M
+    )
     assert "%/s" not in watched.stderr  # the bar shows percent and time, not a rate
     shown = json.loads(limelight("jobs", "show", job["id"], "--json", *target).stdout)
     assert shown["id"] == job["id"] and shown["state"] == "SUCCEEDED"

@@ -59,6 +59,33 @@ def setup_logging(level: str = "INFO") -> None:
     )
 
 
+def add_color_arg(parser: argparse.ArgumentParser) -> None:
+    """``--color`` of commands that print a heat-map."""
+    parser.add_argument(
+        "--color",
+        choices=("auto", "always", "never"),
+        default="auto",
+        help="colour the heat-map: auto (default) when standard output is a terminal, unless "
+        "NO_COLOR is set (FORCE_COLOR forces it); never prints each score after its token",
+    )
+
+
+def use_color(choice: str, stream: Any = None) -> bool:
+    """Whether to colour what goes to ``stream`` (standard output by default): ``--color``
+    first, then FORCE_COLOR and NO_COLOR (set and not empty; force-color.org, no-color.org),
+    then whether the stream is a terminal, so that a redirected heat-map carries no escape
+    codes."""
+    if choice != "auto":
+        return choice == "always"
+    if os.environ.get("FORCE_COLOR"):
+        return True
+    if os.environ.get("NO_COLOR"):
+        return False
+    stream = sys.stdout if stream is None else stream
+    isatty = getattr(stream, "isatty", None)
+    return bool(isatty and isatty())
+
+
 def add_client_args(parser: argparse.ArgumentParser, timeout_note: str = "") -> None:
     """Connection flags of commands that talk to a running sidecar (``timeout_note``: what
     ``--timeout`` also bounds in this command)."""

@@ -22,6 +22,7 @@ from typing import Any, TextIO
 from limelight.cli.common import (
     JobProgressBar,
     add_client_args,
+    add_color_arg,
     add_model_args,
     client_error_line,
     client_from_args,
@@ -29,6 +30,7 @@ from limelight.cli.common import (
     parse_params,
     settings_from_args,
     top_token_lines,
+    use_color,
 )
 
 
@@ -86,6 +88,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument(
         "--top", type=int, default=5, help="tokens to list for and against each label (default 5)"
     )
+    add_color_arg(p)
     p.add_argument("--local", action="store_true", help="run in this process, no server")
     add_client_args(p, timeout_note="; with --lines, the longest wait for an answer")
     add_model_args(p)
@@ -107,7 +110,7 @@ def _show(explanation: Any, args: argparse.Namespace) -> None:
         return
     # SLALOM's importance (how much a token matters at all) beside its primary scores
     maps = ["scores", "importance"] if explanation.method == "slalom" else "scores"
-    print(explanation.to_terminal(scores=maps))
+    print(explanation.to_terminal(scores=maps, color=use_color(args.color)))
     for line in top_token_lines(explanation, args.top):
         print(line)
     if args.html is not None:

@@ -10,10 +10,12 @@ from typing import Any
 
 from limelight.cli.common import (
     add_client_args,
+    add_color_arg,
     client_error_line,
     client_from_args,
     follow_job,
     top_token_lines,
+    use_color,
 )
 
 _STATES = ["queued", "running", "succeeded", "failed", "cancelled"]
@@ -49,11 +51,16 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     show.add_argument(
         "--top", type=int, default=5, help="tokens to list for and against each label (default 5)"
     )
+    add_color_arg(show)
     show.set_defaults(func=run_show)
 
     watch = sub.add_parser("watch", help="follow a job's progress until it ends")
     add_client_args(watch)
     watch.add_argument("id", help="job id")
+    watch.add_argument(
+        "--top", type=int, default=5, help="tokens to list for and against each label (default 5)"
+    )
+    add_color_arg(watch)
     watch.set_defaults(func=run_watch)
 
     cancel = sub.add_parser("cancel", help="cancel a queued or running job")
@@ -101,7 +108,7 @@ def jobs_table(infos: list[Any]) -> str:
     return format_table(rows, header)
 
 
-def describe(info: Any, top: int = 5) -> str:
+def describe(info: Any, top: int = 5, color: bool | None = None) -> str:
     """A human-readable page about one job."""
     lines = [
         f"job        {info.id}",
@@ -121,7 +128,7 @@ def describe(info: Any, top: int = 5) -> str:
     result = info.result
     if result is not None:
         lines.append("")
-        lines.append(result.to_terminal())
+        lines.append(result.to_terminal(color=color))
         lines.extend(top_token_lines(result, top))
     return "\n".join(lines)
 
@@ -158,7 +165,10 @@ def run_list(args: argparse.Namespace) -> int:
 def run_show(args: argparse.Namespace) -> int:
     def action(client: Any) -> int:
         info = client.job(args.id).info
-        print(json.dumps(info.to_dict(), indent=2) if args.json else describe(info, args.top))
+        if args.json:
+            print(json.dumps(info.to_dict(), indent=2))
+        else:
+            print(describe(info, args.top, use_color(args.color)))
         return 0
 
     return _call(args, action)
@@ -169,7 +179,7 @@ def run_watch(args: argparse.Namespace) -> int:
         job = client.job(args.id)
         follow_job(job)
         info = job.refresh()
-        print(describe(info))
+        print(describe(info, args.top, use_color(args.color)))
         return 0 if info.state.name == "SUCCEEDED" else 1
 
     return _call(args, action)
