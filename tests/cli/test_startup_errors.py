@@ -168,6 +168,23 @@ def test_refused_architecture(
     assert "'funnel' is not supported: the encoder pools the sequence" in line
 
 
+def test_a_checkpoint_without_its_classifier(
+    capsys: pytest.CaptureFixture[str], random_bert_dir: Path, tmp_path: Path
+) -> None:
+    """Weights missing from the checkpoint would be random: the start stops and says which."""
+    from safetensors.torch import load_file, save_file
+
+    model = copy_model(random_bert_dir, tmp_path / "headless")
+    weights = load_file(model / "model.safetensors")
+    kept = {k: v for k, v in weights.items() if not k.startswith("classifier.")}
+    save_file(kept, model / "model.safetensors", metadata={"format": "pt"})
+    status, line = run_main(capsys, *SERVE, "--model", str(model))
+    assert status == EXIT_FAILURE
+    assert (
+        "lacks weights the sequence classifier needs (classifier.bias, classifier.weight)" in line
+    )
+
+
 def test_a_drift_reference_of_another_method(
     capsys: pytest.CaptureFixture[str], random_bert_dir: Path, tmp_path: Path
 ) -> None:

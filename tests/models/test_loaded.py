@@ -67,3 +67,45 @@ def test_refuses_pickled_weights_and_remote_code(random_bert_dir: Path, tmp_path
 
     with pytest.raises(ModelLoadError, match="does not exist"):
         load_model(tmp_path / "missing")
+
+
+@pytest.mark.parametrize("kind", ["masked-lm", "token-classification"])
+def test_refuses_a_checkpoint_without_a_trained_classifier(
+    kind: str, tokenizer_dir: Path, tmp_path: Path
+) -> None:
+    """transformers loads a masked-LM or token-classification directory as a sequence
+    classifier with random weights where its own are missing (and only logs it); Limelight
+    refuses it instead of serving random predictions."""
+    from transformers import AutoTokenizer, BertConfig, BertForMaskedLM, BertForTokenClassification
+
+    config = BertConfig(  # type: ignore[call-arg]  # the stubs omit PretrainedConfig kwargs
+        vocab_size=30522,
+        hidden_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        intermediate_size=64,
+        num_labels=2,
+    )
+    model = BertForMaskedLM(config) if kind == "masked-lm" else BertForTokenClassification(config)
+    model.save_pretrained(tmp_path, safe_serialization=True)
+    AutoTokenizer.from_pretrained(tokenizer_dir).save_pretrained(tmp_path)
+    architecture = type(model).__name__
+    with pytest.raises(ModelLoadError) as caught:
+        load_model(tmp_path)
+    message = str(caught.value)
+    assert "bert.pooler.dense.weight" in message and "random values" in message
+    assert f"config.json names {architecture}, not a sequence classifier" in message
+    assert ("classifier.weight" in message) == (kind == "masked-lm")  # same shape: it loads
+
+
+def test_a_complete_checkpoint_reports_nothing_missing(random_bert_dir: Path) -> None:
+    """The check reads transformers' own loading report: a saved sequence classifier has
+    every weight, so nothing is refused (and the logits are the saved model's)."""
+    import torch
+    from transformers import AutoModelForSequenceClassification
+
+    loaded = load_model(random_bert_dir)
+    saved = AutoModelForSequenceClassification.from_pretrained(random_bert_dir).eval()
+    ids = torch.tensor([loaded.tokenizer("a short probe")["input_ids"]])
+    with torch.no_grad():
+        torch.testing.assert_close(loaded.model(input_ids=ids).logits, saved(input_ids=ids).logits)

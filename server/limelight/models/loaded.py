@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -155,6 +156,25 @@ def check_model_directory(model_dir: Path) -> None:
         )
 
 
+def check_trained(model_dir: Path, config: Any, missing: Iterable[str]) -> None:
+    """Refuse a checkpoint that lacks weights of the sequence classifier: transformers fills
+    them with random values and only logs it, so a masked-LM or token-classification directory
+    given by mistake would otherwise serve random predictions (and explanations of them)."""
+    missing = sorted(missing)
+    if not missing:
+        return
+    shown = ", ".join(missing[:4]) + (f" and {len(missing) - 4} more" if len(missing) > 4 else "")
+    named = [str(a) for a in getattr(config, "architectures", None) or []]
+    other = [a for a in named if not a.endswith("ForSequenceClassification")]
+    what = f"; config.json names {', '.join(other)}, not a sequence classifier" if other else ""
+    raise ModelLoadError(
+        f"{model_dir}: the checkpoint lacks weights the sequence classifier needs ({shown}){what}; "
+        "transformers would fill them with random values, so its predictions would mean "
+        "nothing. Limelight serves a trained sequence-classification checkpoint "
+        "(…ForSequenceClassification, saved with save_pretrained after fine-tuning)"
+    )
+
+
 def _first_line(exc: BaseException) -> str:
     text = str(exc).strip()
     return text.splitlines()[0] if text else type(exc).__name__
@@ -208,18 +228,20 @@ def load_model(model_dir: Path | str, device: str = "cpu", name: str | None = No
         raise ModelLoadError(f"{model_dir}: a fast (tokenizers) tokenizer is required for offsets")
     check_architecture(config)
     try:
-        model = AutoModelForSequenceClassification.from_pretrained(
+        model, loading = AutoModelForSequenceClassification.from_pretrained(
             model_dir,
             config=config,
             trust_remote_code=False,
             local_files_only=True,
             use_safetensors=True,
+            output_loading_info=True,
         )
     except Exception as exc:  # transformers raises many types; one readable line for all
         raise ModelLoadError(
             f"{model_dir}: transformers cannot load it as a {config.model_type!r} sequence "
             f"classifier ({type(exc).__name__}: {_first_line(exc)})"
         ) from exc
+    check_trained(model_dir, config, loading.get("missing_keys") or ())
     model.eval().to(torch_device)
     adapter = adapter_for(model, probe_ids(tokenizer))
     id2label = getattr(config, "id2label", None) or {}
