@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 from typing import TYPE_CHECKING, Any
+from urllib.parse import unquote
 
 import grpc
 
@@ -75,7 +76,15 @@ class ResourceExhausted(LimelightError):
 
 
 class Unavailable(LimelightError):
-    """The server cannot be reached, is not ready yet, or is draining."""
+    """The server cannot be reached, is not ready yet, or is draining.
+
+    ``reason`` says why nothing could be reached at all ("connection refused", "the host name
+    does not resolve", ...) when that was the failure, else ``None`` (the server answered
+    UNAVAILABLE itself, or a stream broke)."""
+
+    def __init__(self, code: grpc.StatusCode | None, message: str, reason: str | None = None):
+        super().__init__(code, message)
+        self.reason = reason
 
 
 class DeadlineExceeded(LimelightError):
@@ -168,7 +177,39 @@ def from_status(code: object, message: object) -> LimelightError:
     text = message if isinstance(message, str) and message else status.name.lower()
     if status is grpc.StatusCode.RESOURCE_EXHAUSTED:
         text = _size_limit_message(text)
+    if status is grpc.StatusCode.UNAVAILABLE:
+        unreachable = _unreachable(text)
+        if unreachable is not None:
+            where, reason = unreachable
+            return Unavailable(status, f"cannot reach {where}: {reason}", reason)
     return _BY_CODE.get(status, LimelightError)(status, text)
+
+
+#: gRPC's text when no connection could be made, by the address family it tried.
+_NO_CONNECTION = (
+    re.compile(r"ipv[46]:(\S+): Failed to connect to remote host: ([^;\n]+)"),
+    re.compile(r"(unix:\S+): connect failed: .*?error: ([^;\n]+)"),
+)
+_NOT_RESOLVED = re.compile(
+    r"(?:errors resolving|DNS resolution failed for) (\S+?):? .*(?:Domain name not found|"
+    r"not known|lookup error|Could not contact DNS servers|Timeout)"
+)
+
+
+def _unreachable(text: str) -> tuple[str, str] | None:
+    """Where gRPC could not connect and why, from its own text ("failed to connect to all
+    addresses; last error: UNKNOWN: ipv6:%5B::1%5D:50051: Failed to connect to remote host:
+    Connection refused" reads as ``("[::1]:50051", "connection refused")``), or ``None`` when
+    the text says something else."""
+    for pattern in _NO_CONNECTION:
+        found = pattern.search(text)
+        if found is not None:
+            where = unquote(found.group(1)).removesuffix(":")
+            return where, found.group(2).strip().rstrip(".").lower()
+    resolved = _NOT_RESOLVED.search(text)
+    if resolved is not None:
+        return resolved.group(1), "the host name does not resolve"
+    return None
 
 
 #: gRPC's own refusal of a message over a size limit, on either side of the call.

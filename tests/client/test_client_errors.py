@@ -3,6 +3,8 @@ answered in their place by an error (``ItemError``: the code as a number)."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import grpc
 import pytest
 
@@ -46,3 +48,57 @@ def test_unknown_codes_and_empty_messages() -> None:
     assert errors.from_status(None, None).code == grpc.StatusCode.UNKNOWN
     assert errors.from_status(True, "x").code == grpc.StatusCode.UNKNOWN  # a bool is no code
     assert errors.from_status(grpc.StatusCode.OK, "").message == "ok"
+
+
+def _closed_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])  # closed again: nothing listens there
+
+
+def test_nothing_listening_reads_as_where_and_why(tmp_path: Path) -> None:
+    """Real connection attempts: gRPC's text ("failed to connect to all addresses; last
+    error: UNKNOWN: ipv6:%5B::1%5D:…: Failed to connect to remote host: …") becomes the
+    address tried and the reason, kept apart in ``reason`` for callers that word it
+    themselves (the CLI)."""
+    import asyncio
+
+    from limelight_client import AsyncClient, Client
+
+    port = _closed_port()
+    cases = {
+        f"localhost:{port}": (f"127.0.0.1:{port}", "connection refused"),
+        f"[::1]:{port}": (f"[::1]:{port}", "connection refused"),
+        f"unix:{tmp_path}/none.sock": (f"unix:{tmp_path}/none.sock", "no such file or directory"),
+        "nothing.invalid:50051": ("nothing.invalid:50051", "the host name does not resolve"),
+    }
+    for target, (where, reason) in cases.items():
+        with (
+            Client(target, retries=0, timeout=10) as client,
+            pytest.raises(errors.Unavailable) as e,
+        ):
+            client.explain("x")
+        if target.startswith("[::1]") and "Address family not supported" in e.value.message:
+            continue  # a machine without IPv6
+        assert e.value.reason == reason, e.value.message
+        assert str(e.value) == f"UNAVAILABLE: cannot reach {where}: {reason}"
+
+    async def refused() -> errors.Unavailable:
+        async with AsyncClient(f"localhost:{port}", retries=0, timeout=10) as client:
+            try:
+                await client.explain("x")
+            except errors.Unavailable as exc:
+                return exc
+        raise AssertionError("the call went through")
+
+    assert asyncio.run(refused()).reason == "connection refused"
+
+
+def test_an_unavailable_answer_of_a_server_keeps_its_message() -> None:
+    """UNAVAILABLE from a server that was reached (draining, not ready) is not a failure to
+    connect: its message stays as it came and ``reason`` is None."""
+    draining = errors.from_status(grpc.StatusCode.UNAVAILABLE, "the sidecar is draining")
+    assert isinstance(draining, errors.Unavailable) and draining.reason is None
+    assert draining.message == "the sidecar is draining"

@@ -7,7 +7,6 @@ import json
 import logging
 import math
 import os
-import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -127,30 +126,18 @@ def client_from_args(args: argparse.Namespace, connections: int = 1) -> Any:
     )
 
 
-_REFUSED = re.compile(r"Failed to connect to remote host: ([^;\n]+)")
-_UNRESOLVED = re.compile(r"errors resolving|DNS resolution failed|Domain name not found")
-
-
 def client_error_line(exc: Any, target: str | None) -> str:
     """One readable line for a failed client call: the status and the server's message, or,
     when nothing answered at ``target``, where the CLI looked and how to point it elsewhere
-    (gRPC's own text names resolver internals such as ``ipv6:%5B::1%5D:50051``)."""
-    if getattr(getattr(exc, "code", None), "name", "") == "UNAVAILABLE" and target:
-        text = str(getattr(exc, "message", exc))
-        refused = _REFUSED.search(text)
-        reason = (
-            refused.group(1).strip().rstrip(".").lower()
-            if refused
-            else "the host name does not resolve"
-            if _UNRESOLVED.search(text)
-            else None
+    (the address the user gave rather than the one gRPC resolved it to)."""
+    reason = getattr(exc, "reason", None)
+    if reason and target:
+        return (
+            f"cannot reach a sidecar at {target} ({reason}): start one with `limelight "
+            "serve`, or point --target (or LIMELIGHT_TARGET) at a running one"
         )
-        if reason is not None:
-            return (
-                f"cannot reach a sidecar at {target} ({reason}): start one with `limelight "
-                "serve`, or point --target (or LIMELIGHT_TARGET) at a running one"
-            )
-        return f"cannot reach the sidecar at {target}: {text}"
+    if getattr(getattr(exc, "code", None), "name", "") == "UNAVAILABLE" and target:
+        return f"cannot reach the sidecar at {target}: {getattr(exc, 'message', exc)}"
     return str(exc)
 
 
