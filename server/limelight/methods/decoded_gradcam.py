@@ -96,8 +96,9 @@ class DecodedGradCAM(JobMethod):
         self._lock = threading.Lock()
 
     def configure(self, settings: Settings) -> None:
-        """Take ``--lm-head`` from the settings (used by ``unavailable_reason``)."""
-        self.lm_head_dir = settings.lm_head_dir
+        """Take ``--lm-head`` (or a demo base's own head) from the settings (used by
+        ``unavailable_reason``)."""
+        self.lm_head_dir = settings.resolved_lm_head_dir()
 
     def unavailable_reason(self, model: LoadedModel) -> str:
         if model.adapter.hidden_state_copies:
@@ -124,11 +125,12 @@ class DecodedGradCAM(JobMethod):
         self.resolve_layer(model, int(params.get("layer", AUTO_LAYER)))
 
     def lm_head(self, model: LoadedModel, settings: Settings) -> LMHead:
-        key = (model.version, id(model.model), str(settings.lm_head_dir))
+        source = settings.resolved_lm_head_dir()
+        key = (model.version, id(model.model), str(source))
         with self._lock:
             head = self._heads.get(key)
             if head is None:
-                head = load_lm_head(model, settings)
+                head = load_lm_head(model, source)
                 self._heads[key] = head
             return head
 

