@@ -10,6 +10,18 @@ import torch
 from transformers import AutoTokenizer, BertConfig, BertForSequenceClassification
 
 
+def tiny_bert_config(num_hidden_layers: int = 2, **values: Any) -> BertConfig:
+    """A 32-wide BERT config over the real WordPiece vocabulary (``values``: more fields)."""
+    return BertConfig(  # type: ignore[call-arg]  # the stubs omit PretrainedConfig kwargs
+        vocab_size=30522,
+        hidden_size=32,
+        num_hidden_layers=num_hidden_layers,
+        num_attention_heads=2,
+        intermediate_size=64,
+        **values,
+    )
+
+
 def save_tiny_bert(
     out: Path,
     tokenizer_dir: Path,
@@ -24,12 +36,7 @@ def save_tiny_bert(
     the classifier's biases (to put labels clearly over or under a threshold); ``edit`` changes
     the model in place before it is saved."""
     torch.manual_seed(seed)
-    config = BertConfig(  # type: ignore[call-arg]  # the stubs omit PretrainedConfig kwargs
-        vocab_size=30522,
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        intermediate_size=64,
+    config = tiny_bert_config(
         num_labels=len(labels),
         id2label=dict(enumerate(labels)),
         label2id={name: i for i, name in enumerate(labels)},

@@ -76,16 +76,11 @@ def test_refuses_a_checkpoint_without_a_trained_classifier(
     """transformers loads a masked-LM or token-classification directory as a sequence
     classifier with random weights where its own are missing (and only logs it); Limelight
     refuses it instead of serving random predictions."""
-    from transformers import AutoTokenizer, BertConfig, BertForMaskedLM, BertForTokenClassification
+    from transformers import AutoTokenizer, BertForMaskedLM, BertForTokenClassification
 
-    config = BertConfig(  # type: ignore[call-arg]  # the stubs omit PretrainedConfig kwargs
-        vocab_size=30522,
-        hidden_size=32,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        intermediate_size=64,
-        num_labels=2,
-    )
+    from tests.tiny_bert import tiny_bert_config
+
+    config = tiny_bert_config(num_hidden_layers=1, num_labels=2)
     model = BertForMaskedLM(config) if kind == "masked-lm" else BertForTokenClassification(config)
     model.save_pretrained(tmp_path, safe_serialization=True)
     AutoTokenizer.from_pretrained(tokenizer_dir).save_pretrained(tmp_path)
