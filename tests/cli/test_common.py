@@ -36,7 +36,10 @@ def test_job_bar_shows_percent_and_stage_without_a_rate(capsys: pytest.CaptureFi
 
 def _explained(words: list[str], scores: list[float]) -> Explanation:
     tokens = [Token("[CLS]", 101, 0, 0, special=True)]
-    tokens += [Token(w, 1000 + i, 0, 0) for i, w in enumerate(words)]
+    start = 0
+    for i, w in enumerate(words):  # the words' places in "w0 w1 w2 ..."
+        tokens.append(Token(w, 1000 + i, start, start + len(w)))
+        start += len(w) + 1
     tokens.append(Token("[SEP]", 102, 0, 0, special=True))
     return Explanation(
         label="fresh",
@@ -69,3 +72,19 @@ def test_top_tokens_of_a_method_without_negative_scores() -> None:
         "for fresh: none",
         'against fresh: "a" -0.500',
     ]
+
+
+def test_a_token_text_that_occurs_more_than_once_says_which_occurrence() -> None:
+    """Two "the" in one list (or one "the" of several in the text) would read as one token
+    listed twice; each says which occurrence it is, in text order."""
+    words = ["the", "plot", ",", "the", "acting", ",", "the", "end", "1", "2", "3", "4"]
+    scores = [0.5, 1.0, -0.2, 0.4, 2.0, -0.6, -0.1, 0.0, 0.0, 0.0, 0.0, 0.0]
+    words += ["x"] * 11  # an 11th occurrence reads "11th", not "11st"
+    scores += [0.0] * 10 + [0.05]
+    lines = top_token_lines(_explained(words, scores), 4)
+    assert lines == [
+        'for fresh: "acting" +2.000, "plot" +1.000, "the" (1st of 3) +0.500, '
+        '"the" (2nd of 3) +0.400',
+        'against fresh: "," (2nd of 2) -0.600, "," (1st of 2) -0.200, "the" (3rd of 3) -0.100',
+    ]
+    assert top_token_lines(_explained(words, scores), 5)[0].endswith('"x" (11th of 11) +0.050')

@@ -127,7 +127,7 @@ def test_a_job_method_is_submitted_followed_and_shown(sidecar: RunningSidecar) -
     assert "succeeded" in watched.stdout.lower() and "\x1b[" not in watched.stdout
     page = limelight("jobs", "show", job["id"], "--color", "always", "--top", "1", *target)
     assert "\x1b[48;2;" in page.stdout and re.search(
-        r"^for \w+: \"[^\"]*\" [+-][\d.]+$", page.stdout, re.M
+        r"^for \w+: \"[^\"]*\"( \(\w+ of \d+\))? [+-][\d.]+$", page.stdout, re.M
     )
     assert "%/s" not in watched.stderr  # the bar shows percent and time, not a rate
     shown = json.loads(limelight("jobs", "show", job["id"], "--json", *target).stdout)

@@ -211,12 +211,45 @@ def top_token_lines(explanation: Any, k: int) -> list[str]:
         support = [pair for pair in ranked if pair[1] > 0][: max(k, 0)]
         oppose = [pair for pair in reversed(ranked) if pair[1] < 0][: max(k, 0)]
         label = one.target_label
-        lines.append(f"for {label}: {_listed(support)}")
+        seen = _occurrences(one.tokens)
+        lines.append(f"for {label}: {_listed(support, seen)}")
         if oppose:
-            lines.append(f"against {label}: {_listed(oppose)}")
+            lines.append(f"against {label}: {_listed(oppose, seen)}")
     return lines
 
 
-def _listed(pairs: list[tuple[Any, float]]) -> str:
+Place = tuple[int, int, int]
+
+
+def _place(tok: Any) -> Place:
+    return (tok.segment, tok.start, tok.end)
+
+
+def _occurrences(tokens: Any) -> dict[Place, tuple[int, int]]:
+    """For each token whose text occurs more than once in the input: which occurrence it is
+    and of how many, in text order, so that two "the" in a list can be told apart."""
+    by_text: dict[str, list[Place]] = {}
+    for tok in tokens:
+        if not tok.special:
+            by_text.setdefault(tok.text, []).append(_place(tok))
+    return {
+        place: (nth, len(places))
+        for places in by_text.values()
+        if len(places) > 1
+        for nth, place in enumerate(places, start=1)
+    }
+
+
+def _listed(pairs: list[tuple[Any, float]], seen: dict[Place, tuple[int, int]]) -> str:
     # quoted: punctuation tokens ("," or ".") would otherwise read as the list's own marks
-    return ", ".join(f'"{tok.text}" {score:+.3f}' for tok, score in pairs) or "none"
+    parts = []
+    for tok, score in pairs:
+        where = seen.get(_place(tok))
+        which = f" ({_ordinal(where[0])} of {where[1]})" if where else ""
+        parts.append(f'"{tok.text}"{which} {score:+.3f}')
+    return ", ".join(parts) or "none"
+
+
+def _ordinal(n: int) -> str:
+    suffix = "th" if 10 <= n % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(n % 10, "th")
+    return f"{n}{suffix}"
