@@ -96,6 +96,7 @@ def test_explain_local_matches_server(sidecar: RunningSidecar, bert_tiny_dir: Pa
     remote = json.loads(limelight("explain", text, "--target", sidecar.target, "--json").stdout)
     local = limelight("explain", text, "--local", "--model", str(bert_tiny_dir), "--json")
     assert local.returncode == 0, local.stderr
+    assert "Loading weights" not in local.stderr  # transformers' bar stays out of the output
     data = json.loads(local.stdout)
     assert data["label"] == remote["label"]
     for a, b in zip(data["scores"], remote["scores"], strict=True):

@@ -172,14 +172,17 @@ def load_pretrained_lm_head(head_dir: Path) -> PretrainedLMHead:
     config = AutoConfig.from_pretrained(head_dir, trust_remote_code=False, local_files_only=True)
     if getattr(config, "auto_map", None):
         raise FailedPrecondition(f"{head_dir} needs custom code; Limelight never runs it")
+    from limelight.models.loaded import no_progress_bar
+
     try:
-        mlm = AutoModelForMaskedLM.from_pretrained(
-            head_dir,
-            config=config,
-            trust_remote_code=False,
-            local_files_only=True,
-            use_safetensors=True,
-        )
+        with no_progress_bar():
+            mlm = AutoModelForMaskedLM.from_pretrained(
+                head_dir,
+                config=config,
+                trust_remote_code=False,
+                local_files_only=True,
+                use_safetensors=True,
+            )
     except ValueError as exc:  # architecture without a masked-LM class
         raise FailedPrecondition(
             f"{head_dir} is not a masked-LM checkpoint ({exc}); {HOW_TO_FIX}"

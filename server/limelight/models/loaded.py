@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -175,6 +176,20 @@ def check_trained(model_dir: Path, config: Any, missing: Iterable[str]) -> None:
     )
 
 
+@contextlib.contextmanager
+def no_progress_bar() -> Iterator[None]:
+    """transformers' loading bars off for the block: a bar per load fills a sidecar's log."""
+    from transformers.utils import logging as hf_logging
+
+    shown = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if shown:
+            hf_logging.enable_progress_bar()
+
+
 def _first_line(exc: BaseException) -> str:
     text = str(exc).strip()
     return text.splitlines()[0] if text else type(exc).__name__
@@ -228,14 +243,15 @@ def load_model(model_dir: Path | str, device: str = "cpu", name: str | None = No
         raise ModelLoadError(f"{model_dir}: a fast (tokenizers) tokenizer is required for offsets")
     check_architecture(config)
     try:
-        model, loading = AutoModelForSequenceClassification.from_pretrained(
-            model_dir,
-            config=config,
-            trust_remote_code=False,
-            local_files_only=True,
-            use_safetensors=True,
-            output_loading_info=True,
-        )
+        with no_progress_bar():  # a bar per load would fill a sidecar's log and the CLI's output
+            model, loading = AutoModelForSequenceClassification.from_pretrained(
+                model_dir,
+                config=config,
+                trust_remote_code=False,
+                local_files_only=True,
+                use_safetensors=True,
+                output_loading_info=True,
+            )
     except Exception as exc:  # transformers raises many types; one readable line for all
         raise ModelLoadError(
             f"{model_dir}: transformers cannot load it as a {config.model_type!r} sequence "
