@@ -17,7 +17,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from limelight.settings import Settings
+from limelight.settings import Settings, unknown_variables
 from limelight_client._lanes import LANE_MAX_AGE_S
 from tests.deploy.crd_schemas import CRD_SCHEMAS
 from tests.deploy.deploy_support import (
@@ -167,6 +167,21 @@ def test_pods_are_locked_down(overlay: tuple[str, list[dict[str, Any]]]) -> None
             assert sc["capabilities"] == {"drop": ["ALL"]}, label
             assert {"cpu", "memory"} <= set(c["resources"]["requests"]), label
             assert {"cpu", "memory"} <= set(c["resources"]["limits"]), label
+
+
+def test_every_limelight_variable_names_a_setting(
+    overlay: tuple[str, list[dict[str, Any]]],
+) -> None:
+    """The settings ignore a LIMELIGHT_* variable that names no setting (the sidecar warns at
+    its start, in a log nobody reads during a rollout): a misspelt key in a ConfigMap or a
+    container's env would silently leave its setting at the default."""
+    _, objects = overlay
+    names = {key: "" for key in _config(objects)}
+    for _, spec in pod_templates(objects):
+        for c in [*spec.get("initContainers", []), *spec["containers"]]:
+            names.update({e["name"]: "" for e in c.get("env", [])})
+    assert any(name.startswith("LIMELIGHT_") for name in names)
+    assert list(unknown_variables(names)) == []
 
 
 def test_limelight_containers_write_only_to_mounted_volumes(
