@@ -208,8 +208,19 @@ def test_unknown_model_and_version_are_not_found(
     ):
         with pytest.raises(InferenceServerException) as info:
             call()
-        assert status_of(info.value) == "StatusCode.NOT_FOUND"
+        assert status_of(info.value) == "StatusCode.NOT_FOUND", info.value.message()
     assert triton.is_model_ready(model_name(sidecar))
+
+    # A wrong model is named before the inputs' own faults (here: two raw entries for one).
+    stub = pb_grpc.GRPCInferenceServiceStub(grpc.insecure_channel(sidecar.target))
+    tensor = pb.ModelInferRequest.InferInputTensor(name="text", datatype="BYTES", shape=[1])
+    for name, code in (("no-such-model", grpc.StatusCode.NOT_FOUND), (model_name(sidecar), None)):
+        request = pb.ModelInferRequest(
+            model_name=name, inputs=[tensor], raw_input_contents=[b"", b""]
+        )
+        with pytest.raises(grpc.RpcError) as failed:
+            stub.ModelInfer(request, timeout=30)
+        assert failed.value.code() == (code or grpc.StatusCode.INVALID_ARGUMENT)
 
 
 def test_raw_messages_typed_contents_and_malformed_raw(sidecar: RunningSidecar) -> None:

@@ -171,6 +171,18 @@ def test_errors_through_tritonclient(
     assert info.value.status() == "400"
 
 
+def test_a_wrong_model_is_named_before_a_bad_body(sidecar: RunningSidecar) -> None:
+    """The model in the path is the first mistake to report: a body written for another
+    server would otherwise be answered with its own faults, not that it went to the wrong one."""
+    for body in ({}, {"inputs": [{"name": "text", "shape": [2], "datatype": "BYTES"}]}):
+        status, error = call(f"http://{base_url(sidecar)}/v2/models/no-such-model/infer", body)
+        assert status == 404 and "unknown model 'no-such-model'" in error["error"]
+        status, error = call(
+            f"http://{base_url(sidecar)}/v2/models/{model_name(sidecar)}/versions/0/infer", body
+        )
+        assert status == 404 and "unknown version '0'" in error["error"]
+
+
 def test_malformed_json_and_unknown_route(sidecar: RunningSidecar) -> None:
     url = f"http://{base_url(sidecar)}/v2/models/{model_name(sidecar)}/infer"
     request = urllib.request.Request(url, data=b"{not json", method="POST")

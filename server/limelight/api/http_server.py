@@ -386,11 +386,12 @@ class HttpServer:
         return web.json_response(metadata_json(oip.model_metadata(info)))
 
     async def infer(self, request: web.Request) -> web.StreamResponse:
+        service = self._model(request)  # a wrong model is named before a bad body
         body, binary = await self._json(request)
         parsed, binary_outputs, binary_default = infer_request(
             request.match_info["name"], request.match_info.get("version", ""), body, binary
         )
-        response = await oip.infer(self.ready_service(), parsed, None)
+        response = await oip.infer(service, parsed, None)
         return infer_response(response, binary_outputs, binary_default)
 
     async def v1_models(self, request: web.Request) -> web.StreamResponse:

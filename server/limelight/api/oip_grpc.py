@@ -154,9 +154,10 @@ class InferenceServicer:
     async def ModelInfer(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         async def call() -> pb.ModelInferResponse:
             check_request(request)
-            response = await oip.infer(
-                self._explainer.ready_service(), infer_request(request), request_deadline(context)
-            )
+            service = self._explainer.ready_service()
+            # a wrong model is named before the inputs' faults
+            oip.check_model(service.model_info(), request.model_name, request.model_version)
+            response = await oip.infer(service, infer_request(request), request_deadline(context))
             return infer_response(response)
 
         return await self._explainer._guard("ModelInfer", context, call)
