@@ -16,6 +16,9 @@ from limelight_client.types import Explanation, Token
         ("running", "16/32 path points", "running: 16/32 path points"),
         ("running", "running", "running"),  # said once, not "running running"
         ("queued", "", "queued"),
+        # A message that begins with the state says it: not "queued: queued; no worker …".
+        ("queued", "queued; no worker", "queued; no worker"),
+        ("queued", "re-queued: its worker stopped", "queued: re-queued: its worker stopped"),
         ("", "32/32 path points", "32/32 path points"),  # a local run has no state
     ],
 )

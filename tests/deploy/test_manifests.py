@@ -485,6 +485,7 @@ def test_promtool_checks_the_alert_rules(
         "LimelightAttributionDrift",
         "LimelightExplainLatencyHigh",
         "LimelightJobBacklog",
+        "LimelightJobsWithoutWorkers",
         "LimelightNotReady",
     } <= alerts
     drift = [

@@ -8,7 +8,7 @@ import signal
 import subprocess
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import AsyncGenerator, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -33,7 +33,7 @@ from pydantic import ValidationError
 from limelight.api.ports import free_port
 from limelight.core.jobs import JobSpec, JobState
 from limelight.errors import InvalidArgument, NotFound, ResourceExhausted, Unavailable
-from limelight.jobs.redis_backend import RedisJobBackend
+from limelight.jobs.redis_backend import NO_WORKER, RedisJobBackend
 from limelight.jobs.redis_worker import RedisWorker
 from limelight.jobs.runner import JobRunner
 from limelight.metrics import Metrics
@@ -43,6 +43,8 @@ from tests.conftest import RedisAcl
 
 HERE = Path(__file__).parent
 ROOT = HERE.parent.parent
+#: A queued job's message while no worker consumes the queue.
+QUEUED_ALONE = f"queued; {NO_WORKER}"
 
 
 def _settings(url: str, tmp_path: Path, **kw: Any) -> Settings:
@@ -330,7 +332,7 @@ async def test_job_whose_worker_keeps_dying_fails(
     try:
         back = await backend.get(stuck_id)
         assert (back.state, back.attempts) == (JobState.QUEUED, 0)
-        assert back.message == "re-queued: its worker stopped"
+        assert back.message == f"re-queued: its worker stopped; {NO_WORKER}"
     finally:
         await backend.stop(1)
 
@@ -413,3 +415,60 @@ async def test_a_report_racing_a_cancel_keeps_it_cancelling(
             await cancel_during_a_late_report(backend, tmp_path)
     finally:
         await backend.stop(5)
+
+
+@pytest.mark.asyncio
+async def test_a_queued_job_says_when_no_worker_consumes_the_queue(
+    tiny_model: LoadedModel, redis_clean: str, tmp_path: Path
+) -> None:
+    """A sidecar on Redis with no `limelight worker` takes jobs that nothing will run: their
+    status says so (submit, get, list, watch) and ``limelight_job_workers`` counts 0; once a
+    worker consumes the queue, a queued job reads plain "queued" again; a worker that stops
+    leaves at once, one that dies is forgotten when its announcement runs out (Redis's clock)."""
+    settings = _settings(redis_clean, tmp_path, job_reclaim_idle_s=1.5)
+    runner = JobRunner(tiny_model, test_registry(), settings)
+    metrics = Metrics(CollectorRegistry())
+    backend = RedisJobBackend(settings, metrics, runner=runner)
+    backend.depth_interval_s = 0.1
+    release = tmp_path / "release"
+    params = {"release": str(release), "started": str(tmp_path / "started")}
+
+    def workers() -> float:
+        return _sample(metrics, "limelight_job_workers", {"backend": "redis"})
+
+    await backend.start()
+    try:
+        first = await backend.submit(JobSpec(method="block", text="a", params=params))
+        assert first.state is JobState.QUEUED and first.message == QUEUED_ALONE
+        assert workers() == 0
+        assert [j.message for j in await backend.list([JobState.QUEUED], 10)] == [QUEUED_ALONE]
+        watching = backend.watch(first.id)
+        assert isinstance(watching, AsyncGenerator)
+        assert (await anext(watching)).message == QUEUED_ALONE
+
+        worker = RedisWorker(settings, runner, name="w-present")
+        with worker_thread(worker):
+            assert (await wait_state(backend, first.id, {JobState.RUNNING})).attempts == 1
+            await await_until(lambda: workers() == 1)
+            second = await backend.submit(JobSpec(method="block", text="b", params=params))
+            # One worker, busy with the first job (heartbeats announce it): the second waits.
+            assert (second.state, second.message) == (JobState.QUEUED, "queued")
+            touch(release)
+            assert (await wait_state(backend, second.id)).state is JobState.SUCCEEDED
+        await watching.aclose()
+        # A worker that stopped took its name off the set.
+        await await_until(lambda: workers() == 0)
+
+        # A worker that died without leaving stays counted until its announcement runs out.
+        gone = RedisWorker(settings, runner, name="w-killed")
+        gone._announce(due_only=False)
+        await await_until(lambda: workers() == 1)
+        third = await backend.submit(JobSpec(method="block", text="c", params=params))
+        assert third.message == "queued"
+        await await_until(lambda: workers() == 0)
+        assert (await backend.get(third.id)).message == QUEUED_ALONE
+        # The next announcement drops the one that ran out (sidecars only read).
+        RedisWorker(settings, runner, name="w-next")._announce(due_only=False)
+        assert redis.Redis.from_url(redis_clean).zrange("limelight:workers", 0, -1) == [b"w-next"]
+    finally:
+        await backend.stop(1)

@@ -7,6 +7,7 @@ import json
 import logging
 import math
 import os
+import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -173,7 +174,7 @@ class JobProgressBar:
     def show(self, fraction: float, message: str, state: str = "") -> None:
         percent = 100 * fraction if math.isfinite(fraction) else 0.0
         self._bar.n = min(100, max(0, round(percent)))
-        self._bar.set_postfix_str(job_status_line(state, message)[:60], refresh=False)
+        self._bar.set_postfix_str(job_status_line(state, message)[:64], refresh=False)
         self._bar.refresh()
 
     def __enter__(self) -> JobProgressBar:
@@ -184,9 +185,10 @@ class JobProgressBar:
 
 
 def job_status_line(state: str, message: str) -> str:
-    """``state: message``, either alone when the other is empty or says the same."""
+    """``state: message``, either alone when the other is empty or says the same (a message
+    that begins with the state's word, such as "queued; no worker …", says it)."""
     state, message = state.strip(), message.strip()
-    if not state or message.lower() == state.lower():
+    if not state or re.match(rf"{re.escape(state)}\b", message, re.IGNORECASE):
         return message
     return f"{state}: {message}" if message else state
 

@@ -63,6 +63,10 @@ log = logging.getLogger(__name__)
 POOL_SIZE = 100
 #: Longest a call waits for one of them before it is UNAVAILABLE.
 POOL_WAIT_S = 10.0
+#: How long a count of the workers present answers reads of queued jobs.
+WORKERS_FRESH_S = 1.0
+#: Added to a queued job's message while no worker consumes the queue.
+NO_WORKER = "no worker consumes this queue (start `limelight worker`)"
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -121,6 +125,7 @@ class RedisJobBackend(JobBackend):
         self._stopping = False
         self._submit: Any = None
         self._cancel: Any = None
+        self._workers: tuple[int, float] | None = None  # (present, when counted: monotonic)
         self._depth_task: asyncio.Task[None] | None = None
         self._connect_task: asyncio.Task[None] | None = None
         self._events: JobEvents | None = None
@@ -149,6 +154,8 @@ class RedisJobBackend(JobBackend):
             url, max_connections=POOL_SIZE, timeout=POOL_WAIT_S, **options
         )
         self._client = aioredis.Redis.from_pool(pool)
+        self._submit = self._client.register_script(lua("submit"))
+        self._cancel = self._client.register_script(lua("cancel"))
         where = redact_credentials(self.settings.jobs)
         try:
             await self._connect()
@@ -178,8 +185,6 @@ class RedisJobBackend(JobBackend):
                 exc,
             )
             self._connect_task = asyncio.create_task(self._connect_when_reachable(where))
-        self._submit = self._client.register_script(lua("submit"))
-        self._cancel = self._client.register_script(lua("cancel"))
         self._stopping = False
         if self.metrics is not None:
             self._depth_task = asyncio.create_task(self._depth_loop())
@@ -188,6 +193,7 @@ class RedisJobBackend(JobBackend):
         await self.client.ping()
         await self._ensure_group()  # for KEDA's lag before any worker ran
         await self._refresh_depth()
+        await self._workers_present(fresh=True)
         self._queue_up(True)
         try:
             memory_info = await self.client.info("memory")
@@ -225,6 +231,7 @@ class RedisJobBackend(JobBackend):
             await asyncio.sleep(self.depth_interval_s)
             try:
                 await self._refresh_depth()
+                await self._workers_present(fresh=True)
                 # A write: a full or refusing Redis answers reads, but takes no jobs.
                 await self._ensure_group()
             except (redis.RedisError, Unavailable) as exc:
@@ -301,7 +308,36 @@ class RedisJobBackend(JobBackend):
         record = record_from_hash(data)
         if not owned_by(record, owner):
             raise not_found(job_id)
-        return record
+        return await self._noted(record)
+
+    async def _workers_present(self, fresh: bool = False) -> int:
+        """How many workers' announcements (``lua/presence.lua``) still hold, by Redis's clock;
+        a count younger than ``WORKERS_FRESH_S`` is reused unless ``fresh``. Reads only: a full
+        Redis still answers it."""
+        now = time.monotonic()
+        if not fresh and self._workers is not None and now - self._workers[1] < WORKERS_FRESH_S:
+            return self._workers[0]
+        seconds, micros = await self.client.time()
+        clock_ms = int(seconds) * 1000 + int(micros) // 1000
+        present = int(await self.client.zcount(self.keys.workers, clock_ms, "+inf"))
+        self._workers = (present, now)
+        if self.metrics is not None:
+            self.metrics.job_workers.labels(backend="redis").set(present)
+        return present
+
+    async def _noted(self, record: JobRecord) -> JobRecord:
+        """A queued job says so when no worker would take it: the queue works, but nothing
+        consumes it (no `limelight worker` started, or every one gone)."""
+        if record.state is not JobState.QUEUED:
+            return record
+        try:
+            present = await self._workers_present()
+        except redis.RedisError as exc:  # the job's own read succeeded: answer that
+            log.debug("counting the job workers failed: %s", exc)
+            return record
+        if present:
+            return record
+        return replace(record, message=f"{record.message}; {NO_WORKER}".lstrip("; "))
 
     @_redis_call
     async def get(self, job_id: str, owner: str | None = None) -> JobRecord:
@@ -370,7 +406,7 @@ class RedisJobBackend(JobBackend):
                     continue
                 record = record_from_hash(data, with_result=False)
                 if (not wanted or record.state in wanted) and owned_by(record, owner):
-                    out.append(record)
+                    out.append(await self._noted(record))
             job_id, score = batch[-1]
             cursor = JobCursor(float(score), job_id)
             if gone:  # expired jobs: prune the index as we go

@@ -12,6 +12,8 @@ Layout (prefix ``limelight``; one Redis database per deployment, not Redis Clust
 - ``<p>:index``     sorted set of job ids by creation time (for listing; pruned lazily).
 - ``<p>:depth``     queued jobs per method (queue bound and the queue-depth metric).
 - ``<p>:events:<id>`` pub/sub channel: a message on every change (watchers re-read the hash).
+- ``<p>:workers``   sorted set of the workers consuming the stream, each scored with the time
+  (Redis's clock) until which its last announcement holds (``lua/presence.lua``).
 
 Every transition is one Lua script (``lua/*.lua``), so it is atomic with respect to sidecars
 and workers.
@@ -119,6 +121,10 @@ class Keys:
     @property
     def depth(self) -> str:
         return f"{self.prefix}:depth"
+
+    @property
+    def workers(self) -> str:
+        return f"{self.prefix}:workers"
 
 
 def lua(name: str) -> str:

@@ -14,6 +14,7 @@ says what the user needs, and asked again every ``REFUSED_S``: the user may be f
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -85,6 +86,8 @@ class RedisWorker:
         self._progress = self.client.register_script(lua("progress"))
         self._finish = self.client.register_script(lua("finish"))
         self._abandon_script = self.client.register_script(lua("abandon"))
+        self._presence = self.client.register_script(lua("presence"))
+        self._announced = -float("inf")
         self._stop = threading.Event()
         self._abandon = threading.Event()
         self._ready = threading.Event()
@@ -197,6 +200,16 @@ class RedisWorker:
     def _ensure_group(self) -> bool:
         return ensure_group(self.client, self.keys)
 
+    def _announce(self, *, due_only: bool = True) -> None:
+        """Tell sidecars this worker consumes the queue, for ``job_reclaim_idle_s`` (renewed
+        every third of it, idle or busy): a queued job's status then says whether any worker
+        will take it, and ``limelight_job_workers`` counts them."""
+        now = time.monotonic()
+        if due_only and now - self._announced < self.idle_ms / 3000:
+            return
+        self._presence(keys=[self.keys.workers], args=[self.name, self.idle_ms])
+        self._announced = now
+
     # --- the loop ------------------------------------------------------------------------------
 
     def run(self, max_jobs: int | None = None) -> None:
@@ -210,6 +223,7 @@ class RedisWorker:
             if max_jobs is not None and self.jobs_done >= max_jobs:
                 break
             try:
+                self._announce()
                 entry = self._reclaim() or self._read(block_ms)
             except _WAIT_ERRORS as exc:
                 delay = self._unreachable("reading the queue", exc, delay)
@@ -229,6 +243,8 @@ class RedisWorker:
         self._leave_group()
 
     def _leave_group(self) -> None:
+        with contextlib.suppress(redis.RedisError):
+            self.client.zrem(self.keys.workers, self.name)
         try:
             pending = self.client.xpending_range(
                 self.keys.stream, GROUP, min="-", max="+", count=1, consumername=self.name
@@ -319,6 +335,7 @@ class RedisWorker:
             while not beat_stop.wait(interval):
                 try:
                     self.client.xclaim(keys.stream, GROUP, self.name, 0, [entry], justid=True)
+                    self._announce(due_only=False)
                 except redis.RedisError as exc:
                     if not failing:
                         log.warning("worker %s: heartbeat failed: %s", self.name, exc)

@@ -443,6 +443,8 @@ class SqliteJobBackend(JobBackend):
                 )
                 thread.start()
                 self._threads.append(thread)
+            if self.metrics is not None:
+                self.metrics.job_workers.labels(backend="sqlite").set(len(self._threads))
 
     async def stop(self, grace_s: float) -> None:
         self._stopping.set()

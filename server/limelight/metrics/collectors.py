@@ -165,6 +165,15 @@ class Metrics:
             multiprocess_mode="livemax",
             registry=r,
         )
+        self.job_workers = Gauge(
+            "limelight_job_workers",
+            "Job workers consuming the queue: the embedded backend's threads, or the `limelight "
+            "worker` processes that announced themselves to Redis within the last "
+            "job_reclaim_idle_s (no series without a job queue).",
+            ["backend"],
+            multiprocess_mode="livemax",
+            registry=r,
+        )
         self.job_wait = Histogram(
             "limelight_job_wait_seconds",
             "Time from submission to start, by method.",
