@@ -448,6 +448,19 @@ class JobHandleBase(Generic[ClientT]):
             f"progress={self._info.progress:.2f})"
         )
 
+    def _not_finished(self, timeout: float | None) -> TimeoutError:
+        """``result``'s time-out, saying where the job stood when it ran out (a job still
+        queued because no worker consumes the queue says so in its message)."""
+        info = self._info
+        state = info.state.name.lower()
+        message = info.message.strip()
+        if not message or message.lower().startswith(state):
+            where = message or state
+        else:
+            where = f"{state}: {message}"
+        after = "in time" if timeout is None else f"after {timeout:g} s"
+        return TimeoutError(f"job {self.id} not finished {after} ({where}, {info.progress:.0%})")
+
 
 ChannelT = TypeVar("ChannelT", grpc.Channel, grpc.aio.Channel)
 

@@ -689,7 +689,7 @@ class AsyncJob(JobHandleBase["AsyncClient"]):
             async for _ in self.watch(timeout):
                 pass
         except DeadlineExceeded as exc:
-            raise TimeoutError(f"job {self.id} not finished after {timeout} s") from exc
+            raise self._not_finished(timeout) from exc
         if self._info.state == JobState.SUCCEEDED and self._info.result is None:
             await self.refresh()
         return job_outcome(self._info)

@@ -865,7 +865,7 @@ class Job(JobHandleBase["Client"]):
             for _ in self.watch(timeout):
                 pass
         except DeadlineExceeded as exc:
-            raise TimeoutError(f"job {self.id} not finished after {timeout} s") from exc
+            raise self._not_finished(timeout) from exc
         if self._info.state == JobState.SUCCEEDED and self._info.result is None:
             self.refresh()  # the watch stream may leave the (large) result out
         return job_outcome(self._info)

@@ -975,10 +975,12 @@ def test_cancel_and_result_raises_cancelled(scripted: ScriptedServer) -> None:
 def test_result_timeout(scripted: ScriptedServer) -> None:
     with client_for(scripted) as c:
         job = c.submit(TEXT, "hang")
-        with pytest.raises(TimeoutError):
+        with pytest.raises(TimeoutError) as raised:
             # Long enough for the watch to bring QUEUED and then RUNNING on a busy machine.
             job.result(timeout=1.0)
         assert job.state is JobState.RUNNING
+        # Where the job stood when the time ran out.
+        assert str(raised.value) == f"job {job.id} not finished after 1 s (running, 10%)"
         job.cancel()
 
 

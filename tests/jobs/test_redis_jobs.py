@@ -389,8 +389,12 @@ def test_sidecar_enqueues_and_workers_run(
                 client.submit(text, "integrated_gradients", steps=8)
                 for text in ("a moving , funny film", "dull and far too long")
             ]
-            # No worker yet: the sidecar itself runs nothing.
+            # No worker yet: the sidecar itself runs nothing, and says so.
             assert all(j.refresh().state == ClientState.QUEUED for j in jobs)
+            assert jobs[0].info.message == QUEUED_ALONE
+            with pytest.raises(TimeoutError) as raised:
+                jobs[0].result(timeout=0.5)
+            assert str(raised.value).endswith(f"not finished after 0.5 s ({QUEUED_ALONE}, 0%)")
             worker = _worker_proc(redis_queue, bert_tiny_dir, tmp_path)
             results = [j.result(timeout=600) for j in jobs]
             assert all(len(r.scores) == len(r.tokens) for r in results)
