@@ -27,7 +27,7 @@ def test_job_status_line(state: str, message: str, line: str) -> None:
 
 
 def test_job_bar_shows_percent_and_stage_without_a_rate(capsys: pytest.CaptureFixture[str]) -> None:
-    with JobProgressBar("shapley 1234abcd") as bar:
+    with JobProgressBar("shapley 1234abcd", tty=True) as bar:
         bar.show(float("nan"), "starting", "running")  # not a number: shown as 0 %
         bar.show(0.5, "8/16 permutations", "running")
         bar.show(1.5, "done", "succeeded")  # clamped: never past 100 %
@@ -35,6 +35,31 @@ def test_job_bar_shows_percent_and_stage_without_a_rate(capsys: pytest.CaptureFi
     assert last.startswith("shapley 1234abcd: 100%|")
     assert last.endswith("succeeded: done")
     assert "/s" not in last
+
+
+def test_job_progress_off_a_terminal_is_one_line_per_state(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Redirected (a log, CI), no bar frames: a line when the state changes."""
+    with JobProgressBar("slalom 1f2e3d4c") as bar:  # capsys: standard error is no terminal
+        bar.show(0.0, "queued; no worker consumes this queue", "queued")
+        bar.show(0.0, "queued; no worker consumes this queue", "queued")
+        for epoch in range(1, 4):
+            bar.show(epoch / 3, f"fitting SLALOM: epoch {epoch}/3", "running")
+        bar.show(1.0, "done", "succeeded")
+    assert capsys.readouterr().err.splitlines() == [
+        "slalom 1f2e3d4c: queued; no worker consumes this queue",
+        "slalom 1f2e3d4c: running: fitting SLALOM: epoch 1/3",
+        "slalom 1f2e3d4c: succeeded: done",
+    ]
+    # A run in this process has no states: its first stage and its last.
+    with JobProgressBar("lrp") as bar:
+        for step in ("starting", "layer 1/2", "layer 2/2", "done"):
+            bar.show(0.5, step)
+    assert capsys.readouterr().err.splitlines() == ["lrp: starting", "lrp: done"]
+    with JobProgressBar("lrp", quiet=True) as bar:
+        bar.show(0.5, "starting", "running")
+    assert capsys.readouterr().err == ""
 
 
 def _explained(words: list[str], scores: list[float]) -> Explanation:

@@ -130,7 +130,11 @@ def test_a_job_method_is_submitted_followed_and_shown(sidecar: RunningSidecar) -
     assert "\x1b[48;2;" in page.stdout and re.search(
         r"^for \w+: \"[^\"]*\"( \(\w+ of \d+\))? [+-][\d.]+$", page.stdout, re.M
     )
-    assert "%/s" not in watched.stderr  # the bar shows percent and time, not a rate
+    # Piped, the progress is one line per state, not a bar's redrawn frames.
+    assert "\r" not in watched.stderr and "%/s" not in watched.stderr
+    assert (
+        watched.stderr.splitlines()[-1] == f"integrated_gradients {job['id'][:8]}: succeeded: done"
+    )
     shown = json.loads(limelight("jobs", "show", job["id"], "--json", *target).stdout)
     assert shown["id"] == job["id"] and shown["state"] == "SUCCEEDED"
     late = limelight("jobs", "cancel", job["id"], *target)

@@ -159,29 +159,55 @@ def parse_params(items: list[str]) -> dict[str, Any]:
 class JobProgressBar:
     """A job's progress as one terminal line: percent, elapsed time, and the job's state with
     its stage ("running: 16/32 path points"). A rate such as tqdm's "%/s" means nothing for a
-    job, so the line shows none."""
+    job, so the line shows none.
 
-    def __init__(self, description: str, quiet: bool = False) -> None:
+    Standard error redirected to a file or a pipe (a log, CI) gets no redrawn bar, whose every
+    frame would land in it, but one plain line per state (``slalom 1f2e3d4c: queued; no worker
+    …``, ``… running: fitting SLALOM: epoch 1/300``, ``… succeeded: done``). ``tty`` decides
+    otherwise (default: whether standard error is a terminal)."""
+
+    def __init__(self, description: str, quiet: bool = False, tty: bool | None = None) -> None:
         from tqdm import tqdm
 
-        self._bar = tqdm(
-            total=100,
-            desc=description,
-            disable=quiet,
-            bar_format="{desc}: {percentage:3.0f}%|{bar}| {elapsed}{postfix}",
-        )
+        self._description = description
+        self._quiet = quiet
+        self._state: str | None = None
+        self._last = self._printed = ""
+        self._bar: Any = None
+        if not quiet and (sys.stderr.isatty() if tty is None else tty):
+            self._bar = tqdm(
+                total=100,
+                desc=description,
+                file=sys.stderr,
+                bar_format="{desc}: {percentage:3.0f}%|{bar}| {elapsed}{postfix}",
+            )
 
     def show(self, fraction: float, message: str, state: str = "") -> None:
+        line = job_status_line(state, message)
+        if self._bar is None:
+            self._last = line
+            if state != self._state:
+                self._state = state
+                self._print(line)
+            return
         percent = 100 * fraction if math.isfinite(fraction) else 0.0
         self._bar.n = min(100, max(0, round(percent)))
-        self._bar.set_postfix_str(job_status_line(state, message)[:64], refresh=False)
+        self._bar.set_postfix_str(line[:64], refresh=False)
         self._bar.refresh()
 
     def __enter__(self) -> JobProgressBar:
         return self
 
+    def _print(self, line: str) -> None:
+        if not self._quiet and line:
+            self._printed = line
+            print(f"{self._description}: {line}", file=sys.stderr, flush=True)
+
     def __exit__(self, *exc: object) -> None:
-        self._bar.close()
+        if self._bar is not None:
+            self._bar.close()
+        elif self._last != self._printed:  # a local run has no states: its last stage
+            self._print(self._last)
 
 
 def job_status_line(state: str, message: str) -> str:
