@@ -69,3 +69,19 @@ def test_a_graph_beside_the_model_is_served_without_pinning_it(
     assert printed.rstrip().endswith(
         f"serve it with: limelight serve --model {model} --runtime onnx"
     )
+
+
+def test_a_demo_exported_by_name_is_served_by_name(
+    bert_tiny_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The printed command names the demo (`--demo bert-tiny`), not its cache directory: served
+    by directory, a demo loses what its name brings (its base checkpoint's LM head)."""
+    out = tmp_path / "g.onnx"
+    cache = bert_tiny_dir.parent.parent
+    argv = ["export-onnx", "--demo", "bert-tiny", "--cache-dir", str(cache), "--out", str(out)]
+    assert main(argv) == 0
+    printed = capsys.readouterr().out
+    assert printed.rstrip().endswith(
+        f"serve it with: limelight serve --demo bert-tiny --cache-dir {cache} --runtime onnx "
+        f"--onnx-path {out}"
+    )

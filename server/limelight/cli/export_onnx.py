@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 
 from limelight.cli.common import add_model_args, settings_from_args, setup_logging
+from limelight.settings import Settings
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -73,6 +74,16 @@ def _mean(values: list[float]) -> float:
     return float(np.nanmean(values)) if values else float("nan")
 
 
+def _which_model(args: argparse.Namespace, settings: Settings, directory: Path) -> str:
+    """How ``serve`` names the exported model: a demo by its name (served so, it keeps what a
+    demo brings, such as its base checkpoint's LM head for Decoded Grad-CAM), else its
+    directory."""
+    if settings.model_dir is not None:
+        return f"--model {directory}"
+    named = f"--demo {settings.demo_model}"
+    return named + (f" --cache-dir {args.cache_dir}" if args.cache_dir is not None else "")
+
+
 def run(args: argparse.Namespace) -> int:
     settings = settings_from_args(args)
     setup_logging(settings.log_level)
@@ -102,7 +113,7 @@ def run(args: argparse.Namespace) -> int:
         for name in heads:
             value = report[f"mean_spearman_{name}"]
             print(f"  Spearman of the {name} head vs fp32: {value:.3f}")
-    serve = f"limelight serve --model {model.directory} --runtime onnx"
+    serve = f"limelight serve {_which_model(args, settings, model.directory)} --runtime onnx"
     if out.resolve() == (model.directory / DEFAULT_GRAPH).resolve():
         # found beside the model without --onnx-path, which would pin it: a head written
         # later is then exported and served by the sidecar itself
