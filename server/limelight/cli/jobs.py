@@ -90,6 +90,12 @@ def format_table(rows: list[list[str]], header: list[str]) -> str:
     return "\n".join(lines)
 
 
+def _clip(text: str, width: int) -> str:
+    """``text`` on one table cell: cut to ``width`` characters, an ellipsis saying so."""
+    text = " ".join(text.split())
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
 def jobs_table(infos: list[Any]) -> str:
     rows = [
         [
@@ -100,7 +106,7 @@ def jobs_table(infos: list[Any]) -> str:
             str(info.attempts),
             _when(info.created_at),
             _duration(info),
-            (info.error or info.message)[:60],
+            _clip(info.error or info.message, 64),
         ]
         for info in infos
     ]
