@@ -6,6 +6,7 @@ import json
 import os
 import pty
 import re
+import signal
 import subprocess
 import sys
 import threading
@@ -357,3 +358,36 @@ def test_explain_lines_ends_when_the_server_stops_answering(
     assert out.returncode == 1
     assert out.stdout == ""
     assert "deadline" in out.stderr.lower(), out.stderr
+
+
+def test_an_interrupted_wait_says_the_job_goes_on(sidecar: RunningSidecar) -> None:
+    """Ctrl-C on `explain --wait` ends the CLI (status 130), not the job, which lives in the
+    sidecar: the CLI says so, with the commands that follow or cancel it."""
+    argv = [sys.executable, "-m", "limelight.cli.main", "explain", "a gorgeous movie"]
+    argv += ["--method", "slalom", "--param", "epochs=10000", "--wait"]
+    argv += ["--target", sidecar.target]
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    watchdog = threading.Timer(300, proc.kill)
+    watchdog.start()
+    try:
+        assert proc.stderr is not None
+        seen = []
+        for line in proc.stderr:  # one line per state off a terminal
+            seen.append(line)
+            if ": running" in line:
+                break
+        job_id = re.search(r"\s([0-9a-f]{8}):", seen[0])
+        assert job_id is not None, seen
+        proc.send_signal(signal.SIGINT)
+        rest = proc.stderr.read()
+        assert proc.wait() == 130
+    finally:
+        watchdog.cancel()
+        proc.kill()
+    said = re.search(r"interrupted: job ([0-9a-f]{32}) is still running on the sidecar", rest)
+    assert said is not None, rest
+    full = said.group(1)
+    assert full.startswith(job_id.group(1))
+    assert f"`limelight jobs cancel {full}`" in rest and "Traceback" not in rest
+    stopped = limelight("jobs", "cancel", full, "--target", sidecar.target)
+    assert stopped.returncode == 0, stopped.stderr

@@ -220,10 +220,20 @@ def job_status_line(state: str, message: str) -> str:
 
 
 def follow_job(job: Any, quiet: bool = False) -> None:
-    """Watch an SDK job with a progress bar until it ends."""
-    with JobProgressBar(f"{job.info.method} {job.id[:8]}", quiet) as bar:
-        for info in job.watch():
-            bar.show(info.progress, info.message, info.state.name.lower())
+    """Watch an SDK job with a progress bar until it ends. Interrupted (Ctrl-C), it says that
+    the job goes on and how to find or cancel it: the job lives in the sidecar, not here."""
+    try:
+        with JobProgressBar(f"{job.info.method} {job.id[:8]}", quiet) as bar:
+            for info in job.watch():
+                bar.show(info.progress, info.message, info.state.name.lower())
+    except KeyboardInterrupt:
+        state = job.info.state.name.lower()
+        print(
+            f"\ninterrupted: job {job.id} is still {state} on the sidecar; follow it with "
+            f"`limelight jobs watch {job.id}`, or stop it with `limelight jobs cancel {job.id}`",
+            file=sys.stderr,
+        )
+        raise
 
 
 def top_token_lines(explanation: Any, k: int) -> list[str]:
