@@ -452,12 +452,19 @@ async def test_a_queued_job_says_when_no_worker_consumes_the_queue(
 
         worker = RedisWorker(settings, runner, name="w-present")
         with worker_thread(worker):
-            assert (await wait_state(backend, first.id, {JobState.RUNNING})).attempts == 1
-            await await_until(lambda: workers() == 1)
-            second = await backend.submit(JobSpec(method="block", text="b", params=params))
-            # One worker, busy with the first job (heartbeats announce it): the second waits.
-            assert (second.state, second.message) == (JobState.QUEUED, "queued")
-            touch(release)
+            try:
+                assert (await wait_state(backend, first.id, {JobState.RUNNING})).attempts == 1
+                await await_until(lambda: workers() == 1)
+                second = await backend.submit(JobSpec(method="block", text="b", params=params))
+                # One worker, busy with the first job (heartbeats announce it): the second
+                # waits, and says so.
+                assert (second.state, second.message) == (JobState.QUEUED, "queued")
+                # Still counted while its job outlasts an announcement (1.5 s) twice over.
+                await asyncio.sleep(3.5)
+                assert workers() == 1
+                assert (await backend.get(second.id)).message == "queued"
+            finally:  # a failure above must not leave the worker's job blocking its stop
+                touch(release)
             assert (await wait_state(backend, second.id)).state is JobState.SUCCEEDED
         await watching.aclose()
         # A worker that stopped took its name off the set.
