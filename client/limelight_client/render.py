@@ -184,7 +184,10 @@ def _resolve(exp: Explanation, scores: str | Sequence[str] | None) -> list[str]:
 def _color_enabled(color: bool | None) -> bool:
     if color is not None:
         return color
-    # https://no-color.org: set and non-empty disables colour.
+    # As the CLI reads them: FORCE_COLOR (force-color.org) wins over NO_COLOR (no-color.org),
+    # each counting when set and not empty.
+    if os.environ.get("FORCE_COLOR"):
+        return True
     return not os.environ.get("NO_COLOR")
 
 
@@ -209,8 +212,8 @@ def to_terminal(
 ) -> str:
     """Render ``exp`` as a heat-map for a terminal.
 
-    With colour: ANSI truecolor backgrounds per token. Without (``NO_COLOR`` set, or
-    ``color=False``): plain text with each token's score in brackets after it. Several score
+    With colour: ANSI truecolor backgrounds per token. Without (``NO_COLOR`` set and
+    ``FORCE_COLOR`` not, or ``color=False``): plain text with each token's score in brackets after it. Several score
     arrays (e.g. ``["scores", "importance"]`` for SLALOM) give one map each under one header.
     """
     use_color = _color_enabled(color)

@@ -94,6 +94,7 @@ def test_terminal_color(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_terminal_no_color(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("FORCE_COLOR", raising=False)
     monkeypatch.setenv("NO_COLOR", "1")
     exp = wordpiece_explanation()
     out = exp.to_terminal()
@@ -107,6 +108,15 @@ def test_terminal_color_argument_overrides_env(monkeypatch: pytest.MonkeyPatch) 
     assert "\x1b[48;2;" in wordpiece_explanation().to_terminal(color=True)
     monkeypatch.setenv("NO_COLOR", "")  # empty means unset (no-color.org)
     assert "\x1b[48;2;" in wordpiece_explanation().to_terminal()
+
+
+def test_force_color_wins_over_no_color_as_in_the_cli(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("NO_COLOR", "1")
+    monkeypatch.setenv("FORCE_COLOR", "1")
+    assert "\x1b[48;2;" in wordpiece_explanation().to_terminal()
+    assert "\x1b[" not in wordpiece_explanation().to_terminal(color=False)
+    monkeypatch.setenv("FORCE_COLOR", "")  # empty means unset
+    assert "\x1b[" not in wordpiece_explanation().to_terminal()
 
 
 def test_terminal_neutralises_control_characters(response_factory: Factory) -> None:
