@@ -213,8 +213,9 @@ def to_terminal(
     """Render ``exp`` as a heat-map for a terminal.
 
     With colour: ANSI truecolor backgrounds per token. Without (``NO_COLOR`` set and
-    ``FORCE_COLOR`` not, or ``color=False``): plain text with each token's score in brackets after it. Several score
-    arrays (e.g. ``["scores", "importance"]`` for SLALOM) give one map each under one header.
+    ``FORCE_COLOR`` not, or ``color=False``): plain text with each token's score in brackets
+    after it. Several score arrays (e.g. ``["scores", "importance"]`` for SLALOM) give one map
+    each under one header.
     """
     use_color = _color_enabled(color)
     names = _resolve(exp, scores)

@@ -442,8 +442,9 @@ class Explanation(_Shape):
         self, scores: str | Sequence[str] = TARGET_SCORES, color: bool | None = None
     ) -> str:
         """A heat-map of the text for a terminal (ANSI truecolor; plain text with bracketed
-        scores when ``NO_COLOR`` is set and ``FORCE_COLOR`` is not, or ``color=False``); several named score arrays give
-        one map each under one header, e.g. ``["scores", "importance"]`` for SLALOM."""
+        scores when ``NO_COLOR`` is set and ``FORCE_COLOR`` is not, or ``color=False``);
+        several named score arrays give one map each under one header, e.g. ``["scores",
+        "importance"]`` for SLALOM."""
         return render.to_terminal(self, scores=scores, color=color)
 
 
