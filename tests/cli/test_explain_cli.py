@@ -366,17 +366,22 @@ def test_an_interrupted_wait_says_the_job_goes_on(sidecar: RunningSidecar) -> No
     argv = [sys.executable, "-m", "limelight.cli.main", "explain", "a gorgeous movie"]
     argv += ["--method", "slalom", "--param", "epochs=10000", "--wait"]
     argv += ["--target", sidecar.target]
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    # As at a terminal: a suite run in the background or by pytest-xdist's workers ignores
+    # SIGINT, and a child that inherits that never sees Ctrl-C (exec keeps ignored signals).
+    inherited = signal.signal(signal.SIGINT, signal.SIG_DFL)
+    try:
+        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    finally:
+        signal.signal(signal.SIGINT, inherited)
     watchdog = threading.Timer(300, proc.kill)
     watchdog.start()
     try:
         assert proc.stderr is not None
-        seen = []
+        seen, job_id = [], None
         for line in proc.stderr:  # one line per state off a terminal
             seen.append(line)
-            if ": running" in line:
+            if job_id := re.match(r"slalom ([0-9a-f]{8}): running", line):
                 break
-        job_id = re.search(r"\s([0-9a-f]{8}):", seen[0])
         assert job_id is not None, seen
         proc.send_signal(signal.SIGINT)
         rest = proc.stderr.read()
