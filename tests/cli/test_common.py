@@ -100,6 +100,7 @@ def test_top_tokens_of_a_method_without_negative_scores() -> None:
         "for fresh: none",
         'against fresh: "a" -0.500',
     ]
+    assert top_token_lines(_explained(["a"], [-0.5]), 0) == []  # --top 0: the heat-map alone
 
 
 def test_a_token_text_that_occurs_more_than_once_says_which_occurrence() -> None:

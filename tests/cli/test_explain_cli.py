@@ -156,7 +156,7 @@ def test_bad_input_exits_non_zero_with_a_clear_message(sidecar: RunningSidecar) 
     assert jobs.returncode == 1 and "cannot reach a sidecar at 127.0.0.1:1" in jobs.stderr
     unknown = limelight("explain", "fine", "--method", "nope", "--target", sidecar.target)
     assert unknown.returncode == 1
-    assert unknown.stderr.startswith("error: unknown method 'nope'; offered: ")
+    assert unknown.stderr.startswith("limelight explain: error: unknown method 'nope'; offered: ")
     assert "normxlogit" in unknown.stderr and "KeyError" not in unknown.stderr
 
 
@@ -230,7 +230,7 @@ def test_explain_lines_local_matches_server(
     failed = limelight("explain", "--lines", str(path), "--local", "--model", str(bert_tiny_dir))
     assert failed.returncode == 1
     assert [json.loads(line)["line"] for line in failed.stdout.splitlines()] == [1, 3]
-    assert failed.stderr.strip().splitlines()[-1].startswith("error: line 4: ")
+    assert failed.stderr.strip().splitlines()[-1].startswith("limelight explain: error: line 4: ")
     job = limelight(
         "explain", "--lines", str(path), "--local", "--model", str(bert_tiny_dir), "--method", "lrp"
     )  # fmt: skip
@@ -264,7 +264,7 @@ def test_explain_lines_keep_going(
     # Without it the first failure ends the run, naming its line.
     stopped = limelight("explain", "--lines", str(path), "--target", sidecar.target)
     assert stopped.returncode == 1
-    assert stopped.stderr.strip().splitlines()[-1].startswith("error: line 3: ")
+    assert stopped.stderr.strip().splitlines()[-1].startswith("limelight explain: error: line 3: ")
 
 
 def test_explain_lines_answers_piped_lines_as_they_come(sidecar: RunningSidecar) -> None:
@@ -302,15 +302,18 @@ def test_explain_lines_names_the_line_that_failed(sidecar: RunningSidecar, tmp_p
                     "--target", sidecar.target)  # fmt: skip
     assert out.returncode == 1
     assert [json.loads(line)["line"] for line in out.stdout.splitlines()] == [1, 3]
-    assert out.stderr.strip().splitlines()[-1].startswith("error: line 4: ")
+    assert out.stderr.strip().splitlines()[-1].startswith("limelight explain: error: line 4: ")
     assert "20000" in out.stderr.replace(",", "") and "2 line(s) explained before it" in out.stderr
     wrong = limelight("explain", "--lines", str(path), "--class", "meh", "--target", sidecar.target)
-    assert wrong.returncode == 1 and "error: line 1: unknown label 'meh'" in wrong.stderr
+    assert (
+        wrong.returncode == 1
+        and "limelight explain: error: line 1: unknown label 'meh'" in wrong.stderr
+    )
     job = limelight("explain", "--lines", str(path), "--method", "lrp", "--target", sidecar.target)
     assert job.returncode == 2 and "inline methods" in job.stderr
     for bad in (["x", "--lines", str(path)], ["--lines", str(tmp_path / "missing.txt")]):
         refused = limelight("explain", *bad, "--target", sidecar.target)
-        assert refused.returncode == 2 and refused.stderr.startswith("error: ")
+        assert refused.returncode == 2 and refused.stderr.startswith("limelight explain: error: ")
 
 
 @pytest.mark.parametrize("texts_per_call", ["16", "1"], ids=["calls", "streams"])

@@ -269,14 +269,39 @@ def test_unreadable_tls_files(
         ("explain", "some text", "--local"),
         ("calibrate-heads",),
         ("fit-lm-head",),
+        ("drift-reference", "build"),
+        ("eval", "--methods", "normxlogit"),
+        ("distill",),
+        ("lexicon",),
     ],
 )
 def test_every_command_reports_a_missing_model_in_one_line(
     capsys: pytest.CaptureFixture[str], command: tuple[str, ...], tmp_path: Path
 ) -> None:
     status, line = run_main(capsys, *command, "--model", str(tmp_path / "gone"))
-    assert status != 0
+    assert status == EXIT_FAILURE
+    name = " ".join(c for c in command[:2] if not c.startswith("-") and " " not in c)
+    assert line.startswith(f"limelight {name}: error: model directory"), line
     assert "does not exist" in line
+
+
+def test_errors_a_command_finds_itself_read_like_every_other(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """Errors a command reports itself take the form of those main() and argparse report."""
+    empty = tmp_path / "empty.txt"
+    empty.write_text("\n", encoding="utf-8")
+    status, line = run_main(capsys, "drift-reference", "build", "--data", str(empty))
+    assert status == EXIT_USAGE
+    assert line == f"limelight drift-reference build: error: no texts in {empty}"
+    status, line = run_main(capsys, "explain")
+    assert (status, line) == (
+        EXIT_USAGE,
+        "limelight explain: error: give either a TEXT or --lines FILE",
+    )
+    status, line = run_main(capsys, "explain", "--lines", str(tmp_path / "none.txt"))
+    assert status == EXIT_USAGE
+    assert line.startswith(f"limelight explain: error: cannot read {tmp_path / 'none.txt'}: ")
 
 
 @pytest.mark.parametrize(

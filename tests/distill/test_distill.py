@@ -20,6 +20,7 @@ from limelight.distill.build import (
     HeadRecipe,
     build_head,
     head_is_current,
+    report,
     restore_head,
     shelve_head,
     shelved_head_dir,
@@ -43,6 +44,7 @@ from limelight.models.explainer_head import (
     CARD_FORMAT,
     ExplainerHead,
     FrozenHead,
+    HeadCard,
     head_dir,
     load_head,
     new_head,
@@ -421,8 +423,30 @@ def test_distill_cli_mix_flag(
     assert card is not None and card.attention_heads == 0
     assert new_head(card).context is None
     assert card.parameters == sum(p.numel() for p in new_head(card).parameters())
-    assert main([*base, "--attention-heads", "-1"]) == 2
-    capsys.readouterr()
+    with pytest.raises(SystemExit) as refused:  # argparse: a negative count never parses
+        main([*base, "--attention-heads", "-1"])
+    assert refused.value.code == 2
+    assert "argument --attention-heads: must be at least 0" in capsys.readouterr().err
+
+
+def test_the_report_warns_of_a_head_below_normxlogit_and_of_no_validation() -> None:
+    card = HeadCard(
+        model_version="v", layers=[0], hidden_size=8, num_labels=2, width=8, teacher="shapley",
+        train_texts=10, parameters=100,
+    )  # fmt: skip
+    assert "not validated: no held-out texts" in report(card)
+    measured = {
+        "texts": 6.0, "deletion_aopc_head": 0.2, "deletion_aopc_head_se": 0.01,
+        "deletion_aopc_teacher": 0.3, "deletion_aopc_teacher_se": 0.01,
+        "deletion_aopc_normxlogit": 0.25, "deletion_aopc_normxlogit_se": 0.01,
+        "spearman_vs_teacher": 0.5, "deletion_aopc_head_minus_normxlogit": -0.05,
+    }  # fmt: skip
+    worse = report(replace(card, validation=measured))
+    assert "head 0.200 ± 0.010" in worse and "WARNING: the head is not more faithful" in worse
+    better = report(
+        replace(card, validation={**measured, "deletion_aopc_head_minus_normxlogit": 0.1})
+    )
+    assert "WARNING" not in better and "not validated" not in better
 
 
 def test_a_per_token_head_reads_no_neighbour_and_exports_to_onnx(
@@ -507,7 +531,8 @@ def test_distill_cli_loop_texts_and_reward(
     `--loop-points` how many points of them a step reads, `--loop-samples` how many orders,
     `--loop-average` the decay of the weight average it leaves, `--read-precision` the
     precision of the labels' and rewards' reads. The loop's options are part of the recipe
-    only when there is a loop; bad values are refused before any label is computed."""
+    only when there is a loop; bad values are refused before any label is computed (out-of-range
+    numbers where argparse reads them: tests/cli/test_argument_ranges.py)."""
     from limelight.cli.main import main
 
     data = texts_file(tmp_path, 30, seed=8)
@@ -518,7 +543,6 @@ def test_distill_cli_loop_texts_and_reward(
     for bad, message in [
         (["--loop-steps", "2", "--loop-reward", "mask+nonsense"], "unknown loop reward"),
         (["--loop-steps", "2", "--loop-points", "6"], "--loop-points 6: 1 to 5"),
-        (["--loop-steps", "2", "--loop-samples", "0"], "--loop-samples 0: at least 1"),
         (["--loop-steps", "2", "--loop-average", "1"], "--loop-average 1.0: 0 (off) or a decay"),
         (["--loop-texts", "5"], "--loop-texts trains the policy loop"),
         (

@@ -10,6 +10,7 @@ import pytest
 
 from limelight.cli import eval as eval_cli
 from limelight.cli.eval import parse_label_map, parse_params
+from limelight.errors import InvalidArgument
 from tests.evaluation.conftest import TriggerSetup
 
 
@@ -20,7 +21,7 @@ def test_parse_params_and_label_map() -> None:
         "x": {"s": "abc"},
     }
     assert parse_label_map("negative=neg, neutral=none") == {"negative": "neg", "neutral": "none"}
-    with pytest.raises(SystemExit):
+    with pytest.raises(InvalidArgument, match=r"METHOD\.KEY=VALUE"):
         parse_params(["steps=8"])
 
 
@@ -45,7 +46,7 @@ def test_eval_command_writes_table_json_and_plot(
             "--data",
             str(data),
             "--methods",
-            "normxlogit,grad_x_input,decoded_gradcam,random,nosuch",
+            "normxlogit,grad_x_input,decoded_gradcam,random",
             "--n",
             "8",
             "--fractions",
@@ -64,7 +65,6 @@ def test_eval_command_writes_table_json_and_plot(
     methods = {m["name"]: m for m in report["methods"]}
     assert methods["decoded_gradcam"]["status"] == "skipped"
     assert "LM head" in methods["decoded_gradcam"]["reason"]
-    assert methods["nosuch"]["status"] == "skipped"
     assert report["accuracy"] == 1.0
     for name in ("normxlogit", "grad_x_input", "random"):
         m = methods[name]
@@ -79,3 +79,28 @@ def test_eval_command_writes_table_json_and_plot(
     assert "| normxlogit |" in table and "decoded_gradcam" in table
     assert (out / "eval.png").stat().st_size > 10_000
     assert "wrote" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("flags", "said"),
+    [
+        (["--methods", "normxlogit,nosuch"], "--methods: unknown 'nosuch' (known: "),
+        (["--methods", " , "], "--methods: give at least one method"),
+        (
+            ["--methods", "normxlogit", "--params", "integrated_gradients.steps=8"],
+            "--params for 'integrated_gradients', which --methods does not evaluate",
+        ),
+        (["--params", "steps=8"], "--params expects METHOD.KEY=VALUE"),
+    ],
+)
+def test_eval_refuses_unknown_methods_before_the_model_loads(
+    flags: list[str], said: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from limelight.cli.main import main
+
+    # No model is at --model: a command that got as far as loading one would say so instead.
+    missing = tmp_path / "no-model-here"
+    assert main(["eval", "--model", str(missing), *flags, "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("limelight eval: error: ") and said in err, err
+    assert not (tmp_path / "o").exists()

@@ -15,7 +15,8 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from limelight.cli.common import add_model_args, settings_from_args
+from limelight.cli.common import add_model_args, real, settings_from_args, whole
+from limelight.errors import InvalidArgument
 
 SECTIONS = ("inline", "served", "mix", "jobs")
 
@@ -38,7 +39,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     p.add_argument(
         "--channels",
-        type=int,
+        type=whole(1),
         default=None,
         help="gRPC channels (connections) the load generator spreads its clients over "
         "(default: 1, or 8 with --workers above 1: one channel reaches one worker)",
@@ -89,13 +90,18 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     p.add_argument(
         "--texts-per-call",
-        type=int,
+        type=whole(1),
         default=16,
         help="--rpc batch: texts in each ExplainBatch call (each counts as a request)",
     )
-    p.add_argument("--duration", type=float, default=10.0, help="seconds measured per load point")
     p.add_argument(
-        "--load-warmup", type=float, default=2.0, help="seconds of load before measuring"
+        "--duration",
+        type=real(0.0, above=True),
+        default=10.0,
+        help="seconds measured per load point",
+    )
+    p.add_argument(
+        "--load-warmup", type=real(0.0), default=2.0, help="seconds of load before measuring"
     )
     p.add_argument(
         "--mix",
@@ -103,7 +109,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="mixed-length load: SHORT+LONG concurrent clients, e.g. 8+4 ('' to skip)",
     )
     p.add_argument(
-        "--long-chars", type=int, default=20_000, help="characters of each long text in --mix"
+        "--long-chars", type=whole(1), default=20_000, help="characters of each long text in --mix"
     )
     p.add_argument(
         "--sections",
@@ -195,7 +201,7 @@ def _run(args: argparse.Namespace, work: Path) -> int:
     sections = {s for s in args.sections.split(",") if s}
     unknown = sections - set(SECTIONS)
     if unknown:
-        raise SystemExit(f"unknown --sections {','.join(sorted(unknown))}; use {SECTIONS}")
+        raise InvalidArgument(f"unknown --sections {','.join(sorted(unknown))}; use {SECTIONS}")
     settings = settings_from_args(args, jobs="off", drift_enabled=False)
     model = load_served_model(settings)
     prepare_lexicon(settings, model)  # as the server will at start-up, before it is measured
@@ -229,7 +235,7 @@ def _run(args: argparse.Namespace, work: Path) -> int:
         )
     )
     if not isinstance(default_inline, InlineMethod):
-        raise SystemExit(f"--default-method {default_inline.name} is not an inline method")
+        raise InvalidArgument(f"--default-method {default_inline.name} is not an inline method")
     args.out.mkdir(parents=True, exist_ok=True)
     report = [f"model: {model.name} ({model.architecture}, version {model.version})"]
     report.append(f"machine: {b.machine()}")

@@ -8,6 +8,8 @@ import time
 from pathlib import Path
 from typing import cast
 
+from limelight.cli.common import whole
+
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add the ``build-demo`` subcommand."""
@@ -31,7 +33,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     p.add_argument("--force", action="store_true", help="rebuild even when cached")
     p.add_argument(
-        "--threads", type=int, help="torch threads for training (default: the idle cores)"
+        "--threads", type=whole(1), help="torch threads for training (default: the idle cores)"
     )
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=run)

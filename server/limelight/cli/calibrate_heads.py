@@ -6,6 +6,7 @@ import argparse
 import random
 from pathlib import Path
 
+from limelight.cli.common import real, whole
 from limelight.models.head_mask import MASK_FILENAME
 
 
@@ -28,24 +29,26 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "(default: the Rotten Tomatoes training reviews)",
     )
     p.add_argument("--text-field", default="text", help="text column/field of --data")
-    p.add_argument("--n", type=int, default=500, help="texts to use (random sample; default 500)")
+    p.add_argument(
+        "--n", type=whole(0), default=500, help="texts to use (random sample; default 500; 0: all)"
+    )
     p.add_argument("--seed", type=int, default=0, help="sampling seed")
-    p.add_argument("--max-tokens", type=int, default=128, help="tokens per text (default 128)")
+    p.add_argument("--max-tokens", type=whole(4), default=128, help="tokens per text (default 128)")
     p.add_argument(
         "--positional-threshold",
-        type=float,
+        type=real(0.0, 1.0),
         default=0.8,
         help="share of positions one offset must exceed for a positional head (default 0.8)",
     )
     p.add_argument(
         "--syntactic-threshold",
-        type=float,
+        type=real(0.0, 1.0),
         default=0.5,
         help="accuracy on one relation a syntactic head must exceed (default 0.5)",
     )
     p.add_argument(
         "--min-relation-count",
-        type=int,
+        type=whole(1),
         default=10,
         help="arcs of a relation needed before it can mark a head syntactic (default 10)",
     )

@@ -9,12 +9,86 @@ import math
 import os
 import re
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from limelight.errors import InvalidArgument
 from limelight.settings import Settings, unknown_variables
 
 DEFAULT_TARGET = "localhost:50051"
+
+
+def whole(minimum: int = 0, maximum: int | None = None) -> Callable[[str], int]:
+    """argparse type: a whole number from ``minimum`` to ``maximum``. Out of range, argparse
+    names the flag and exits with status 2 before anything loads (a model, hours of labels)."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expects a whole number, got {text!r}") from None
+        if value < minimum or (maximum is not None and value > maximum):
+            bound = f"at least {minimum}" if maximum is None else f"{minimum} to {maximum}"
+            raise argparse.ArgumentTypeError(f"must be {bound}, got {value}")
+        return value
+
+    return parse
+
+
+def real(
+    minimum: float = 0.0, maximum: float | None = None, *, above: bool = False
+) -> Callable[[str], float]:
+    """argparse type: a finite number from ``minimum`` (excluded when ``above``) to
+    ``maximum``; out of range, argparse names the flag and exits with status 2."""
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expects a number, got {text!r}") from None
+        low_ok = value > minimum if above else value >= minimum
+        if not math.isfinite(value) or not low_ok or (maximum is not None and value > maximum):
+            low = f"above {minimum:g}" if above else f"at least {minimum:g}"
+            bound = low if maximum is None else f"{low} and at most {maximum:g}"
+            raise argparse.ArgumentTypeError(f"must be {bound}, got {text}")
+        return value
+
+    return parse
+
+
+def listed(item: Callable[[str], Any]) -> Callable[[str], tuple[Any, ...]]:
+    """argparse type: a comma-separated list of ``item`` values (at least one), each checked
+    by ``item``; duplicates dropped, order kept."""
+
+    def parse(text: str) -> tuple[Any, ...]:
+        values = tuple(
+            dict.fromkeys(item(part.strip()) for part in text.split(",") if part.strip())
+        )
+        if not values:
+            raise argparse.ArgumentTypeError("expects a comma-separated list, got nothing")
+        return values
+
+    return parse
+
+
+#: Exit status of a command that failed because of its arguments or settings.
+EXIT_USAGE = 2
+#: Exit status of any other failure.
+EXIT_FAILURE = 1
+
+
+def command_name(args: argparse.Namespace) -> str:
+    """The command as typed: ``explain``, ``jobs show``, ``drift-reference build``."""
+    nested = (getattr(args, name, None) for name in ("action", "jobs_command"))
+    return " ".join(str(x) for x in (getattr(args, "command", None), *nested) if x)
+
+
+def fail(args: argparse.Namespace, message: str, status: int = EXIT_FAILURE) -> int:
+    """Say why the command stops, on one line in the form every error of the CLI takes
+    (``limelight <command>: error: <message>``, as argparse's own), and return ``status``."""
+    print(f"limelight {command_name(args)}: error: {message}", file=sys.stderr)
+    return status
 
 
 def add_model_args(parser: argparse.ArgumentParser) -> None:
@@ -96,7 +170,7 @@ def add_client_args(parser: argparse.ArgumentParser, timeout_note: str = "") -> 
     )
     parser.add_argument(
         "--timeout",
-        type=float,
+        type=real(0.0, above=True),
         default=30.0,
         help=f"per-call deadline in seconds (default: 30){timeout_note}",
     )
@@ -148,7 +222,7 @@ def parse_params(items: list[str]) -> dict[str, Any]:
     for item in items:
         key, sep, raw = item.partition("=")
         if not sep:
-            raise SystemExit(f"--param needs KEY=VALUE, got {item!r}")
+            raise InvalidArgument(f"--param needs KEY=VALUE, got {item!r}")
         try:
             params[key] = json.loads(raw)
         except json.JSONDecodeError:
@@ -241,13 +315,16 @@ def top_token_lines(explanation: Any, k: int) -> list[str]:
 
     A single list sorted by signed score would show weakly negative tokens ahead of the
     strongest evidence against the label; the two directions are listed apart instead, the
-    second only when some score is negative (a non-negative method has no "against").
+    second only when some score is negative (a non-negative method has no "against"). ``k``
+    0 lists nothing (``--top 0``: the heat-map alone).
     """
-    lines = []
+    lines: list[str] = []
+    if k <= 0:
+        return lines
     for one in explanation.explained():  # multi-label: each explained label
         ranked = one.top(len(one.tokens))  # best first, NaN last
-        support = [pair for pair in ranked if pair[1] > 0][: max(k, 0)]
-        oppose = [pair for pair in reversed(ranked) if pair[1] < 0][: max(k, 0)]
+        support = [pair for pair in ranked if pair[1] > 0][:k]
+        oppose = [pair for pair in reversed(ranked) if pair[1] < 0][:k]
         label = one.target_label
         seen = _occurrences(one.tokens)
         lines.append(f"for {label}: {_listed(support, seen)}")

@@ -8,7 +8,14 @@ import shlex
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from limelight.cli.common import add_model_args, parse_params, settings_from_args, setup_logging
+from limelight.cli.common import (
+    add_model_args,
+    parse_params,
+    real,
+    settings_from_args,
+    setup_logging,
+    whole,
+)
 from limelight.errors import InvalidArgument
 
 if TYPE_CHECKING:
@@ -60,20 +67,23 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         metavar="KEY=VALUE",
         help="parameter of the --mix teacher",
     )
-    p.add_argument("--n", type=int, default=1000, help="training texts (default: 1000)")
+    p.add_argument("--n", type=whole(1), default=1000, help="training texts (default: 1000)")
     p.add_argument(
-        "--validation", type=int, default=100, help="held-out texts from the end of the data"
+        "--validation",
+        type=whole(0),
+        default=100,
+        help="held-out texts from the end of the data (0: none, and no validation report)",
     )
     p.add_argument(
         "--epochs",
-        type=int,
+        type=whole(0),
         default=defaults.epochs,
         help=f"epochs of the amortisation stage, regressing on the teacher's labels (default: "
         f"{defaults.epochs})",
     )
     p.add_argument(
         "--loop-steps",
-        type=int,
+        type=whole(0),
         default=defaults.loop_steps,
         help="steps with the classifier in the loop after the amortisation epochs",
     )
@@ -94,7 +104,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     p.add_argument(
         "--loop-shift-weight",
-        type=float,
+        type=real(0.0),
         default=defaults.loop_shift_weight,
         help="policy loop: hold each text's mean score where the amortisation left it, with "
         f"this weight (default {defaults.loop_shift_weight:g}; the loop cannot see a shift and "
@@ -102,21 +112,21 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     p.add_argument(
         "--loop-points",
-        type=int,
+        type=whole(1),
         default=defaults.loop_points,
         help="policy loop: curve points (of the five fractions 10-50 %%) each text reads per "
         "step, drawn at random; 5 (default) reads all, 1 makes a step five times cheaper",
     )
     p.add_argument(
         "--loop-samples",
-        type=int,
+        type=whole(1),
         default=defaults.loop_samples,
         help=f"policy loop: token orders sampled per text and step (default "
         f"{defaults.loop_samples}); each costs one forward pass per curve point and reward term",
     )
     p.add_argument(
         "--loop-average",
-        type=float,
+        type=real(0.0),
         default=defaults.loop_average,
         help="policy loop: keep an exponential moving average of the head's weights over the "
         "steps with this decay and leave it instead of the last step's weights (0: off, the "
@@ -133,14 +143,14 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     p.add_argument(
         "--loop-texts",
-        type=int,
+        type=whole(0),
         default=0,
         help="policy loop: this many more texts of --data, after the --n labelled ones, "
         "without labels (the loop reads the classifier only)",
     )
     p.add_argument(
         "--width",
-        type=int,
+        type=whole(0),
         default=defaults.width,
         help=f"the head's width (default: {defaults.width}); every unit is paid on every "
         "request: MiniLM's demo head uses 32, which measured level with 64; 0 (with "
@@ -149,7 +159,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     p.add_argument(
         "--attention-heads",
-        type=int,
+        type=whole(0),
         default=defaults.attention_heads,
         help=f"attention heads of the head's context block (default: "
         f"{defaults.attention_heads}; must divide --width; 0: no context block, a per-token "
@@ -175,11 +185,8 @@ def run(args: argparse.Namespace) -> int:
     from limelight.distill.train import LOOP_FRACTIONS, loop_reward_terms
     from limelight.models.explainer_head import head_dir
 
-    if (
-        args.width < 0
-        or args.attention_heads < 0
-        or (args.width == 0 and args.attention_heads)
-        or (args.attention_heads and args.width % args.attention_heads)
+    if (args.width == 0 and args.attention_heads) or (
+        args.attention_heads and args.width % args.attention_heads
     ):
         # Before the labels: they can take hours, the head is built after them.
         raise InvalidArgument(
@@ -193,9 +200,7 @@ def run(args: argparse.Namespace) -> int:
         raise InvalidArgument(f"--loop-reward: {exc}") from None
     if not 1 <= args.loop_points <= len(LOOP_FRACTIONS):
         raise InvalidArgument(f"--loop-points {args.loop_points}: 1 to {len(LOOP_FRACTIONS)}")
-    if args.loop_samples < 1:
-        raise InvalidArgument(f"--loop-samples {args.loop_samples}: at least 1")
-    if not 0.0 <= args.loop_average < 1.0:
+    if args.loop_average >= 1.0:
         raise InvalidArgument(f"--loop-average {args.loop_average}: 0 (off) or a decay below 1")
     if args.loop_texts and (args.loop_estimator != "policy" or not args.loop_steps):
         raise InvalidArgument("--loop-texts trains the policy loop: give --loop-steps too")

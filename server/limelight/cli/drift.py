@@ -12,8 +12,10 @@ from limelight.cli.common import (
     add_client_args,
     add_model_args,
     client_error_line,
+    fail,
     settings_from_args,
     setup_logging,
+    whole,
 )
 
 DEFAULT_DATA = "rotten_tomatoes:validation"
@@ -28,7 +30,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "drifted from the reference, and which tokens gained or lost share.",
     )
     add_client_args(p)
-    p.add_argument("--top-k", type=int, default=10, help="tokens per direction (default 10)")
+    p.add_argument("--top-k", type=whole(1), default=10, help="tokens per direction (default 10)")
     p.add_argument("--plot", type=Path, help="also write a PNG chart of the report here")
     p.add_argument(
         "--fail-on-alert", action="store_true", help="exit with status 3 when a label alerts"
@@ -70,8 +72,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     build.add_argument("--text-field", default="text", help="text column of --data files")
     build.add_argument("--pair-field", help="second-segment column for text-pair models")
-    build.add_argument("--n", type=int, help="use the first N texts (default: all)")
-    build.add_argument("--batch-size", type=int, default=32, help="texts per forward pass")
+    build.add_argument("--n", type=whole(1), help="use the first N texts (default: all)")
+    build.add_argument("--batch-size", type=whole(1), default=32, help="texts per forward pass")
     build.add_argument(
         "--sketch-size",
         dest="drift_sketch_size",
@@ -112,7 +114,7 @@ def run_build(args: argparse.Namespace) -> int:
     from limelight.core.prediction import label_thresholds
     from limelight.core.service import served_inline_method
     from limelight.drift.build import build_reference
-    from limelight.errors import FailedPrecondition, LimelightError
+    from limelight.errors import FailedPrecondition
     from limelight.methods.base import MethodRegistry
     from limelight.models.loaded import load_model
     from limelight.runtimes.serving import torch_serving_runtime
@@ -123,49 +125,44 @@ def run_build(args: argparse.Namespace) -> int:
         args.data = DEFAULT_DATA
         if settings.model_dir is None and settings.demo_model == "bert-tiny-multilabel":
             args.data = "drugscom:test"
-    try:
-        texts, pairs = load_texts(args.data, args.text_field, args.pair_field)
-        if args.n is not None:
-            texts = texts[: max(args.n, 0)]
-            pairs = pairs[: len(texts)] if pairs is not None else None
-        if not texts:
-            print(f"error: no texts in {args.data}", file=sys.stderr)
-            return 2
-        model_dir = settings.model_dir
-        if model_dir is None:
-            from limelight.demo.build import ensure_demo_model
+    texts, pairs = load_texts(args.data, args.text_field, args.pair_field)
+    if args.n is not None:
+        texts = texts[: args.n]
+        pairs = pairs[: len(texts)] if pairs is not None else None
+    if not texts:
+        return fail(args, f"no texts in {args.data}", 2)
+    model_dir = settings.model_dir
+    if model_dir is None:
+        from limelight.demo.build import ensure_demo_model
 
-            model_dir = ensure_demo_model(settings.demo_model, settings.cache_dir)
-        model = load_model(model_dir, settings.device)
-        prepare_lexicon(settings, model)  # what the server would build at start-up
-        runtime = torch_serving_runtime(model, settings.cache_dir)
-        method = served_inline_method(settings, runtime, MethodRegistry.load(settings))
-        reason = method.unavailable_reason(model)
-        if reason:
-            raise FailedPrecondition(f"{method.name}: {reason}")
-        with tqdm(
-            total=len(texts), desc="drift reference", unit="text", disable=args.no_progress
-        ) as bar:
-            reference = build_reference(
-                model,
-                texts,
-                sketch_size=settings.drift_sketch_size,
-                runtime=runtime,
-                method=method,
-                batch_size=max(args.batch_size, 1),
-                progress=bar,
-                source={"data": args.data, "n": len(texts)},
-                pairs=pairs,
-                thresholds=label_thresholds(
-                    model.labels, settings.label_threshold, settings.label_thresholds
-                )
-                if model.is_multi_label
-                else None,
+        model_dir = ensure_demo_model(settings.demo_model, settings.cache_dir)
+    model = load_model(model_dir, settings.device)
+    prepare_lexicon(settings, model)  # what the server would build at start-up
+    runtime = torch_serving_runtime(model, settings.cache_dir)
+    method = served_inline_method(settings, runtime, MethodRegistry.load(settings))
+    reason = method.unavailable_reason(model)
+    if reason:
+        raise FailedPrecondition(f"{method.name}: {reason}")
+    with tqdm(
+        total=len(texts), desc="drift reference", unit="text", disable=args.no_progress
+    ) as bar:
+        reference = build_reference(
+            model,
+            texts,
+            sketch_size=settings.drift_sketch_size,
+            runtime=runtime,
+            method=method,
+            batch_size=args.batch_size,
+            progress=bar,
+            source={"data": args.data, "n": len(texts)},
+            pairs=pairs,
+            thresholds=label_thresholds(
+                model.labels, settings.label_threshold, settings.label_thresholds
             )
-        reference.save(args.out)
-    except LimelightError as exc:
-        print(f"error: {exc.message}", file=sys.stderr)
-        return 1
+            if model.is_multi_label
+            else None,
+        )
+    reference.save(args.out)
     counts = ", ".join(f"{k} {v}" for k, v in reference.profile.label_counts.items())
     print(
         f"wrote {args.out}: {reference.profile.count} explanations ({counts}), model "
@@ -299,7 +296,7 @@ def _fetch(args: argparse.Namespace) -> Any:
     from limelight.cli.common import client_from_args
 
     with client_from_args(args) as client:
-        return client.drift(top_k=max(args.top_k, 0))
+        return client.drift(top_k=args.top_k)
 
 
 def run_drift(args: argparse.Namespace, stdout: TextIO | None = None) -> int:
@@ -309,11 +306,10 @@ def run_drift(args: argparse.Namespace, stdout: TextIO | None = None) -> int:
     try:
         report = _fetch(args)
     except ClientError as exc:  # carries the status code and the server's message
-        print(f"error: {client_error_line(exc, args.target)}", file=sys.stderr)
-        return 1
+        return fail(args, client_error_line(exc, args.target), 1)
     print(format_report(report), file=stdout)
     if args.plot is not None:
-        plot_report(report, args.plot, top_k=max(args.top_k, 1))
+        plot_report(report, args.plot, top_k=args.top_k)
         print(f"wrote {args.plot}", file=stdout)
     if args.fail_on_alert and any(d.alert for d in report.labels):
         return 3

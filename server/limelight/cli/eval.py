@@ -12,9 +12,13 @@ import json
 import shlex
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from limelight.cli.common import add_model_args, settings_from_args
+from limelight.cli.common import add_model_args, listed, real, settings_from_args, whole
+from limelight.errors import InvalidArgument
+
+if TYPE_CHECKING:
+    from limelight.methods.base import MethodRegistry
 
 #: The served default first (the inline head; skipped, with the reason, where the model has
 #: none), then NormXLogit, the job methods and the random baseline.
@@ -55,7 +59,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         default=DEFAULT_METHODS,
         help=f"comma-separated methods; peers: lime, shap (default: {DEFAULT_METHODS})",
     )
-    p.add_argument("--n", type=int, default=50, help="examples sampled (default: 50; 0 = all)")
+    p.add_argument("--n", type=whole(0), default=50, help="examples sampled (default: 50; 0 = all)")
     p.add_argument("--seed", type=int, default=0, help="sampling and random-baseline seed")
     p.add_argument(
         "--replace",
@@ -64,14 +68,22 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="perturbation: replace with the mask token or delete (default: mask)",
     )
     p.add_argument(
-        "--fractions", default="0.1,0.2,0.3,0.4,0.5", help="token fractions of the AOPC curves"
+        "--fractions",
+        type=listed(real(0.0, 1.0, above=True)),
+        default="0.1,0.2,0.3,0.4,0.5",
+        help="token fractions of the AOPC curves, each above 0 and at most 1",
     )
     p.add_argument(
-        "--game-steps", type=int, default=10, help="points of the games' curves beyond 0"
+        "--game-steps", type=whole(1), default=10, help="points of the games' curves beyond 0"
     )
-    p.add_argument("--overlap-k", default="5,10,20,50", help="top-k sizes for token overlap")
+    p.add_argument(
+        "--overlap-k",
+        type=listed(whole(1)),
+        default="5,10,20,50",
+        help="top-k sizes for token overlap",
+    )
     p.add_argument("--max-tokens", type=int, default=256, help="truncate inputs to this length")
-    p.add_argument("--batch-size", type=int, default=64, help="perturbed inputs per forward")
+    p.add_argument("--batch-size", type=whole(1), default=64, help="perturbed inputs per forward")
     p.add_argument(
         "--params",
         nargs="*",
@@ -79,7 +91,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         metavar="METHOD.KEY=VALUE",
         help="method parameters, e.g. integrated_gradients.steps=16 slalom.num_samples=500",
     )
-    p.add_argument("--peer-budget", type=int, default=200, help="model calls per LIME/SHAP input")
+    p.add_argument(
+        "--peer-budget", type=whole(1), default=200, help="model calls per LIME/SHAP input"
+    )
     p.add_argument(
         "--lm-head", dest="lm_head_dir", type=Path, help="masked-LM checkpoint for decoded_gradcam"
     )
@@ -103,7 +117,7 @@ def parse_params(items: list[str]) -> dict[str, dict[str, Any]]:
         key, sep, raw = item.partition("=")
         method, dot, name = key.partition(".")
         if not sep or not dot or not method or not name:
-            raise SystemExit(f"--params expects METHOD.KEY=VALUE, got {item!r}")
+            raise InvalidArgument(f"--params expects METHOD.KEY=VALUE, got {item!r}")
         try:
             value: Any = json.loads(raw)
         except json.JSONDecodeError:
@@ -117,7 +131,7 @@ def parse_label_map(text: str) -> dict[str, str]:
     for part in filter(None, (p.strip() for p in text.split(","))):
         src, sep, dst = part.partition("=")
         if not sep:
-            raise SystemExit(f"--label-map expects NAME=MODEL_LABEL, got {part!r}")
+            raise InvalidArgument(f"--label-map expects NAME=MODEL_LABEL, got {part!r}")
         out[src.strip()] = dst.strip()
     return out
 
@@ -143,15 +157,17 @@ def run(args: argparse.Namespace) -> int:
     from limelight.evaluation.store import FOLDER, AttributionStore, reuse_notes
 
     settings = settings_from_args(args, jobs="off", drift_enabled=False)
+    names = [m.strip() for m in args.methods.split(",") if m.strip()]
+    params = parse_params(args.params)
+    registry = _check_methods(names, params, settings)  # before the model loads
     model = load_served_model(settings)
     if args.data is None:
         args.data = default_data(args.model_dir, settings.demo_model)
-    steps = max(1, args.game_steps)
     config = EvalConfig(
-        fractions=tuple(float(f) for f in args.fractions.split(",") if f.strip()),
-        game_fractions=tuple(round(i / steps, 6) for i in range(steps + 1)),
+        fractions=tuple(sorted(args.fractions)),
+        game_fractions=tuple(round(i / args.game_steps, 6) for i in range(args.game_steps + 1)),
         replace=args.replace,
-        overlap_ks=tuple(int(k) for k in args.overlap_k.split(",") if k.strip()),
+        overlap_ks=tuple(sorted(args.overlap_k)),
         batch_size=args.batch_size,
         max_tokens=args.max_tokens,
     )
@@ -169,12 +185,12 @@ def run(args: argparse.Namespace) -> int:
     if not data.examples:
         print("no examples to evaluate", file=sys.stderr)
         return 1
-    names = [m.strip() for m in args.methods.split(",") if m.strip()]
     explainers, skipped = build_explainers(
         model,
         names,
         settings,
-        parse_params(args.params),
+        params,
+        registry=registry,
         peer_budget=args.peer_budget,
         seed=args.seed,
         store=AttributionStore(args.out / FOLDER, model.version, reuse=not args.fresh),
@@ -250,6 +266,33 @@ def run(args: argparse.Namespace) -> int:
     print(paths["markdown"].read_text(encoding="utf-8"))
     print("wrote " + ", ".join(str(p) for p in paths.values()))
     return 0
+
+
+def _check_methods(
+    names: list[str], params: dict[str, dict[str, Any]], settings: Any
+) -> MethodRegistry:
+    """The registry the run will use, once every name in ``--methods`` and ``--params`` is
+    one it knows: a misspelt method is a usage error, not a silently skipped row."""
+    from limelight.evaluation.explainers import PEERS
+    from limelight.methods.base import MethodRegistry
+
+    registry = MethodRegistry.load(settings)
+    known = [*registry.names(), *PEERS]
+    if not names:
+        raise InvalidArgument("--methods: give at least one method")
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        listing = ", ".join(sorted(known))
+        raise InvalidArgument(
+            f"--methods: unknown {', '.join(map(repr, unknown))} (known: {listing})"
+        )
+    stray = sorted(set(params) - set(names))
+    if stray:
+        raise InvalidArgument(
+            f"--params for {', '.join(map(repr, stray))}, which --methods does not evaluate "
+            f"({', '.join(names)})"
+        )
+    return registry
 
 
 def _per_label(

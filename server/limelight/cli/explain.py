@@ -26,11 +26,13 @@ from limelight.cli.common import (
     add_model_args,
     client_error_line,
     client_from_args,
+    fail,
     follow_job,
     parse_params,
     settings_from_args,
     top_token_lines,
     use_color,
+    whole,
 )
 
 
@@ -57,13 +59,13 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     p.add_argument(
         "--texts-per-call",
-        type=int,
+        type=whole(1),
         default=16,
         help="with --lines: texts sent per ExplainBatch call (default 16)",
     )
     p.add_argument(
         "--connections",
-        type=int,
+        type=whole(1),
         default=1,
         help="with --lines: connections to open (one or more per worker of a --workers sidecar)",
     )
@@ -86,7 +88,10 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument("--html", type=Path, help="also write a self-contained HTML heat-map here")
     p.add_argument("--json", action="store_true", help="print JSON instead of the heat-map")
     p.add_argument(
-        "--top", type=int, default=5, help="tokens to list for and against each label (default 5)"
+        "--top",
+        type=whole(0),
+        default=5,
+        help="tokens to list for and against each label (default 5; 0: the heat-map alone)",
     )
     add_color_arg(p)
     p.add_argument("--local", action="store_true", help="run in this process, no server")
@@ -127,8 +132,7 @@ def run(args: argparse.Namespace) -> int:
     from limelight_client.errors import LimelightError
 
     if (args.text is None) == (args.lines is None):
-        print("error: give either a TEXT or --lines FILE", file=sys.stderr)
-        return 2
+        return fail(args, "give either a TEXT or --lines FILE", 2)
     if args.lines is not None:
         return _run_lines(args)
     if args.text == "-":  # texts longer than a shell argument, or piped from a file
@@ -136,11 +140,9 @@ def run(args: argparse.Namespace) -> int:
     try:
         explanation = _run_local(args) if args.local else _run_remote(args)
     except LimelightError as exc:
-        print(f"error: {client_error_line(exc, args.target)}", file=sys.stderr)
-        return 1
+        return fail(args, client_error_line(exc, args.target), 1)
     except UnknownMethod as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
+        return fail(args, str(exc), 1)
     if explanation is not None:
         _show(explanation, args)
     return 0
@@ -193,7 +195,6 @@ def _run_local(args: argparse.Namespace) -> Any:
     from limelight.cli.common import setup_logging
     from limelight.core.jobs import JobSpec
     from limelight.core.types import ExplainInput
-    from limelight.errors import LimelightError as ServerError
     from limelight.metrics import Metrics
     from limelight_client.types import Explanation
 
@@ -205,42 +206,38 @@ def _run_local(args: argparse.Namespace) -> Any:
     model = load_served_model(settings)
     app = build_application(settings, Metrics(), model)
     service = app.service
-    try:
-        method = service.methods.get(args.method) if args.method else service.default_method
-        if method.cost.value == "inline":
+    method = service.methods.get(args.method) if args.method else service.default_method
+    if method.cost.value == "inline":
 
-            async def once() -> Any:
-                await service.start()
-                try:
-                    return await service.explain(
-                        ExplainInput(
-                            text=args.text,
-                            text_pair=args.text_pair,
-                            target=spec,
-                            all_classes=args.all_classes,
-                            method=method.name,
-                        )
+        async def once() -> Any:
+            await service.start()
+            try:
+                return await service.explain(
+                    ExplainInput(
+                        text=args.text,
+                        text_pair=args.text_pair,
+                        target=spec,
+                        all_classes=args.all_classes,
+                        method=method.name,
                     )
-                finally:
-                    await service.close()
+                )
+            finally:
+                await service.close()
 
-            result = asyncio.run(once())
-        else:
-            from limelight.jobs.runner import JobRunner
+        result = asyncio.run(once())
+    else:
+        from limelight.jobs.runner import JobRunner
 
-            service.encode(args.text, args.text_pair)
-            job = JobSpec(
-                method=method.name,
-                text=args.text,
-                text_pair=args.text_pair,
-                target=spec,
-                params=method.validate_params(parse_params(args.param)),
-            )
-            with JobProgressBar(method.name, quiet=args.json) as bar:
-                result = JobRunner(model, service.methods, settings).run(job, report=bar.show)
-    except ServerError as exc:
-        print(f"error: {exc.message}", file=sys.stderr)
-        raise SystemExit(1) from None
+        service.encode(args.text, args.text_pair)
+        job = JobSpec(
+            method=method.name,
+            text=args.text,
+            text_pair=args.text_pair,
+            target=spec,
+            params=method.validate_params(parse_params(args.param)),
+        )
+        with JobProgressBar(method.name, quiet=args.json) as bar:
+            result = JobRunner(model, service.methods, settings).run(job, report=bar.show)
     return Explanation.from_proto(
         explanation_to_proto(result), text=args.text, text_pair=args.text_pair
     )
@@ -336,11 +333,7 @@ def _run_lines(args: argparse.Namespace) -> int:
 
     refused = [flag for flag, given in (("--html", args.html), ("--pair", args.text_pair)) if given]
     if refused:
-        print(f"error: --lines does not go with {', '.join(refused)}", file=sys.stderr)
-        return 2
-    if args.texts_per_call < 1 or args.connections < 1:
-        print("error: --texts-per-call and --connections must be >= 1", file=sys.stderr)
-        return 2
+        return fail(args, f"--lines does not go with {', '.join(refused)}", 2)
     total = None
     if args.lines == "-":
         source = sys.stdin
@@ -350,8 +343,7 @@ def _run_lines(args: argparse.Namespace) -> int:
             total = sum(1 for line in source if line.strip())  # for the progress bar
             source.seek(0)
         except (OSError, UnicodeDecodeError) as exc:
-            print(f"error: cannot read {args.lines}: {exc}", file=sys.stderr)
-            return 2
+            return fail(args, f"cannot read {args.lines}: {exc}", 2)
     numbers: list[int] = []  # the line number of every text sent, in order
 
     def texts() -> Iterator[str]:
@@ -402,15 +394,14 @@ def _run_lines(args: argparse.Namespace) -> int:
                     ):
                         emit(explanation)
     except _JobMethod as exc:
-        print(
-            f"error: --lines explains with inline methods; {exc.args[0]} runs as a job "
+        return fail(
+            args,
+            f"--lines explains with inline methods; {exc.args[0]} runs as a job "
             f"(one text: limelight explain TEXT --method {exc.args[0]} --wait)",
-            file=sys.stderr,
+            2,
         )
-        return 2
     except KeyError as exc:  # --method the server does not offer
-        print(f"error: {exc.args[0]}", file=sys.stderr)
-        return 1
+        return fail(args, exc.args[0], 1)
     except (LimelightError, ServerError) as exc:
         if isinstance(exc, ServerError):  # --local: the line in order is the one that failed
             message = f"line {numbers[done]}: {exc.message}" if done < len(numbers) else exc.message
@@ -420,8 +411,7 @@ def _run_lines(args: argparse.Namespace) -> int:
             if failed is not None:  # the failing call's texts start at the first unanswered one
                 line = numbers[done + int(failed.group(1))]
                 message = f"line {line}: {_FAILED_INPUT.sub('', exc.message)}"
-        print(f"error: {message} ({done} line(s) explained before it)", file=sys.stderr)
-        return 1
+        return fail(args, f"{message} ({done} line(s) explained before it)", 1)
     seconds = time.perf_counter() - start
     counts = ", ".join(f"{label} {n:,}" for label, n in labels.most_common())
     explained = done - failures.total()
@@ -432,9 +422,5 @@ def _run_lines(args: argparse.Namespace) -> int:
     )
     if failures:
         codes = ", ".join(f"{code} {n:,}" for code, n in failures.most_common())
-        print(
-            f'error: {failures.total():,} line(s) failed ({codes}); see their "error" lines',
-            file=sys.stderr,
-        )
-        return 1
+        return fail(args, f'{failures.total():,} line(s) failed ({codes}); see their "error" lines')
     return 0

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
-from limelight.cli.common import add_model_args, settings_from_args, setup_logging
+from limelight.cli.common import add_model_args, settings_from_args, setup_logging, whole
 from limelight.settings import Settings
 
 
@@ -24,7 +24,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "--int8", action="store_true", help="also apply dynamic int8 quantisation (weights)"
     )
     p.add_argument(
-        "--fidelity-n", type=int, default=200, help="held-out reviews for the int8 report"
+        "--fidelity-n", type=whole(1), default=200, help="held-out reviews for the int8 report"
     )
     p.set_defaults(func=run)
 

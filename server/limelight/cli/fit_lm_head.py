@@ -13,7 +13,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from limelight.errors import InvalidArgument, LimelightError
+from limelight.cli.common import real, whole
+from limelight.errors import InvalidArgument
 
 
 def register(subparsers: Any) -> None:
@@ -43,12 +44,18 @@ def register(subparsers: Any) -> None:
         "field (default: the Rotten Tomatoes training reviews)",
     )
     parser.add_argument("--text-field", default="text", help="text column of CSV/JSONL data")
-    parser.add_argument("--steps", type=int, help="optimisation steps (overrides --epochs)")
-    parser.add_argument("--epochs", type=float, help="passes over the data (default: 600 steps)")
-    parser.add_argument("--batch-size", type=int, default=32, help="texts per step (default: 32)")
-    parser.add_argument("--lr", type=float, default=1e-2, help="peak learning rate (AdamW)")
-    parser.add_argument("--max-length", type=int, default=128, help="tokens per text")
-    parser.add_argument("--eval-texts", type=int, default=300, help="held-out texts to score")
+    parser.add_argument("--steps", type=whole(1), help="optimisation steps (overrides --epochs)")
+    parser.add_argument(
+        "--epochs", type=real(0.0, above=True), help="passes over the data (default: 600 steps)"
+    )
+    parser.add_argument(
+        "--batch-size", type=whole(1), default=32, help="texts per step (default: 32)"
+    )
+    parser.add_argument(
+        "--lr", type=real(0.0, above=True), default=1e-2, help="peak learning rate (AdamW)"
+    )
+    parser.add_argument("--max-length", type=whole(8), default=128, help="tokens per text")
+    parser.add_argument("--eval-texts", type=whole(0), default=300, help="held-out texts to score")
     parser.add_argument("--seed", type=int, default=0, help="data order and masking (default: 0)")
     parser.add_argument(
         "--encoder-precision",
@@ -96,14 +103,6 @@ def _resolve_model_dir(args: argparse.Namespace) -> Path:
 
 
 def run(args: argparse.Namespace) -> int:
-    try:
-        return _run(args)
-    except LimelightError as exc:
-        print(f"error: {exc.message}", file=sys.stderr)
-        return 2
-
-
-def _run(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
     from limelight.models.lm_head import (

@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
-import sys
 from typing import Any
 
 from limelight.cli.common import (
@@ -13,9 +12,11 @@ from limelight.cli.common import (
     add_color_arg,
     client_error_line,
     client_from_args,
+    fail,
     follow_job,
     top_token_lines,
     use_color,
+    whole,
 )
 
 _STATES = ["queued", "running", "succeeded", "failed", "cancelled"]
@@ -36,7 +37,10 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     count = ls.add_mutually_exclusive_group()
     count.add_argument(
-        "--limit", type=int, default=50, help="at most this many jobs (default 50; 1000 at most)"
+        "--limit",
+        type=whole(1, 1000),
+        default=50,
+        help="at most this many jobs (default 50; 1000 at most)",
     )
     count.add_argument(
         "--all", action="store_true", help="every job the sidecar holds, read a page at a time"
@@ -49,7 +53,10 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     show.add_argument("id", help="job id")
     show.add_argument("--json", action="store_true", help="print JSON")
     show.add_argument(
-        "--top", type=int, default=5, help="tokens to list for and against each label (default 5)"
+        "--top",
+        type=whole(0),
+        default=5,
+        help="tokens to list for and against each label (default 5; 0: the heat-map alone)",
     )
     add_color_arg(show)
     show.set_defaults(func=run_show)
@@ -58,7 +65,10 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     add_client_args(watch)
     watch.add_argument("id", help="job id")
     watch.add_argument(
-        "--top", type=int, default=5, help="tokens to list for and against each label (default 5)"
+        "--top",
+        type=whole(0),
+        default=5,
+        help="tokens to list for and against each label (default 5; 0: the heat-map alone)",
     )
     add_color_arg(watch)
     watch.set_defaults(func=run_watch)
@@ -146,8 +156,7 @@ def _call(args: argparse.Namespace, action: Any) -> int:
         with client_from_args(args) as client:
             return int(action(client) or 0)
     except LimelightError as exc:
-        print(f"error: {client_error_line(exc, args.target)}", file=sys.stderr)
-        return 1
+        return fail(args, client_error_line(exc, args.target), 1)
 
 
 def run_list(args: argparse.Namespace) -> int:

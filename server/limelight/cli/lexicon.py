@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from limelight.cli.common import add_model_args, settings_from_args, setup_logging
+from limelight.cli.common import add_model_args, settings_from_args, setup_logging, whole
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -21,7 +21,10 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     add_model_args(p)
     p.add_argument(
-        "--batch-size", type=int, default=512, help="vocabulary entries per forward (default 512)"
+        "--batch-size",
+        type=whole(1),
+        default=512,
+        help="vocabulary entries per forward (default 512)",
     )
     p.add_argument("--force", action="store_true", help="rebuild even when the table is current")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -32,14 +35,11 @@ def run(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
     from limelight.app import load_served_model
-    from limelight.errors import InvalidArgument
     from limelight.methods.base import JobContext
     from limelight.methods.lexicon import vocabulary_size, write_lexicon
     from limelight.models.explainer_head import inline_heads
     from limelight.models.lexicon_table import find_lexicon_dir, lexicon_output_dir
 
-    if args.batch_size < 1:
-        raise InvalidArgument("--batch-size must be at least 1")
     settings = settings_from_args(args)
     setup_logging(settings.log_level)
     model = load_served_model(settings)

@@ -23,12 +23,8 @@ from pathlib import Path
 from typing import Any
 
 from limelight import __version__
+from limelight.cli.common import EXIT_FAILURE, EXIT_USAGE, fail
 from limelight.errors import ErrorKind, LimelightError, redact_credentials
-
-#: Exit status of a command that failed because of its arguments or settings.
-EXIT_USAGE = 2
-#: Exit status of any other failure.
-EXIT_FAILURE = 1
 
 _EPILOG = (
     "Errors are reported as one line on stderr with exit status 2 (invalid arguments or "
@@ -198,10 +194,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         message, status = describe_error(exc, args)
         if _debug_requested(args):
             traceback.print_exc(file=sys.stderr)
-        nested = (getattr(args, name, None) for name in ("action", "jobs_command"))
-        command = " ".join(str(x) for x in (args.command, *nested) if x)
-        print(f"limelight {command}: error: {message}", file=sys.stderr)
-        return status
+        return fail(args, message, status)
 
 
 if __name__ == "__main__":

@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from limelight.cli.common import add_model_args, settings_from_args, setup_logging
+from limelight.cli.common import add_model_args, settings_from_args, setup_logging, whole
 from limelight.errors import InvalidArgument
 from limelight.settings import Settings, job_backend_kind
 from limelight.signals import on_signals
@@ -40,7 +40,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument(
         "--workers",
         dest="job_processes",  # not Settings.workers: that one counts sidecar processes
-        type=int,
+        type=whole(1),
         help="worker processes (default: job_workers)",
     )
     p.add_argument("--lm-head", dest="lm_head_dir", type=Path, help="masked-LM head directory")

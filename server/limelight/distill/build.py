@@ -263,6 +263,11 @@ def report(card: HeadCard) -> str:
                 "WARNING: the head is not more faithful than NormXLogit on held-out texts; "
                 "try more texts (--n) or another teacher before serving it by default"
             )
+    else:
+        lines.append(
+            "not validated: no held-out texts (--validation 0, or data too small to hold any "
+            "out), so nothing says whether the head is more faithful than NormXLogit"
+        )
     return "\n".join(lines)
 
 
