@@ -66,8 +66,9 @@ def parse_evidence(value: Any, text: str, where: str) -> tuple[tuple[int, int], 
 def _map_label(
     name: str | None, index: int | None, model_labels: Sequence[str], label_map: Mapping[str, str]
 ) -> int | None:
-    if name is not None and name in label_map:
-        target = label_map[name]
+    key = name if name is not None else (str(index) if index is not None else None)
+    if key is not None and key in label_map:  # a numeric label is mapped by its digits
+        target = label_map[key]
         if target in ("", "none", "None"):
             return None
         if target not in model_labels:
@@ -93,10 +94,13 @@ def load_examples(
 ) -> LoadedData:
     """Read ``source`` (a built-in name or a CSV/TSV/JSONL path) and sample ``n`` examples."""
     label_map = dict(label_map or {})
+    asked = set(label_map)  # the caller's keys, not the defaults added below
     notes: list[str] = []
     rows: list[EvalExample] = []
+    seen: set[str] = set()  # every gold label name (or index, as digits) in the data
     if source == "rotten_tomatoes":
         for ex in D.rotten_tomatoes(split):  # type: ignore[arg-type]
+            seen.add(ex.label_name if ex.label_name is not None else str(ex.label))
             rows.append(
                 EvalExample(ex.text, _map_label(ex.label_name, ex.label, model_labels, label_map))
             )
@@ -113,6 +117,7 @@ def load_examples(
                 f"positive -> {model_labels[1]}, neutral -> no gold label (games skip it)"
             )
         for ex in D.drugscom("test" if split not in ("train", "test") else split):  # type: ignore[arg-type]
+            seen.add(str(ex.label_name))
             rows.append(
                 EvalExample(ex.text, _map_label(ex.label_name, None, model_labels, label_map))
             )
@@ -130,6 +135,8 @@ def load_examples(
             name_, index = ex.label_name, ex.label
             if index is None and name_ is not None and name_.lstrip("-").isdigit():
                 index = int(name_)
+            if name_ is not None or index is not None:
+                seen.add(name_ if name_ is not None else str(index))
             rows.append(
                 EvalExample(
                     ex.text,
@@ -139,6 +146,13 @@ def load_examples(
                 )
             )
         name = path.name
+    unmatched = sorted(asked - seen)
+    if unmatched:  # a misspelt key leaves its rows with another gold label: say so
+        have = ", ".join(sorted(seen)[:20]) or "none"
+        notes.append(
+            f"label map key(s) {', '.join(map(repr, unmatched))} match no gold label of "
+            f"{name} (its labels: {have})"
+        )
     total = len(rows)
     rows = [dataclasses.replace(row, source_index=i) for i, row in enumerate(rows)]
     if n is not None and n < total:

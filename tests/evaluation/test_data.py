@@ -1,0 +1,43 @@
+"""Gold labels of `limelight eval`'s data files: names, indices and the label map."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from limelight.errors import InvalidArgument
+from limelight.evaluation.data import load_examples
+
+LABELS = ["rotten", "fresh"]
+
+
+def _csv(tmp_path: Path, rows: list[tuple[str, str]]) -> str:
+    path = tmp_path / "data.csv"
+    path.write_text(
+        "text,label\n" + "".join(f'"{t}",{label}\n' for t, label in rows), encoding="utf-8"
+    )
+    return str(path)
+
+
+def test_numeric_labels_are_indices_and_mapped_by_their_digits(tmp_path: Path) -> None:
+    data = _csv(tmp_path, [("good", "1"), ("bad", "0"), ("meh", "2")])
+    plain = load_examples(data, LABELS)
+    assert [e.gold for e in plain.examples] == [1, 0, None]  # 2: no such class
+    # a map keyed by the digits the file holds (flipped here, and 2 -> no gold label)
+    mapped = load_examples(data, LABELS, label_map={"1": "rotten", "0": "fresh", "2": "none"})
+    assert [e.gold for e in mapped.examples] == [0, 1, None]
+    assert not any("label map" in note for note in mapped.notes)
+
+
+def test_named_labels_and_a_key_that_matches_nothing_is_noted(tmp_path: Path) -> None:
+    data = _csv(tmp_path, [("good", "positive"), ("bad", "negative")])
+    loaded = load_examples(data, LABELS, label_map={"positive": "fresh", "negativ": "rotten"})
+    assert [e.gold for e in loaded.examples] == [1, None]
+    assert any(
+        "label map key(s) 'negativ' match no gold label of data.csv" in note
+        and "negative, positive" in note
+        for note in loaded.notes
+    ), loaded.notes
+    with pytest.raises(InvalidArgument, match="'nope' is not a model label"):
+        load_examples(data, LABELS, label_map={"positive": "nope"})
