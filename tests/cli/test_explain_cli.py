@@ -209,6 +209,27 @@ def test_explain_lines_prints_json_lines_in_order(sidecar: RunningSidecar, tmp_p
     assert {r["target_label"] for r in rows} == {"fresh"}
 
 
+def test_a_reader_that_leaves_ends_the_command_quietly(
+    sidecar: RunningSidecar, tmp_path: Path
+) -> None:
+    """`limelight explain --lines big.txt | head -1`: when the reader closes the pipe the
+    command stops with the shell's SIGPIPE status (141) and no error or traceback."""
+    path = tmp_path / "many.txt"
+    path.write_text("".join(f"a fine film, take {i}\n" for i in range(3000)), encoding="utf-8")
+    reader = subprocess.Popen(
+        [sys.executable, "-m", "limelight.cli.main", "explain", "--lines", str(path)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env={**os.environ, "LIMELIGHT_TARGET": sidecar.target},
+    )
+    assert reader.stdout is not None and reader.stderr is not None
+    assert json.loads(reader.stdout.readline())["line"] == 1
+    reader.stdout.close()  # as `head -1` does after its line
+    err = reader.stderr.read().decode()
+    assert reader.wait(timeout=600) == 141, err
+    assert "error" not in err and "Traceback" not in err and "Exception" not in err, err
+
+
 def test_explain_lines_local_matches_server(
     sidecar: RunningSidecar, bert_tiny_dir: Path, tmp_path: Path
 ) -> None:

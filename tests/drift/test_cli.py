@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from limelight.cli.drift import format_report, plot_report
+from limelight.cli.drift import drift_figure, format_report, plot_report
 from limelight.cli.main import main
 from limelight.drift import DriftMonitor, ReferenceFile
 from limelight.drift.build import explain_texts, profile_of
@@ -76,6 +76,27 @@ def test_an_empty_window_prints_no_divergence() -> None:
     ]  # fmt: skip
     fresh = next(line for line in lines if line.startswith("fresh ")).split()
     assert fresh[2] == "ok" and float(fresh[1]) < 0.02 and fresh[3] == "3"
+
+
+def test_the_plot_says_what_the_table_says_of_labels_not_compared() -> None:
+    import matplotlib.pyplot as plt
+
+    settings = Settings(drift_bootstrap_n=10, drift_window=100, drift_sketch_size=32)
+    monitor = DriftMonitor(settings, ["rotten", "fresh"], None)
+    monitor.observe("fresh", ["a", "film"], [0.1, 2.0])
+    building = drift_figure(monitor.report(top_k=3))
+    titles = [ax.get_title() for ax in building.axes]
+    assert titles[1:] == ["rotten: JSD -, n=0", "fresh: JSD -, n=0"]
+    said = [t.get_text() for ax in building.axes[1:] for t in ax.texts]
+    assert said == ["reference building:\n1 of 10 explanations"] * 2
+    plt.close(building)
+    for _ in range(12):
+        monitor.observe("fresh", ["a", "film"], [0.1, 2.0])
+    ready = drift_figure(monitor.report(top_k=3))
+    assert ready.axes[1].get_title() == "rotten: JSD -, n=0"
+    assert [t.get_text() for t in ready.axes[1].texts] == ["no recent answer\npredicted this label"]
+    assert ready.axes[2].get_title().startswith("fresh: JSD 0.0") and not ready.axes[2].texts
+    plt.close(ready)
 
 
 def test_plot_writes_a_png(tmp_path: Path) -> None:

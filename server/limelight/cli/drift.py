@@ -254,7 +254,20 @@ def format_report(report: Any) -> str:
 
 
 def plot_report(report: Any, path: Path, top_k: int = 8) -> None:
-    """PNG: divergence per label (with the threshold) and each label's top token shifts."""
+    """PNG of :func:`drift_figure`."""
+    import matplotlib.pyplot as plt
+
+    fig = drift_figure(report, top_k)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def drift_figure(report: Any, top_k: int = 8) -> Any:
+    """Divergence per label (with the threshold) and each label's top token shifts.
+
+    As in :func:`format_report`, a label with nothing in the window has no divergence: its
+    bar is left out and its panel says why, rather than drawing a divergence of 0."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -265,9 +278,12 @@ def plot_report(report: Any, path: Path, top_k: int = 8) -> None:
     fig, axes = plt.subplots(1, n + 1, figsize=(4.2 * (n + 1), 4.0), squeeze=False)
     ax = axes[0][0]
     names = [d.label for d in labels]
-    values = [d.divergence for d in labels]
+    values = [d.divergence if d.window_count > 0 else 0.0 for d in labels]
     colours = ["tab:red" if d.alert else "tab:blue" for d in labels]
     ax.bar(names, values, color=colours)
+    for i, d in enumerate(labels):
+        if d.window_count == 0:
+            ax.text(i, 0, "not\ncompared", ha="center", va="bottom", fontsize=8, color="gray")
     ax.axhline(report.alert_threshold, color="tab:red", linestyle="--", linewidth=1)
     ax.set_ylim(0, max([report.alert_threshold * 1.5, *values, 1e-3]) * 1.1)
     ax.set_ylabel("Jensen-Shannon divergence (bits)")
@@ -285,11 +301,22 @@ def plot_report(report: Any, path: Path, top_k: int = 8) -> None:
         )
         ax.axvline(0, color="black", linewidth=0.8)
         ax.set_xlabel("share change (percentage points)")
-        ax.set_title(f"{d.label}: JSD {d.divergence:.3f}, n={d.window_count}")
+        if d.window_count == 0:
+            target = getattr(report, "reference_target", 0)
+            of = f" of {target:,}" if target > 0 else ""
+            why = {
+                "building": f"reference building:\n{report.reference_count:,}{of} explanations",
+                "disabled": "drift monitoring is off",
+            }.get(report.reference_state, "no recent answer\npredicted this label")
+            ax.clear()
+            ax.set_title(f"{d.label}: JSD {NOT_COMPARED}, n=0")
+            ax.text(0.5, 0.5, why, ha="center", va="center", transform=ax.transAxes)
+            ax.set_xticks([])
+            ax.set_yticks([])
+        else:
+            ax.set_title(f"{d.label}: JSD {d.divergence:.3f}, n={d.window_count}")
     fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    return fig
 
 
 def _fetch(args: argparse.Namespace) -> Any:

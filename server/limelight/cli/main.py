@@ -4,7 +4,8 @@ function contributes one subcommand.
 Errors: whatever a command raises ends here, in :func:`main`, and becomes one line on stderr
 (``limelight <command>: error: <what went wrong>``) and a non-zero exit status — 2 for invalid
 arguments or settings, 1 for anything else — with no traceback unless the log level is DEBUG
-(``--log-level debug`` or ``LIMELIGHT_LOG_LEVEL=debug``).
+(``--log-level debug`` or ``LIMELIGHT_LOG_LEVEL=debug``). A reader that closes standard output
+early (``| head``) ends a command quietly with status 141, as SIGPIPE ends Unix tools.
 """
 
 from __future__ import annotations
@@ -25,6 +26,10 @@ from typing import Any
 from limelight import __version__
 from limelight.cli.common import EXIT_FAILURE, EXIT_USAGE, fail
 from limelight.errors import ErrorKind, LimelightError, redact_credentials
+
+#: Exit status when standard output's reader went away: a shell's for a process that SIGPIPE
+#: ended (128 + 13).
+EXIT_BROKEN_PIPE = 141
 
 _EPILOG = (
     "Errors are reported as one line on stderr with exit status 2 (invalid arguments or "
@@ -190,6 +195,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
     except SystemExit:
         raise
+    except BrokenPipeError:
+        # The reader left (`limelight jobs list | head -3`): stop without a word, as Unix tools
+        # do, and keep Python's own flush at exit from failing on the closed pipe again.
+        with contextlib.suppress(OSError):
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_BROKEN_PIPE
     except Exception as exc:
         message, status = describe_error(exc, args)
         if _debug_requested(args):
