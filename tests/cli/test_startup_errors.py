@@ -339,3 +339,30 @@ def test_calibrate_heads_reports_errors_like_every_other_command(
     assert line.removeprefix("limelight calibrate-heads") == serve_line.removeprefix(
         "limelight serve"
     )
+
+
+def test_a_path_that_cannot_be_used_is_named_by_its_flag_and_direction(tmp_path: Path) -> None:
+    """A file the command writes reads "cannot write", one it reads "cannot read"; a folder on
+    the way that is missing is named after the flag's own value."""
+    import argparse
+    import errno
+
+    from limelight.cli.main import describe_error
+
+    args = argparse.Namespace(
+        command="explain", html="nodir/x.html", lines="in.txt", plot="/no/such/d.png"
+    )
+    missing = errno.ENOENT, "No such file or directory"
+    assert describe_error(FileNotFoundError(*missing, "nodir/x.html"), args) == (
+        "cannot write --html nodir/x.html: No such file or directory",
+        EXIT_FAILURE,
+    )
+    assert describe_error(FileNotFoundError(*missing, "in.txt"), args)[0] == (
+        "cannot read --lines in.txt: No such file or directory"
+    )
+    assert describe_error(FileNotFoundError(*missing, "/no/such"), args)[0] == (
+        "cannot write --plot /no/such/d.png: No such file or directory (/no/such)"
+    )
+    assert describe_error(FileNotFoundError(*missing, "/elsewhere"), args)[0] == (
+        "cannot read /elsewhere: No such file or directory"
+    )

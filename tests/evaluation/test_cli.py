@@ -104,3 +104,18 @@ def test_eval_refuses_unknown_methods_before_the_model_loads(
     err = capsys.readouterr().err
     assert err.startswith("limelight eval: error: ") and said in err, err
     assert not (tmp_path / "o").exists()
+
+
+def test_an_unwritable_out_folder_stops_eval_before_the_model_loads(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from limelight.cli.main import main
+
+    blocker = tmp_path / "a-file"
+    blocker.write_text("", encoding="utf-8")
+    out = blocker / "results"  # a folder cannot be made under a file
+    missing = tmp_path / "no-model-here"  # loading it would fail with another message
+    status = main(["eval", "--model", str(missing), "--methods", "normxlogit", "--out", str(out)])
+    assert status == 1
+    err = capsys.readouterr().err
+    assert f"limelight eval: error: cannot write --out {out}: Not a directory" in err, err

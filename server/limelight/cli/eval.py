@@ -160,6 +160,7 @@ def run(args: argparse.Namespace) -> int:
     names = [m.strip() for m in args.methods.split(",") if m.strip()]
     params = parse_params(args.params)
     registry = _check_methods(names, params, settings)  # before the model loads
+    args.out.mkdir(parents=True, exist_ok=True)  # an unwritable --out fails now, not at the end
     model = load_served_model(settings)
     if args.data is None:
         args.data = default_data(args.model_dir, settings.demo_model)

@@ -79,13 +79,23 @@ def _debug_requested(args: argparse.Namespace) -> bool:
     return str(level).strip().upper() == "DEBUG"
 
 
-def _flag_for(args: argparse.Namespace, filename: object) -> str | None:
-    """The command-line flag whose value is ``filename`` (``--tls-cert``), if any."""
+#: Flags whose value is a file or folder the command writes (the rest it reads).
+_OUTPUTS = frozenset({"out", "html", "plot", "output"})
+
+
+def _flag_for(args: argparse.Namespace, filename: object) -> tuple[str, str, bool] | None:
+    """(``--flag``, its value, whether the command writes there) for the path flag whose
+    value is ``filename`` or lies under it (a folder on the way that does not exist)."""
     if filename is None:
         return None
+    failed = Path(str(filename))
     for dest, value in vars(args).items():
-        if isinstance(value, str | Path) and str(value) == str(filename):
-            return "--" + dest.replace("_", "-").removesuffix("-dir").removesuffix("-path")
+        if not isinstance(value, str | Path) or not str(value):
+            continue
+        given = Path(value)
+        if str(value) == str(filename) or failed in given.parents:
+            flag = "--" + dest.replace("_", "-").removesuffix("-dir").removesuffix("-path")
+            return flag, str(value), dest in _OUTPUTS
     return None
 
 
@@ -162,9 +172,15 @@ def describe_error(exc: BaseException, args: argparse.Namespace) -> tuple[str, i
                 EXIT_FAILURE,
             )
         if exc.filename is not None:
-            flag = _flag_for(args, exc.filename)
-            what = f"{flag} {exc.filename}" if flag else str(exc.filename)
-            return f"cannot read {what}: {exc.strerror or exc}", EXIT_FAILURE
+            found = _flag_for(args, exc.filename)
+            reason = exc.strerror or str(exc)
+            if found is None:
+                return f"cannot read {exc.filename}: {reason}", EXIT_FAILURE
+            flag, value, writes = found
+            if value != str(exc.filename):  # a folder on its way
+                reason = f"{reason} ({exc.filename})"
+            verb = "write" if writes else "read"
+            return f"cannot {verb} {flag} {value}: {reason}", EXIT_FAILURE
         return str(exc.strerror or exc), EXIT_FAILURE
     if isinstance(exc, RuntimeError):
         match = _BIND_FAILURE.search(str(exc) + " ")
