@@ -571,3 +571,23 @@ def test_distill_cli_loop_texts_and_reward(
     assert replace(plain, loop_texts=8).digest() != plain.digest()
     no_loop = HeadRecipe(train=replace(CONFIG, loop_steps=0))
     assert replace(no_loop, loop_texts=8).digest() == no_loop.digest()
+
+
+def test_distill_refuses_data_without_texts_and_says_when_it_held_fewer(
+    synthetic: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from limelight.cli.main import main
+
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("", encoding="utf-8")
+    base = ["distill", "--model", str(synthetic), "--epochs", "1", "--no-progress"]
+    head = tmp_path / "head"
+    assert main([*base, "--data", str(empty), "--out", str(head)]) == 2
+    assert f"limelight distill: error: no texts to train on in {empty}" in capsys.readouterr().err
+    assert not head.exists() and not list(tmp_path.glob("head.teacher-*"))
+    few = texts_file(tmp_path, 12, seed=3)
+    assert (
+        main([*base, "--data", str(few), "--n", "50", "--validation", "4", "--out", str(head)]) == 0
+    )
+    said = capsys.readouterr().out
+    assert "note: the data held 8 training texts of the 50 asked (--n), after 4 held out" in said

@@ -238,6 +238,11 @@ def run(args: argparse.Namespace) -> int:
     )
     _, card, out = build_head(model, settings, recipe, args.out, progress=not args.no_progress)
     print(report(card))
+    if card.train_texts < args.n:
+        print(
+            f"note: the data held {card.train_texts:,} training texts of the {args.n:,} asked "
+            f"(--n), after {card.validation_texts:,} held out for validation"
+        )
     print(f"saved to {out}")
     if out.resolve() == head_dir(model).resolve():
         print(f"served by default: limelight serve --model {model.directory}")

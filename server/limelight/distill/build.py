@@ -25,6 +25,7 @@ from limelight.build_progress import ProgressFile
 from limelight.demo import datasets
 from limelight.distill.config import DEFAULT_TEACHER, DEFAULT_TEACHER_PARAMS, Mixture, TrainConfig
 from limelight.distill.train import LOOP_FRACTIONS, distill
+from limelight.errors import InvalidArgument
 from limelight.models.explainer_head import ExplainerHead, HeadCard, head_dir, read_card, save_head
 from limelight.models.fingerprint import ModelIdentity
 from limelight.models.loaded import LoadedModel
@@ -119,6 +120,8 @@ def build_head(
     extra = recipe.loop_texts if recipe.train.loop_steps else 0
     texts, held_out = training_texts(recipe.data, recipe.n_texts + extra, recipe.validation_texts)
     texts, loop_texts = texts[: recipe.n_texts], texts[recipe.n_texts :]
+    if not texts:  # before anything is written: a head trained on nothing would still load
+        raise InvalidArgument(f"no texts to train on in {recipe.data}")
     cache = label_cache(out, recipe.teacher)
     teachers = [recipe.teacher] + ([recipe.mixture.teacher] if recipe.mixture else [])
     bar = tqdm(
