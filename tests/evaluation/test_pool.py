@@ -122,6 +122,17 @@ def test_runs_of_other_models_settings_or_methods_are_refused(tmp_path: Path) ->
         read_run(broken)
 
 
+def test_the_same_run_given_twice_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Given twice (as its folder and as its eval.json), a run would agree with itself on
+    every input: "measured twice or more (of them differing)" would read as reproduced."""
+    a = _run(tmp_path / "a", [0, 1], {"head": [(0.1, 0.0), (0.2, 0.0)]})
+    assert main(["eval-pool", str(a), str(a / "eval.json")]) == 2
+    err = capsys.readouterr().err
+    assert f"limelight eval-pool: error: {a / 'eval.json'} and {a} are the same run" in err
+
+
 def test_a_run_without_recorded_inputs_is_mapped_through_its_sampling_seed(tmp_path: Path) -> None:
     data = tmp_path / "data.jsonl"
     data.write_text(

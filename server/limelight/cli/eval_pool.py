@@ -29,8 +29,14 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 
 def run(args: argparse.Namespace) -> int:
-    from limelight.evaluation.pool import pool, read_run, write
+    from limelight.errors import InvalidArgument
+    from limelight.evaluation.pool import eval_json, pool, read_run, write
 
+    seen: dict[Path, Path] = {}
+    for path in args.runs:
+        first = seen.setdefault(eval_json(path).resolve(), path)
+        if first is not path:  # pooling a run with itself would count it twice as agreement
+            raise InvalidArgument(f"{path} and {first} are the same run: give each run once")
     report = pool([read_run(path) for path in args.runs], reference=args.reference)
     print(report.markdown(), end="")
     if args.out is not None:

@@ -132,7 +132,8 @@ class PooledReport:
         return "\n".join(lines) + "\n"
 
 
-def _eval_json(path: Path) -> Path:
+def eval_json(path: Path) -> Path:
+    """The ``eval.json`` of a run given as its ``--out`` folder or as the file itself."""
     return path / "eval.json" if path.is_dir() else path
 
 
@@ -160,7 +161,7 @@ def _legacy_keys(raw: Mapping[str, Any], where: Path) -> list[InputKey]:
 
 def read_run(path: Path) -> RunInputs:
     """One ``eval.json`` (or the folder holding it) as the pool reads it."""
-    file = _eval_json(Path(path))
+    file = eval_json(Path(path))
     try:
         raw = json.loads(file.read_text(encoding="utf-8"))
     except FileNotFoundError:
