@@ -289,7 +289,7 @@ def test_errors_a_command_finds_itself_read_like_every_other(
     capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
     """Errors a command reports itself take the form of those main() and argparse report."""
-    empty = tmp_path / "empty.txt"
+    empty = tmp_path / "empty.jsonl"
     empty.write_text("\n", encoding="utf-8")
     status, line = run_main(capsys, "drift-reference", "build", "--data", str(empty))
     assert status == EXIT_USAGE
