@@ -78,6 +78,14 @@ def test_every_numeric_option_is_bounded_where_it_is_read() -> None:
             "argument --positional-threshold: must be at least 0 and at most 1, got 1.5",
         ),
         (["bench", "--duration", "0"], "argument --duration: must be above 0"),
+        (["bench", "--clients", "1,0"], "argument --clients: must be at least 1, got 0"),
+        (["bench", "--clients", "a"], "argument --clients: expects a whole number, got 'a'"),
+        (["bench", "--batches", "-1"], "argument --batches: must be at least 1"),
+        (["bench", "--runtimes", "torch,tensorrt"], "argument --runtimes: unknown 'tensorrt'"),
+        (["bench", "--sections", "served,foo"], "argument --sections: unknown 'foo'; use inline"),
+        (["bench", "--mix", "8+x"], "argument --mix: expects a whole number, got 'x'"),
+        (["bench", "--mix", "0+4"], "argument --mix: must be at least 1, got 0"),
+        (["bench", "--mix", "8"], "argument --mix: expects SHORT+LONG clients, e.g. 8+4"),
         (["bench", "--channels", "0"], "argument --channels: must be at least 1"),
         (["build-demo", "--threads", "0"], "argument --threads: must be at least 1"),
         (["worker", "--workers", "0"], "argument --workers: must be at least 1"),
@@ -108,3 +116,19 @@ def test_defaults_pass_through_the_same_types() -> None:
     """argparse converts a string default with the option's type: the defaults must parse."""
     args = build_parser().parse_args(["eval"])
     assert args.fractions == (0.1, 0.2, 0.3, 0.4, 0.5) and args.overlap_k == (5, 10, 20, 50)
+    bench = build_parser().parse_args(["bench"])
+    assert bench.clients == (1, 8, 32) and bench.mix == (8, 4)
+    assert bench.runtimes == ("torch", "onnx")
+    assert build_parser().parse_args(["bench", "--mix", ""]).mix is None  # '' skips the section
+
+
+def test_bench_writes_back_the_command_that_reproduces_it() -> None:
+    from limelight.cli.bench import _argv
+
+    argv = ["bench", "--demo", "bert-tiny", "--clients", "2,8", "--mix", "3+1"]
+    again = _argv(build_parser().parse_args(argv))
+    assert again[again.index("--clients") + 1] == "2,8"
+    assert again[again.index("--mix") + 1] == "3+1"
+    assert again[again.index("--runtimes") + 1] == "torch,onnx"
+    reparsed = build_parser().parse_args(["bench", *again])
+    assert (reparsed.clients, reparsed.mix) == ((2, 8), (3, 1))

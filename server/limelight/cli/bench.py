@@ -15,7 +15,7 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from limelight.cli.common import add_model_args, real, settings_from_args, whole
+from limelight.cli.common import add_model_args, listed, one_of, real, settings_from_args, whole
 from limelight.errors import InvalidArgument
 
 SECTIONS = ("inline", "served", "mix", "jobs")
@@ -26,10 +26,20 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "bench", help="benchmark the inline path, the served path under load and job methods"
     )
     add_model_args(p)
-    p.add_argument("--runtimes", default="torch,onnx", help="comma-separated: torch,onnx")
-    p.add_argument("--batches", default="1,8,32", help="in-process batch sizes")
     p.add_argument(
-        "--clients", default="1,8,32", help="concurrent clients of the out-of-process load"
+        "--runtimes",
+        type=listed(one_of("torch", "onnx")),
+        default="torch,onnx",
+        help="comma-separated: torch,onnx",
+    )
+    p.add_argument(
+        "--batches", type=listed(whole(1)), default="1,8,32", help="in-process batch sizes"
+    )
+    p.add_argument(
+        "--clients",
+        type=listed(whole(1)),
+        default="1,8,32",
+        help="concurrent clients of the out-of-process load",
     )
     p.add_argument(
         "--workers",
@@ -105,6 +115,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     p.add_argument(
         "--mix",
+        type=_mix,
         default="8+4",
         help="mixed-length load: SHORT+LONG concurrent clients, e.g. 8+4 ('' to skip)",
     )
@@ -113,6 +124,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     p.add_argument(
         "--sections",
+        type=listed(one_of(*SECTIONS)),
         default=",".join(SECTIONS),
         help=f"what to measure, comma-separated: {','.join(SECTIONS)}",
     )
@@ -198,22 +210,19 @@ def _run(args: argparse.Namespace, work: Path) -> int:
 
     if args.channels is None:
         args.channels = 8 if args.workers > 1 else 1
-    sections = {s for s in args.sections.split(",") if s}
-    unknown = sections - set(SECTIONS)
-    if unknown:
-        raise InvalidArgument(f"unknown --sections {','.join(sorted(unknown))}; use {SECTIONS}")
+    sections = set(args.sections)
     settings = settings_from_args(args, jobs="off", drift_enabled=False)
     model = load_served_model(settings)
     prepare_lexicon(settings, model)  # as the server will at start-up, before it is measured
     reviews = [e.text for e in rotten_tomatoes("test")]
     short = sorted(reviews, key=len)[len(reviews) // 4 :][:64]
     long = [" ".join(reviews[i : i + 6]) for i in range(0, 6 * 64, 6)]
-    batches = [int(x) for x in args.batches.split(",") if x]
+    batches = list(args.batches)
     repeats = 3 if args.quick else 15
     duration = min(args.duration, 3.0) if args.quick else args.duration
     warmup = min(args.load_warmup, 1.0) if args.quick else args.load_warmup
     runtimes: dict[str, Runtime] = {}
-    names = [r for r in args.runtimes.split(",") if r]
+    names = list(args.runtimes)
     # What the server runs: the heads and lexicon table found beside the model, and its
     # default inline method.
     heads = inline_heads(model)
@@ -291,7 +300,7 @@ def _run(args: argparse.Namespace, work: Path) -> int:
     if settings.device:
         common["device"] = settings.device
     if "served" in sections:
-        clients = [int(x) for x in args.clients.split(",") if x]
+        clients = list(args.clients)
         rows = []
         for name, runtime in runtimes.items():
             forward_ms = statistics.median(
@@ -411,7 +420,7 @@ def _run(args: argparse.Namespace, work: Path) -> int:
         )
 
     if "mix" in sections and args.mix:
-        n_short, n_long = (int(x) for x in args.mix.split("+"))
+        n_short, n_long = args.mix
         longs = long_texts(reviews, args.long_chars, 16)
         rows = []
         policies = {
@@ -507,6 +516,17 @@ def _run(args: argparse.Namespace, work: Path) -> int:
     return 0
 
 
+def _mix(text: str) -> tuple[int, int] | None:
+    """``--mix SHORT+LONG``: clients of each kind, both at least 1; '' skips the section."""
+    if not text.strip():
+        return None
+    short, plus, long = text.partition("+")
+    if not plus:
+        raise argparse.ArgumentTypeError(f"expects SHORT+LONG clients, e.g. 8+4, got {text!r}")
+    count = whole(1)
+    return count(short), count(long)
+
+
 def _argv(args: argparse.Namespace) -> list[str]:
     out = []
     if args.model_dir:
@@ -516,7 +536,12 @@ def _argv(args: argparse.Namespace) -> list[str]:
     if getattr(args, "torch_threads", None):
         out += ["--torch-threads", str(args.torch_threads)]
     for flag in ("runtimes", "clients", "mix", "sections", "workers", "channels", "rpc"):
-        out += [f"--{flag}", str(getattr(args, flag))]
+        value = getattr(args, flag)
+        if isinstance(value, tuple):  # the comma lists, and --mix as SHORT+LONG
+            value = "+".join(map(str, value)) if flag == "mix" else ",".join(map(str, value))
+        if value is None and flag != "mix":  # not given and not yet resolved: its default
+            continue
+        out += [f"--{flag}", "" if value is None else str(value)]
     if args.rpc == "batch":
         out += ["--texts-per-call", str(args.texts_per_call)]
     if args.rpc != "http":

@@ -57,6 +57,18 @@ def real(
     return parse
 
 
+def one_of(*choices: str) -> Callable[[str], str]:
+    """argparse type: one of ``choices`` (for the items of a :func:`listed` flag; a single
+    value takes argparse's own ``choices``)."""
+
+    def parse(text: str) -> str:
+        if text not in choices:
+            raise argparse.ArgumentTypeError(f"unknown {text!r}; use {', '.join(choices)}")
+        return text
+
+    return parse
+
+
 def listed(item: Callable[[str], Any]) -> Callable[[str], tuple[Any, ...]]:
     """argparse type: a comma-separated list of ``item`` values (at least one), each checked
     by ``item``; duplicates dropped, order kept."""
