@@ -366,3 +366,15 @@ def test_a_path_that_cannot_be_used_is_named_by_its_flag_and_direction(tmp_path:
     assert describe_error(FileNotFoundError(*missing, "/elsewhere"), args)[0] == (
         "cannot read /elsewhere: No such file or directory"
     )
+
+
+def test_bench_refuses_a_job_method_it_cannot_run_before_the_model_loads(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    argv = ["bench", "--model", str(tmp_path / "gone"), "--sections", "jobs"]
+    status, line = run_main(capsys, *argv, "--job-methods", "lrp,normxlogit,nope")
+    assert status == EXIT_USAGE
+    assert line.startswith(
+        "limelight bench: error: --job-methods: 'normxlogit', 'nope' not a job method (job "
+        "methods: "
+    ), line

@@ -212,6 +212,9 @@ def _run(args: argparse.Namespace, work: Path) -> int:
         args.channels = 8 if args.workers > 1 else 1
     sections = set(args.sections)
     settings = settings_from_args(args, jobs="off", drift_enabled=False)
+    job_methods = [m for m in args.job_methods.split(",") if m]
+    if "jobs" in sections:  # a misspelt name would stop the run at its end, minutes from now
+        _check_job_methods(job_methods, settings)
     model = load_served_model(settings)
     prepare_lexicon(settings, model)  # as the server will at start-up, before it is measured
     reviews = [e.text for e in rotten_tomatoes("test")]
@@ -501,7 +504,6 @@ def _run(args: argparse.Namespace, work: Path) -> int:
             ),
         )
 
-    job_methods = [m for m in args.job_methods.split(",") if m]
     if "jobs" in sections and job_methods:
         rows = b.job_method_ratios(model, settings, job_methods, short[:3], repeats)
         emit(
@@ -514,6 +516,19 @@ def _run(args: argparse.Namespace, work: Path) -> int:
         _plot(inline_rows, served, args.out / "bench.png")
     print(f"\nwrote {args.out / 'bench.md'}")
     return 0
+
+
+def _check_job_methods(names: list[str], settings: Any) -> None:
+    from limelight.methods.base import JobMethod, MethodRegistry
+
+    registry = MethodRegistry.load(settings)
+    jobs = sorted(m.name for m in registry if isinstance(m, JobMethod))
+    wrong = [n for n in names if n not in jobs]
+    if wrong:
+        raise InvalidArgument(
+            f"--job-methods: {', '.join(map(repr, wrong))} not a job method (job methods: "
+            f"{', '.join(jobs)})"
+        )
 
 
 def _mix(text: str) -> tuple[int, int] | None:
