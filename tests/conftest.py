@@ -23,6 +23,9 @@ from limelight.settings import Settings
 from tests.otlp_receiver import Receiver, running_receiver
 from tests.tiny_bert import save_tiny_bert
 
+#: Fixtures defined outside this file: ``browser`` (headless Chromium).
+pytest_plugins = ("tests.browser",)
+
 __all__ = ["SLOW_FIXTURES", "RunningSidecar", "cache_dir", "free_port"]
 
 #: Fixtures that build or train a model (minutes on a fresh machine: the demo models are built

@@ -359,6 +359,25 @@ footer{margin-top:1.5rem;color:#777;font-size:.8rem}
 """
 
 
+#: The root element of an embeddable fragment (``to_html(fragment=True)``, notebooks).
+FRAGMENT_CLASS = "limelight-explanation"
+
+
+def _scoped_css(css: str, root: str) -> str:
+    """``css`` with every selector confined to ``.root`` (``body`` becomes the root itself),
+    so that a fragment embedded in a notebook or a page does not restyle its host. Plain
+    rules only (no ``@media`` or other at-rules, whose braces nest)."""
+    rules = []
+    for rule in filter(None, (r.strip() for r in css.split("}"))):
+        selectors, _, body = rule.partition("{")
+        scoped = [
+            f".{root}" if sel.strip() == "body" else f".{root} {sel.strip()}"
+            for sel in selectors.split(",")
+        ]
+        rules.append(f"{','.join(scoped)}{{{body.strip()}}}")
+    return "\n".join(rules)
+
+
 def _rgb_css(c: tuple[int, int, int]) -> str:
     return f"rgb({c[0]},{c[1]},{c[2]})"
 
@@ -434,8 +453,12 @@ def _html_top(exp: Explanation, name: str, values: list[float]) -> str:
     )
 
 
-def to_html(exp: Explanation, scores: str | Sequence[str] | None = None) -> str:
-    """A self-contained HTML page: inline CSS only, no scripts, no external assets."""
+def to_html(
+    exp: Explanation, scores: str | Sequence[str] | None = None, fragment: bool = False
+) -> str:
+    """A self-contained HTML page: inline CSS only, no scripts, no external assets. With
+    ``fragment``, the same content as one ``<div>`` to embed in another page (a notebook's
+    output, a dashboard): its style sheet is scoped to that ``<div>``."""
     names = _resolve(exp, scores)
     arrays = {name: exp.score_array(name) for name in names}
     # Multi-label: every explained label's map (target scores only), side by side.
@@ -448,10 +471,21 @@ def to_html(exp: Explanation, scores: str | Sequence[str] | None = None) -> str:
         shown = exp.label
     title = f"Limelight: {shown}"
     where = "" if others else f" (index {exp.target_index})"
+    if fragment:
+        head = [
+            f'<div class="{FRAGMENT_CLASS}" role="figure" aria-label="{_esc(title)}">',
+            # the page's margin is the host's business: a notebook cell has its own
+            f"<style>{_scoped_css(_CSS, FRAGMENT_CLASS)}\n.{FRAGMENT_CLASS}{{margin:.5rem 0}}"
+            "</style>",
+        ]
+    else:
+        head = [
+            '<!DOCTYPE html><html lang="en"><head><meta charset="utf-8">',
+            '<meta name="viewport" content="width=device-width,initial-scale=1">',
+            f"<title>{_esc(title)}</title><style>{_CSS}</style></head><body>",
+        ]
     out = [
-        '<!DOCTYPE html><html lang="en"><head><meta charset="utf-8">',
-        '<meta name="viewport" content="width=device-width,initial-scale=1">',
-        f"<title>{_esc(title)}</title><style>{_CSS}</style></head><body>",
+        *head,
         f"<header><h1>Prediction: {_esc(shown)}</h1>",
         f'<p class="meta">explaining {"labels" if others else "class"} <b>{_esc(target)}</b>'
         f"{where} with method <b>{_esc(exp.method or '?')}</b></p>",
@@ -504,5 +538,6 @@ def to_html(exp: Explanation, scores: str | Sequence[str] | None = None) -> str:
             f" forward {ms['forward_seconds']:.1f}, attribute {ms['attribute_seconds']:.1f},"
             f" batch {t.batch_size})"
         )
-    out.append(f"<footer>{' · '.join(footer)}</footer></body></html>\n")
+    out.append(f"<footer>{' · '.join(footer)}</footer>")
+    out.append("</div>\n" if fragment else "</body></html>\n")
     return "".join(out)

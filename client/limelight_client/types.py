@@ -428,15 +428,23 @@ class Explanation(_Shape):
         return out
 
     def to_html(
-        self, path: str | Path | None = None, scores: str | Sequence[str] | None = None
+        self,
+        path: str | Path | None = None,
+        scores: str | Sequence[str] | None = None,
+        fragment: bool = False,
     ) -> str:
         """A self-contained HTML page (inline CSS, no external assets); written to ``path``
         when given. ``scores`` names one or more arrays (see :meth:`score_array`) to show side
-        by side, e.g. ``["value", "importance"]`` for SLALOM; default: the target scores."""
-        page = render.to_html(self, scores=scores)
+        by side, e.g. ``["value", "importance"]`` for SLALOM; default: the target scores.
+        ``fragment``: one ``<div>`` with its style scoped to it, to embed in another page."""
+        page = render.to_html(self, scores=scores, fragment=fragment)
         if path is not None:
             Path(path).write_text(page, encoding="utf-8")
         return page
+
+    def _repr_html_(self) -> str:
+        # Jupyter and other notebooks show the heat-map rather than the repr.
+        return self.to_html(fragment=True)
 
     def to_terminal(
         self, scores: str | Sequence[str] = TARGET_SCORES, color: bool | None = None

@@ -6,12 +6,14 @@ import html
 import re
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from limelight_client import Explanation
 from limelight_client.proto import explainer_pb2 as pb
 from limelight_client.render import color_for, contrast_centre, layout
+from tests.browser import needs_browser
 
 Factory = Callable[..., pb.ExplainResponse]
 
@@ -314,3 +316,70 @@ def test_one_signed_near_uniform_scores_still_show_contrast(
     assert "white is the median" in page.read_text()
     # Mixed signs keep zero as white.
     assert contrast_centre([0.0, 1.0, -0.5, 0.0], _uniform_positive().tokens[:4]) == 0.0
+
+
+def test_a_fragment_is_the_page_as_one_div_with_its_style_scoped_to_it() -> None:
+    from limelight_client.render import _CSS, FRAGMENT_CLASS
+
+    exp = wordpiece_explanation()
+    page, fragment = exp.to_html(), exp.to_html(fragment=True)
+    assert exp._repr_html_() == fragment  # what a notebook shows
+    assert fragment.startswith(f'<div class="{FRAGMENT_CLASS}"')
+    assert fragment.rstrip().endswith("</div>")
+    for whole_page_only in ("!DOCTYPE", "html", "head", "body", "title"):
+        assert not re.search(rf"<{whole_page_only}[\s>]", fragment, re.I), whole_page_only
+    # the same content: token spans, probabilities, top tokens
+    spans = re.compile(r'<span class="tok"[^>]*>[^<]*</span>')
+    assert spans.findall(fragment) == spans.findall(page) != []
+    assert "Top tokens" in fragment and "0.900" in fragment
+    # every rule of the fragment's style sheet applies inside the fragment only
+    assert "@" not in _CSS  # plain rules: the scoping does not handle nested braces
+    style = re.search(r"<style>(.*?)</style>", fragment, re.S)
+    assert style is not None
+    selectors = [
+        sel.strip()
+        for rule in style.group(1).split("}")
+        if rule.strip()
+        for sel in rule.partition("{")[0].split(",")
+    ]
+    assert selectors and all(
+        sel == f".{FRAGMENT_CLASS}" or sel.startswith(f".{FRAGMENT_CLASS} ") for sel in selectors
+    ), selectors
+
+
+@needs_browser
+def test_a_fragment_in_a_host_page_keeps_its_look_and_leaves_the_host_alone(
+    browser: Any, tmp_path: Path
+) -> None:
+    """Two explanations embedded in one host page, as a notebook shows them: the browser
+    colours their tokens as on the stand-alone page, and the host's own heading and table keep
+    the host's style."""
+    exp = wordpiece_explanation()
+    alone = tmp_path / "alone.html"
+    exp.to_html(alone)
+    host = tmp_path / "host.html"
+    host.write_text(
+        "<!DOCTYPE html><html><head><style>h1{font-size:40px} td{padding:9px}</style></head>"
+        '<body><h1 id="own">notebook</h1><table><tr><td id="cell">x</td></tr></table>'
+        + exp.to_html(fragment=True)
+        + wordpiece_explanation("unbelievably good").to_html(fragment=True)
+        + "</body></html>",
+        encoding="utf-8",
+    )
+    colours = (
+        "return [...document.querySelectorAll('.tok')]"
+        ".map(s => getComputedStyle(s).backgroundColor)"
+    )
+    browser.get(alone.as_uri())
+    expected = browser.execute_script(colours)
+    browser.get(host.as_uri())
+    assert browser.execute_script(colours) == expected * 2 != []
+    own = browser.execute_script(
+        "return [getComputedStyle(document.getElementById('own')).fontSize,"
+        " getComputedStyle(document.getElementById('cell')).paddingTop]"
+    )
+    assert own == ["40px", "9px"]
+    inner = browser.execute_script(
+        "return getComputedStyle(document.querySelector('.limelight-explanation h1')).fontSize"
+    )
+    assert inner != "40px"  # the fragment's heading keeps its own size (1.4rem)
