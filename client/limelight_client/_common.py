@@ -8,6 +8,7 @@ import contextlib
 import itertools
 import logging
 import random
+import re
 import ssl
 import threading
 import time
@@ -72,6 +73,41 @@ class RetryPolicy:
         # Only UNAVAILABLE means "the request never reached a live server"; anything else may
         # have done work or will fail again the same way.
         return code == grpc.StatusCode.UNAVAILABLE
+
+
+#: Name-resolver schemes gRPC dials as they are (https://grpc.github.io/grpc/core/md_doc_naming.html).
+_GRPC_SCHEMES = ("dns:", "unix:", "unix-abstract:", "ipv4:", "ipv6:", "vsock:", "xds:")
+_URL = re.compile(r"^(?P<scheme>[a-z][a-z0-9+.-]*)://", re.I)
+
+
+def check_target(target: str) -> str:
+    """``target`` when gRPC can dial it as meant, else a ``ValueError`` that says what to give.
+
+    A URL (``http://host:port``) or a trailing path would reach gRPC's resolver as a host name
+    and fail as "the host name does not resolve"; a port above 65535 would be dialled modulo
+    65536, another port than the one given."""
+    if not isinstance(target, str) or not target.strip():
+        raise ValueError(f"target must be an address host:port, got {target!r}")
+    if target.lower().startswith(_GRPC_SCHEMES):
+        return target
+    url = _URL.match(target)
+    if url is not None:
+        rest = target[url.end() :].rstrip("/")
+        tls = " with tls=True" if url["scheme"].lower() in ("https", "grpcs") else ""
+        raise ValueError(
+            f"target {target!r} is a URL; the client dials a gRPC address: use {rest!r}{tls}"
+        )
+    host, port = target, ""
+    if target.startswith("["):  # [IPv6]:port
+        close = target.find("]")
+        host, port = target[: close + 1], target[close + 1 :].removeprefix(":")
+    elif target.count(":") == 1:
+        host, port = target.split(":")
+    if "/" in target or not host or (target.count(":") == 1 and not port):
+        raise ValueError(f"target {target!r} is not an address host:port (e.g. localhost:50051)")
+    if port and not (port.isdigit() and 0 < int(port) < 65536):
+        raise ValueError(f"target {target!r}: the port must be a number from 1 to 65535")
+    return target
 
 
 def target_proto(target: TargetArg) -> pb.Target | None:
@@ -817,7 +853,7 @@ class ClientBase(Generic[ChannelT]):
         if single_calls not in ("unary", "stream"):
             raise ValueError(f"single_calls must be 'unary' or 'stream', not {single_calls!r}")
         self.single_calls: SingleCalls = single_calls
-        self.target = target
+        self.target = target = check_target(target)
         self.timeout = timeout
         self.retry_policy = RetryPolicy(retries=retries, backoff=backoff, max_backoff=max_backoff)
         self._metadata = call_metadata(token)

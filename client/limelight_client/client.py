@@ -134,7 +134,8 @@ class Client(ClientBase[grpc.Channel]):
     """A connection to a Limelight sidecar.
 
     Args:
-        target: ``host:port`` of the sidecar.
+        target: the sidecar's gRPC address: ``host:port``, ``unix:/path`` or another gRPC name
+            scheme; a URL, a path or a port outside 1-65535 raises ``ValueError``.
         timeout: default deadline in seconds for each unary call, retries included
             (``None``: no deadline). Every method takes ``timeout=`` to override it.
         retries: extra attempts after a call failed with UNAVAILABLE (idempotent calls only),

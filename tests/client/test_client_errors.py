@@ -3,6 +3,7 @@ answered in their place by an error (``ItemError``: the code as a number)."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import grpc
@@ -102,3 +103,54 @@ def test_an_unavailable_answer_of_a_server_keeps_its_message() -> None:
     draining = errors.from_status(grpc.StatusCode.UNAVAILABLE, "the sidecar is draining")
     assert isinstance(draining, errors.Unavailable) and draining.reason is None
     assert draining.message == "the sidecar is draining"
+
+
+@pytest.mark.parametrize(
+    ("target", "said"),
+    [
+        (
+            "http://localhost:50051",
+            "is a URL; the client dials a gRPC address: use 'localhost:50051'",
+        ),
+        ("https://limelight.example:443/", "use 'limelight.example:443' with tls=True"),
+        ("grpc://10.0.0.7:50051", "use '10.0.0.7:50051'"),
+        ("localhost:50051/", "is not an address host:port (e.g. localhost:50051)"),
+        (":50051", "is not an address host:port"),
+        ("localhost:", "is not an address host:port"),
+        ("localhost:99999", "the port must be a number from 1 to 65535"),  # gRPC: port 34463
+        ("localhost:0", "the port must be a number from 1 to 65535"),
+        ("localhost:http", "the port must be a number from 1 to 65535"),
+        ("", "target must be an address host:port"),
+    ],
+)
+def test_a_target_grpc_would_dial_otherwise_than_meant_is_refused_at_once(
+    target: str, said: str
+) -> None:
+    """A URL or a path would fail later as "the host name does not resolve", and a port over
+    65535 would dial another port: both clients refuse such targets when they are made."""
+    from limelight_client import AsyncClient, Client
+
+    for kind in (Client, AsyncClient):
+        with pytest.raises(ValueError, match=re.escape(said)):
+            kind(target)
+
+
+@pytest.mark.parametrize(
+    "target",
+    [
+        "localhost:50051",
+        "10.0.0.7:50051",
+        "[::1]:50051",
+        "limelight.ns.svc.cluster.local:50051",
+        "localhost",  # gRPC's default port (443)
+        "unix:/run/limelight.sock",
+        "unix:///run/limelight.sock",
+        "dns:///limelight:50051",
+        "ipv4:10.0.0.7:50051,10.0.0.8:50051",
+    ],
+)
+def test_targets_grpc_understands_are_taken_as_given(target: str) -> None:
+    from limelight_client import Client
+
+    with Client(target) as client:  # nothing is dialled before the first call
+        assert client.target == target

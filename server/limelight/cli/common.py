@@ -201,16 +201,19 @@ def client_from_args(args: argparse.Namespace, connections: int = 1) -> Any:
     from limelight_client import Client
 
     tls = bool(args.tls or args.ca_cert or args.client_cert)
-    return Client(
-        args.target,
-        timeout=args.timeout,
-        tls=tls,
-        ca_cert=args.ca_cert,
-        client_cert=args.client_cert,
-        client_key=args.client_key,
-        token=args.token,
-        connections=connections,
-    )
+    try:
+        return Client(
+            args.target,
+            timeout=args.timeout,
+            tls=tls,
+            ca_cert=args.ca_cert,
+            client_cert=args.client_cert,
+            client_key=args.client_key,
+            token=args.token,
+            connections=connections,
+        )
+    except ValueError as exc:  # the SDK's word on --target or the TLS files: a usage error
+        raise InvalidArgument(str(exc)) from None
 
 
 def client_error_line(exc: Any, target: str | None) -> str:
