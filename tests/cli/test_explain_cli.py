@@ -46,6 +46,41 @@ def test_explain_against_server_json_and_html(sidecar: RunningSidecar, tmp_path:
     assert "<html" in html.lower() and "gorgeous" in html and "http://" not in html
 
 
+def test_all_classes_draws_a_map_per_class_and_flags_a_method_ignores_are_refused(
+    sidecar: RunningSidecar, tmp_path: Path
+) -> None:
+    text = "a gorgeous but slow film"
+    both = limelight(
+        "explain", text, "--target", sidecar.target, "--all-classes", "--color", "never",
+        "--html", str(tmp_path / "all.html"),
+    )  # fmt: skip
+    assert both.returncode == 0, both.stderr
+    answer = json.loads(
+        limelight("explain", text, "--target", sidecar.target, "--all-classes", "--json").stdout
+    )
+    for column, label in enumerate(answer["labels"]):
+        assert f"── {label} ──" in both.stdout
+        # each class's map prints that class's column of the score matrix
+        words = [t["text"] for t in answer["tokens"] if not t["special"]]
+        scores = [
+            row[column]
+            for row, t in zip(answer["class_scores"], answer["tokens"], strict=True)
+            if not t["special"]
+        ]
+        section = both.stdout.split(f"── {label} ──", 1)[1]
+        line = next(ln for ln in section.splitlines() if ln.strip())
+        assert line.split() == [f"{w}[{s:+.3f}]" for w, s in zip(words, scores, strict=True)]
+        assert f"<h2>{label}</h2>" in (tmp_path / "all.html").read_text()
+    for flags, said in [
+        (["--param", "steps=8"], "--param: the default method runs inline and takes no param"),
+        (["--method", "normxlogit", "--param", "steps=8"], "--param: normxlogit runs inline"),
+        (["--method", "lrp", "--all-classes", "--wait"], "--all-classes: lrp runs as a job"),
+    ]:
+        refused = limelight("explain", text, "--target", sidecar.target, *flags)
+        assert refused.returncode == 2
+        assert refused.stderr.startswith(f"limelight explain: error: {said}"), refused.stderr
+
+
 def test_the_heat_map_is_coloured_on_a_terminal_only(sidecar: RunningSidecar) -> None:
     """A heat-map redirected to a file or a pipe carries no escape codes (each score is printed
     after its token instead); on a terminal it is coloured; --color, FORCE_COLOR and NO_COLOR
@@ -332,7 +367,11 @@ def test_explain_lines_names_the_line_that_failed(sidecar: RunningSidecar, tmp_p
     )
     job = limelight("explain", "--lines", str(path), "--method", "lrp", "--target", sidecar.target)
     assert job.returncode == 2 and "inline methods" in job.stderr
-    for bad in (["x", "--lines", str(path)], ["--lines", str(tmp_path / "missing.txt")]):
+    for bad in (
+        ["x", "--lines", str(path)],
+        ["--lines", str(tmp_path / "missing.txt")],
+        ["--lines", str(path), "--param", "steps=8"],  # inline methods take none
+    ):
         refused = limelight("explain", *bad, "--target", sidecar.target)
         assert refused.returncode == 2 and refused.stderr.startswith("limelight explain: error: ")
 

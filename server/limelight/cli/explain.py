@@ -34,6 +34,7 @@ from limelight.cli.common import (
     use_color,
     whole,
 )
+from limelight.errors import InvalidArgument
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -106,16 +107,24 @@ def _target(value: str | None) -> str | int | None:
     return int(value) if value.lstrip("-").isdigit() else value
 
 
+def _maps(explanation: Any, all_classes: bool, page: bool) -> list[str] | None:
+    """The score arrays to draw (None: the target's): SLALOM's importance (how much a token
+    matters at all) beside its values; with --all-classes every class's scores."""
+    if explanation.method == "slalom":
+        return ["value" if page else "scores", "importance"]
+    if all_classes and explanation.class_scores is not None and not explanation.multi_label:
+        return list(explanation.labels)  # (multi-label draws each explained label already)
+    return None
+
+
 def _show(explanation: Any, args: argparse.Namespace) -> None:
     if args.html is not None:
-        scores = ["value", "importance"] if explanation.method == "slalom" else None
-        explanation.to_html(args.html, scores=scores)
+        explanation.to_html(args.html, scores=_maps(explanation, args.all_classes, page=True))
     if args.json:
         print(json.dumps(explanation.to_dict(), indent=2))
         return
-    # SLALOM's importance (how much a token matters at all) beside its primary scores
-    maps = ["scores", "importance"] if explanation.method == "slalom" else "scores"
-    print(explanation.to_terminal(scores=maps, color=use_color(args.color)))
+    maps = _maps(explanation, args.all_classes, page=False)
+    print(explanation.to_terminal(scores=maps or "scores", color=use_color(args.color)))
     for line in top_token_lines(explanation, args.top):
         print(line)
     if args.html is not None:
@@ -148,6 +157,20 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _refuse_flags_the_method_ignores(args: argparse.Namespace, method: str, cost: str) -> None:
+    """Flags that would be dropped without a word for this method's cost class."""
+    if cost == "inline" and args.param:
+        raise InvalidArgument(
+            f"--param: {method} runs inline and takes no parameters; parameters go to job "
+            "methods (e.g. --method integrated_gradients --param steps=64)"
+        )
+    if cost != "inline" and args.all_classes:
+        raise InvalidArgument(
+            f"--all-classes: {method} runs as a job, which explains one class (--class); "
+            "every class's scores come with inline methods"
+        )
+
+
 class UnknownMethod(Exception):
     """--method names a method the sidecar does not offer."""
 
@@ -161,6 +184,7 @@ def _run_remote(args: argparse.Namespace) -> Any:
                 cost = client.model().method(method).cost
             except KeyError as exc:  # the server's list, before anything is sent
                 raise UnknownMethod(exc.args[0]) from None
+        _refuse_flags_the_method_ignores(args, method or "the default method", cost)
         if cost == "inline":
             return client.explain(
                 args.text,
@@ -207,6 +231,7 @@ def _run_local(args: argparse.Namespace) -> Any:
     app = build_application(settings, Metrics(), model)
     service = app.service
     method = service.methods.get(args.method) if args.method else service.default_method
+    _refuse_flags_the_method_ignores(args, method.name, method.cost.value)
     if method.cost.value == "inline":
 
         async def once() -> Any:
@@ -331,7 +356,15 @@ def _run_lines(args: argparse.Namespace) -> int:
     from limelight_client.errors import LimelightError
     from limelight_client.types import Explanation
 
-    refused = [flag for flag, given in (("--html", args.html), ("--pair", args.text_pair)) if given]
+    refused = [
+        flag
+        for flag, given in (
+            ("--html", args.html),
+            ("--pair", args.text_pair),
+            ("--param", args.param),
+        )
+        if given
+    ]
     if refused:
         return fail(args, f"--lines does not go with {', '.join(refused)}", 2)
     total = None
