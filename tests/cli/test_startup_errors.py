@@ -378,3 +378,39 @@ def test_bench_refuses_a_job_method_it_cannot_run_before_the_model_loads(
         "limelight bench: error: --job-methods: 'normxlogit', 'nope' not a job method (job "
         "methods: "
     ), line
+
+
+@pytest.mark.parametrize(
+    ("argv", "said"),
+    [
+        (
+            ["calibrate-heads", "--model", "m", "--output", "mask.json"],
+            "limelight calibrate-heads: error: unrecognized arguments: --output mask.json "
+            "(--output: did you mean --out?)",
+        ),
+        (
+            ["jobs", "list", "--limt", "3"],
+            "limelight jobs list: error: unrecognized arguments: --limt 3 (--limt: did you mean "
+            "--limit?)",
+        ),
+        (["explain", "a", "b"], "limelight explain: error: unrecognized arguments: b"),
+        (["--bogus"], "limelight: error: unrecognized arguments: --bogus"),
+    ],
+)
+def test_an_unknown_argument_is_reported_by_its_command_with_the_nearest_flag(
+    argv: list[str], said: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as stopped:
+        main(argv)
+    assert stopped.value.code == EXIT_USAGE
+    err = capsys.readouterr().err
+    assert err.strip().splitlines()[-1] == said
+    assert err.startswith(f"usage: {said.split(': error')[0]}")  # the command's own usage
+
+
+def test_fit_lm_head_takes_out_as_the_other_commands_do() -> None:
+    from limelight.cli.main import build_parser
+
+    for flag in ("--out", "--output"):
+        args = build_parser().parse_args(["fit-lm-head", flag, "head"])
+        assert str(args.output) == "head"

@@ -65,7 +65,13 @@ def register(subparsers: Any) -> None:
         "CPUs with bfloat16 instructions (float32 elsewhere); the head is float32 either way",
     )
     parser.add_argument("--device", help="cpu, cuda, cuda:N or auto")
-    parser.add_argument("--output", type=Path, help="default: <model dir>/limelight_lm_head")
+    parser.add_argument(
+        "--out",
+        "--output",  # its first name, kept; --out as every other command writes
+        dest="output",
+        type=Path,
+        help="the head's folder (default: <model dir>/limelight_lm_head)",
+    )
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     parser.set_defaults(func=run)
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import difflib
 import errno
 import importlib
 import os
@@ -71,7 +72,24 @@ def build_parser() -> argparse.ArgumentParser:
             continue
         with contextlib.suppress(argparse.ArgumentError):
             leaf.add_argument("--log-level", help="DEBUG, INFO, WARNING, ... (DEBUG: tracebacks)")
+        leaf.set_defaults(_parser=leaf)  # whose usage an unknown argument is reported with
     return parser
+
+
+def _unrecognized(args: argparse.Namespace, extra: list[str]) -> str:
+    """argparse's "unrecognized arguments" for the command given, with the flag of that
+    command nearest to each unknown one (``--output`` -> ``--out``)."""
+    leaf: argparse.ArgumentParser = getattr(args, "_parser", None) or build_parser()
+    flags = [flag for action in leaf._actions for flag in action.option_strings]
+    hints = []
+    for word in extra:
+        name = word.split("=", 1)[0]
+        if name.startswith("--"):
+            near = difflib.get_close_matches(name, flags, n=1, cutoff=0.6)
+            if near:
+                hints.append(f"{name}: did you mean {near[0]}?")
+    message = f"unrecognized arguments: {' '.join(extra)}"
+    return message + (f" ({'; '.join(hints)})" if hints else "")
 
 
 def _debug_requested(args: argparse.Namespace) -> bool:
@@ -200,7 +218,9 @@ def describe_error(exc: BaseException, args: argparse.Namespace) -> tuple[str, i
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    if extra:  # reported by the command's own parser: its usage, its name in the message
+        (getattr(args, "_parser", None) or parser).error(_unrecognized(args, extra))
     func = getattr(args, "func", None)
     if func is None:
         parser.print_help()
