@@ -151,6 +151,16 @@ def batch_answers(
     return [answer(r, s, in_place) for r, s in zip(response.responses, sent, strict=True)]
 
 
+def check_many(texts: object, call: str) -> None:
+    """A str is an iterable of its characters: ``explain_many("a review")`` would explain
+    each letter (and fail on the first space)."""
+    if isinstance(texts, str | bytes):
+        raise TypeError(
+            f"{call} takes an iterable of texts, not one {type(texts).__name__}: use "
+            f"explain(text) for one text, or {call}([text])"
+        )
+
+
 def check_texts_per_call(texts_per_call: int) -> None:
     if texts_per_call < 1:
         raise ValueError(f"texts_per_call must be >= 1, not {texts_per_call}")

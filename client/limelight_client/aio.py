@@ -64,6 +64,7 @@ from limelight_client._streams import (
     batch_answers,
     batch_request,
     calls_in_flight,
+    check_many,
     check_texts_per_call,
     request_builder,
     stream_cut_short,
@@ -306,6 +307,7 @@ class AsyncClient(ClientBase[grpc.aio.Channel]):
     ) -> list[Explanation] | list[Explanation | LimelightError]:
         """See ``Client.explain_batch``."""
         build = request_builder(target, all_classes, method, return_exceptions)
+        check_many(texts, "explain_batch")
         request, sent = batch_request(texts, build)
         deadline = self._deadline(timeout)
         await self._spread(deadline)
@@ -353,6 +355,7 @@ class AsyncClient(ClientBase[grpc.aio.Channel]):
         return_exceptions: bool = False,
     ) -> AsyncIterator[Explanation] | AsyncIterator[Explanation | LimelightError]:
         """See ``Client.explain_many``; ``texts`` may also be an async iterable."""
+        check_many(texts, "explain_many")
         check_texts_per_call(texts_per_call)
         build = request_builder(target, all_classes, method, return_exceptions, text_timeout)
         deadline = self._deadline(timeout, default=False)

@@ -58,6 +58,7 @@ from limelight_client._streams import (
     batch_answers,
     batch_request,
     calls_in_flight,
+    check_many,
     check_texts_per_call,
     request_builder,
     stream_cut_short,
@@ -426,6 +427,7 @@ class Client(ClientBase[grpc.Channel]):
         others as usual.
         """
         build = request_builder(target, all_classes, method, return_exceptions)
+        check_many(texts, "explain_batch")
         request, sent = batch_request(texts, build)
         deadline = self._deadline(timeout)
         self._spread(deadline)
@@ -474,7 +476,8 @@ class Client(ClientBase[grpc.Channel]):
     ) -> Iterator[Explanation] | Iterator[Explanation | LimelightError]:
         """Explain many inputs; yields results in input order.
 
-        Items are texts or ``(text, text_pair)`` tuples; ``texts`` is consumed lazily, so it
+        Items are texts or ``(text, text_pair)`` tuples (one ``str`` instead of an iterable of them
+        is refused with ``TypeError``); ``texts`` is consumed lazily, so it
         may be a generator. ``timeout`` bounds the whole run (default: no deadline, since the
         input's length is open-ended).
 
@@ -511,6 +514,7 @@ class Client(ClientBase[grpc.Channel]):
         time — behind a backlog, say — is skipped rather than computed late and fails with
         ``DeadlineExceeded``, which ends the run unless ``return_exceptions=True``.
         """
+        check_many(texts, "explain_many")
         check_texts_per_call(texts_per_call)
         build = request_builder(target, all_classes, method, return_exceptions, text_timeout)
         deadline = self._deadline(timeout, default=False)

@@ -154,3 +154,27 @@ def test_targets_grpc_understands_are_taken_as_given(target: str) -> None:
 
     with Client(target) as client:  # nothing is dialled before the first call
         assert client.target == target
+
+
+def test_one_string_where_many_texts_belong_is_refused_not_spelled_out() -> None:
+    """``explain_many("a review")`` would iterate the letters and explain each; both clients
+    refuse one str (or bytes) for the many-text calls before anything is sent."""
+    import asyncio
+
+    from limelight_client import AsyncClient, Client
+
+    with Client("127.0.0.1:1") as client:
+        for call in (client.explain_many, client.explain_batch):
+            with pytest.raises(TypeError, match=r"not one str: use explain\(text\) for one"):
+                call("a gorgeous film")  # type: ignore[arg-type]
+        with pytest.raises(TypeError, match="not one bytes"):
+            client.explain_many(b"a gorgeous film")  # type: ignore[arg-type]
+
+    async def calls() -> None:
+        async with AsyncClient("127.0.0.1:1") as client:
+            with pytest.raises(TypeError, match=r"explain_many\(\[text\]\)"):
+                client.explain_many("a gorgeous film")  # type: ignore[arg-type]
+            with pytest.raises(TypeError, match=r"explain_batch\(\[text\]\)"):
+                await client.explain_batch("a gorgeous film")  # type: ignore[arg-type]
+
+    asyncio.run(calls())
