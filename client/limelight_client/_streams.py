@@ -645,25 +645,28 @@ class _Deal:
 
     def _settle(self, outcome: TextItem | BaseException | _End) -> bool:
         """Record what a pull of the input gave (an item, ``END`` at its end, or the error it
-        raised, re-raised here); True when the pulling stream is done."""
+        raised); True when the pulling stream is done. An error (the input's, or an item that
+        cannot be sent) ends the input as its end would: every stream sends what it was dealt
+        and closes, the server answers it all, and the reader raises the error after the
+        answers of the items read before it, as ``texts_per_call`` above 1 does."""
         if isinstance(outcome, _End):
             self._ended()
             return True
         if isinstance(outcome, BaseException):
             self._failed(outcome)
-            raise outcome
-        self._pulled(outcome)
-        return False
+            return True
+        return self._pulled(outcome)
 
-    def _pulled(self, item: TextItem) -> None:
+    def _pulled(self, item: TextItem) -> bool:
         self._pulling = False
         try:
             built = self._build(item)
         except Exception as exc:
             self._failed(exc)
-            raise
+            return True
         self._dealt[self._turn].append(built)
         self._turn = (self._turn + 1) % self.streams
+        return False
 
     def _ended(self) -> None:
         self._pulling = False

@@ -231,6 +231,24 @@ async def test_explain_many_bad_item(scripted: ScriptedServer, connections: int)
                 pass
 
 
+@pytest.mark.parametrize("connections", [1, 3])
+async def test_explain_many_raises_the_inputs_error_after_its_items(
+    scripted: ScriptedServer, connections: int
+) -> None:
+    async def breaks() -> AsyncIterator[str]:
+        for i in range(5):
+            yield f"text {i}"
+        raise OSError("the input broke")
+
+    async with connect(scripted, connections=connections) as c:
+        got: list[str | None] = []
+        with pytest.raises(OSError, match="the input broke"):
+            async for r in c.explain_many(breaks()):
+                got.append(r.text)
+        assert got == [f"text {i}" for i in range(5)]
+        assert [r.text async for r in c.explain_many(["again"])] == ["again"]
+
+
 @pytest.mark.parametrize("connections", [1, 2])
 async def test_explain_many_packed_sync_and_async_inputs(
     scripted: ScriptedServer, connections: int

@@ -10,6 +10,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
+from typing import Any
 
 import grpc
 import pytest
@@ -502,6 +503,35 @@ def test_explain_many_packed_raises_the_inputs_error_after_its_items(
             for r in c.explain_many(breaks(), texts_per_call=4):
                 got.append(r.text)
         assert got == ["one", "two"]  # the items read before the error were answered
+
+
+@pytest.mark.parametrize("connections", [1, 3])
+def test_explain_many_streamed_raises_the_inputs_error_after_its_items(
+    scripted: ScriptedServer, connections: int
+) -> None:
+    """As with texts_per_call above: the answers of the items read before the input failed
+    come first (over every stream), then the input's own error; the client keeps serving."""
+
+    def breaks() -> Iterator[str]:
+        yield from (f"text {i}" for i in range(5))
+        raise OSError("the input broke")
+
+    def bad_item() -> Iterator[Any]:
+        yield "one"
+        yield 5  # not a text
+
+    with client_for(scripted, connections=connections) as c:
+        got: list[str | None] = []
+        with pytest.raises(OSError, match="the input broke"):
+            for r in c.explain_many(breaks()):
+                got.append(r.text)
+        assert got == [f"text {i}" for i in range(5)]
+        got = []
+        with pytest.raises(TypeError, match="items must be str"):
+            for r in c.explain_many(bad_item()):
+                got.append(r.text)
+        assert got == ["one"]
+        assert [r.text for r in c.explain_many(["again"])] == ["again"]
 
 
 def test_explain_many_packed_timeout_bounds_the_whole_run(scripted: ScriptedServer) -> None:
