@@ -191,6 +191,16 @@ def _color_enabled(color: bool | None) -> bool:
     return not os.environ.get("NO_COLOR")
 
 
+def _truncation(exp: Explanation) -> str:
+    """What a truncated answer explained: the share of the text its tokens reach (the SDK
+    has the text; a token's ``end`` is its character offset in it)."""
+    said = "the input was truncated to the model's token limit"
+    reached = max((t.end for t in exp.tokens if not t.special and t.segment == 0), default=0)
+    if exp.text and 0 < reached < len(exp.text):
+        said += f": the first {reached:,} of {len(exp.text):,} characters were explained"
+    return said
+
+
 def _safe(text: str) -> str:
     # Control characters in user text must not become terminal escape sequences.
     return "".join(c if c in "\n\t" or (ord(c) >= 32 and ord(c) != 127) else "\ufffd" for c in text)
@@ -235,7 +245,7 @@ def to_terminal(
     if model:
         lines.append(f"model: {model}")
     if exp.truncated:
-        lines.append("note: the input was truncated to the model's token limit")
+        lines.append(f"note: {_truncation(exp)}")
     if exp.windows > 1:
         lines.append(f"note: explained in {exp.windows} overlapping windows, stitched together")
     width = max((len(name) for name in exp.probabilities), default=0)
@@ -498,7 +508,8 @@ def to_html(
         params = ", ".join(f"{k}={v}" for k, v in sorted(exp.parameters.items()))
         out.append(f'<p class="meta">parameters: {_esc(params)}</p>')
     if exp.truncated:
-        out.append('<p class="meta warn">The input was truncated to the model\'s token limit.</p>')
+        note = _truncation(exp)
+        out.append(f'<p class="meta warn">{_esc(note[0].upper() + note[1:])}.</p>')
     out.append("</header>")
 
     rows = []

@@ -383,3 +383,16 @@ def test_a_fragment_in_a_host_page_keeps_its_look_and_leaves_the_host_alone(
         "return getComputedStyle(document.querySelector('.limelight-explanation h1')).fontSize"
     )
     assert inner != "40px"  # the fragment's heading keeps its own size (1.4rem)
+
+
+def test_a_truncated_answer_says_how_much_of_the_text_was_explained() -> None:
+    import dataclasses
+
+    cut = dataclasses.replace(
+        wordpiece_explanation("unbelievably good, and then much more"), truncated=True
+    )
+    said = "the input was truncated to the model's token limit: the first 17 of 37 characters"
+    assert f"note: {said} were explained" in cut.to_terminal(color=False)
+    assert html.escape(f"The {said[4:]}") in cut.to_html()
+    whole = dataclasses.replace(wordpiece_explanation("unbelievably good"), truncated=True)
+    assert "characters" not in whole.to_terminal(color=False)  # every character was reached
