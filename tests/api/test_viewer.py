@@ -768,3 +768,32 @@ def test_browser_asks_for_the_bearer_token(
     driver.find_element(By.ID, "permalink").click()
     assert "viewer-secret" not in driver.find_element(By.ID, "permalink-out").get_attribute("value")
     driver.execute_script("sessionStorage.clear()")
+
+
+@needs_browser
+def test_browser_says_how_much_of_a_truncated_text_was_explained(
+    browser: Any, viewer_sidecar: RunningSidecar
+) -> None:
+    from selenium.webdriver.common.by import By
+
+    long = "a gorgeous, witty film. " * 300
+    status, e, _ = call(f"{base(viewer_sidecar)}/viewer/api/explain", {"text": long})
+    assert status == 200 and e["truncated"]
+    reached = e["explained_chars"]
+    assert 0 < reached < e["text_chars"] == len(long)
+    assert reached == max(w["end"] for w in e["words"])  # the last word the tokens reach
+    short = call(f"{base(viewer_sidecar)}/viewer/api/explain", {"text": TEXT})[1]
+    assert not short["truncated"] and short["explained_chars"] == short["text_chars"] == len(TEXT)
+
+    driver = browser
+    driver.get_log("browser")  # what earlier tests' pages logged is theirs
+    open_viewer(driver, viewer_sidecar)
+    driver.find_element(By.CSS_SELECTOR, "nav a[data-view=explain]").click()
+    driver.execute_script("document.getElementById('text').value = arguments[0]", long)
+    driver.execute_script("document.getElementById('heatmap').replaceChildren()")
+    driver.find_element(By.ID, "explain-button").click()
+    wait(driver, lambda d: d.find_elements(By.CSS_SELECTOR, "#heatmap .tok"))
+    meta = driver.find_element(By.ID, "explain-meta").text
+    said = f"(truncated: the first {reached:,} of {len(long):,} characters explained)"
+    assert said in meta, meta
+    no_console_errors(driver)

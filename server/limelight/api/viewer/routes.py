@@ -119,6 +119,7 @@ def explanation_json(e: Explanation, text: str, text_pair: str | None) -> dict[s
     when computed (so switching the target class needs no new request)."""
     a = e.attribution
     scores = _floats(a.scores)
+    words = word_spans(e.tokens, text, text_pair)
     return {
         "label": e.label,
         "label_index": e.label_index,
@@ -130,7 +131,7 @@ def explanation_json(e: Explanation, text: str, text_pair: str | None) -> dict[s
         "target_label": a.target_label,
         "target_index": a.target_index,
         "tokens": scored_tokens(e.tokens, scores),
-        "words": word_spans(e.tokens, text, text_pair),
+        "words": words,
         "class_scores": (
             [_floats(row) for row in np.asarray(a.class_scores).T]
             if a.class_scores is not None
@@ -144,6 +145,9 @@ def explanation_json(e: Explanation, text: str, text_pair: str | None) -> dict[s
         "text": text,
         "text_pair": text_pair,
         "truncated": e.truncated,
+        # how much of the text the tokens reach, in characters (what a truncated answer covers)
+        "explained_chars": max((w["end"] for w in words if w["segment"] == 0), default=0),
+        "text_chars": len(text),
         "model_name": e.model_name,
         "model_version": e.model_version,
         "timings_ms": {

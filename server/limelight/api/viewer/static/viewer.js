@@ -407,10 +407,20 @@ function renderExplanation() {
   renderLegend($("legend"), centre, scale);
   const t = e.timings_ms;
   $("explain-meta").textContent = `method ${e.method} · ${e.tokens.length} tokens` +
-    `${e.truncated ? " (truncated)" : ""}${e.windows ? ` in ${e.windows} windows` : ""} · ` +
+    `${truncationNote(e)}${e.windows ? ` in ${e.windows} windows` : ""} · ` +
     `${t.total.toFixed(1)} ms in the sidecar ` +
     `(forward ${t.forward.toFixed(1)} ms) · model ${e.model_name} ${e.model_version}`;
   $("compare-text").textContent = `Text: “${e.text}”` + (e.text_pair ? ` / “${e.text_pair}”` : "");
+}
+
+/** " (truncated: the first 1,657 of 2,600 characters explained)", " (truncated)" when the
+ * tokens reach the text's end (its pair was cut), or "" for an answer that was not cut. */
+function truncationNote(e) {
+  if (!e.truncated) return "";
+  const n = (x) => x.toLocaleString("en-US");
+  return e.explained_chars > 0 && e.explained_chars < e.text_chars
+    ? ` (truncated: the first ${n(e.explained_chars)} of ${n(e.text_chars)} characters explained)`
+    : " (truncated)";
 }
 
 async function explain(options = {}) {
