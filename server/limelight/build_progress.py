@@ -58,11 +58,12 @@ class BuildProgress:
         line = f"{self.stage}{place}: {self.done:,} of {self.total:,} {self.unit}"
         left = self.seconds_left()
         if left is not None:
-            line += f", {_about(left)} left in it"
+            line += f", {about(left)} left in it"
         return line
 
 
-def _about(seconds: float) -> str:
+def about(seconds: float) -> str:
+    """A time left in words: "less than a minute", "about 4 minutes"."""
     if seconds < 60:
         return "less than a minute"
     minutes = math.ceil(seconds / 60)

@@ -77,8 +77,6 @@ def read_texts(path: Path | None, text_field: str = "text") -> tuple[list[str], 
 
 
 def run(args: argparse.Namespace) -> int:
-    from tqdm import tqdm
-
     from limelight.models.head_calibration import (
         calibrate,
         load_parser,
@@ -86,6 +84,7 @@ def run(args: argparse.Namespace) -> int:
         write_mask,
     )
     from limelight.models.loaded import load_model
+    from limelight.progress import progress_bar
 
     # Mistakes (no model, unreadable data) end in `limelight.cli.main`, one line like every
     # other command's.
@@ -96,7 +95,7 @@ def run(args: argparse.Namespace) -> int:
     parser = None if args.no_syntax else load_parser()
 
     def bar(items: list[str]) -> object:
-        return tqdm(items, desc="calibrating heads", unit="text", disable=args.quiet)
+        return progress_bar(items, desc="calibrating heads", unit="text", enabled=not args.quiet)
 
     cal = calibrate(
         model,

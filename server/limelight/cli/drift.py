@@ -108,8 +108,6 @@ def load_texts(
 
 
 def run_build(args: argparse.Namespace) -> int:
-    from tqdm import tqdm
-
     from limelight.app import prepare_lexicon
     from limelight.core.prediction import label_thresholds
     from limelight.core.service import served_inline_method
@@ -117,6 +115,7 @@ def run_build(args: argparse.Namespace) -> int:
     from limelight.errors import FailedPrecondition
     from limelight.methods.base import MethodRegistry
     from limelight.models.loaded import load_model
+    from limelight.progress import progress_bar
     from limelight.runtimes.serving import torch_serving_runtime
 
     settings = settings_from_args(args)
@@ -143,8 +142,8 @@ def run_build(args: argparse.Namespace) -> int:
     reason = method.unavailable_reason(model)
     if reason:
         raise FailedPrecondition(f"{method.name}: {reason}")
-    with tqdm(
-        total=len(texts), desc="drift reference", unit="text", disable=args.no_progress
+    with progress_bar(
+        total=len(texts), desc="drift reference", unit="text", enabled=not args.no_progress
     ) as bar:
         reference = build_reference(
             model,

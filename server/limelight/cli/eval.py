@@ -146,8 +146,6 @@ def default_data(model_dir: Path | None, demo_model: str) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from tqdm import tqdm
-
     from limelight.app import load_served_model
     from limelight.evaluation.benchmark import machine
     from limelight.evaluation.data import load_examples
@@ -155,6 +153,7 @@ def run(args: argparse.Namespace) -> int:
     from limelight.evaluation.report import EvalReport, write
     from limelight.evaluation.runner import EvalConfig, Evaluator, MethodResult, token_idf
     from limelight.evaluation.store import FOLDER, AttributionStore, reuse_notes
+    from limelight.progress import progress_bar
 
     settings = settings_from_args(args, jobs="off", drift_enabled=False)
     names = [m.strip() for m in args.methods.split(",") if m.strip()]
@@ -228,7 +227,12 @@ def run(args: argparse.Namespace) -> int:
         bar.update(1)
 
     results: list[MethodResult] = []
-    bar = tqdm(total=len(explainers) * len(examples), disable=args.no_progress, unit="expl")
+    bar = progress_bar(
+        total=len(explainers) * len(examples),
+        desc="eval",
+        unit="expl",
+        enabled=not args.no_progress,
+    )
     with bar:
         for name in names:
             if name in skipped:

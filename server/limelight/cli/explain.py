@@ -350,9 +350,8 @@ def _run_lines(args: argparse.Namespace) -> int:
     """``--lines``: JSON Lines out, one per non-blank input line, through ``explain_many`` in
     ``ExplainBatch`` calls (or, ``--local``, the core service in this process); an error names
     the input line it came from."""
-    from tqdm import tqdm
-
     from limelight.errors import LimelightError as ServerError
+    from limelight.progress import progress_bar
     from limelight_client.errors import LimelightError
     from limelight_client.types import Explanation
 
@@ -389,7 +388,7 @@ def _run_lines(args: argparse.Namespace) -> int:
     done = 0
     start = time.perf_counter()
     try:
-        with source, tqdm(total=total, unit="text", disable=None, file=sys.stderr) as bar:
+        with source, progress_bar(total=total, desc="explain", unit="text") as bar:
 
             def emit(outcome: Explanation | LimelightError) -> None:
                 nonlocal done

@@ -109,8 +109,6 @@ def _resolve_model_dir(args: argparse.Namespace) -> Path:
 
 
 def run(args: argparse.Namespace) -> int:
-    from tqdm import tqdm
-
     from limelight.models.lm_head import (
         FitConfig,
         fit_and_save_lm_head,
@@ -119,6 +117,7 @@ def run(args: argparse.Namespace) -> int:
         format_decode_table,
     )
     from limelight.models.loaded import load_model
+    from limelight.progress import progress_bar
 
     model_dir = _resolve_model_dir(args)
     model = load_model(model_dir, device=args.device or "cpu")
@@ -132,7 +131,7 @@ def run(args: argparse.Namespace) -> int:
         seed=args.seed,
         encoder_precision=args.encoder_precision,
     )
-    bar = tqdm(desc="fit-lm-head", unit="step", disable=args.no_progress)
+    bar = progress_bar(desc="fit-lm-head", unit="step", enabled=not args.no_progress)
     progress = fit_progress(bar)
     try:
         fitted = fit_and_save_lm_head(

@@ -32,13 +32,12 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 
 def run(args: argparse.Namespace) -> int:
-    from tqdm import tqdm
-
     from limelight.app import load_served_model
     from limelight.methods.base import JobContext
     from limelight.methods.lexicon import vocabulary_size, write_lexicon
     from limelight.models.explainer_head import inline_heads
     from limelight.models.lexicon_table import find_lexicon_dir, lexicon_output_dir
+    from limelight.progress import progress_bar
 
     settings = settings_from_args(args)
     setup_logging(settings.log_level)
@@ -49,7 +48,9 @@ def run(args: argparse.Namespace) -> int:
         return 0
     out = lexicon_output_dir(model, settings.cache_dir)
     size = vocabulary_size(model)
-    with tqdm(total=size, desc="lexicon", unit="token", disable=args.no_progress) as bar:
+    with progress_bar(
+        total=size, desc="lexicon", unit="token", enabled=not args.no_progress
+    ) as bar:
 
         def report(fraction: float, message: str) -> None:
             bar.update(round(fraction * size) - bar.n)

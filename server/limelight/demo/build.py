@@ -74,6 +74,7 @@ from limelight.models.lm_head import (
     has_fitted_head,
 )
 from limelight.models.loaded import load_model
+from limelight.progress import progress_bar
 from limelight.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -310,13 +311,8 @@ def _fine_tune(
     )
     torch.manual_seed(recipe.seed + 1)  # dropout masks
     running: float | None = None
-    with tqdm(
-        total=total,
-        desc=f"training {name}",
-        unit="batch",
-        disable=not progress,
-        file=sys.stderr,
-        dynamic_ncols=True,
+    with progress_bar(
+        total=total, desc=f"training {name}", unit="batch", enabled=progress, dynamic_ncols=True
     ) as bar:
         for epoch_batches in schedule:
             for batch in epoch_batches:
@@ -590,7 +586,9 @@ def _ensure_lexicon(model_dir: Path, progress: bool) -> None:
     if find_lexicon_dir(model) is not None:
         return
     size = vocabulary_size(model)
-    bar = tqdm(total=size, desc=f"lexicon of {model_dir.name}", unit="token", disable=not progress)
+    bar = progress_bar(
+        total=size, desc=f"lexicon of {model_dir.name}", unit="token", enabled=progress
+    )
 
     def report(fraction: float, message: str) -> None:
         bar.update(round(fraction * size) - bar.n)
@@ -847,7 +845,7 @@ def _fit_lm_head(model_dir: Path, steps: int, progress: bool) -> None:
     """:func:`_ensure_lm_head` with its lock held by the caller."""
     if has_fitted_head(model_dir):
         return
-    bar = tqdm(desc=f"LM head of {model_dir.name}", unit="step", disable=not progress)
+    bar = progress_bar(desc=f"LM head of {model_dir.name}", unit="step", enabled=progress)
     # Read by a sidecar meanwhile: decoded_gradcam's refusal and the watcher of this build.
     steps_file = ProgressFile(fitting_progress(model_dir), [FIT_STAGE])
     try:
