@@ -442,11 +442,40 @@ def test_the_report_warns_of_a_head_below_normxlogit_and_of_no_validation() -> N
         "spearman_vs_teacher": 0.5, "deletion_aopc_head_minus_normxlogit": -0.05,
     }  # fmt: skip
     worse = report(replace(card, validation=measured))
-    assert "head 0.200 ± 0.010" in worse and "WARNING: the head is not more faithful" in worse
+    assert "head 0.200 ± 0.010" in worse and "head minus normxlogit -0.050 ± 0.000" in worse
+    assert "WARNING: the head is not clearly more faithful" in worse
     better = report(
         replace(card, validation={**measured, "deletion_aopc_head_minus_normxlogit": 0.1})
     )
-    assert "WARNING" not in better and "not validated" not in better
+    assert "WARNING" not in better and "not validated" not in better and "note:" not in better
+    # A lead within twice its standard error is no lead.
+    unclear = {
+        **measured,
+        "deletion_aopc_head_minus_normxlogit": 0.01,
+        "deletion_aopc_head_minus_normxlogit_se": 0.006,
+    }
+    assert "WARNING: the head is not clearly" in report(replace(card, validation=unclear))
+
+
+def test_the_report_of_a_model_that_hardly_responds_shows_its_figures_and_says_why() -> None:
+    """An untrained (or saturated) model moves its probability by 1e-5: at three decimals every
+    figure read "-0.000 ± 0.000"; now they have the digits they need, and a note says why."""
+    card = HeadCard(
+        model_version="v", layers=[0], hidden_size=8, num_labels=2, width=8, teacher="shapley",
+        train_texts=10, parameters=100,
+        validation={
+            "texts": 20.0, "deletion_aopc_head": -4.13e-05, "deletion_aopc_head_se": 2.8e-06,
+            "deletion_aopc_teacher": -2.94e-05, "deletion_aopc_teacher_se": 2.2e-06,
+            "deletion_aopc_normxlogit": -5.84e-05, "deletion_aopc_normxlogit_se": 2.4e-06,
+            "spearman_vs_teacher": 0.59, "deletion_aopc_head_minus_normxlogit": 1.71e-05,
+            "deletion_aopc_head_minus_normxlogit_se": 1.8e-06,
+        },
+    )  # fmt: skip
+    text = report(card)
+    assert "head -0.000041 ± 0.000003" in text and "normxlogit -0.000058 ± 0.000002" in text
+    assert "head minus normxlogit +0.000017 ± 0.000002" in text
+    assert "-0.000 ±" not in text and "WARNING" not in text  # the lead is clear, if tiny
+    assert "note: every method's deletion AOPC is under 0.01" in text
 
 
 def test_a_per_token_head_reads_no_neighbour_and_exports_to_onnx(

@@ -13,22 +13,21 @@ import json
 import logging
 import os
 import shutil
-import sys
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
-
-from tqdm.auto import tqdm
 
 from limelight.build_progress import ProgressFile
 from limelight.demo import datasets
 from limelight.distill.config import DEFAULT_TEACHER, DEFAULT_TEACHER_PARAMS, Mixture, TrainConfig
 from limelight.distill.train import LOOP_FRACTIONS, distill
 from limelight.errors import InvalidArgument
+from limelight.evaluation.figures import decimals, flat_note, plus_minus
 from limelight.models.explainer_head import ExplainerHead, HeadCard, head_dir, read_card, save_head
 from limelight.models.fingerprint import ModelIdentity
 from limelight.models.loaded import LoadedModel
+from limelight.progress import progress_bar
 from limelight.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -124,12 +123,11 @@ def build_head(
         raise InvalidArgument(f"no texts to train on in {recipe.data}")
     cache = label_cache(out, recipe.teacher)
     teachers = [recipe.teacher] + ([recipe.mixture.teacher] if recipe.mixture else [])
-    bar = tqdm(
+    bar = progress_bar(
         total=(len(texts) + len(held_out)) * len(teachers),
         desc=" + ".join(teachers) + " labels",
         unit="text",
-        disable=not progress,
-        file=sys.stderr,
+        enabled=progress,
     )
     stages: dict[str, Any] = {}
     names = ["labels", "amortisation"]
@@ -148,9 +146,9 @@ def build_head(
         if not progress:
             return
         if stage not in stages:
-            stages[stage] = tqdm(total=total, desc=stage, unit="step", file=sys.stderr)
-        stages[stage].n = done
-        stages[stage].refresh()
+            bar.close()  # the labels are done: the next stage's line follows theirs
+            stages[stage] = progress_bar(total=total, desc=stage, unit="step")
+        stages[stage].update(done - stages[stage].n)
 
     try:
         head, card = distill(
@@ -248,24 +246,30 @@ def report(card: HeadCard) -> str:
         teacher = f"{1 - w:g} {card.teacher} + {w:g} {card.mixture['teacher']}"
     lines = [f"head: {card.parameters:,} parameters, teacher {teacher} on {card.train_texts} texts"]
     if "deletion_aopc_head" in v:
-        lines.append(
-            "held-out deletion AOPC ({n:.0f} texts): head {h:.3f} ± {hs:.3f}, teacher {t:.3f} ± "
-            "{ts:.3f}, normxlogit {x:.3f} ± {xs:.3f}; Spearman with the teacher {r:.3f}".format(
-                n=v.get("texts", 0),
-                h=v["deletion_aopc_head"],
-                hs=v["deletion_aopc_head_se"],
-                t=v["deletion_aopc_teacher"],
-                ts=v["deletion_aopc_teacher_se"],
-                x=v["deletion_aopc_normxlogit"],
-                xs=v["deletion_aopc_normxlogit_se"],
-                r=v["spearman_vs_teacher"],
-            )
+        head = (v["deletion_aopc_head"], v["deletion_aopc_head_se"])
+        teacher_aopc = (v["deletion_aopc_teacher"], v["deletion_aopc_teacher_se"])
+        nxl = (v["deletion_aopc_normxlogit"], v["deletion_aopc_normxlogit_se"])
+        diff = (
+            v.get("deletion_aopc_head_minus_normxlogit", 0.0),
+            v.get("deletion_aopc_head_minus_normxlogit_se", 0.0),
         )
-        if v.get("deletion_aopc_head_minus_normxlogit", 0.0) <= 0.0:
+        places = decimals([*head, *teacher_aopc, *nxl, *diff])
+        lines.append(
+            f"held-out deletion AOPC ({v.get('texts', 0):.0f} texts): head "
+            f"{plus_minus(*head, places)}, teacher {plus_minus(*teacher_aopc, places)}, "
+            f"normxlogit {plus_minus(*nxl, places)}; head minus normxlogit "
+            f"{plus_minus(*diff, places, signed=True)} (paired); Spearman with the teacher "
+            f"{v['spearman_vs_teacher']:.3f}"
+        )
+        if diff[0] - 2 * diff[1] <= 0.0:
             lines.append(
-                "WARNING: the head is not more faithful than NormXLogit on held-out texts; "
-                "try more texts (--n) or another teacher before serving it by default"
+                "WARNING: the head is not clearly more faithful than NormXLogit on held-out "
+                "texts (its paired lead is not above twice its standard error); try more texts "
+                "(--n) or another teacher before serving it by default"
             )
+        flat = flat_note([head[0], teacher_aopc[0], nxl[0]], LOOP_FRACTIONS)
+        if flat:
+            lines.append(f"note: {flat}")
     else:
         lines.append(
             "not validated: no held-out texts (--validation 0, or data too small to hold any "

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from limelight.errors import InvalidArgument
+from limelight.evaluation.figures import decimals, flat_note, plus_minus
 from limelight.evaluation.runner import paired_difference
 
 #: Numbers the runs must agree on to be pooled (what was measured and how).
@@ -106,10 +107,14 @@ class PooledReport:
             "(of them differing) |",
             "|---|---|---|---|---|",
         ]
+        deletion = decimals(x for m in self.methods for x in (m.aopc_deletion, m.aopc_deletion_se))
+        sufficiency = decimals(
+            x for m in self.methods for x in (m.aopc_sufficiency, m.aopc_sufficiency_se)
+        )
         for m in self.methods:
             lines.append(
-                f"| {m.name} | {m.n} | {m.aopc_deletion:.3f} ± {m.aopc_deletion_se:.3f} "
-                f"| {m.aopc_sufficiency:+.3f} ± {m.aopc_sufficiency_se:.3f} "
+                f"| {m.name} | {m.n} | {plus_minus(m.aopc_deletion, m.aopc_deletion_se, deletion)} "
+                f"| {plus_minus(m.aopc_sufficiency, m.aopc_sufficiency_se, sufficiency, True)} "
                 f"| {m.repeated} ({m.disagreeing}) |"
             )
         if self.paired:
@@ -121,14 +126,20 @@ class PooledReport:
                 "| method | inputs | Δ AOPC deletion | Δ AOPC sufficiency |",
                 "|---|---|---|---|",
             ]
+            d_places = decimals(x for p in self.paired for x in (p.deletion, p.deletion_se))
+            s_places = decimals(x for p in self.paired for x in (p.sufficiency, p.sufficiency_se))
             lines += [
-                f"| {p.other} | {p.n} | {p.deletion:+.3f} ± {p.deletion_se:.3f} "
-                f"| {p.sufficiency:+.3f} ± {p.sufficiency_se:.3f} |"
+                f"| {p.other} | {p.n} | {plus_minus(p.deletion, p.deletion_se, d_places, True)} "
+                f"| {plus_minus(p.sufficiency, p.sufficiency_se, s_places, True)} |"
                 for p in self.paired
             ]
         lines += ["", "Runs:", *[f"- {r}" for r in self.runs]]
-        if self.notes:
-            lines += ["", "Notes:", *[f"- {note}" for note in self.notes]]
+        notes = list(self.notes)
+        flat = flat_note((m.aopc_deletion for m in self.methods), self.config.get("fractions", ()))
+        if flat:
+            notes.append(flat)
+        if notes:
+            lines += ["", "Notes:", *[f"- {note}" for note in notes]]
         return "\n".join(lines) + "\n"
 
 

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from limelight.evaluation.figures import decimals, flat_note, plus_minus
 from limelight.evaluation.runner import EvalConfig, MethodResult, paired_difference
 
 
@@ -53,8 +54,8 @@ def _f(value: float | None, digits: int = 3) -> str:
     return "–" if value is None else f"{value:.{digits}f}"
 
 
-def _pm(value: float | None, se: float | None) -> str:
-    return "–" if value is None else f"{value:.3f} ± {se or 0.0:.3f}"
+def _pm(value: float | None, se: float | None, places: int = 3) -> str:
+    return "–" if value is None else plus_minus(value, se, places)
 
 
 def _paired(results: list[MethodResult]) -> list[str]:
@@ -70,14 +71,20 @@ def _paired(results: list[MethodResult]) -> list[str]:
         "| method | Δ AOPC deletion | Δ AOPC sufficiency |",
         "|---|---|---|",
     ]
+    rows = []
     for other in results[1:]:
         if len(other.aopc_deletion_per_input) != len(first.aopc_deletion_per_input):
             continue
-        d, d_se = paired_difference(first.aopc_deletion_per_input, other.aopc_deletion_per_input)
-        s, s_se = paired_difference(
-            first.aopc_sufficiency_per_input, other.aopc_sufficiency_per_input
+        d = paired_difference(first.aopc_deletion_per_input, other.aopc_deletion_per_input)
+        s = paired_difference(first.aopc_sufficiency_per_input, other.aopc_sufficiency_per_input)
+        rows.append((other.name, d, s))
+    d_places = decimals(x for _, d, _ in rows for x in d)
+    s_places = decimals(x for _, _, s in rows for x in s)
+    for name, d, s in rows:
+        lines.append(
+            f"| {name} | {plus_minus(*d, d_places, signed=True)} "
+            f"| {plus_minus(*s, s_places, signed=True)} |"
         )
-        lines.append(f"| {other.name} | {d:+.3f} ± {d_se:.3f} | {s:+.3f} ± {s_se:.3f} |")
     return lines
 
 
@@ -96,18 +103,20 @@ def markdown(report: EvalReport) -> str:
         "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     skipped = []
+    ok = [r for r in report.results if r.status == "ok"]
+    deletion = decimals(x for r in ok for x in (r.aopc_deletion, r.aopc_deletion_se))
+    sufficiency = decimals(x for r in ok for x in (r.aopc_sufficiency, r.aopc_sufficiency_se))
     for r in report.results:
         if r.status != "ok":
             skipped.append(f"- `{r.name}`: {r.status} — {r.reason}")
             continue
         lines.append(
-            f"| {r.name} | {_pm(r.aopc_deletion, r.aopc_deletion_se)} "
-            f"| {_pm(r.aopc_sufficiency, r.aopc_sufficiency_se)} | {_f(r.hide_auc)} "
+            f"| {r.name} | {_pm(r.aopc_deletion, r.aopc_deletion_se, deletion)} "
+            f"| {_pm(r.aopc_sufficiency, r.aopc_sufficiency_se, sufficiency)} | {_f(r.hide_auc)} "
             f"| {_f(r.reveal_auc)} | {_f(r.hide_agreement_auc)} | {_f(r.reveal_agreement_auc)} "
             f"| {_f(r.overlap.get(k_mid))} | {_f(r.evidence_ap)} | {_f(r.evidence_dot)} "
             f"| {_f(r.mean_ms, 1)} |"
         )
-    ok = [r for r in report.results if r.status == "ok"]
     n = ok[0].n if ok else 0
     n_gold = ok[0].n_gold if ok else 0
     lines += [
@@ -120,8 +129,12 @@ def markdown(report: EvalReport) -> str:
     lines += _paired(ok)
     if skipped:
         lines += ["", "Not evaluated:", *skipped]
-    if report.notes:
-        lines += ["", "Notes:", *[f"- {note}" for note in report.notes]]
+    notes = list(report.notes)
+    flat = flat_note((r.aopc_deletion for r in ok), report.config.fractions)
+    if flat:
+        notes.append(flat)
+    if notes:
+        lines += ["", "Notes:", *[f"- {note}" for note in notes]]
     return "\n".join(lines) + "\n"
 
 
