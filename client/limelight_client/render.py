@@ -23,7 +23,7 @@ from limelight_client._text import strip_piece_marker
 if TYPE_CHECKING:
     from limelight_client.types import Explanation, Token
 
-__all__ = ["color_for", "layout", "to_html", "to_terminal"]
+__all__ = ["color_for", "format_score", "layout", "to_html", "to_terminal"]
 
 _WHITE = (255, 255, 255)
 _RED = (214, 39, 40)
@@ -80,12 +80,18 @@ def contrast_centre(values: Sequence[float], tokens: Sequence[Token]) -> float:
     return vals[mid] if len(vals) % 2 else (vals[mid - 1] + vals[mid]) / 2
 
 
-def _fmt(value: float, scale: float) -> str:
+def format_score(value: float, scale: float) -> str:
+    """A score as the heat-maps write it: signed, three decimals, or two significant digits in
+    exponent form when the map's largest magnitude ``scale`` is under 0.001 or from 10,000 on
+    (where three decimals would read 0.000, or run long)."""
     if not math.isfinite(value):
         return str(value)
     if scale != 0 and (scale < 1e-3 or scale >= 1e4):
         return f"{value:+.2e}"
     return f"{value:+.3f}"
+
+
+_fmt = format_score
 
 
 def _flat(score: float) -> str:

@@ -103,6 +103,13 @@ def test_top_tokens_of_a_method_without_negative_scores() -> None:
     assert top_token_lines(_explained(["a"], [-0.5]), 0) == []  # --top 0: the heat-map alone
 
 
+def test_tiny_scores_are_listed_as_the_heat_map_writes_them() -> None:
+    """An untrained model's Shapley values of 3e-4 were listed as "-0.000"; the list now uses
+    the heat-map's format (exponent form below a largest magnitude of 0.001)."""
+    lines = top_token_lines(_explained(["x", "y"], [-2.26e-4, -3.06e-4]), 5)
+    assert lines == ["for fresh: none", 'against fresh: "y" -3.06e-04, "x" -2.26e-04']
+
+
 def test_a_token_text_that_occurs_more_than_once_says_which_occurrence() -> None:
     """Two "the" in one list (or one "the" of several in the text) would read as one token
     listed twice; each says which occurrence it is, in text order."""

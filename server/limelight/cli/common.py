@@ -342,9 +342,11 @@ def top_token_lines(explanation: Any, k: int) -> list[str]:
         oppose = [pair for pair in reversed(ranked) if pair[1] < 0][:k]
         label = one.target_label
         seen = _occurrences(one.tokens)
-        lines.append(f"for {label}: {_listed(support, seen)}")
+        # The heat-map's number format: a map of scores around 1e-4 must not list "-0.000".
+        scale = max((abs(s) for _, s in ranked if math.isfinite(s)), default=0.0)
+        lines.append(f"for {label}: {_listed(support, seen, scale)}")
         if oppose:
-            lines.append(f"against {label}: {_listed(oppose, seen)}")
+            lines.append(f"against {label}: {_listed(oppose, seen, scale)}")
     return lines
 
 
@@ -370,13 +372,17 @@ def _occurrences(tokens: Any) -> dict[Place, tuple[int, int]]:
     }
 
 
-def _listed(pairs: list[tuple[Any, float]], seen: dict[Place, tuple[int, int]]) -> str:
+def _listed(
+    pairs: list[tuple[Any, float]], seen: dict[Place, tuple[int, int]], scale: float
+) -> str:
+    from limelight_client.render import format_score
+
     # quoted: punctuation tokens ("," or ".") would otherwise read as the list's own marks
     parts = []
     for tok, score in pairs:
         where = seen.get(_place(tok))
         which = f" ({_ordinal(where[0])} of {where[1]})" if where else ""
-        parts.append(f'"{tok.text}"{which} {score:+.3f}')
+        parts.append(f'"{tok.text}"{which} {format_score(score, scale)}')
     return ", ".join(parts) or "none"
 
 
