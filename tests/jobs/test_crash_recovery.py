@@ -126,3 +126,37 @@ def test_kill_9_mid_job_then_restart(
         assert running.id in capsys.readouterr().out
         final = list(running.watch(timeout=600))[-1]
         assert final.state == JobState.CANCELLED
+
+
+def test_jobs_of_another_model_are_failed_not_run_after_a_restart_on_a_new_model(
+    bert_tiny_dir: Path, random_bert_dir: Path, tmp_path: Path
+) -> None:
+    """The journal outlives the model: a sidecar restarted on another model (the same cache,
+    or a rollout) used to run the jobs queued for the old one with the new one and call them
+    succeeded. They now fail, saying which model they were for."""
+    db, log = tmp_path / "jobs.sqlite3", tmp_path / "sidecar.log"
+    port = free_port()
+    target = f"127.0.0.1:{port}"
+    with sidecar(bert_tiny_dir, db, port, log) as proc, Client(target, timeout=30) as client:
+        wait_serving(client, proc, log)
+        old_version = client.model().version
+        slow = client.submit(TEXTS[1], "integrated_gradients", steps=256, batch_size=1)
+        queued = client.submit(TEXTS[2], "integrated_gradients", steps=8)
+        for info in slow.watch(timeout=300):
+            if info.state == JobState.RUNNING and info.progress > 0:
+                break
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+    with sidecar(random_bert_dir, db, port, log) as proc, Client(target, timeout=30) as client:
+        wait_serving(client, proc, log)
+        new_version = client.model().version
+        assert new_version != old_version
+        for job_id in (slow.id, queued.id):
+            final = list(client.job(job_id).watch(timeout=300))[-1]
+            assert final.state == JobState.FAILED
+            assert f"submitted to model {bert_tiny_dir.name} version {old_version}" in final.error
+            assert f"version {new_version} is served" in final.error
+        # A job submitted to the new model runs on it.
+        fresh = client.submit(TEXTS[0], "integrated_gradients", steps=8).result(timeout=300)
+        assert fresh.model_version == new_version

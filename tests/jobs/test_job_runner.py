@@ -12,7 +12,7 @@ from jobs_testing_methods import expected_scores
 
 from limelight.core.jobs import JobSpec
 from limelight.core.types import TargetSpec
-from limelight.errors import InvalidArgument
+from limelight.errors import FailedPrecondition, InvalidArgument
 from limelight.jobs.runner import JobRunner
 from limelight.methods.base import JobCancelled, JobMethod, MethodRegistry
 from limelight.models.loaded import LoadedModel
@@ -112,3 +112,15 @@ def test_real_job_methods_run(tiny_model: LoadedModel, tmp_path: Path) -> None:
         ran.append(method.name)
     if not ran:
         pytest.skip("no built-in job method is available yet")
+
+
+def test_a_job_for_another_model_version_is_refused_and_one_for_this_one_runs(
+    tiny_model: LoadedModel, tmp_path: Path
+) -> None:
+    runner = _runner(tiny_model, tmp_path)
+    other = JobSpec(method="steps", text="good", model_name="old", model_version="0" * 16)
+    with pytest.raises(FailedPrecondition, match="submitted to model old version 0000000000000000"):
+        runner.run(other)
+    mine = JobSpec(method="steps", text="good", model_version=tiny_model.version)
+    assert runner.run(mine).model_version == tiny_model.version
+    assert runner.run(JobSpec(method="steps", text="good")).model_version == tiny_model.version

@@ -87,8 +87,15 @@ def test_spec_round_trip() -> None:
             timeout_s=2.5,
         ),
         JobSpec(method="random", text="x", target=TargetSpec(index=0)),
+        JobSpec(method="shapley", text="x", model_name="m", model_version="0123456789abcdef"),
     ):
         assert spec_from_dict(json.loads(json.dumps(spec_to_dict(spec)))) == spec
+
+
+def test_a_spec_journalled_before_models_were_recorded_reads_as_for_any_model() -> None:
+    legacy = spec_to_dict(JobSpec(method="random", text="x"))
+    del legacy["model_name"], legacy["model_version"]
+    assert spec_from_dict(legacy) == JobSpec(method="random", text="x", model_version="")
 
 
 def test_jsonable_non_finite() -> None:

@@ -52,6 +52,12 @@ class JobSpec:
     """The principal that submitted it (a token identity or a client certificate subject;
     empty without authentication). Only its owner can read, watch, list or cancel a job, and
     idempotency keys are scoped by owner."""
+    model_name: str = ""
+    model_version: str = ""
+    """The model the job was submitted to (its name and content hash; empty in journals
+    written before they were recorded: any model). A sidecar or worker serving another version
+    fails the job rather than explain the text with a model the caller did not ask: the
+    prediction it answered came from the model submitted to."""
 
     def same_request(self, other: JobSpec) -> bool:
         """Whether ``other`` asks for the same work (what an idempotency key must bind)."""

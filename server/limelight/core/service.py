@@ -972,6 +972,8 @@ class ExplanationService:
             timeout_s=timeout_s,
             trace_context=tracing.current_context(),
             owner=owner,
+            model_name=self.model.name,
+            model_version=self.model.version,
         )
         return await backend.submit(spec)
 

@@ -142,6 +142,13 @@ class JobRunner:
     ) -> Explanation:
         """Compute the explanation of ``spec``; raises JobCancelled when ``should_stop`` says so."""
         started = time.perf_counter()
+        if spec.model_version and spec.model_version != self.model.version:
+            raise FailedPrecondition(
+                f"this job was submitted to model {spec.model_name or '?'} version "
+                f"{spec.model_version}; it was picked up where {self.model.name} version "
+                f"{self.model.version} is served (the model changed since: a restart on another "
+                "model, a rollout), so it was not run: submit it again"
+            )
         method = self.job_method(spec.method)
         params: Mapping[str, Any] = method.validate_params(spec.params)
         encoded = self.model.encode(

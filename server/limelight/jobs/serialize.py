@@ -56,6 +56,8 @@ def spec_to_dict(spec: JobSpec) -> dict[str, Any]:
         "timeout_s": spec.timeout_s,
         "owner": spec.owner,
         "trace_context": dict(spec.trace_context),
+        "model_name": spec.model_name,
+        "model_version": spec.model_version,
     }
 
 
@@ -71,6 +73,8 @@ def spec_from_dict(data: dict[str, Any]) -> JobSpec:
         timeout_s=float(data.get("timeout_s") or 0.0),
         owner=str(data.get("owner") or ""),
         trace_context={str(k): str(v) for k, v in (data.get("trace_context") or {}).items()},
+        model_name=str(data.get("model_name") or ""),
+        model_version=str(data.get("model_version") or ""),
     )
 
 
