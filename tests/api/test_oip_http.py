@@ -146,8 +146,15 @@ def test_default_outputs_and_parameters(
             "out of range",
         ),
         ([1, 2], "JSON object"),
+        (
+            {
+                "inputs": [{"name": "text", "shape": [1], "datatype": "BYTES", "data": ["a"]}],
+                "parameters": [],
+            },
+            "'parameters' must be an object",
+        ),
     ],
-    ids=["datatype", "shape", "count", "missing", "empty", "target", "not-object"],
+    ids=["datatype", "shape", "count", "missing", "empty", "target", "not-object", "parameters"],
 )
 def test_bad_v2_requests_are_400(sidecar: RunningSidecar, body: Any, fragment: str) -> None:
     status, error = call(f"http://{base_url(sidecar)}/v2/models/{model_name(sidecar)}/infer", body)
@@ -221,6 +228,8 @@ def test_kserve_v1_predict_and_explain(sidecar: RunningSidecar) -> None:
         ({"instances": [3]}, 400),
         ({"rows": ["x"]}, 400),
         ({"instances": ["x"], "parameters": {"method": "slalom"}}, 400),
+        ({"instances": ["x"], "parameters": []}, 400),
+        ({"instances": ["x"], "parameters": None}, 200),
     ):
         assert call(f"{root}:predict", body)[0] == code
     assert (

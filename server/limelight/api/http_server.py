@@ -117,7 +117,9 @@ def infer_request(
     inputs = body.get("inputs")
     if not isinstance(inputs, list) or not inputs:
         raise InvalidArgument("the request needs 'inputs', a non-empty list")
-    parameters = body.get("parameters") or {}
+    parameters = body.get("parameters")
+    if parameters is None:  # absent or null; [] or "" are mistakes, not "no parameters"
+        parameters = {}
     if not isinstance(parameters, Mapping):
         raise InvalidArgument("'parameters' must be an object")
     view = memoryview(binary)
@@ -216,7 +218,9 @@ def v1_inputs(body: Any) -> list[ExplainInput]:
     instances = body["instances"]
     if not instances:
         raise InvalidArgument("'instances' is empty")
-    parameters = body.get("parameters") or {}
+    parameters = body.get("parameters")
+    if parameters is None:  # absent or null; [] or "" are mistakes, not "no parameters"
+        parameters = {}
     if not isinstance(parameters, Mapping):
         raise InvalidArgument("'parameters' must be an object")
     method, target = oip.method_and_target(parameters)  # the same parameters as v2
