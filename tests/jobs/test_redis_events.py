@@ -13,6 +13,7 @@ from helpers import await_until
 
 from limelight.core.jobs import JobRecord, JobSpec, JobState
 from limelight.jobs.redis_backend import RedisJobBackend
+from limelight.jobs.redis_events import cancel_until_done
 from limelight.settings import Settings
 from tests.conftest import RedisAcl
 
@@ -102,3 +103,28 @@ async def test_a_refused_subscription_leaves_watches_polling(
         assert caplog.text.count("refused the subscription") == 1
     finally:
         await backend.stop(1)
+
+
+@pytest.mark.asyncio
+async def test_a_loop_that_swallows_a_cancellation_is_cancelled_again_until_it_ends() -> None:
+    """redis-py can turn a cancellation that lands mid-command (over TLS) into a connection
+    error, which the sidecar's queue loops outlive: `RedisJobBackend.stop` then waited for its
+    depth loop for ever (seen about once in 25 runs of the TLS lifecycle test)."""
+    swallowed = 0
+
+    async def loop_that_outlives_errors() -> None:
+        nonlocal swallowed
+        while True:
+            try:
+                await asyncio.sleep(10)
+            except asyncio.CancelledError:
+                if swallowed == 0:  # as redis-py's ConnectionError would be taken
+                    swallowed += 1
+                    continue
+                raise
+
+    task = asyncio.get_running_loop().create_task(loop_that_outlives_errors())
+    await asyncio.sleep(0)
+    await asyncio.wait_for(cancel_until_done(task, again_s=0.05), timeout=30)
+    assert task.cancelled() and swallowed == 1
+    await cancel_until_done(None)  # nothing to stop

@@ -36,7 +36,7 @@ from limelight.core.jobs import (
 )
 from limelight.errors import ResourceExhausted, Unavailable, redact_credentials
 from limelight.jobs.execution import not_found, reuse, watch_changes
-from limelight.jobs.redis_events import JobEvents
+from limelight.jobs.redis_events import JobEvents, cancel_until_done
 from limelight.jobs.redis_store import (
     CONNECTION_ERRORS,
     FAILOVER_ERRORS,
@@ -244,10 +244,7 @@ class RedisJobBackend(JobBackend):
         # Jobs live in Redis and run in workers: nothing to drain here.
         self._stopping = True
         for task in (self._depth_task, self._connect_task):
-            if task is not None:
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
+            await cancel_until_done(task)
         self._depth_task = self._connect_task = None
         if self._events is not None:
             await self._events.close()

@@ -122,8 +122,18 @@ class JobEvents:
 
     async def close(self) -> None:
         task, self._task = self._task, None
-        # Cancelled again until it ends: shutdown must not hang on a read that outlived one.
-        while task is not None and not task.done():
-            task.cancel()
-            await asyncio.wait({task}, timeout=1.0)
+        await cancel_until_done(task)
         self._wake_all()
+
+
+async def cancel_until_done(task: asyncio.Task[Any] | None, again_s: float = 1.0) -> None:
+    """Cancel ``task`` and wait for it to end, cancelling it again every ``again_s``: redis-py
+    may turn a cancellation that lands inside a command (over TLS, mid-read) into a connection
+    error, which a loop that outlives connection errors takes in its stride, and a single
+    cancel would then leave shutdown waiting on that loop for ever."""
+    while task is not None and not task.done():
+        task.cancel()
+        await asyncio.wait({task}, timeout=again_s)
+    if task is not None and not task.cancelled():
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            task.result()  # retrieved: asyncio logs an exception nobody read as an error
