@@ -130,6 +130,31 @@ def test_a_long_text_is_explained_whole(
         (t.text, t.start, t.end, t.special) for t in result.tokens
     ]
     np.testing.assert_allclose([t["score"] for t in v1["tokens"]], result.scores, rtol=1e-5)
+    # ... and says, as the gRPC answer does, how the text was read: whole in windows, or cut.
+    assert (v1["windows"], v1["truncated"]) == (len(alone), False)
+    root = f"http://127.0.0.1:{running.server.metrics_port}"
+    pair_body = {"instances": [{"text": TEXT, "text_pair": "was it good?"}]}
+    request = urllib.request.Request(
+        f"{root}/v1/models/{random_bert_dir.name}:predict", data=json.dumps(pair_body).encode()
+    )
+    with urllib.request.urlopen(request, timeout=60) as response:
+        (cut,) = json.loads(response.read())["predictions"]
+    assert (cut["windows"], cut["truncated"]) == (0, True)  # pairs are not windowed
+    v2_body = {
+        "inputs": [
+            {"name": "text", "datatype": "BYTES", "shape": [2], "data": [TEXT, "warm food"]}
+        ],
+        "outputs": [{"name": "windows"}, {"name": "truncated"}],
+    }
+    request = urllib.request.Request(
+        f"{root}/v2/models/{random_bert_dir.name}/infer", data=json.dumps(v2_body).encode()
+    )
+    with urllib.request.urlopen(request, timeout=60) as response:
+        outputs = {o["name"]: o for o in json.loads(response.read())["outputs"]}
+    assert outputs["windows"]["datatype"] == "INT64"
+    assert outputs["windows"]["data"] == [len(alone), 0]
+    assert outputs["truncated"]["datatype"] == "BOOL"
+    assert outputs["truncated"]["data"] == [False, False]
 
 
 def test_max_aggregation_and_limits(

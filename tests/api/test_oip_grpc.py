@@ -68,6 +68,16 @@ def test_health_and_metadata(sidecar: RunningSidecar, triton: tgrpc.InferenceSer
     assert outputs["label"][0] == "BYTES"
 
 
+def test_a_text_cut_at_the_token_limit_says_so(
+    sidecar: RunningSidecar, triton: tgrpc.InferenceServerClient
+) -> None:
+    long = " ".join(["gorgeous"] * (sidecar.settings.max_tokens + 50))
+    result = triton.infer(model_name(sidecar), [text_input([long, TEXTS[0]])])
+    assert result.as_numpy("truncated").tolist() == [True, False]
+    assert result.as_numpy("windows").tolist() == [0, 0]  # truncation=truncate: no windows
+    assert int(result.as_numpy("num_tokens")[0]) == sidecar.settings.max_tokens
+
+
 def test_metadata_properties_document_the_parameters(sidecar: RunningSidecar) -> None:
     # Triton's proto has no ``properties`` field; the OIP one does.
     channel = grpc.insecure_channel(sidecar.target)

@@ -245,6 +245,9 @@ def v1_prediction(e: Explanation) -> dict[str, Any]:
         "probabilities": dict(zip(e.labels, e.probabilities, strict=True)),
         # Multi-label: every label over its threshold (probabilities are then sigmoids).
         "predicted_labels": list(e.predicted_labels),
+        # Cut at the token limit (the rest unread), or read whole in this many windows.
+        "truncated": e.truncated,
+        "windows": e.windows,
     }
 
 

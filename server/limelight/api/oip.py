@@ -19,7 +19,9 @@ Outputs (``T`` is the longest token count in the batch; shorter rows are padded)
   ``start``/``end`` in the input text of the token's segment; padding ``-1``);
 - ``attributions`` FP32 ``[N, T]`` (padding 0), ``num_tokens`` INT64 ``[N]``;
 - ``predicted`` BOOL ``[N, C]``: the predicted labels (multi-label: every label over its
-  threshold, ``probabilities`` being sigmoids; single-label: the one ``label``; regression: none).
+  threshold, ``probabilities`` being sigmoids; single-label: the one ``label``; regression: none);
+- ``truncated`` BOOL ``[N]``: the text was cut at the token limit (only its start was explained),
+  ``windows`` INT64 ``[N]``: how many windows explained it whole (``truncation=window``; else 0).
 
 Request parameters: ``method`` (an inline method; default the server's), ``target`` (a class
 label) or ``target_index`` (a class index); neither: the predicted class.
@@ -64,6 +66,8 @@ OUTPUTS: dict[str, tuple[str, tuple[int | str, ...]]] = {
     "attributions": ("FP32", (-1, -1)),
     "num_tokens": ("INT64", (-1,)),
     "predicted": ("BOOL", (-1, "C")),
+    "truncated": ("BOOL", (-1,)),
+    "windows": ("INT64", (-1,)),
 }
 
 #: Numpy dtypes of the fixed-size OIP datatypes (BYTES is an object array of ``bytes``).
@@ -301,6 +305,8 @@ def output_tensors(
             [[name in e.predicted_labels for name in e.labels] for e in explanations],
             dtype=np.bool_,
         ),
+        "truncated": np.array([e.truncated for e in explanations], dtype=np.bool_),
+        "windows": np.array([e.windows for e in explanations], dtype=np.int64),
     }
     return [
         Tensor(name, OUTPUTS[name][0], list(values[name].shape), values[name])
