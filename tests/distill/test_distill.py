@@ -596,6 +596,18 @@ def test_distill_cli_loop_texts_and_reward(
     labelled = (tmp_path / "head.teacher-shapley.jsonl").read_text().splitlines()
     assert len(labelled) == 1 + 10  # the loop's texts were never labelled
 
+    # Progress into a log (standard error captured: not a terminal): plain lines, each stage
+    # ending before the next begins.
+    capsys.readouterr()
+    assert main([a for a in base if a != "--no-progress"] + loop + cheap) == 0
+    lines = capsys.readouterr().err.splitlines()
+    stages = [line.split(":")[0] for line in lines if " elapsed" in line]
+    order = ["shapley labels", "amortisation", "classifier in the loop"]
+    assert [s for i, s in enumerate(stages) if i == 0 or stages[i - 1] != s] == order
+    ends = [line for line in lines if "(100 %)" in line]
+    assert [line.split(":")[0] for line in ends] == order
+    assert not any("\r" in line or "\x1b" in line for line in lines)
+
     plain = HeadRecipe(train=CONFIG)
     assert replace(plain, loop_texts=8).digest() != plain.digest()
     no_loop = HeadRecipe(train=replace(CONFIG, loop_steps=0))

@@ -146,7 +146,8 @@ def build_head(
         if not progress:
             return
         if stage not in stages:
-            bar.close()  # the labels are done: the next stage's line follows theirs
+            for earlier in [bar, *stages.values()]:  # done: their last lines come first
+                earlier.close()
             stages[stage] = progress_bar(total=total, desc=stage, unit="step")
         stages[stage].update(done - stages[stage].n)
 
