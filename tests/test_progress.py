@@ -43,6 +43,20 @@ def test_a_log_gets_a_line_at_the_start_at_most_one_per_interval_and_one_at_the_
     assert "\r" not in out.getvalue() and "\x1b" not in out.getvalue()
 
 
+def test_the_percentage_is_floored_until_the_work_is_done() -> None:
+    out, clock = io.StringIO(), Clock()
+    bar = progress_bar(total=321, desc="training", unit="batch", file=out, clock=clock)
+    clock.now = 100.0
+    bar.update(320)
+    bar.update(1)
+    bar.close()
+    assert [line.split(", ")[0] for line in out.getvalue().splitlines()] == [
+        "training: 0 of 321 batches (0 %)",
+        "training: 320 of 321 batches (99 %)",
+        "training: 321 of 321 batches (100 %)",
+    ]
+
+
 def test_the_end_line_is_not_repeated_and_a_new_stage_gets_its_own_line() -> None:
     out, clock = io.StringIO(), Clock()
     with progress_bar(total=4, desc="eval", unit="expl", file=out, clock=clock) as bar:

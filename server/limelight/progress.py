@@ -131,7 +131,8 @@ class PlainProgress(Generic[T]):
         """E.g. ``labels: 2,310 of 8,200 texts (28 %), 3:05 elapsed, about 8 minutes left``."""
         elapsed = self.clock() - self._start
         if self.total:
-            percent = 100 * self.n / self.total
+            # Floored: 320 of 321 is not "100 %".
+            percent = 100 if self.n >= self.total else math.floor(100 * self.n / self.total)
             text = f"{self.n:,.0f} of {self.total:,.0f} {_plural(self.unit)} ({percent:.0f} %)"
         else:
             text = f"{self.n:,.0f} {_plural(self.unit)}"
