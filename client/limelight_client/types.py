@@ -586,6 +586,9 @@ class JobInfo(_Shape):
     result: Explanation | None = None
     error: str = ""
     idempotency_key: str = ""
+    #: The model the job was submitted to (name and content hash); empty from older servers.
+    model_name: str = ""
+    model_version: str = ""
 
     @property
     def done(self) -> bool:
@@ -618,6 +621,8 @@ class JobInfo(_Shape):
             result=result,
             error=message.error,
             idempotency_key=message.idempotency_key,
+            model_name=message.model_name,
+            model_version=message.model_version,
         )
 
 

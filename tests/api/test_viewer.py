@@ -190,6 +190,12 @@ def test_jobs_submit_watch_list_cancel(viewer_sidecar: RunningSidecar) -> None:
     result = done["result"]
     assert result["target_label"] == "positive" and result["text"] == TEXT
     assert result["words"] and done["duration_s"] is not None
+    # The job names the model it was submitted to, as the explanation it gave does.
+    assert job["model_name"] and job["model_version"]
+    assert (done["model_name"], done["model_version"]) == (
+        result["model_name"],
+        result["model_version"],
+    )
 
     status, listing, _ = call(f"{url}/viewer/api/jobs?limit=10")
     assert status == 200 and job["id"] in [j["id"] for j in listing["jobs"]]
@@ -591,6 +597,7 @@ def test_browser_pages_explain_and_jobs(
     wait(driver, lambda d: d.find_elements(By.CSS_SELECTOR, "#job-detail .tok"))
     driver.save_screenshot(str(tmp_path / "viewer_jobs_open.png"))
     job_detail = driver.find_element(By.ID, "job-detail")
+    assert "Model" in job_detail.text and "not the model served now" not in job_detail.text
     job_detail.find_element(By.XPATH, ".//button[text()='Download SVG']").click()
     wait(driver, lambda d: any(p.name.startswith("limelight-job-") for p in downloads.iterdir()))
     no_console_errors(driver)

@@ -19,3 +19,21 @@ def test_a_long_message_is_cut_with_an_ellipsis_on_one_line() -> None:
     cell = rows[2][rows[0].index("MESSAGE") :]
     assert cell.startswith("out of memory on layer 3") and cell.endswith("…")
     assert len(cell) == 64
+
+
+def test_the_model_column_tells_jobs_of_two_models_apart() -> None:
+    """A Redis queue shared across a rollout lists jobs of both versions: each row names its
+    model with a short hash; `jobs show` gives the whole one; older servers' jobs read ``-``."""
+    from limelight.cli.jobs import describe
+
+    old = JobInfo(
+        id="a" * 32, state=JobState.QUEUED, method="lrp", model_name="m", model_version="1" * 64
+    )
+    new = JobInfo(
+        id="b" * 32, state=JobState.QUEUED, method="lrp", model_name="m", model_version="2" * 64
+    )
+    unknown = JobInfo(id="c" * 32, state=JobState.QUEUED, method="lrp")
+    header, *rows = jobs_table([old, new, unknown]).splitlines()
+    column = header.index("MODEL")
+    assert [row[column:].split()[0] for row in rows] == ["m@11111111", "m@22222222", "-"]
+    assert f"model      m@{'2' * 64}" in describe(new).splitlines()

@@ -115,6 +115,8 @@ def _sample_job() -> JobInfo:
         created_at=dt.datetime(2026, 11, 23, 12, 0, tzinfo=dt.timezone.utc),  # noqa: UP017
         attempts=1,
         result=result,
+        model_name="bert-tiny",
+        model_version="7334" * 16,
     )
 
 

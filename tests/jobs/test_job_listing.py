@@ -132,6 +132,10 @@ def test_listing_a_page_at_a_time_end_to_end(
         ids = [client.submit(f"review {i}", "integrated_gradients").id for i in range(250)]
         assert [j.id for j in client.iter_jobs(page_size=100)] == ids[::-1]
         assert [j.id for j in client.jobs(limit=10)] == ids[:-11:-1]  # the first page
+        served = client.model()
+        assert {(j.model_name, j.model_version) for j in client.jobs(limit=10)} == {
+            (served.name, served.version)
+        }
 
     stub = explainer_pb2_grpc.ExplainerStub(grpc.insecure_channel(sidecar.target))
     first = stub.ListJobs(pb.ListJobsRequest(limit=200), timeout=30)

@@ -245,6 +245,8 @@ def job_to_proto(job: JobRecord, token_layout: int = pb.TOKEN_LAYOUT_MESSAGES) -
         attempts=job.attempts,
         error=job.error,
         idempotency_key=job.spec.idempotency_key,
+        model_name=job.spec.model_name,
+        model_version=job.spec.model_version,
     )
     if job.result is not None:
         message.result.CopyFrom(explanation_to_proto(job.result, token_layout))

@@ -106,11 +106,24 @@ def _clip(text: str, width: int) -> str:
     return text if len(text) <= width else text[: width - 1] + "…"
 
 
+def _model(info: Any, version_chars: int | None = 8) -> str:
+    """The model a job was submitted to, ``name@version`` (``-`` for jobs journaled before
+    jobs recorded it); a short hash in a table, as git abbreviates commits."""
+    name = getattr(info, "model_name", "") or ""
+    version = getattr(info, "model_version", "") or ""
+    if not name and not version:
+        return "-"
+    return f"{name or '?'}@{version[:version_chars]}" if version else name
+
+
 def jobs_table(infos: list[Any]) -> str:
+    """One row per job. MODEL tells apart jobs submitted to different models (a Redis queue
+    shared across a rollout, a journal that outlived its model): another model's job fails."""
     rows = [
         [
             info.id,
             info.state.name.lower(),
+            _model(info),
             info.method,
             f"{100 * info.progress:.0f}%",
             str(info.attempts),
@@ -120,7 +133,7 @@ def jobs_table(infos: list[Any]) -> str:
         ]
         for info in infos
     ]
-    header = ["ID", "STATE", "METHOD", "PROGRESS", "ATTEMPTS", "CREATED", "RAN", "MESSAGE"]
+    header = ["ID", "STATE", "MODEL", "METHOD", "PROGRESS", "ATTEMPTS", "CREATED", "RAN", "MESSAGE"]
     return format_table(rows, header)
 
 
@@ -130,6 +143,7 @@ def describe(info: Any, top: int = 5, color: bool | None = None) -> str:
         f"job        {info.id}",
         f"state      {info.state.name.lower()}",
         f"method     {info.method}",
+        f"model      {_model(info, None)}",
         f"parameters {json.dumps(info.parameters, sort_keys=True)}",
         f"progress   {100 * info.progress:.0f}%  {info.message}",
         f"attempts   {info.attempts}",

@@ -188,6 +188,8 @@ def job_json(job: JobRecord, full: bool = True) -> dict[str, Any]:
         "duration_s": duration,
         "attempts": job.attempts,
         "error": job.error,
+        "model_name": spec.model_name,
+        "model_version": spec.model_version,
         "has_result": job.result is not None,
     }
     if full:

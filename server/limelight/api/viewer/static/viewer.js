@@ -853,6 +853,12 @@ async function openJob(id) {
   add("Method", job.method);
   add("State", job.state + (job.message ? ` — ${job.message}` : ""));
   add("Parameters", JSON.stringify(job.params));
+  if (job.model_version) {
+    // A job runs only on the model it was submitted to (a rollout or a restart fails it).
+    const served = state.model && state.model.version !== job.model_version
+      ? " — not the model served now: submit the job again" : "";
+    add("Model", `${job.model_name} ${job.model_version}${served}`);
+  }
   add("Text", job.text);
   if (job.text_pair) add("Pair", job.text_pair);
   add("Created", when(job.created_at));
