@@ -267,6 +267,12 @@ class Settings(BaseSettings):
     """Redis backend: a file holding the queue user's password (a mounted Secret), read at
     each new connection, so a rotated password takes effect without a restart; the address
     then carries at most the user name (``redis://limelight@host:6379/0``)."""
+    jobs_queue: str = "limelight"
+    """Redis backend: the queue's name, which begins every key the jobs use (``<name>:stream``,
+    ``<name>:job:<id>``, …). Sidecars and workers of one model share it. Give each model
+    deployed on the same Redis database its own: a job runs only on the model it was submitted
+    to, so a worker of one model would fail the other's jobs. A Redis ACL can then keep each
+    deployment to its own keys (``~<name>:*``)."""
     jobs_refused_at_start: Literal["stop", "serve"] = "stop"
     """Redis backend: what ``limelight serve`` does when the queue refuses its credentials or
     ACL at start. ``stop``: exit with the reason (a wrong Secret stalls a rollout instead of
@@ -368,6 +374,17 @@ class Settings(BaseSettings):
         # Checked with the other settings, before a start loads (or builds) the model.
         job_backend_kind(value)
         return value.strip()
+
+    @field_validator("jobs_queue")
+    @classmethod
+    def _queue_name(cls, value: str) -> str:
+        # A key prefix: a space or a colon would make keys an ACL pattern cannot tell apart.
+        if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}", value):
+            raise ValueError(
+                "the queue name is 1 to 64 letters, digits, '.', '_' or '-', beginning with a "
+                "letter or digit"
+            )
+        return value
 
     def resolved_jobs_db(self) -> Path:
         return self.jobs_db or self.cache_dir / "jobs.sqlite3"

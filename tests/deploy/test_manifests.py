@@ -334,7 +334,8 @@ def test_redis_workers_overlay_wires_queue_workers_and_keda(
     }
     for trigger in queue:
         meta = trigger["metadata"]
-        assert meta["stream"] == Keys().stream and meta["consumerGroup"] == GROUP
+        default_queue = Settings.model_fields["jobs_queue"].default
+        assert meta["stream"] == Keys(default_queue).stream and meta["consumerGroup"] == GROUP
         assert meta["address"] == redis_address and meta["databaseIndex"] == "0"
     (cpu,) = [t for t in scaled["triggers"] if t["type"] == "cpu"]
     assert cpu["metricType"] == "Utilization"

@@ -483,3 +483,47 @@ async def test_a_queued_job_says_when_no_worker_consumes_the_queue(
         assert redis.Redis.from_url(redis_clean).zrange("limelight:workers", 0, -1) == [b"w-next"]
     finally:
         await backend.stop(1)
+
+
+@pytest.mark.asyncio
+async def test_two_queues_on_one_database_keep_their_jobs_apart(
+    tiny_model: LoadedModel, redis_clean: str, tmp_path: Path
+) -> None:
+    """Two models deployed on one Redis database, each with its own queue name: a worker takes
+    only its own queue's jobs (the other's stay queued, saying no worker consumes them), and
+    every key a queue writes begins with its name, so an ACL can keep each to its own."""
+    runner = JobRunner(tiny_model, test_registry(), _settings(redis_clean, tmp_path))
+    alpha_settings = _settings(redis_clean, tmp_path, jobs_queue="alpha")
+    beta_settings = _settings(redis_clean, tmp_path, jobs_queue="beta")
+    alpha = RedisJobBackend(alpha_settings, runner=runner)
+    beta = RedisJobBackend(beta_settings, runner=runner)
+    for backend in (alpha, beta):
+        backend.depth_interval_s = 0.05
+        await backend.start()
+    try:
+        on_alpha = await alpha.submit(JobSpec(method="steps", text="a", params={"steps": 2}))
+        on_beta = await beta.submit(JobSpec(method="steps", text="b", params={"steps": 2}))
+        with worker_thread(RedisWorker(alpha_settings, runner, name="w-alpha")):
+            assert (await wait_state(alpha, on_alpha.id)).state is JobState.SUCCEEDED
+            await asyncio.sleep(0.5)  # a worker of the wrong queue would have taken it by now
+            waiting = await beta.get(on_beta.id)
+            assert (waiting.state, waiting.message) == (JobState.QUEUED, QUEUED_ALONE)
+        # Each queue lists and finds only its own jobs.
+        assert [j.id for j in await alpha.list(None, 10)] == [on_alpha.id]
+        with pytest.raises(NotFound):
+            await beta.get(on_alpha.id)
+        with worker_thread(RedisWorker(beta_settings, runner, name="w-beta")):
+            assert (await wait_state(beta, on_beta.id)).state is JobState.SUCCEEDED
+        listed: list[bytes] = redis.Redis.from_url(redis_clean).keys("*")  # type: ignore[assignment]
+        keys = {k.decode() for k in listed}
+        assert keys and all(k.startswith(("alpha:", "beta:")) for k in keys), keys
+        assert {f"alpha:job:{on_alpha.id}", f"beta:job:{on_beta.id}"} <= keys
+    finally:
+        for backend in (alpha, beta):
+            await backend.stop(1)
+
+
+@pytest.mark.parametrize("name", ["", "a b", "jobs:x", "-lead", "x" * 65])
+def test_a_queue_name_that_would_blur_its_keys_is_refused(name: str, tmp_path: Path) -> None:
+    with pytest.raises(ValidationError, match="the queue name is 1 to 64"):
+        Settings(cache_dir=tmp_path, jobs_queue=name)

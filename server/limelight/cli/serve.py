@@ -84,6 +84,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
         help="Redis password, read at each new connection (a mounted Secret: rotates without a "
         "restart)",
     )
+    p.add_argument(
+        "--jobs-queue",
+        metavar="NAME",
+        help="Redis queue name, the prefix of its keys (default limelight): one per model "
+        "sharing a Redis database",
+    )
     p.add_argument("--job-workers", type=int, help="in-process job worker threads")
     p.add_argument("--drift-reference", type=Path, help="reference file for drift")
     p.add_argument(

@@ -38,6 +38,12 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "restart)",
     )
     p.add_argument(
+        "--jobs-queue",
+        metavar="NAME",
+        help="Redis queue name, the prefix of its keys (default limelight): one per model "
+        "sharing a Redis database",
+    )
+    p.add_argument(
         "--workers",
         dest="job_processes",  # not Settings.workers: that one counts sidecar processes
         type=whole(1),

@@ -113,13 +113,11 @@ class RedisJobBackend(JobBackend):
         settings: Settings,
         metrics: Metrics | None = None,
         runner: JobRunner | None = None,
-        *,
-        prefix: str = "limelight",
     ) -> None:
         self.settings = settings
         self.metrics = metrics
         self.runner = runner
-        self.keys = Keys(prefix)
+        self.keys = Keys(settings.jobs_queue)
         self._client: aioredis.Redis | None = None
         self._depth_methods: set[str] = set()
         self._stopping = False

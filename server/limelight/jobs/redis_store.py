@@ -1,7 +1,8 @@
 """What the Redis backend (sidecar side) and the Redis workers share: the key layout, the
 consumer group, the Lua scripts and reading a job hash.
 
-Layout (prefix ``limelight``; one Redis database per deployment, not Redis Cluster):
+Layout (``<p>``: the queue's name, ``Settings.jobs_queue``, by default ``limelight``; one queue
+per model, any number of queues in one Redis database; not Redis Cluster):
 
 - ``<p>:job:<id>``  hash: state, spec (JSON, with its owner), result (JSON), progress, message,
   attempts, timestamps, cancel flag, the consumer running it and its stream entry id. Finished
@@ -239,14 +240,14 @@ def warn_eviction_risk(memory_info: dict[str, Any] | None) -> None:
         )
 
 
-def check_access(settings: Settings, prefix: str = "limelight") -> None:
+def check_access(settings: Settings) -> None:
     """Ask the queue once for what every worker needs first (its consumer group, created if
     missing). Raises a ``REFUSED_ERRORS`` or ``CONNECTION_ERRORS`` error."""
     url, options = connection(settings)
     client = redis.Redis.from_url(url, **options)
     try:
         client.ping()
-        ensure_group(client, Keys(prefix))
+        ensure_group(client, Keys(settings.jobs_queue))
         try:
             memory_info = client.info("memory")
         except redis.exceptions.NoPermissionError:  # INFO is @dangerous

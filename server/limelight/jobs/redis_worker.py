@@ -72,13 +72,12 @@ class RedisWorker:
         metrics: Metrics | None = None,
         *,
         name: str | None = None,
-        prefix: str = "limelight",
         backoff_max_s: float = 5.0,
     ) -> None:
         self.settings = settings
         self.runner = runner
         self.metrics = metrics
-        self.keys = Keys(prefix)
+        self.keys = Keys(settings.jobs_queue)
         self.name = name or f"{socket.gethostname()}-{os.getpid()}"
         url, options = connection(settings)
         self.client: Any = redis.Redis.from_url(url, **options)
