@@ -112,6 +112,8 @@ def test_the_heat_map_is_coloured_on_a_terminal_only(sidecar: RunningSidecar) ->
     assert "\x1b[48;2;" in shown and "gorgeous" in shown
     never = limelight(*args, "--color", "never", env={"FORCE_COLOR": "1"})
     assert "\x1b[" not in never.stdout
+    # --no-color, as grep and git spell it, is --color never.
+    assert limelight(*args, "--no-color", env={"FORCE_COLOR": "1"}).stdout == never.stdout
 
 
 def _read_all(fd: int) -> bytes:

@@ -154,6 +154,10 @@ def add_color_arg(parser: argparse.ArgumentParser) -> None:
         help="colour the heat-map: auto (default) when standard output is a terminal, unless "
         "NO_COLOR is set (FORCE_COLOR forces it); never prints each score after its token",
     )
+    # The spelling many tools take (grep, git, ls): the same as --color never.
+    parser.add_argument(
+        "--no-color", dest="color", action="store_const", const="never", help=argparse.SUPPRESS
+    )
 
 
 def use_color(choice: str, stream: Any = None) -> bool:
