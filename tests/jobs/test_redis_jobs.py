@@ -527,3 +527,10 @@ async def test_two_queues_on_one_database_keep_their_jobs_apart(
 def test_a_queue_name_that_would_blur_its_keys_is_refused(name: str, tmp_path: Path) -> None:
     with pytest.raises(ValidationError, match="the queue name is 1 to 64"):
         Settings(cache_dir=tmp_path, jobs_queue=name)
+
+
+def test_the_start_up_log_names_the_queue_never_its_password(tmp_path: Path) -> None:
+    settings = _settings("redis://limelight:s3cret@redis:6379/0", tmp_path, jobs_queue="reviews")
+    said = RedisJobBackend(settings).describe()
+    assert "redis://***@redis:6379/0" in said and "'reviews'" in said
+    assert "s3cret" not in said

@@ -645,3 +645,12 @@ async def test_a_sidecar_waiting_for_room_stops_at_once(
     await asyncio.wait_for(backend.stop(5), 10)  # does not wait out its next try
     with pytest.raises(Unavailable):
         await backend.get("any")
+
+
+@pytest.mark.parametrize(("workers", "said"), [(0, "1 thread"), (1, "1 thread"), (3, "3 threads")])
+def test_the_start_up_log_names_the_journal_and_its_threads(
+    workers: int, said: str, tmp_path: Path
+) -> None:
+    settings = Settings(cache_dir=tmp_path, job_workers=workers)
+    described = SqliteJobBackend(settings, None).describe()
+    assert str(tmp_path / "jobs.sqlite3") in described and described.endswith(said)

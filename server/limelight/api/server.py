@@ -287,13 +287,15 @@ class SidecarServer:
         )
         app = self.app or await self._load()
         await self._set_health(True)
+        jobs = app.service.jobs
         log.info(
-            "SERVING %s (%s, version %s) on %s:%d",
+            "SERVING %s (%s, version %s) on %s:%d; jobs %s",
             app.model.name,
             app.model.architecture,
             app.model.version,
             settings.host,
             self.port,
+            jobs.describe() if jobs is not None else "off",
         )
         if self._on_ready is not None:
             self._on_ready(self)

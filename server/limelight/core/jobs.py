@@ -135,6 +135,10 @@ class JobCursor:
 class JobBackend(ABC):
     """Durable job store + queue. All methods are called from the event loop."""
 
+    def describe(self) -> str:
+        """Where jobs go and what runs them, for the start-up log (never a credential)."""
+        return type(self).__name__
+
     @abstractmethod
     async def start(self) -> None:
         """Open storage, resume QUEUED/RUNNING jobs, start workers (if this backend runs any)."""

@@ -135,6 +135,12 @@ class RedisJobBackend(JobBackend):
         """After a refusal at start (``jobs_refused_at_start=serve``): how often to ask again."""
         self._error_logged = -REFUSED_S
 
+    def describe(self) -> str:
+        return (
+            f"queued in Redis at {redact_credentials(self.settings.jobs)}, queue "
+            f"{self.settings.jobs_queue!r}, for `limelight worker` processes to run"
+        )
+
     @property
     def client(self) -> Any:  # redis-py's stubs type replies as bytes | str | …
         if self._client is None:

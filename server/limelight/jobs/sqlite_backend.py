@@ -172,6 +172,13 @@ class SqliteJobBackend(JobBackend):
         self._full_logged = -FULL_LOG_S
         self._damage_logged = -FULL_LOG_S
 
+    def describe(self) -> str:
+        threads = max(1, self.settings.job_workers)
+        return (
+            f"journalled in SQLite at {self.settings.resolved_jobs_db()}, run here on {threads} "
+            f"thread{'s' if threads > 1 else ''}"
+        )
+
     # --- storage -------------------------------------------------------------------------------
 
     @contextmanager
