@@ -1,4 +1,4 @@
-"""The CLI's shared job progress line."""
+"""The CLI's shared helpers: the job progress line, top tokens, targets without a port."""
 
 from __future__ import annotations
 
@@ -124,3 +124,21 @@ def test_a_token_text_that_occurs_more_than_once_says_which_occurrence() -> None
         'against fresh: "," (2nd of 2) -0.600, "," (1st of 2) -0.200, "the" (3rd of 3) -0.100',
     ]
     assert top_token_lines(_explained(words, scores), 5)[0].endswith('"x" (11th of 11) +0.050')
+
+
+@pytest.mark.parametrize(
+    ("target", "no_port"),
+    [
+        ("localhost", True),
+        ("[::1]", True),
+        ("10.0.0.7", True),
+        ("localhost:50051", False),
+        ("[::1]:50051", False),
+        ("unix:/run/limelight.sock", False),
+        ("dns:///limelight:50051", False),
+    ],
+)
+def test_a_target_without_a_port_is_told_apart(target: str, no_port: bool) -> None:
+    from limelight.cli.common import _no_port
+
+    assert _no_port(target) is no_port

@@ -191,6 +191,11 @@ def test_bad_input_exits_non_zero_with_a_clear_message(sidecar: RunningSidecar) 
     assert "--target" in unreachable.stderr and "ipv4:" not in unreachable.stderr
     jobs = limelight("jobs", "list", "--target", "127.0.0.1:1", "--timeout", "2")
     assert jobs.returncode == 1 and "cannot reach a sidecar at 127.0.0.1:1" in jobs.stderr
+    # Without a port gRPC dials 443, which nothing here listens on: the line says so.
+    no_port = limelight("explain", "x", "--target", "localhost", "--timeout", "2")
+    assert no_port.returncode == 1
+    assert "without a port gRPC dials 443" in no_port.stderr
+    assert "--target localhost:50051" in no_port.stderr
     unknown = limelight("explain", "fine", "--method", "nope", "--target", sidecar.target)
     assert unknown.returncode == 1
     assert unknown.stderr.startswith("limelight explain: error: unknown method 'nope'; offered: ")

@@ -220,12 +220,26 @@ def client_from_args(args: argparse.Namespace, connections: int = 1) -> Any:
         raise InvalidArgument(str(exc)) from None
 
 
+def _no_port(target: str) -> bool:
+    """A plain host name or address without ``:port`` (``localhost``, ``[::1]``); not a
+    resolver URI such as ``unix:…`` or ``dns:///…``."""
+    if target.startswith("["):
+        return target.endswith("]")
+    return ":" not in target and "/" not in target
+
+
 def client_error_line(exc: Any, target: str | None) -> str:
     """One readable line for a failed client call: the status and the server's message, or,
     when nothing answered at ``target``, where the CLI looked and how to point it elsewhere
     (the address the user gave rather than the one gRPC resolved it to)."""
     reason = getattr(exc, "reason", None)
     if reason and target:
+        if _no_port(target):  # gRPC dials 443 then: easy to miss when the sidecar is local
+            return (
+                f"cannot reach a sidecar at {target} ({reason}): without a port gRPC dials 443; "
+                f"`limelight serve` listens on 50051 unless told otherwise (--target "
+                f"{target}:50051)"
+            )
         return (
             f"cannot reach a sidecar at {target} ({reason}): start one with `limelight "
             "serve`, or point --target (or LIMELIGHT_TARGET) at a running one"
