@@ -5,10 +5,12 @@ from __future__ import annotations
 import re
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from tests.cli.test_explain_cli import limelight
+from tests.pki import make_pki
 
 
 def quick_bench(
@@ -103,3 +105,48 @@ def test_quick_mix_bench_serves_long_texts_cut_or_whole(
         assert tokens > 512 if truncation == "window" else tokens == 512
     whole = "explained whole, in overlapping windows"
     assert (whole in report) == (truncation == "window")
+
+
+@pytest.mark.parametrize("rpc", ["stream", "http"])
+def test_bench_against_a_running_sidecar_behind_tls_and_a_token(
+    start_sidecar: Any, bert_tiny_dir: Path, tmp_path: Path, rpc: str
+) -> None:
+    """`--against` loads a sidecar that is already serving (here one with TLS and a bearer
+    token, over gRPC and over its HTTP port) without starting one; a wrong token is one line,
+    and the token never reaches the report."""
+    pki = make_pki(tmp_path / "pki")
+    sidecar = start_sidecar(
+        model_dir=bert_tiny_dir,
+        jobs="off",
+        tls_cert=pki / "server.pem",
+        tls_key=pki / "server.key",
+        auth_token="s3cret-token",
+    )
+    port = sidecar.server.metrics_port if rpc == "http" else sidecar.server.port
+    out = tmp_path / "bench"
+    args = ["bench", "--against", f"localhost:{port}", "--rpc", rpc, "--ca-cert"]
+    args += [str(pki / "ca.pem"), "--quick", "--clients", "1,2", "--mix", "2+1"]
+    args += ["--long-chars", "2000", "--out", str(out)]
+    done = limelight(*args, env={"LIMELIGHT_TOKEN": "s3cret-token"})
+    assert done.returncode == 0, done.stderr[-2000:]
+    report = (out / "bench.md").read_text()
+    assert f"sidecar: localhost:{port}, model {bert_tiny_dir.name}" in report
+    assert "--tls" in report and "s3cret-token" not in report
+    row = r"^\| ([12]) \| ([\d.]+) \| ([\d.]+) \| ([\d.e+]+) \| (\d+) \|$"
+    rows = re.findall(row, report, re.M)
+    assert [r[0] for r in rows] == ["1", "2"], report
+    assert all(float(r[1]) > 0 and float(r[3]) > 0 and r[4] == "0" for r in rows)
+    assert "Mixed lengths: 2 short clients" in report
+    assert (out / "bench.png").stat().st_size > 0
+
+    refused = limelight(*args, env={"LIMELIGHT_TOKEN": "wrong"})
+    assert refused.returncode == 2 and "Traceback" not in refused.stderr
+    assert refused.stderr.startswith("limelight bench: error:"), refused.stderr
+
+
+def test_bench_against_refuses_sections_that_need_the_model_here(tmp_path: Path) -> None:
+    done = limelight(
+        "bench", "--against", "127.0.0.1:1", "--sections", "inline,jobs", "--out", str(tmp_path)
+    )
+    assert done.returncode == 2
+    assert "--against measures a running sidecar: the served and mix sections" in done.stderr

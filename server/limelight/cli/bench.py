@@ -5,12 +5,14 @@ from that run: inline explain vs plain forward (torch, ONNX Runtime); the sideca
 process under closed-loop load from another process vs the same work in-process (throughput,
 latency at one client vs a plain forward, server CPU per request vs in-process CPU per text);
 short requests with and without long ones in the mix; job methods vs one forward pass. Prints
-Markdown tables and writes a PNG plot.
+Markdown tables and writes a PNG plot. ``--against`` loads a sidecar already running elsewhere
+instead (``limelight.cli.bench_remote``).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 from pathlib import Path
 from typing import Any
@@ -134,6 +136,34 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="job methods to time ('' to skip)",
     )
     p.add_argument("--quick", action="store_true", help="fewer repeats, short load (a smoke run)")
+    remote = p.add_argument_group(
+        "a running sidecar",
+        "--against HOST:PORT loads a sidecar that is already serving (another machine, a "
+        "cluster) instead of starting one here: the served and mix sections, with the load "
+        "generator in its own process on this machine; the flags that configure a local "
+        "sidecar (--model, --runtimes, --workers, --drift, --truncation) do not apply",
+    )
+    remote.add_argument(
+        "--against",
+        metavar="HOST:PORT",
+        help="the sidecar's gRPC address (with --rpc http: its HTTP port's host:port)",
+    )
+    remote.add_argument(
+        "--texts",
+        type=Path,
+        metavar="FILE",
+        help="with --against: short texts to send, one per line (default: test reviews of the "
+        "demo data); --mix's long texts are made by joining them",
+    )
+    remote.add_argument("--tls", action="store_true", help="with --against: use TLS")
+    remote.add_argument("--ca-cert", type=Path, help="CA bundle that signed the server cert")
+    remote.add_argument("--client-cert", type=Path, help="client certificate for mutual TLS")
+    remote.add_argument("--client-key", type=Path, help="client key for mutual TLS")
+    remote.add_argument(
+        "--token",
+        default=os.environ.get("LIMELIGHT_TOKEN"),
+        help="bearer token (default: $LIMELIGHT_TOKEN)",
+    )
     p.add_argument("--out", type=Path, default=Path("bench-results"), help="output folder")
     p.set_defaults(func=run)
 
@@ -190,6 +220,11 @@ def long_texts(reviews: list[str], chars: int, count: int) -> list[str]:
 
 def run(args: argparse.Namespace) -> int:
     from limelight.evaluation.benchmark import workdir
+
+    if args.against:
+        from limelight.cli.bench_remote import run_against
+
+        return run_against(args)
 
     with workdir() as work:
         return _run(args, work)

@@ -12,6 +12,7 @@ import collections
 import json
 import os
 import platform
+import ssl
 import statistics
 import subprocess
 import sys
@@ -396,6 +397,7 @@ def run_load(
     spread: bool = True,
     texts_per_call: int = 16,
     token_layout: str = "columns",
+    security: Mapping[str, Any] | None = None,
 ) -> LoadResult:
     """Closed-loop load from a separate process: ``clients[kind]`` concurrent clients each send
     texts of that kind one after another, spread over ``channels`` gRPC channels (each its own
@@ -410,8 +412,9 @@ def run_load(
     asks for) or ``messages`` (a Token message each). With ``spread`` the channels are spread
     evenly over the sidecar's workers (``limelight serve --workers``; the kernel alone places
     connections at random). Server CPU (the process and its children) is read from ``/proc``
-    over the same
-    window."""
+    over the same window (not without ``server_pid``: a sidecar on another machine).
+    ``security``: for a sidecar with TLS or tokens, ``tls`` (bool), ``ca_cert``,
+    ``client_cert``, ``client_key`` (paths) and ``token`` — passed on stdin, never argv."""
     if rpc not in RPCS:
         raise ValueError(f"unknown rpc {rpc!r}; use one of {', '.join(RPCS)}")
     if token_layout not in TOKEN_LAYOUTS:
@@ -428,6 +431,7 @@ def run_load(
         "spread": spread,
         "texts_per_call": texts_per_call,
         "token_layout": token_layout,
+        "security": dict(security or {}),
     }
     code = "from limelight.evaluation.benchmark import loadgen_main; loadgen_main()"
     done = subprocess.run(
@@ -474,12 +478,18 @@ async def _generate_load(config: dict[str, Any]) -> dict[str, Any]:
         # the port, the kernel spreads connections, not calls.
         ("grpc.use_local_subchannel_pool", 1),
     ]
+    security: dict[str, Any] = config.get("security") or {}
+    md = _call_metadata(security)
     channels, placed = await _open_channels(
-        config["target"], options, max(1, int(config.get("channels", 1))), config["spread"]
+        config["target"],
+        options,
+        max(1, int(config.get("channels", 1))),
+        config["spread"],
+        security,
     )
     stubs = [explainer_pb2_grpc.ExplainerStub(channel) for channel in channels]
     for stub in stubs:
-        await stub.Explain(pb.ExplainRequest(text="warm up"), timeout=600)
+        await stub.Explain(pb.ExplainRequest(text="warm up"), timeout=600, metadata=md)
     loop = asyncio.get_running_loop()
     tally = _Tally.starting(config)
     end = tally.end
@@ -505,7 +515,7 @@ async def _generate_load(config: dict[str, Any]) -> dict[str, Any]:
             text = pool[i % len(pool)]
             i += 7
             try:
-                response = await stub.Explain(request(text), timeout=600)
+                response = await stub.Explain(request(text), timeout=600, metadata=md)
             except grpc.aio.AioRpcError:
                 tally.errors += 1
                 continue
@@ -516,7 +526,7 @@ async def _generate_load(config: dict[str, Any]) -> dict[str, Any]:
         stub = stubs[index % len(stubs)]
         i = index
         while loop.time() < end:  # a failed stream is counted and reopened
-            call = stub.ExplainStream(timeout=600)
+            call = stub.ExplainStream(timeout=600, metadata=md)
             try:
                 while (started := loop.time()) < end:
                     await call.write(request(pool[i % len(pool)]))
@@ -542,7 +552,7 @@ async def _generate_load(config: dict[str, Any]) -> dict[str, Any]:
             i += 7 * per_call
             try:
                 response = await stub.ExplainBatch(
-                    pb.ExplainBatchRequest(requests=requests), timeout=600
+                    pb.ExplainBatchRequest(requests=requests), timeout=600, metadata=md
                 )
             except grpc.aio.AioRpcError:
                 tally.errors += per_call
@@ -622,11 +632,22 @@ async def _generate_http_load(config: dict[str, Any]) -> dict[str, Any]:
     import aiohttp
 
     texts: dict[str, list[str]] = config["texts"]
-    base = f"http://{config['target']}"
+    security: dict[str, Any] = config.get("security") or {}
+    context: ssl.SSLContext | bool = True
+    if security.get("tls"):
+        context = ssl.create_default_context(cafile=security.get("ca_cert"))
+        if security.get("client_cert"):
+            context.load_cert_chain(security["client_cert"], security.get("client_key"))
+    base = f"{'https' if security.get('tls') else 'http'}://{config['target']}"
+    headers = dict(_call_metadata(security) or ())
     loop = asyncio.get_running_loop()
     timeout = aiohttp.ClientTimeout(total=600)
+
+    def connector() -> aiohttp.TCPConnector:  # one connection: a client's own, kept alive
+        return aiohttp.TCPConnector(limit=1, ssl=context)
+
     async with (
-        aiohttp.ClientSession(timeout=timeout) as session,
+        aiohttp.ClientSession(timeout=timeout, headers=headers, connector=connector()) as session,
         session.get(f"{base}/v1/models") as response,
     ):
         (name,) = (await response.json())["models"]
@@ -634,7 +655,7 @@ async def _generate_http_load(config: dict[str, Any]) -> dict[str, Any]:
     clients = [(kind, index) for kind, n in config["clients"].items() for index in range(int(n))]
     # One connection per client (a connector of one), kept alive between its calls.
     sessions = [
-        aiohttp.ClientSession(timeout=timeout, connector=aiohttp.TCPConnector(limit=1))
+        aiohttp.ClientSession(timeout=timeout, headers=headers, connector=connector())
         for _ in clients
     ]
     try:
@@ -666,15 +687,40 @@ async def _generate_http_load(config: dict[str, Any]) -> dict[str, Any]:
     return tally.report(config, cpu, placement="")
 
 
+def _call_metadata(security: Mapping[str, Any]) -> tuple[tuple[str, str], ...] | None:
+    token = security.get("token")
+    return (("authorization", f"Bearer {token}"),) if token else None
+
+
+def _read_file(path: str | None) -> bytes | None:
+    return Path(path).read_bytes() if path else None
+
+
+def _grpc_channel(target: str, options: list[tuple[str, Any]], security: Mapping[str, Any]) -> Any:
+    import grpc
+
+    if not security.get("tls"):
+        return grpc.aio.insecure_channel(target, options=options)
+    credentials = grpc.ssl_channel_credentials(
+        _read_file(security.get("ca_cert")),
+        _read_file(security.get("client_key")),
+        _read_file(security.get("client_cert")),
+    )
+    return grpc.aio.secure_channel(target, credentials, options=options)
+
+
 async def _open_channels(
-    target: str, options: list[tuple[str, Any]], n: int, spread: bool
+    target: str,
+    options: list[tuple[str, Any]],
+    n: int,
+    spread: bool,
+    security: Mapping[str, Any] | None = None,
 ) -> tuple[list[Any], collections.Counter[str]]:
     """``n`` channels, and how many reached each worker. With ``spread``, a new channel is
     kept only while its worker holds less than an even share (a few hundred dials at most;
     then it takes what comes), so that no worker gets more of the load than another, and the
     channels are ordered by worker in turn (client ``i`` takes channel ``i % n``, so even two
     clients land on two workers)."""
-    import grpc
 
     from limelight_client.proto import explainer_pb2 as pb
     from limelight_client.proto import explainer_pb2_grpc
@@ -683,9 +729,9 @@ async def _open_channels(
     placed: collections.Counter[str] = collections.Counter()
     dials = 0
     while len(channels) < n:
-        channel = grpc.aio.insecure_channel(target, options=options)
+        channel = _grpc_channel(target, options, security or {})
         info = await explainer_pb2_grpc.ExplainerStub(channel).GetModel(
-            pb.GetModelRequest(), timeout=600
+            pb.GetModelRequest(), timeout=600, metadata=_call_metadata(security or {})
         )
         dials += 1
         share = -(-n // max(1, info.workers))
