@@ -12,12 +12,19 @@ instead (``limelight.cli.bench_remote``).
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 from pathlib import Path
 from typing import Any
 
-from limelight.cli.common import add_model_args, listed, one_of, real, settings_from_args, whole
+from limelight.cli.common import (
+    add_credential_args,
+    add_model_args,
+    listed,
+    one_of,
+    real,
+    settings_from_args,
+    whole,
+)
 from limelight.errors import InvalidArgument
 
 SECTIONS = ("inline", "served", "mix", "jobs")
@@ -155,15 +162,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="with --against: short texts to send, one per line (default: test reviews of the "
         "demo data); --mix's long texts are made by joining them",
     )
-    remote.add_argument("--tls", action="store_true", help="with --against: use TLS")
-    remote.add_argument("--ca-cert", type=Path, help="CA bundle that signed the server cert")
-    remote.add_argument("--client-cert", type=Path, help="client certificate for mutual TLS")
-    remote.add_argument("--client-key", type=Path, help="client key for mutual TLS")
-    remote.add_argument(
-        "--token",
-        default=os.environ.get("LIMELIGHT_TOKEN"),
-        help="bearer token (default: $LIMELIGHT_TOKEN)",
-    )
+    add_credential_args(remote)
     p.add_argument("--out", type=Path, default=Path("bench-results"), help="output folder")
     p.set_defaults(func=run)
 
@@ -204,6 +203,25 @@ def _plot(inline_rows: list[Any], served: list[dict[str, Any]], out: Path) -> No
         right.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(out, dpi=110)
+
+
+#: The columns of a mixed-length table that local and ``--against`` runs share.
+MIX_COLUMNS = [
+    "short p50 alone ms",
+    "short p50 mixed ms",
+    "mixed/alone",
+    "short p99 mixed ms",
+    "short req/s mixed",
+    "long req/s mixed",
+    "long p50 mixed ms",
+]
+
+
+def mix_title(short: int, long: int, chars: int) -> str:
+    return (
+        f"Mixed lengths: {short} short clients, then with {long} long clients "
+        f"({chars} characters) added"
+    )
 
 
 def long_texts(reviews: list[str], chars: int, count: int) -> list[str]:
@@ -512,18 +530,11 @@ def _run(args: argparse.Namespace, work: Path) -> int:
                 flush=True,
             )
         emit(
-            f"Mixed lengths: {n_short} short clients, then with {n_long} long clients "
-            f"({args.long_chars} characters) added",
+            mix_title(n_short, n_long, args.long_chars),
             b.markdown_table(
                 [
                     "batching",
-                    "short p50 alone ms",
-                    "short p50 mixed ms",
-                    "mixed/alone",
-                    "short p99 mixed ms",
-                    "short req/s mixed",
-                    "long req/s mixed",
-                    "long p50 mixed ms",
+                    *MIX_COLUMNS,
                     "tokens per long answer",
                     "tokens/s alone",
                     "tokens/s mixed",

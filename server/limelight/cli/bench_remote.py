@@ -111,7 +111,7 @@ def _http_model(target: str, security: dict[str, Any]) -> Any:
 
 
 def run_against(args: argparse.Namespace) -> int:
-    from limelight.cli.bench import long_texts
+    from limelight.cli.bench import MIX_COLUMNS, long_texts, mix_title
     from limelight.evaluation import benchmark as b
 
     sections = [s for s in args.sections if s in ("served", "mix")]
@@ -196,19 +196,9 @@ def run_against(args: argparse.Namespace) -> int:
         mixed = load({"short": short, "long": longs}, {"short": n_short, "long": n_long})
         ratio = mixed.p50_ms("short") / alone.p50_ms("short")
         emit(
-            f"Mixed lengths: {n_short} short clients, then with {n_long} long clients "
-            f"({args.long_chars} characters) added",
+            mix_title(n_short, n_long, args.long_chars),
             b.markdown_table(
-                [
-                    "short p50 alone ms",
-                    "short p50 mixed ms",
-                    "mixed/alone",
-                    "short p99 mixed ms",
-                    "short req/s mixed",
-                    "long req/s mixed",
-                    "long p50 mixed ms",
-                    "errors",
-                ],
+                [*MIX_COLUMNS, "errors"],
                 [
                     [
                         alone.p50_ms("short"),

@@ -190,6 +190,11 @@ def add_client_args(parser: argparse.ArgumentParser, timeout_note: str = "") -> 
         default=30.0,
         help=f"per-call deadline in seconds (default: 30){timeout_note}",
     )
+    add_credential_args(parser)
+
+
+def add_credential_args(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
+    """TLS and bearer-token flags of commands that call a running sidecar."""
     parser.add_argument("--tls", action="store_true", help="use TLS")
     parser.add_argument("--ca-cert", type=Path, help="CA bundle that signed the server cert")
     parser.add_argument("--client-cert", type=Path, help="client certificate for mutual TLS")
