@@ -332,10 +332,11 @@ def test_redis_workers_overlay_wires_queue_workers_and_keda(
         (True, False),
         (False, True),
     }
+    assert config["LIMELIGHT_JOBS_QUEUE"] == Settings.model_fields["jobs_queue"].default
     for trigger in queue:
         meta = trigger["metadata"]
-        default_queue = Settings.model_fields["jobs_queue"].default
-        assert meta["stream"] == Keys(default_queue).stream and meta["consumerGroup"] == GROUP
+        assert meta["stream"] == Keys(config["LIMELIGHT_JOBS_QUEUE"]).stream
+        assert meta["consumerGroup"] == GROUP
         assert meta["address"] == redis_address and meta["databaseIndex"] == "0"
     (cpu,) = [t for t in scaled["triggers"] if t["type"] == "cpu"]
     assert cpu["metricType"] == "Utilization"
@@ -357,6 +358,32 @@ def test_redis_workers_overlay_wires_queue_workers_and_keda(
     assert all(worker_service["metadata"]["labels"].get(k) == v for k, v in monitor.items())
     # Redis is not scraped as if it were Limelight.
     assert redis_service["metadata"]["labels"]["app.kubernetes.io/name"] != "limelight"
+
+
+def test_the_queue_is_named_once_and_keda_reads_its_stream(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A second model on the same Redis names its queue in the ConfigMap only: the sidecars,
+    the workers and KEDA's two stream triggers all follow it (kustomize replacements)."""
+    from limelight.jobs.redis_backend import Keys
+
+    tree = tmp_path / "k8s"
+    shutil.copytree(REPO / "k8s", tree)
+    patch = tree / "overlays" / "redis-workers" / "configmap-patch.yaml"
+    text = patch.read_text()
+    assert text.count("LIMELIGHT_JOBS_QUEUE: limelight\n") == 1
+    patch.write_text(
+        text.replace("LIMELIGHT_JOBS_QUEUE: limelight\n", "LIMELIGHT_JOBS_QUEUE: reviews\n")
+    )
+    for overlay in ("redis-workers", "managed-redis"):
+        objects = render(tree / "overlays" / overlay)
+        config = _config(objects)
+        assert _settings(config, monkeypatch).jobs_queue == "reviews"
+        scaled = find(objects, "ScaledObject", "limelight-worker")["spec"]
+        streams = [
+            t["metadata"]["stream"] for t in scaled["triggers"] if t["type"] == "redis-streams"
+        ]
+        assert streams == [Keys("reviews").stream] * 2, overlay
 
 
 def documented_secret(guide: Path) -> tuple[set[str], str]:
