@@ -285,6 +285,17 @@ def redis_tls_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 #: every command but the dangerous ones, and INFO (to check the eviction policy).
 REDIS_ACL = "~limelight:* &limelight:events:* +@all -@dangerous +info"
 
+#: The least-privilege alternative (README, "Redis credentials, ACL and TLS"): the commands
+#: Limelight sends, its job scripts' included, and what KEDA's stream scaler reads.
+REDIS_ACL_NARROW = (
+    "~limelight:* &limelight:events:* -@all "
+    "+ping +info +time +select +evalsha +script|load "
+    "+exists +get +set +hget +hmget +hset +hgetall +hincrby +hvals +pexpire +publish "
+    "+zadd +zcard +zcount +zrem +zrangebyscore +zrevrangebyscore +zremrangebyscore "
+    "+xadd +xack +xdel +xreadgroup +xpending +xclaim +xautoclaim +xgroup|create "
+    "+xgroup|delconsumer +xinfo|groups +xinfo|stream +xlen +psubscribe +punsubscribe"
+)
+
 
 @dataclass
 class RedisAcl:
@@ -292,6 +303,8 @@ class RedisAcl:
 
     url: str
     """The ``limelight`` user, with ``REDIS_ACL``."""
+    narrow_url: str
+    """The ``narrow`` user, with ``REDIS_ACL_NARROW``."""
     admin_url: str
     """The default user, with every permission (for flushing between tests)."""
     no_pattern_url: str
@@ -305,10 +318,12 @@ def redis_acl(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisAcl]:
     config += ["--user", "limelight", "on", ">s3cret", *REDIS_ACL.split()]
     no_pattern = REDIS_ACL.replace("&limelight:events:*", "&limelight:*")
     config += ["--user", "no-pattern", "on", ">s3cret", *no_pattern.split()]
+    config += ["--user", "narrow", "on", ">s3cret", *REDIS_ACL_NARROW.split()]
     admin = "redis://default:admin-secret@127.0.0.1:{port}/0"
     with running_redis(tmp_path_factory.mktemp("redis-acl"), admin, *config) as admin_url:
         yield RedisAcl(
             url=admin_url.replace("default:admin-secret", "limelight:s3cret"),
+            narrow_url=admin_url.replace("default:admin-secret", "narrow:s3cret"),
             admin_url=admin_url,
             no_pattern_url=admin_url.replace("default:admin-secret", "no-pattern:s3cret"),
         )

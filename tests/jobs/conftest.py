@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -68,18 +69,26 @@ def redis_clean(redis_url: str) -> str:
     return redis_url
 
 
-@pytest.fixture(params=["open", "acl", "tls"])
-def redis_queue(request: pytest.FixtureRequest) -> str:
+@pytest.fixture(params=["open", "acl", "narrow", "tls"])
+def redis_queue(request: pytest.FixtureRequest) -> Iterator[str]:
     """An empty Redis job queue's URL: on an open server, as the ``limelight`` ACL user of a
-    server that requires a password (``tests/conftest.py: REDIS_ACL``), and over mutual TLS."""
+    server that requires a password (``tests/conftest.py: REDIS_ACL``), as a user with only
+    the commands the README lists (``REDIS_ACL_NARROW``: Redis must refuse it nothing, even
+    what Limelight would survive, such as ``INFO``), and over mutual TLS."""
     import redis
 
+    narrow = request.param == "narrow"
     if request.param in ("open", "tls"):
         url = admin = request.getfixturevalue(
             "redis_url" if request.param == "open" else "redis_tls_url"
         )
     else:
         acl = request.getfixturevalue("redis_acl")
-        url, admin = acl.url, acl.admin_url
-    redis.Redis.from_url(admin).flushall()
-    return str(url)
+        url, admin = (acl.narrow_url if narrow else acl.url), acl.admin_url
+    server = redis.Redis.from_url(admin)
+    server.flushall()
+    server.acl_log_reset()
+    yield str(url)
+    if narrow:
+        refused = [e for e in server.acl_log() if e.get("username") == "narrow"]
+        assert not refused, f"REDIS_ACL_NARROW lacks what these were refused: {refused}"

@@ -29,11 +29,22 @@ from limelight.jobs.runner import JobRunner
 from limelight.metrics import Metrics
 from limelight.models.loaded import LoadedModel
 from limelight.settings import Settings
-from tests.conftest import REDIS_ACL, RedisAcl
+from tests.conftest import REDIS_ACL, REDIS_ACL_NARROW, RedisAcl
 
 PASSWORD = "pw-never-shown"
+README = Path(__file__).resolve().parents[2] / "README.md"
 WITHOUT_KEYS = "~other:* &* +@all"
 """An ACL user that may connect and run every command, on keys Limelight does not use."""
+
+
+def test_the_readme_grants_the_acls_the_suite_runs_as() -> None:
+    """The README's two ``ACL SETUSER`` lines are the rules the job tests' users have."""
+    given = [
+        line.removeprefix("ACL SETUSER limelight on >PASSWORD ")
+        for line in README.read_text().splitlines()
+        if line.startswith("ACL SETUSER limelight on >PASSWORD ")
+    ]
+    assert given == [REDIS_ACL, REDIS_ACL_NARROW]
 
 
 @contextmanager
