@@ -589,6 +589,8 @@ class JobInfo(_Shape):
     #: The model the job was submitted to (name and content hash); empty from older servers.
     model_name: str = ""
     model_version: str = ""
+    #: QUEUED on a queue that no live ``limelight worker`` consumes: it waits until one starts.
+    no_worker: bool = False
 
     @property
     def done(self) -> bool:
@@ -623,6 +625,7 @@ class JobInfo(_Shape):
             idempotency_key=message.idempotency_key,
             model_name=message.model_name,
             model_version=message.model_version,
+            no_worker=message.no_worker,
         )
 
 

@@ -162,3 +162,14 @@ def test_token_columns_have_a_column_for_every_token_field() -> None:
     assert columns == [f.name for f in pb.Token.DESCRIPTOR.fields]
     assert all(f.is_repeated for f in pb.TokenColumns.DESCRIPTOR.fields)
     assert columns == [f.name for f in dataclasses.fields(Token)]
+
+
+def test_job_info_reads_every_field_of_a_job_message() -> None:
+    """Every field of the ``Job`` message reaches ``JobInfo`` under its own name."""
+    fields = [f.name for f in pb.Job.DESCRIPTOR.fields]
+    assert fields == [f.name for f in dataclasses.fields(JobInfo)]
+    info = JobInfo.from_proto(
+        pb.Job(id="j2", state=pb.JOB_STATE_QUEUED, method="slalom", no_worker=True, attempts=2)
+    )
+    assert (info.state, info.no_worker, info.attempts) == (JobState.QUEUED, True, 2)
+    assert not JobInfo.from_proto(pb.Job(id="j3", state=pb.JOB_STATE_QUEUED)).no_worker

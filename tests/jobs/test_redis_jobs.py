@@ -391,13 +391,14 @@ def test_sidecar_enqueues_and_workers_run(
             ]
             # No worker yet: the sidecar itself runs nothing, and says so.
             assert all(j.refresh().state == ClientState.QUEUED for j in jobs)
-            assert jobs[0].info.message == QUEUED_ALONE
+            assert jobs[0].info.message == QUEUED_ALONE and jobs[0].info.no_worker
             with pytest.raises(TimeoutError) as raised:
                 jobs[0].result(timeout=0.5)
             assert str(raised.value).endswith(f"not finished after 0.5 s ({QUEUED_ALONE}, 0%)")
             worker = _worker_proc(redis_queue, bert_tiny_dir, tmp_path)
             results = [j.result(timeout=600) for j in jobs]
             assert all(len(r.scores) == len(r.tokens) for r in results)
+            assert not any(j.info.no_worker for j in jobs)
             assert [j.refresh().attempts for j in jobs] == [1, 1]
             assert {j.id for j in client.jobs(states=["succeeded"])} == {j.id for j in jobs}
     finally:
@@ -444,11 +445,13 @@ async def test_a_queued_job_says_when_no_worker_consumes_the_queue(
     try:
         first = await backend.submit(JobSpec(method="block", text="a", params=params))
         assert first.state is JobState.QUEUED and first.message == QUEUED_ALONE
+        assert first.no_worker
         assert workers() == 0
-        assert [j.message for j in await backend.list([JobState.QUEUED], 10)] == [QUEUED_ALONE]
+        listed = await backend.list([JobState.QUEUED], 10)
+        assert [(j.message, j.no_worker) for j in listed] == [(QUEUED_ALONE, True)]
         watching = backend.watch(first.id)
         assert isinstance(watching, AsyncGenerator)
-        assert (await anext(watching)).message == QUEUED_ALONE
+        assert (await anext(watching)).no_worker
 
         worker = RedisWorker(settings, runner, name="w-present")
         with worker_thread(worker):
@@ -459,6 +462,7 @@ async def test_a_queued_job_says_when_no_worker_consumes_the_queue(
                 # One worker, busy with the first job (heartbeats announce it): the second
                 # waits, and says so.
                 assert (second.state, second.message) == (JobState.QUEUED, "queued")
+                assert not second.no_worker
                 # Still counted while its job outlasts an announcement (1.5 s) twice over.
                 await asyncio.sleep(3.5)
                 assert workers() == 1

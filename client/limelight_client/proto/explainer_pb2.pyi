@@ -297,7 +297,7 @@ class SubmitJobRequest(_message.Message):
     def __init__(self, text: _Optional[str] = ..., text_pair: _Optional[str] = ..., target: _Optional[_Union[Target, _Mapping]] = ..., method: _Optional[str] = ..., parameters: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., idempotency_key: _Optional[str] = ..., timeout_seconds: _Optional[float] = ..., token_layout: _Optional[_Union[TokenLayout, str]] = ...) -> None: ...
 
 class Job(_message.Message):
-    __slots__ = ("id", "state", "method", "parameters", "progress", "message", "created_at", "started_at", "finished_at", "attempts", "result", "error", "idempotency_key", "model_name", "model_version")
+    __slots__ = ("id", "state", "method", "parameters", "progress", "message", "created_at", "started_at", "finished_at", "attempts", "result", "error", "idempotency_key", "model_name", "model_version", "no_worker")
     ID_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     METHOD_FIELD_NUMBER: _ClassVar[int]
@@ -313,6 +313,7 @@ class Job(_message.Message):
     IDEMPOTENCY_KEY_FIELD_NUMBER: _ClassVar[int]
     MODEL_NAME_FIELD_NUMBER: _ClassVar[int]
     MODEL_VERSION_FIELD_NUMBER: _ClassVar[int]
+    NO_WORKER_FIELD_NUMBER: _ClassVar[int]
     id: str
     state: JobState
     method: str
@@ -328,7 +329,8 @@ class Job(_message.Message):
     idempotency_key: str
     model_name: str
     model_version: str
-    def __init__(self, id: _Optional[str] = ..., state: _Optional[_Union[JobState, str]] = ..., method: _Optional[str] = ..., parameters: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., progress: _Optional[float] = ..., message: _Optional[str] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., started_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., finished_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., attempts: _Optional[int] = ..., result: _Optional[_Union[ExplainResponse, _Mapping]] = ..., error: _Optional[str] = ..., idempotency_key: _Optional[str] = ..., model_name: _Optional[str] = ..., model_version: _Optional[str] = ...) -> None: ...
+    no_worker: bool
+    def __init__(self, id: _Optional[str] = ..., state: _Optional[_Union[JobState, str]] = ..., method: _Optional[str] = ..., parameters: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., progress: _Optional[float] = ..., message: _Optional[str] = ..., created_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., started_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., finished_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., attempts: _Optional[int] = ..., result: _Optional[_Union[ExplainResponse, _Mapping]] = ..., error: _Optional[str] = ..., idempotency_key: _Optional[str] = ..., model_name: _Optional[str] = ..., model_version: _Optional[str] = ..., no_worker: _Optional[bool] = ...) -> None: ...
 
 class GetJobRequest(_message.Message):
     __slots__ = ("id", "token_layout")

@@ -247,6 +247,7 @@ def job_to_proto(job: JobRecord, token_layout: int = pb.TOKEN_LAYOUT_MESSAGES) -
         idempotency_key=job.spec.idempotency_key,
         model_name=job.spec.model_name,
         model_version=job.spec.model_version,
+        no_worker=job.no_worker,
     )
     if job.result is not None:
         message.result.CopyFrom(explanation_to_proto(job.result, token_layout))

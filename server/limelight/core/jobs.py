@@ -94,6 +94,9 @@ class JobRecord:
     attempts: int = 0
     result: Explanation | None = None
     error: str = ""
+    no_worker: bool = False
+    """QUEUED on a queue that no live worker consumes (the Redis backend with no `limelight
+    worker` running): it waits until one starts. Never stored; set when the job is read."""
 
 
 @dataclass(frozen=True)

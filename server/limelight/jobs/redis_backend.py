@@ -338,7 +338,8 @@ class RedisJobBackend(JobBackend):
             return record
         if present:
             return record
-        return replace(record, message=f"{record.message}; {NO_WORKER}".lstrip("; "))
+        message = f"{record.message}; {NO_WORKER}".lstrip("; ")
+        return replace(record, message=message, no_worker=True)
 
     @_redis_call
     async def get(self, job_id: str, owner: str | None = None) -> JobRecord:

@@ -190,6 +190,7 @@ def job_json(job: JobRecord, full: bool = True) -> dict[str, Any]:
         "error": job.error,
         "model_name": spec.model_name,
         "model_version": spec.model_version,
+        "no_worker": job.no_worker,
         "has_result": job.result is not None,
     }
     if full:
