@@ -793,10 +793,7 @@ def predict_scores(model: LoadedModel, head: ExplainerHead, encoded: Encoded) ->
     base = model.adapter.run_base(ids, mask, types)
     token_logits = model.adapter.head(base.last_hidden_state)
     norms = base.hidden_states[0].float().norm(dim=-1)
-    out = head(base.hidden_states, norms, token_logits, mask)[0]
-    scores: np.ndarray = out.float().cpu().numpy()
-    scores[encoded.special_mask] = 0.0  # as the runtimes serve them (silence_specials)
-    return scores
+    return head(base.hidden_states, norms, token_logits, mask)[0].float().cpu().numpy()
 
 
 def validate(

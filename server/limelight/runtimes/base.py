@@ -8,7 +8,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from limelight.core.types import BoolArray, Encoded, FloatArray, IntArray, TokenColumns
+from limelight.core.types import Encoded, FloatArray, IntArray
 
 
 @dataclass
@@ -19,35 +19,21 @@ class InlineBatch:
     attention_mask: IntArray
     token_type_ids: IntArray | None
     lengths: list[int]
-    special: BoolArray | None = None
-    """[B, n] True at the tokens the tokenizer added (``[CLS]``, ``<s>``, ...): the extra heads
-    score them 0, as every job method does. None (a batch built by hand): nothing is zeroed."""
 
     @classmethod
     def from_encoded(cls, items: list[Encoded], pad_id: int) -> InlineBatch:
         width = max(len(e) for e in items)
         ids = np.full((len(items), width), pad_id, dtype=np.int64)
         mask = np.zeros((len(items), width), dtype=np.int64)
-        special = np.zeros((len(items), width), dtype=bool)
         types = None
         if items[0].token_type_ids is not None:
             types = np.zeros((len(items), width), dtype=np.int64)
         for row, e in enumerate(items):
             ids[row, : len(e)] = e.input_ids
             mask[row, : len(e)] = 1
-            special[row, : len(e)] = TokenColumns.of(e.tokens).special
             if types is not None and e.token_type_ids is not None:
                 types[row, : len(e)] = e.token_type_ids
-        return cls(ids, mask, types, [len(e) for e in items], special)
-
-    def silence_specials(self, extra: dict[str, FloatArray]) -> dict[str, FloatArray]:
-        """``extra`` with the special tokens' scores set to 0, in place. A distilled head is
-        trained on the other tokens only, so what it says at ``[CLS]`` or ``[SEP]`` means
-        nothing; the runtimes zero it rather than hand it to callers of the raw scores."""
-        if self.special is not None and self.special.any():
-            for scores in extra.values():
-                scores[self.special] = 0.0
-        return extra
+        return cls(ids, mask, types, [len(e) for e in items])
 
     def __len__(self) -> int:
         return int(self.input_ids.shape[0])

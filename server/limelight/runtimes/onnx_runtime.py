@@ -136,7 +136,7 @@ class OnnxRuntime(Runtime):
             logits=values[at[0]],
             embedding_norms=values[at[1]],
             token_logits=values[at[2]],
-            extra=batch.silence_specials({name: values[i] for i, name in self._extra}),
+            extra={name: values[i] for i, name in self._extra},
             normxlogit=None if self._scores is None else values[self._scores],
         )
 

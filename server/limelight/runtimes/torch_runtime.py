@@ -60,12 +60,10 @@ class TorchRuntime(Runtime):
         # masked mean (mean pooling) or the mean of the token logits (late pooling).
         logits = adapter.logits_from(out.last_hidden_state, mask, token_logits)
         norms = h0.float().norm(dim=-1)
-        extra = batch.silence_specials(
-            {
-                name: head(out.hidden_states, norms, token_logits, mask).float().cpu().numpy()
-                for name, head in self.heads.items()
-            }
-        )
+        extra = {
+            name: head(out.hidden_states, norms, token_logits, mask).float().cpu().numpy()
+            for name, head in self.heads.items()
+        }
         return InlineOutputs(
             logits=logits.float().cpu().numpy(),
             embedding_norms=norms.cpu().numpy(),
