@@ -6,7 +6,12 @@ import math
 
 import pytest
 
-from limelight.cli.common import JobProgressBar, job_status_line, top_token_lines
+from limelight.cli.common import (
+    JobProgressBar,
+    client_error_line,
+    job_status_line,
+    top_token_lines,
+)
 from limelight_client.types import Explanation, Token
 
 
@@ -142,3 +147,17 @@ def test_a_target_without_a_port_is_told_apart(target: str, no_port: bool) -> No
     from limelight.cli.common import _no_port
 
     assert _no_port(target) is no_port
+
+
+def test_a_sidecar_that_answers_unavailable_is_not_called_unreachable() -> None:
+    """UNAVAILABLE with no connection reason came from something that answered (a sidecar
+    whose job queue is down, or that drains): the line says it is unavailable and why, not that
+    nothing could be reached."""
+    import grpc
+
+    from limelight_client.errors import Unavailable
+
+    answered = Unavailable(grpc.StatusCode.UNAVAILABLE, "the job queue is unreachable")
+    assert client_error_line(answered, "host:50051") == (
+        "the sidecar at host:50051 is unavailable: the job queue is unreachable"
+    )

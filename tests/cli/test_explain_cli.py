@@ -466,3 +466,29 @@ def test_an_interrupted_wait_says_the_job_goes_on(sidecar: RunningSidecar) -> No
     assert f"`limelight jobs cancel {full}`" in rest and "Traceback" not in rest
     stopped = limelight("jobs", "cancel", full, "--target", sidecar.target)
     assert stopped.returncode == 0, stopped.stderr
+
+
+def test_a_wait_timeout_gives_up_following_the_job_not_the_job(sidecar: RunningSidecar) -> None:
+    """`--wait-timeout` bounds how long `explain --wait` and `jobs watch` follow a job (a
+    script must not hang on a queue no worker consumes): exit status 1 with where the job
+    stood, and the job goes on in the sidecar."""
+    target = ["--target", sidecar.target]
+    text = " ".join(["a gorgeous, witty, seductive movie that never loses its nerve"] * 12)
+    out = limelight(
+        "explain", text, "--method", "shapley", "--param", "permutations=256",
+        "--wait-timeout", "1", *target,
+    )  # fmt: skip
+    assert out.returncode == 1 and out.stdout == "", out.stderr
+    said = re.search(
+        r"error: job ([0-9a-f]{32}) not finished after 1 s \((queued|running)", out.stderr
+    )
+    assert said is not None, out.stderr
+    job = said.group(1)
+    assert f"follow it with `limelight jobs watch {job}`" in out.stderr
+    again = limelight("jobs", "watch", job, "--wait-timeout", "0.5", *target)
+    assert again.returncode == 1 and f"job {job} not finished after 0.5 s" in again.stderr
+    shown = json.loads(limelight("jobs", "show", job, "--json", *target).stdout)
+    assert shown["state"] in ("QUEUED", "RUNNING")
+    assert limelight("jobs", "cancel", job, *target).returncode == 0
+    refused = limelight("jobs", "watch", job, "--wait-timeout", "0", *target)
+    assert refused.returncode == 2 and "--wait-timeout" in refused.stderr

@@ -250,7 +250,8 @@ def client_error_line(exc: Any, target: str | None) -> str:
             "serve`, or point --target (or LIMELIGHT_TARGET) at a running one"
         )
     if getattr(getattr(exc, "code", None), "name", "") == "UNAVAILABLE" and target:
-        return f"cannot reach the sidecar at {target}: {getattr(exc, 'message', exc)}"
+        # Something answered (the sidecar draining, its job queue down, a proxy without one).
+        return f"the sidecar at {target} is unavailable: {getattr(exc, 'message', exc)}"
     return str(exc)
 
 
@@ -331,13 +332,40 @@ def job_status_line(state: str, message: str) -> str:
     return f"{state}: {message}" if message else state
 
 
-def follow_job(job: Any, quiet: bool = False) -> None:
-    """Watch an SDK job with a progress bar until it ends. Interrupted (Ctrl-C), it says that
-    the job goes on and how to find or cancel it: the job lives in the sidecar, not here."""
+def add_wait_timeout_arg(parser: argparse.ArgumentParser) -> None:
+    """``--wait-timeout`` of the commands that follow a job until it ends."""
+    parser.add_argument(
+        "--wait-timeout",
+        type=real(0.0, above=True),
+        metavar="SECONDS",
+        help="stop following the job after this long, with exit status 1 and where it stood; "
+        "the sidecar keeps the job (default: until it ends; a job no worker consumes "
+        "waits for one)",
+    )
+
+
+class JobNotFinished(Exception):
+    """``follow_job`` ran out of ``timeout``; the message says where the job stood."""
+
+
+def follow_job(job: Any, quiet: bool = False, timeout: float | None = None) -> None:
+    """Watch an SDK job with a progress bar until it ends (or ``timeout`` seconds pass:
+    ``JobNotFinished``). Interrupted (Ctrl-C), it says that the job goes on and how to find or
+    cancel it: the job lives in the sidecar, not here."""
+    from limelight_client.errors import DeadlineExceeded
+
     try:
         with JobProgressBar(f"{job.info.method} {job.id[:8]}", quiet) as bar:
-            for info in job.watch():
+            for info in job.watch(timeout):
                 bar.show(info.progress, info.message, info.state.name.lower())
+    except DeadlineExceeded:
+        if timeout is None:
+            raise
+        where = str(job._not_finished(timeout))  # the SDK's own words for result(timeout)
+        raise JobNotFinished(
+            f"{where}; the sidecar keeps it: follow it with `limelight jobs watch "
+            f"{job.id}`, or stop it with `limelight jobs cancel {job.id}`"
+        ) from None
     except KeyboardInterrupt:
         state = job.info.state.name.lower()
         print(

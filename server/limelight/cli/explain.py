@@ -20,10 +20,12 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from limelight.cli.common import (
+    JobNotFinished,
     JobProgressBar,
     add_client_args,
     add_color_arg,
     add_model_args,
+    add_wait_timeout_arg,
     client_error_line,
     client_from_args,
     fail,
@@ -86,6 +88,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="method parameter (JSON value), repeatable, e.g. --param steps=64",
     )
     p.add_argument("--wait", action="store_true", help="for job methods: wait for the result")
+    add_wait_timeout_arg(p)
     p.add_argument("--html", type=Path, help="also write a self-contained HTML heat-map here")
     p.add_argument("--json", action="store_true", help="print JSON instead of the heat-map")
     p.add_argument(
@@ -131,9 +134,9 @@ def _show(explanation: Any, args: argparse.Namespace) -> None:
         print(f"HTML heat-map written to {args.html}")
 
 
-def _follow(job: Any, quiet: bool) -> Any:
+def _follow(job: Any, quiet: bool, timeout: float | None) -> Any:
     """Watch a job with a progress bar until it ends, then return its explanation."""
-    follow_job(job, quiet)
+    follow_job(job, quiet, timeout)
     return job.result(timeout=0)
 
 
@@ -150,7 +153,7 @@ def run(args: argparse.Namespace) -> int:
         explanation = _run_local(args) if args.local else _run_remote(args)
     except LimelightError as exc:
         return fail(args, client_error_line(exc, args.target), 1)
-    except UnknownMethod as exc:
+    except (UnknownMethod, JobNotFinished) as exc:
         return fail(args, str(exc), 1)
     if explanation is not None:
         _show(explanation, args)
@@ -200,7 +203,7 @@ def _run_remote(args: argparse.Namespace) -> Any:
             target=_target(args.target_class),
             **parse_params(args.param),
         )
-        if not args.wait:
+        if not args.wait and args.wait_timeout is None:  # --wait-timeout implies --wait
             if args.json:  # scripts read the job's id and state, as `limelight jobs show --json`
                 print(json.dumps(job.info.to_dict(), indent=2))
             else:
@@ -209,7 +212,7 @@ def _run_remote(args: argparse.Namespace) -> Any:
                     f"limelight jobs show {job.id}"
                 )
             return None
-        return _follow(job, quiet=args.json)
+        return _follow(job, quiet=args.json, timeout=args.wait_timeout)
 
 
 def _run_local(args: argparse.Namespace) -> Any:

@@ -8,8 +8,10 @@ import json
 from typing import Any
 
 from limelight.cli.common import (
+    JobNotFinished,
     add_client_args,
     add_color_arg,
+    add_wait_timeout_arg,
     client_error_line,
     client_from_args,
     fail,
@@ -71,6 +73,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="tokens to list for and against each label (default 5; 0: the heat-map alone)",
     )
     add_color_arg(watch)
+    add_wait_timeout_arg(watch)
     watch.set_defaults(func=run_watch)
 
     cancel = sub.add_parser("cancel", help="cancel a queued or running job")
@@ -171,6 +174,8 @@ def _call(args: argparse.Namespace, action: Any) -> int:
             return int(action(client) or 0)
     except LimelightError as exc:
         return fail(args, client_error_line(exc, args.target), 1)
+    except JobNotFinished as exc:
+        return fail(args, str(exc), 1)
 
 
 def run_list(args: argparse.Namespace) -> int:
@@ -206,7 +211,7 @@ def run_show(args: argparse.Namespace) -> int:
 def run_watch(args: argparse.Namespace) -> int:
     def action(client: Any) -> int:
         job = client.job(args.id)
-        follow_job(job)
+        follow_job(job, timeout=args.wait_timeout)
         info = job.refresh()
         print(describe(info, args.top, use_color(args.color)))
         return 0 if info.state.name == "SUCCEEDED" else 1
