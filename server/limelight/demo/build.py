@@ -62,7 +62,12 @@ from limelight.distill.build import (
 from limelight.distill.train import TrainConfig
 from limelight.errors import InvalidArgument
 from limelight.locks import file_lock, held_elsewhere
-from limelight.models.explainer_head import building_lock, building_progress
+from limelight.models.explainer_head import (
+    building_lock,
+    building_progress,
+    head_dir,
+    read_card,
+)
 from limelight.models.fingerprint import ModelFiles
 from limelight.models.lm_head import (
     FIT_STAGE,
@@ -713,6 +718,8 @@ def _ensure_inline_head(
         files = ModelFiles.of(model_dir)
         if head_is_current(files, recipe):
             return True
+        if _users_own_head(files, progress):
+            return True
         if restore_head(files, recipe):  # built before, replaced since by another recipe's
             if progress:
                 tqdm.write(
@@ -735,6 +742,7 @@ def _ensure_inline_head(
                 recipe,
                 progress=progress,
                 progress_file=building_progress(model_dir),
+                built_by="demo",
             )
         except Exception:  # the classifier itself is fine without it
             log.exception("building the inline explainer head of %s failed", model_dir)
@@ -742,6 +750,26 @@ def _ensure_inline_head(
         if progress:
             tqdm.write(report(card), file=sys.stderr)
         return True
+
+
+def _users_own_head(files: ModelFiles, progress: bool) -> bool:
+    """Whether the head beside the demo model is one its user trained for it with `limelight
+    distill` (and fits its weights): the start serves that one and leaves the demo's own on
+    its shelf, where it was put when the user's was written."""
+    where = head_dir(files)
+    card = read_card(where)
+    if card is None or card.built_by != "distill" or card.model_version != files.version:
+        return False
+    line = (
+        f"serving the inline head trained with `limelight distill` beside {files.directory.name} "
+        f"(teacher {card.teacher}, {card.train_texts:,} texts), not the demo's own; to serve "
+        f"the demo's again, move yours aside: mv {where} {where}.mine"
+    )
+    if progress:
+        tqdm.write(line, file=sys.stderr)
+    else:
+        log.info("%s", line)
+    return True
 
 
 def build_demo_extras_in_background(model_dir: Path, name: DemoName) -> subprocess.Popen[bytes]:

@@ -111,9 +111,11 @@ def build_head(
     out: Path | None = None,
     progress: bool = True,
     progress_file: Path | None = None,
+    built_by: str = "distill",
 ) -> tuple[ExplainerHead, HeadCard, Path]:
     """Label, train, validate and save a head for ``model`` following ``recipe``;
-    ``progress_file``: also write the progress there, for another process (removed at the end).
+    ``progress_file``: also write the progress there, for another process (removed at the end);
+    ``built_by``: who asked for it (``HeadCard.built_by``).
     """
     out = out or head_dir(model)
     extra = recipe.loop_texts if recipe.train.loop_steps else 0
@@ -174,6 +176,7 @@ def build_head(
         if shared:
             shared.close()
     card.recipe_hash = recipe.digest()
+    card.built_by = built_by
     staging = out.with_name(f".{out.name}.{os.getpid()}")
     save_head(head, card, staging)
     if out.exists():

@@ -60,6 +60,10 @@ class HeadCard:
     recipe_hash: str = ""
     """Digest of everything that determines the head (see ``HeadRecipe``); empty for heads
     trained by hand with `limelight distill`."""
+    built_by: str = ""
+    """``demo`` for a head the demo build trained, ``distill`` for one trained with `limelight
+    distill`; empty in cards written before this field (the demo build's: a start replaces
+    those, never a user's own head)."""
     parameters: int = 0
     seed: int = 0
     format: str = CARD_FORMAT
