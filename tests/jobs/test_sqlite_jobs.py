@@ -32,7 +32,13 @@ from prometheus_client import CollectorRegistry
 
 from limelight.core.jobs import JobSpec, JobState
 from limelight.core.types import TargetSpec
-from limelight.errors import InvalidArgument, NotFound, ResourceExhausted, Unavailable
+from limelight.errors import (
+    DataLoss,
+    InvalidArgument,
+    NotFound,
+    ResourceExhausted,
+    Unavailable,
+)
 from limelight.jobs.priority import InlineGate
 from limelight.jobs.runner import JobRunner
 from limelight.jobs.sqlite_backend import SqliteJobBackend
@@ -512,13 +518,14 @@ async def test_an_unreadable_journal_is_moved_aside_and_the_sidecar_starts(
         await backend.stop(5)
 
 
-def test_a_journal_damaged_while_served_is_data_loss_and_a_restart_moves_it_aside(
+def test_a_journal_damaged_while_served_is_replaced_without_a_restart(
     bert_tiny_dir: Path, tmp_path: Path
 ) -> None:
     """A journal that goes bad under a running sidecar (a disk fault, a file overwritten) made
-    every job call a bare INTERNAL. Job calls are DATA_LOSS with what to do, said once in the
-    log; inline explanations go on; the restart it asks for moves the journal aside as a start
-    does and jobs run again."""
+    every job call a bare INTERNAL, then DATA_LOSS until an operator restarted the sidecar. The
+    call that finds it is DATA_LOSS with what happened; the journal is moved aside as a start
+    does, said once in the log, and the next calls run jobs on an empty one; inline
+    explanations never stop."""
     from limelight_client import Client
     from limelight_client import errors as client_errors
 
@@ -538,28 +545,80 @@ def test_a_journal_damaged_while_served_is_data_loss_and_a_restart_moves_it_asid
             with journal.open("r+b") as f:  # keep the header and schema page, damage the rest
                 f.seek(page)
                 f.write(np.random.default_rng(0).bytes(journal.stat().st_size - page))
+            damaged = journal.read_bytes()
             with sqlite3.connect(journal) as db:  # a commit elsewhere: the sidecar's page cache
                 db.execute("PRAGMA user_version = 7")  # of the file is stale, it reads again
-            for call in (lambda: client.job(jobs[0].id), lambda: client.submit(text, "lrp")):
-                with pytest.raises(client_errors.DataLoss, match="damaged") as lost:
-                    call()
-                assert lost.value.code is not None and lost.value.code.name == "DATA_LOSS"
+            with pytest.raises(client_errors.DataLoss, match="replaced by an empty one") as lost:
+                client.job(jobs[0].id)
+            assert lost.value.code is not None and lost.value.code.name == "DATA_LOSS"
+            (aside,) = tmp_path.glob("jobs.sqlite3.corrupt-*[0-9]Z")
+            assert aside.read_bytes()[page:] == damaged[page:]  # kept for `sqlite3 … .recover`
+            with pytest.raises(client_errors.NotFound):
+                client.job(jobs[1].id)  # lost with the journal, as the log says
+            assert client.submit(text, "integrated_gradients", steps=4).result(timeout=120)
             assert client.explain("still serving").tokens
             assert server.poll() is None
         server.terminate()
         assert server.wait(60) == 0
-    damaged_lines = [line for line in log.read_text().splitlines() if "is damaged" in line]
-    assert len(damaged_lines) == 1 and "restart" in damaged_lines[0], damaged_lines
+    damaged_lines = [line for line in log.read_text().splitlines() if "went bad" in line]
+    assert len(damaged_lines) == 1 and str(aside) in damaged_lines[0], damaged_lines
 
-    with (
-        served_sidecar(bert_tiny_dir, "sqlite", tmp_path, **env) as (server, port, log),
-        Client(f"127.0.0.1:{port}", timeout=60, retries=0) as client,
-    ):
-        wait_serving(client, server, log)
-        assert list(tmp_path.glob("jobs.sqlite3.corrupt-*[0-9]Z"))
-        with pytest.raises(client_errors.NotFound):
-            client.job(jobs[0].id)  # lost with the journal, as the log said at the start
-        assert client.submit(text, "integrated_gradients", steps=4).result(timeout=120)
+
+@pytest.mark.asyncio
+async def test_a_damaged_journal_that_cannot_be_replaced_fails_job_calls_until_one_can(
+    tiny_model: LoadedModel,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The double fault: no new journal can be opened where the damaged one was moved aside
+    from (here its opening is made to fail). Job calls are DATA_LOSS, logged once however many
+    fail, and each tries again: once a journal opens, jobs run without a restart."""
+    settings = _settings(tmp_path)
+    backend = _backend(tiny_model, settings)
+    await backend.start()
+    try:
+        for i in range(40):  # several pages of jobs
+            await backend.submit(JobSpec(method="steps", text=f"review {i} " + "a film " * 80))
+        await asyncio.wait_for(_drained(backend), 120)
+        _damage_open_journal(settings.resolved_jobs_db())
+
+        def refuse() -> sqlite3.Connection:
+            raise sqlite3.OperationalError("unable to open database file")
+
+        connect = backend._connect
+        monkeypatch.setattr(backend, "_connect", refuse)
+        for _ in range(3):
+            with pytest.raises(DataLoss, match="no new one can be opened"):
+                await backend.submit(JobSpec(method="steps", text="fun"))
+        errors = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
+        assert len(errors) == 1 and "no new journal can be opened" in errors[0], errors
+
+        monkeypatch.setattr(backend, "_connect", connect)
+        job = await backend.submit(JobSpec(method="steps", text="fun"))
+        assert (await asyncio.wait_for(wait_state(backend, job.id), 60)).state.name == "SUCCEEDED"
+        assert len(list(tmp_path.glob("jobs.sqlite3.corrupt-*[0-9]Z"))) == 1
+    finally:
+        await backend.stop(1)
+
+
+async def _drained(backend: SqliteJobBackend) -> None:
+    while any(j.state.name in ("QUEUED", "RUNNING") for j in await backend.list(None, 100)):
+        await asyncio.sleep(0.05)
+
+
+def _damage_open_journal(path: Path) -> None:
+    """Overwrite every page after the first of a journal a backend holds open, and commit from
+    another connection so that the backend reads the file again."""
+    with sqlite3.connect(path) as db:
+        assert db.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()[0] == 0
+    page = 4096
+    assert path.stat().st_size > 3 * page
+    with path.open("r+b") as f:
+        f.seek(page)
+        f.write(np.random.default_rng(0).bytes(path.stat().st_size - page))
+    with sqlite3.connect(path) as db:
+        db.execute("PRAGMA user_version = 7")
 
 
 @pytest.fixture

@@ -118,6 +118,13 @@ def _no_room(exc: BaseException, directory: Path) -> bool:
     return stats.f_bavail * stats.f_frsize < NO_ROOM_BYTES
 
 
+def _unreplaced_error() -> DataLoss:
+    return DataLoss(
+        "the job store is damaged and no new one can be opened in its place (the jobs it held "
+        "are lost); the sidecar's operator must see to its disk"
+    )
+
+
 def _is_corrupt(exc: sqlite3.DatabaseError) -> bool:
     """SQLite's verdict on a file that is not, or no longer, a readable database."""
     name = getattr(exc, "sqlite_errorname", "")  # Python 3.11+
@@ -160,6 +167,8 @@ class SqliteJobBackend(JobBackend):
         # Set while the journal waits for room on its disk to open (a start on a full disk).
         self._waiting_for_room: threading.Thread | None = None
         self._db: sqlite3.Connection | None = None
+        # Set while a damaged journal was moved aside and none could be opened in its place.
+        self._unreplaced = False
         self._lock = threading.RLock()
         self._work = threading.Condition()
         self._threads: list[threading.Thread] = []
@@ -170,7 +179,6 @@ class SqliteJobBackend(JobBackend):
         self._watchers: dict[str, set[tuple[asyncio.AbstractEventLoop, asyncio.Event]]] = {}
         self._depth_methods: set[str] = set()
         self._full_logged = -FULL_LOG_S
-        self._damage_logged = -FULL_LOG_S
 
     def describe(self) -> str:
         threads = max(1, self.settings.job_workers)
@@ -184,6 +192,8 @@ class SqliteJobBackend(JobBackend):
     @contextmanager
     def _tx(self) -> Iterator[sqlite3.Connection]:
         with self._lock:
+            if self._db is None and self._unreplaced:
+                self._open_replacement()
             if self._db is None:
                 if self._waiting_for_room is not None:
                     raise ResourceExhausted(
@@ -229,22 +239,56 @@ class SqliteJobBackend(JobBackend):
 
     def _damaged(self, exc: sqlite3.DatabaseError) -> DataLoss:
         """The journal went bad while open (a disk fault, a file overwritten under the
-        sidecar): job calls fail ``DATA_LOSS`` and workers idle until a restart moves it aside,
-        as a start does with a journal it cannot read. One error line per ``FULL_LOG_S``."""
-        self._queue_up(False)
-        now = time.monotonic()
-        if now - self._damage_logged >= FULL_LOG_S:
-            self._damage_logged = now
+        sidecar): it is moved aside and an empty one opened in its place, as a start does with
+        a journal it cannot read, so that jobs run again without a restart. The call that found
+        it fails ``DATA_LOSS``. When no new journal can be opened either, job calls fail so,
+        each trying again, until one can. Called holding ``_lock``."""
+        try:
+            aside = self._replace_damaged()
+        except Exception as reopen_exc:
+            self._queue_up(False)
+            self._unreplaced = True
             log.error(
-                "the job journal %s is damaged (%s): job calls fail DATA_LOSS; restart the "
-                "sidecar to move it aside and start an empty journal",
+                "the job journal %s is damaged (%s) and no new journal can be opened in its "
+                "place (%s): job calls fail DATA_LOSS, each trying again",
                 self.path,
                 exc,
+                reopen_exc,
             )
-        return DataLoss(
-            "the job store is damaged and cannot be read; the sidecar's operator must restart "
-            "it (the jobs it held may be lost)"
+            return _unreplaced_error()
+        log.error(
+            "the job journal %s went bad while served (%s): moved aside to %s (try `sqlite3 %s "
+            ".recover`); an empty journal takes jobs from now on, the jobs it held are lost",
+            self.path,
+            exc,
+            aside,
+            aside,
         )
+        return DataLoss(
+            "the job store was found damaged and replaced by an empty one: the jobs it held "
+            "are lost; submit them again"
+        )
+
+    def _open_replacement(self) -> None:
+        """Try again to open a journal in the damaged one's place; DATA_LOSS while it fails."""
+        try:
+            self._db = self._connect()
+        except Exception:
+            raise _unreplaced_error() from None
+        self._unreplaced = False
+        self._queue_up(True)
+        log.info("a new job journal is open at %s: taking jobs again", self.path)
+
+    def _replace_damaged(self) -> Path:
+        damaged, self._db = self._db, None
+        if damaged is not None:
+            with contextlib.suppress(sqlite3.Error):
+                damaged.close()
+        aside = self._move_aside()
+        self._db = self._connect()
+        self._queue_up(True)
+        self._refresh_depth()  # what the damaged journal held is gone
+        return aside
 
     def _open(self) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -291,6 +335,10 @@ class SqliteJobBackend(JobBackend):
         """Rename the journal (and its WAL files) to ``<name>.corrupt-<UTC time>``."""
         stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
         aside = self.path.with_name(f"{self.path.name}.corrupt-{stamp}")
+        n = 1
+        while aside.exists():  # twice in one second: never over an earlier one
+            aside = self.path.with_name(f"{self.path.name}.corrupt-{stamp}.{n}")
+            n += 1
         for suffix in ("", "-wal", "-shm"):
             source = self.path.with_name(self.path.name + suffix)
             if source.exists():
