@@ -389,7 +389,9 @@ class Explanation(_Shape):
         Tokens join when one starts where the previous ended (no whitespace between them in
         the text); without usable offsets, ``##``-continuation pieces join their word.
         """
-        values = self.score_array(scores)
+        return self._words(self.score_array(scores), punctuation_apart=False)
+
+    def _words(self, values: Sequence[float], punctuation_apart: bool) -> list[Word]:
         have_offsets = any(t.end > t.start for t in self.tokens if not t.special)
         groups: list[list[int]] = []
         prev: Token | None = None
@@ -407,6 +409,8 @@ class Explanation(_Shape):
             else:
                 groups.append([i])
             prev = tok
+        if punctuation_apart:
+            groups = [part for group in groups for part in self._punctuation_apart(group)]
         out = []
         for group in groups:
             first, last = self.tokens[group[0]], self.tokens[group[-1]]
@@ -426,6 +430,72 @@ class Explanation(_Shape):
                 )
             )
         return out
+
+    def by_words(self) -> Explanation:
+        """This explanation with the pieces of each word merged into one token, for display:
+        every per-token array (``scores``, ``extra_scores``, ``class_scores``, and those of
+        ``label_explanations``) summed over the word's pieces, as :meth:`words` sums them.
+        A merged token's ``text`` is the word as the input spells it, its span the word's and
+        its ``id`` -1 (a word of one piece keeps the piece's id); special tokens stay as they
+        are. Rankings of words are legible ("unwatchable" rather than "##watch") but are not
+        what the faithfulness metrics score, which count the model's tokens. Unlike
+        :meth:`words`, punctuation stays apart ("unwatchable" and "," rather than
+        "unwatchable,")."""
+        words = self._words(self.scores, punctuation_apart=True)
+        first = {w.tokens[0]: w for w in words}
+        inside = {i for w in words for i in w.tokens[1:]}
+        groups: list[tuple[int, ...]] = []
+        tokens: list[Token] = []
+        for i, tok in enumerate(self.tokens):
+            if i in first:
+                word = first[i]
+                tokens.append(
+                    Token(
+                        text=word.text,
+                        id=-1 if len(word.tokens) > 1 else tok.id,
+                        start=word.start,
+                        end=word.end,
+                        segment=word.segment,
+                    )
+                )
+                groups.append(word.tokens)
+            elif i not in inside:
+                tokens.append(tok)
+                groups.append((i,))
+
+        def merge(values: Sequence[float]) -> list[float]:
+            return [math.fsum(values[i] for i in group if i < len(values)) for group in groups]
+
+        def by_class(rows: list[list[float]]) -> list[list[float]]:
+            columns = [merge(column) for column in zip(*rows, strict=True)]
+            return [list(row) for row in zip(*columns, strict=True)]
+
+        def merged(exp: Explanation) -> Explanation:
+            rows = exp.class_scores
+            return dataclasses.replace(
+                exp,
+                tokens=tokens,
+                scores=merge(exp.scores),
+                extra_scores={name: merge(arr) for name, arr in exp.extra_scores.items()},
+                class_scores=None if rows is None else by_class(rows),
+                label_explanations=[merged(other) for other in exp.label_explanations],
+            )
+
+        return merged(self)
+
+    def _punctuation_apart(self, group: list[int]) -> list[list[int]]:
+        """One whitespace-delimited group of tokens split into the punctuation before its
+        first letter or digit, the word, and the punctuation after its last, each punctuation
+        token alone ("(great)." gives "(", "great", ")", "."; "don't" stays whole)."""
+        wordy = [i for i in group if any(map(str.isalnum, strip_piece_marker(self.tokens[i].text)))]
+        if not wordy:
+            return [group]
+        first, last = group.index(wordy[0]), group.index(wordy[-1])
+        return [
+            *([i] for i in group[:first]),
+            group[first : last + 1],
+            *([i] for i in group[last + 1 :]),
+        ]
 
     def to_html(
         self,

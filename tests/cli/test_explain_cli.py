@@ -492,3 +492,40 @@ def test_a_wait_timeout_gives_up_following_the_job_not_the_job(sidecar: RunningS
     assert limelight("jobs", "cancel", job, *target).returncode == 0
     refused = limelight("jobs", "watch", job, "--wait-timeout", "0", *target)
     assert refused.returncode == 2 and "--wait-timeout" in refused.stderr
+
+
+def test_words_show_whole_words_in_the_map_the_lists_and_json(sidecar: RunningSidecar) -> None:
+    """`--words` merges each word's pieces (BERT-tiny cuts "unwatchable" into three) into one
+    token whose score is the sum of its pieces', punctuation apart; jobs too."""
+    text = "an unwatchable, overwrought misfire"
+    target = ("--target", sidecar.target)
+    pieces = json.loads(limelight("explain", text, "--json", *target).stdout)
+    assert "##watch" in [t["text"] for t in pieces["tokens"]]
+    out = limelight("explain", text, "--json", "--words", *target)
+    assert out.returncode == 0, out.stderr
+    words = json.loads(out.stdout)
+    shown = [t for t in words["tokens"] if not t["special"]]
+    assert [t["text"] for t in shown] == ["an", "unwatchable", ",", "overwrought", "misfire"]
+    for token, score in zip(words["tokens"], words["scores"], strict=True):
+        if token["special"]:
+            continue
+        inside = [
+            s
+            for t, s in zip(pieces["tokens"], pieces["scores"], strict=True)
+            if not t["special"] and token["start"] <= t["start"] and t["end"] <= token["end"]
+        ]
+        assert score == pytest.approx(sum(inside), rel=1e-4, abs=1e-6)
+
+    printed = limelight("explain", text, "--words", "--no-color", *target)
+    assert printed.returncode == 0, printed.stderr
+    assert "unwatchable[" in printed.stdout and "##" not in printed.stdout
+    assert re.search(r'^for \w+: "(unwatchable|overwrought|misfire)"', printed.stdout, re.M)
+
+    submitted = limelight("explain", text, "--method", "grad_x_input", "--json", *target)
+    job = json.loads(submitted.stdout)["id"]
+    assert limelight("jobs", "watch", job, *target).returncode == 0
+    page = limelight("jobs", "show", job, "--words", "--no-color", *target)
+    assert page.returncode == 0, page.stderr
+    assert "unwatchable[" in page.stdout and "##" not in page.stdout
+    data = json.loads(limelight("jobs", "show", job, "--words", "--json", *target).stdout)
+    assert "unwatchable" in [t["text"] for t in data["result"]["tokens"]]

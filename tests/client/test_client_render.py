@@ -396,3 +396,107 @@ def test_a_truncated_answer_says_how_much_of_the_text_was_explained() -> None:
     assert html.escape(f"The {said[4:]}") in cut.to_html()
     whole = dataclasses.replace(wordpiece_explanation("unbelievably good"), truncated=True)
     assert "characters" not in whole.to_terminal(color=False)  # every character was reached
+
+
+def _pieces_explanation() -> Explanation:
+    """WordPiece tokens of "(unbelievably) good, don't" with arbitrary scores in every array,
+    all classes, and a second explained label (multi-label)."""
+    spans = [
+        ("(", 0, 1),
+        ("un", 1, 3),
+        ("##believ", 3, 9),
+        ("##ably", 9, 13),
+        (")", 13, 14),
+        ("good", 15, 19),
+        (",", 19, 20),
+        ("don", 21, 24),
+        ("'", 24, 25),
+        ("t", 25, 26),
+    ]
+    tokens = [pb.Token(text="[CLS]", id=101, special=True)]
+    tokens += [pb.Token(text=t, id=1000 + i, start=s, end=e) for i, (t, s, e) in enumerate(spans)]
+    tokens.append(pb.Token(text="[SEP]", id=102, special=True))
+
+    def scores(seed: int) -> list[float]:
+        return [((7 * i + seed) % 11 - 5) / 4 for i in range(len(tokens))]
+
+    first = pb.Explanation(
+        method="distilled",
+        target_index=1,
+        target_label="positive",
+        tokens=tokens,
+        scores=scores(1),
+        class_scores=[
+            pb.ClassScores(scores=[a, b]) for a, b in zip(scores(2), scores(3), strict=True)
+        ],
+    )
+    first.extra_scores["normxlogit"].values.extend(scores(4))
+    second = pb.Explanation(
+        method="distilled", target_index=0, target_label="negative", scores=scores(5)
+    )
+    msg = pb.ExplainResponse(
+        label="positive",
+        label_index=1,
+        labels=["negative", "positive"],
+        probabilities=[0.6, 0.9],
+        multi_label=True,
+        predicted_labels=["positive", "negative"],
+        explanation=first,
+        label_explanations=[second],
+    )
+    return Explanation.from_proto(msg, text="(unbelievably) good, don't")
+
+
+def _summed_by_span(exp: Explanation, merged: Explanation, values: list[float]) -> list[float]:
+    """The reference: each merged token's value is the sum over the original tokens whose
+    character span lies inside its span (a special token: its own value)."""
+    out = []
+    for new in merged.tokens:
+        if new.special:
+            (index,) = [i for i, t in enumerate(exp.tokens) if t is new]
+            out.append(values[index])
+            continue
+        inside = [
+            v
+            for t, v in zip(exp.tokens, values, strict=True)
+            if not t.special and new.start <= t.start and t.end <= new.end
+        ]
+        out.append(sum(inside))
+    return out
+
+
+def test_by_words_merges_pieces_sums_every_array_and_keeps_punctuation_apart() -> None:
+    exp = _pieces_explanation()
+    merged = exp.by_words()
+    assert [t.text for t in merged.tokens] == [
+        "[CLS]",
+        "(",
+        "unbelievably",
+        ")",
+        "good",
+        ",",
+        "don't",
+        "[SEP]",
+    ]
+    assert [t.id for t in merged.tokens] == [101, 1000, -1, 1004, 1005, 1006, -1, 102]
+    assert (merged.tokens[2].start, merged.tokens[2].end) == (1, 13)
+    assert merged.scores == pytest.approx(_summed_by_span(exp, merged, exp.scores))
+    extra = merged.extra_scores["normxlogit"]
+    assert extra == pytest.approx(_summed_by_span(exp, merged, exp.extra_scores["normxlogit"]))
+    assert exp.class_scores is not None and merged.class_scores is not None
+    for column in (0, 1):
+        original = [row[column] for row in exp.class_scores]
+        assert [row[column] for row in merged.class_scores] == pytest.approx(
+            _summed_by_span(exp, merged, original)
+        )
+    (other,) = merged.label_explanations
+    assert other.tokens == merged.tokens
+    assert other.scores == pytest.approx(
+        _summed_by_span(exp, merged, exp.label_explanations[0].scores)
+    )
+    # Every renderer draws the words: the text is unchanged, the pieces' markers gone.
+    plain = merged.to_terminal(color=False)
+    assert re.search(r"\(\[[+-][\d.]+\]unbelievably\[[+-][\d.]+\]\)", plain), plain
+    assert "don't[" in plain and "##" not in plain
+    assert merged.top(1)[0][0].text in {"(", "unbelievably", ")", "good", ",", "don't"}
+    assert exp.by_words().by_words().tokens == merged.tokens  # already words: unchanged

@@ -145,6 +145,16 @@ def setup_logging(level: str = "INFO") -> None:
     )
 
 
+def add_words_arg(parser: argparse.ArgumentParser) -> None:
+    """``--words`` of commands that show an explanation."""
+    parser.add_argument(
+        "--words",
+        action="store_true",
+        help="show whole words: each word's pieces merged into one token, their scores summed "
+        "(the heat-map, the lists, --json and --html)",
+    )
+
+
 def add_color_arg(parser: argparse.ArgumentParser) -> None:
     """``--color`` of commands that print a heat-map."""
     parser.add_argument(

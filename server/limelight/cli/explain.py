@@ -26,6 +26,7 @@ from limelight.cli.common import (
     add_color_arg,
     add_model_args,
     add_wait_timeout_arg,
+    add_words_arg,
     client_error_line,
     client_from_args,
     fail,
@@ -97,6 +98,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         default=5,
         help="tokens to list for and against each label (default 5; 0: the heat-map alone)",
     )
+    add_words_arg(p)
     add_color_arg(p)
     p.add_argument("--local", action="store_true", help="run in this process, no server")
     add_client_args(p, timeout_note="; with --lines, the longest wait for an answer")
@@ -121,6 +123,8 @@ def _maps(explanation: Any, all_classes: bool, page: bool) -> list[str] | None:
 
 
 def _show(explanation: Any, args: argparse.Namespace) -> None:
+    if args.words:
+        explanation = explanation.by_words()
     if args.html is not None:
         explanation.to_html(args.html, scores=_maps(explanation, args.all_classes, page=True))
     if args.json:
@@ -403,7 +407,8 @@ def _run_lines(args: argparse.Namespace) -> int:
                     }
                     failures[code] += 1
                 else:
-                    row = {"line": numbers[done], **outcome.to_dict()}
+                    shown = outcome.by_words() if args.words else outcome
+                    row = {"line": numbers[done], **shown.to_dict()}
                     if outcome.multi_label:  # every label at or over its threshold
                         labels.update(outcome.predicted_labels or ["(none)"])
                     else:

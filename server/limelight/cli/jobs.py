@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime as dt
 import json
 from typing import Any
@@ -12,6 +13,7 @@ from limelight.cli.common import (
     add_client_args,
     add_color_arg,
     add_wait_timeout_arg,
+    add_words_arg,
     client_error_line,
     client_from_args,
     fail,
@@ -60,6 +62,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         default=5,
         help="tokens to list for and against each label (default 5; 0: the heat-map alone)",
     )
+    add_words_arg(show)
     add_color_arg(show)
     show.set_defaults(func=run_show)
 
@@ -72,6 +75,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         default=5,
         help="tokens to list for and against each label (default 5; 0: the heat-map alone)",
     )
+    add_words_arg(watch)
     add_color_arg(watch)
     add_wait_timeout_arg(watch)
     watch.set_defaults(func=run_watch)
@@ -196,9 +200,16 @@ def run_list(args: argparse.Namespace) -> int:
     return _call(args, action)
 
 
+def _in_words(info: Any, words: bool) -> Any:
+    """The job with its result's word pieces merged (``--words``)."""
+    if not words or info.result is None:
+        return info
+    return dataclasses.replace(info, result=info.result.by_words())
+
+
 def run_show(args: argparse.Namespace) -> int:
     def action(client: Any) -> int:
-        info = client.job(args.id).info
+        info = _in_words(client.job(args.id).info, args.words)
         if args.json:
             print(json.dumps(info.to_dict(), indent=2))
         else:
@@ -212,7 +223,7 @@ def run_watch(args: argparse.Namespace) -> int:
     def action(client: Any) -> int:
         job = client.job(args.id)
         follow_job(job, timeout=args.wait_timeout)
-        info = job.refresh()
+        info = _in_words(job.refresh(), args.words)
         print(describe(info, args.top, use_color(args.color)))
         return 0 if info.state.name == "SUCCEEDED" else 1
 
