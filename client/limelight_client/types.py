@@ -383,13 +383,16 @@ class Explanation(_Shape):
 
         return sorted(pairs, key=key)[: max(k, 0)]
 
-    def words(self, scores: str = TARGET_SCORES) -> list[Word]:
+    def words(self, scores: str = TARGET_SCORES, *, punctuation_apart: bool = False) -> list[Word]:
         """The non-special tokens merged into words, in text order, with summed scores.
 
         Tokens join when one starts where the previous ended (no whitespace between them in
         the text); without usable offsets, ``##``-continuation pieces join their word.
+        ``punctuation_apart``: the punctuation before a word's first letter or digit and after
+        its last is one word per token ("gorgeous" and "," rather than "gorgeous,"), as
+        :meth:`by_words`, ``--words`` and the web viewer show words.
         """
-        return self._words(self.score_array(scores), punctuation_apart=False)
+        return self._words(self.score_array(scores), punctuation_apart)
 
     def _words(self, values: Sequence[float], punctuation_apart: bool) -> list[Word]:
         have_offsets = any(t.end > t.start for t in self.tokens if not t.special)

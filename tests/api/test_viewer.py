@@ -88,17 +88,27 @@ def test_word_spans_join_touching_pieces_per_segment() -> None:
         tok("gor", 0, 3),
         tok("##geous", 3, 8),
         tok(",", 8, 9),
-        tok("film", 10, 14),
+        tok("(", 10, 11),
+        tok("don", 11, 14),
+        tok("'", 14, 15),
+        tok("t", 15, 16),
+        tok(")", 16, 17),
         tok("[SEP]", 0, 0, True),
         tok("a", 0, 1, segment=1),
+        tok("...", 2, 5, segment=1),
         tok("[SEP]", 0, 0, True),
     ]
-    words = word_spans(tokens, "gorgeous, film", "a")
+    words = word_spans(tokens, "gorgeous, (don't)", "a ...")
     assert [(w["text"], w["tokens"], w["segment"]) for w in words] == [
-        ("gorgeous,", [1, 2, 3], 0),
-        ("film", [4], 0),
-        ("a", [6], 1),
+        ("gorgeous", [1, 2], 0),
+        (",", [3], 0),
+        ("(", [4], 0),
+        ("don't", [5, 6, 7], 0),
+        (")", [8], 0),
+        ("a", [10], 1),
+        ("...", [11], 1),
     ]
+    assert [(w["start"], w["end"]) for w in words[:2]] == [(0, 8), (8, 9)]
 
 
 # --- the JSON routes ---------------------------------------------------------------------------
@@ -126,7 +136,7 @@ def test_model_and_explain(viewer_sidecar: RunningSidecar) -> None:
     )
     assert e["class_scores"][e["target_index"]] == pytest.approx([t["score"] for t in e["tokens"]])
     words = [w["text"] for w in e["words"]]
-    assert words == ["a", "gorgeous,", "witty,", "seductive", "movie", "a", "film"]
+    assert words == ["a", "gorgeous", ",", "witty", ",", "seductive", "movie", "a", "film"]
 
     status, other, _ = call(f"{url}/viewer/api/explain", {"text": TEXT, "target": "neutral"})
     assert status == 200 and other["target_label"] == "neutral"
@@ -527,7 +537,7 @@ def test_browser_pages_explain_and_jobs(
     # Words level, and another target class (the page switches without a round trip).
     driver.find_element(By.CSS_SELECTOR, "input[name=level][value=words]").click()
     words = heatmap(driver)
-    assert [t for t, _, _ in words] == ["a", "gorgeous,", "witty,", "seductive", "movie"]
+    assert [t for t, _, _ in words] == ["a", "gorgeous", ",", "witty", ",", "seductive", "movie"]
     check_colour_order(words)
     Select(driver.find_element(By.ID, "target")).select_by_visible_text("neutral")
     wait(driver, lambda d: "target=neutral" in d.current_url)
@@ -662,12 +672,14 @@ def test_browser_script_injection_is_inert(
     assert "<" in heat.text and "img" in heat.text and "script" in heat.text
     assert driver.execute_script("return window.__pwned === undefined")
     driver.find_element(By.CSS_SELECTOR, "input[name=level][value=words]").click()
-    assert INJECTION.split()[0] in [t for t, _, _ in heatmap(driver)]  # "<img", one word
+    shown = [t for t, _, _ in heatmap(driver)]
+    assert "<" in shown and 'onerror="window.__pwned=1' in shown  # text, one word with quotes
     assert driver.execute_script("return window.__pwned === undefined")
     exported = driver.execute_script("return window.limelightViewer.heatmapHtml()")
     (tmp_path / "injection_export.html").write_text(exported)
-    assert "<img" not in exported and "&lt;img" in exported
-    assert "<script" not in exported and "&lt;script" in exported
+    assert "<img" not in exported and "<script" not in exported
+    # As words the tags' "<" stand apart; what sits between them is escaped text.
+    assert "script&gt;window.__pwned=2&lt;/script" in exported
     assert "<img" not in driver.execute_script("return window.limelightViewer.heatmapSvg()")
     driver.save_screenshot(str(tmp_path / "viewer_injection.png"))
 

@@ -500,3 +500,8 @@ def test_by_words_merges_pieces_sums_every_array_and_keeps_punctuation_apart() -
     assert "don't[" in plain and "##" not in plain
     assert merged.top(1)[0][0].text in {"(", "unbelievably", ")", "good", ",", "don't"}
     assert exp.by_words().by_words().tokens == merged.tokens  # already words: unchanged
+    apart = exp.words(punctuation_apart=True)
+    assert [(w.text, w.score) for w in apart] == [
+        (t.text, s) for t, s in zip(merged.tokens, merged.scores, strict=True) if not t.special
+    ]
+    assert [w.text for w in exp.words()] == ["(unbelievably)", "good,", "don't"]

@@ -86,7 +86,9 @@ def word_spans(
     tokens: Sequence[TokenInfo], text: str, text_pair: str | None = None
 ) -> list[dict[str, Any]]:
     """Words as runs of touching word pieces: a new word starts at a special token, a change of
-    segment, or a gap between one piece's end and the next one's start (whitespace)."""
+    segment, or a gap between one piece's end and the next one's start (whitespace); the
+    punctuation before a run's first letter or digit and after its last stands apart, one
+    piece each ("gorgeous" and ","; "don't" stays whole), as the SDK's ``by_words`` has it."""
     words: list[dict[str, Any]] = []
     current: dict[str, Any] | None = None
     columns = TokenColumns.of(tokens)  # read in columns: no object per token
@@ -108,10 +110,32 @@ def word_spans(
             words.append(current)
         current["end"] = end
         current["tokens"].append(index)
+    out: list[dict[str, Any]] = []
     for word in words:
         source = text_pair if word["segment"] == 1 and text_pair is not None else text
-        word["text"] = source[word["start"] : word["end"]]
-    return words
+        out.extend(_punctuation_apart(word, columns.offsets, source))
+    return out
+
+
+def _punctuation_apart(
+    word: dict[str, Any], offsets: Sequence[tuple[int, int]], source: str
+) -> list[dict[str, Any]]:
+    indexes: list[int] = word["tokens"]
+    wordy = [i for i in indexes if any(map(str.isalnum, source[offsets[i][0] : offsets[i][1]]))]
+    if wordy:
+        first, last = indexes.index(wordy[0]), indexes.index(wordy[-1])
+        parts = [[i] for i in indexes[:first]]
+        parts += [indexes[first : last + 1]] + [[i] for i in indexes[last + 1 :]]
+    else:
+        parts = [indexes]
+    out = []
+    for part in parts:
+        start, end = offsets[part[0]][0], offsets[part[-1]][1]
+        text = source[start:end]
+        out.append(
+            {"start": start, "end": end, "segment": word["segment"], "tokens": part, "text": text}
+        )
+    return out
 
 
 def explanation_json(e: Explanation, text: str, text_pair: str | None) -> dict[str, Any]:
