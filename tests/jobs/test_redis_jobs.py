@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import signal
 import subprocess
@@ -184,7 +185,7 @@ async def test_idempotency_bounded_queue_and_ttl(redis_clean: str, tmp_path: Pat
 
 @pytest.mark.asyncio
 async def test_stopping_worker_hands_job_back(
-    tiny_model: LoadedModel, redis_clean: str, tmp_path: Path
+    tiny_model: LoadedModel, redis_clean: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     settings = _settings(redis_clean, tmp_path)
     runner = JobRunner(tiny_model, test_registry(), settings)
@@ -199,10 +200,12 @@ async def test_stopping_worker_hands_job_back(
         thread = threading.Thread(target=first.run, daemon=True)
         thread.start()
         await wait_state(backend, job.id, {JobState.RUNNING})
-        first.abandon()
-        await asyncio.to_thread(thread.join)
+        with caplog.at_level(logging.INFO, logger="limelight.jobs.redis_worker"):
+            first.abandon()
+            await asyncio.to_thread(thread.join)
         back = await backend.get(job.id)
         assert back.state is JobState.QUEUED and back.attempts == 0
+        assert f"job {job.id} re-queued: worker w-first stopping" in caplog.text
         touch(release)
         with worker_thread(RedisWorker(settings, runner, name="w-second")):
             final = await wait_state(backend, job.id)

@@ -381,7 +381,17 @@ class RedisWorker:
                     ),
                     until_stop=False,
                 )
-                log.info("job %s re-queued: worker %s stopping", job_id, self.name)
+                if status == "ok":
+                    log.info("job %s re-queued: worker %s stopping", job_id, self.name)
+                elif status == "lost":
+                    log.warning("job %s: another worker owns it now; not re-queued", job_id)
+                else:  # Redis unreachable while abandoning: the entry stays pending
+                    log.warning(
+                        "job %s not handed back (Redis unreachable): another worker takes it "
+                        "over once it has been idle %gs",
+                        job_id,
+                        self.settings.job_reclaim_idle_s,
+                    )
                 return status == "ok"
             assert outcome.state is not None
             return self._done(entry, job_id, outcome)
