@@ -435,7 +435,9 @@ def _html_map(exp: Explanation, name: str, values: list[float], title: str | Non
                 continue
             value = values[span.token]
             tok = exp.tokens[span.token]
-            tip = f"{tok.text} (id {tok.id}): {_fmt(value, scale)}"
+            # A word merged from pieces (Explanation.by_words) has no single id.
+            ident = f" (id {tok.id})" if tok.id >= 0 else ""
+            tip = f"{tok.text}{ident}: {_fmt(value, scale)}"
             tone = shown[span.token]
             bg, fg = color_for(tone, scale), _text_color(tone, scale)
             parts.append(

@@ -498,6 +498,9 @@ def test_by_words_merges_pieces_sums_every_array_and_keeps_punctuation_apart() -
     plain = merged.to_terminal(color=False)
     assert re.search(r"\(\[[+-][\d.]+\]unbelievably\[[+-][\d.]+\]\)", plain), plain
     assert "don't[" in plain and "##" not in plain
+    page = merged.to_html()
+    assert 'title="unbelievably: ' in page and "(id -1)" not in page
+    assert 'title="good (id 1005): ' in page
     assert merged.top(1)[0][0].text in {"(", "unbelievably", ")", "good", ",", "don't"}
     assert exp.by_words().by_words().tokens == merged.tokens  # already words: unchanged
     apart = exp.words(punctuation_apart=True)
