@@ -368,6 +368,16 @@ class Settings(BaseSettings):
             raise ValueError(f"the log level is one of {', '.join(LOG_LEVELS)}")
         return level
 
+    @field_validator("auth_token")
+    @classmethod
+    def _token_not_blank(cls, value: str | None) -> str | None:
+        # Set but empty (a Secret's missing key, say) must not mean "auth off" or "any token".
+        if value is not None and not value.strip():
+            raise ValueError(
+                "the bearer token is blank; unset LIMELIGHT_AUTH_TOKEN to serve without auth"
+            )
+        return value
+
     @field_validator("jobs")
     @classmethod
     def _known_job_backend(cls, value: str) -> str:

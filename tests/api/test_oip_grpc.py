@@ -278,10 +278,29 @@ def test_raw_messages_typed_contents_and_malformed_raw(sidecar: RunningSidecar) 
             raw_input_contents=[b"\x02\x00\x00\x00\xff\xfe"],
         ),
     ]
+    # Typed contents wider than their datatype (int_contents carries INT8 and INT16 as int32).
+    bad += [
+        pb.ModelInferRequest(
+            model_name=name,
+            inputs=[
+                tensor(
+                    name="text",
+                    datatype=datatype,
+                    shape=[1],
+                    contents=pb.InferTensorContents(**{field: [value]}),
+                )
+            ],
+        )
+        for datatype, field, value in (
+            ("INT8", "int_contents", -300),
+            ("INT16", "int_contents", 70_000),
+            ("UINT8", "uint_contents", 300),
+        )
+    ]
     for request in bad:
         with pytest.raises(grpc.RpcError) as info:
             stub.ModelInfer(request, timeout=30)
-        assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT, info.value.details()
     channel.close()
 
 

@@ -1,8 +1,11 @@
-"""TLS, mutual TLS and bearer-token auth on the gRPC port; health stays open for probes."""
+"""TLS, mutual TLS and bearer-token auth on the gRPC port (and the same tokens on the HTTP
+port); health stays open for probes."""
 
 from __future__ import annotations
 
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
@@ -10,6 +13,8 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from limelight.api.auth import bearer_allowed
+from limelight.settings import Settings
 from limelight_client.proto import explainer_pb2 as pb
 from limelight_client.proto import explainer_pb2_grpc
 from tests.conftest import RunningSidecar
@@ -187,15 +192,80 @@ def test_rotated_tokens_file_is_picked_up_without_a_restart(
             return False
         return True
 
+    def accepted_over_http(token: str) -> bool:
+        url = f"http://127.0.0.1:{side.server.metrics_port}/v1/models"
+        request = urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"})
+        try:
+            with urllib.request.urlopen(request, timeout=10):
+                return True
+        except urllib.error.HTTPError as exc:
+            assert exc.code == 401
+            return False
+
     assert accepted("old-token") and not accepted("new-token")
+    assert accepted_over_http("old-token") and not accepted_over_http("new-token")
     replacement = tmp_path / "tokens.new"
     replacement.write_text("new-token\n")
     replacement.replace(tokens)  # an atomic swap, as a secret volume update does
     deadline = time.monotonic() + 120  # picked up within the store's check interval
-    while not accepted("new-token"):
+    while not (accepted("new-token") and accepted_over_http("new-token")):
         assert time.monotonic() < deadline, "the rotated token was never accepted"
         time.sleep(0.05)
-    assert not accepted("old-token")
+    assert not accepted("old-token") and not accepted_over_http("old-token")
+
+
+def test_a_tokens_file_without_tokens_yet_lets_no_one_in_on_either_port(
+    start_sidecar: Callable[..., RunningSidecar], bert_tiny_dir: Path, tmp_path: Path
+) -> None:
+    # Auth is on because a file is configured, not because it holds tokens: a file still being
+    # provisioned must not open the HTTP port (nor accept an empty token anywhere).
+    tokens = tmp_path / "tokens"
+    tokens.write_text("# filled in by the secret's rotation\n  # indented comment\n\n")
+    side = start_sidecar(model_dir=bert_tiny_dir, jobs="off", auth_tokens_file=tokens)
+    stub = explainer_pb2_grpc.ExplainerStub(grpc.insecure_channel(side.target))
+    for metadata in (
+        (),
+        (("authorization", "Bearer"),),
+        (("authorization", "Bearer # indented comment"),),
+    ):
+        with pytest.raises(grpc.RpcError) as err:
+            stub.GetModel(pb.GetModelRequest(), timeout=10, metadata=metadata)
+        assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
+    root = f"http://127.0.0.1:{side.server.metrics_port}"
+    for path in ("/v1/models", "/viewer/api/model"):
+        for headers in (
+            {},
+            {"Authorization": "Bearer"},
+            {"Authorization": "Bearer # indented comment"},
+        ):
+            with pytest.raises(urllib.error.HTTPError) as http_err:
+                urllib.request.urlopen(
+                    urllib.request.Request(root + path, headers=headers), timeout=10
+                )
+            assert http_err.value.code == 401, path
+    tokens.write_text("first-token\n")
+    deadline = time.monotonic() + 120
+    while True:
+        request = urllib.request.Request(
+            root + "/v1/models", headers={"Authorization": "Bearer first-token"}
+        )
+        try:
+            with urllib.request.urlopen(request, timeout=10) as response:
+                assert response.status == 200
+                break
+        except urllib.error.HTTPError as exc:
+            assert exc.code == 401 and time.monotonic() < deadline
+            time.sleep(0.05)
+
+
+def test_a_blank_token_setting_is_refused() -> None:
+    from pydantic import ValidationError
+
+    for blank in ("", "   "):
+        with pytest.raises(ValidationError, match="blank"):
+            Settings(auth_token=blank)
+    assert not bearer_allowed([b"t"], "Bearer") and not bearer_allowed([b"t"], "Bearer  ")
+    assert bearer_allowed([b"t"], "Bearer t") and not bearer_allowed([b"t"], "Bearer \udcff")
 
 
 def test_plaintext_health_port_for_probes_beside_a_tls_port(

@@ -34,9 +34,9 @@ _OPEN_METHODS = frozenset(
 def load_tokens(settings: Settings) -> list[bytes]:
     tokens: list[str] = []
     if settings.auth_tokens_file is not None:
-        lines = Path(settings.auth_tokens_file).read_text().splitlines()
-        tokens += [line.strip() for line in lines if line.strip() and not line.startswith("#")]
-    if settings.auth_token:
+        lines = [line.strip() for line in Path(settings.auth_tokens_file).read_text().splitlines()]
+        tokens += [line for line in lines if line and not line.startswith("#")]
+    if settings.auth_token and settings.auth_token.strip():
         tokens.append(settings.auth_token.strip())
     return [t.encode() for t in tokens]
 
@@ -98,14 +98,21 @@ def bearer_allowed(tokens: Iterable[bytes], authorization: str | bytes | None) -
     """Whether an ``authorization`` value (``Bearer <token>``) carries an accepted token."""
     if authorization is None:
         return False
-    raw = authorization.encode() if isinstance(authorization, str) else bytes(authorization)
+    # surrogateescape: an HTTP header aiohttp decoded from bytes that are not UTF-8 is refused
+    # like any wrong token, not turned into an error.
+    raw = (
+        authorization.encode(errors="surrogateescape")
+        if isinstance(authorization, str)
+        else bytes(authorization)
+    )
     scheme, _, token = raw.partition(b" ")
-    if scheme.lower() != b"bearer":
+    token = token.strip()
+    if scheme.lower() != b"bearer" or not token:
         return False
     # Check every token so the time taken does not depend on which one matched.
     ok = False
     for candidate in tokens:
-        ok |= hmac.compare_digest(candidate, token.strip())
+        ok |= hmac.compare_digest(candidate, token)
     return ok
 
 

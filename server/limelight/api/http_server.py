@@ -34,8 +34,9 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 from limelight import tracing
 from limelight.api import oip
-from limelight.api.auth import bearer_allowed
+from limelight.api.auth import TokenStore, bearer_allowed
 from limelight.api.errors import INTERNAL_MESSAGE, http_status_for
+from limelight.api.http_body import close_if_unread, parse_json, read_body
 from limelight.api.viewer import Viewer
 from limelight.core.service import ExplanationService
 from limelight.core.types import ExplainInput, Explanation, scored_tokens
@@ -49,8 +50,10 @@ HEADER_LENGTH = "Inference-Header-Content-Length"
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
-def _error(status: int, message: str) -> web.Response:
-    headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
+def _error(status: int, message: str, headers: Mapping[str, str] | None = None) -> web.Response:
+    headers = dict(headers or {})
+    if status == 401:
+        headers["WWW-Authenticate"] = "Bearer"
     return web.json_response({"error": message}, status=status, headers=headers)
 
 
@@ -58,11 +61,15 @@ def _error(status: int, message: str) -> web.Response:
 async def _json_errors(request: web.Request, handler: Handler) -> web.StreamResponse:
     """aiohttp's own errors (unknown route, wrong method, body too large) as JSON too."""
     try:
-        return await handler(request)
+        response = await handler(request)
     except web.HTTPException as exc:
         if exc.status < 400:
             raise
-        return _error(exc.status, exc.text or exc.reason)
+        # Its headers too: a 405 must say which methods the route takes (Allow).
+        allow = exc.headers.get("Allow")
+        response = _error(exc.status, exc.text or exc.reason, {"Allow": allow} if allow else None)
+    close_if_unread(request, response)
+    return response
 
 
 # --- v2 JSON <-> tensors ----------------------------------------------------------------------
@@ -97,7 +104,10 @@ def _json_input(item: Any, binary: memoryview, offset: int) -> tuple[oip.Tensor,
     if datatype == "BYTES":
         if not all(isinstance(v, str) for v in values):
             raise InvalidArgument(f"input {name!r}: BYTES data must be strings")
-        data = np.array([v.encode() for v in values], dtype=object)
+        try:
+            data = np.array([v.encode() for v in values], dtype=object)
+        except UnicodeEncodeError:  # a lone surrogate escaped in the JSON ("\\ud800")
+            raise InvalidArgument(f"input {name!r}: BYTES data is not valid Unicode") from None
     elif datatype in oip.NUMPY_DTYPES:
         try:
             data = np.array(values, dtype=oip.NUMPY_DTYPES[datatype])
@@ -137,6 +147,8 @@ def infer_request(
         ):
             raise InvalidArgument("'outputs' must be a list of objects with a 'name'")
         names = [o["name"] for o in requested]
+        if not all(isinstance(o.get("parameters") or {}, Mapping) for o in requested):
+            raise InvalidArgument("an output's 'parameters' must be an object")
         binary_outputs = {
             o["name"] for o in requested if (o.get("parameters") or {}).get("binary_data") is True
         }
@@ -279,7 +291,9 @@ class HttpServer:
         self.settings = settings
         self.metrics = metrics
         self._service = service
-        self._tokens = list(tokens)
+        # A TokenStore stays live (the tokens file re-read when it changes, auth on whenever a
+        # file is configured, even one without tokens yet); anything else is a fixed list.
+        self._tokens = tokens if isinstance(tokens, TokenStore) else list(tokens)
         self._version = version
         self._runner: web.AppRunner | None = None
         # When each keep-alive connection is to be closed (max_connection_age_s).
@@ -311,7 +325,7 @@ class HttpServer:
                 try:
                     if (
                         protected
-                        and self._tokens
+                        and bool(self._tokens)
                         and not bearer_allowed(self._tokens, request.headers.get("Authorization"))
                     ):
                         raise Unauthenticated(
@@ -343,18 +357,16 @@ class HttpServer:
 
     async def _json(self, request: web.Request) -> tuple[Any, bytes]:
         """The JSON body, and the binary data after it (Triton's binary tensor extension)."""
-        body = await request.read()
+        body = await read_body(request)
         length = request.headers.get(HEADER_LENGTH)
         if length is not None:
-            if not length.isdigit() or int(length) > len(body):
+            # isascii: str.isdigit() also takes "²", which int() refuses.
+            if not (length.isascii() and length.isdigit()) or int(length) > len(body):
                 raise InvalidArgument(f"{HEADER_LENGTH} is not a valid length")
             body, binary = body[: int(length)], body[int(length) :]
         else:
             binary = b""
-        try:
-            return json.loads(body), binary
-        except (ValueError, UnicodeDecodeError) as exc:
-            raise InvalidArgument(f"the request body is not valid JSON: {exc}") from None
+        return parse_json(body), binary
 
     # --- handlers -------------------------------------------------------------------------------
 

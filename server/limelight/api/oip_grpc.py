@@ -58,7 +58,14 @@ def _input_tensor(message: Any, raw: bytes | None) -> oip.Tensor:
         )
     values = list(getattr(message.contents, field))
     dtype = object if message.datatype == "BYTES" else oip.NUMPY_DTYPES[message.datatype]
-    return oip.Tensor(message.name, message.datatype, shape, np.array(values, dtype=dtype))
+    try:
+        # Typed contents are wider than the datatype (int_contents carries INT8 as int32).
+        data = np.array(values, dtype=dtype)
+    except (OverflowError, TypeError, ValueError):
+        raise InvalidArgument(
+            f"input {message.name!r}: data does not fit {message.datatype}"
+        ) from None
+    return oip.Tensor(message.name, message.datatype, shape, data)
 
 
 def infer_request(message: Any) -> oip.InferRequest:

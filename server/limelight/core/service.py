@@ -143,6 +143,16 @@ def validate_text(text: str, text_pair: str | None, max_chars: int) -> None:
     size = len(text) + len(text_pair or "")
     if size > max_chars:
         raise InvalidArgument(f"text has {size} characters; the limit is {max_chars}")
+    for what, value in (("text", text), ("text_pair", text_pair or "")):
+        try:
+            # JSON can escape half a surrogate pair ("\ud800"); Python decodes it into a
+            # string that no tokenizer or UTF-8 encoder takes.
+            value.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise InvalidArgument(
+                f"{what} is not valid Unicode: a lone surrogate (U+{ord(value[exc.start]):04X}) "
+                f"at character {exc.start}"
+            ) from None
 
 
 _TOKENIZE_BUCKET_CHARS = 512

@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 from aiohttp import web
 
+from limelight.api.http_body import parse_json, read_body
 from limelight.core.jobs import JobRecord, JobState
 from limelight.core.service import ExplanationService
 from limelight.core.types import (
@@ -308,10 +309,7 @@ async def _body(request: web.Request) -> Mapping[str, Any]:
     # JSON only: a cross-site form post (text/plain, no preflight) never reaches a handler.
     if request.content_type != "application/json":
         raise InvalidArgument("send the request body as application/json")
-    try:
-        body = await request.json()
-    except ValueError as exc:
-        raise InvalidArgument(f"the request body is not valid JSON: {exc}") from None
+    body = parse_json(await read_body(request))
     if not isinstance(body, Mapping):
         raise InvalidArgument("the request body must be a JSON object")
     return body
@@ -420,6 +418,10 @@ class Viewer:
         timeout = body.get("timeout_s", 0.0) or 0.0
         if not isinstance(timeout, int | float) or isinstance(timeout, bool):
             raise InvalidArgument("'timeout_s' must be a number")
+        try:
+            timeout = float(timeout)
+        except OverflowError:  # an integer of hundreds of digits
+            raise InvalidArgument("'timeout_s' is out of range") from None
         job = await self.ready_service().submit_job(
             _string(body, "method", required=True) or "",
             text,
@@ -427,7 +429,7 @@ class Viewer:
             _target(body),
             params,
             idempotency_key=_string(body, "idempotency_key") or "",
-            timeout_s=float(timeout),
+            timeout_s=timeout,
             owner=principal(request),
         )
         return _json(job_json(job), status=201)
