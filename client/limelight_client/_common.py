@@ -123,6 +123,19 @@ def target_proto(target: TargetArg) -> pb.Target | None:
     raise TypeError(f"target must be a label (str) or a class index (int), not {type(target)}")
 
 
+def _check_unicode(text: str, what: str) -> None:
+    """A str protobuf can send: bytes that were not UTF-8, decoded with "surrogateescape" (as
+    Python reads file names, arguments and standard input), leave lone surrogates in it."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise ValueError(
+            f"{what} is not valid Unicode: a lone surrogate (U+{ord(text[exc.start]):04X}) at "
+            f"character {exc.start}; bytes that are not UTF-8 read with errors='surrogateescape'? "
+            "decode them with errors='replace'"
+        ) from None
+
+
 def explain_request(
     text: str,
     text_pair: str | None,
@@ -135,6 +148,9 @@ def explain_request(
 ) -> pb.ExplainRequest:
     if not isinstance(text, str):
         raise TypeError(f"text must be a str, not {type(text).__name__}")
+    _check_unicode(text, "text")
+    if text_pair is not None:
+        _check_unicode(text_pair, "text_pair")
     req = pb.ExplainRequest(
         text=text,
         all_classes=all_classes,
@@ -174,6 +190,9 @@ def submit_request(
 ) -> pb.SubmitJobRequest:
     if not method:
         raise ValueError("submit needs a method name (see Client.model().methods)")
+    _check_unicode(text, "text")
+    if text_pair is not None:
+        _check_unicode(text_pair, "text_pair")
     req = pb.SubmitJobRequest(
         text=text,
         method=method,

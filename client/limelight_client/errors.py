@@ -190,6 +190,19 @@ _NO_CONNECTION = (
     re.compile(r"ipv[46]:(\S+): Failed to connect to remote host: ([^;\n]+)"),
     re.compile(r"(unix:\S+): connect failed: .*?error: ([^;\n]+)"),
 )
+#: gRPC's text when a connection was made but what answered was no gRPC server, and why.
+_NOT_GRPC = (
+    (
+        re.compile(r"(?:ipv[46]|unix):(\S+): (?:Failed parsing HTTP/2|Trying to connect an http1)"),
+        "what answers there is not a gRPC server (an HTTP/1 port, such as the metrics one?)",
+    ),
+    (
+        re.compile(
+            r"(?:ipv[46]|unix):(\S+): (?:recvmsg:)?(?:Connection reset by peer|Socket closed)"
+        ),
+        "the connection was closed at once (not a gRPC server, or one that expects TLS?)",
+    ),
+)
 _NOT_RESOLVED = re.compile(
     r"(?:errors resolving|DNS resolution failed for) (\S+?):? .*(?:Domain name not found|"
     r"not known|lookup error|Could not contact DNS servers|Timeout)"
@@ -206,6 +219,10 @@ def _unreachable(text: str) -> tuple[str, str] | None:
         if found is not None:
             where = unquote(found.group(1)).removesuffix(":")
             return where, found.group(2).strip().rstrip(".").lower()
+    for pattern, reason in _NOT_GRPC:
+        found = pattern.search(text)
+        if found is not None:
+            return unquote(found.group(1)).removesuffix(":"), reason
     resolved = _NOT_RESOLVED.search(text)
     if resolved is not None:
         return resolved.group(1), "the host name does not resolve"

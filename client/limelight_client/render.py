@@ -23,7 +23,15 @@ from limelight_client._text import strip_piece_marker
 if TYPE_CHECKING:
     from limelight_client.types import Explanation, Token
 
-__all__ = ["color_for", "format_score", "layout", "to_html", "to_terminal"]
+__all__ = [
+    "color_for",
+    "format_score",
+    "layout",
+    "terminal_safe",
+    "to_html",
+    "to_terminal",
+    "token_text",
+]
 
 _WHITE = (255, 255, 255)
 _RED = (214, 39, 40)
@@ -157,7 +165,12 @@ def _layout_tokens(indexed: list[tuple[int, Token]]) -> list[Span]:
 
 
 def _token_display(exp: Explanation, index: int) -> str:
-    tok = exp.tokens[index]
+    return token_text(exp, exp.tokens[index])
+
+
+def token_text(exp: Explanation, tok: Token) -> str:
+    """What a token covers in the input as the user wrote it ("I", an emoji), where the
+    tokenizer's own string may differ ("i", "[UNK]", "##ing"); for display."""
     source = _segment_source(exp, tok.segment)
     if source is not None and 0 <= tok.start < tok.end <= len(source):
         return source[tok.start : tok.end]
@@ -207,9 +220,26 @@ def _truncation(exp: Explanation) -> str:
     return said
 
 
-def _safe(text: str) -> str:
-    # Control characters in user text must not become terminal escape sequences.
-    return "".join(c if c in "\n\t" or (ord(c) >= 32 and ord(c) != 127) else "\ufffd" for c in text)
+#: Characters user text must not bring to a terminal: C0 controls but tab and line feed, DEL,
+#: C1 controls (U+009B is a CSI on its own) and the bidirectional overrides and isolates, which
+#: reorder what follows them on the line.
+_UNSAFE = {
+    c: "\ufffd"
+    for c in [
+        *range(0x00, 0x20),
+        *range(0x7F, 0xA0),
+        *range(0x202A, 0x202F),
+        *range(0x2066, 0x206A),
+    ]
+    if chr(c) not in "\n\t"
+}
+
+
+def terminal_safe(text: str) -> str:
+    """``text`` with nothing a terminal would act on: control characters (escape sequences),
+    C1 controls and bidirectional overrides become U+FFFD; a carriage return ends a line as
+    a line feed does (Windows and old Mac line ends)."""
+    return text.replace("\r\n", "\n").replace("\r", "\n").translate(_UNSAFE)
 
 
 def _ansi(text: str, bg: tuple[int, int, int], fg: tuple[int, int, int]) -> str:
@@ -239,14 +269,14 @@ def to_terminal(
     lines: list[str] = []
 
     if exp.multi_label:
-        chosen = ", ".join(_safe(name) for name in exp.predicted_labels)
+        chosen = ", ".join(terminal_safe(name) for name in exp.predicted_labels)
         head = f"{{{chosen}}}" if chosen else "no label over its threshold"
     else:
-        head = f"{_safe(exp.label)} (class {exp.label_index})"
+        head = f"{terminal_safe(exp.label)} (class {exp.label_index})"
     explained = exp.explained() if scores == "scores" else [exp]
-    target = ", ".join(_safe(e.target_label or str(e.target_index)) for e in explained)
-    model = _safe(exp.model_name + (f"@{exp.model_version}" if exp.model_version else ""))
-    method = _safe(exp.method or "?")
+    target = ", ".join(terminal_safe(e.target_label or str(e.target_index)) for e in explained)
+    model = terminal_safe(exp.model_name + (f"@{exp.model_version}" if exp.model_version else ""))
+    method = terminal_safe(exp.method or "?")
     lines.append(f"prediction: {head}   explaining: {target}   method: {method}")
     if model:
         lines.append(f"model: {model}")
@@ -260,20 +290,22 @@ def to_terminal(
         mark = "▶" if name in predicted else " "
         limit = exp.thresholds.get(name) if exp.multi_label else None
         note = f"  (threshold {limit:.2f})" if limit is not None else ""
-        lines.append(f"{mark} {_safe(name).ljust(width)}  {_bar(p)}  {p:.3f}{note}")
+        lines.append(f"{mark} {terminal_safe(name).ljust(width)}  {_bar(p)}  {p:.3f}{note}")
     lines.append("")
     if len(names) > 1:  # one map per named array, each under its name
         for index, name in enumerate(names):
             if index:
                 lines.append("")
-            lines.append(f"── {_safe(_array_title(exp, name))} ──")
+            lines.append(f"── {terminal_safe(_array_title(exp, name))} ──")
             lines.extend(_terminal_map(exp, name, use_color))
         return "\n".join(lines)
     for index, one in enumerate(explained):
         if len(explained) > 1:
             if index:
                 lines.append("")
-            lines.append(f"── explaining {_safe(one.target_label or str(one.target_index))} ──")
+            lines.append(
+                f"── explaining {terminal_safe(one.target_label or str(one.target_index))} ──"
+            )
         lines.extend(_terminal_map(one, scores, use_color))
     return "\n".join(lines)
 
@@ -297,7 +329,7 @@ def _terminal_map(exp: Explanation, scores: str, use_color: bool) -> list[str]:
     for segment in segments(exp):
         parts: list[str] = []
         for span in layout(exp, segment):
-            text = _safe(span.text)
+            text = terminal_safe(span.text)
             if span.token is None or span.token >= len(values):
                 parts.append(text)
                 continue
@@ -311,9 +343,9 @@ def _terminal_map(exp: Explanation, scores: str, use_color: bool) -> list[str]:
         lines.append(prefix + "".join(parts))
 
     lines.append("")
-    name = "" if scores == "scores" else f"{_safe(scores)}: "
+    name = "" if scores == "scores" else f"{terminal_safe(scores)}: "
     explained = _explained_class(exp, scores)
-    explained = _safe(explained) if explained else None
+    explained = terminal_safe(explained) if explained else None
     if scale == 0:  # a colour bar from -0 to +0 would say nothing
         lines.append(f"{name}{_flat(centre)}")
     elif use_color:
@@ -341,8 +373,18 @@ def _terminal_map(exp: Explanation, scores: str, use_color: bool) -> list[str]:
                 )
             )
     else:
+        # The printed numbers are the raw scores: their own largest magnitude, not the spread
+        # around the median the colours would use.
+        top = max(
+            (
+                abs(v)
+                for v, t in zip(values, exp.tokens, strict=False)
+                if not t.special and math.isfinite(v)
+            ),
+            default=scale,
+        )
         lines.append(
-            f"{name}scores in brackets (max |score| {_fmt(scale, scale).lstrip('+')})"
+            f"{name}scores in brackets (max |score| {_fmt(top, scale).lstrip('+')})"
             + (f": > 0 supports {explained}, < 0 speaks against it" if explained else "")
         )
     return lines

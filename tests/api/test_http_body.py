@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import http.client
 import json
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 import pytest
@@ -25,12 +25,15 @@ def send(
     method: str,
     path: str,
     body: bytes | None = None,
-    headers: dict[str, object] | None = None,
+    headers: Mapping[str, str | bytes] | None = None,
 ) -> tuple[int, http.client.HTTPResponse, dict[str, str]]:
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
     try:
         conn.putrequest(method, path)
-        all_headers: dict[str, object] = {"Content-Type": "application/json", **(headers or {})}
+        all_headers: dict[str, str | bytes] = {
+            "Content-Type": "application/json",
+            **(headers or {}),
+        }
         if body is not None:
             all_headers["Content-Length"] = str(len(body))
         for key, value in all_headers.items():
@@ -66,7 +69,7 @@ def v2(model: str = "") -> str:
 
 
 # (what, method, path, body, headers, status, words in the error)
-CASES: list[tuple[str, str, str, bytes | None, dict[str, object], int, str]] = [
+CASES: list[tuple[str, str, str, bytes | None, Mapping[str, str | bytes], int, str]] = [
     (
         "an Authorization header that is not UTF-8",
         "GET",
@@ -183,7 +186,7 @@ def test_a_broken_request_is_the_clients_mistake(
     method: str,
     path: str,
     body: bytes | None,
-    headers: dict[str, object],
+    headers: Mapping[str, str | bytes],
     status: int,
     words: str,
 ) -> None:

@@ -287,14 +287,14 @@ def test_raw_messages_typed_contents_and_malformed_raw(sidecar: RunningSidecar) 
                     name="text",
                     datatype=datatype,
                     shape=[1],
-                    contents=pb.InferTensorContents(**{field: [value]}),
+                    contents=contents,
                 )
             ],
         )
-        for datatype, field, value in (
-            ("INT8", "int_contents", -300),
-            ("INT16", "int_contents", 70_000),
-            ("UINT8", "uint_contents", 300),
+        for datatype, contents in (
+            ("INT8", pb.InferTensorContents(int_contents=[-300])),
+            ("INT16", pb.InferTensorContents(int_contents=[70_000])),
+            ("UINT8", pb.InferTensorContents(uint_contents=[300])),
         )
     ]
     for request in bad:

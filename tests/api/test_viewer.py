@@ -752,6 +752,29 @@ def test_browser_rank_agreement_and_colour_scale(
 
 
 @needs_browser
+def test_browser_cuts_the_text_by_code_points(browser: Any, viewer_sidecar: RunningSidecar) -> None:
+    """The server's offsets count code points; a JavaScript string counts UTF-16 units, two
+    for an emoji. Every piece, word and gap the page shows is the text's own characters."""
+    text = "I \U0001f4a9 love this \U0001f389 film, great \u00e9t\u00e9 \U0001f600!"
+    status, explanation, _ = call(f"{base(viewer_sidecar)}/viewer/api/explain", {"text": text})
+    assert status == 200
+    open_viewer(browser, viewer_sidecar)
+    scores = [1.0] * len(explanation["tokens"])
+    for level in ("pieces", "words"):
+        units = browser.execute_script(
+            "return window.limelightViewer.units(arguments[0], arguments[1], arguments[2])",
+            explanation,
+            scores,
+            level,
+        )
+        assert units, level
+        for unit in units:
+            assert unit["text"] == text[unit["start"] : unit["end"]], (level, unit)
+        shown = "".join(unit["gap"] + unit["text"] for unit in units)
+        assert shown == text[units[0]["start"] : units[-1]["end"]], level
+
+
+@needs_browser
 def test_browser_multi_label(browser: Any, multi_label_sidecar: RunningSidecar) -> None:
     from selenium.webdriver.common.by import By
 

@@ -161,3 +161,30 @@ def test_a_sidecar_that_answers_unavailable_is_not_called_unreachable() -> None:
     assert client_error_line(answered, "host:50051") == (
         "the sidecar at host:50051 is unavailable: the job queue is unreachable"
     )
+
+
+def test_listed_tokens_show_the_inputs_own_characters_and_nothing_a_terminal_acts_on() -> None:
+    # An uncased tokenizer says "good" for "Good" and "[UNK]" for each emoji: the lists show
+    # what the user wrote, tell the two emoji apart (not "(1st of 2)"), and a word cut from
+    # the input with a control character in it (``by_words`` keeps what the tokenizer
+    # dropped) is made harmless.
+    text = "Good \U0001f4a9 and \U0001f600 de\x1bcent \u202egood\x9b"
+    pieces = [("good", 0, 4), ("[UNK]", 5, 6), ("and", 7, 10), ("[UNK]", 11, 12)]
+    pieces += [("decent", 13, 20), ("good", 21, 27)]
+    tokens = [Token(t, 1000 + i, start, end) for i, (t, start, end) in enumerate(pieces)]
+    explanation = Explanation(
+        label="fresh",
+        label_index=1,
+        labels=["rotten", "fresh"],
+        probabilities={"rotten": 0.1, "fresh": 0.9},
+        tokens=tokens,
+        scores=[3.0, 2.0, 0.0, 1.0, 0.5, 0.25],
+        method="distilled",
+        target_label="fresh",
+        target_index=1,
+        text=text,
+    )
+    assert top_token_lines(explanation, 6) == [
+        'for fresh: "Good" +3.000, "\U0001f4a9" +2.000, "\U0001f600" +1.000, '
+        '"de\ufffdcent" +0.500, "\ufffdgood\ufffd" +0.250'
+    ]

@@ -384,6 +384,76 @@ def test_explain_lines_names_the_line_that_failed(sidecar: RunningSidecar, tmp_p
 
 
 @pytest.mark.parametrize("texts_per_call", ["16", "1"], ids=["calls", "streams"])
+def test_explain_lines_prints_every_line_before_the_refused_one(
+    sidecar: RunningSidecar, tmp_path: Path, texts_per_call: str
+) -> None:
+    # The refused line in the middle of a call: the lines before it in the same call are
+    # printed too, and the error names the line, with one call per text as well.
+    path = tmp_path / "reviews.txt"
+    path.write_text("one fine film\ntwo fine films\nthree\n" + "x" * 20_001 + "\nfive\n")
+    out = limelight("explain", "--lines", str(path), "--texts-per-call", texts_per_call,
+                    "--target", sidecar.target)  # fmt: skip
+    assert out.returncode == 1
+    assert [json.loads(line)["line"] for line in out.stdout.splitlines()] == [1, 2, 3]
+    last = out.stderr.strip().splitlines()[-1]
+    assert last.startswith("limelight explain: error: line 4: text has 20001 characters")
+    assert last.endswith("(3 line(s) explained before it)")
+
+
+@pytest.mark.parametrize("source", ["file", "stdin"])
+def test_explain_lines_reads_text_as_it_comes(
+    sidecar: RunningSidecar, tmp_path: Path, source: str
+) -> None:
+    # A byte-order mark is not text; a line ends at a line feed (CRLF too), not at a lone
+    # carriage return; bytes that are not UTF-8 are read as U+FFFD with a warning, not a
+    # traceback.
+    raw = b"\xef\xbb\xbfgreat movie\r\nbad\rworse film\r\ncaf\xe9 good\n"
+    path = tmp_path / "reviews.txt"
+    path.write_bytes(raw)
+    argv = [sys.executable, "-m", "limelight.cli.main", "explain", "--lines"]
+    argv += [str(path) if source == "file" else "-", "--target", sidecar.target]
+    out = subprocess.run(
+        argv,
+        input=raw if source == "stdin" else None,
+        capture_output=True,
+        timeout=600,
+        env={**os.environ, "PYTHONIOENCODING": ""},
+    )
+    assert out.returncode == 0, out.stderr
+    rows = [json.loads(line) for line in out.stdout.splitlines()]
+    assert [(r["line"], r["text"]) for r in rows] == [
+        (1, "great movie"),
+        (2, "bad\rworse film"),
+        (3, "caf\ufffd good"),
+    ]
+    assert b"warning: line 3 is not valid UTF-8" in out.stderr
+    one = subprocess.run(
+        [sys.executable, "-m", "limelight.cli.main", "explain", "-", "--json"],
+        input=b"caf\xe9 \xff good\r\n",
+        capture_output=True,
+        timeout=600,
+        env={**os.environ, "LIMELIGHT_TARGET": sidecar.target},
+    )
+    assert one.returncode == 0, one.stderr
+    assert json.loads(one.stdout)["text"] == "caf\ufffd \ufffd good"
+    assert b"warning: the input is not valid UTF-8" in one.stderr
+
+
+def test_a_class_named_like_an_index_is_the_class_of_that_name() -> None:
+    from limelight.cli.explain import _target
+
+    def never() -> list[str]:
+        raise AssertionError("labels asked for a name")
+
+    stars = ["1", "2", "3", "4", "5"]  # a star-rating model
+    assert _target("1", lambda: stars) == "1" and _target("0", lambda: stars) == 0
+    assert _target("1", lambda: ["rotten", "fresh"]) == 1
+    assert _target("-1", lambda: ["rotten", "fresh"]) == -1  # the server says what is wrong
+    assert _target("fresh", never) == "fresh" and _target("\u00b2", never) == "\u00b2"
+    assert _target(None, never) is None
+
+
+@pytest.mark.parametrize("texts_per_call", ["16", "1"], ids=["calls", "streams"])
 def test_explain_lines_ends_when_the_server_stops_answering(
     tmp_path: Path, texts_per_call: str
 ) -> None:

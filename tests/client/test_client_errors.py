@@ -97,6 +97,45 @@ def test_nothing_listening_reads_as_where_and_why(tmp_path: Path) -> None:
     assert asyncio.run(refused()).reason == "connection refused"
 
 
+def test_a_port_that_is_not_grpc_says_so(tmp_path: Path) -> None:
+    """Real servers that are not gRPC: an HTTP/1 server (the sidecar's own metrics port is
+    one) and a listener that closes every connection (a TLS-only port, a wrong service)."""
+    import http.server
+    import socket
+    import threading
+
+    from limelight_client import Client
+
+    web = http.server.ThreadingHTTPServer(("127.0.0.1", 0), http.server.SimpleHTTPRequestHandler)
+    threading.Thread(target=web.serve_forever, daemon=True).start()
+    closer = socket.create_server(("127.0.0.1", 0))
+
+    def close_each() -> None:
+        while True:
+            try:
+                conn, _ = closer.accept()
+            except OSError:
+                return
+            conn.close()
+
+    threading.Thread(target=close_each, daemon=True).start()
+    try:
+        for port, said in (
+            (web.server_address[1], "not a gRPC server (an HTTP/1 port"),
+            (closer.getsockname()[1], "the connection was closed at once"),
+        ):
+            with (
+                Client(f"127.0.0.1:{port}", retries=0, timeout=10) as client,
+                pytest.raises(errors.Unavailable) as e,
+            ):
+                client.explain("x")
+            assert e.value.reason is not None and said in e.value.reason, e.value.message
+            assert str(e.value).startswith(f"UNAVAILABLE: cannot reach 127.0.0.1:{port}: ")
+    finally:
+        web.shutdown()
+        closer.close()
+
+
 def test_an_unavailable_answer_of_a_server_keeps_its_message() -> None:
     """UNAVAILABLE from a server that was reached (draining, not ready) is not a failure to
     connect: its message stays as it came and ``reason`` is None."""
@@ -178,3 +217,19 @@ def test_one_string_where_many_texts_belong_is_refused_not_spelled_out() -> None
                 await client.explain_batch("a gorgeous film")  # type: ignore[arg-type]
 
     asyncio.run(calls())
+
+
+def test_a_text_with_undecodable_bytes_is_refused_before_anything_is_sent() -> None:
+    """Bytes that are not UTF-8, read with errors="surrogateescape" (Python's way with
+    arguments and standard input), leave lone surrogates that protobuf cannot encode: a
+    ValueError that says so, not a UnicodeEncodeError from deep inside the stub."""
+    from limelight_client import Client
+
+    broken = b"caf\xe9 good".decode("utf-8", "surrogateescape")
+    with Client("127.0.0.1:1") as client:
+        with pytest.raises(ValueError, match=r"text is not valid Unicode: .*U\+DCE9.* 3"):
+            client.explain(broken)
+        with pytest.raises(ValueError, match="text_pair is not valid Unicode"):
+            client.explain("fine", text_pair=broken)
+        with pytest.raises(ValueError, match="not valid Unicode"):
+            client.submit(broken, "lrp")

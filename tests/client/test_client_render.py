@@ -316,6 +316,10 @@ def test_one_signed_near_uniform_scores_still_show_contrast(
     assert "white is the median" in page.read_text()
     # Mixed signs keep zero as white.
     assert contrast_centre([0.0, 1.0, -0.5, 0.0], _uniform_positive().tokens[:4]) == 0.0
+    # Without colour the numbers are the raw scores, and so is the largest the legend names
+    # (2.6, not the 0.45 spread around the median; the special tokens' 9.0 is no token's).
+    plain = exp.to_terminal(color=False)
+    assert "gorgeous[+2.600]" in plain and "max |score| 2.600" in plain
 
 
 def test_a_fragment_is_the_page_as_one_div_with_its_style_scoped_to_it() -> None:
@@ -508,3 +512,17 @@ def test_by_words_merges_pieces_sums_every_array_and_keeps_punctuation_apart() -
         (t.text, s) for t, s in zip(merged.tokens, merged.scores, strict=True) if not t.special
     ]
     assert [w.text for w in exp.words()] == ["(unbelievably)", "good,", "don't"]
+
+
+def test_terminal_safe_leaves_no_control_a_terminal_would_act_on() -> None:
+    from limelight_client.render import terminal_safe
+
+    assert terminal_safe("a\x1b[2Jb\x07c\x7fd") == "a\ufffd[2Jb\ufffdc\ufffdd"
+    # C1 controls: U+009B alone starts a control sequence on some terminals.
+    assert terminal_safe("x\x9b31my\x85z") == "x\ufffd31my\ufffdz"
+    # Bidirectional overrides and isolates reorder the rest of the line.
+    assert terminal_safe("\u202eevil\u202c \u2066x\u2069") == "\ufffdevil\ufffd \ufffdx\ufffd"
+    # Line ends of every convention end a line; tabs, emoji and accents stay.
+    assert terminal_safe("one\r\ntwo\rthree\nfour\tfive \U0001f600 \u00e9") == (
+        "one\ntwo\nthree\nfour\tfive \U0001f600 \u00e9"
+    )

@@ -5,6 +5,7 @@ submitted or expired while paging; and end to end through gRPC, the SDK's ``iter
 
 from __future__ import annotations
 
+import base64
 import json
 import subprocess
 import sys
@@ -115,7 +116,8 @@ async def test_jobs_submitted_or_expired_while_paging(backend: JobBackend) -> No
 def test_page_tokens_are_checked() -> None:
     cursor = JobCursor(1_800_000_000.25, "abc")
     assert JobCursor.from_token(cursor.token()) == cursor
-    for token in ("not a token", "e30", JobCursor(0.0, "x").token()[:-3] + "!!!"):
+    huge = base64.urlsafe_b64encode(f'[{"9" * 400},"a"]'.encode()).decode()  # no float holds it
+    for token in ("not a token", "e30", JobCursor(0.0, "x").token()[:-3] + "!!!", huge):
         with pytest.raises(InvalidArgument, match="page_token"):
             JobCursor.from_token(token)
 

@@ -184,6 +184,28 @@ async def test_idempotency_bounded_queue_and_ttl(redis_clean: str, tmp_path: Pat
 
 
 @pytest.mark.asyncio
+async def test_expired_jobs_leave_the_index_without_anyone_listing_them(
+    redis_clean: str, tmp_path: Path
+) -> None:
+    # ``list`` prunes only the pages it reads, newest first: the ids of old expired jobs would
+    # stay in Redis for good. The queue check goes round the index a slice at a time.
+    settings = _settings(redis_clean, tmp_path, job_result_ttl_s=0.3)
+    backend = RedisJobBackend(settings)  # no workers: jobs stay queued until cancelled
+    backend.depth_interval_s, backend.prune_slice = 0.05, 3
+    await backend.start()
+    client = redis.Redis.from_url(redis_clean, decode_responses=True)
+    try:
+        jobs = [await backend.submit(JobSpec(method="steps", text=f"t{i}")) for i in range(8)]
+        for i in (0, 1, 3, 5, 6):  # spread over more than one slice
+            await backend.cancel(jobs[i].id)
+        kept = {jobs[i].id for i in (2, 4, 7)}
+        await await_until(lambda: set(client.zrange("limelight:index", 0, -1)) == kept)
+        assert {r.id for r in await backend.list(None, 10)} == kept
+    finally:
+        await backend.stop(1)
+
+
+@pytest.mark.asyncio
 async def test_stopping_worker_hands_job_back(
     tiny_model: LoadedModel, redis_clean: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -541,3 +563,27 @@ def test_the_start_up_log_names_the_queue_never_its_password(tmp_path: Path) -> 
     said = RedisJobBackend(settings).describe()
     assert "redis://***@redis:6379/0" in said and "'reviews'" in said
     assert "s3cret" not in said
+
+
+def test_a_dead_workers_entry_behind_ten_busy_ones_is_reclaimed(
+    tiny_model: LoadedModel, redis_clean: str, tmp_path: Path
+) -> None:
+    # XAUTOCLAIM looks at ten pending entries per call: a scan that always started at the
+    # front never reached an entry behind ten older ones whose workers are alive and busy.
+    settings = _settings(redis_clean, tmp_path, job_reclaim_idle_s=5.0)
+    worker = RedisWorker(settings, JobRunner(tiny_model, test_registry(), settings), name="w")
+    worker._ensure_group()
+    client = redis.Redis.from_url(redis_clean, decode_responses=True)
+    stream, group = "limelight:stream", "workers"
+    for i in range(12):  # older entries, each held by a live worker (idle ~0 s)
+        client.xadd(stream, {"job": f"busy-{i}"})
+        client.xreadgroup(group, f"live-{i}", {stream: ">"}, count=1)
+    dead = client.xadd(stream, {"job": "orphan"})
+    client.xreadgroup(group, "dead", {stream: ">"}, count=1)
+    client.xclaim(stream, group, "dead", 0, [dead], idle=60_000)  # its worker died a minute ago
+    found = [worker._reclaim() for _ in range(3)]
+    assert (dead, "orphan") in found
+    assert client.xpending_range(stream, group, dead, dead, 1)[0]["consumer"] == "w"
+    # The busy entries stay with their workers.
+    owners = {p["consumer"] for p in client.xpending_range(stream, group, "-", "+", 20)}
+    assert owners == {f"live-{i}" for i in range(12)} | {"w"}

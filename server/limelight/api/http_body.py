@@ -10,7 +10,6 @@ from aiohttp import web
 
 from limelight.errors import InvalidArgument
 
-
 _UNREADABLE = web.RequestKey("limelight.body_unreadable", bool)
 
 

@@ -402,12 +402,12 @@ def top_token_lines(explanation: Any, k: int) -> list[str]:
         support = [pair for pair in ranked if pair[1] > 0][:k]
         oppose = [pair for pair in reversed(ranked) if pair[1] < 0][:k]
         label = one.target_label
-        seen = _occurrences(one.tokens)
+        seen = _occurrences(one)
         # The heat-map's number format: a map of scores around 1e-4 must not list "-0.000".
         scale = max((abs(s) for _, s in ranked if math.isfinite(s)), default=0.0)
-        lines.append(f"for {label}: {_listed(support, seen, scale)}")
+        lines.append(f"for {label}: {_listed(one, support, seen, scale)}")
         if oppose:
-            lines.append(f"against {label}: {_listed(oppose, seen, scale)}")
+            lines.append(f"against {label}: {_listed(one, oppose, seen, scale)}")
     return lines
 
 
@@ -418,13 +418,16 @@ def _place(tok: Any) -> Place:
     return (tok.segment, tok.start, tok.end)
 
 
-def _occurrences(tokens: Any) -> dict[Place, tuple[int, int]]:
+def _occurrences(explanation: Any) -> dict[Place, tuple[int, int]]:
     """For each token whose text occurs more than once in the input: which occurrence it is
-    and of how many, in text order, so that two "the" in a list can be told apart."""
+    and of how many, in text order, so that two "the" in a list can be told apart (by the
+    input's own characters: two emoji the tokenizer both calls "[UNK]" are not the same)."""
+    from limelight_client.render import token_text
+
     by_text: dict[str, list[Place]] = {}
-    for tok in tokens:
+    for tok in explanation.tokens:
         if not tok.special:
-            by_text.setdefault(tok.text, []).append(_place(tok))
+            by_text.setdefault(token_text(explanation, tok), []).append(_place(tok))
     return {
         place: (nth, len(places))
         for places in by_text.values()
@@ -434,16 +437,22 @@ def _occurrences(tokens: Any) -> dict[Place, tuple[int, int]]:
 
 
 def _listed(
-    pairs: list[tuple[Any, float]], seen: dict[Place, tuple[int, int]], scale: float
+    explanation: Any,
+    pairs: list[tuple[Any, float]],
+    seen: dict[Place, tuple[int, int]],
+    scale: float,
 ) -> str:
-    from limelight_client.render import format_score
+    from limelight_client.render import format_score, terminal_safe, token_text
 
     # quoted: punctuation tokens ("," or ".") would otherwise read as the list's own marks
     parts = []
     for tok, score in pairs:
         where = seen.get(_place(tok))
         which = f" ({_ordinal(where[0])} of {where[1]})" if where else ""
-        parts.append(f'"{tok.text}"{which} {format_score(score, scale)}')
+        # The input's characters ("I", not the uncased tokenizer's "i"), with nothing in them
+        # a terminal would act on (by_words() words are cut from the input as it came).
+        shown = terminal_safe(token_text(explanation, tok))
+        parts.append(f'"{shown}"{which} {format_score(score, scale)}')
     return ", ".join(parts) or "none"
 
 

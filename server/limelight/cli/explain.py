@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import io
 import json
 import re
 import sys
 import time
 from collections import Counter, deque
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -106,10 +108,15 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.set_defaults(func=run)
 
 
-def _target(value: str | None) -> str | int | None:
+def _target(value: str | None, labels: Callable[[], Sequence[str]] = tuple) -> str | int | None:
+    """``--class``: a label's name, else (an integer) a class index. A name wins: ``--class 1``
+    on a model whose labels are "0" to "4" (star ratings) is the label "1", not index 1.
+    ``labels`` is asked only for a value that reads as an integer."""
     if value is None:
         return None
-    return int(value) if value.lstrip("-").isdigit() else value
+    if re.fullmatch(r"-?[0-9]+", value) and value not in labels():
+        return int(value)
+    return value
 
 
 def _maps(explanation: Any, all_classes: bool, page: bool) -> list[str] | None:
@@ -152,7 +159,12 @@ def run(args: argparse.Namespace) -> int:
     if args.lines is not None:
         return _run_lines(args)
     if args.text == "-":  # texts longer than a shell argument, or piped from a file
-        args.text = sys.stdin.read().removesuffix("\n").removesuffix("\r")
+        text = _read_as_text(sys.stdin).read().removeprefix("\ufeff")
+        args.text = _utf8_or_replaced(text.removesuffix("\n").removesuffix("\r"), "the input")
+    else:  # the shell passes bytes; Python reads those that are not UTF-8 as surrogates
+        args.text = _utf8_or_replaced(args.text, "TEXT")
+    if args.text_pair is not None:
+        args.text_pair = _utf8_or_replaced(args.text_pair, "--pair")
     try:
         explanation = _run_local(args) if args.local else _run_remote(args)
     except LimelightError as exc:
@@ -196,7 +208,7 @@ def _run_remote(args: argparse.Namespace) -> Any:
             return client.explain(
                 args.text,
                 text_pair=args.text_pair,
-                target=_target(args.target_class),
+                target=_target(args.target_class, lambda: client.model().labels),
                 all_classes=args.all_classes,
                 method=method or None,
             )
@@ -204,7 +216,7 @@ def _run_remote(args: argparse.Namespace) -> Any:
             args.text,
             method,
             text_pair=args.text_pair,
-            target=_target(args.target_class),
+            target=_target(args.target_class, lambda: client.model().labels),
             **parse_params(args.param),
         )
         if not args.wait and args.wait_timeout is None:  # --wait-timeout implies --wait
@@ -233,8 +245,8 @@ def _run_local(args: argparse.Namespace) -> Any:
     settings = settings_from_args(
         args, jobs="off", drift_enabled=False, warmup=False, metrics_port=0
     )
-    spec = _target_spec(args)
     model = load_served_model(settings)
+    spec = _target_spec(args, model.labels)
     app = build_application(settings, Metrics(), model)
     service = app.service
     method = service.methods.get(args.method) if args.method else service.default_method
@@ -275,14 +287,22 @@ def _run_local(args: argparse.Namespace) -> Any:
     )
 
 
-def _target_spec(args: argparse.Namespace) -> Any:
+def _target_spec(args: argparse.Namespace, labels: Sequence[str]) -> Any:
     """``--class`` as the core's ``TargetSpec`` (None: the predicted class)."""
     from limelight.core.types import TargetSpec
 
-    target = _target(args.target_class)
+    target = _target(args.target_class, lambda: labels)
     if target is None:
         return None
     return TargetSpec(label=target) if isinstance(target, str) else TargetSpec(index=target)
+
+
+class _LineRefused(Exception):
+    """``--lines`` without ``--keep-going``: the sidecar refused a line (its error in place)."""
+
+    def __init__(self, error: Any) -> None:
+        super().__init__(error)
+        self.error = error
 
 
 class _JobMethod(Exception):
@@ -307,8 +327,9 @@ def _explain_lines_local(
     settings = settings_from_args(
         args, jobs="off", drift_enabled=False, warmup=False, metrics_port=0
     )
-    spec = _target_spec(args)
-    service = build_application(settings, Metrics(), load_served_model(settings)).service
+    model = load_served_model(settings)
+    spec = _target_spec(args, model.labels)
+    service = build_application(settings, Metrics(), model).service
     method = service.methods.get(args.method) if args.method else service.default_method
     if method.cost.value != "inline":
         raise _JobMethod(method.name)
@@ -341,16 +362,41 @@ def _explain_lines_local(
     asyncio.run(run())
 
 
-#: "input 3: ..." in the error of an ExplainBatch call: which of the call's texts failed.
-_FAILED_INPUT = re.compile(r"^input (\d+): ")
+def _read_as_text(stream: TextIO) -> TextIO:
+    """``stream`` (standard input) read as ``--lines`` and ``explain -`` read files: lines end
+    at line feeds only, and bytes that are not UTF-8 come through as surrogates (see
+    ``_utf8_or_replaced``) instead of ending the run with a traceback."""
+    if isinstance(stream, io.TextIOWrapper):
+        with contextlib.suppress(ValueError, io.UnsupportedOperation):  # already read from
+            stream.reconfigure(encoding="utf-8", errors="surrogateescape", newline="\n")
+    return stream
+
+
+def _utf8_or_replaced(text: str, where: str) -> str:
+    """``text`` as it came, or, where it held bytes that are not UTF-8 (read as surrogates),
+    those bytes as U+FFFD, with a warning that says where."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        print(
+            f"limelight explain: warning: {where} is not valid UTF-8; its undecodable bytes "
+            "are read as U+FFFD",
+            file=sys.stderr,
+        )
+        return text.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
+    return text
 
 
 def _numbered_lines(stream: TextIO) -> Iterator[tuple[int, str]]:
-    """(line number, text) of every non-blank line, read lazily."""
+    """(line number, text) of every non-blank line, read lazily. Lines end at a line feed
+    (a carriage return before it is dropped; one alone stays in the text, as whitespace);
+    a byte-order mark before the first line is not part of it."""
     for number, line in enumerate(stream, start=1):
         text = line.rstrip("\r\n")
+        if number == 1:
+            text = text.removeprefix("\ufeff")
         if text.strip():
-            yield number, text
+            yield number, _utf8_or_replaced(text, f"line {number}")
 
 
 def _run_lines(args: argparse.Namespace) -> int:
@@ -375,13 +421,15 @@ def _run_lines(args: argparse.Namespace) -> int:
         return fail(args, f"--lines does not go with {', '.join(refused)}", 2)
     total = None
     if args.lines == "-":
-        source = sys.stdin
+        source = _read_as_text(sys.stdin)
     else:
         try:
-            source = open(args.lines, encoding="utf-8")  # noqa: SIM115  (closed by the with below)
+            source = open(  # noqa: SIM115  (closed by the with below)
+                args.lines, encoding="utf-8", errors="surrogateescape", newline="\n"
+            )
             total = sum(1 for line in source if line.strip())  # for the progress bar
             source.seek(0)
-        except (OSError, UnicodeDecodeError) as exc:
+        except OSError as exc:
             return fail(args, f"cannot read {args.lines}: {exc}", 2)
     numbers: list[int] = []  # the line number of every text sent, in order
 
@@ -424,14 +472,18 @@ def _run_lines(args: argparse.Namespace) -> int:
                 with client_from_args(args, connections=args.connections) as client:
                     if args.method and client.model().method(args.method).cost != "inline":
                         raise _JobMethod(args.method)
+                    # Errors in their places even without --keep-going: the lines before a
+                    # refused one, in its call too, are printed before the run stops.
                     for explanation in client.explain_many(
                         texts(),
-                        target=_target(args.target_class),
+                        target=_target(args.target_class, lambda: client.model().labels),
                         all_classes=args.all_classes,
                         method=args.method or None,
                         texts_per_call=args.texts_per_call,
-                        return_exceptions=args.keep_going,
+                        return_exceptions=True,
                     ):
+                        if isinstance(explanation, LimelightError) and not args.keep_going:
+                            raise _LineRefused(explanation)
                         emit(explanation)
     except _JobMethod as exc:
         return fail(
@@ -442,15 +494,13 @@ def _run_lines(args: argparse.Namespace) -> int:
         )
     except KeyError as exc:  # --method the server does not offer
         return fail(args, exc.args[0], 1)
-    except (LimelightError, ServerError) as exc:
-        if isinstance(exc, ServerError):  # --local: the line in order is the one that failed
-            message = f"line {numbers[done]}: {exc.message}" if done < len(numbers) else exc.message
-        else:
-            message = client_error_line(exc, args.target)
-            failed = _FAILED_INPUT.search(getattr(exc, "message", ""))
-            if failed is not None:  # the failing call's texts start at the first unanswered one
-                line = numbers[done + int(failed.group(1))]
-                message = f"line {line}: {_FAILED_INPUT.sub('', exc.message)}"
+    except (_LineRefused, ServerError) as exc:  # the line in order is the one refused
+        message = exc.message if isinstance(exc, ServerError) else exc.error.message
+        if done < len(numbers):
+            message = f"line {numbers[done]}: {message}"
+        return fail(args, f"{message} ({done} line(s) explained before it)", 1)
+    except LimelightError as exc:  # the sidecar, not a line (unreachable, shutting down, ...)
+        message = client_error_line(exc, args.target)
         return fail(args, f"{message} ({done} line(s) explained before it)", 1)
     seconds = time.perf_counter() - start
     counts = ", ".join(f"{label} {n:,}" for label, n in labels.most_common())

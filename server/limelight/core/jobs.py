@@ -130,7 +130,7 @@ class JobCursor:
                 raise ValueError(created_at)
             if not isinstance(job_id, str) or not math.isfinite(created_at):
                 raise ValueError(job_id)
-        except (ValueError, TypeError, binascii.Error):
+        except (ValueError, TypeError, OverflowError, binascii.Error):  # Overflow: 400 digits
             raise InvalidArgument("page_token is not a page token of this server") from None
         return cls(float(created_at), job_id)
 

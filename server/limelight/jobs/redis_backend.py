@@ -134,6 +134,9 @@ class RedisJobBackend(JobBackend):
         self.refused_retry_s = REFUSED_S
         """After a refusal at start (``jobs_refused_at_start=serve``): how often to ask again."""
         self._error_logged = -REFUSED_S
+        self.prune_slice = 500
+        """How many index entries each queue check looks at for jobs that expired."""
+        self._prune_from = 0  # the rank in the index where the next look starts
 
     def describe(self) -> str:
         return (
@@ -190,8 +193,8 @@ class RedisJobBackend(JobBackend):
             )
             self._connect_task = asyncio.create_task(self._connect_when_reachable(where))
         self._stopping = False
-        if self.metrics is not None:
-            self._depth_task = asyncio.create_task(self._depth_loop())
+        # Gauges, and the index's pruning: with or without metrics.
+        self._depth_task = asyncio.create_task(self._depth_loop())
 
     async def _connect(self) -> None:
         await self.client.ping()
@@ -230,11 +233,13 @@ class RedisJobBackend(JobBackend):
                 raise
 
     async def _depth_loop(self) -> None:
-        # Workers drain the queue without calling the sidecar: poll so the gauge stays current.
+        # Workers drain the queue without calling the sidecar: poll so the gauge stays current
+        # (and the index free of expired jobs).
         while True:
             await asyncio.sleep(self.depth_interval_s)
             try:
                 await self._refresh_depth()
+                await self._prune_index()
                 await self._workers_present(fresh=True)
                 # A write: a full or refusing Redis answers reads, but takes no jobs.
                 await self._ensure_group()
@@ -256,6 +261,29 @@ class RedisJobBackend(JobBackend):
         if self._client is not None:
             await self._client.aclose()
             self._client = None
+
+    async def _prune_index(self) -> int:
+        """Drop from the index (what ``list`` reads) the ids of jobs whose keys expired, a slice
+        of it per call, going round. ``list`` prunes only the pages it reads, newest first, so
+        without this each job ever finished would leave its id in Redis for good. Returns how
+        many ids were dropped."""
+        index = self.keys.index
+        ids = await self.client.zrangebyscore(
+            index, "-inf", "+inf", start=self._prune_from, num=self.prune_slice
+        )
+        if not ids:
+            self._prune_from = 0
+            return 0
+        pipe = self.client.pipeline(transaction=False)
+        for job_id in ids:
+            pipe.exists(self.keys.job(job_id))
+        gone = [job_id for job_id, kept in zip(ids, await pipe.execute(), strict=True) if not kept]
+        if gone:
+            await self.client.zrem(index, *gone)
+        # Ranks past the removed ids move down by as many; a short slice was the end: go round.
+        full = len(ids) == self.prune_slice
+        self._prune_from = self._prune_from + len(ids) - len(gone) if full else 0
+        return len(gone)
 
     async def _refresh_depth(self) -> None:
         if self.metrics is None:

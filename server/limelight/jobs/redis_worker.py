@@ -87,6 +87,7 @@ class RedisWorker:
         self._abandon_script = self.client.register_script(lua("abandon"))
         self._presence = self.client.register_script(lua("presence"))
         self._announced = -float("inf")
+        self._reclaim_from = "0-0"  # where the next XAUTOCLAIM scan of the pending list starts
         self._stop = threading.Event()
         self._abandon = threading.Event()
         self._ready = threading.Event()
@@ -254,10 +255,15 @@ class RedisWorker:
             pass
 
     def _reclaim(self) -> tuple[str, str] | None:
-        """One entry of a dead worker (idle past the reclaim time), if any."""
+        """One entry of a dead worker (idle past the reclaim time), if any.
+
+        XAUTOCLAIM looks at no more than ten pending entries per call (COUNT x 10): the scan
+        goes on from where the last call stopped, or a dead worker's entry behind ten older
+        ones still being worked on would wait for them to finish."""
         reply = self.client.xautoclaim(
-            self.keys.stream, GROUP, self.name, self.idle_ms, start_id="0-0", count=1
+            self.keys.stream, GROUP, self.name, self.idle_ms, start_id=self._reclaim_from, count=1
         )
+        self._reclaim_from = reply[0] or "0-0"  # "0-0" once the scan went round
         claimed = reply[1]
         deleted = reply[2] if len(reply) > 2 else []
         if deleted:  # entries deleted while pending (e.g. a cancelled job): clear the PEL

@@ -173,6 +173,20 @@ function sourceOf(explanation, segment) {
   return segment === 1 && explanation.text_pair ? explanation.text_pair : explanation.text;
 }
 
+const codePointCache = new Map();
+
+/** text[start:end] as Python slices it: the server's offsets count code points, where a
+ * JavaScript string counts UTF-16 units (an emoji is one of the first and two of the second). */
+function sliceChars(text, start, end) {
+  let points = codePointCache.get(text);
+  if (points === undefined) {
+    if (codePointCache.size > 16) codePointCache.clear();
+    points = Array.from(text);
+    codePointCache.set(text, points);
+  }
+  return points.slice(start, end).join("");
+}
+
 /** Display units: {text, score, segment, start, end, indices, gap} (gap: whitespace before). */
 function units(explanation, scores, level) {
   const out = [];
@@ -186,7 +200,7 @@ function units(explanation, scores, level) {
     explanation.tokens.forEach((token, i) => {
       if (token.special || token.end <= token.start) return;
       const source = sourceOf(explanation, token.segment);
-      out.push({ text: source.slice(token.start, token.end) || token.text, piece: token.text,
+      out.push({ text: sliceChars(source, token.start, token.end) || token.text, piece: token.text,
         score: scores[i] || 0, segment: token.segment, start: token.start, end: token.end,
         indices: [i], kind: "piece" });
     });
@@ -194,7 +208,7 @@ function units(explanation, scores, level) {
   let previous = null;
   for (const unit of out) {
     if (previous && previous.segment === unit.segment) {
-      unit.gap = sourceOf(explanation, unit.segment).slice(previous.end, unit.start);
+      unit.gap = sliceChars(sourceOf(explanation, unit.segment), previous.end, unit.start);
     } else {
       unit.gap = "";
     }
@@ -1221,7 +1235,7 @@ function wire() {
 // The exports (the buttons download the same) and the page's arithmetic, for scripts and
 // tests that drive the page.
 window.limelightViewer = Object.freeze({ heatmapSvg, heatmapHtml, spearman, scaleOf, colour,
-  contrast, renderLegend });
+  contrast, renderLegend, units });
 
 async function main() {
   wire();
