@@ -232,6 +232,20 @@ async def test_stopping_worker_hands_job_back(
         with worker_thread(RedisWorker(settings, runner, name="w-second")):
             final = await wait_state(backend, job.id)
         assert final.state is JobState.SUCCEEDED and final.attempts == 1
+        # A cancel that reached the job after its worker's last look at the flag: handed
+        # back with the flag set, it is cancelled when next claimed, not run anew.
+        release.unlink()
+        job = await backend.submit(JobSpec(method="block", text="b", params=params))
+        first = RedisWorker(settings, runner, name="w-third")
+        thread = threading.Thread(target=first.run, daemon=True)
+        thread.start()
+        await wait_state(backend, job.id, {JobState.RUNNING})
+        first.abandon()
+        await asyncio.to_thread(thread.join)
+        redis.Redis.from_url(redis_clean).hset(f"limelight:job:{job.id}", "cancel", "1")
+        with worker_thread(RedisWorker(settings, runner, name="w-fourth")):
+            final = await wait_state(backend, job.id)
+        assert (final.state, final.attempts) == (JobState.CANCELLED, 0)
     finally:
         await backend.stop(1)
 

@@ -307,6 +307,29 @@ async def test_stop_requeues_and_restart_resumes(tiny_model: LoadedModel, tmp_pa
 
 
 @pytest.mark.asyncio
+async def test_a_cancel_that_meets_the_hand_back_at_shutdown_is_kept(
+    tiny_model: LoadedModel, tmp_path: Path
+) -> None:
+    # The cancel reaches the journal after the job's last look at its flag: the job hands
+    # itself back at shutdown, and must not go back to the queue to run again at the next start.
+    settings = _settings(tmp_path, job_workers=1)
+    params = {"release": str(tmp_path / "never"), "started": str(tmp_path / "started")}
+    backend = _backend(tiny_model, settings)
+    await backend.start()
+    job = await backend.submit(JobSpec(method="block", text="a", params=params))
+    await wait_state(backend, job.id, {JobState.RUNNING})
+    with sqlite3.connect(settings.resolved_jobs_db()) as db:  # the flag, not the live control
+        db.execute("UPDATE jobs SET cancel_requested=1 WHERE id=?", (job.id,))
+    await backend.stop(grace_s=0.05)
+    state, message = (
+        sqlite3.connect(settings.resolved_jobs_db())
+        .execute("SELECT state, message FROM jobs WHERE id=?", (job.id,))
+        .fetchone()
+    )
+    assert (state, message) == ("cancelled", "cancelled")
+
+
+@pytest.mark.asyncio
 async def test_job_interrupted_too_often_fails(tmp_path: Path) -> None:
     settings = _settings(tmp_path, job_max_attempts=2)
 

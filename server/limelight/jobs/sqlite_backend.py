@@ -752,12 +752,17 @@ class SqliteJobBackend(JobBackend):
 
         def settle(outcome: Outcome) -> bool:
             if outcome.state is JobState.QUEUED:
-                # A voluntary hand-back is not a failed attempt.
+                # A voluntary hand-back is not a failed attempt. A cancel that came after the
+                # job's last look at it wins: queued again, the next claim would run it anew.
+                now = time.time()
                 return self._update(
                     job_id,
-                    "UPDATE jobs SET state='queued', progress=0, attempts=attempts-1, "
-                    "message=? WHERE id=?",
-                    (outcome.message,),
+                    "UPDATE jobs SET progress=0, attempts=attempts-1, "
+                    "state=CASE WHEN cancel_requested=1 THEN 'cancelled' ELSE 'queued' END, "
+                    "finished_at=CASE WHEN cancel_requested=1 THEN ? ELSE finished_at END, "
+                    "expires_at=CASE WHEN cancel_requested=1 THEN ? ELSE expires_at END, "
+                    "message=CASE WHEN cancel_requested=1 THEN 'cancelled' ELSE ? END WHERE id=?",
+                    (now, now + self.settings.job_result_ttl_s, outcome.message),
                 )
             assert outcome.state is not None
             return self._finish(

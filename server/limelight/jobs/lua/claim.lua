@@ -24,6 +24,12 @@ local function finish(new_state, err, msg)
 end
 if state == 'queued' then
   redis.call('HINCRBY', KEYS[2], f[2], -1)
+  if f[4] == '1' then
+    -- Cancelled while it ran, then handed back by its stopping worker before it saw the
+    -- flag: the cancel wins over running it anew.
+    finish('cancelled', '', 'cancelled')
+    return {'cancelled', f[2]}
+  end
 elseif state == 'running' then
   if f[4] == '1' then
     finish('cancelled', '', 'cancelled')
