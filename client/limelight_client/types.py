@@ -662,7 +662,8 @@ class JobInfo(_Shape):
     #: The model the job was submitted to (name and content hash); empty from older servers.
     model_name: str = ""
     model_version: str = ""
-    #: QUEUED on a queue that no live ``limelight worker`` consumes: it waits until one starts.
+    #: QUEUED on a queue that no live ``limelight worker`` consumes: it waits until one starts
+    #: (RUNNING then: its worker died with it; it runs again once a worker starts).
     no_worker: bool = False
 
     @property

@@ -332,6 +332,46 @@ async def test_killed_worker_job_is_reclaimed(
 
 
 @pytest.mark.asyncio
+async def test_a_running_job_whose_only_worker_died_says_so(
+    tiny_model_dir: Path, redis_clean: str, tmp_path: Path
+) -> None:
+    # RUNNING forever looked like progress: with no live worker left the job says it waits
+    # for one, and a worker started later reclaims and runs it.
+    settings = _settings(redis_clean, tmp_path, job_reclaim_idle_s=1.0)
+    env = {"LIMELIGHT_JOB_RECLAIM_IDLE_S": "1.0"}
+    release, started = tmp_path / "release", tmp_path / "started"
+    params = {"release": str(release), "started": str(started)}
+    proc = _worker_proc(redis_clean, tiny_model_dir, tmp_path, **env)
+    backend = RedisJobBackend(settings)
+    await backend.start()
+    try:
+        job = await backend.submit(JobSpec(method="block", text="a", params=params))
+        await await_until(lambda: started.exists() and started.read_text().endswith("\n"))
+        running = await backend.get(job.id)
+        assert running.state is JobState.RUNNING and not running.no_worker
+        os.kill(proc.pid, signal.SIGKILL)  # the parent first: it would start another child
+        proc.wait()
+        os.kill(int(started.read_text().split()[0]), signal.SIGKILL)
+
+        async def orphaned() -> bool:
+            record = await backend.get(job.id)
+            return record.no_worker
+
+        await await_until(orphaned)
+        record = await backend.get(job.id)
+        assert record.state is JobState.RUNNING
+        # (after the job's last progress message, "waiting for release")
+        assert record.message.endswith(f"; its worker is gone, and {NO_WORKER} to run it again")
+        touch(release)
+        proc = _worker_proc(redis_clean, tiny_model_dir, tmp_path, **env)
+        final = await wait_state(backend, job.id)
+        assert (final.state, final.attempts, final.no_worker) == (JobState.SUCCEEDED, 2, False)
+    finally:
+        await backend.stop(1)
+        _stop(proc)
+
+
+@pytest.mark.asyncio
 async def test_job_whose_worker_keeps_dying_fails(
     tiny_model_dir: Path, redis_clean: str, tmp_path: Path
 ) -> None:

@@ -356,8 +356,10 @@ class RedisJobBackend(JobBackend):
 
     async def _noted(self, record: JobRecord) -> JobRecord:
         """A queued job says so when no worker would take it: the queue works, but nothing
-        consumes it (no `limelight worker` started, or every one gone)."""
-        if record.state is not JobState.QUEUED:
+        consumes it (no `limelight worker` started, or every one gone). So does a running one
+        then: its worker is gone too (a live worker announces itself, busy or not), and it
+        stays RUNNING until a worker starts and reclaims it."""
+        if record.state not in (JobState.QUEUED, JobState.RUNNING):
             return record
         try:
             present = await self._workers_present()
@@ -366,7 +368,10 @@ class RedisJobBackend(JobBackend):
             return record
         if present:
             return record
-        message = f"{record.message}; {NO_WORKER}".lstrip("; ")
+        if record.state is JobState.RUNNING:
+            message = f"{record.message}; its worker is gone, and {NO_WORKER} to run it again"
+        else:
+            message = f"{record.message}; {NO_WORKER}".lstrip("; ")
         return replace(record, message=message, no_worker=True)
 
     @_redis_call
