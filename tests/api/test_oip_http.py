@@ -67,6 +67,39 @@ def test_health_and_metadata(sidecar: RunningSidecar, triton: thttp.InferenceSer
     assert meta["platform"] == "limelight"
     assert {o["name"] for o in meta["outputs"]} >= {"probabilities", "tokens", "attributions"}
     assert meta["properties"]["labels"] == "rotten,fresh"
+    # The same extensions as the gRPC port's ServerMetadata (both serve the properties).
+    from tritonclient import grpc as tgrpc
+
+    grpc_client = tgrpc.InferenceServerClient(sidecar.target)
+    assert triton.get_server_metadata()["extensions"] == list(
+        grpc_client.get_server_metadata().extensions
+    )
+    grpc_client.close()
+
+
+def test_an_outputs_own_binary_data_wins_over_the_requests_default(sidecar: RunningSidecar) -> None:
+    # Triton's binary tensor extension: binary_data_output sets the default, an output's own
+    # binary_data (true or false) decides for it.
+    body = {
+        "inputs": [{"name": "text", "shape": [1], "datatype": "BYTES", "data": ["fine"]}],
+        "parameters": {"binary_data_output": True},
+        "outputs": [
+            {"name": "label", "parameters": {"binary_data": False}},
+            {"name": "probabilities"},
+        ],
+    }
+    request = urllib.request.Request(
+        f"http://{base_url(sidecar)}/v2/models/{model_name(sidecar)}/infer",
+        data=json.dumps(body).encode(),
+        headers={"Content-Type": "application/json"},
+    )
+    with urllib.request.urlopen(request, timeout=60) as response:
+        length = int(response.headers["Inference-Header-Content-Length"])
+        header = json.loads(response.read()[:length])
+    outputs = {o["name"]: o for o in header["outputs"]}
+    assert outputs["label"]["data"] == ["rotten"] or outputs["label"]["data"] == ["fresh"]
+    assert "data" not in outputs["probabilities"]
+    assert outputs["probabilities"]["parameters"]["binary_data_size"] == 8
 
 
 @pytest.mark.parametrize("binary", [True, False], ids=["binary", "json"])

@@ -120,7 +120,7 @@ def _json_input(item: Any, binary: memoryview, offset: int) -> tuple[oip.Tensor,
 
 def infer_request(
     model_name: str, version: str, body: Any, binary: bytes
-) -> tuple[oip.InferRequest, set[str], bool]:
+) -> tuple[oip.InferRequest, dict[str, bool], bool]:
     """The request, the outputs asked for in binary, and whether binary is the default."""
     if not isinstance(body, Mapping):
         raise InvalidArgument("the request body must be a JSON object")
@@ -140,7 +140,7 @@ def infer_request(
         tensors.append(tensor)
     requested = body.get("outputs")
     names: list[str] | None = None
-    binary_outputs: set[str] = set()
+    binary_outputs: dict[str, bool] = {}  # an output's own binary_data, where it says
     if requested is not None:
         if not isinstance(requested, list) or not all(
             isinstance(o, Mapping) and isinstance(o.get("name"), str) for o in requested
@@ -150,7 +150,9 @@ def infer_request(
         if not all(isinstance(o.get("parameters") or {}, Mapping) for o in requested):
             raise InvalidArgument("an output's 'parameters' must be an object")
         binary_outputs = {
-            o["name"] for o in requested if (o.get("parameters") or {}).get("binary_data") is True
+            o["name"]: choice
+            for o in requested
+            if isinstance(choice := (o.get("parameters") or {}).get("binary_data"), bool)
         }
     request_id = body.get("id", "")
     request = oip.InferRequest(
@@ -172,7 +174,7 @@ def _json_data(tensor: oip.Tensor) -> list[Any]:
 
 
 def infer_response(
-    response: oip.InferResponse, binary_outputs: set[str], binary_default: bool
+    response: oip.InferResponse, binary_outputs: Mapping[str, bool], binary_default: bool
 ) -> web.Response:
     outputs: list[dict[str, Any]] = []
     blobs: list[bytes] = []
@@ -182,7 +184,9 @@ def infer_response(
             "datatype": tensor.datatype,
             "shape": tensor.shape,
         }
-        if tensor.name in binary_outputs or binary_default:
+        # An output's own binary_data wins over the request's binary_data_output (Triton's
+        # binary tensor extension).
+        if binary_outputs.get(tensor.name, binary_default):
             raw = oip.tensor_to_raw(tensor)
             entry["parameters"] = {"binary_data_size": len(raw)}
             blobs.append(raw)
@@ -385,7 +389,11 @@ class HttpServer:
 
     async def server_metadata(self, request: web.Request) -> web.StreamResponse:
         return web.json_response(
-            {"name": "limelight", "version": self._version, "extensions": ["explanations"]}
+            {
+                "name": oip.SERVER_NAME,
+                "version": self._version,
+                "extensions": oip.SERVER_EXTENSIONS,
+            }
         )
 
     def _model(self, request: web.Request) -> ExplanationService:

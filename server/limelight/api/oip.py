@@ -49,6 +49,10 @@ from limelight.core.types import (
 from limelight.errors import InvalidArgument, NotFound
 
 PLATFORM = "limelight"
+SERVER_NAME = "limelight"
+#: Extensions of the protocol both ports serve: model metadata with ``properties``, and the
+#: explanation outputs.
+SERVER_EXTENSIONS = ["model_metadata_properties", "explanations"]
 INPUT_TEXT = "text"
 INPUT_TEXT_PAIR = "text_pair"
 PARAM_METHOD = "method"

@@ -18,8 +18,6 @@ from limelight.errors import InvalidArgument
 from limelight_client.proto import open_inference_grpc_pb2 as pb
 
 SERVICE_NAME = "inference.GRPCInferenceService"
-SERVER_NAME = "limelight"
-SERVER_EXTENSIONS = ["model_metadata_properties", "explanations"]
 
 
 def _parameter(value: Any) -> Any:
@@ -144,7 +142,7 @@ class InferenceServicer:
     async def ServerMetadata(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         async def call() -> pb.ServerMetadataResponse:
             return pb.ServerMetadataResponse(
-                name=SERVER_NAME, version=self._version, extensions=SERVER_EXTENSIONS
+                name=oip.SERVER_NAME, version=self._version, extensions=oip.SERVER_EXTENSIONS
             )
 
         return await self._explainer._guard("ServerMetadata", context, call)
