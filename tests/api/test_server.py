@@ -236,6 +236,13 @@ def test_get_model(sidecar: RunningSidecar) -> None:
 BAD_REQUESTS = [
     (pb.ExplainRequest(text=""), grpc.StatusCode.INVALID_ARGUMENT, "text is empty"),
     (pb.ExplainRequest(text="   "), grpc.StatusCode.INVALID_ARGUMENT, "text is empty"),
+    # Characters the tokenizer keeps none of: nothing to explain, whatever str.strip says.
+    (
+        pb.ExplainRequest(text="\u200b\u200b"),
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "empty to the model",
+    ),
+    (pb.ExplainRequest(text="\x01\x02 \ufeff"), grpc.StatusCode.INVALID_ARGUMENT, "empty to"),
     (
         pb.ExplainRequest(text="ok", target=pb.Target(label="meh")),
         grpc.StatusCode.INVALID_ARGUMENT,

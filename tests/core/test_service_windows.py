@@ -4,6 +4,7 @@ server computes no window of a document whose answer is already an error."""
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 from typing import Any
 
@@ -133,5 +134,25 @@ async def test_a_document_admitted_before_a_reload_is_explained_by_one_runtime(
         after = await service.explain(ExplainInput(text=DOCUMENT))
         assert ran[whole.windows :] == ["new"] * after.windows
         assert after.attribution.scores.tolist() == pytest.approx(whole.attribution.scores.tolist())
+    finally:
+        await service.close()
+
+
+@pytest.mark.asyncio
+async def test_every_piece_of_a_character_cut_into_several_is_explained(
+    bert_tiny_dir: Path,
+) -> None:
+    # BERT's tokenizer cuts a Hangul syllable into its jamo, pieces with the same character
+    # span: stitching by span alone kept only the first of them (802 of 1,302 tokens).
+    service = windowed_service(bert_tiny_dir, max_batch_size=8)
+    text = "한국어 문장 " * 40 + "the food arrived warm " * 30
+    await service.start()
+    try:
+        explanation = await asyncio.wait_for(
+            service.explain(ExplainInput(text=text)), timeout=WAIT_S
+        )
+        whole = service.model.tokenizer(text)["input_ids"]
+        assert [t.id for t in explanation.tokens] == whole
+        assert len(explanation.attribution.scores) == len(whole)
     finally:
         await service.close()

@@ -1,6 +1,7 @@
-"""``WindowLayout`` against a direct reference: every span of the text once, in text order,
+"""``WindowLayout`` against a direct reference: every token of the text once, in text order,
 with the mean of the rows of every window that saw it; the leading special tokens of the first
-window and the trailing ones of the last."""
+window and the trailing ones of the last. Pieces that share one span (a tokenizer that cuts a
+Hangul syllable into its jamo) stay apart, a window beginning inside such a run included."""
 
 from __future__ import annotations
 
@@ -12,9 +13,15 @@ from limelight.core.windows import WindowLayout
 
 
 def document(rng: np.random.Generator, n: int) -> list[TokenInfo]:
-    """``n`` word pieces with increasing, distinct character spans (some touching)."""
-    tokens, at = [], 0
+    """``n`` word pieces with increasing character spans (some touching; about one in four
+    sharing the span of the piece before it, with an id of its own)."""
+    tokens: list[TokenInfo] = []
+    at = 0
     for i in range(n):
+        if tokens and rng.random() < 0.25:
+            last = tokens[-1]
+            tokens.append(TokenInfo(f"w{i}", 1000 + i, last.start, last.end, False))
+            continue
         at += int(rng.integers(0, 3))
         width = int(rng.integers(1, 6))
         tokens.append(TokenInfo(f"w{i}", 1000 + i, at, at + width, False))
@@ -38,13 +45,14 @@ def windows_of(body: list[TokenInfo], size: int, stride: int, columns: bool) -> 
 def reference(
     windows: list[Encoded], arrays: list[np.ndarray]
 ) -> tuple[list[TokenInfo], np.ndarray]:
-    """The stitched tokens and rows, one Python step per token (float64 means)."""
-    rows: dict[tuple[int, int], list[np.ndarray]] = {}
-    names: dict[tuple[int, int], TokenInfo] = {}
+    """The stitched tokens and rows, one Python step per token (float64 means); a token is
+    known by its id (each piece of ``document`` has its own, in text order)."""
+    rows: dict[int, list[np.ndarray]] = {}
+    names: dict[int, TokenInfo] = {}
     for window, array in zip(windows, arrays, strict=True):
         for row, token in enumerate(window.tokens):
             if not token.special:
-                key = (token.start, token.end)
+                key = token.id
                 rows.setdefault(key, []).append(np.asarray(array[row], dtype=np.float64))
                 names.setdefault(key, token)
     first, last = list(windows[0].tokens), list(windows[-1].tokens)

@@ -172,3 +172,60 @@ async def test_jobs_estimated_far_beyond_their_timeout_are_refused(
     )
     assert isinstance(huge, InvalidArgument) and "timeout" in huge.message
     assert fine.state is JobState.QUEUED
+
+
+@pytest.mark.asyncio
+async def test_searches_and_long_fits_are_estimated_too(
+    tiny_model: LoadedModel, tmp_path: Path
+) -> None:
+    # The searches cost about permutations x n and n^2 passes; a SLALOM fit of many epochs in
+    # batches of one runs for hours outside the model. Each was accepted and then held a worker
+    # until its timeout.
+    from limelight.jobs.budget import estimate_seconds
+
+    long_text = " ".join(["word"] * 400)
+    specs = [
+        JobSpec("shapley", long_text, params={"permutations": 256}, timeout_s=0.01),
+        JobSpec("greedy_deletion", long_text, params={"max_fraction": 1.0}, timeout_s=0.01),
+        JobSpec("greedy_insertion", long_text, params={"max_fraction": 1.0}, timeout_s=0.01),
+        JobSpec(
+            "slalom",
+            TEXT,
+            params={"num_samples": 20_000, "epochs": 10_000, "batch_size": 1},
+            timeout_s=5.0,
+        ),
+        JobSpec("shapley", TEXT, params={"permutations": 2}, timeout_s=60.0),
+        JobSpec("greedy_deletion", TEXT, timeout_s=60.0),
+    ]
+    settings = _settings(tmp_path)
+    outcomes = await _submit_all(settings, tiny_model, specs)
+    for spec, outcome in zip(specs[:4], outcomes[:4], strict=True):
+        assert isinstance(outcome, InvalidArgument) and "timeout" in outcome.message, spec
+    assert [o.state for o in outcomes[4:]] == [JobState.QUEUED, JobState.QUEUED]
+    # The fit's own time counts whatever the model's speed.
+    fit = {"num_samples": 20_000, "epochs": 10_000, "batch_size": 1}
+    assert (estimate_seconds("slalom", fit, 10, 1e12) or 0) > 3600
+    # Fewer rounds with a step share per round; an odd input of one token is still priced.
+    assert estimate_seconds("greedy_deletion", {"step": 0.1}, 100, 1.0) == 5 * 98 * 100
+    assert (estimate_seconds("shapley", {"permutations": 2}, 3, 1.0) or 0) > 0
+
+
+@pytest.mark.asyncio
+async def test_a_slalom_sample_that_cannot_fit_beside_the_pair_is_refused_before_queueing(
+    tiny_model: LoadedModel, tmp_path: Path
+) -> None:
+    # Every sample keeps the other text of a pair: with a pair at the token limit no sample
+    # fits, and the job failed once it ran ("makes samples of 513 tokens").
+    long_pair = " ".join(["word"] * (tiny_model.max_tokens + 50))
+    settings = _settings(tmp_path)
+    refused, fine = await _submit_all(
+        settings,
+        tiny_model,
+        [
+            JobSpec("slalom", "good movie", text_pair=long_pair),
+            JobSpec("slalom", "good movie", text_pair="a short premise"),
+        ],
+    )
+    assert isinstance(refused, InvalidArgument), refused
+    assert "leave room for" in refused.message and "sample_length" in refused.message
+    assert fine.state is JobState.QUEUED

@@ -81,6 +81,8 @@ def test_rejections(tiny_model: LoadedModel, tmp_path: Path) -> None:
         runner.validate(JobSpec(method="steps", text="x", target=TargetSpec(index=5)))
     with pytest.raises(InvalidArgument, match="steps"):
         runner.validate(JobSpec(method="steps", text="x", params={"steps": 0}))
+    with pytest.raises(InvalidArgument, match="empty to the model"):  # zero-width only
+        runner.validate(JobSpec(method="steps", text="\u200b"))
     assert runner.validate(JobSpec(method="steps", text="x")) == {"steps": 4, "sleep": 0.0}
 
 
@@ -124,3 +126,27 @@ def test_a_job_for_another_model_version_is_refused_and_one_for_this_one_runs(
     mine = JobSpec(method="steps", text="good", model_version=tiny_model.version)
     assert runner.run(mine).model_version == tiny_model.version
     assert runner.run(JobSpec(method="steps", text="good")).model_version == tiny_model.version
+
+
+def test_a_result_with_scores_that_are_not_finite_fails_the_job_saying_why() -> None:
+    # A SLALOM fit driven out of range by its lr succeeded with inf and 1e32 scores; no
+    # client can use those (nor write them as JSON).
+    from limelight.core.types import Attribution
+    from limelight.jobs.runner import _check_finite
+
+    def attribution(**arrays: Any) -> Attribution:
+        return Attribution(
+            method="slalom",
+            parameters={},
+            target_index=0,
+            target_label="rotten",
+            scores=arrays.pop("scores", np.zeros(3, dtype=np.float32)),
+            extra_scores=arrays,
+            details={"warning": "the fit diverged; lower lr"},
+        )
+
+    _check_finite("slalom", attribution(value=np.ones(3, dtype=np.float32)))
+    with pytest.raises(InvalidArgument, match=r"\(linearized\): the fit diverged; lower lr"):
+        _check_finite("slalom", attribution(linearized=np.array([1.0, np.inf, 0.0])))
+    with pytest.raises(InvalidArgument, match=r"not finite numbers \(scores\)"):
+        _check_finite("slalom", attribution(scores=np.array([np.nan, 0.0, 0.0])))

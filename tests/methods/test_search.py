@@ -255,3 +255,44 @@ def test_registered_as_job_methods_with_progress(
         out = method.run(ctx, encoded, 1, method.validate_params({}))
         assert out.scores.shape == (len(encoded),)
         assert ctx.progress and ctx.progress[-1][0] == pytest.approx(1.0)  # type: ignore[attr-defined]
+
+
+def test_searches_keep_their_passes_within_the_job_memory(
+    random_bert: LoadedModel, make_ctx: Callable[..., JobContext], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # batch_size=512 asked for: each forward still takes no more rows than
+    # LIMELIGHT_JOB_MEMORY_MB holds, as gradients and SLALOM do.
+    from limelight.methods import search
+
+    seen: list[int] = []
+    real = search.batched_logits
+
+    def recording(model: object, rows: object, type_rows: object = None, batch_size: int = 64):  # type: ignore[no-untyped-def]
+        seen.append(batch_size)
+        return real(model, rows, type_rows, batch_size)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(search, "batched_logits", recording)
+    registry = MethodRegistry.load()
+    encoded = random_bert.encode(TEXT)
+    ctx = make_ctx(random_bert, job_memory_mb=0.05)
+    allowed = ctx.rows_per_pass(len(encoded), backward=False)
+    assert allowed < 512
+    for name in ("shapley", "greedy_deletion", "greedy_insertion"):
+        method = registry.get(name)
+        assert isinstance(method, JobMethod)
+        seen.clear()
+        method.run(ctx, encoded, 1, method.validate_params({"batch_size": 512}))
+        assert seen and max(seen) <= allowed, name
+
+
+def test_parameters_a_search_cannot_honour_are_refused_before_it_runs() -> None:
+    from limelight.errors import InvalidArgument
+
+    registry = MethodRegistry.load()
+    with pytest.raises(InvalidArgument, match="permutations must be even"):
+        registry.get("shapley").validate_params({"permutations": 3})
+    assert registry.get("shapley").validate_params({"permutations": 4})["permutations"] == 4
+    gradients = registry.get("integrated_gradients")
+    with pytest.raises(InvalidArgument, match="riemann_trapezoid needs steps >= 2"):
+        gradients.validate_params({"rule": "riemann_trapezoid", "steps": 1})
+    assert gradients.validate_params({"rule": "riemann_middle", "steps": 1})["steps"] == 1

@@ -60,7 +60,7 @@ from limelight.methods.base import (
 )
 from limelight.methods.normxlogit import NormXLogit
 from limelight.metrics import Metrics
-from limelight.models.tokenize import backend, to_encoded
+from limelight.models.tokenize import backend, check_has_tokens, to_encoded
 from limelight.runtimes.base import InlineBatch, Runtime
 
 if TYPE_CHECKING:
@@ -213,6 +213,11 @@ def encode_batch(
                 results.append(exc)
             continue
         paired = inputs[index][1] is not None
+        try:
+            check_has_tokens(enc)
+        except LimelightError as exc:
+            results.append(exc)
+            continue
         results.append(to_encoded(enc, paired, with_types, truncated))
     return results
 
@@ -515,9 +520,11 @@ class ExplanationService:
 
     def encode(self, text: str, text_pair: str | None) -> Encoded:
         validate_text(text, text_pair, self.settings.max_text_chars)
-        return self.model.encode(
+        encoded = self.model.encode(
             text, text_pair, self.settings.max_tokens, self.settings.truncation
         )
+        check_has_tokens(encoded)
+        return encoded
 
     def _encode_many(self, inputs: list[tuple[str, str | None]]) -> list[Encoded | LimelightError]:
         """Runs in the tokenizer thread: one call of the fast tokenizer for all waiting inputs."""

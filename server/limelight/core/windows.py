@@ -65,9 +65,10 @@ class WindowLayout:
     """Where each token of the stitched document comes from.
 
     The windows' rows laid end to end (window 0's, then window 1's, ...) are "flat rows". The
-    document is the first window's leading special tokens, then every distinct text span in
-    text order, then the last window's trailing special tokens. A span seen by several windows
-    (their overlap) gets the mean of their rows. Index arrays, so stitching a long document
+    document is the first window's leading special tokens, then every distinct token of the
+    text in text order (a span, and among pieces sharing one span their ids), then the last
+    window's trailing special tokens. A token seen by several windows (their overlap) gets the
+    mean of their rows. Index arrays, so stitching a long document
     is a few numpy calls rather than a Python step per token (it runs on the event loop)."""
 
     tokens: TokenColumns
@@ -99,13 +100,45 @@ class WindowLayout:
         while tail > 0 and last.special[tail - 1]:
             tail -= 1
         text_rows = np.flatnonzero(~special)
-        # One key per span; sorting the keys puts the spans in text order, whatever order the
-        # tokenizer returned the windows in (left truncation returns them reversed).
-        spans = offsets[text_rows]
-        keys = spans[:, 0] * (int(spans[:, 1].max(initial=0)) + 1) + spans[:, 1]
-        _, first_seen, span_of_row, group_sizes = np.unique(
-            keys, return_index=True, return_inverse=True, return_counts=True
+        # One key per token of the text: its span, its id, and which of the window's tokens
+        # with that span and id it is. A span is not enough: a tokenizer can cut one character
+        # into several pieces with the same offsets (a Hangul syllable into its jamo), and a
+        # window may begin inside such a run; the id tells the pieces apart there.
+        ids = np.fromiter(
+            chain.from_iterable(c.ids for c in columns), dtype=np.int64, count=int(first_row[-1])
         )
+        window = np.repeat(np.arange(len(columns)), sizes)
+        token = np.stack(
+            (window[text_rows], offsets[text_rows, 0], offsets[text_rows, 1], ids[text_rows]),
+            axis=1,
+        )
+        same = np.lexsort(token.T[::-1])  # by window, span, id; stable: in row order
+        run_start = np.ones(len(same), dtype=bool)
+        run_start[1:] = (token[same][1:] != token[same][:-1]).any(axis=1)
+        starts = np.flatnonzero(run_start)
+        rank = np.empty(len(same), dtype=np.int64)
+        rank[same] = np.arange(len(same)) - np.repeat(starts, np.diff(np.append(starts, len(same))))
+        keys = np.column_stack((token[:, 1:], rank))
+        _, first_seen, key_of_row, group_sizes = np.unique(
+            keys, axis=0, return_index=True, return_inverse=True, return_counts=True
+        )
+        # Tokens in text order: by span, then as the tokenizer put them (where they were first
+        # seen in the windows taken in text order: left truncation returns them reversed).
+        begins = np.full(len(columns), np.iinfo(np.int64).max, dtype=np.int64)
+        np.minimum.at(begins, window[text_rows], offsets[text_rows, 0])
+        window_rank = np.empty(len(columns), dtype=np.int64)
+        window_rank[np.argsort(begins, kind="stable")] = np.arange(len(columns))
+        row_in_window = text_rows - first_row[window[text_rows]]
+        seen_at = window_rank[window[text_rows]] * (max(sizes) + 1) + row_in_window
+        key_of_row = key_of_row.reshape(-1)
+        earliest = np.full(len(first_seen), np.iinfo(np.int64).max, dtype=np.int64)
+        np.minimum.at(earliest, key_of_row, seen_at)
+        spans = offsets[text_rows[first_seen]]
+        text_order = np.lexsort((earliest, spans[:, 1], spans[:, 0]))
+        position = np.empty_like(text_order)
+        position[text_order] = np.arange(len(text_order))
+        span_of_row = position[key_of_row]
+        first_seen, group_sizes = first_seen[text_order], group_sizes[text_order]
         order = np.argsort(span_of_row, kind="stable")
         group_starts = np.cumsum(group_sizes) - group_sizes
         lead_rows = np.arange(lead, dtype=np.intp)

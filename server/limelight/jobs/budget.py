@@ -36,8 +36,35 @@ def _slalom(params: Mapping[str, Any], tokens: int) -> float:
     return samples * length + tokens
 
 
+def _slalom_fit_seconds(params: Mapping[str, Any], tokens: int) -> float:
+    """SLALOM's surrogate fit runs in NumPy, not in the model: about 20 us per optimizer step
+    and 15 ns per sample and token per epoch (2-core AMD EPYC; on the low side, so that only
+    fits far beyond the timeout are refused)."""
+    samples = int(params.get("num_samples", 500))
+    epochs = float(params.get("epochs", 300))
+    steps = epochs * math.ceil(samples / max(1, int(params.get("batch_size", 4096))))
+    return steps * 2e-5 + epochs * samples * tokens * 1.5e-8
+
+
 def _steps(params: Mapping[str, Any], tokens: int) -> float:
     return (float(params.get("steps", 32)) * _BACKWARD + 2) * tokens
+
+
+def _shapley(params: Mapping[str, Any], tokens: int) -> float:
+    # Each permutation walks every content token in: m + 1 coalitions of up to n tokens.
+    content = max(1, tokens - 2)
+    return float(params.get("permutations", 16)) * (content + 1) * tokens
+
+
+def _greedy(params: Mapping[str, Any], tokens: int) -> float:
+    # Each round tries every token still in play, one row each.
+    content = max(1, tokens - 2)
+    fraction = float(params.get("max_fraction", 0.5))
+    step = float(params.get("step", 0.0))
+    if step > 0:
+        return math.ceil(fraction / step) * content * tokens
+    rounds = min(content, math.ceil(fraction * content))
+    return (rounds * content - rounds * (rounds - 1) / 2) * tokens
 
 
 #: Token passes of a job, per method (methods not listed are not estimated).
@@ -49,6 +76,14 @@ ESTIMATES: dict[str, Callable[[Mapping[str, Any], int], float]] = {
     "lrp": lambda params, tokens: 2 * _BACKWARD * tokens,
     "slalom": _slalom,
     "random": lambda params, tokens: 0.0,
+    "shapley": _shapley,
+    "greedy_deletion": _greedy,
+    "greedy_insertion": _greedy,
+}
+
+#: Seconds a job spends outside the model, per method (on top of its token passes).
+EXTRA_SECONDS: dict[str, Callable[[Mapping[str, Any], int], float]] = {
+    "slalom": _slalom_fit_seconds,
 }
 
 
@@ -80,7 +115,9 @@ def estimate_seconds(
     estimate = ESTIMATES.get(method)
     if estimate is None or tokens_per_second <= 0:
         return None
-    return estimate(params, tokens) / tokens_per_second
+    extra = EXTRA_SECONDS.get(method)
+    outside = extra(params, tokens) if extra is not None else 0.0
+    return estimate(params, tokens) / tokens_per_second + outside
 
 
 def check_cost(
@@ -96,5 +133,5 @@ def check_cost(
         raise InvalidArgument(
             f"{method} with these parameters on {tokens} tokens would take about "
             f"{seconds:.0f} s on this server, far beyond its timeout of {timeout_s:g} s: "
-            "use fewer steps or samples, or a shorter text"
+            "use fewer steps, samples, permutations or epochs, or a shorter text"
         )

@@ -24,6 +24,7 @@ from limelight.methods.base import (
     model_shape,
 )
 from limelight.models.loaded import LoadedModel
+from limelight.models.tokenize import check_has_tokens
 from limelight.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -72,6 +73,9 @@ class JobRunner:
         encoded = self.model.encode(
             spec.text, spec.text_pair, self.settings.max_tokens, self.settings.truncation
         )
+        check_has_tokens(encoded)
+        if len(self._windows(spec, encoded)) == 1:  # windows are checked as they run
+            method.validate_for_input(self.model, encoded, params)
         tokens = len(encoded)
         check_memory(spec.method, model_shape(self.model), tokens, self.settings.job_memory_mb)
         timeout = spec.timeout_s if spec.timeout_s > 0 else self.settings.job_timeout_s
@@ -154,6 +158,7 @@ class JobRunner:
         encoded = self.model.encode(
             spec.text, spec.text_pair, self.settings.max_tokens, self.settings.truncation
         )
+        check_has_tokens(encoded)
         windows = self._windows(spec, encoded)
         tokenized = time.perf_counter()
         if len(windows) == 1:
@@ -197,6 +202,7 @@ class JobRunner:
             },
             details=dict(output.details),
         )
+        _check_finite(spec.method, attribution)
         return Explanation(
             request_id=job_id,
             label_index=predicted,
@@ -222,6 +228,20 @@ class JobRunner:
                 total_seconds=done - started,
                 batch_size=1,
             ),
+        )
+
+
+def _check_finite(method: str, attribution: Attribution) -> None:
+    """A result with NaN or infinite scores is no explanation (and no JSON): the job fails,
+    saying which arrays and, where the method knows, why."""
+    arrays = {"scores": attribution.scores, **attribution.extra_scores}
+    if attribution.class_scores is not None:
+        arrays["class_scores"] = attribution.class_scores
+    bad = [name for name, values in arrays.items() if not np.isfinite(values).all()]
+    if bad:
+        why = attribution.details.get("warning") or "its parameters took it out of range"
+        raise InvalidArgument(
+            f"{method} produced scores that are not finite numbers ({', '.join(bad)}): {why}"
         )
 
 

@@ -145,6 +145,13 @@ class AttributionMethod(ABC):
         """Model-dependent parameter checks (InvalidArgument) that belong before queueing."""
         return None
 
+    def validate_for_input(
+        self, model: LoadedModel, encoded: Encoded, params: Mapping[str, Any]
+    ) -> None:
+        """Checks of the parameters against the tokenised input (InvalidArgument) that belong
+        before queueing, where the method would otherwise fail once it runs."""
+        return None
+
 
 class InlineMethod(AttributionMethod):
     """Computed from the serving forward pass's outputs; no extra model calls."""

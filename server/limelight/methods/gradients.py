@@ -281,6 +281,11 @@ class IntegratedGradients(JobMethod):
     def unavailable_reason(self, model: LoadedModel) -> str:
         return no_embeddings_input_reason(model)
 
+    def validate_params(self, given: Mapping[str, Any] | None) -> dict[str, Any]:
+        out = super().validate_params(given)
+        path_points(int(out["steps"]), str(out["rule"]))  # the rule's own limits, before queueing
+        return out
+
     def run(
         self, ctx: JobContext, encoded: Encoded, target: int, params: Mapping[str, Any]
     ) -> MethodOutput:

@@ -26,6 +26,7 @@ import numpy as np
 import torch
 
 from limelight.core.types import Encoded, FloatArray
+from limelight.errors import InvalidArgument
 from limelight.methods.base import JobContext, JobMethod, MethodOutput, Param
 
 REPLACEMENTS = ("mask", "delete")
@@ -264,10 +265,22 @@ class ShapleyValues(JobMethod):
             permutations=int(params["permutations"]),
             seed=int(params["seed"]),
             replace=str(params["replace"]),
-            batch_size=int(params["batch_size"]),
+            # Within LIMELIGHT_JOB_MEMORY_MB, as every job method's passes.
+            batch_size=min(
+                int(params["batch_size"]), ctx.rows_per_pass(len(encoded), backward=False)
+            ),
             ctx=ctx,
         )
         return MethodOutput(scores=scores, details={"value": "log-odds of the target class"})
+
+    def validate_params(self, given: Mapping[str, Any] | None) -> dict[str, Any]:
+        out = super().validate_params(given)
+        if out["permutations"] % 2:  # antithetic pairs: an odd count would run one less
+            raise InvalidArgument(
+                "permutations must be even (sampled in antithetic pairs), "
+                f"not {out['permutations']}"
+            )
+        return out
 
 
 class GreedyDeletion(JobMethod):
@@ -308,7 +321,9 @@ class GreedyDeletion(JobMethod):
             insert=self.insert,
             replace=str(params["replace"]),
             max_fraction=float(params["max_fraction"]),
-            batch_size=int(params["batch_size"]),
+            batch_size=min(
+                int(params["batch_size"]), ctx.rows_per_pass(len(encoded), backward=False)
+            ),
             step=float(params["step"]),
             signed=bool(params["signed"]),
             ctx=ctx,

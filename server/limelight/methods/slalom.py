@@ -54,7 +54,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 import numpy.typing as npt
@@ -63,6 +63,9 @@ import torch
 from limelight.core.types import Encoded, FloatArray
 from limelight.errors import InvalidArgument
 from limelight.methods.base import JobCancelled, JobContext, JobMethod, MethodOutput, Param
+
+if TYPE_CHECKING:
+    from limelight.models.loaded import LoadedModel
 
 SCORE_KINDS: tuple[str, ...] = ("value", "importance", "linearized", "removal")
 
@@ -340,6 +343,19 @@ def _frame(encoded: Encoded) -> _Frame:
     )
 
 
+def _check_sample_fits(frame: _Frame, length: int, max_tokens: int) -> None:
+    """A sample is the explained segment's ``length`` tokens between the input's fixed
+    tokens (special tokens, and the other text of a pair): it must fit the model."""
+    fixed = len(frame.prefix_ids) + len(frame.suffix_ids)
+    if fixed + length > max_tokens:
+        raise InvalidArgument(
+            f"sample_length {length} makes samples of {fixed + length} tokens; the model "
+            f"takes at most {max_tokens}: the {fixed} tokens every sample keeps (special "
+            "tokens and, for a text pair, the other text) leave room for "
+            f"{max(0, max_tokens - fixed)}; lower sample_length or shorten the pair"
+        )
+
+
 class Slalom(JobMethod):
     """SLALOM-eff: a value and an importance per token from a surrogate fitted on short samples."""
 
@@ -396,6 +412,11 @@ class Slalom(JobMethod):
                 out[key] = preset[key]
         return out
 
+    def validate_for_input(
+        self, model: LoadedModel, encoded: Encoded, params: Mapping[str, Any]
+    ) -> None:
+        _check_sample_fits(_frame(encoded), int(params["sample_length"]), model.max_tokens)
+
     def run(
         self, ctx: JobContext, encoded: Encoded, target: int, params: Mapping[str, Any]
     ) -> MethodOutput:
@@ -406,12 +427,7 @@ class Slalom(JobMethod):
         frame = _frame(encoded)
         num_tokens = len(frame.unique_ids)
         n, length = int(p["num_samples"]), int(p["sample_length"])
-        longest = len(frame.prefix_ids) + length + len(frame.suffix_ids)
-        if longest > model.max_tokens:
-            raise InvalidArgument(
-                f"sample_length {length} makes samples of {longest} tokens; the model "
-                f"takes at most {model.max_tokens}"
-            )
+        _check_sample_fits(frame, length, model.max_tokens)
 
         rng = np.random.default_rng(int(p["seed"]))
         indices = rng.integers(0, num_tokens, size=(n, length))
@@ -485,7 +501,8 @@ class Slalom(JobMethod):
                 heldout_r2=quality.heldout_r2,
                 linear_heldout_mse=quality.linear_heldout_mse,
             )
-        if not (math.isfinite(fit.mse) and math.isfinite(surrogate_full)):
+        finite = all(np.isfinite(values).all() for values in extra.values())
+        if not (math.isfinite(fit.mse) and math.isfinite(surrogate_full) and finite):
             details["warning"] = "the fit diverged; lower lr"
         elif held and quality.heldout_mse > quality.linear_heldout_mse:
             details["warning"] = (

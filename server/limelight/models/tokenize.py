@@ -17,6 +17,7 @@ import weakref
 from typing import Any
 
 from limelight.core.types import Encoded, TokenColumns
+from limelight.errors import InvalidArgument
 
 _BACKENDS: weakref.WeakKeyDictionary[Any, dict[tuple[int | None, int], Any]] = (
     weakref.WeakKeyDictionary()
@@ -51,6 +52,21 @@ def backend(tokenizer: Any, limit: int | None, stride: int = 0) -> Any:
             found.encode_special_tokens = bool(getattr(tokenizer, "split_special_tokens", False))
             per_setting[key] = found
         return found
+
+
+def check_has_tokens(encoding: Any) -> None:
+    """Refuse an input the tokenizer kept nothing of but its special tokens: a text of
+    zero-width or control characters passes "text is empty" (``str.strip`` keeps them), and
+    its explanation would explain nothing. ``encoding``: a backend's ``Encoding`` or an
+    ``Encoded``."""
+    special = getattr(encoding, "special_tokens_mask", None)
+    if special is None:
+        special = TokenColumns.of(encoding.tokens).special
+    if all(special):  # stops at the first content token
+        raise InvalidArgument(
+            "text is empty to the model: the tokenizer keeps none of its characters "
+            "(zero-width, control or other invisible characters only)"
+        )
 
 
 def to_encoded(encoding: Any, paired: bool, with_types: bool, truncated: bool) -> Encoded:
