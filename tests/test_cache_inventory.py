@@ -168,3 +168,15 @@ def test_a_lock_taken_after_the_listing_still_protects(cache: Cache) -> None:
 def test_an_empty_or_missing_cache(tmp_path: Path) -> None:
     assert inventory(tmp_path / "nothing here") == []
     assert prune([]) == []
+
+
+def test_a_users_model_named_like_a_demo_is_left_alone(cache: Cache) -> None:
+    # "bert-tiny-sst2" read as "bert-tiny" of an earlier recipe: pruned while it was served.
+    named_like = [
+        model_dir(cache.root / "models" / name, b"a user's fine-tune")
+        for name in ("bert-tiny-sst2", "minilm-finetuned", "bert-tiny-multilabel-v2")
+    ]
+    found = uses(inventory(cache.root))
+    assert all(found[path] is Use.IN_USE for path in named_like)
+    prune(inventory(cache.root))
+    assert all(path.exists() for path in named_like) and not cache.earlier.exists()

@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import enum
 import os
+import re
 import shutil
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -114,11 +115,19 @@ def _with_wal(database: Path) -> list[Path]:
     ]
 
 
+#: The recipe part of a demo build's folder name.
+_RECIPE = re.compile(r"[0-9a-f]{12}")
+
+
 def _demo_models(cache_dir: Path) -> list[Entry]:
     current = {demo_model_dir(name, cache_dir).name: name for name in DEMO_NAMES}
     entries = []
     for folder in _folders(cache_dir / "models"):
-        name = folder.name.rsplit("-", 1)[0]
+        name, _, recipe = folder.name.rpartition("-")
+        if not _RECIPE.fullmatch(recipe):
+            # A demo build's folder is "<demo>-<12 hex digits of its recipe>"; anything else
+            # ("bert-tiny-sst2", a user's model kept here) is no build of ours.
+            name = ""
         size = _size(folder)
         if _locked_demo(folder):
             use, why = Use.BUSY, "being built right now"

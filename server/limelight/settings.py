@@ -25,6 +25,10 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 #: A TCP port; 0 picks a free one (or, where documented, turns the endpoint off).
 Port = Annotated[int, Field(ge=0, le=65535)]
+#: A probability: a label threshold, a divergence in bits.
+Probability = Annotated[float, Field(ge=0.0, le=1.0)]
+#: gRPC takes its times as 32-bit milliseconds: at most about 24 days.
+GrpcSeconds = Annotated[float, Field(gt=0.0, le=2_000_000.0)]
 
 
 def default_cache_dir() -> Path:
@@ -89,7 +93,10 @@ class Settings(BaseSettings):
     # Inputs stay out of a ValidationError's text (tracebacks, logs): a queue address may
     # carry a password. The CLI repeats a rejected value itself, redacted.
     model_config = SettingsConfigDict(
-        env_prefix="LIMELIGHT_", extra="ignore", hide_input_in_errors=True
+        env_prefix="LIMELIGHT_",
+        extra="ignore",
+        hide_input_in_errors=True,
+        allow_inf_nan=False,  # no setting means "forever" by inf; NaN means nothing
     )
 
     # --- model -------------------------------------------------------------------------------
@@ -152,7 +159,7 @@ class Settings(BaseSettings):
     """Serve the web explanation viewer on the HTTP port (``/viewer/``, with its JSON routes
     under ``/viewer/api/``, behind the same bearer tokens as the other HTTP APIs); false
     removes every ``/viewer`` route."""
-    viewer_drift_sample_s: float = 30.0
+    viewer_drift_sample_s: NonNegativeFloat = 30.0
     """How often the viewer samples the drift report for its divergence-over-time chart
     (kept in memory, the last 720 samples); 0: only when the page asks."""
     default_method: str = "auto"
@@ -166,10 +173,10 @@ class Settings(BaseSettings):
     may be read-only) and is reused on the next start; readiness waits for it: one pass over the
     vocabulary, seconds for small models on CPU, a few minutes for a base-size one. A failed
     build is logged and ``auto`` serves NormXLogit; a named ``lexicon_lookup`` stops the start."""
-    label_threshold: float = 0.5
+    label_threshold: Probability = 0.5
     """Multi-label models (config ``problem_type`` ``multi_label_classification``): a label is
     predicted when its sigmoid probability is at least this."""
-    label_thresholds: dict[str, float] = {}
+    label_thresholds: dict[str, Probability] = {}
     """Multi-label: per-label thresholds overriding ``label_threshold``, by label name
     (``LIMELIGHT_LABEL_THRESHOLDS='{"toxic": 0.3}'``); an unknown label is a start-up error."""
     max_text_chars: PositiveInt = 20_000
@@ -195,7 +202,7 @@ class Settings(BaseSettings):
     text), so this is above ``max_message_bytes``; a larger answer fails RESOURCE_EXHAUSTED,
     saying its size, instead of gRPC's bare "Sent message larger than max". Clients must
     accept as much: the Python SDK does (64 MiB); grpc-go and grpc-java default to 4 MiB."""
-    max_connection_age_s: PositiveFloat | None = None
+    max_connection_age_s: GrpcSeconds | None = None
     """Close each client connection after about this long (gRPC sends GOAWAY, ±10 % jitter):
     the client's next call opens a new one, which the load balancer may send to another
     replica. gRPC keeps a connection for as long as it lives, so behind a Kubernetes Service
@@ -204,18 +211,18 @@ class Settings(BaseSettings):
     its clients until it stops. Calls in progress are not cut (see
     ``max_connection_age_grace_s``); calls in transit are retried by gRPC itself. Unset: off
     (gRPC's default)."""
-    max_connection_age_grace_s: NonNegativeFloat | None = None
+    max_connection_age_grace_s: Annotated[float, Field(ge=0.0, le=2_000_000.0)] | None = None
     """How long calls still open on a connection past ``max_connection_age_s`` may run before it
     is closed under them (they end ``UNAVAILABLE``; the SDK opens an ``explain_many`` stream
     ended so again and resends what was unanswered). Unset: as long as they take."""
-    keepalive_time_s: PositiveFloat = 60.0
+    keepalive_time_s: GrpcSeconds = 60.0
     """The server pings a client connection idle for this long and closes it when no answer
     comes within ``keepalive_timeout_s``: a client that vanished without closing (a crashed
     pod, a NAT or load balancer that dropped the connection) no longer holds its streams
     (``WatchJob``, ``ExplainStream``) open for ever."""
-    keepalive_timeout_s: PositiveFloat = 20.0
+    keepalive_timeout_s: GrpcSeconds = 20.0
     """How long a keepalive ping may go unanswered before the connection is closed."""
-    keepalive_min_client_interval_s: PositiveFloat = 10.0
+    keepalive_min_client_interval_s: GrpcSeconds = 10.0
     """How often clients may ping, also with no call in flight (the SDK pings idle connections
     every 30 s so that a load balancer does not drop them silently); a client that pings more
     often is sent GOAWAY ("too_many_pings") and reconnects."""
@@ -255,7 +262,7 @@ class Settings(BaseSettings):
     from the next batch on, without a restart; 0: never on its own (what it loaded at start
     stays until SIGHUP). SIGHUP (``kill -HUP``; with ``workers`` above 1, to the supervisor, which
     passes it on) looks at once, whatever the interval."""
-    grace_period_s: NonNegativeFloat = 20.0
+    grace_period_s: Annotated[float, Field(ge=0.0, le=86_400.0)] = 20.0
     """On SIGTERM: how long in-flight work may take before the server stops."""
 
     # --- jobs --------------------------------------------------------------------------------
@@ -285,21 +292,21 @@ class Settings(BaseSettings):
     """Extra attribution methods, as ``"module:Class"`` paths, loaded next to the built-in ones
     by the sidecar and by workers alike (``LIMELIGHT_METHOD_PLUGINS='["pkg.mod:Cls"]'``), so
     that the sidecar accepts a job method that its workers run."""
-    job_timeout_s: float = 600.0
+    job_timeout_s: PositiveFloat = 600.0
     """Default per-job timeout."""
-    job_timeout_max_s: float = 3600.0
+    job_timeout_max_s: PositiveFloat = 3600.0
     """Longest timeout a job may ask for; SubmitJob rejects more (and jobs whose estimated
     cost cannot finish within it)."""
-    job_memory_mb: float = 1024.0
+    job_memory_mb: PositiveFloat = 1024.0
     """Working memory a job may use for activations: gradient and SLALOM batches are chunked
     to fit it, and a job that cannot fit even one input is rejected before it is queued."""
-    job_result_ttl_s: float = 24 * 3600.0
+    job_result_ttl_s: PositiveFloat = 24 * 3600.0
     """How long finished jobs and their results stay readable."""
     job_queue_max: PositiveInt = 1000
     """Queued jobs before SubmitJob answers RESOURCE_EXHAUSTED."""
     job_max_attempts: PositiveInt = 3
     """Attempts before a job whose worker keeps dying is FAILED."""
-    job_reclaim_idle_s: float = 30.0
+    job_reclaim_idle_s: PositiveFloat = 30.0
     """Redis backend: a running job whose worker sent no heartbeat for this long is reclaimed
     by another worker (workers heartbeat every third of it)."""
 
@@ -308,7 +315,7 @@ class Settings(BaseSettings):
     """Feed every inline explanation into the drift monitor."""
     drift_reference: Path | None = None
     """Reference file from ``limelight drift-reference build``; unset: the first N requests."""
-    drift_bootstrap_n: int = 500
+    drift_bootstrap_n: PositiveInt = 500
     """Without a reference file: how many first requests become the reference."""
     drift_window: PositiveInt = 500
     """Sliding window of recent explanations compared with the reference."""
@@ -325,7 +332,7 @@ class Settings(BaseSettings):
     ``limelight_drift_dropped_total`` (docs/drift.md, "Observed after the answer")."""
     drift_sketch_size: PositiveInt = 256
     """Tokens tracked per label by the heavy-hitter sketch (the rest go to "other")."""
-    drift_alert_threshold: float = 0.02
+    drift_alert_threshold: Probability = 0.02
     """JSD (base 2) above which a label's drift counts as an alert. Measured on the demo models
     (docs/drift.md): held-out traffic stays below 0.005, one strongly weighted word appended to
     every review reaches 0.03-0.075 for its label (NormXLogit), 0.12-0.15 (the distilled head)."""

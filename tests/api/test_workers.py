@@ -343,6 +343,8 @@ def test_a_killed_worker_is_replaced_and_sigterm_stops_all(
     assert code == 0, workers.log.read_text()[-3000:]
     for pid in now:  # every worker stopped and was reaped
         assert not Path(f"/proc/{pid}").exists()
+    # A worker reads only the settings that were set: no warning about thresholds nobody set.
+    assert "thresholds apply to multi-label models only" not in workers.log.read_text()
 
 
 @pytest.mark.parametrize(

@@ -102,6 +102,32 @@ def test_a_misspelt_variable_is_named_before_anything_else(tmp_path: Path) -> No
     assert "invalid setting truncation" in error_line(out.stderr)
 
 
+@pytest.mark.parametrize(
+    ("variable", "value", "said", "how"),
+    [
+        # gRPC's keepalive is 32-bit milliseconds: inf and 1e10 crashed the start unnamed.
+        ("LIMELIGHT_KEEPALIVE_TIME_S", "inf", "finite number", "set it with LIMELIGHT_KEEPALIVE"),
+        ("LIMELIGHT_KEEPALIVE_TIME_S", "1e10", "less than or equal", "LIMELIGHT_KEEPALIVE_TIME_S"),
+        ("LIMELIGHT_GRACE_PERIOD_S", "nan", "finite number", "--grace-period-s or LIMELIGHT_"),
+        ("LIMELIGHT_JOB_TIMEOUT_S", "-5", "greater than 0", "LIMELIGHT_JOB_TIMEOUT_S"),
+        ("LIMELIGHT_DRIFT_ALERT_THRESHOLD", "-1", "greater than or equal to 0", "THRESHOLD"),
+        ("LIMELIGHT_DRIFT_BOOTSTRAP_N", "0", "greater than 0", "BOOTSTRAP_N"),
+        ("LIMELIGHT_LABEL_THRESHOLD", "1.5", "less than or equal to 1", "LABEL_THRESHOLD"),
+        # A flag named in the hint exists: this one's is --viewer, not --viewer-enabled.
+        ("LIMELIGHT_VIEWER_ENABLED", "maybe", "valid boolean", "set it with --viewer or"),
+    ],
+)
+def test_a_value_no_setting_can_take_is_one_line_naming_how_to_set_it(
+    tmp_path: Path, variable: str, value: str, said: str, how: str
+) -> None:
+    out = limelight(*SERVE, "--model", str(tmp_path / "unused"), env={variable: value})
+    assert out.returncode == EXIT_USAGE, out.stderr
+    line = error_line(out.stderr)
+    setting = variable.removeprefix("LIMELIGHT_").lower()
+    assert line.startswith(f"limelight serve: error: invalid setting {setting}: "), line
+    assert said in line and how in line, line
+
+
 def test_invalid_batch_size_is_refused_before_anything_starts(tmp_path: Path) -> None:
     # Settings are checked before a port opens or the model loads: no log line comes first.
     for args, env in (

@@ -156,7 +156,10 @@ class Supervisor:
         self._generation += 1
         settings_file = self._run_dir / f"settings-{index}.json"
         # A file, not argv: the settings may hold a bearer token, and argv is world-readable.
-        settings_file.write_text(self._base.model_dump_json())
+        # Only what was set (flags, environment): the worker's defaults are the same, and a
+        # field written out would read there as set by the user (warnings about settings that
+        # do not apply to the model, say).
+        settings_file.write_text(self._base.model_dump_json(exclude_unset=True))
         settings_file.chmod(0o600)
         ready_file = self._run_dir / f"ready-{index}-{self._generation}"
         env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(self.metrics_dir)}

@@ -128,17 +128,30 @@ def _shown(value: object) -> object:
     return value
 
 
-def _validation_message(exc: Any) -> str:
-    """pydantic's ValidationError as one line: setting, problem, offending value."""
+def _setting_flag(args: argparse.Namespace | None, name: str) -> str | None:
+    """The command's own option for setting ``name`` (``--viewer`` for ``viewer_enabled``),
+    or None where the command has none (only its environment variable sets it)."""
+    parser = getattr(args, "_parser", None) if args is not None else None
+    for action in getattr(parser, "_actions", ()):
+        if action.dest == name and action.option_strings:
+            longs = [o for o in action.option_strings if o.startswith("--")]
+            return (longs or action.option_strings)[0]
+    return None
+
+
+def _validation_message(exc: Any, args: argparse.Namespace | None = None) -> str:
+    """pydantic's ValidationError as one line: setting, problem, offending value, and how to
+    set it (the command's flag where it has one, else the environment variable)."""
     parts = []
     for err in exc.errors():
         name = ".".join(str(x) for x in err.get("loc", ())) or "settings"
         value = err.get("input")
         got = f" (got {_shown(value)!r})" if not isinstance(value, dict) else ""
         message = str(err.get("msg", "invalid")).removeprefix("Value error, ")
+        flag = _setting_flag(args, name.split(".")[0])
+        where = f"{flag} or " if flag else ""
         parts.append(
-            f"{name}: {message}{got}; set it with --{name.replace('_', '-')} "
-            f"or LIMELIGHT_{name.upper()}"
+            f"{name}: {message}{got}; set it with {where}LIMELIGHT_{name.split('.')[0].upper()}"
         )
     return "invalid setting " + "; ".join(parts)
 
@@ -175,7 +188,7 @@ def describe_error(exc: BaseException, args: argparse.Namespace) -> tuple[str, i
 
         return client_error_line(exc, getattr(args, "target", None)), EXIT_FAILURE
     if type(exc).__name__ == "ValidationError" and hasattr(exc, "errors"):
-        return _validation_message(exc), EXIT_USAGE
+        return _validation_message(exc, args), EXIT_USAGE
     if type(exc).__name__ == "SettingsError":
         unparsable = _unparsable_setting_message(exc)
         if unparsable is not None:
