@@ -181,3 +181,49 @@ def test_explain_texts_matches_the_inline_method(random_bert_dir: Path) -> None:
     expected = (norms * per_token[:, predicted]).numpy()[~enc.special_mask]
     assert obs.tokens == [t.text for t in enc.tokens if not t.special]
     np.testing.assert_allclose(obs.scores, expected, rtol=1e-4, atol=1e-5)
+
+
+def test_a_report_names_the_labels_the_reference_never_saw() -> None:
+    settings = Settings(drift_bootstrap_n=2, drift_window=100, drift_sketch_size=32)
+    monitor = DriftMonitor(settings, ["rotten", "fresh"], None)
+    for _ in range(2):
+        monitor.observe("fresh", ["a", "gorgeous", "film"], [0.1, 2.0, 0.3])
+    monitor.observe("rotten", ["a", "dull", "film"], [0.1, 2.0, 0.3])
+    lines = format_report(monitor.report(top_k=3)).splitlines()
+    rotten = next(line for line in lines if line.startswith("rotten "))
+    assert rotten.split()[1:3] == ["-", "-"]  # no JSD, no "ok"
+    assert any("no explanation in the reference was predicted as rotten" in x for x in lines)
+
+
+def test_a_reference_with_nothing_in_it_is_not_written(
+    tmp_path: Path, random_bert_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # One text: a reference with one label only is written with a warning naming the other;
+    # texts that give no explanation at all write nothing and exit 2.
+    data = tmp_path / "data.jsonl"
+    data.write_text(json.dumps({"text": "the plot was good"}) + "\n")
+    out = tmp_path / "ref.json"
+    argv = ["drift-reference", "build", "--model", str(random_bert_dir), "--data", str(data)]
+    assert main([*argv, "--out", str(out), "--no-progress"]) == 0
+    counts = ReferenceFile.load(out).profile.label_counts
+    missing = [label for label, n in counts.items() if n == 0]
+    err = capsys.readouterr().err
+    assert missing and all(f"warning: no text was predicted as {m}:" in err for m in missing)
+
+
+def test_a_reference_without_any_explanation_is_not_written(
+    tmp_path: Path,
+    bert_tiny_multilabel_dir: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A multi-label model predicts no label for a text under its thresholds: such texts give
+    # a reference of 0 explanations, which compared as "no drift" for every label.
+    monkeypatch.setenv("LIMELIGHT_LABEL_THRESHOLD", "1.0")
+    data = tmp_path / "data.jsonl"
+    data.write_text(json.dumps({"text": "the plot was good"}) + "\n")
+    out = tmp_path / "ref.json"
+    argv = ["drift-reference", "build", "--model", str(bert_tiny_multilabel_dir)]
+    assert main([*argv, "--data", str(data), "--out", str(out), "--no-progress"]) == 2
+    assert "no explanation went into the reference" in capsys.readouterr().err
+    assert not out.exists()

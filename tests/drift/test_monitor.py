@@ -385,3 +385,42 @@ def test_gauges_are_nan_until_comparable() -> None:
     DriftMonitor(make_settings(), LABELS, metrics)
     value = metrics.registry.get_sample_value("limelight_attribution_drift", {"label": "pos"})
     assert value is not None and math.isnan(value)
+
+
+def test_a_label_the_reference_never_saw_is_not_compared_not_calm() -> None:
+    # A reference of "neg" answers only: traffic predicted "pos" has nothing to be compared
+    # with. It read JSD 0 and "ok" (and 0 on the gauge), which says "no drift".
+    metrics = Metrics(CollectorRegistry())
+    monitor = DriftMonitor(make_settings(drift_bootstrap_n=50), LABELS, metrics)
+    rng = random.Random(0)
+    for _ in range(50):
+        monitor.observe("neg", *sample(rng))
+    assert monitor.state == "ready"
+    for _ in range(120):
+        monitor.observe("pos", *sample(rng))
+    report = monitor.report()
+    pos = next(d for d in report.labels if d.label == "pos")
+    assert math.isnan(pos.divergence) and not pos.alert and pos.window_count == 120
+    monitor.refresh_gauges()
+    gauge = metrics.registry.get_sample_value("limelight_attribution_drift", {"label": "pos"})
+    assert gauge is not None and math.isnan(gauge)
+    # The label mix did change, all the way.
+    assert report.label_mix_divergence == pytest.approx(1.0)
+
+
+def test_the_reference_count_on_metrics_follows_the_build() -> None:
+    # Only GetDrift moved the gauge while the reference built: /metrics said 0 explanations
+    # for as long as nobody asked.
+    from tests.waiting import wait_until
+
+    metrics = Metrics(CollectorRegistry())
+    monitor = DriftMonitor(make_settings(), LABELS, metrics, gauge_interval_s=0.0)
+    rng = random.Random(0)
+    get = metrics.registry.get_sample_value
+
+    def observed_so_far() -> bool:
+        monitor.observe("neg", *sample(rng))
+        return (get("limelight_drift_reference_explanations") or 0) >= 10
+
+    wait_until(observed_so_far)
+    assert monitor.state == "building"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -112,7 +113,7 @@ def run_build(args: argparse.Namespace) -> int:
     from limelight.core.prediction import label_thresholds
     from limelight.core.service import served_inline_method
     from limelight.drift.build import build_reference
-    from limelight.errors import FailedPrecondition
+    from limelight.errors import FailedPrecondition, InvalidArgument
     from limelight.methods.base import MethodRegistry
     from limelight.models.loaded import load_model
     from limelight.progress import progress_bar
@@ -161,8 +162,20 @@ def run_build(args: argparse.Namespace) -> int:
             if model.is_multi_label
             else None,
         )
+    label_counts = reference.profile.label_counts
+    if reference.profile.count == 0:
+        raise InvalidArgument(
+            f"no explanation went into the reference: none of the {len(texts)} text(s) was "
+            "predicted as any label; nothing was written"
+        )
     reference.save(args.out)
-    counts = ", ".join(f"{k} {v}" for k, v in reference.profile.label_counts.items())
+    for label in [k for k, v in label_counts.items() if v == 0]:
+        print(
+            f"warning: no text was predicted as {label}: that label's drift cannot be measured "
+            "against this reference (add texts of it)",
+            file=sys.stderr,
+        )
+    counts = ", ".join(f"{k} {v}" for k, v in label_counts.items())
     print(
         f"wrote {args.out}: {reference.profile.count} explanations ({counts}), model "
         f"{reference.model_name} {reference.model_version}, {reference.method} attributions"
@@ -221,7 +234,8 @@ def format_report(report: Any) -> str:
     With nothing in the window (the reference still building, or a label no recent answer was
     predicted as) there is nothing to compare: the divergences print as ``-``, not 0."""
     compared = report.window_count > 0
-    mix = f"{report.label_mix_divergence:.4f}" if compared else NOT_COMPARED
+    mix_known = compared and math.isfinite(report.label_mix_divergence)
+    mix = f"{report.label_mix_divergence:.4f}" if mix_known else NOT_COMPARED
     current = f"{report.current_entropy:.2f}" if compared else NOT_COMPARED
     out = [
         f"reference: {report.reference_state} ({_reference_progress(report)})   "
@@ -236,12 +250,20 @@ def format_report(report: Any) -> str:
     width = max([len("label"), *(len(d.label) for d in report.labels)])
     out.append(f"{'label':<{width}}  {'JSD':>7}  {'alert':<5}  {'window':>6}")
     out.append("-" * (width + 26))
+    unreferenced = []
     for d in report.labels:
-        if d.window_count > 0:
+        if d.window_count > 0 and math.isfinite(d.divergence):
             jsd, alert = f"{d.divergence:7.4f}", "ALERT" if d.alert else "ok"
         else:
             jsd, alert = f"{NOT_COMPARED:>7}", NOT_COMPARED
+            if d.window_count > 0 and report.reference_state == "ready":
+                unreferenced.append(d.label)
         out.append(f"{d.label:<{width}}  {jsd}  {alert:<5}  {d.window_count:>6}")
+    if unreferenced:
+        out.append(
+            f"no explanation in the reference was predicted as {', '.join(unreferenced)}: "
+            "nothing to compare with (build the reference from texts of every label)"
+        )
     for d in report.labels:
         if not d.risers and not d.fallers:
             continue
@@ -277,11 +299,12 @@ def drift_figure(report: Any, top_k: int = 8) -> Any:
     fig, axes = plt.subplots(1, n + 1, figsize=(4.2 * (n + 1), 4.0), squeeze=False)
     ax = axes[0][0]
     names = [d.label for d in labels]
-    values = [d.divergence if d.window_count > 0 else 0.0 for d in labels]
+    compared = [d.window_count > 0 and math.isfinite(d.divergence) for d in labels]
+    values = [d.divergence if ok else 0.0 for d, ok in zip(labels, compared, strict=True)]
     colours = ["tab:red" if d.alert else "tab:blue" for d in labels]
     ax.bar(names, values, color=colours)
-    for i, d in enumerate(labels):
-        if d.window_count == 0:
+    for i, ok in enumerate(compared):
+        if not ok:
             ax.text(i, 0, "not\ncompared", ha="center", va="bottom", fontsize=8, color="gray")
     ax.axhline(report.alert_threshold, color="tab:red", linestyle="--", linewidth=1)
     ax.set_ylim(0, max([report.alert_threshold * 1.5, *values, 1e-3]) * 1.1)

@@ -185,6 +185,14 @@ class DriftMonitor:
                     self._state = "ready"
                     became_ready = True
                     log.info("drift reference ready: the first %d explanations", self.bootstrap_n)
+                else:  # the reference's count on /metrics follows it as it builds
+                    refresh = (
+                        self._metrics is not None
+                        and not self._refreshing
+                        and time.monotonic() - self._last_refresh >= self.gauge_interval_s
+                    )
+                    if refresh:
+                        self._refreshing = True
             else:
                 self._ring.advance().add(label, shares, entropy)
                 refresh = (
@@ -243,6 +251,11 @@ class DriftMonitor:
             if window is None:
                 labels.append(LabelDrift(label, 0.0, False, 0))
                 continue
+            if reference.label_counts[label] == 0:
+                # Nothing in the reference was predicted as this label: no distribution to
+                # compare with. NaN, not a JSD of 0 that reads as "no drift".
+                labels.append(LabelDrift(label, math.nan, False, window.label_counts[label]))
+                continue
             cmp = compare(reference.sketches[label], window.sketches[label], self.min_share)
             risers = sorted((s for s in cmp.shifts if s.delta > 0), key=lambda s: -s.delta)
             fallers = sorted((s for s in cmp.shifts if s.delta < 0), key=lambda s: s.delta)
@@ -257,7 +270,9 @@ class DriftMonitor:
                 )
             )
         mix = 0.0
-        if window is not None:
+        if window is not None and reference.count == 0:
+            mix = math.nan  # an empty reference: no label mix to compare with
+        elif window is not None:
             mix = js_divergence(
                 [reference.label_counts[x] for x in self.labels],
                 [window.label_counts[x] for x in self.labels],
