@@ -22,7 +22,7 @@ import grpc
 import grpc.aio
 
 from limelight_client._tracing import trace_context
-from limelight_client.errors import DeadlineExceeded, LimelightError, from_rpc_error
+from limelight_client.errors import Cancelled, DeadlineExceeded, LimelightError, from_rpc_error
 from limelight_client.proto import explainer_pb2 as pb
 from limelight_client.proto import explainer_pb2_grpc as pb_grpc
 from limelight_client.types import JobInfo, JobState, dict_to_struct
@@ -378,9 +378,11 @@ def channel_options(
         "grpc.max_send_message_length": max_message_bytes,
         "grpc.max_receive_message_length": max_message_bytes,
         # gRPC's own reconnect backoff starts at 1 s; a sidecar that restarts should be
-        # reachable again within our (shorter) retry backoff.
+        # reachable again within our (shorter) retry backoff. Not min_reconnect_backoff_ms:
+        # gRPC takes it as the shortest time a connection attempt may take (20 s by default),
+        # and at 100 ms no TLS handshake, nor any link with a round trip over about 100 ms,
+        # ever completed one.
         "grpc.initial_reconnect_backoff_ms": 100,
-        "grpc.min_reconnect_backoff_ms": 100,
         "grpc.max_reconnect_backoff_ms": 5000,
         # Each channel its own connection: gRPC shares one between equal channels in a
         # process, and a sidecar's worker processes (`--workers`) are reached per connection.
@@ -641,6 +643,11 @@ class Connections(Generic[ChannelT]):
         self.retired: list[Connection[ChannelT]] = []
         #: Channels no call uses any more, for the client to close (``take_closing``).
         self.closing: list[ChannelT] = []
+        #: New channels ``spreading`` is asking where they reach: neither in use nor to close
+        #: yet (another thread's ``take_closing`` must not close one while it is asked).
+        self.asking: list[ChannelT] = []
+        #: Set by the client's close: every later call fails at once (``lease``).
+        self.closed = False
         #: The idle streams of single calls on those channels, for the client to end first.
         self.ending: list[Any] = []
 
@@ -656,9 +663,16 @@ class Connections(Generic[ChannelT]):
     def __len__(self) -> int:
         return len(self.open)
 
+    def _check_open(self) -> None:
+        if self.closed:
+            raise Cancelled(
+                grpc.StatusCode.CANCELLED, "this client is closed; make a new one to call again"
+            )
+
     @contextlib.contextmanager
     def lease(self, k: int | None = None) -> Iterator[Connection[ChannelT]]:
         """Connection ``k``, or the next one in turn, held for one call (or one stream)."""
+        self._check_open()
         with self._lock:
             conn = self.open[next(self._turn) if k is None else k]
             conn.calls += 1
@@ -670,6 +684,7 @@ class Connections(Generic[ChannelT]):
     @contextlib.contextmanager
     def lease_all(self) -> Iterator[list[Connection[ChannelT]]]:
         """Every connection, in order, held together (a stream on each)."""
+        self._check_open()
         with self._lock:
             held = list(self.open)
             for conn in held:
@@ -725,7 +740,8 @@ class Connections(Generic[ChannelT]):
 
     def every_channel(self) -> list[ChannelT]:
         """What closing the client closes: the connections and any replaced ones."""
-        return [c.channel for c in (*self.open, *self.retired)] + self.closing
+        with self._lock:
+            return [c.channel for c in (*self.open, *self.retired)] + self.closing + self.asking
 
     def spread_due(self) -> bool:
         """Whether the client should run ``spreading`` before its next explanation."""
@@ -787,14 +803,23 @@ class Connections(Generic[ChannelT]):
                 self.spread_after = time.monotonic() + SPREAD_RECHECK_S
                 return
             candidate = self._dial()
-            self.closing.append(candidate)  # unless kept: closed even if the caller breaks off
-            answer = yield pb_grpc.ExplainerStub(candidate)
-            if answer == grpc.StatusCode.DEADLINE_EXCEEDED:  # the call's time is up
-                self._later(answer, counted=False)
-                return
-            if isinstance(answer, grpc.StatusCode) or held[answer.instance] >= share:
-                continue
-            self._replace(crowded[-1], candidate, answer.instance)
+            with self._lock:
+                self.asking.append(candidate)
+            kept = False
+            try:
+                answer = yield pb_grpc.ExplainerStub(candidate)
+                if answer == grpc.StatusCode.DEADLINE_EXCEEDED:  # the call's time is up
+                    self._later(answer, counted=False)
+                    return
+                if isinstance(answer, grpc.StatusCode) or held[answer.instance] >= share:
+                    continue
+                self._replace(crowded[-1], candidate, answer.instance)
+                kept = True
+            finally:  # not kept: closed, also when the caller breaks off
+                with self._lock:
+                    self.asking.remove(candidate)
+                    if not kept:
+                        self.closing.append(candidate)
         # Some worker was never reached: it may not be listening yet (a sidecar starting).
         self._later(None, counted=True)
 
@@ -804,7 +829,6 @@ class Connections(Generic[ChannelT]):
         new = self._connect(channel)
         new.instance = instance
         with self._lock:
-            self.closing.remove(channel)
             old, self.open[k] = self.open[k], new
             if old.calls:
                 self.retired.append(old)

@@ -164,6 +164,7 @@ class AsyncClient(ClientBase[grpc.aio.Channel]):
 
     async def close(self) -> None:
         # See ``Client.close``.
+        self._connections.closed = True
         lanes = take_all_idle(self._connections.idle_lane_lists())
         await _end_then_close(lanes, self._connections.every_channel())
 

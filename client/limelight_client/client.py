@@ -212,7 +212,8 @@ class Client(ClientBase[grpc.Channel]):
     def close(self) -> None:
         """Close the connections; calls in flight are cancelled. The idle streams of
         ``single_calls="stream"`` are ended first (waiting up to half a second for the
-        sidecar to close them)."""
+        sidecar to close them). Later calls raise ``Cancelled``."""
+        self._connections.closed = True
         lanes = take_all_idle(self._connections.idle_lane_lists())
         _end_then_close(lanes, self._connections.every_channel())
         if self._watchdog is not None:

@@ -233,3 +233,40 @@ def test_a_text_with_undecodable_bytes_is_refused_before_anything_is_sent() -> N
             client.explain("fine", text_pair=broken)
         with pytest.raises(ValueError, match="not valid Unicode"):
             client.submit(broken, "lrp")
+
+
+def test_a_closed_client_says_so_on_every_call() -> None:
+    """grpc's "ValueError: Cannot invoke RPC on closed channel!" came out of a closed client;
+    every failed call raises a LimelightError."""
+    import asyncio
+
+    from limelight_client import AsyncClient, Client
+
+    client = Client("127.0.0.1:1")
+    client.close()
+    calls = {
+        "explain": lambda: client.explain("x"),
+        "health": lambda: client.health(),
+        "model": lambda: client.model(),
+        "explain_many": lambda: list(client.explain_many(["a", "b"])),
+        "explain_many packed": lambda: list(client.explain_many(["a", "b"], texts_per_call=2)),
+        "explain_batch": lambda: client.explain_batch(["a", "b"]),
+        "submit": lambda: client.submit("x", "lrp"),
+        "jobs": lambda: client.jobs(),
+    }
+    for name, call in calls.items():
+        with pytest.raises(errors.Cancelled, match="client is closed"):
+            call()
+        assert name
+
+    async def closed_async() -> None:
+        aio = AsyncClient("127.0.0.1:1")
+        await aio.close()
+        with pytest.raises(errors.Cancelled, match="client is closed"):
+            await aio.explain("x")
+        with pytest.raises(errors.Cancelled, match="client is closed"):
+            await aio.health()
+        with pytest.raises(errors.Cancelled, match="client is closed"):
+            [e async for e in aio.explain_many(["a", "b"])]
+
+    asyncio.run(closed_async())

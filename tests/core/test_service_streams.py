@@ -104,3 +104,20 @@ async def test_a_stream_left_by_its_reader_leaves_nothing_running(
         gate.set()
         loop.set_exception_handler(None)
         await service.close()
+
+
+@pytest.mark.asyncio
+async def test_a_draining_server_fails_the_call_not_each_input(bert_tiny_dir: Path) -> None:
+    # With continue_on_error every input got "the server is draining" in its place: the call
+    # succeeded, so a client never retried or went to another server.
+    from limelight.errors import Unavailable
+
+    service = inline_service(bert_tiny_dir)
+    await service.start()
+    try:
+        await service.drain(0.5)
+        inputs = [ExplainInput(text=t, continue_on_error=True) for t in ("a fine film", "dull")]
+        with pytest.raises(Unavailable, match="draining"):
+            await service.explain_each(inputs)
+    finally:
+        await service.close()

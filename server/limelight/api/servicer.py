@@ -100,6 +100,9 @@ class ExplainerServicer:
         self.service = service
         self._calls: set[asyncio.Task[Any]] = set()
         self._ended: set[asyncio.Task[Any]] = set()
+        #: Stream calls whose handler is handing gRPC an answer to send (``end_calls``).
+        self._sending: set[asyncio.Task[Any]] = set()
+        self._ending = False
         #: When the last RPC started (monotonic): shutdown waits for a quiet moment.
         self._last_start = 0.0
         # Metric children by label values, made on first use: ``labels()`` builds and looks
@@ -183,9 +186,17 @@ class ExplainerServicer:
 
     def end_calls(self) -> int:
         """Shutdown, past the drain: end every call still in flight with UNAVAILABLE (clients
-        retry it) rather than letting the server's final stop cancel it. Returns how many."""
+        retry it) rather than letting the server's final stop cancel it. Returns how many.
+
+        A stream whose handler waits for gRPC to send its last answer (a client that reads
+        slower than the server answers) is not cancelled: cancelled there, inside gRPC's own
+        send, the call ends with no status at all until the server's final stop. It ends
+        itself with UNAVAILABLE as soon as that answer is sent (``_guard_stream``)."""
+        self._ending = True
         calls = list(self._calls)
         for task in calls:
+            if task in self._sending:
+                continue
             self._ended.add(task)
             task.cancel()
         return len(calls)
@@ -242,7 +253,15 @@ class ExplainerServicer:
             async for item in stream():
                 if not sized:
                     self._check_size(rpc, item)
-                yield item
+                if task is not None:
+                    self._sending.add(task)
+                try:
+                    yield item
+                finally:
+                    if task is not None:
+                        self._sending.discard(task)
+                if self._ending:  # see ``end_calls``
+                    raise Unavailable("the server is shutting down; retry on another replica")
         except asyncio.CancelledError:
             code = "CANCELLED"
             if not self._shut_out(task, context):

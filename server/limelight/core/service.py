@@ -755,7 +755,10 @@ class ExplanationService:
                     return await explain(request)
             return await explain(request)
         except Exception as exc:
-            if not request.continue_on_error:
+            # A server that is not ready (loading, draining) fails the whole call: no input's
+            # fault, and an answer in its place would keep the caller on this server instead
+            # of retrying elsewhere (the SDK retries and redials on UNAVAILABLE).
+            if not request.continue_on_error or isinstance(exc, Unavailable):
                 raise
             return Failed(exc, request.request_id)  # the API layer logs the unexpected
 
