@@ -137,6 +137,7 @@ async def cancel_during_a_late_report(backend: JobBackend, tmp_path: Path) -> No
         await await_until(reported.exists)
         record = await backend.get(job.id)
         assert (record.state, record.message) == (JobState.RUNNING, "cancelling")
-    finally:
-        resume.touch()  # never leave the worker waiting, whatever failed
+    finally:  # never leave the worker waiting, whatever failed
+        cancelled.touch()
+        resume.touch()
     assert (await wait_state(backend, job.id)).state is JobState.CANCELLED

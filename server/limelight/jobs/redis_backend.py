@@ -362,7 +362,8 @@ class RedisJobBackend(JobBackend):
         if record.state not in (JobState.QUEUED, JobState.RUNNING):
             return record
         try:
-            present = await self._workers_present()
+            # A running job's worker may have started a moment ago: no count from before it.
+            present = await self._workers_present(fresh=record.state is JobState.RUNNING)
         except redis.RedisError as exc:  # the job's own read succeeded: answer that
             log.debug("counting the job workers failed: %s", exc)
             return record
