@@ -200,7 +200,8 @@ _NOT_GRPC = (
         re.compile(
             r"(?:ipv[46]|unix):(\S+): (?:recvmsg:)?(?:Connection reset by peer|Socket closed)"
         ),
-        "the connection was closed at once (not a gRPC server, or one that expects TLS?)",
+        "the connection was closed at once (not a gRPC server, or one that expects TLS or "
+        "another client certificate?)",
     ),
 )
 _NOT_RESOLVED = re.compile(
