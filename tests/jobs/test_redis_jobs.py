@@ -32,7 +32,7 @@ from prometheus_client import CollectorRegistry
 from pydantic import ValidationError
 
 from limelight.api.ports import free_port
-from limelight.core.jobs import JobSpec, JobState
+from limelight.core.jobs import JobRecord, JobSpec, JobState
 from limelight.errors import InvalidArgument, NotFound, ResourceExhausted, Unavailable
 from limelight.jobs.redis_backend import NO_WORKER, RedisJobBackend
 from limelight.jobs.redis_worker import RedisWorker
@@ -291,22 +291,38 @@ def _stop(proc: subprocess.Popen) -> None:
             proc.wait()
 
 
+def _reclaim_setup(
+    url: str, tmp_path: Path, reclaim_idle_s: float
+) -> tuple[Settings, dict[str, str], Path, Path, dict[str, str]]:
+    """Settings and worker environment reclaiming after ``reclaim_idle_s``, and a ``block``
+    job's files (release, started) and parameters."""
+    settings = _settings(url, tmp_path, job_reclaim_idle_s=reclaim_idle_s)
+    env = {"LIMELIGHT_JOB_RECLAIM_IDLE_S": str(reclaim_idle_s)}
+    release, started = tmp_path / "release", tmp_path / "started"
+    return settings, env, release, started, {"release": str(release), "started": str(started)}
+
+
+async def _started_block_job(
+    backend: RedisJobBackend, params: dict[str, str], started: Path
+) -> JobRecord:
+    """A ``block`` job submitted and running in a worker process."""
+    job = await backend.submit(JobSpec(method="block", text="a", params=params))
+    # The file exists a moment before its pid line is in it: wait for the line.
+    await await_until(lambda: started.exists() and started.read_text().endswith("\n"))
+    return job
+
+
 @pytest.mark.asyncio
 async def test_killed_worker_job_is_reclaimed(
     tiny_model_dir: Path, redis_clean: str, tmp_path: Path
 ) -> None:
-    settings = _settings(redis_clean, tmp_path, job_reclaim_idle_s=2.0)
-    env = {"LIMELIGHT_JOB_RECLAIM_IDLE_S": "2.0"}
-    release, started = tmp_path / "release", tmp_path / "started"
-    params = {"release": str(release), "started": str(started)}
+    settings, env, release, started, params = _reclaim_setup(redis_clean, tmp_path, 2.0)
     workers = [_worker_proc(redis_clean, tiny_model_dir, tmp_path, **env) for _ in range(2)]
     try:
         backend = RedisJobBackend(settings)
         await backend.start()
         try:
-            job = await backend.submit(JobSpec(method="block", text="a", params=params))
-            # The file exists a moment before its pid line is in it: wait for the line.
-            await await_until(lambda: started.exists() and started.read_text().endswith("\n"))
+            job = await _started_block_job(backend, params, started)
             running = await backend.get(job.id)
             victim = int(started.read_text().split()[0])  # pid of the child running it
             client = redis.Redis.from_url(redis_clean, decode_responses=True)
@@ -337,16 +353,12 @@ async def test_a_running_job_whose_only_worker_died_says_so(
 ) -> None:
     # RUNNING forever looked like progress: with no live worker left the job says it waits
     # for one, and a worker started later reclaims and runs it.
-    settings = _settings(redis_clean, tmp_path, job_reclaim_idle_s=1.0)
-    env = {"LIMELIGHT_JOB_RECLAIM_IDLE_S": "1.0"}
-    release, started = tmp_path / "release", tmp_path / "started"
-    params = {"release": str(release), "started": str(started)}
+    settings, env, release, started, params = _reclaim_setup(redis_clean, tmp_path, 1.0)
     proc = _worker_proc(redis_clean, tiny_model_dir, tmp_path, **env)
     backend = RedisJobBackend(settings)
     await backend.start()
     try:
-        job = await backend.submit(JobSpec(method="block", text="a", params=params))
-        await await_until(lambda: started.exists() and started.read_text().endswith("\n"))
+        job = await _started_block_job(backend, params, started)
         running = await backend.get(job.id)
         assert running.state is JobState.RUNNING and not running.no_worker
         os.kill(proc.pid, signal.SIGKILL)  # the parent first: it would start another child
