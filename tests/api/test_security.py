@@ -69,12 +69,21 @@ def test_tls_and_mutual_tls(
     assert answer.label in ("rotten", "fresh")
 
 
+def _with_tokens(
+    start_sidecar: Callable[..., RunningSidecar], model_dir: Path, tokens: Path, lines: str
+) -> RunningSidecar:
+    """A sidecar (no jobs) whose bearer tokens file ``tokens`` holds ``lines``."""
+    tokens.write_text(lines)
+    return start_sidecar(model_dir=model_dir, jobs="off", auth_tokens_file=tokens)
+
+
 def test_bearer_tokens(
     start_sidecar: Callable[..., RunningSidecar], bert_tiny_dir: Path, tmp_path: Path
 ) -> None:
     tokens = tmp_path / "tokens"
-    tokens.write_text("# one per line\nalpha-token\nbeta-token\n")
-    side = start_sidecar(model_dir=bert_tiny_dir, jobs="off", auth_tokens_file=tokens)
+    side = _with_tokens(
+        start_sidecar, bert_tiny_dir, tokens, "# one per line\nalpha-token\nbeta-token\n"
+    )
     channel = grpc.insecure_channel(side.target)
     stub = explainer_pb2_grpc.ExplainerStub(channel)
     request = pb.ExplainRequest(text="let me in")
@@ -214,8 +223,7 @@ def test_rotated_tokens_file_is_picked_up_without_a_restart(
     start_sidecar: Callable[..., RunningSidecar], bert_tiny_dir: Path, tmp_path: Path
 ) -> None:
     tokens = tmp_path / "tokens"
-    tokens.write_text("old-token\n")
-    side = start_sidecar(model_dir=bert_tiny_dir, jobs="off", auth_tokens_file=tokens)
+    side = _with_tokens(start_sidecar, bert_tiny_dir, tokens, "old-token\n")
     old, new = "Bearer old-token", "Bearer new-token"
     for accepts in (_grpc_accepts, _http_accepts):  # the HTTP port checks the same tokens
         assert accepts(side, old) and not accepts(side, new)
@@ -232,8 +240,12 @@ def test_a_tokens_file_without_tokens_yet_lets_no_one_in_on_either_port(
     # Auth is on because a file is configured, not because it holds tokens: a file still being
     # provisioned must not open the HTTP port (nor accept an empty token anywhere).
     tokens = tmp_path / "tokens"
-    tokens.write_text("# filled in by the secret's rotation\n  # indented comment\n\n")
-    side = start_sidecar(model_dir=bert_tiny_dir, jobs="off", auth_tokens_file=tokens)
+    side = _with_tokens(
+        start_sidecar,
+        bert_tiny_dir,
+        tokens,
+        "# filled in by the secret's rotation\n  # indented comment\n\n",
+    )
     for authorization in (None, "Bearer", "Bearer # indented comment"):
         assert not _grpc_accepts(side, authorization)
         for path in ("/v1/models", "/viewer/api/model"):
