@@ -80,11 +80,21 @@ class Unavailable(LimelightError):
 
     ``reason`` says why nothing could be reached at all ("connection refused", "the host name
     does not resolve", ...) when that was the failure, else ``None`` (the server answered
-    UNAVAILABLE itself, or a stream broke)."""
+    UNAVAILABLE itself, or a stream broke). ``answered``: with a ``reason``, whether something
+    did accept the connection but was no usable gRPC server for this client (an HTTP/1 port,
+    a TLS mismatch, an untrusted certificate) — starting a sidecar there would not help."""
 
-    def __init__(self, code: grpc.StatusCode | None, message: str, reason: str | None = None):
+    def __init__(
+        self,
+        code: grpc.StatusCode | None,
+        message: str,
+        reason: str | None = None,
+        *,
+        answered: bool = False,
+    ):
         super().__init__(code, message)
         self.reason = reason
+        self.answered = answered
 
 
 class DeadlineExceeded(LimelightError):
@@ -180,8 +190,8 @@ def from_status(code: object, message: object) -> LimelightError:
     if status is grpc.StatusCode.UNAVAILABLE:
         unreachable = _unreachable(text)
         if unreachable is not None:
-            where, reason = unreachable
-            return Unavailable(status, f"cannot reach {where}: {reason}", reason)
+            where, reason, answered = unreachable
+            return Unavailable(status, f"cannot reach {where}: {reason}", reason, answered=answered)
     return _BY_CODE.get(status, LimelightError)(status, text)
 
 
@@ -203,6 +213,20 @@ _NOT_GRPC = (
         "the connection was closed at once (not a gRPC server, or one that expects TLS or "
         "another client certificate?)",
     ),
+    (
+        re.compile(r"(?:ipv[46]|unix):(\S+): Tls handshake failed .*WRONG_VERSION_NUMBER"),
+        "what answers there does not speak TLS (a plaintext port?): connect without TLS, or "
+        "serve with TLS",
+    ),
+    (
+        re.compile(r"(?:ipv[46]|unix):(\S+): Custom verification check failed .*Hostname"),
+        "its TLS certificate does not name the host in the target: connect by a name or "
+        "address the certificate lists (its subjectAltName)",
+    ),
+)
+#: A TLS handshake that failed on the server's certificate, with OpenSSL's reason.
+_NOT_TRUSTED = re.compile(
+    r"(?:ipv[46]|unix):(\S+): Tls handshake failed .*CERTIFICATE_VERIFY_FAILED: ([^:;\n]+)"
 )
 _NOT_RESOLVED = re.compile(
     r"(?:errors resolving|DNS resolution failed for) (\S+?):? .*(?:Domain name not found|"
@@ -210,23 +234,30 @@ _NOT_RESOLVED = re.compile(
 )
 
 
-def _unreachable(text: str) -> tuple[str, str] | None:
-    """Where gRPC could not connect and why, from its own text ("failed to connect to all
-    addresses; last error: UNKNOWN: ipv6:%5B::1%5D:50051: Failed to connect to remote host:
-    Connection refused" reads as ``("[::1]:50051", "connection refused")``), or ``None`` when
-    the text says something else."""
+def _unreachable(text: str) -> tuple[str, str, bool] | None:
+    """Where gRPC could not connect, why, and whether something answered there, from its own
+    text ("failed to connect to all addresses; last error: UNKNOWN: ipv6:%5B::1%5D:50051:
+    Failed to connect to remote host: Connection refused" reads as ``("[::1]:50051",
+    "connection refused", False)``), or ``None`` when the text says something else."""
     for pattern in _NO_CONNECTION:
         found = pattern.search(text)
         if found is not None:
             where = unquote(found.group(1)).removesuffix(":")
-            return where, found.group(2).strip().rstrip(".").lower()
+            return where, found.group(2).strip().rstrip(".").lower(), False
     for pattern, reason in _NOT_GRPC:
         found = pattern.search(text)
         if found is not None:
-            return unquote(found.group(1)).removesuffix(":"), reason
+            return unquote(found.group(1)).removesuffix(":"), reason, True
+    untrusted = _NOT_TRUSTED.search(text)
+    if untrusted is not None:
+        reason = (
+            f"its TLS certificate is not trusted ({untrusted.group(2).strip()}): give the CA "
+            "that signed it (ca_cert; --ca-cert in the CLI)"
+        )
+        return unquote(untrusted.group(1)).removesuffix(":"), reason, True
     resolved = _NOT_RESOLVED.search(text)
     if resolved is not None:
-        return resolved.group(1), "the host name does not resolve"
+        return resolved.group(1), "the host name does not resolve", False
     return None
 
 

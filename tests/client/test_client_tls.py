@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -70,6 +72,9 @@ def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
         "server",
         "ca",
         "subjectAltName=DNS:localhost,IP:127.0.0.1\nextendedKeyUsage=serverAuth\n",
+    )
+    _make_leaf(
+        d, "elsewhere", "ca", "subjectAltName=DNS:elsewhere.example\nextendedKeyUsage=serverAuth\n"
     )
     _make_leaf(d, "client", "ca", "extendedKeyUsage=clientAuth\n")
     _make_leaf(d, "stranger", "other-ca", "extendedKeyUsage=clientAuth\n")
@@ -140,6 +145,54 @@ def test_server_tls_only(pki: Pki) -> None:
             assert c.model().name == "tiny"
     finally:
         running.server.stop(None)
+
+
+@pytest.mark.parametrize(
+    ("served", "trusted", "said"),
+    [
+        pytest.param("server", "other-ca", "its TLS certificate is not trusted (", id="wrong-ca"),
+        pytest.param("elsewhere", "ca", "does not name the host in the target", id="wrong-name"),
+        pytest.param(None, "ca", "does not speak TLS (a plaintext port?)", id="plaintext-server"),
+    ],
+)
+def test_a_failed_tls_handshake_says_why_in_the_sdk_and_the_cli(
+    pki: Pki, served: str | None, trusted: str, said: str
+) -> None:
+    """The three ways a TLS client commonly meets the wrong server: gRPC's raw handshake text
+    becomes a reason the user can act on, and the CLI prints that one line — not gRPC's own
+    log line above it, nor advice to start a sidecar where one already answers."""
+    credentials = (
+        None
+        if served is None
+        else grpc.ssl_server_credentials([(pki.key(served), pki.pem(served))])
+    )
+    running = start_server(ScriptedExplainer(), credentials)
+    try:
+        with (
+            Client(running.target, ca_cert=pki.pem(trusted), retries=0, timeout=10) as client,
+            pytest.raises(errors.Unavailable) as refused,
+        ):
+            client.model()
+        assert refused.value.reason is not None and said in refused.value.reason
+        assert refused.value.answered
+        cli = subprocess.run(
+            [
+                sys.executable, "-m", "limelight.cli.main", "explain", "--target",
+                running.target, "--tls", "--ca-cert", str(pki.dir / f"{trusted}.pem"),
+                "--timeout", "10", "a text",
+            ],
+            capture_output=True,
+            text=True,
+            env={k: v for k, v in os.environ.items() if k != "GRPC_VERBOSITY"},
+        )  # fmt: skip
+    finally:
+        running.server.stop(None)
+    assert cli.returncode == 1
+    assert cli.stderr.splitlines() == [
+        f"limelight explain: error: cannot reach a sidecar at {running.target}: "
+        f"{refused.value.reason}"
+    ]
+    assert running.servicer.calls == []
 
 
 def test_client_cert_needs_key(pki: Pki) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import json
 import math
 import random
 import threading
@@ -424,3 +425,39 @@ def test_the_reference_count_on_metrics_follows_the_build() -> None:
 
     wait_until(observed_so_far)
     assert monitor.state == "building"
+
+
+@pytest.mark.parametrize(
+    ("where", "value"),
+    [
+        ("label_counts", -3),
+        ("count", -1),
+        ("entropy_sum", "nan"),
+        ("sketch_total", "inf"),
+        ("sketch_count", -2.0),
+    ],
+)
+def test_a_reference_with_impossible_numbers_is_refused_at_start(
+    tmp_path: Path, where: str, value: object
+) -> None:
+    """A hand-edited or corrupted reference is refused when it is loaded, naming the file —
+    not later, as an unnamed error from the divergence every gauge refresh computes."""
+    boot = DriftMonitor(make_settings(), LABELS, None)
+    feed(boot, 50, seed=1)
+    path = tmp_path / "ref.json"
+    ReferenceFile(profile=boot._reference, labels=LABELS).save(path)
+    data = json.loads(path.read_text())
+    profile = data["profile"]
+    sketch = profile["sketches"][LABELS[0]]
+    if where == "label_counts":
+        profile["label_counts"][LABELS[0]] = value
+    elif where == "sketch_total":
+        sketch["total"] = value
+    elif where == "sketch_count":
+        sketch["tokens"][0][1] = value
+    else:
+        profile[where] = value
+    path.write_text(json.dumps(data))
+    with pytest.raises(FailedPrecondition, match="is malformed") as refused:
+        DriftMonitor(make_settings(drift_reference=path), LABELS, None)
+    assert str(path) in refused.value.message

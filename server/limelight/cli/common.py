@@ -248,6 +248,9 @@ def client_error_line(exc: Any, target: str | None) -> str:
     when nothing answered at ``target``, where the CLI looked and how to point it elsewhere
     (the address the user gave rather than the one gRPC resolved it to)."""
     reason = getattr(exc, "reason", None)
+    if reason and target and getattr(exc, "answered", False):
+        # Something is there, but no sidecar this client can use: starting one would not help.
+        return f"cannot reach a sidecar at {target}: {reason}"
     if reason and target:
         if _no_port(target):  # gRPC dials 443 then: easy to miss when the sidecar is local
             return (

@@ -230,6 +230,9 @@ def describe_error(exc: BaseException, args: argparse.Namespace) -> tuple[str, i
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    # gRPC's core logs below its documented default level (ERROR) until something sets one:
+    # a failed TLS handshake printed an INFO line above the command's own one-line error.
+    os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
     if extra:  # reported by the command's own parser: its usage, its name in the message

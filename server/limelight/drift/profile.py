@@ -132,7 +132,7 @@ class Profile:
         if not isinstance(label_counts, dict) or not isinstance(sketches, dict):
             raise ValueError("profile needs label_counts and sketches objects")
         out = cls(list(label_counts), json_int(data, "capacity"))
-        out.label_counts = {str(k): int(v) for k, v in label_counts.items()}
+        out.label_counts = {str(k): json_int(label_counts, k) for k in label_counts}
         out.sketches = {str(k): SpaceSaving.from_json(v) for k, v in sketches.items()}
         if set(out.sketches) != set(out.label_counts):
             raise ValueError("profile sketches and label_counts name different labels")

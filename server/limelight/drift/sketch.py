@@ -14,6 +14,7 @@ newest slot; when it is full, the oldest slot is dropped. Memory is ``slots x ca
 from __future__ import annotations
 
 import heapq
+import math
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Generic, TypeVar
@@ -36,19 +37,26 @@ class Estimate:
 
 
 def json_number(data: dict[str, object], key: str) -> float:
-    """``data[key]`` as a float; ValueError unless it is a number (or a numeric string)."""
+    """``data[key]`` as a float; ValueError unless it is a finite number >= 0 (or such a
+    numeric string): every number a drift file holds is a count or a sum of masses."""
     value = data[key]
     if isinstance(value, bool) or not isinstance(value, (int, float, str)):
         raise ValueError(f"{key} must be a number, not {type(value).__name__}")
-    return float(value)
+    number = float(value)
+    if not (0.0 <= number < math.inf):  # also refuses NaN
+        raise ValueError(f"{key} must be a finite number >= 0, not {value!r}")
+    return number
 
 
 def json_int(data: dict[str, object], key: str) -> int:
-    """``data[key]`` as an int; ValueError unless it is an integer (or an integer string)."""
+    """``data[key]`` as an int; ValueError unless it is an integer >= 0 (or such a string)."""
     value = data[key]
     if isinstance(value, bool) or not isinstance(value, (int, float, str)):
         raise ValueError(f"{key} must be an integer, not {type(value).__name__}")
-    return int(value)
+    number = int(json_number(data, key))
+    if number != float(value):
+        raise ValueError(f"{key} must be an integer, not {value!r}")
+    return number
 
 
 class SpaceSaving:
@@ -207,7 +215,7 @@ class SpaceSaving:
         for row in rows:
             token, count, error = row
             count, error = float(count), float(error)
-            if not (0.0 <= error <= count):
+            if not (0.0 <= error <= count < math.inf):
                 raise ValueError(f"bad sketch row for {token!r}: count {count}, error {error}")
             out.counts[str(token)] = count
             out.errors[str(token)] = error
