@@ -169,6 +169,24 @@ CASES: list[tuple[str, str, str, bytes | None, Mapping[str, str | bytes], int, s
         400,
         "'timeout_s' is out of range",
     ),
+    (
+        "a negative job timeout (named as this API names it)",
+        "POST",
+        "/viewer/api/jobs",
+        json.dumps({"text": "hi", "method": "gradient", "timeout_s": -1}).encode(),
+        AUTH,
+        400,
+        "'timeout_s' must be a finite number >= 0",
+    ),
+    (
+        "a job timeout over the server's maximum (named as this API names it)",
+        "POST",
+        "/viewer/api/jobs",
+        json.dumps({"text": "hi", "method": "gradient", "timeout_s": 10**9}).encode(),
+        AUTH,
+        400,
+        "'timeout_s' 1e+09 exceeds this server's maximum",
+    ),
     ("a POST to the metrics page", "POST", "/metrics", b"", {}, 405, "Method Not Allowed"),
 ]
 

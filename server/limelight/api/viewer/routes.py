@@ -422,6 +422,14 @@ class Viewer:
             timeout = float(timeout)
         except OverflowError:  # an integer of hundreds of digits
             raise InvalidArgument("'timeout_s' is out of range") from None
+        # Checked here too so that the message names this API's field, not the gRPC one.
+        if not math.isfinite(timeout) or timeout < 0:
+            raise InvalidArgument("'timeout_s' must be a finite number >= 0 (0: the default)")
+        if timeout > self.settings.job_timeout_max_s:
+            raise InvalidArgument(
+                f"'timeout_s' {timeout:g} exceeds this server's maximum of "
+                f"{self.settings.job_timeout_max_s:g} s"
+            )
         job = await self.ready_service().submit_job(
             _string(body, "method", required=True) or "",
             text,
