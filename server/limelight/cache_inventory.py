@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 
-from limelight.demo.recipes import CARD_FILE, DEMO_NAMES, demo_model_dir
+from limelight.demo.recipes import CARD_FILE, DEMO_NAMES, DemoBuildError, demo_model_dir
 from limelight.locks import held_elsewhere
 from limelight.models.fingerprint import fingerprint
 from limelight.runtimes.graph_cache import served_from
@@ -120,7 +120,13 @@ _RECIPE = re.compile(r"[0-9a-f]{12}")
 
 
 def _demo_models(cache_dir: Path) -> list[Entry]:
-    current = {demo_model_dir(name, cache_dir).name: name for name in DEMO_NAMES}
+    current: dict[str, str] = {}
+    unknown: set[str] = set()  # demos whose current recipe cannot be worked out here
+    for demo in DEMO_NAMES:
+        try:
+            current[demo_model_dir(demo, cache_dir).name] = demo
+        except DemoBuildError:  # a recipe names its data packages' versions: not installed
+            unknown.add(demo)
     entries = []
     for folder in _folders(cache_dir / "models"):
         name, _, recipe = folder.name.rpartition("-")
@@ -134,6 +140,14 @@ def _demo_models(cache_dir: Path) -> list[Entry]:
         elif folder.name in current:
             complete = (folder / CARD_FILE).exists()
             use, why = Use.IN_USE, f"the current {name} recipe" + ("" if complete else " (partial)")
+        elif name in unknown:
+            use, why = (
+                Use.IN_USE,
+                (
+                    f"a {name} build; its recipe cannot be checked without the demo's data "
+                    "packages (not installed here): left alone"
+                ),
+            )
         elif name in DEMO_NAMES:
             use, why = Use.STALE, f"an earlier recipe of {name}: nothing builds or serves it again"
         else:

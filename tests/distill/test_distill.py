@@ -101,6 +101,17 @@ def test_card_records_the_held_out_validation(distilled: Path) -> None:
     assert card.training["loop_steps"] == CONFIG.loop_steps
 
 
+def test_the_head_files_are_as_readable_as_the_card(distilled: Path) -> None:
+    """safetensors' own writer made the weights readable by their owner only (0600): a
+    sidecar running as another user (the image's uid 10001) could not read a head that a
+    `limelight distill` Job or the demo build wrote. They now get the mode of any other file."""
+    directory = head_dir(load_model(distilled))
+    card_mode = (directory / "card.json").stat().st_mode & 0o777
+    assert (directory / "head.safetensors").stat().st_mode & 0o777 == card_mode
+    if not card_mode & 0o044:
+        pytest.skip("this umask keeps every file private: nothing to compare")
+
+
 def test_served_inline_and_onnx_match_the_head(
     distilled: Path, tmp_path: Path, start_sidecar: Callable[..., RunningSidecar]
 ) -> None:

@@ -165,6 +165,9 @@ def test_fit_function_round_trips_and_lm_head_dir_wins(
     assert len(result.losses) == 5 and all(np.isfinite(result.losses))
     meta = FittedHeadMeta(model.version, 32, 30522, 1e-12, {})
     save_fitted_head(result.head, fitted_head_dir(random_copy), meta)
+    written = fitted_head_dir(random_copy)
+    modes = {p.name: p.stat().st_mode & 0o777 for p in written.iterdir()}
+    assert len(set(modes.values())) == 1, modes  # the weights as readable as the metadata
     loaded = load_lm_head(model, None)
     h = torch.randn(3, 32)
     with torch.no_grad():

@@ -21,13 +21,13 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import load_file, save_file
 from torch import nn
 from torch.nn import functional as F
 
 from limelight.errors import FailedPrecondition
 from limelight.models.fingerprint import ModelIdentity
 from limelight.models.loaded import LoadedModel
+from limelight.models.tensor_files import load_tensors, save_tensors
 
 log = logging.getLogger(__name__)
 
@@ -343,9 +343,7 @@ def building_progress(model_dir: Path) -> Path:
 def save_head(head: ExplainerHead, card: HeadCard, directory: Path) -> Path:
     directory.mkdir(parents=True, exist_ok=True)
     card.parameters = sum(p.numel() for p in head.parameters())
-    save_file(
-        {k: v.contiguous() for k, v in head.state_dict().items()}, directory / "head.safetensors"
-    )
+    save_tensors(head.state_dict(), directory / "head.safetensors")
     # The card last: a directory with a card is a complete head.
     (directory / "card.json").write_text(card.to_json())
     return directory
@@ -392,7 +390,7 @@ def load_head(model: LoadedModel, directory: Path | None = None) -> ExplainerHea
     if reason:
         raise FailedPrecondition(reason)
     head = new_head(card)
-    head.load_state_dict(load_file(directory / "head.safetensors"))
+    head.load_state_dict(load_tensors(directory / "head.safetensors"))
     return head.eval().to(model.device)
 
 

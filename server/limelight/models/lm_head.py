@@ -27,13 +27,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
-from safetensors.torch import load_file, save_file
 from torch import nn
 
 from limelight.build_progress import ProgressFile, read_progress
 from limelight.errors import FailedPrecondition, InvalidArgument
 from limelight.locks import held_elsewhere
 from limelight.models.precision import read_precision, reading
+from limelight.models.tensor_files import load_tensors, save_tensors
 
 if TYPE_CHECKING:
     from limelight.models.loaded import LoadedModel
@@ -282,7 +282,7 @@ def fitted_head_dir(model_dir: Path) -> Path:
 def save_fitted_head(head: FittedLMHead, out_dir: Path, meta: FittedHeadMeta) -> None:
     """Write the head's own weights (the tied embedding is not duplicated) and its metadata."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    save_file(head.trainable_state(), str(out_dir / FITTED_WEIGHTS))
+    save_tensors(head.trainable_state(), out_dir / FITTED_WEIGHTS)
     (out_dir / FITTED_META).write_text(json.dumps(meta.to_json(), indent=2) + "\n")
 
 
@@ -308,7 +308,7 @@ def load_fitted_head(model: LoadedModel, head_dir: Path) -> FittedLMHead:
     head = FittedLMHead(
         weight, float(meta.get("layer_norm_eps", 1e-12)), source=f"fitted:{head_dir}"
     )
-    state = load_file(str(head_dir / FITTED_WEIGHTS))
+    state = load_tensors(head_dir / FITTED_WEIGHTS)
     missing, unexpected = head.load_state_dict(state, strict=False)
     if missing or unexpected:
         raise FailedPrecondition(
