@@ -12,7 +12,7 @@ from limelight.cli.main import _leaf_parsers, build_parser
 from limelight.settings import Settings
 
 #: Options any whole number suits.
-UNBOUNDED = {"seed"}
+UNBOUNDED: set[str] = set()
 
 
 def _numeric_actions() -> list[tuple[str, argparse.Action]]:
@@ -56,6 +56,12 @@ def test_every_numeric_option_is_bounded_where_it_is_read() -> None:
         (["distill", "--validation", "-1"], "argument --validation: must be at least 0"),
         (["distill", "--loop-samples", "0"], "argument --loop-samples: must be at least 1"),
         (["distill", "--width", "-2"], "argument --width: must be at least 0"),
+        (["distill", "--epochs", "0"], "argument --epochs: must be at least 1, got 0"),
+        (["distill", "--seed", "-1"], "argument --seed: must be at least 0, got -1"),
+        (["eval", "--seed", "-1"], "argument --seed: must be at least 0, got -1"),
+        (["calibrate-heads", "--seed", "-1"], "argument --seed: must be at least 0"),
+        (["fit-lm-head", "--seed", "-1"], "argument --seed: must be at least 0"),
+        (["fit-lm-head", "--eval-texts", "0"], "argument --eval-texts: must be at least 1"),
         (["drift-reference", "build", "--n", "-1"], "argument --n: must be at least 1"),
         (["drift-reference", "build", "--batch-size", "0"], "argument --batch-size: must be"),
         (["drift", "--top-k", "0"], "argument --top-k: must be at least 1"),

@@ -206,3 +206,36 @@ def test_read_labelled_rejects_bad_input(tmp_path: Path) -> None:
         read_labelled(xml)
     with pytest.raises(InvalidArgument, match="does not exist"):
         read_labelled(tmp_path / "missing.csv")
+    blank = tmp_path / "blank.jsonl"
+    blank.write_text('{"text": "fine"}\n{"text": "   "}\n')
+    with pytest.raises(InvalidArgument, match=r"blank.jsonl:2: 'text' is empty"):
+        read_labelled(blank)
+
+
+@pytest.mark.parametrize("suffix", [".jsonl", ".csv"])
+def test_a_file_that_is_not_utf8_is_refused_at_its_line(tmp_path: Path, suffix: str) -> None:
+    """A Latin-1 file was a UnicodeDecodeError without a file name."""
+    path = tmp_path / f"latin1{suffix}"
+    rows = ['{"text": "fine"}\n', '{"text": "caf\xe9"}\n'] if suffix == ".jsonl" else None
+    if rows is None:
+        rows = ["text\n", "fine\n", "caf\xe9\n"]
+    path.write_bytes("".join(rows).encode("latin-1"))
+    line = 2 if suffix == ".jsonl" else 3
+    with pytest.raises(InvalidArgument, match=rf"latin1{suffix}:{line}: not UTF-8"):
+        read_labelled(path)
+
+
+def test_lines_end_at_line_feeds_only_and_a_bom_is_dropped(tmp_path: Path) -> None:
+    """JSON strings may hold U+2028, U+2029 and U+0085 as they are (json.dumps with
+    ensure_ascii=False writes them so); a byte-order mark from a Windows editor is no part
+    of the first field's name."""
+    texts = ["one\u2028two", "three\u0085four\u2029"]
+    jsonl = tmp_path / "seps.jsonl"
+    jsonl.write_bytes(
+        b"\xef\xbb\xbf"
+        + "".join(json.dumps({"text": t}, ensure_ascii=False) + "\n" for t in texts).encode()
+    )
+    assert [e.text for e in read_labelled(jsonl)] == texts
+    csv_file = tmp_path / "bom.csv"
+    csv_file.write_bytes(b"\xef\xbb\xbftext,label\nfine,1\n")
+    assert [(e.text, e.label) for e in read_labelled(csv_file)] == [("fine", 1)]

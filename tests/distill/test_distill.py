@@ -26,6 +26,7 @@ from limelight.distill.build import (
     shelved_head_dir,
 )
 from limelight.distill.train import (
+    SHELVED_LABEL_FILES,
     Mixture,
     TeacherExample,
     TrainConfig,
@@ -37,7 +38,7 @@ from limelight.distill.train import (
     predict_scores,
     teacher_attributions,
 )
-from limelight.errors import FailedPrecondition
+from limelight.errors import FailedPrecondition, InvalidArgument
 from limelight.methods.distilled import DistilledExplainer
 from limelight.methods.normxlogit import NormXLogit
 from limelight.models.explainer_head import (
@@ -208,9 +209,63 @@ def test_teacher_labels_resume_after_an_interruption(synthetic: Path, tmp_path: 
     assert lines[3] == '{"key": "cut'  # the cut line stays a line of its own
     rows = [json.loads(line) for line in lines if line != lines[3]]
     assert len({r["key"] for r in rows}) == 6 and len(calls) == 6
-    # Other parameters are another label set: the cache starts over.
+    # Other parameters are another label set: the cache starts over, and the labels of the
+    # earlier parameters are set aside, not lost — a run with other parameters once cost the
+    # demo its 8,000 greedy labels. Asked for again, they come back without a recomputation.
+    kept = cache.read_text()
     teacher_attributions(model, settings, TEACHER, {"permutations": 4}, texts[:1], cache)
     assert len(cache.read_text().splitlines()) == 2
+    again: list[int] = []
+    back = teacher_attributions(model, settings, TEACHER, PARAMS, texts, cache, again.append)
+    assert cache.read_text() == kept and len(again) == 6  # progress, but no new line
+    assert [e.scores for e in back] == [e.scores for e in both]
+    for permutations in (6, 8, 10, 12):  # only the newest few other label sets stay
+        teacher_attributions(model, settings, TEACHER, {"permutations": permutations}, [], cache)
+    assert len(list(tmp_path.glob("teacher.stamp-*.jsonl"))) == SHELVED_LABEL_FILES
+
+
+def test_a_head_replaces_only_a_head(synthetic: Path, tmp_path: Path) -> None:
+    """`--out` at a folder of something else — the model's own included — was emptied and
+    filled with the head, after all the labelling; now it is refused before any label."""
+    data = texts_file(tmp_path, 10, seed=4)
+    model = load_model(synthetic)
+    recipe = HeadRecipe(data=str(data), n_texts=5, validation_texts=2, train=CONFIG)
+    precious = tmp_path / "precious"
+    precious.mkdir()
+    (precious / "notes.txt").write_text("important")
+    a_file = tmp_path / "a-file"
+    a_file.write_text("x")
+    before = sorted(p.name for p in synthetic.iterdir())
+    for out, said in (
+        (precious, "is not a distilled head"),
+        (synthetic, "holds the model itself"),
+        (synthetic.parent, "holds the model itself"),
+        (a_file, "is not a folder"),
+    ):
+        with pytest.raises(InvalidArgument, match=said):
+            build_head(model, Settings(jobs="off"), recipe, out, progress=False)
+    assert (precious / "notes.txt").read_text() == "important" and a_file.read_text() == "x"
+    assert sorted(p.name for p in synthetic.iterdir()) == before
+    assert not list(tmp_path.glob("*.teacher-*.jsonl"))  # refused before any label
+    empty = tmp_path / "empty"
+    empty.mkdir()  # an empty folder is fine
+    assert build_head(model, Settings(jobs="off"), recipe, empty, progress=False)[2] == empty
+    assert read_card(empty) is not None
+
+
+def test_a_text_empty_to_the_model_is_refused_before_any_label(
+    bert_tiny_dir: Path, tmp_path: Path
+) -> None:
+    """A text of zero-width characters passed the data file's checks and stopped the build
+    when the teacher reached it, after every label before it, with no word of which text.
+    (BERT-tiny's WordPiece drops them; the synthetic model's tokenizer reads them as [UNK].)"""
+    data = tmp_path / "texts.jsonl"
+    texts = [*sample_linear_dataset(8, seed=4).texts(), "\u200b\u200b"]
+    data.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
+    recipe = HeadRecipe(data=str(data), n_texts=6, validation_texts=3, train=CONFIG)
+    with pytest.raises(InvalidArgument, match=r"the text '\\u200b\\u200b': text is empty to"):
+        build_head(load_model(bert_tiny_dir), Settings(jobs="off"), recipe, tmp_path / "head")
+    assert not list(tmp_path.glob("*.teacher-*.jsonl"))
 
 
 def test_build_head_is_cached_by_recipe(synthetic: Path, tmp_path: Path) -> None:
@@ -418,6 +473,9 @@ def test_distill_cli_mix_flag(
         capsys.readouterr().err
     )
     assert not (tmp_path / "head.teacher-shapley.jsonl").exists()
+    # A --mix-param without --mix was ignored without a word.
+    assert main([*base, "--mix-param", "step=0.2"]) == 2
+    assert "give --mix too" in capsys.readouterr().err
     mix = ["--mix", "greedy_insertion:0.3", "--mix-param", "step=0.2"]
     assert main([*base, *mix]) == 0
     assert "teacher 0.7 shapley + 0.3 greedy_insertion on 14 texts" in capsys.readouterr().out

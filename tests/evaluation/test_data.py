@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -41,3 +42,42 @@ def test_named_labels_and_a_key_that_matches_nothing_is_noted(tmp_path: Path) ->
     ), loaded.notes
     with pytest.raises(InvalidArgument, match="'nope' is not a model label"):
         load_examples(data, LABELS, label_map={"positive": "nope"})
+
+
+def test_gold_labels_the_model_does_not_have_are_noted(tmp_path: Path) -> None:
+    """Labels named otherwise than the model's were dropped without a word: the table showed
+    "–" for accuracy and the games, and nothing said why."""
+    data = _csv(tmp_path, [("good", "positive"), ("bad", "negative"), ("ok", "fresh")])
+    loaded = load_examples(data, LABELS)
+    assert [e.gold for e in loaded.examples] == [None, None, 1]
+    assert any(
+        "gold label(s) 'negative', 'positive' of data.csv match no label of the model "
+        "(rotten, fresh)"
+        in note
+        and "--label-map" in note
+        for note in loaded.notes
+    ), loaded.notes
+    mapped = load_examples(data, LABELS, label_map={"positive": "fresh", "negative": "none"})
+    assert not any("gold label(s)" in note for note in mapped.notes)
+    unlabelled = load_examples(data, LABELS, label_field="nolabel")
+    assert any("has no gold labels (field 'nolabel')" in n for n in unlabelled.notes)
+
+
+def test_evidence_rows_keep_their_texts_line_separators(tmp_path: Path) -> None:
+    """The evidence column was read again with str.splitlines, which also cuts at U+2028: a
+    valid JSONL file failed with a JSONDecodeError."""
+    path = tmp_path / "data.jsonl"
+    rows = [
+        {"text": "good\u2028film", "label": 1, "evidence": [[0, 4]]},
+        {"text": "bad", "label": 0},
+    ]
+    path.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), "utf-8")
+    loaded = load_examples(str(path), LABELS)
+    assert [e.text for e in loaded.examples] == ["good\u2028film", "bad"]
+    assert [e.gold for e in loaded.examples] == [1, 0]
+    assert loaded.examples[0].evidence == ((0, 4),)
+
+
+def test_an_unknown_drugscom_split_is_refused() -> None:
+    with pytest.raises(InvalidArgument, match="drugscom has a train and a test split, not 'valid"):
+        load_examples("drugscom", LABELS, split="validation")

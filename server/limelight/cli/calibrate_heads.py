@@ -32,7 +32,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument(
         "--n", type=whole(0), default=500, help="texts to use (random sample; default 500; 0: all)"
     )
-    p.add_argument("--seed", type=int, default=0, help="sampling seed")
+    p.add_argument("--seed", type=whole(0), default=0, help="sampling seed")
     p.add_argument("--max-tokens", type=whole(4), default=128, help="tokens per text (default 128)")
     p.add_argument(
         "--positional-threshold",

@@ -38,7 +38,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument(
         "--data",
         default="rotten_tomatoes",
-        help="rotten_tomatoes or drugscom (training split), or a CSV/JSONL/text file",
+        help="rotten_tomatoes or drugscom (training split), or a CSV, TSV or JSONL file with "
+        "a 'text' column",
     )
     p.add_argument(
         "--teacher",
@@ -76,7 +77,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     p.add_argument(
         "--epochs",
-        type=whole(0),
+        type=whole(1),
         default=defaults.epochs,
         help=f"epochs of the amortisation stage, regressing on the teacher's labels (default: "
         f"{defaults.epochs})",
@@ -172,7 +173,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="per-text scaling of the teacher's scores: rms keeps their signs (default), "
         "standard centres them",
     )
-    p.add_argument("--seed", type=int, default=0, help="the training seed (default: 0)")
+    p.add_argument("--seed", type=whole(0), default=0, help="the training seed (default: 0)")
     p.add_argument("--out", type=Path, help="head directory (default: beside the model)")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     p.set_defaults(func=run)
@@ -206,6 +207,8 @@ def run(args: argparse.Namespace) -> int:
         raise InvalidArgument("--loop-texts trains the policy loop: give --loop-steps too")
     settings = settings_from_args(args)
     setup_logging("WARNING")
+    if args.mix_param and not args.mix:
+        raise InvalidArgument("--mix-param sets a parameter of the --mix teacher: give --mix too")
     mixture = parse_mixture(args.mix, args.mix_param) if args.mix else None
     model = load_served_model(settings)
     if args.loop_texts and model.is_multi_label:

@@ -14,7 +14,14 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from limelight.cli.common import add_model_args, listed, real, settings_from_args, whole
+from limelight.cli.common import (
+    add_model_args,
+    fail,
+    listed,
+    real,
+    settings_from_args,
+    whole,
+)
 from limelight.errors import InvalidArgument
 
 if TYPE_CHECKING:
@@ -60,7 +67,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help=f"comma-separated methods; peers: lime, shap (default: {DEFAULT_METHODS})",
     )
     p.add_argument("--n", type=whole(0), default=50, help="examples sampled (default: 50; 0 = all)")
-    p.add_argument("--seed", type=int, default=0, help="sampling and random-baseline seed")
+    p.add_argument("--seed", type=whole(0), default=0, help="sampling and random-baseline seed")
     p.add_argument(
         "--replace",
         choices=["mask", "delete"],
@@ -183,8 +190,7 @@ def run(args: argparse.Namespace) -> int:
         label_map=parse_label_map(args.label_map),
     )
     if not data.examples:
-        print("no examples to evaluate", file=sys.stderr)
-        return 1
+        return fail(args, f"no examples to evaluate in {data.name}")
     explainers, skipped = build_explainers(
         model,
         names,

@@ -55,8 +55,10 @@ def register(subparsers: Any) -> None:
         "--lr", type=real(0.0, above=True), default=1e-2, help="peak learning rate (AdamW)"
     )
     parser.add_argument("--max-length", type=whole(8), default=128, help="tokens per text")
-    parser.add_argument("--eval-texts", type=whole(0), default=300, help="held-out texts to score")
-    parser.add_argument("--seed", type=int, default=0, help="data order and masking (default: 0)")
+    parser.add_argument("--eval-texts", type=whole(1), default=300, help="held-out texts to score")
+    parser.add_argument(
+        "--seed", type=whole(0), default=0, help="data order and masking (default: 0)"
+    )
     parser.add_argument(
         "--encoder-precision",
         choices=["float32", "bfloat16"],

@@ -295,11 +295,16 @@ def drugscom_multi_label(split: Literal["train", "test"]) -> list[MultiLabelExam
 # --- user files -----------------------------------------------------------------------------------
 
 
-def _records(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
+def read_records(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
+    """The rows of a JSONL, CSV or TSV file as dicts, each with its line number (a CSV row's
+    last line, where a quoted field spans several)."""
     suffix = path.suffix.lower()
     if suffix in (".jsonl", ".ndjson", ".json"):
-        with path.open(encoding="utf-8") as handle:
-            for line_no, line in enumerate(handle, start=1):
+        with path.open("rb") as handle:
+            # Lines end at line feeds only: str.splitlines would also cut at U+2028, U+0085 …
+            # that JSON strings may hold as they are.
+            for line_no, raw in enumerate(handle, start=1):
+                line = _decoded(raw, path, line_no)
                 if not line.strip():
                     continue
                 try:
@@ -310,12 +315,32 @@ def _records(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
                     raise InvalidArgument(f"{path}:{line_no}: expected a JSON object per line")
                 yield line_no, record
     elif suffix in (".csv", ".tsv"):
-        with path.open(encoding="utf-8", newline="") as handle:
-            reader = csv.DictReader(handle, delimiter="\t" if suffix == ".tsv" else ",")
-            for line_no, row in enumerate(reader, start=2):
-                yield line_no, dict(row)
+        raw = path.read_bytes()
+        try:
+            content = raw.decode("utf-8-sig")
+        except UnicodeDecodeError as exc:
+            line_no = raw.count(b"\n", 0, exc.start) + 1
+            raise _not_utf8(path, line_no) from None
+        reader = csv.DictReader(
+            io.StringIO(content, newline=""), delimiter="\t" if suffix == ".tsv" else ","
+        )
+        for row in reader:
+            yield reader.line_num, dict(row)
     else:
         raise InvalidArgument(f"{path}: unsupported file type {suffix!r}; use .csv, .tsv or .jsonl")
+
+
+def _decoded(raw: bytes, path: Path, line_no: int) -> str:
+    try:
+        return raw.decode("utf-8-sig" if line_no == 1 else "utf-8")
+    except UnicodeDecodeError:
+        raise _not_utf8(path, line_no) from None
+
+
+def _not_utf8(path: Path, line_no: int) -> InvalidArgument:
+    return InvalidArgument(
+        f"{path}:{line_no}: not UTF-8 text; convert the file (e.g. iconv -f latin1 -t utf-8)"
+    )
 
 
 def _parse_label(
@@ -367,13 +392,15 @@ def read_labelled(
     if not path.is_file():
         raise InvalidArgument(f"{path} does not exist or is not a file")
     examples: list[Example] = []
-    for line_no, record in _records(path):
+    for line_no, record in read_records(path):
         where = f"{path}:{line_no}"
         if text_field not in record:
             raise InvalidArgument(f"{where}: no {text_field!r} field (have {sorted(record)})")
         text = record[text_field]
         if not isinstance(text, str):
             raise InvalidArgument(f"{where}: {text_field!r} must be a string")
+        if not text.strip():  # refused by every method; found here, before hours of labels
+            raise InvalidArgument(f"{where}: {text_field!r} is empty")
         pair = record.get(pair_field) if pair_field else None
         if pair is not None and not isinstance(pair, str):
             raise InvalidArgument(f"{where}: {pair_field!r} must be a string")

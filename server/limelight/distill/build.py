@@ -27,6 +27,7 @@ from limelight.evaluation.figures import decimals, flat_note, plus_minus
 from limelight.models.explainer_head import ExplainerHead, HeadCard, head_dir, read_card, save_head
 from limelight.models.fingerprint import ModelIdentity
 from limelight.models.loaded import LoadedModel
+from limelight.models.tokenize import backend, check_has_tokens
 from limelight.progress import progress_bar
 from limelight.settings import Settings
 
@@ -118,11 +119,13 @@ def build_head(
     ``built_by``: who asked for it (``HeadCard.built_by``).
     """
     out = out or head_dir(model)
+    check_head_destination(out, model.directory)
     extra = recipe.loop_texts if recipe.train.loop_steps else 0
     texts, held_out = training_texts(recipe.data, recipe.n_texts + extra, recipe.validation_texts)
     texts, loop_texts = texts[: recipe.n_texts], texts[recipe.n_texts :]
     if not texts:  # before anything is written: a head trained on nothing would still load
         raise InvalidArgument(f"no texts to train on in {recipe.data}")
+    check_texts(model, recipe.data, [*texts, *loop_texts, *held_out])
     cache = label_cache(out, recipe.teacher)
     teachers = [recipe.teacher] + ([recipe.mixture.teacher] if recipe.mixture else [])
     bar = progress_bar(
@@ -183,6 +186,33 @@ def build_head(
         shelve_head(out)
     staging.rename(out)
     return head, card, out
+
+
+def check_texts(model: LoadedModel, data: str, texts: list[str]) -> None:
+    """Refuse, before any label is computed, a text the teacher would refuse hours later: one
+    the tokenizer keeps nothing of (zero-width or control characters only)."""
+    encoder = backend(model.tokenizer, None)
+    for text in texts:
+        try:
+            check_has_tokens(encoder.encode(text))
+        except InvalidArgument as exc:
+            shown = repr(text) if len(text) <= 40 else repr(text[:40]) + "…"
+            raise InvalidArgument(f"{data}: the text {shown}: {exc.message}") from None
+
+
+def check_head_destination(out: Path, model_dir: Path) -> None:
+    """Refuse, before any label is computed, a destination the build would destroy: a head
+    replaces only a head (a directory with a card), never a folder of something else — the
+    model's own directory included — nor a file."""
+    if out.resolve() in (model_dir.resolve(), *model_dir.resolve().parents):
+        raise InvalidArgument(f"{out} holds the model itself: write the head to another folder")
+    if out.exists() and not out.is_dir():
+        raise InvalidArgument(f"{out} exists and is not a folder: choose another --out")
+    if out.exists() and read_card(out) is None and any(out.iterdir()):
+        raise InvalidArgument(
+            f"{out} exists and is not a distilled head (no card.json), and a head written "
+            "there would replace what it holds: choose a new folder, or empty this one"
+        )
 
 
 #: How many replaced heads are kept beside the model (the most recently replaced first).

@@ -141,13 +141,14 @@ def _teacher_examples(
         )
         encoded = [model.encode(t, None, settings.max_tokens) for t in texts]
         labels = explained_labels(model, settings, encoded)
+    _swap_label_files(cache, stamp)
     if cache.exists():
         content = cache.read_text()
         if content and not content.endswith("\n"):  # a write cut by a kill: end that line
             with cache.open("a") as fh:
                 fh.write("\n")
         lines = content.splitlines()
-        if lines and json.loads(lines[0]) == stamp:
+        if lines and _read_stamp(lines[0]) == stamp:
             for line in lines[1:]:
                 try:
                     row = json.loads(line)
@@ -186,6 +187,50 @@ def _teacher_examples(
             if progress is not None:
                 progress(1)
     return out
+
+
+#: How many label files of other stamps (teacher parameters, model, precision) are kept
+#: beside the current one, the most recently set aside first.
+SHELVED_LABEL_FILES = 3
+
+
+def _read_stamp(line: str) -> Any:
+    try:
+        return json.loads(line)
+    except json.JSONDecodeError:  # a header cut by a kill
+        return None
+
+
+def shelved_label_file(cache: Path, stamp: Any) -> Path:
+    """Where the labels of ``stamp`` wait while another stamp's use ``cache``."""
+    digest = hashlib.sha256(json.dumps(stamp, sort_keys=True).encode()).hexdigest()[:12]
+    return cache.with_name(f"{cache.stem}.stamp-{digest}{cache.suffix}")
+
+
+def _swap_label_files(cache: Path, stamp: dict[str, Any]) -> None:
+    """Make ``cache`` hold the labels of ``stamp``: labels of another stamp there are moved
+    aside under their own stamp's name rather than overwritten (hours of a search teacher's
+    work: a run with other parameters must not cost the demo its labels), and ``stamp``'s own,
+    if an earlier run set them aside, come back. Only the newest few set aside are kept."""
+    if cache.exists():
+        with cache.open() as fh:
+            current = _read_stamp(fh.readline())
+        if current == stamp:
+            return
+        if current is not None:
+            aside = shelved_label_file(cache, current)
+            cache.replace(aside)
+            aside.touch()  # its age is when it was set aside
+    mine = shelved_label_file(cache, stamp)
+    if mine.exists():
+        mine.replace(cache)
+    shelves = sorted(
+        cache.parent.glob(f"{cache.stem}.stamp-*{cache.suffix}"),
+        key=lambda p: p.stat().st_mtime,
+        reverse=True,
+    )
+    for old in shelves[SHELVED_LABEL_FILES:]:
+        old.unlink(missing_ok=True)
 
 
 @torch.inference_mode()

@@ -14,7 +14,6 @@ A model token is evidence when its character span overlaps an evidence span.
 from __future__ import annotations
 
 import dataclasses
-import json
 import random
 import re
 from collections.abc import Mapping, Sequence
@@ -81,6 +80,33 @@ def _map_label(
     return None
 
 
+def _gold_label_notes(
+    name: str,
+    seen: set[str],
+    model_labels: Sequence[str],
+    label_map: Mapping[str, str],
+    label_field: str,
+) -> list[str]:
+    """Say so when gold labels are missing or match none of the model's: the accuracy and the
+    games then go without them, which a "–" in the table alone does not explain."""
+    if not seen:
+        return [f"{name} has no gold labels (field {label_field!r}): no accuracy, no games"]
+    unmatched = sorted(
+        label
+        for label in seen
+        if label not in label_map
+        and _map_label(label, int(label) if label.isdigit() else None, model_labels, {}) is None
+    )
+    if not unmatched:
+        return []
+    shown = ", ".join(map(repr, unmatched[:10])) + (" …" if len(unmatched) > 10 else "")
+    return [
+        f"gold label(s) {shown} of {name} match no label of the model "
+        f"({', '.join(model_labels)}): those rows count as unlabelled; map them with "
+        "--label-map NAME=LABEL"
+    ]
+
+
 def load_examples(
     source: str,
     model_labels: Sequence[str],
@@ -116,22 +142,22 @@ def load_examples(
                 f"drugsCom labels mapped onto the binary model: negative -> {model_labels[0]}, "
                 f"positive -> {model_labels[1]}, neutral -> no gold label (games skip it)"
             )
-        for ex in D.drugscom("test" if split not in ("train", "test") else split):  # type: ignore[arg-type]
+        if split not in ("train", "test"):
+            raise InvalidArgument(f"drugscom has a train and a test split, not {split!r}")
+        for ex in D.drugscom(split):  # type: ignore[arg-type]
             seen.add(str(ex.label_name))
             rows.append(
                 EvalExample(ex.text, _map_label(ex.label_name, None, model_labels, label_map))
             )
-        name = "drugscom (test)" if split != "train" else "drugscom (train)"
+        name = f"drugscom ({split})"
     else:
         path = Path(source)
         examples = D.read_labelled(path, text_field, label_field)
         evidence: list[Any] = [None] * len(examples)
+        lines = [line_no for line_no, _ in D.read_records(path)]
         if path.suffix.lower() in (".jsonl", ".ndjson", ".json"):
-            records = [
-                json.loads(line) for line in path.read_text("utf-8").splitlines() if line.strip()
-            ]
-            evidence = [r.get(evidence_field) for r in records]
-        for i, (ex, ev) in enumerate(zip(examples, evidence, strict=True)):
+            evidence = [r.get(evidence_field) for _, r in D.read_records(path)]
+        for ex, ev, line_no in zip(examples, evidence, lines, strict=True):
             name_, index = ex.label_name, ex.label
             if index is None and name_ is not None and name_.lstrip("-").isdigit():
                 index = int(name_)
@@ -142,7 +168,7 @@ def load_examples(
                     ex.text,
                     _map_label(name_, index, model_labels, label_map),
                     ex.text_pair,
-                    parse_evidence(ev, ex.text, f"{path}:{i + 1}"),
+                    parse_evidence(ev, ex.text, f"{path}:{line_no}"),
                 )
             )
         name = path.name
@@ -153,6 +179,7 @@ def load_examples(
             f"label map key(s) {', '.join(map(repr, unmatched))} match no gold label of "
             f"{name} (its labels: {have})"
         )
+    notes.extend(_gold_label_notes(name, seen, model_labels, label_map, label_field))
     total = len(rows)
     rows = [dataclasses.replace(row, source_index=i) for i, row in enumerate(rows)]
     if n is not None and n < total:
