@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import threading
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
@@ -30,6 +31,11 @@ log = logging.getLogger(__name__)
 
 TRACER_NAME = "limelight"
 _provider: Any = None
+_exporter: Any = None
+
+#: The OTEL_* values this sidecar honours; others of these variables are reported at start.
+_EXPORTERS = {"otlp", "none", ""}
+_PROTOCOLS = {"grpc", ""}
 
 
 def tracing_requested(environ: Mapping[str, str] | None = None) -> bool:
@@ -45,11 +51,35 @@ def tracing_requested(environ: Mapping[str, str] | None = None) -> bool:
     return "otlp" in exporters or bool(endpoint)
 
 
+def unsupported_settings(environ: Mapping[str, str] | None = None) -> list[str]:
+    """The standard ``OTEL_*`` values that ask for something this sidecar does not do (another
+    exporter, OTLP over HTTP): without a word they looked like a collector that received
+    nothing."""
+    env = os.environ if environ is None else environ
+    found = []
+    exporters = {e.strip().lower() for e in env.get("OTEL_TRACES_EXPORTER", "").split(",")}
+    if exporters - _EXPORTERS:
+        found.append(
+            f"OTEL_TRACES_EXPORTER={env['OTEL_TRACES_EXPORTER']} (only otlp and none are "
+            "supported; other exporters export nothing)"
+        )
+    for name in ("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "OTEL_EXPORTER_OTLP_PROTOCOL"):
+        if env.get(name, "").strip().lower() not in _PROTOCOLS:
+            found.append(
+                f"{name}={env[name]} (spans go over OTLP/gRPC only: point the endpoint "
+                "at the collector's gRPC port, usually 4317)"
+            )
+            break  # the traces-specific one wins when both are set
+    return found
+
+
 def setup_tracing(environ: Mapping[str, str] | None = None) -> bool:
     """Install the OTLP/gRPC exporter when the environment asks for it; idempotent."""
-    global _provider
+    global _provider, _exporter
     if _provider is not None:
         return True
+    for unsupported in unsupported_settings(environ):
+        log.warning("tracing: %s", unsupported)
     if not tracing_requested(environ):
         return False
     from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
@@ -59,20 +89,34 @@ def setup_tracing(environ: Mapping[str, str] | None = None) -> bool:
 
     resource = Resource.create({"service.name": "limelight"}).merge(OTELResourceDetector().detect())
     provider = TracerProvider(resource=resource)
-    provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
+    exporter = OTLPSpanExporter()
+    provider.add_span_processor(BatchSpanProcessor(exporter))
     # Our own provider, not the process-global one: a restarted server (or an embedding
     # application with its own tracing) gets a fresh exporter.
-    _provider = provider
+    _provider, _exporter = provider, exporter
     log.info("OpenTelemetry tracing on (OTLP/gRPC)")
     return True
 
 
-def shutdown_tracing() -> None:
-    """Flush and stop the exporter (at server stop)."""
-    global _provider
-    if _provider is not None:
-        _provider.shutdown()
-        _provider = None
+def shutdown_tracing(timeout_s: float = 5.0) -> None:
+    """Flush and stop the exporter (at server stop), within ``timeout_s``: the SDK's own
+    shutdown waits up to 30 s on a collector that does not answer, retrying, which overran a
+    pod's grace period. Spans still unsent then are dropped, with a warning."""
+    global _provider, _exporter
+    provider, exporter = _provider, _exporter
+    _provider = _exporter = None
+    if provider is None:
+        return
+    stopping = threading.Thread(target=provider.shutdown, name="tracing-shutdown", daemon=True)
+    stopping.start()
+    stopping.join(timeout_s)
+    if stopping.is_alive():
+        exporter.shutdown(timeout_millis=0)  # ends the export's retries, and the thread
+        log.warning(
+            "tracing: spans not exported within %.1f s of the stop were dropped (the OTLP "
+            "collector does not answer)",
+            timeout_s,
+        )
 
 
 def current_context() -> dict[str, str]:

@@ -189,3 +189,38 @@ def test_each_traced_input_of_a_stream_is_a_span_of_its_callers_trace(
 
 def _attributes(span: Any) -> dict[str, str]:
     return {a.key: a.value.string_value for a in span.attributes}
+
+
+def test_a_collector_that_does_not_answer_holds_the_stop_only_as_long_as_asked(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The SDK's own shutdown retried an unreachable collector for up to 30 s, past a pod's
+    grace period (a stop took 32 s). The spans left then are dropped, and the log says so."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        closed = s.getsockname()[1]  # nothing listens there once this closes
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", f"http://127.0.0.1:{closed}")
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_INSECURE", "true")
+    assert tracing.setup_tracing()
+    try:
+        with tracing.tracer().start_as_current_span("left for the stop"):
+            pass
+    finally:
+        with caplog.at_level("WARNING", logger="limelight.tracing"):
+            tracing.shutdown_tracing(0.2)
+    assert not tracing.enabled()
+    assert any("were dropped" in r.getMessage() for r in caplog.records), caplog.records
+
+
+def test_otel_settings_this_sidecar_does_not_honour_are_named() -> None:
+    assert tracing.unsupported_settings({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:4317"}) == []
+    assert tracing.unsupported_settings({"OTEL_TRACES_EXPORTER": "otlp"}) == []
+    (console,) = tracing.unsupported_settings({"OTEL_TRACES_EXPORTER": "console"})
+    assert console.startswith("OTEL_TRACES_EXPORTER=console (only otlp and none")
+    (http,) = tracing.unsupported_settings(
+        {"OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf", "OTEL_EXPORTER_OTLP_ENDPOINT": "x"}
+    )
+    assert http.startswith("OTEL_EXPORTER_OTLP_PROTOCOL=http/protobuf (spans go over OTLP/gRPC")
+    assert tracing.unsupported_settings({"OTEL_EXPORTER_OTLP_PROTOCOL": "grpc"}) == []

@@ -341,7 +341,9 @@ class SidecarServer:
             await self.app.service.close()
         if self._http is not None:
             await self._http.stop()
-        tracing.shutdown_tracing()
+        # Whatever is left of the grace period (at least a moment), off the event loop.
+        flush_s = min(5.0, max(0.5, deadline - time.monotonic()))
+        await asyncio.to_thread(tracing.shutdown_tracing, flush_s)
         log.info("stopped")
 
     async def run(
