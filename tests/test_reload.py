@@ -214,6 +214,42 @@ def test_a_head_made_for_another_model_is_not_served_and_says_why(
     assert "version" in (refused.value.details() or "")
 
 
+def test_a_served_head_replaced_by_another_models_is_kept_and_so_is_its_drift_reference(
+    start_sidecar: Callable[..., RunningSidecar], bert_tiny_dir: Path, tmp_path: Path
+) -> None:
+    """The served head's card rewritten for another model: the build leaves the head out, and
+    swapping that in downgraded the default method to NormXLogit and threw away the drift
+    reference. The sidecar keeps what it serves; and once the card is put back as it was, that
+    is no change to what is served — the monitor keeps its reference."""
+    model = Path(shutil.copytree(bert_tiny_dir, tmp_path / "model"))
+    served = start_sidecar(model_dir=model, default_method="auto", reload_interval_s=0.05)
+    reloader, service = served.server.reloader, served.server.app.service
+    monitor = service.drift
+    assert monitor is not None and monitor.method == "distilled"
+    card_file = model / HEAD_DIRNAME / "card.json"
+    original = card_file.read_text()
+    card = json.loads(original)
+    card["model_version"] = "0" * len(card["model_version"])
+
+    def replace_card(text: str) -> None:
+        staged = tmp_path / "card.json"
+        staged.write_text(text)
+        staged.rename(card_file)  # whole, as a Secret or `mv` puts it
+        give_up = time.monotonic() + 60
+        while reloader._seen.stats != fingerprint(reloader._paths):
+            assert time.monotonic() < give_up, "the reloader never looked"
+            time.sleep(0.05)
+
+    replace_card(json.dumps(card))
+    assert reloader.reloads == 0
+    s = stub(served.target)
+    assert s.Explain(pb.ExplainRequest(text=TEXT), timeout=30).explanation.method == "distilled"
+    assert service.drift is monitor
+    replace_card(original)
+    assert reloader.reloads == 0 and service.drift is monitor
+    assert s.Explain(pb.ExplainRequest(text=TEXT), timeout=30).explanation.method == "distilled"
+
+
 def test_a_head_that_the_drift_reference_does_not_fit_is_served_by_name_only(
     start_sidecar: Callable[..., RunningSidecar], bert_tiny_dir: Path, tmp_path: Path
 ) -> None:

@@ -27,7 +27,9 @@ from pathlib import Path
 from limelight.app import Application, build_drift, build_runtime, describe_model
 from limelight.core.service import NORMXLOGIT, resolve_default_method
 from limelight.errors import FailedPrecondition
+from limelight.models.explainer_head import OUTPUT_NAME as HEAD_OUTPUT
 from limelight.models.explainer_head import head_dir, inline_heads
+from limelight.models.lexicon_table import OUTPUT_NAME as LEXICON_OUTPUT
 from limelight.models.lexicon_table import cached_lexicon_dir, lexicon_dir
 from limelight.models.loaded import LoadedModel
 from limelight.runtimes.onnx_export import heads_mismatch
@@ -75,6 +77,21 @@ def method_files(settings: Settings, model: LoadedModel, method: str) -> list[Pa
     if method == "lexicon_lookup":
         return [*_tables(settings, model), *_graph(settings, model)]
     return served_files(settings, model)
+
+
+def left_out(
+    settings: Settings, model: LoadedModel, served: frozenset[str], built: frozenset[str]
+) -> list[str]:
+    """What a new runtime left out of the ``served`` outputs though its files are still there
+    (the build refused them: a head or table made for another model, a card it cannot read)."""
+    lost = served - built
+    found = []
+    if HEAD_OUTPUT in lost and (head_dir(model) / "card.json").exists():
+        found.append(f"the distilled head in {head_dir(model)}")
+    tables = [d for d in _tables(settings, model) if (d / "card.json").exists()]
+    if LEXICON_OUTPUT in lost and tables:
+        found.append(f"the lexicon table in {tables[0]}")
+    return found
 
 
 def _entries(paths: list[Path]) -> list[Path]:
@@ -138,6 +155,9 @@ class InlineReloader:
         self.interval_s = interval_s
         self._paths = served_files(app.settings, app.model)
         self._seen = FilesSeen.of(self._paths) if seen is None else seen
+        # The bytes the served runtime was built from: unlike ``_seen``, not moved by a build
+        # that failed, so files put back as they were after one are no change to what is served.
+        self._served = dict(self._seen.digests)
         self.reloads = 0
         self._checking: asyncio.Lock | None = None  # made in the running loop, at first use
 
@@ -160,14 +180,22 @@ class InlineReloader:
             digests = await asyncio.get_running_loop().run_in_executor(
                 None, content_digests, self._paths
             )
-            changed = {p for p, d in digests.items() if d != self._seen.digests.get(p)}
+            moved = {p for p, d in digests.items() if d != self._seen.digests.get(p)}
             self._seen = FilesSeen(now, digests)  # a failed build is tried again on the next change
-            if not changed:
-                # Touched, or written again with the same bytes: rebuilding the runtime (and,
-                # with its default method's head, the drift reference) would gain nothing.
-                log.info("the files beside the model were rewritten unchanged: nothing to reload")
+            changed = {p for p, d in digests.items() if d != self._served.get(p)}
+            if not moved or not changed:
+                # Touched, written again with the same bytes, or put back as served after a
+                # failed build: rebuilding the runtime (and, with its default method's head,
+                # the drift reference) would gain nothing.
+                log.info(
+                    "the files beside the model are %s: nothing to reload",
+                    "rewritten unchanged" if not moved else "back to what is served",
+                )
                 return False
-            return await self.reload(changed)
+            reloaded = await self.reload(changed)
+            if reloaded:
+                self._served = digests
+            return reloaded
 
     async def reload(self, changed: set[str] | None = None) -> bool:
         """Build the runtime again and serve it. ``changed``: the served paths whose bytes
@@ -191,6 +219,17 @@ class InlineReloader:
                 )
                 return False
             runtime = await loop.run_in_executor(None, build_runtime, settings, model)
+            unserved = left_out(settings, model, service.runtime.head_names, runtime.head_names)
+            if unserved:
+                # A head or table that is there but not for this model (logged as it was left
+                # out): serving without it would quietly downgrade the default method.
+                log.error(
+                    "%s beside %s could not be served (see the warning above); still serving %s",
+                    " and ".join(unserved),
+                    model.directory,
+                    before,
+                )
+                return False
             method = resolve_default_method(settings.default_method, runtime)
             # The default method's monitor keeps its window and reference while the files its
             # scores come from are unchanged (NormXLogit reads none); a new head or table gets

@@ -269,13 +269,26 @@ def v1_prediction(e: Explanation) -> dict[str, Any]:
 
 def v1_explanation(e: Explanation) -> dict[str, Any]:
     a = e.attribution
-    return {
+    answer = {
         **v1_prediction(e),
         "method": a.method,
         "target_label": a.target_label,
         "target_index": a.target_index,
         "tokens": scored_tokens(e.tokens, a.scores.tolist()),
     }
+    if e.multi_label:
+        # The predicted labels after the first, as Explain's label_explanations and the CLI's
+        # JSON carry them; their scores follow "tokens" (the same tokens, not repeated).
+        answer["label_explanations"] = [
+            {
+                "method": other.method,
+                "target_label": other.target_label,
+                "target_index": other.target_index,
+                "scores": other.scores.tolist(),
+            }
+            for other in e.label_attributions
+        ]
+    return answer
 
 
 # --- the server -------------------------------------------------------------------------------

@@ -474,10 +474,14 @@ class ExplanationService:
                 f"{method.name!r} is a job method, not served inline: submit it as a job (gRPC "
                 f"SubmitJob, the SDK's submit(), `limelight explain --method {method.name}`)"
             )
+        if isinstance(method, ExtraOutputMethod) and method.output in self.runtime.head_names:
+            # Checked when the runtime was built from it; the files on disk may have changed
+            # since (to a head the reloader refused), but this is what is served.
+            return method
         reason = method.unavailable_reason(self.model)
         if reason:
             raise FailedPrecondition(reason)
-        if isinstance(method, ExtraOutputMethod) and method.output not in self.runtime.head_names:
+        if isinstance(method, ExtraOutputMethod):
             # Written beside the model after this server loaded it, not picked up yet.
             raise FailedPrecondition(
                 f"{method.name}: this server has not loaded {method.needs} yet; it serves new "
