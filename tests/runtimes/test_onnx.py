@@ -30,14 +30,23 @@ from limelight.runtimes.onnx_runtime import (
     DEFAULT_GRAPH,
     OnnxRuntime,
     cached_graph,
+    choose_graph,
     choose_providers,
-    resolve_graph,
+    settle_graph_cache,
 )
 from limelight.runtimes.torch_runtime import TorchRuntime
 from limelight.settings import Settings
 from limelight_client.proto import explainer_pb2 as pb
 from limelight_client.proto import explainer_pb2_grpc
 from tests.conftest import RunningSidecar
+
+
+def resolve_graph(model: LoadedModel, settings: Settings) -> Path:
+    """The graph a start would serve, with the cache settled as after a successful load."""
+    graph = choose_graph(model, settings)
+    settle_graph_cache(model, settings, graph)
+    return graph
+
 
 TEXTS = [
     ("a witty film", None),

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from limelight.core.types import FloatArray
-from limelight.errors import FailedPrecondition
+from limelight.errors import FailedPrecondition, ModelLoadError
 from limelight.locks import file_lock, held_elsewhere
 from limelight.models.explainer_head import ExplainerHead, inline_heads
 from limelight.models.loaded import LoadedModel, load_model
@@ -33,6 +33,11 @@ from limelight.settings import Settings
 log = logging.getLogger(__name__)
 
 DEFAULT_GRAPH = "limelight.onnx"
+
+#: The outputs every inline graph gives, which ``run_inline`` reads.
+SERVED_OUTPUTS = ("logits", "embedding_norms", "token_logits")
+#: The outputs with one score per label on their last axis (besides the ``head_*`` ones).
+_LABEL_WIDE = ("logits", "token_logits", "normxlogit")
 
 
 def choose_providers(device: str) -> list[str]:
@@ -94,13 +99,30 @@ class OnnxRuntime(Runtime):
         self.input_names = [i.name for i in self.session.get_inputs()]
         outputs = self.session.get_outputs()
         self.output_names = [o.name for o in outputs]
+        self.graph = graph
         self.model = model
+        missing = [name for name in SERVED_OUTPUTS if name not in self.output_names]
+        if missing:
+            raise ModelLoadError(
+                f"{graph} has no {', '.join(missing)} output: not an inline graph of a Limelight "
+                f"classifier; create one with `limelight export-onnx --model {model.directory}`"
+            )
+        # A graph without its description names no model version: its label axis is what
+        # tells another model's graph apart, before it answers a request with labels the served
+        # model does not have. Checked here where the graph declares it, else on the first run.
+        self._width_unchecked = False
+        for output in outputs:
+            if output.name not in _LABEL_WIDE and not output.name.startswith(EXTRA_PREFIX):
+                continue
+            width = output.shape[-1] if output.shape else None
+            if isinstance(width, int):
+                self._check_width(output.name, width)
+            elif output.name == "logits":
+                self._width_unchecked = True
         # Where each output lies in a run's list, found once: a request's Python work after the
         # graph runs on cold caches and costs several times what it does in a loop (measured:
         # the per-call name lookups and conversions were 2 % of BERT-tiny's short forward pass).
-        self._positions = [
-            self.output_names.index(name) for name in ("logits", "embedding_norms", "token_logits")
-        ]
+        self._positions = [self.output_names.index(name) for name in SERVED_OUTPUTS]
         #: Graphs exported before it was an output, and regression graphs, have no NormXLogit.
         self._scores = (
             self.output_names.index("normxlogit") if "normxlogit" in self.output_names else None
@@ -115,8 +137,12 @@ class OnnxRuntime(Runtime):
 
     @classmethod
     def for_model(cls, model: LoadedModel, settings: Settings) -> OnnxRuntime:
-        graph = resolve_graph(model, settings)
-        return cls(graph, model, choose_providers(settings.device), settings.torch_threads)
+        graph = choose_graph(model, settings)
+        runtime = cls(graph, model, choose_providers(settings.device), settings.torch_threads)
+        # Only now: a graph that fails to load must not have cost the cached graph of the same
+        # version, which the next start (the bad graph removed) serves without exporting again.
+        settle_graph_cache(model, settings, graph)
+        return runtime
 
     @property
     def head_names(self) -> frozenset[str]:
@@ -124,11 +150,28 @@ class OnnxRuntime(Runtime):
             n.removeprefix(EXTRA_PREFIX) for n in self.output_names if n.startswith(EXTRA_PREFIX)
         )
 
+    def _check_width(self, output: str, width: int) -> None:
+        """Refuse a graph whose ``output`` gives ``width`` scores per row where the served model
+        has another number of labels (a graph exported from another model)."""
+        labels = self.model.num_labels
+        if width == labels:
+            return
+        what = "logits" if output == "logits" else f"scores per label in its {output} output"
+        raise ModelLoadError(
+            f"graph {self.graph} gives {width} {what}; model {self.model.name} "
+            f"({self.model.directory}) has {labels} label{'s' if labels != 1 else ''}: it was "
+            f"exported from another model; create this model's graph with "
+            f"`limelight export-onnx --model {self.model.directory}`"
+        )
+
     def _feed(self, batch: InlineBatch) -> dict[str, np.ndarray]:
         return graph_feed(batch, self.input_names)
 
     def run_inline(self, batch: InlineBatch) -> InlineOutputs:
         values = self.session.run(None, self._feed(batch))
+        if self._width_unchecked:  # a label axis the graph leaves open: its first run (warm-up)
+            self._check_width("logits", int(values[self._positions[0]].shape[-1]))
+            self._width_unchecked = False
         if not self._float32:
             values = [np.asarray(value, dtype=np.float32) for value in values]
         at = self._positions
@@ -142,6 +185,9 @@ class OnnxRuntime(Runtime):
 
     def forward_logits(self, batch: InlineBatch) -> FloatArray:
         (logits,) = self.session.run(["logits"], self._feed(batch))
+        if self._width_unchecked:
+            self._check_width("logits", int(logits.shape[-1]))
+            self._width_unchecked = False
         return np.asarray(logits, dtype=np.float32)
 
 
@@ -151,12 +197,22 @@ def cached_graph(model: LoadedModel, cache_dir: Path) -> Path:
     return cache_dir / "onnx" / model.version / DEFAULT_GRAPH
 
 
-def resolve_graph(model: LoadedModel, settings: Settings) -> Path:
+def settle_graph_cache(model: LoadedModel, settings: Settings, graph: Path) -> None:
+    """Record that ``graph`` serves ``model``: the graphs of the model directory's earlier
+    versions leave the cache (:func:`prune_cached_graphs`); a graph named by
+    ``settings.onnx_path`` leaves the cache as it is."""
+    if settings.onnx_path is not None:
+        return
+    with contextlib.suppress(OSError):  # bookkeeping: never fail a start on it
+        cached = graph == cached_graph(model, settings.cache_dir)
+        prune_cached_graphs(model, settings.cache_dir, serving_cached=cached)
+
+
+def choose_graph(model: LoadedModel, settings: Settings) -> Path:
     """The graph that serves ``model``: ``settings.onnx_path`` as given; otherwise the graph
     beside the model when it carries the inline heads beside the model, else one exported into
     the cache when it is missing or stale there (``settings.onnx_export``; once, under a lock,
-    when several processes start together). The graphs of the model directory's earlier
-    versions leave the cache (:func:`prune_cached_graphs`)."""
+    when several processes start together). Removes nothing from the cache."""
     heads = inline_heads(model)
     if settings.onnx_path is not None:
         graph = Path(settings.onnx_path)
@@ -169,11 +225,7 @@ def resolve_graph(model: LoadedModel, settings: Settings) -> Path:
         if reason:  # the user's own graph: served as it is, never overwritten
             log.warning("%s; serving it as exported (run `limelight export-onnx` again)", reason)
         return graph
-    graph = _graph_beside_or_cached(model, settings, heads)
-    with contextlib.suppress(OSError):  # bookkeeping: never fail a start on it
-        cached = graph == cached_graph(model, settings.cache_dir)
-        prune_cached_graphs(model, settings.cache_dir, serving_cached=cached)
-    return graph
+    return _graph_beside_or_cached(model, settings, heads)
 
 
 def _graph_beside_or_cached(
