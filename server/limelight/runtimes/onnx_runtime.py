@@ -93,9 +93,17 @@ class OnnxRuntime(Runtime):
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
         if threads > 0:
             options.intra_op_num_threads = threads
-        self.session = ort.InferenceSession(
-            str(graph), sess_options=options, providers=providers or ["CPUExecutionProvider"]
-        )
+        try:
+            self.session = ort.InferenceSession(
+                str(graph), sess_options=options, providers=providers or ["CPUExecutionProvider"]
+            )
+        except Exception as exc:  # onnxruntime raises its own types (InvalidProtobuf, Fail, …)
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise ModelLoadError(
+                f"ONNX Runtime cannot load {graph} ({first}): a damaged or partly written "
+                f"graph; remove it, or export it again with `limelight export-onnx --model "
+                f"{model.directory}`"
+            ) from exc
         self.input_names = [i.name for i in self.session.get_inputs()]
         outputs = self.session.get_outputs()
         self.output_names = [o.name for o in outputs]
