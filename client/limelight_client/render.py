@@ -14,6 +14,7 @@ from __future__ import annotations
 import html
 import math
 import os
+import unicodedata
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -132,6 +133,14 @@ def layout(exp: Explanation, segment: int = 0) -> list[Span]:
     return _layout_tokens(indexed)
 
 
+def _with_marks(source: str, end: int) -> int:
+    """``end`` moved past the combining marks that follow it: a tokenizer that strips accents
+    ends "cafe\u0301" at the "e", and the accent left behind would sit on the score's bracket."""
+    while end < len(source) and unicodedata.combining(source[end]):
+        end += 1
+    return end
+
+
 def _layout_offsets(source: str, indexed: list[tuple[int, Token]]) -> list[Span]:
     spans: list[Span] = []
     pos = 0
@@ -141,8 +150,9 @@ def _layout_offsets(source: str, indexed: list[tuple[int, Token]]) -> list[Span]
             continue
         if start > pos:
             spans.append(Span(source[pos:start], None))
-        spans.append(Span(source[start : tok.end], i))
-        pos = tok.end
+        end = _with_marks(source, tok.end)
+        spans.append(Span(source[start:end], i))
+        pos = end
     if pos < len(source):
         spans.append(Span(source[pos:], None))
     return spans
@@ -173,7 +183,7 @@ def token_text(exp: Explanation, tok: Token) -> str:
     tokenizer's own string may differ ("i", "[UNK]", "##ing"); for display."""
     source = _segment_source(exp, tok.segment)
     if source is not None and 0 <= tok.start < tok.end <= len(source):
-        return source[tok.start : tok.end]
+        return source[tok.start : _with_marks(source, tok.end)]
     return strip_piece_marker(tok.text)
 
 
@@ -462,11 +472,14 @@ def _html_map(exp: Explanation, name: str, values: list[float], title: str | Non
     else:
         meaning = "red > 0, blue < 0 (scaled to max |score|)"
     grad = f"linear-gradient(to right,{_rgb_css(_BLUE)},#fff,{_rgb_css(_RED)})"
-    out.append(
-        f'<div class="legend"><span>{_esc(_fmt(centre - scale, scale))}</span>'
-        f'<span class="grad" style="background:{grad}"></span>'
-        f"<span>{_esc(_fmt(centre + scale, scale))}</span><span>{_esc(meaning)}</span></div>"
-    )
+    if scale == 0:  # one value everywhere: a colour bar would promise a range there is not
+        out.append(f'<div class="legend"><span>{_esc(meaning)}</span></div>')
+    else:
+        out.append(
+            f'<div class="legend"><span>{_esc(_fmt(centre - scale, scale))}</span>'
+            f'<span class="grad" style="background:{grad}"></span>'
+            f"<span>{_esc(_fmt(centre + scale, scale))}</span><span>{_esc(meaning)}</span></div>"
+        )
     for segment in segments(exp):
         if segment == 1:
             out.append('<div class="seg">text pair</div>')

@@ -44,6 +44,14 @@ def test_explain_against_server_json_and_html(sidecar: RunningSidecar, tmp_path:
     assert re.search(r"^for (fresh|rotten): ", shown.stdout, re.M)
     html = page.read_text()
     assert "<html" in html.lower() and "gorgeous" in html and "http://" not in html
+    # A folder that is not there is found before the call (a job's would have run for nothing);
+    # a file that cannot be written no longer costs the answer, printed first.
+    missing = limelight("explain", text, "--target", sidecar.target, "--html", "/none/x.html")
+    assert (missing.returncode, missing.stdout) == (1, ""), missing.stderr
+    assert "cannot write --html /none/x.html: no folder /none" in missing.stderr
+    unwritable = limelight("explain", text, "--target", sidecar.target, "--html", str(tmp_path))
+    assert unwritable.returncode == 1 and "cannot write --html" in unwritable.stderr
+    assert re.search(r"^for (fresh|rotten): ", unwritable.stdout, re.M)
 
 
 def test_all_classes_draws_a_map_per_class_and_flags_a_method_ignores_are_refused(

@@ -37,3 +37,23 @@ def test_the_model_column_tells_jobs_of_two_models_apart() -> None:
     column = header.index("MODEL")
     assert [row[column:].split()[0] for row in rows] == ["m@11111111", "m@22222222", "-"]
     assert f"model      m@{'2' * 64}" in describe(new).splitlines()
+
+
+def test_what_a_submitter_chose_cannot_drive_the_readers_terminal() -> None:
+    """A job's key and parameters are whatever its submitter sent, and `jobs show` printed the
+    key raw: an escape sequence in it cleared the reader's screen and set the window title."""
+    from limelight.cli.jobs import describe
+
+    attack = "k\x1b]0;PWNED\x07\x1b[2J\x9b31m\u202e"
+    info = JobInfo(
+        id="d" * 32,
+        state=JobState.FAILED,
+        method=f"lrp{attack}",
+        idempotency_key=attack,
+        parameters={"note": attack},
+        message=attack,
+        error=attack,
+    )
+    for shown in (describe(info, color=False), jobs_table([info])):
+        assert not any(c in shown for c in "\x1b\x07\x9b\u202e"), repr(shown)
+        assert "PWNED" in shown  # the text is still there to read

@@ -12,7 +12,7 @@ import pytest
 
 from limelight_client import Explanation
 from limelight_client.proto import explainer_pb2 as pb
-from limelight_client.render import color_for, contrast_centre, layout
+from limelight_client.render import color_for, contrast_centre, layout, token_text
 from tests.browser import needs_browser
 
 Factory = Callable[..., pb.ExplainResponse]
@@ -45,6 +45,31 @@ def wordpiece_explanation(text: str | None = "unbelievably good") -> Explanation
         ),
     )
     return Explanation.from_proto(msg, text=text)
+
+
+def test_a_combining_accent_stays_with_the_word_it_belongs_to() -> None:
+    """An uncased WordPiece strips accents: "cafe\u0301" is the token "cafe" at 0–4, and the
+    accent left behind sat on the score's bracket ("cafe[+1.000]\u0301")."""
+    msg = pb.ExplainResponse(
+        label="positive",
+        label_index=1,
+        labels=["negative", "positive"],
+        probabilities=[0.1, 0.9],
+        explanation=pb.Explanation(
+            method="normxlogit",
+            target_index=1,
+            target_label="positive",
+            tokens=[
+                pb.Token(text="cafe", id=1, start=0, end=4),
+                pb.Token(text="ok", start=6, end=8),
+            ],
+            scores=[1.0, -0.5],
+        ),
+    )
+    exp = Explanation.from_proto(msg, text="cafe\u0301 ok")
+    assert [(s.text, s.token) for s in layout(exp)] == [("cafe\u0301", 0), (" ", None), ("ok", 1)]
+    assert "cafe\u0301[+1.000] ok[-0.500]" in exp.to_terminal(color=False).splitlines()
+    assert token_text(exp, exp.tokens[0]) == "cafe\u0301"
 
 
 def test_layout_uses_offsets_into_original_text() -> None:
@@ -200,6 +225,9 @@ def test_a_map_whose_tokens_all_score_the_same_says_so_instead_of_a_scale(
     page = exp.to_html(scores=["importance"])
     assert "every token scores +0.000: none stands out" in page
     assert "-0.000" not in page and "every token scores" not in exp.to_html()
+    # Nor a colour bar from +0.000 to +0.000 beside the words.
+    (flat,) = [m for m in page.split('<div class="map">')[1:] if "none stands out" in m]
+    assert 'class="grad"' not in flat and 'class="grad"' in exp.to_html()
 
 
 def test_terminal_several_score_arrays_share_one_header() -> None:

@@ -146,12 +146,15 @@ def setup_logging(level: str = "INFO") -> None:
 
 
 def add_words_arg(parser: argparse.ArgumentParser) -> None:
-    """``--words`` of commands that show an explanation."""
+    """``--words`` of commands that show an explanation; its help names the outputs the
+    command has."""
+    flags = {"--json", "--html"} & set(parser._option_string_actions)
+    outputs = ", ".join(["the heat-map", "the lists", *sorted(flags, reverse=True)])
     parser.add_argument(
         "--words",
         action="store_true",
         help="show whole words: each word's pieces merged into one token, their scores summed "
-        "(the heat-map, the lists, --json and --html)",
+        f"({outputs})",
     )
 
 

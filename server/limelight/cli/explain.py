@@ -132,17 +132,18 @@ def _maps(explanation: Any, all_classes: bool, page: bool) -> list[str] | None:
 def _show(explanation: Any, args: argparse.Namespace) -> None:
     if args.words:
         explanation = explanation.by_words()
-    if args.html is not None:
-        explanation.to_html(args.html, scores=_maps(explanation, args.all_classes, page=True))
+    # The result first: a file that cannot be written must not cost the answer (a job's).
     if args.json:
         print(json.dumps(explanation.to_dict(), indent=2))
-        return
-    maps = _maps(explanation, args.all_classes, page=False)
-    print(explanation.to_terminal(scores=maps or "scores", color=use_color(args.color)))
-    for line in top_token_lines(explanation, args.top):
-        print(line)
+    else:
+        maps = _maps(explanation, args.all_classes, page=False)
+        print(explanation.to_terminal(scores=maps or "scores", color=use_color(args.color)))
+        for line in top_token_lines(explanation, args.top):
+            print(line)
     if args.html is not None:
-        print(f"HTML heat-map written to {args.html}")
+        explanation.to_html(args.html, scores=_maps(explanation, args.all_classes, page=True))
+        if not args.json:
+            print(f"HTML heat-map written to {args.html}")
 
 
 def _follow(job: Any, quiet: bool, timeout: float | None) -> Any:
@@ -165,6 +166,9 @@ def run(args: argparse.Namespace) -> int:
         args.text = _utf8_or_replaced(args.text, "TEXT")
     if args.text_pair is not None:
         args.text_pair = _utf8_or_replaced(args.text_pair, "--pair")
+    if args.html is not None and not args.html.parent.is_dir():
+        # Found now, not after a job that ran for minutes.
+        return fail(args, f"cannot write --html {args.html}: no folder {args.html.parent}", 1)
     try:
         explanation = _run_local(args) if args.local else _run_remote(args)
     except LimelightError as exc:

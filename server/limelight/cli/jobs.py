@@ -98,7 +98,11 @@ def _duration(info: Any) -> str:
 
 
 def format_table(rows: list[list[str]], header: list[str]) -> str:
-    """Columns padded to their widest cell; the last column is left ragged."""
+    """Columns padded to their widest cell; the last column is left ragged. Cells come from
+    the server (a job's method, message, …): nothing in them may act on the terminal."""
+    from limelight_client.render import terminal_safe
+
+    rows = [[terminal_safe(cell) for cell in row] for row in rows]
     widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
     lines = []
     for row in [header, *rows]:
@@ -162,6 +166,11 @@ def describe(info: Any, top: int = 5, color: bool | None = None) -> str:
         lines.append(f"key        {info.idempotency_key}")
     if info.error:
         lines.append(f"error      {info.error}")
+    # Anyone who may submit a job chooses its key and parameters; the server words its
+    # message and error: none of it may drive the terminal of whoever reads the job.
+    from limelight_client.render import terminal_safe
+
+    lines = [terminal_safe(line) for line in lines]
     result = info.result
     if result is not None:
         lines.append("")
