@@ -245,6 +245,21 @@ _UNSAFE = {
 }
 
 
+def columns(text: str) -> int:
+    """The terminal columns ``text`` takes: two for a wide or full-width character (CJK), none
+    for a combining mark, one for the rest."""
+    return sum(
+        0 if unicodedata.combining(c) else 2 if unicodedata.east_asian_width(c) in "WF" else 1
+        for c in text
+    )
+
+
+def pad(text: str, width: int) -> str:
+    """``text`` padded with spaces to ``width`` terminal columns (``str.ljust`` counts
+    characters, which puts the bars after a Chinese label two columns out per character)."""
+    return text + " " * max(0, width - columns(text))
+
+
 def terminal_safe(text: str) -> str:
     """``text`` with nothing a terminal would act on: control characters (escape sequences),
     C1 controls and bidirectional overrides become U+FFFD; a carriage return ends a line as
@@ -294,13 +309,13 @@ def to_terminal(
         lines.append(f"note: {_truncation(exp)}")
     if exp.windows > 1:
         lines.append(f"note: explained in {exp.windows} overlapping windows, stitched together")
-    width = max((len(name) for name in exp.probabilities), default=0)
+    width = max((columns(terminal_safe(name)) for name in exp.probabilities), default=0)
     predicted = set(exp.predicted_labels) if exp.multi_label else {exp.label}
     for name, p in exp.probabilities.items():
         mark = "▶" if name in predicted else " "
         limit = exp.thresholds.get(name) if exp.multi_label else None
         note = f"  (threshold {limit:.2f})" if limit is not None else ""
-        lines.append(f"{mark} {terminal_safe(name).ljust(width)}  {_bar(p)}  {p:.3f}{note}")
+        lines.append(f"{mark} {pad(terminal_safe(name), width)}  {_bar(p)}  {p:.3f}{note}")
     lines.append("")
     if len(names) > 1:  # one map per named array, each under its name
         for index, name in enumerate(names):

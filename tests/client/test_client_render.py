@@ -554,3 +554,28 @@ def test_terminal_safe_leaves_no_control_a_terminal_would_act_on() -> None:
     assert terminal_safe("one\r\ntwo\rthree\nfour\tfive \U0001f600 \u00e9") == (
         "one\ntwo\nthree\nfour\tfive \U0001f600 \u00e9"
     )
+
+
+def test_probability_bars_line_up_under_wide_labels() -> None:
+    """A Chinese label takes two terminal columns per character: padded by characters, its
+    bar started two columns to the right of the others' per character."""
+    from limelight_client.render import columns
+
+    msg = pb.ExplainResponse(
+        label="情绪",
+        label_index=0,
+        labels=["情绪", "neutral"],
+        probabilities=[0.7, 0.3],
+        explanation=pb.Explanation(
+            method="normxlogit",
+            target_index=0,
+            target_label="情绪",
+            tokens=[pb.Token(text="ok", id=2, start=0, end=2)],
+            scores=[1.0],
+        ),
+    )
+    shown = Explanation.from_proto(msg, text="ok").to_terminal(color=False).splitlines()
+    bars = [line for line in shown if "█" in line or "░" in line]
+    assert len(bars) == 2
+    starts = {columns(line[: min(line.index(c) for c in "█░" if c in line)]) for line in bars}
+    assert len(starts) == 1, bars

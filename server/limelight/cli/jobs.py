@@ -100,13 +100,13 @@ def _duration(info: Any) -> str:
 def format_table(rows: list[list[str]], header: list[str]) -> str:
     """Columns padded to their widest cell; the last column is left ragged. Cells come from
     the server (a job's method, message, …): nothing in them may act on the terminal."""
-    from limelight_client.render import terminal_safe
+    from limelight_client.render import columns, pad, terminal_safe
 
     rows = [[terminal_safe(cell) for cell in row] for row in rows]
-    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+    widths = [max(columns(r[i]) for r in [header, *rows]) for i in range(len(header))]
     lines = []
     for row in [header, *rows]:
-        cells = [c.ljust(w) for c, w in zip(row[:-1], widths[:-1], strict=True)]
+        cells = [pad(c, w) for c, w in zip(row[:-1], widths[:-1], strict=True)]
         lines.append("  ".join([*cells, row[-1]]).rstrip())
     return "\n".join(lines)
 
