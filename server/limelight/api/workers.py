@@ -24,10 +24,12 @@ head, table or graph at once).
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -117,6 +119,7 @@ class Supervisor:
 
         # Handled on a thread: a handler running inside ``self._stop.wait`` must not set it.
         on_signals((signal.SIGTERM, signal.SIGINT, signal.SIGHUP), self._on_signal, "signals")
+        check_ports_free(self.settings)
         model_dir = resolve_model_dir(self.settings, serving=True)  # once, not by N workers
         self._run_dir = Path(tempfile.mkdtemp(prefix="limelight-workers-"))
         self.metrics_dir.mkdir()
@@ -217,6 +220,39 @@ class Supervisor:
                 log.error("worker %d did not stop in time; killing it", w.index)
                 w.process.kill()
                 w.process.wait()
+
+
+def check_ports_free(settings: Settings) -> None:
+    """Refuse ports another process listens on. The workers bind with ``SO_REUSEPORT``, which
+    lets a second supervisor's workers join a port the first one's hold: the kernel then
+    splits the traffic, and the scrapes, between two unrelated sidecars without a word. A
+    bind without it (``SO_REUSEADDR`` only, which a port just closed does not block) fails
+    where anyone listens."""
+    for name, port in (
+        ("port", settings.port),
+        ("metrics port", settings.metrics_port),
+        ("health port", settings.health_port),
+    ):
+        if not port:  # 0: the first worker picks one (gRPC), or none is served
+            continue
+        try:
+            found = socket.getaddrinfo(
+                settings.host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+            )
+        except socket.gaierror:
+            continue  # the workers' own bind reports an address that does not resolve
+        family, kind, proto, _, address = found[0]
+        with socket.socket(family, kind, proto) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                probe.bind(address)
+            except OSError as exc:
+                if exc.errno != errno.EADDRINUSE:
+                    continue  # not ours to judge (an address not on this host, …)
+                raise Unavailable(
+                    f"cannot listen on {settings.host}:{port} (the {name}): another process "
+                    "listens there (another sidecar?); pick another port"
+                ) from None
 
 
 def exit_with_parent(parent: int) -> None:
