@@ -19,6 +19,7 @@ import logging
 import os
 import signal
 import threading
+import time
 from collections.abc import Callable, Iterable
 from types import FrameType
 
@@ -50,3 +51,19 @@ def on_signals(
     threading.Thread(target=dispatch, name=name, daemon=True).start()
     for sig in signals:
         signal.signal(sig, note)
+
+
+def exit_with_parent(parent: int) -> None:
+    """Run on a daemon thread of a child process (a ``--workers`` worker, the sidecar and the
+    load generator a benchmark starts): when ``parent`` is gone (killed outright, no chance to
+    stop its children), stop gracefully by SIGTERM to this process."""
+    while os.getppid() == parent:
+        time.sleep(1.0)
+    os.kill(os.getpid(), signal.SIGTERM)
+
+
+def watch_parent() -> None:
+    """Start :func:`exit_with_parent` for this process's parent as it is now."""
+    threading.Thread(
+        target=exit_with_parent, args=(os.getppid(),), name="watch-parent", daemon=True
+    ).start()

@@ -14,11 +14,11 @@ from tests.pki import make_pki
 
 
 def quick_bench(
-    model_dir: Path, out: Path, sections: str, *options: str
+    model_dir: Path, out: Path, sections: str, *options: str, env: dict[str, str] | None = None
 ) -> subprocess.CompletedProcess[str]:
     return limelight(
         "bench", "--model", str(model_dir), "--quick", "--sections", sections, *options,
-        "--out", str(out),
+        "--out", str(out), env=env,
     )  # fmt: skip
 
 
@@ -33,11 +33,13 @@ def test_quick_served_bench(
     bert_tiny_dir: Path, tmp_path: Path, rpc: str, workers: int, options: list[str]
 ) -> None:
     """Over streams (drift monitor on, observing half the answers; answers' tokens as
-    messages), and over the HTTP port of two workers (which share it)."""
+    messages), and over the HTTP port of two workers (which share it). The shell's
+    LIMELIGHT_AUTH_TOKEN is for sidecars it starts itself: the one bench starts asks for none
+    (its load generator has no token to send; it failed with one line of a traceback)."""
     out = tmp_path / "bench"
     done = quick_bench(
         bert_tiny_dir, out, "served", "--runtimes", "onnx", "--clients", "2", "--rpc", rpc,
-        "--workers", str(workers), *options,
+        "--workers", str(workers), *options, env={"LIMELIGHT_AUTH_TOKEN": "for-my-own-sidecar"},
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-2000:]
     report = (out / "bench.md").read_text()
@@ -150,3 +152,49 @@ def test_bench_against_refuses_sections_that_need_the_model_here(tmp_path: Path)
     )
     assert done.returncode == 2
     assert "--against measures a running sidecar: the served and mix sections" in done.stderr
+
+
+@pytest.mark.parametrize("sig", ["SIGTERM", "SIGHUP", "SIGKILL"])
+def test_a_bench_ended_by_a_signal_leaves_no_process_behind(
+    bert_tiny_dir: Path, tmp_path: Path, sig: str
+) -> None:
+    """`kill` (SIGTERM) and a closed terminal (SIGHUP) ended the bench but left the sidecar it
+    started serving for good (a SIGHUP even reloaded it), and the load generator loading on;
+    SIGKILL, which no process can catch, left both too. Ctrl-C already cleaned up."""
+    import os
+    import signal
+    import sys
+
+    import psutil
+
+    from tests.waiting import wait_until
+
+    argv = [sys.executable, "-m", "limelight.cli.main", "bench", "--model", str(bert_tiny_dir)]
+    argv += ["--sections", "served", "--runtimes", "torch", "--clients", "1"]
+    argv += ["--duration", "600", "--load-warmup", "0", "--out", str(tmp_path / "bench")]
+    bench = subprocess.Popen(
+        argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
+    )
+    try:
+        me = psutil.Process(bench.pid)
+
+        def loading() -> list[psutil.Process]:
+            children = me.children(recursive=True)
+            lines = [" ".join(p.cmdline()) for p in children if p.is_running()]
+            both = any("serve_main" in c for c in lines) and any("loadgen_main" in c for c in lines)
+            return children if both else []
+
+        children = wait_until(loading, interval=0.2, timeout=600)
+        os.kill(bench.pid, getattr(signal, sig))
+        bench.wait(120)
+
+        def all_gone() -> bool:
+            return not any(p.is_running() and p.status() != "zombie" for p in children)
+
+        wait_until(all_gone, interval=0.2, timeout=120)
+    finally:
+        if bench.poll() is None:
+            os.killpg(bench.pid, signal.SIGKILL)
+        for p in psutil.Process().children(recursive=True):
+            if "limelight" in " ".join(p.cmdline()) and p.pid != os.getpid():
+                p.kill()

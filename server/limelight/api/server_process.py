@@ -17,6 +17,7 @@ from typing import Any
 
 from limelight.api.server import SidecarServer
 from limelight.settings import Settings
+from limelight.signals import watch_parent
 
 
 @dataclass
@@ -50,7 +51,12 @@ def start_server_process(
     """Start ``limelight``'s sidecar in a child process with these Settings values (port and
     metrics port are picked here); returns once it is SERVING. ``profile``: write a cProfile
     of the server's event-loop thread there when it stops."""
+    # No credentials from the environment (LIMELIGHT_AUTH_TOKENS_FILE, LIMELIGHT_TLS_*): the
+    # benchmark's load generator has none to present. `limelight bench --against` measures
+    # a sidecar that asks for them.
     values = {"port": 0, "metrics_port": 0, "jobs": "off", "drift_enabled": False}
+    values |= dict.fromkeys(("auth_token", "auth_tokens_file", "tls_cert", "tls_key"))
+    values |= dict.fromkeys(("tls_client_ca",))
     values.update({k: str(v) if isinstance(v, Path) else v for k, v in settings.items()})
     # The child says "ready" by writing its port here; the folder goes once it is read.
     with tempfile.TemporaryDirectory(prefix="limelight-bench-") as folder:
@@ -82,6 +88,8 @@ def serve_main() -> None:
     values, port_file, profile_path = json.loads(sys.argv[1]), Path(sys.argv[2]), sys.argv[3]
 
     settings = Settings(**values)
+    # A benchmark killed outright (SIGKILL) must not leave its sidecar serving forever.
+    watch_parent()
     if settings.workers > 1:  # a supervisor with its worker processes (`--workers`)
         from limelight.api.workers import Supervisor
 

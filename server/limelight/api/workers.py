@@ -253,10 +253,3 @@ def check_ports_free(settings: Settings) -> None:
                     f"cannot listen on {settings.host}:{port} (the {name}): another process "
                     "listens there (another sidecar?); pick another port"
                 ) from None
-
-
-def exit_with_parent(parent: int) -> None:
-    """A worker whose supervisor is gone (killed outright) stops gracefully by itself."""
-    while os.getppid() == parent:
-        time.sleep(1.0)
-    os.kill(os.getpid(), signal.SIGTERM)

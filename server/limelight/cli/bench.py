@@ -12,7 +12,9 @@ instead (``limelight.cli.bench_remote``).
 from __future__ import annotations
 
 import argparse
+import signal
 import statistics
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -244,6 +246,13 @@ def run(args: argparse.Namespace) -> int:
 
         return run_against(args)
 
+    # A closed terminal (SIGHUP) or a `kill` (SIGTERM) ends the run as Ctrl-C does: through
+    # the cleanup that stops the sidecar and the load generator this run started.
+    def interrupt(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, interrupt)
     with workdir() as work:
         return _run(args, work)
 
@@ -422,7 +431,8 @@ def _run(args: argparse.Namespace, work: Path) -> int:
                         f"served {name}, {rows[-1][1]} client(s): p50 {row['p50']:.3g} ms, "
                         f"p99 {row['p99']:.3g} ms, {row['per_s']:,.0f} req/s "
                         f"({row['per_s'] / base.per_s:.2f}x in-process), "
-                        f"server CPU {row['cpu']:.3g} ms/req",
+                        f"server CPU {row['cpu']:.3g} ms/req"
+                        + (f", {load.errors} FAILED call(s)" if load.errors else ""),
                         flush=True,
                     )
             finally:
@@ -561,6 +571,14 @@ def _run(args: argparse.Namespace, work: Path) -> int:
     if inline_rows or served:
         _plot(inline_rows, served, args.out / "bench.png")
     print(f"\nwrote {args.out / 'bench.md'}")
+    failed = sum(row["errors"] for row in served)
+    if failed:  # a run where calls failed (a worker died, the sidecar stalled) measured that
+        print(
+            f"limelight bench: {failed} served call(s) failed during the measurement: its "
+            "latency, throughput and CPU figures do not describe a healthy sidecar",
+            file=sys.stderr,
+        )
+        return 1
     return 0
 
 

@@ -73,7 +73,7 @@ def _served_model(args: argparse.Namespace, security: dict[str, Any]) -> Any:
     except ValueError as exc:  # the SDK's word on the address
         raise InvalidArgument(f"--against: {exc}") from None
     except LimelightError as exc:
-        raise InvalidArgument(client_error_line(exc, target)) from None
+        raise InvalidArgument(client_error_line(exc, target, "--against")) from None
 
 
 def _http_model(target: str, security: dict[str, Any]) -> Any:

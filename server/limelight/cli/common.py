@@ -246,7 +246,7 @@ def _no_port(target: str) -> bool:
     return ":" not in target and "/" not in target
 
 
-def client_error_line(exc: Any, target: str | None) -> str:
+def client_error_line(exc: Any, target: str | None, flag: str = "--target") -> str:
     """One readable line for a failed client call: the status and the server's message, or,
     when nothing answered at ``target``, where the CLI looked and how to point it elsewhere
     (the address the user gave rather than the one gRPC resolved it to)."""
@@ -263,7 +263,9 @@ def client_error_line(exc: Any, target: str | None) -> str:
             )
         return (
             f"cannot reach a sidecar at {target} ({reason}): start one with `limelight "
-            "serve`, or point --target (or LIMELIGHT_TARGET) at a running one"
+            f"serve`, or point {flag}"
+            + (" (or LIMELIGHT_TARGET)" if flag == "--target" else "")
+            + " at a running one"
         )
     if getattr(getattr(exc, "code", None), "name", "") == "UNAVAILABLE" and target:
         # Something answered (the sidecar draining, its job queue down, a proxy without one).

@@ -9,7 +9,6 @@ import logging
 import os
 import signal
 import sys
-import threading
 from pathlib import Path
 from types import FrameType
 
@@ -205,9 +204,9 @@ def worker_main() -> None:
     hangup = _EarlyHangup()  # first, as in ``run``: a SIGHUP sent to the worker while it starts
     from limelight.api.server import SidecarServer
     from limelight.api.server_process import publish_port
-    from limelight.api.workers import exit_with_parent
     from limelight.cli.main import describe_error
     from limelight.metrics import Metrics
+    from limelight.signals import watch_parent
 
     settings_file, ready_file, index = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3]
     settings = Settings.model_validate(json.loads(settings_file.read_text()))
@@ -215,7 +214,7 @@ def worker_main() -> None:
         level=getattr(logging, settings.log_level.upper(), logging.INFO),
         format=f"%(asctime)s %(levelname)-7s [worker {index}] %(name)s: %(message)s",
     )
-    threading.Thread(target=exit_with_parent, args=(os.getppid(),), daemon=True).start()
+    watch_parent()
     metrics = Metrics(multiprocess_dir=Path(os.environ["PROMETHEUS_MULTIPROC_DIR"]))
     server = SidecarServer(
         settings, metrics=metrics, on_ready=lambda s: publish_port(ready_file, s.port)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import json
+import logging
 import os
 import platform
 import ssl
@@ -32,6 +33,9 @@ if TYPE_CHECKING:
     from limelight.models.loaded import LoadedModel
     from limelight.runtimes.base import InlineBatch, Runtime
     from limelight.settings import Settings
+
+
+log = logging.getLogger(__name__)
 
 
 def machine() -> str:
@@ -442,7 +446,11 @@ def run_load(
         timeout=duration_s + warmup_s + 600,
     )
     if done.returncode != 0:
-        raise RuntimeError(f"the load generator failed: {done.stderr.decode()[-2000:]}")
+        # Its last line says why (a traceback's first line says nothing); the rest is logged.
+        lines = done.stderr.decode(errors="replace").strip().splitlines()
+        log.debug("the load generator's output:\n%s", "\n".join(lines))
+        why = lines[-1] if lines else f"exit status {done.returncode}"
+        raise RuntimeError(f"the load generator failed: {why}")
     out = json.loads(done.stdout)
     return LoadResult(
         duration_s=out["duration_s"],
@@ -457,7 +465,11 @@ def run_load(
 
 def loadgen_main() -> None:
     """Entry point of the load-generator process: a JSON config on stdin, JSON out."""
+    from limelight.signals import watch_parent
+
     config = json.loads(sys.stdin.read())
+    # A benchmark killed outright (SIGKILL) must not leave its load running on.
+    watch_parent()
     print(json.dumps(asyncio.run(_generate_load(config))))
 
 
