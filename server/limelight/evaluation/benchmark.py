@@ -465,12 +465,18 @@ def run_load(
 
 def loadgen_main() -> None:
     """Entry point of the load-generator process: a JSON config on stdin, JSON out."""
+    import grpc
+
     from limelight.signals import watch_parent
 
     config = json.loads(sys.stdin.read())
     # A benchmark killed outright (SIGKILL) must not leave its load running on.
     watch_parent()
-    print(json.dumps(asyncio.run(_generate_load(config))))
+    try:
+        answer = asyncio.run(_generate_load(config))
+    except grpc.aio.AioRpcError as exc:  # one line for the parent to show (its repr has many)
+        sys.exit(f"{exc.code().name}: {exc.details()}")
+    print(json.dumps(answer))
 
 
 async def _generate_load(config: dict[str, Any]) -> dict[str, Any]:
@@ -529,7 +535,7 @@ async def _generate_load(config: dict[str, Any]) -> dict[str, Any]:
             try:
                 response = await stub.Explain(request(text), timeout=600, metadata=md)
             except grpc.aio.AioRpcError:
-                tally.errors += 1
+                await tally.failed(started)
                 continue
             record(kind, started, response)
 
@@ -537,8 +543,9 @@ async def _generate_load(config: dict[str, Any]) -> dict[str, Any]:
         pool = texts[kind]
         stub = stubs[index % len(stubs)]
         i = index
-        while loop.time() < end:  # a failed stream is counted and reopened
+        while (opened := loop.time()) < end:  # a failed stream is counted and reopened
             call = stub.ExplainStream(timeout=600, metadata=md)
+            started = opened
             try:
                 while (started := loop.time()) < end:
                     await call.write(request(pool[i % len(pool)]))
@@ -549,10 +556,10 @@ async def _generate_load(config: dict[str, Any]) -> dict[str, Any]:
                     record(kind, started, response)
                 await call.done_writing()
                 if await call.code() != grpc.StatusCode.OK:
-                    tally.errors += 1
+                    await tally.failed(started)
             except (grpc.aio.AioRpcError, RuntimeError):
-                tally.errors += 1
                 call.cancel()
+                await tally.failed(started)
 
     async def batch_client(kind: str, index: int) -> None:
         pool = texts[kind]
@@ -567,7 +574,7 @@ async def _generate_load(config: dict[str, Any]) -> dict[str, Any]:
                     pb.ExplainBatchRequest(requests=requests), timeout=600, metadata=md
                 )
             except grpc.aio.AioRpcError:
-                tally.errors += per_call
+                await tally.failed(started, per_call)
                 continue
             for answer in response.responses:
                 record(kind, started, answer)
@@ -580,6 +587,10 @@ async def _generate_load(config: dict[str, Any]) -> dict[str, Any]:
         await channel.close()
     placement = "+".join(str(n) for n in sorted(placed.values(), reverse=True))
     return tally.report(config, cpu, placement)
+
+
+#: How long a load client waits after a failed call before it sends the next.
+FAILURE_PAUSE_S = 0.05
 
 
 @dataclass
@@ -608,6 +619,14 @@ class _Tally:
         if self.begin <= started and finished <= self.end:
             self.latencies[kind].append(finished - started)
             self.tokens[kind] += tokens
+
+    async def failed(self, started: float, calls: int = 1) -> None:
+        """``calls`` sent at ``started`` failed: counted when sent inside the window, as
+        answers are; then a pause, so that a sidecar that is down is not hammered by retries
+        (thousands a second) that would fill the count and the event loop."""
+        if self.begin <= started <= self.end:
+            self.errors += calls
+        await asyncio.sleep(FAILURE_PAUSE_S)
 
     def report(self, config: dict[str, Any], cpu: float, placement: str) -> dict[str, Any]:
         """The load generator's JSON answer (read back by ``run_load``)."""
@@ -687,7 +706,7 @@ async def _generate_http_load(config: dict[str, Any]) -> dict[str, Any]:
                         response.raise_for_status()
                         answer = await response.json()
                 except aiohttp.ClientError:
-                    tally.errors += 1
+                    await tally.failed(started)
                     continue
                 tally.record(kind, started, len(answer["explanations"][0]["tokens"]))
 
