@@ -459,3 +459,21 @@ def test_a_taken_port_is_one_line_before_any_worker_starts(
         f"limelight serve: error: cannot listen on 127.0.0.1:{port} (the port): another "
         "process listens there (another sidecar?); pick another port"
     ]
+
+
+def test_the_run_folders_of_supervisors_that_are_gone_are_removed(tmp_path: Path) -> None:
+    """A supervisor killed outright left its run folder (settings, ready files, every
+    worker's metrics files) in the temp folder for good; the next one removes it."""
+    import os
+
+    from limelight.api.workers import RUN_DIR_PREFIX, remove_stale_run_dirs
+
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    dead = tmp_path / f"{RUN_DIR_PREFIX}{gone.pid}-abc123"
+    alive = tmp_path / f"{RUN_DIR_PREFIX}{os.getpid()}-def456"
+    unnamed = tmp_path / f"{RUN_DIR_PREFIX}890ltx0b"  # no pid in the name: not ours to judge
+    for folder in (dead, alive, unnamed):
+        (folder / "metrics").mkdir(parents=True)
+    assert remove_stale_run_dirs(tmp_path) == [dead]
+    assert not dead.exists() and alive.exists() and unnamed.exists()

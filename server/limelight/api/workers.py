@@ -121,7 +121,8 @@ class Supervisor:
         on_signals((signal.SIGTERM, signal.SIGINT, signal.SIGHUP), self._on_signal, "signals")
         check_ports_free(self.settings)
         model_dir = resolve_model_dir(self.settings, serving=True)  # once, not by N workers
-        self._run_dir = Path(tempfile.mkdtemp(prefix="limelight-workers-"))
+        remove_stale_run_dirs()
+        self._run_dir = Path(tempfile.mkdtemp(prefix=f"{RUN_DIR_PREFIX}{os.getpid()}-"))
         self.metrics_dir.mkdir()
         # Each worker keeps ``workers`` (it tells clients how many share the port) but is
         # started as a plain sidecar, never as another supervisor.
@@ -220,6 +221,34 @@ class Supervisor:
                 log.error("worker %d did not stop in time; killing it", w.index)
                 w.process.kill()
                 w.process.wait()
+
+
+#: A supervisor's run folder (workers' settings, ready files, metrics) in the temp folder:
+#: ``limelight-workers-<supervisor pid>-<random>``.
+RUN_DIR_PREFIX = "limelight-workers-"
+
+
+def remove_stale_run_dirs(temp: Path | None = None) -> list[Path]:
+    """Remove the run folders of supervisors that are gone: one killed outright (SIGKILL, an
+    OOM kill) had no chance to, and each left its workers' metrics files behind."""
+    removed = []
+    for folder in Path(temp or tempfile.gettempdir()).glob(f"{RUN_DIR_PREFIX}*-*"):
+        pid = folder.name.removeprefix(RUN_DIR_PREFIX).split("-", 1)[0]
+        if not pid.isdigit() or _alive(int(pid)):
+            continue
+        shutil.rmtree(folder, ignore_errors=True)
+        removed.append(folder)
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process: alive
+        return True
+    return True
 
 
 def check_ports_free(settings: Settings) -> None:
