@@ -31,17 +31,27 @@ def wordpiece_explanation(text: str | None = "unbelievably good") -> Explanation
         pb.Token(text="good", id=2204, start=13, end=17),
         pb.Token(text="[SEP]", id=102, special=True),
     ]
+    return explained(tokens, [5.0, 0.5, -0.25, 0.1, 1.0, 5.0], text)
+
+
+def explained(
+    tokens: list[pb.Token],
+    scores: list[float],
+    text: str | None,
+    labels: tuple[str, str] = ("negative", "positive"),
+) -> Explanation:
+    """A NormXLogit answer predicting and explaining ``labels[1]`` (probability 0.9)."""
     msg = pb.ExplainResponse(
-        label="positive",
+        label=labels[1],
         label_index=1,
-        labels=["negative", "positive"],
+        labels=list(labels),
         probabilities=[0.1, 0.9],
         explanation=pb.Explanation(
             method="normxlogit",
             target_index=1,
-            target_label="positive",
+            target_label=labels[1],
             tokens=tokens,
-            scores=[5.0, 0.5, -0.25, 0.1, 1.0, 5.0],
+            scores=scores,
         ),
     )
     return Explanation.from_proto(msg, text=text)
@@ -50,23 +60,8 @@ def wordpiece_explanation(text: str | None = "unbelievably good") -> Explanation
 def test_a_combining_accent_stays_with_the_word_it_belongs_to() -> None:
     """An uncased WordPiece strips accents: "cafe\u0301" is the token "cafe" at 0–4, and the
     accent left behind sat on the score's bracket ("cafe[+1.000]\u0301")."""
-    msg = pb.ExplainResponse(
-        label="positive",
-        label_index=1,
-        labels=["negative", "positive"],
-        probabilities=[0.1, 0.9],
-        explanation=pb.Explanation(
-            method="normxlogit",
-            target_index=1,
-            target_label="positive",
-            tokens=[
-                pb.Token(text="cafe", id=1, start=0, end=4),
-                pb.Token(text="ok", start=6, end=8),
-            ],
-            scores=[1.0, -0.5],
-        ),
-    )
-    exp = Explanation.from_proto(msg, text="cafe\u0301 ok")
+    tokens = [pb.Token(text="cafe", id=1, start=0, end=4), pb.Token(text="ok", start=6, end=8)]
+    exp = explained(tokens, [1.0, -0.5], "cafe\u0301 ok")
     assert [(s.text, s.token) for s in layout(exp)] == [("cafe\u0301", 0), (" ", None), ("ok", 1)]
     assert "cafe\u0301[+1.000] ok[-0.500]" in exp.to_terminal(color=False).splitlines()
     assert token_text(exp, exp.tokens[0]) == "cafe\u0301"
@@ -561,20 +556,9 @@ def test_probability_bars_line_up_under_wide_labels() -> None:
     bar started two columns to the right of the others' per character."""
     from limelight_client.render import columns
 
-    msg = pb.ExplainResponse(
-        label="情绪",
-        label_index=0,
-        labels=["情绪", "neutral"],
-        probabilities=[0.7, 0.3],
-        explanation=pb.Explanation(
-            method="normxlogit",
-            target_index=0,
-            target_label="情绪",
-            tokens=[pb.Token(text="ok", id=2, start=0, end=2)],
-            scores=[1.0],
-        ),
-    )
-    shown = Explanation.from_proto(msg, text="ok").to_terminal(color=False).splitlines()
+    tokens = [pb.Token(text="ok", id=2, start=0, end=2)]
+    shown = explained(tokens, [1.0], "ok", ("neutral", "情绪")).to_terminal(color=False)
+    shown = shown.splitlines()
     bars = [line for line in shown if "█" in line or "░" in line]
     assert len(bars) == 2
     starts = {columns(line[: min(line.index(c) for c in "█░" if c in line)]) for line in bars}
