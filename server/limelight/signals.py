@@ -67,3 +67,15 @@ def watch_parent() -> None:
     threading.Thread(
         target=exit_with_parent, args=(os.getppid(),), name="watch-parent", daemon=True
     ).start()
+
+
+def interrupt_on(signals: Iterable[signal.Signals]) -> None:
+    """Make ``signals`` end this process as Ctrl-C does, by ``KeyboardInterrupt`` (what
+    Python's own SIGINT handler raises; it takes no lock): for commands whose cleanup is
+    their Ctrl-C path (``limelight bench`` stops the sidecar and the load it started)."""
+
+    def interrupt(signum: int, frame: FrameType | None) -> None:
+        raise KeyboardInterrupt
+
+    for sig in signals:
+        signal.signal(sig, interrupt)

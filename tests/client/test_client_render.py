@@ -557,8 +557,8 @@ def test_probability_bars_line_up_under_wide_labels() -> None:
     from limelight_client.render import columns
 
     tokens = [pb.Token(text="ok", id=2, start=0, end=2)]
-    shown = explained(tokens, [1.0], "ok", ("neutral", "情绪")).to_terminal(color=False)
-    shown = shown.splitlines()
+    page = explained(tokens, [1.0], "ok", ("neutral", "情绪")).to_terminal(color=False)
+    shown = page.splitlines()
     bars = [line for line in shown if "█" in line or "░" in line]
     assert len(bars) == 2
     starts = {columns(line[: min(line.index(c) for c in "█░" if c in line)]) for line in bars}

@@ -28,6 +28,7 @@ from limelight.cli.common import (
     whole,
 )
 from limelight.errors import InvalidArgument
+from limelight.signals import interrupt_on
 
 SECTIONS = ("inline", "served", "mix", "jobs")
 
@@ -248,11 +249,7 @@ def run(args: argparse.Namespace) -> int:
 
     # A closed terminal (SIGHUP) or a `kill` (SIGTERM) ends the run as Ctrl-C does: through
     # the cleanup that stops the sidecar and the load generator this run started.
-    def interrupt(signum: int, frame: Any) -> None:
-        raise KeyboardInterrupt
-
-    for sig in (signal.SIGTERM, signal.SIGHUP):
-        signal.signal(sig, interrupt)
+    interrupt_on((signal.SIGTERM, signal.SIGHUP))
     with workdir() as work:
         return _run(args, work)
 
