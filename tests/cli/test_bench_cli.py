@@ -25,7 +25,14 @@ def quick_bench(
 @pytest.mark.parametrize(
     ("rpc", "workers", "options"),
     [
-        ("stream", 1, ["--drift", "--drift-sample-rate", "0.5", "--token-layout", "messages"]),
+        (
+            "stream",
+            1,
+            [
+                *("--drift", "--drift-sample-rate", "0.5"),
+                *("--token-layout", "messages", "--load-warmup", "0.25"),
+            ],
+        ),
         ("http", 2, []),
     ],
 )
@@ -46,7 +53,8 @@ def test_quick_served_bench(
     assert f"--rpc {rpc}" in report  # the command that made it, for the docs
     assert f"closed loop, {rpc} calls" in report
     command = next(line for line in report.splitlines() if line.startswith("command:"))
-    assert all(option in command.split() for option in options)
+    assert all(option in command.split() for option in options)  # it reproduces the run ...
+    assert "--mix" not in command.split()  # ... naming no option of a section that did not run
     drift = "on (observing 50% of answers)" if "--drift" in options else "off"
     assert f"drift monitor {drift}" in report
     row = re.search(r"^\| onnx \| 2 \| ([\d.]+) \| [\d.]+ \| ([\d.e+]+) \|", report, re.M)
@@ -98,6 +106,7 @@ def test_quick_mix_bench_serves_long_texts_cut_or_whole(
     report = (out / "bench.md").read_text()
     command = next(line for line in report.splitlines() if line.startswith("command:"))
     assert ("--truncation window" in command) == (truncation == "window")
+    assert "--mix 1+1" in command and "--long-chars 6000" in command
     header = next(line for line in report.splitlines() if "tokens per long answer" in line)
     column = [c.strip() for c in header.split("|")].index("tokens per long answer")
     rows = [line for line in report.splitlines() if line.startswith("| length-")]

@@ -33,6 +33,13 @@ from limelight.signals import interrupt_on
 SECTIONS = ("inline", "served", "mix", "jobs")
 
 
+# Defaults that the report's `command:` line leaves out (it writes the others).
+DEFAULT_BATCHES = (1, 8, 32)
+LOAD_WARMUP_S = 2.0
+LONG_CHARS = 20_000
+DEFAULT_JOB_METHODS = "gradient,grad_x_input,integrated_gradients,decoded_gradcam,lrp,slalom"
+
+
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = subparsers.add_parser(
         "bench", help="benchmark the inline path, the served path under load and job methods"
@@ -45,7 +52,10 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="comma-separated: torch,onnx",
     )
     p.add_argument(
-        "--batches", type=listed(whole(1)), default="1,8,32", help="in-process batch sizes"
+        "--batches",
+        type=listed(whole(1)),
+        default=",".join(map(str, DEFAULT_BATCHES)),
+        help="in-process batch sizes",
     )
     p.add_argument(
         "--clients",
@@ -123,7 +133,10 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="seconds measured per load point",
     )
     p.add_argument(
-        "--load-warmup", type=real(0.0), default=2.0, help="seconds of load before measuring"
+        "--load-warmup",
+        type=real(0.0),
+        default=LOAD_WARMUP_S,
+        help="seconds of load before measuring",
     )
     p.add_argument(
         "--mix",
@@ -132,7 +145,10 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="mixed-length load: SHORT+LONG concurrent clients, e.g. 8+4 ('' to skip)",
     )
     p.add_argument(
-        "--long-chars", type=whole(1), default=20_000, help="characters of each long text in --mix"
+        "--long-chars",
+        type=whole(1),
+        default=LONG_CHARS,
+        help="characters of each long text in --mix",
     )
     p.add_argument(
         "--sections",
@@ -142,7 +158,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     p.add_argument(
         "--job-methods",
-        default="gradient,grad_x_input,integrated_gradients,decoded_gradcam,lrp,slalom",
+        default=DEFAULT_JOB_METHODS,
         help="job methods to time ('' to skip)",
     )
     p.add_argument("--quick", action="store_true", help="fewer repeats, short load (a smoke run)")
@@ -611,7 +627,10 @@ def _argv(args: argparse.Namespace) -> list[str]:
         out += ["--demo", args.demo_model]
     if getattr(args, "torch_threads", None):
         out += ["--torch-threads", str(args.torch_threads)]
+    sections = set(args.sections)
     for flag in ("runtimes", "clients", "mix", "sections", "workers", "channels", "rpc"):
+        if flag == "mix" and "mix" not in sections:  # only the mix section reads it
+            continue
         value = getattr(args, flag)
         if isinstance(value, tuple):  # the comma lists, and --mix as SHORT+LONG
             value = "+".join(map(str, value)) if flag == "mix" else ",".join(map(str, value))
@@ -623,8 +642,11 @@ def _argv(args: argparse.Namespace) -> list[str]:
     if args.rpc != "http":
         out += ["--token-layout", args.token_layout]
     out += ["--duration", f"{args.duration:g}"]
-    if not args.spread:
-        out.append("--no-spread")
+    out += changed_load_options(args)
+    if "inline" in sections and tuple(args.batches) != DEFAULT_BATCHES:
+        out += ["--batches", ",".join(map(str, args.batches))]
+    if "jobs" in sections and args.job_methods != DEFAULT_JOB_METHODS:
+        out += ["--job-methods", args.job_methods]
     if args.drift:
         out.append("--drift")
         if args.drift_sample_rate < 1.0:
@@ -633,6 +655,19 @@ def _argv(args: argparse.Namespace) -> list[str]:
         out += ["--truncation", args.truncation]
     if args.quick:
         out.append("--quick")
+    return out
+
+
+def changed_load_options(args: argparse.Namespace) -> list[str]:
+    """The load generator's options that differ from their defaults, for a report's
+    `command:` line (local runs and `--against` alike)."""
+    out = []
+    if args.load_warmup != LOAD_WARMUP_S:
+        out += ["--load-warmup", f"{args.load_warmup:g}"]
+    if "mix" in args.sections and args.long_chars != LONG_CHARS:
+        out += ["--long-chars", str(args.long_chars)]
+    if not args.spread:
+        out.append("--no-spread")
     return out
 
 

@@ -247,15 +247,23 @@ def _plot(points: list[dict[str, Any]], target: str, out: Path) -> None:
 
 def _argv(args: argparse.Namespace) -> list[str]:
     """The command line that reproduces the run, without credentials."""
+    from limelight.cli.bench import changed_load_options
+
     out = ["--against", args.against]
     if args.texts is not None:
         out += ["--texts", str(args.texts)]
     out += ["--sections", ",".join(s for s in args.sections if s in ("served", "mix"))]
     out += ["--clients", ",".join(map(str, args.clients)), "--rpc", args.rpc]
-    out += ["--mix", "+".join(map(str, args.mix)) if args.mix else ""]
+    if "mix" in args.sections:
+        out += ["--mix", "+".join(map(str, args.mix)) if args.mix else ""]
+    if args.channels is not None:
+        out += ["--channels", str(args.channels)]
     if args.rpc == "batch":
         out += ["--texts-per-call", str(args.texts_per_call)]
+    if args.rpc != "http" and args.token_layout != "columns":
+        out += ["--token-layout", args.token_layout]
     out += ["--duration", f"{args.duration:g}"]
+    out += changed_load_options(args)
     if args.tls or args.ca_cert or args.client_cert:
         out.append("--tls")
     if args.quick:
