@@ -360,7 +360,11 @@ def test_files_touched_or_rewritten_unchanged_are_not_reloaded(
         os.utime(path, ns=(time.time_ns(), time.time_ns() + 10**9))  # touched
     looked_at_the_files()
     weights = next(p for p in head.iterdir() if p.suffix == ".safetensors")
-    weights.write_bytes(weights.read_bytes())  # written again, the same bytes
+    # Written again, the same bytes, moved into place whole: written in place, a look could
+    # catch the file empty mid-write, a change of its own (CI caught one, and two reloads).
+    again = tmp_path / "again.safetensors"
+    again.write_bytes(weights.read_bytes())
+    again.replace(weights)
     looked_at_the_files()
     assert reloader.reloads == 0 and service.drift is monitor
     # New bytes, each file moved into place whole: a file seen half-written would be a
