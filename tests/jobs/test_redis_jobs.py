@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import AsyncGenerator, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -35,6 +36,7 @@ from limelight.api.ports import free_port
 from limelight.core.jobs import JobRecord, JobSpec, JobState
 from limelight.errors import InvalidArgument, NotFound, ResourceExhausted, Unavailable
 from limelight.jobs.redis_backend import NO_WORKER, RedisJobBackend
+from limelight.jobs.redis_store import GROUP, Keys, connection, lua
 from limelight.jobs.redis_worker import RedisWorker
 from limelight.jobs.runner import JobRunner
 from limelight.metrics import Metrics
@@ -653,3 +655,69 @@ def test_a_dead_workers_entry_behind_ten_busy_ones_is_reclaimed(
     # The busy entries stay with their workers.
     owners = {p["consumer"] for p in client.xpending_range(stream, group, "-", "+", 20)}
     assert owners == {f"live-{i}" for i in range(12)} | {"w"}
+
+
+@pytest.mark.asyncio
+async def test_workers_that_do_not_announce_themselves_count_while_redis_sees_them(
+    redis_queue: str, tmp_path: Path
+) -> None:
+    """Workers from before the announcements (a rolling update: new sidecars, old workers)
+    consume the stream without writing to ``limelight:workers``: a consumer of the group that
+    Redis saw within the reclaim time counts as a live worker (gauge, queued jobs), and a
+    running job whose consumer still re-claims its entry is not "without a worker"; once the
+    consumer is silent past the reclaim time, it no longer counts."""
+    settings = _settings(redis_queue, tmp_path, job_reclaim_idle_s=2.0)
+    metrics = Metrics(CollectorRegistry())
+    backend = RedisJobBackend(settings, metrics)
+    backend.depth_interval_s = 0.1
+    url, options = connection(settings)
+    old = redis.Redis.from_url(url, **options)  # an old worker's client
+    claim = old.register_script(lua("claim"))
+    keys = Keys(settings.jobs_queue)
+
+    def workers() -> float:
+        return _sample(metrics, "limelight_job_workers", {"backend": "redis"})
+
+    await backend.start()
+    try:
+        running = await backend.submit(JobSpec(method="steps", text="a"))
+        assert running.no_worker and workers() == 0  # nothing consumes the queue yet
+        # What an old worker does: read the entry under its consumer name, claim the job.
+        read: Any = old.xreadgroup(GROUP, "old-host-1", {keys.stream: ">"}, 1)
+        [[_, [(entry, fields)]]] = read
+        assert fields["job"] == running.id
+        claim(
+            keys=[keys.job(running.id), keys.depth, keys.stream],
+            args=["old-host-1", repr(time.time()), 3, 60000, GROUP, entry, keys.idem(""),
+                  keys.events(running.id), "token"],
+        )  # fmt: skip
+        queued = await backend.submit(JobSpec(method="steps", text="b"))
+
+        def heartbeat() -> None:  # the old worker's: re-claim its own entry
+            old.xclaim(keys.stream, GROUP, "old-host-1", 0, [entry], justid=True)
+
+        async def seen_alive() -> bool:
+            heartbeat()
+            record, waiting = await backend.get(running.id), await backend.get(queued.id)
+            assert record.state is JobState.RUNNING and waiting.state is JobState.QUEUED
+            return not record.no_worker and waiting.message == "queued" and workers() == 1
+
+        await await_until(seen_alive)
+        listed = await backend.list(None, 10)
+        assert [(j.id, j.no_worker) for j in listed] == [(queued.id, False), (running.id, False)]
+        assert redis.Redis.from_url(url, **options).zcard(keys.workers) == 0  # never announced
+
+        # Silent past the reclaim time: dead, as far as anyone can tell.
+        async def gone() -> bool:
+            record, waiting = await backend.get(running.id), await backend.get(queued.id)
+            return record.no_worker and waiting.no_worker and workers() == 0
+
+        await await_until(gone)
+        record = await backend.get(running.id)
+        assert record.message.endswith(f"; its worker is gone, and {NO_WORKER} to run it again")
+        assert (await backend.get(queued.id)).message == QUEUED_ALONE
+        # Its heartbeat back (a long pause, not a death): counted again.
+        await await_until(seen_alive)
+    finally:
+        await backend.stop(1)
+        old.close()

@@ -337,33 +337,95 @@ class RedisJobBackend(JobBackend):
         record = record_from_hash(data)
         if not owned_by(record, owner):
             raise not_found(job_id)
-        return await self._noted(record)
+        return await self._noted(record, data.get("entry"))
 
     async def _workers_present(self, fresh: bool = False) -> int:
         """How many workers' announcements (``lua/presence.lua``) still hold, by Redis's clock;
-        a count younger than ``WORKERS_FRESH_S`` is reused unless ``fresh``. Reads only: a full
-        Redis still answers it."""
+        while none does, how many consumers of the stream's group Redis saw within the reclaim
+        horizon (``_consumers_seen``: workers from before the announcements, during a rolling
+        update). A count younger than ``WORKERS_FRESH_S`` is reused unless ``fresh``. Reads
+        only: a full Redis still answers it."""
         now = time.monotonic()
         if not fresh and self._workers is not None and now - self._workers[1] < WORKERS_FRESH_S:
             return self._workers[0]
         seconds, micros = await self.client.time()
         clock_ms = int(seconds) * 1000 + int(micros) // 1000
         present = int(await self.client.zcount(self.keys.workers, clock_ms, "+inf"))
-        self._workers = (present, now)
-        if self.metrics is not None:
-            self.metrics.job_workers.labels(backend="redis").set(present)
+        if not present:
+            present = await self._consumers_seen(clock_ms)
+        self._count_workers(present, now)
         return present
 
-    async def _noted(self, record: JobRecord) -> JobRecord:
+    def _count_workers(self, present: int, when: float) -> None:
+        """Remember a count (and show it on ``limelight_job_workers``): the gauge and the
+        jobs' ``no_worker`` come from the same count."""
+        self._workers = (present, when)
+        if self.metrics is not None:
+            self.metrics.job_workers.labels(backend="redis").set(present)
+
+    def _horizon_ms(self) -> int:
+        """How long a worker may stay silent and still count as alive: the reclaim time, after
+        which other workers take its running job over (its heartbeat renews it every third)."""
+        return max(1, int(self.settings.job_reclaim_idle_s * 1000))
+
+    async def _consumers_seen(self, clock_ms: int) -> int:
+        """How many consumers of the stream's group Redis saw within ``_horizon_ms`` of
+        ``clock_ms`` (its own clock): live workers of unknown version. Workers released before
+        the announcements (2026-12-06) consume the stream without writing to ``<p>:workers``;
+        one running a job re-claims its entry every third of the reclaim time, which Redis
+        counts as seeing it. An idle one is seen only while it gets entries on Redis before 7.2
+        (later versions count its waiting reads too); it takes a queued job within a second,
+        and is counted from then on. ``XINFO STREAM … FULL`` rather than ``XINFO CONSUMERS``:
+        KEDA's scaler needs it already, so the least-privilege ACL grants it. ``COUNT 1``: the
+        consumers come whole, their entries one each. Only asked while no worker announces
+        itself, so its cost (one line per consumer) is paid only then."""
+        try:
+            info = await self.client.execute_command(
+                "XINFO STREAM", self.keys.stream, "FULL", "COUNT", 1, full=True
+            )
+        except redis.ResponseError as exc:
+            if isinstance(exc, REFUSED_ERRORS) or "no such key" not in str(exc).lower():
+                raise
+            return 0  # no stream (Redis restarted without its data): no consumer either
+        horizon = self._horizon_ms()
+        for group in info.get("groups") or []:
+            if not isinstance(group, dict) or group.get("name") != GROUP:
+                continue
+            consumers = [c for c in group.get("consumers") or [] if isinstance(c, dict)]
+            return sum(1 for c in consumers if clock_ms - int(c.get("seen-time", 0)) < horizon)
+        return 0
+
+    async def _holder_alive(self, entry: str | None) -> bool:
+        """Whether the consumer holding a running job's stream entry (``XPENDING``) touched it
+        within ``_horizon_ms``: its worker heartbeats by re-claiming it, whatever its version."""
+        if not entry:
+            return False
+        try:
+            held = await self.client.xpending_range(self.keys.stream, GROUP, entry, entry, 1)
+        except redis.ResponseError as exc:
+            if isinstance(exc, REFUSED_ERRORS):
+                raise
+            return False  # no stream or group (Redis restarted without its data)
+        return bool(held) and int(held[0]["time_since_delivered"]) < self._horizon_ms()
+
+    async def _noted(self, record: JobRecord, entry: str | None = None) -> JobRecord:
         """A queued job says so when no worker would take it: the queue works, but nothing
         consumes it (no `limelight worker` started, or every one gone). So does a running one
-        then: its worker is gone too (a live worker announces itself, busy or not), and it
-        stays RUNNING until a worker starts and reclaims it."""
+        then: its worker is gone too (a live worker announces itself, busy or not, and an older
+        one that does not still re-claims its job's stream ``entry``), and it stays RUNNING
+        until a worker starts and reclaims it."""
         if record.state not in (JobState.QUEUED, JobState.RUNNING):
             return record
         try:
-            # A running job's worker may have started a moment ago: no count from before it.
-            present = await self._workers_present(fresh=record.state is JobState.RUNNING)
+            present = await self._workers_present()
+            if not present and record.state is JobState.RUNNING:
+                if await self._holder_alive(entry):
+                    # Its worker lives (it may have started a moment ago, or be one that does
+                    # not announce itself): the count says so too.
+                    self._count_workers(1, time.monotonic())
+                    return record
+                # Another worker may have started a moment ago: no count from before it.
+                present = await self._workers_present(fresh=True)
         except redis.RedisError as exc:  # the job's own read succeeded: answer that
             log.debug("counting the job workers failed: %s", exc)
             return record
@@ -442,7 +504,7 @@ class RedisJobBackend(JobBackend):
                     continue
                 record = record_from_hash(data, with_result=False)
                 if (not wanted or record.state in wanted) and owned_by(record, owner):
-                    out.append(await self._noted(record))
+                    out.append(await self._noted(record, data.get("entry")))
             job_id, score = batch[-1]
             cursor = JobCursor(float(score), job_id)
             if gone:  # expired jobs: prune the index as we go

@@ -14,7 +14,9 @@ per model, any number of queues in one Redis database; not Redis Cluster):
 - ``<p>:depth``     queued jobs per method (queue bound and the queue-depth metric).
 - ``<p>:events:<id>`` pub/sub channel: a message on every change (watchers re-read the hash).
 - ``<p>:workers``   sorted set of the workers consuming the stream, each scored with the time
-  (Redis's clock) until which its last announcement holds (``lua/presence.lua``).
+  (Redis's clock) until which its last announcement holds (``lua/presence.lua``). Workers from
+  before it (2026-12-06) never write to it: while it holds no live worker, sidecars count the
+  group's consumers that Redis saw within the reclaim time instead (``RedisJobBackend``).
 
 Every transition is one Lua script (``lua/*.lua``), so it is atomic with respect to sidecars
 and workers.
