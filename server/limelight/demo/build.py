@@ -63,6 +63,8 @@ from limelight.distill.train import TrainConfig
 from limelight.errors import InvalidArgument
 from limelight.locks import file_lock, held_elsewhere
 from limelight.models.explainer_head import (
+    READABLE_FORMATS,
+    HeadCard,
     building_lock,
     building_progress,
     head_dir,
@@ -560,7 +562,8 @@ def ensure_demo_model(
     only serves Decoded Grad-CAM jobs, which report it as being fitted meanwhile, so the first
     start does not wait for it). ``inline_head``: the same for the distilled head (with
     "background", the LM head is fitted after it, in the same process): a sidecar serves
-    NormXLogit meanwhile and the distilled head once it is written (``limelight.reload``)."""
+    the head in place meanwhile (an earlier recipe's), else NormXLogit, and the new head once
+    it is written (``limelight.reload``)."""
     final = _ensure_classifier(name, cache_dir, progress, force, recipe, threads)
     if name in LM_HEAD_STEPS and recipe is None and lm_head == "now":
         _ensure_lm_head(final, LM_HEAD_STEPS[name], progress)
@@ -758,7 +761,7 @@ def _users_own_head(files: ModelFiles, progress: bool) -> bool:
     its shelf, where it was put when the user's was written."""
     where = head_dir(files)
     card = read_card(where)
-    if card is None or card.built_by != "distill" or card.model_version != files.version:
+    if card is None or built_by_demo(card) or card.model_version != files.version:
         return False
     line = (
         f"serving the inline head trained with `limelight distill` beside {files.directory.name} "
@@ -772,6 +775,63 @@ def _users_own_head(files: ModelFiles, progress: bool) -> bool:
     return True
 
 
+#: The recipe hashes of every head the demo build wrote before cards said who built them
+#: (``built_by``, b6ec326, 6 December 2026): ``demo_head_recipe(name).digest()`` computed with
+#: the code of each of the 55 commits from the first demo head (eccdcb9, 23 November) to the one
+#: before ``built_by`` that changed ``limelight.demo`` or ``limelight.distill``. Complete: no
+#: version without ``built_by`` is written any more. Erring here keeps an old demo head as the
+#: user's (served, with a line saying how to get the demo's back), never shelves a user's.
+DEMO_HEAD_RECIPES_BEFORE_BUILT_BY = frozenset(
+    {
+        # MiniLM
+        "2bb0c4d3d70b",  # eccdcb9, 23 November
+        "088d6d24890a",  # 9e803c4
+        "f20a204b8ff2",  # fc99cf1
+        "fd6f5260ed11",  # 7797e3c, 24 November
+        "347b2d57df01",  # e6fa3c1, 25 November
+        "0e8ba0771e50",  # 63fde30, 26 November
+        "6386483f7f95",  # 25dd2c8
+        "05adf7b2f586",  # eae73f7 (current)
+        # BERT-tiny
+        "ce0b9c36bd0c",  # eccdcb9, 23 November
+        "2cb7606c8d54",  # ac4028a
+        "fb7dfe6141a5",  # fc99cf1
+        "620947597c06",  # e6fa3c1, 25 November
+        "b9045f413099",  # aae1a96, 26 November
+        "462870a5677c",  # 63fde30
+        "f7ecdb966042",  # c070822
+        "e53f810f76cb",  # 6853438
+        "9a134e19d5ca",  # d02e715, 29 November
+        "a3bfe44ffb9a",  # f6cfc62, 30 November (current)
+    }
+)
+
+
+def built_by_demo(card: HeadCard) -> bool:
+    """Whether the demo build wrote the head of ``card`` (and a start may replace it). A card
+    written before ``built_by`` says nothing of who built it: it was the demo's only when its
+    recipe hash is one a demo build wrote (:data:`DEMO_HEAD_RECIPES_BEFORE_BUILT_BY`, or a
+    current demo recipe's). Anything else (another recipe, or none: a head `limelight distill`
+    trained before recipes were recorded) is its user's, served as it is and never shelved,
+    where pruning could delete it."""
+    if card.built_by:
+        return card.built_by == "demo"
+    current = {demo_head_recipe(name).digest() for name in DEMO_HEADS}  # type: ignore[arg-type]
+    return card.recipe_hash in DEMO_HEAD_RECIPES_BEFORE_BUILT_BY | current
+
+
+def _served_meanwhile(model_dir: Path) -> str:
+    """What a sidecar serves while the demo's head is built: the head in place when one fits
+    the model (an earlier recipe's: ``inline_heads`` loads any head of the model's weights),
+    else NormXLogit."""
+    files = ModelFiles.of(model_dir)
+    card = read_card(head_dir(files))
+    if card is None or card.model_version != files.version or card.format not in READABLE_FORMATS:
+        return "NormXLogit is served"
+    recipe = card.recipe_hash or "not recorded"
+    return f"the head in place (recipe {recipe}) is served"
+
+
 def build_demo_extras_in_background(model_dir: Path, name: DemoName) -> subprocess.Popen[bytes]:
     """Start building demo ``name``'s inline head, then fitting its LM head, in a child process
     at a lower CPU priority (see :func:`fit_lm_head_in_background`), output in a log beside the
@@ -780,12 +840,13 @@ def build_demo_extras_in_background(model_dir: Path, name: DemoName) -> subproce
     child = _start_child("demo_extras_main", [str(model_dir), name], log_path)
     log.info(
         "building the inline explainer head of %s in the background (pid %d, log %s; about "
-        "%s on two cores the first time); NormXLogit is served until it is done, then the "
-        "head, without a restart",
+        "%s on two cores the first time); %s until it is done, then the new head, without a "
+        "restart",
         model_dir.name,
         child.pid,
         log_path,
         DEMO_HEAD_MINUTES.get(name, "a few minutes"),
+        _served_meanwhile(model_dir),
     )
     watch_build(
         child,

@@ -230,6 +230,11 @@ def shelve_head(directory: Path, keep: int = SHELVED_HEADS) -> None:
     them in turn. Only the ``keep`` most recently shelved heads stay."""
     card = read_card(directory)
     if card is None or not card.recipe_hash:  # not a head a recipe can ask for again
+        log.warning(
+            "removing the inline head at %s: its card records no recipe, so none can ask for "
+            "it again",
+            directory,
+        )
         shutil.rmtree(directory)
         return
     shelf = shelved_head_dir(directory, card.recipe_hash)
@@ -237,6 +242,15 @@ def shelve_head(directory: Path, keep: int = SHELVED_HEADS) -> None:
         shutil.rmtree(shelf)
     directory.rename(shelf)
     os.utime(shelf)  # the shelf's age is when it was shelved
+    log.warning(
+        "replacing the inline head at %s (recipe %s, built by %s): it is kept at %s until %d "
+        "more recently replaced heads push it out",
+        directory,
+        card.recipe_hash,
+        card.built_by or "an earlier Limelight",
+        shelf,
+        keep,
+    )
     shelves = sorted(
         directory.parent.glob(f"{directory.name}.recipe-*"),
         key=lambda p: p.stat().st_mtime,

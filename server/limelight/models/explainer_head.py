@@ -33,6 +33,17 @@ log = logging.getLogger(__name__)
 
 HEAD_DIRNAME = "limelight_distilled"
 CARD_FORMAT = "limelight-distilled-head/2"
+"""A context head's card (a projection, an optional context block, a readout): the layout
+every Limelight since the head's second version loads."""
+LINEAR_CARD_FORMAT = "limelight-distilled-head/3"
+"""A linear head's card (``width`` 0: one map and the ``feature_mean``/``feature_scale``
+buffers). Its own format because readers before the linear head compare the card's format
+with ``CARD_FORMAT`` and nothing else: with ``/2`` they built a context head of width 0 and
+crashed in ``load_state_dict``; with ``/3`` they refuse it with a message and serve the model
+without it. Linear heads written before this format existed carry ``/2`` and still load
+here. Context heads keep ``/2``: every reader loads them. The format is not part of the
+recipe's hash (``HeadRecipe.digest``), so a head already built is not rebuilt for it."""
+READABLE_FORMATS = (CARD_FORMAT, LINEAR_CARD_FORMAT)
 OUTPUT_NAME = "distilled"
 """The name of the head's output among a runtime's extra inline outputs."""
 
@@ -343,10 +354,16 @@ def building_progress(model_dir: Path) -> Path:
 def save_head(head: ExplainerHead, card: HeadCard, directory: Path) -> Path:
     directory.mkdir(parents=True, exist_ok=True)
     card.parameters = sum(p.numel() for p in head.parameters())
+    card.format = card_format(head)
     save_tensors(head.state_dict(), directory / "head.safetensors")
     # The card last: a directory with a card is a complete head.
     (directory / "card.json").write_text(card.to_json())
     return directory
+
+
+def card_format(head: ExplainerHead) -> str:
+    """The format a card of ``head`` is written with: the oldest whose readers all load it."""
+    return LINEAR_CARD_FORMAT if head.linear else CARD_FORMAT
 
 
 def read_card(directory: Path) -> HeadCard | None:
@@ -356,10 +373,11 @@ def read_card(directory: Path) -> HeadCard | None:
 
 def check_card(card: HeadCard, model: LoadedModel) -> str:
     """Empty when ``card`` belongs to ``model``; otherwise why not and what to do."""
-    if card.format != CARD_FORMAT:
+    if card.format not in READABLE_FORMATS:
+        readable = " and ".join(repr(f) for f in READABLE_FORMATS)
         return (
             f"the distilled head has format {card.format!r}; this Limelight reads "
-            f"{CARD_FORMAT!r}: run `limelight distill --model {model.directory}` again"
+            f"{readable}: run `limelight distill --model {model.directory}` again"
         )
     if card.model_version != model.version:
         return (

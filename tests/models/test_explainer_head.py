@@ -1,0 +1,97 @@
+"""The head's card format: readers refuse, with a message, a head whose layout they cannot
+load; every head written before still loads."""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from limelight.errors import FailedPrecondition
+from limelight.models.explainer_head import (
+    ExplainerHead,
+    HeadCard,
+    check_card,
+    head_dir,
+    inline_heads,
+    load_head,
+    read_card,
+    save_head,
+)
+from limelight.models.loaded import LoadedModel, load_model
+
+#: The one format Limelight read before the linear head (and until it got its own format):
+#: such a reader checks the card's format against this string and nothing else.
+CONTEXT_FORMAT = "limelight-distilled-head/2"
+
+
+@pytest.fixture
+def model(random_bert_dir: Path, tmp_path: Path) -> LoadedModel:
+    """A copy of the tiny random BERT, so that the heads written beside it stay in this test."""
+    copy = tmp_path / "model"
+    shutil.copytree(random_bert_dir, copy)
+    return load_model(copy, device="cpu")
+
+
+def _card(model: LoadedModel, width: int, heads: int) -> HeadCard:
+    return HeadCard(
+        model_version=model.version,
+        layers=[1, 2],
+        hidden_size=model.hidden_size,
+        num_labels=model.num_labels,
+        width=width,
+        attention_heads=heads,
+        teacher="greedy_deletion",
+    )
+
+
+def _save(model: LoadedModel, width: int, heads: int) -> HeadCard:
+    card = _card(model, width, heads)
+    head = ExplainerHead(card.layers, card.hidden_size, card.num_labels, width, heads)
+    save_head(head, card, head_dir(model))
+    written = read_card(head_dir(model))
+    assert written is not None
+    return written
+
+
+def test_a_linear_head_is_written_in_a_format_the_readers_before_it_refuse(
+    model: LoadedModel,
+) -> None:
+    written = _save(model, width=0, heads=0)
+    # A reader from before the linear head compares the format with its own and nothing else:
+    # with the context head's format it built a context head of width 0 and crashed.
+    assert written.format != CONTEXT_FORMAT
+    assert not check_card(written, model)  # this Limelight reads it
+    assert load_head(model).linear
+
+
+def test_a_context_head_keeps_the_format_every_reader_loads(model: LoadedModel) -> None:
+    written = _save(model, width=8, heads=2)
+    assert written.format == CONTEXT_FORMAT
+    assert not load_head(model).linear
+
+
+def test_a_linear_head_written_before_its_format_still_loads(model: LoadedModel) -> None:
+    _save(model, width=0, heads=0)
+    path = head_dir(model) / "card.json"
+    path.write_text(json.dumps({**json.loads(path.read_text()), "format": CONTEXT_FORMAT}))
+    assert load_head(model).linear
+    assert set(inline_heads(model)) == {"distilled"}
+
+
+def test_a_head_of_an_unknown_format_is_refused_with_a_message(
+    model: LoadedModel, caplog: pytest.LogCaptureFixture
+) -> None:
+    written = _save(model, width=0, heads=0)
+    newer = replace(written, format="limelight-distilled-head/99")
+    (head_dir(model) / "card.json").write_text(newer.to_json())
+    assert "format 'limelight-distilled-head/99'" in check_card(newer, model)
+    with pytest.raises(FailedPrecondition, match="limelight distill"):
+        load_head(model)
+    with caplog.at_level(logging.WARNING, logger="limelight.models.explainer_head"):
+        assert inline_heads(model) == {}
+    assert "not loading the distilled head" in caplog.text
