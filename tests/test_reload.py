@@ -53,6 +53,20 @@ def wait_for_method(target: str, method: str, patience_s: float = 120.0) -> pb.E
         time.sleep(0.05)
 
 
+def drift_reference(model: Path, out: Path, method: str) -> Path:
+    """A drift reference of 20 validation reviews, as `limelight drift-reference build` writes
+    it for the sidecar's default ``method``."""
+    built = main(
+        [
+            "drift-reference", "build", "--model", str(model), "--out", str(out),
+            "--data", "rotten_tomatoes:validation", "--n", "20", "--no-progress",
+            "--default-method", method,
+        ]
+    )  # fmt: skip
+    assert built == 0
+    return out
+
+
 def test_a_table_and_then_a_head_written_after_the_start_are_served_without_a_restart(
     start_sidecar: Callable[..., RunningSidecar], bert_tiny_dir: Path, tmp_path: Path
 ) -> None:
@@ -256,15 +270,7 @@ def test_a_head_that_the_drift_reference_does_not_fit_is_served_by_name_only(
     """A drift reference of NormXLogit's attributions cannot monitor the head's: the default
     and its monitor stay, and the head is served to requests that name it."""
     model = bare_copy(bert_tiny_dir, tmp_path / "model")
-    reference_file = tmp_path / "reference.json"
-    built = main(
-        [
-            "drift-reference", "build", "--model", str(model), "--out", str(reference_file),
-            "--data", "rotten_tomatoes:validation", "--n", "20", "--no-progress",
-            "--default-method", "normxlogit",
-        ]
-    )  # fmt: skip
-    assert built == 0
+    reference_file = drift_reference(model, tmp_path / "reference.json", "normxlogit")
     reference = start_sidecar(model_dir=bert_tiny_dir, default_method="auto", jobs="off")
     served = start_sidecar(
         model_dir=model,
@@ -289,6 +295,46 @@ def test_a_head_that_the_drift_reference_does_not_fit_is_served_by_name_only(
     )
     drift = served.server.app.service.drift
     assert drift is not None and drift.method == "normxlogit"
+
+
+def test_a_new_head_is_not_judged_by_the_reference_file_of_the_head_it_replaced(
+    start_sidecar: Callable[..., RunningSidecar], bert_tiny_dir: Path, tmp_path: Path
+) -> None:
+    """The reference file holds the old head's attributions: re-read for the new head, it
+    read unchanged traffic as drift (an alert). The new head's monitor builds its reference
+    from the first requests instead. A reference file gone meanwhile no longer keeps the new
+    head from being served."""
+    from limelight.models.tensor_files import load_tensors, save_tensors
+
+    model = Path(shutil.copytree(bert_tiny_dir, tmp_path / "model"))
+    reference_file = drift_reference(model, tmp_path / "reference.json", "auto")
+    served = start_sidecar(
+        model_dir=model,
+        default_method="auto",
+        drift_reference=reference_file,
+        reload_interval_s=0.05,
+        jobs="off",
+    )
+    reloader, service = served.server.reloader, served.server.app.service
+    assert service.drift is not None and service.drift.state == "ready"
+    weights = model / HEAD_DIRNAME / "head.safetensors"
+
+    def new_head(scale: float, reloads: int) -> None:
+        staged = tmp_path / f"head-{reloads}.safetensors"
+        save_tensors({k: v * scale for k, v in load_tensors(weights).items()}, staged)
+        staged.replace(weights)  # whole, as a copy job moves it in
+        give_up = time.monotonic() + 60
+        while reloader.reloads < reloads and time.monotonic() < give_up:
+            time.sleep(0.05)
+        assert reloader.reloads == reloads
+
+    new_head(1.5, 1)
+    drift = service.drift
+    assert drift is not None and drift.method == "distilled" and drift.state == "building"
+    reference_file.unlink()
+    new_head(0.5, 2)
+    assert service.default_method.name == "distilled"
+    assert service.drift is not drift and service.drift.state == "building"  # type: ignore[union-attr]
 
 
 def test_the_fingerprint_changes_when_a_file_is_written_replaced_or_removed(

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 from pydantic import ValidationError
 
+from limelight.core.prediction import label_thresholds
+from limelight.errors import InvalidArgument
 from limelight.settings import Settings, job_backend_kind, unknown_variables
 
 
@@ -68,3 +72,28 @@ def test_log_levels() -> None:
 def test_the_job_backend_is_kept_without_surrounding_blanks() -> None:
     # a value from a YAML block or a shell line keeps no stray blank for the Redis client
     assert Settings(jobs=" redis://queue:6379/0\n").jobs == "redis://queue:6379/0"
+
+
+@pytest.mark.parametrize(
+    ("values", "setting"),
+    [
+        ({"label_threshold": 0}, "label_threshold"),
+        ({"label_threshold": 1.5}, "label_threshold"),
+        ({"label_thresholds": {"negative": 0.3, "toxic": 0.0}}, "label_thresholds.toxic"),
+        ({"label_thresholds": {"toxic": float("nan")}}, "label_thresholds.toxic"),
+    ],
+)
+def test_label_thresholds_out_of_range_are_refused_with_the_settings(
+    values: dict[str, Any], setting: str
+) -> None:
+    """A threshold the prediction rule refuses is refused here, before a model loads: at 0
+    every label would be predicted."""
+    with pytest.raises(ValidationError) as refused:
+        Settings(**values)
+    assert [".".join(map(str, e["loc"])) for e in refused.value.errors()] == [setting]
+    # the prediction rule checks the same range
+    for value in (0.0, 1.5, float("nan")):
+        with pytest.raises(InvalidArgument, match=r"is not in \(0, 1\]"):
+            label_thresholds(["toxic"], value, {})
+    assert Settings(label_threshold=1, label_thresholds={"toxic": 1e-6}).label_threshold == 1
+    assert label_thresholds(["toxic"], 1.0, {"toxic": 1e-6}) == [1e-6]

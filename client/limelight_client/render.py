@@ -288,6 +288,7 @@ def to_terminal(
     after it. Several score arrays (e.g. ``["scores", "importance"]`` for SLALOM) give one map
     each under one header.
     """
+    exp = exp.by_characters()  # pieces of one character cannot be shown apart
     use_color = _color_enabled(color)
     names = _resolve(exp, scores)
     scores = names[0]
@@ -547,6 +548,7 @@ def to_html(
     """A self-contained HTML page: inline CSS only, no scripts, no external assets. With
     ``fragment``, the same content as one ``<div>`` to embed in another page (a notebook's
     output, a dashboard): its style sheet is scoped to that ``<div>``."""
+    exp = exp.by_characters()  # pieces of one character cannot be shown apart
     names = _resolve(exp, scores)
     arrays = {name: exp.score_array(name) for name in names}
     # Multi-label: every explained label's map (target scores only), side by side.

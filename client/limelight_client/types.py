@@ -11,10 +11,12 @@ Field names follow the protobuf messages (and the server's own types) name for n
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime as _dt
 import enum
 import math
+import struct
 import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -51,6 +53,25 @@ def _ints(value: Any) -> Any:
         return {k: _ints(v) for k, v in value.items()}
     if isinstance(value, list):
         return [_ints(v) for v in value]
+    return value
+
+
+def _as_float32(value: float) -> float:
+    return float(struct.unpack("f", struct.pack("f", value))[0])
+
+
+def float32_value(value: float) -> float:
+    """A ``float`` field of a message (32 bits on the wire) as the shortest decimal that reads
+    back as the same float32: a threshold set to 0.3 comes back 0.3, not 0.30000001192092896
+    (the float32 nearest 0.3, read as a double). For values that were set, such as thresholds,
+    not for scores."""
+    if not math.isfinite(value):
+        return value
+    for digits in range(1, 10):  # 9 significant digits tell every float32 apart
+        short = float(f"{value:.{digits}g}")
+        with contextlib.suppress(OverflowError):  # rounded up past the largest float32
+            if _as_float32(short) == value:
+                return short
     return value
 
 
@@ -290,7 +311,7 @@ class Explanation(_Shape):
     ) -> Explanation:
         labels = list(message.labels)
         class_scores = [list(row.scores) for row in exp.class_scores] or None
-        thresholds = [float(t) for t in message.thresholds]
+        thresholds = [float32_value(t) for t in message.thresholds]
         return cls(
             label=message.label,
             label_index=message.label_index,
@@ -405,7 +426,13 @@ class Explanation(_Shape):
             joined = (
                 prev is not None
                 and prev.segment == tok.segment
-                and (tok.start == prev.end if have_offsets else tok.text.startswith("##"))
+                # pieces of one character share its span (Hangul split into jamo, an emoji
+                # in byte-level pieces): they join as touching pieces do
+                and (
+                    prev.start <= tok.start <= prev.end
+                    if have_offsets
+                    else tok.text.startswith("##")
+                )
             )
             if joined:
                 groups[-1].append(i)
@@ -445,23 +472,59 @@ class Explanation(_Shape):
         :meth:`words`, punctuation stays apart ("unwatchable" and "," rather than
         "unwatchable,")."""
         words = self._words(self.scores, punctuation_apart=True)
-        first = {w.tokens[0]: w for w in words}
-        inside = {i for w in words for i in w.tokens[1:]}
+        return self._merged([(w.tokens, w.text) for w in words])
+
+    def by_characters(self) -> Explanation:
+        """This explanation with the pieces that share one span of the input merged into one
+        token (their scores summed, as :meth:`by_words` sums them): a tokenizer may cut one
+        character into several pieces (an uncased BERT splits each Hangul syllable into its
+        letters, a byte-level BPE an emoji into bytes), which a heat-map of the input cannot
+        show apart. Every other token stays as it is; an explanation without such pieces is
+        returned unchanged. The renderers show word pieces this way."""
+        runs: list[list[int]] = []
+        prev: Token | None = None
+        for i, tok in enumerate(self.tokens):
+            if tok.special or tok.end <= tok.start:
+                prev = None
+                continue
+            shared = prev is not None and prev.segment == tok.segment and tok.start < prev.end
+            if shared:
+                runs[-1].append(i)
+            else:
+                runs.append([i])
+            prev = tok
+        runs = [run for run in runs if len(run) > 1]
+        if not runs:
+            return self
+        merged = []
+        for run in runs:
+            first = self.tokens[run[0]]
+            end = max(self.tokens[i].end for i in run)
+            source = self.text if first.segment == 0 else self.text_pair
+            text = source[first.start : end] if source is not None and end <= len(source) else ""
+            merged.append((tuple(run), text or "".join(self.tokens[i].text for i in run)))
+        return self._merged(merged)
+
+    def _merged(self, runs: Sequence[tuple[tuple[int, ...], str]]) -> Explanation:
+        """This explanation with each run of token indexes (in text order, with the text it
+        covers) merged into one token, every per-token array summed over the run."""
+        first = {run[0]: (run, text) for run, text in runs}
+        inside = {i for run, _ in runs for i in run[1:]}
         groups: list[tuple[int, ...]] = []
         tokens: list[Token] = []
         for i, tok in enumerate(self.tokens):
             if i in first:
-                word = first[i]
+                run, text = first[i]
                 tokens.append(
                     Token(
-                        text=word.text,
-                        id=-1 if len(word.tokens) > 1 else tok.id,
-                        start=word.start,
-                        end=word.end,
-                        segment=word.segment,
+                        text=text,
+                        id=-1 if len(run) > 1 else tok.id,
+                        start=tok.start,
+                        end=max(self.tokens[j].end for j in run),
+                        segment=tok.segment,
                     )
                 )
-                groups.append(word.tokens)
+                groups.append(run)
             elif i not in inside:
                 tokens.append(tok)
                 groups.append((i,))
@@ -598,7 +661,9 @@ class ModelInfo(_Shape):
             runtime=message.runtime,
             supports_text_pair=message.supports_text_pair,
             problem_type=message.problem_type,
-            thresholds=dict(zip(message.labels, message.thresholds, strict=False)),
+            thresholds=dict(
+                zip(message.labels, map(float32_value, message.thresholds), strict=False)
+            ),
             instance=message.instance,
             workers=message.workers or 1,
         )
@@ -743,6 +808,14 @@ class LabelDrift(_Shape):
     window_count: int
     risers: list[TokenShift] = field(default_factory=list)
     fallers: list[TokenShift] = field(default_factory=list)
+    reference_count: int = 0
+    """Explanations predicted as this label in the reference (0 from an older sidecar)."""
+
+    @property
+    def compared(self) -> bool:
+        """Whether the divergence was measured (enough explanations of the label on both
+        sides; see :attr:`DriftReport.min_count`)."""
+        return self.window_count > 0 and math.isfinite(self.divergence)
 
     @classmethod
     def from_proto(cls, message: pb.LabelDrift) -> LabelDrift:
@@ -753,6 +826,7 @@ class LabelDrift(_Shape):
             window_count=message.window_count,
             risers=[TokenShift.from_proto(s) for s in message.risers],
             fallers=[TokenShift.from_proto(s) for s in message.fallers],
+            reference_count=message.reference_count,
         )
 
 
@@ -775,6 +849,9 @@ class DriftReport(_Shape):
     reference_target: int = 0
     """While the reference builds: how many explanations it is built from (the sidecar's
     ``LIMELIGHT_DRIFT_BOOTSTRAP_N``); 0 once it is ready or when the sidecar does not say."""
+    min_count: int = 0
+    """A label is compared once the window and the reference each hold this many explanations
+    of it (the sidecar's ``LIMELIGHT_DRIFT_MIN_COUNT``; 0 when the sidecar does not say)."""
 
     @property
     def alerts(self) -> list[LabelDrift]:
@@ -802,4 +879,5 @@ class DriftReport(_Shape):
             # 0: a sidecar older than the field, which observed every explanation.
             sample_rate=message.sample_rate or 1.0,
             reference_target=message.reference_target,
+            min_count=message.min_count,
         )

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 from limelight.core.service import DriftSink, ExplanationService, resolve_default_method
 from limelight.demo.build import ensure_demo_model
 from limelight.drift.monitor import DriftMonitor
+from limelight.drift.served import served_identity
 from limelight.errors import FailedPrecondition
 from limelight.jobs.factory import create_backend
 from limelight.jobs.priority import InlineGate
@@ -124,7 +125,12 @@ def build_drift(
     if not settings.drift_enabled:
         return None
     return DriftMonitor(
-        settings, list(model.labels), metrics, model_version=model.version, method=method
+        settings,
+        list(model.labels),
+        metrics,
+        model_version=model.version,
+        method=method,
+        served=served_identity(settings, model, method),
     )
 
 

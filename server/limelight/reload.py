@@ -245,11 +245,16 @@ class InlineReloader:
                 )
             except FailedPrecondition as exc:
                 if method == before:
-                    raise
-                # A drift reference file of the method served so far: the new outputs are
-                # served to requests that name them, the default (and its monitor) stays.
-                log.warning("%s; the default inline method stays %s", exc, before)
-                method, drift = before, service.drift
+                    # The reference file is gone or unreadable: the new head is served all the
+                    # same, judged by a reference of the first requests.
+                    log.warning("%s; the reference is built from the first requests instead", exc)
+                    unfiled = settings.model_copy(update={"drift_reference": None})
+                    drift = build_drift(unfiled, model, app.metrics, method)
+                else:
+                    # A drift reference file of the method served so far: the new outputs are
+                    # served to requests that name them, the default (and its monitor) stays.
+                    log.warning("%s; the default inline method stays %s", exc, before)
+                    method, drift = before, service.drift
             await service.swap_runtime(runtime, drift, default_method=method)
         except Exception:
             log.exception(

@@ -72,7 +72,9 @@ def test_prediction_rule() -> None:
 def test_multi_label_explain_job_drift_and_metrics(
     start_sidecar: Callable[..., Any], multi_label_dir: Path
 ) -> None:
-    running = start_sidecar(model_dir=multi_label_dir, drift_bootstrap_n=4, drift_window=10)
+    running = start_sidecar(
+        model_dir=multi_label_dir, drift_bootstrap_n=4, drift_window=10, drift_min_count=1
+    )
     probs, normx, ids = _reference(multi_label_dir, TEXT)
     expected = [LABELS[i] for i in np.argsort(-probs) if probs[i] >= 0.5]
     assert expected == ["toxic", "insult"]  # the fixture's biases

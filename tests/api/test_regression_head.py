@@ -53,7 +53,9 @@ def _reference(model_dir: Path, text: str) -> tuple[float, np.ndarray]:
 def test_regression_end_to_end(
     start_sidecar: Callable[..., Any], regression_dir: Path, tmp_path: Path
 ) -> None:
-    running = start_sidecar(model_dir=regression_dir, drift_bootstrap_n=2, drift_window=4)
+    running = start_sidecar(
+        model_dir=regression_dir, drift_bootstrap_n=2, drift_window=4, drift_min_count=1
+    )
     with Client(running.target, timeout=60) as client:
         info = client.model()
         assert info.problem_type == "regression" and info.labels == ["score"]

@@ -111,6 +111,20 @@ def test_word_spans_join_touching_pieces_per_segment() -> None:
     assert [(w["start"], w["end"]) for w in words[:2]] == [(0, 8), (8, 9)]
 
 
+def test_word_spans_keep_the_pieces_of_one_character_in_its_word() -> None:
+    """An uncased WordPiece cuts each Hangul syllable into its letters, each with the
+    syllable's span: "정말" is one word, not "정", "정", "정말", "말", "말"."""
+    spans = [(0, 1), (0, 1), (0, 1), (1, 2), (1, 2), (1, 2), (3, 5)]
+    tokens = [TokenInfo("[CLS]", 0, 0, 0, True, 0)]
+    tokens += [TokenInfo("x", 0, start, end, False, 0) for start, end in spans]
+    tokens.append(TokenInfo("[SEP]", 0, 0, 0, True, 0))
+    words = word_spans(tokens, "정말 좋아")
+    assert [(w["text"], w["tokens"], w["start"], w["end"]) for w in words] == [
+        ("정말", [1, 2, 3, 4, 5, 6], 0, 2),
+        ("좋아", [7], 3, 5),
+    ]
+
+
 # --- the JSON routes ---------------------------------------------------------------------------
 
 
@@ -772,6 +786,57 @@ def test_browser_cuts_the_text_by_code_points(browser: Any, viewer_sidecar: Runn
             assert unit["text"] == text[unit["start"] : unit["end"]], (level, unit)
         shown = "".join(unit["gap"] + unit["text"] for unit in units)
         assert shown == text[units[0]["start"] : units[-1]["end"]], level
+
+
+@needs_browser
+def test_browser_shows_the_pieces_of_one_character_once_with_their_sum(
+    browser: Any, viewer_sidecar: RunningSidecar
+) -> None:
+    """An uncased BERT cuts each Hangul syllable into its letters, each with the syllable's
+    span: the page showed "정정정말말말", each letter coloured apart."""
+    spans = [(0, 1), (0, 1), (0, 1), (1, 2), (1, 2), (1, 2), (3, 5)]
+    tokens = [{"text": "[CLS]", "start": 0, "end": 0, "special": True, "segment": 0}]
+    tokens += [
+        {"text": f"p{i}", "start": a, "end": b, "special": False, "segment": 0}
+        for i, (a, b) in enumerate(spans)
+    ]
+    tokens.append({"text": "[SEP]", "start": 0, "end": 0, "special": True, "segment": 0})
+    explanation = {"tokens": tokens, "words": [], "text": "정말 좋아", "text_pair": None}
+    scores = [9.0, 0.25, 0.5, 1.0, -0.125, -0.25, -0.5, 2.0, 9.0]
+    open_viewer(browser, viewer_sidecar)
+    units = browser.execute_script(
+        "return window.limelightViewer.units(arguments[0], arguments[1], 'pieces')",
+        explanation,
+        scores,
+    )
+    assert [(u["text"], u["score"], u["indices"]) for u in units] == [
+        ("정", 1.75, [1, 2, 3]),
+        ("말", -0.875, [4, 5, 6]),
+        ("좋아", 2.0, [7]),
+    ]
+
+
+@needs_browser
+def test_browser_drift_page_says_a_label_is_not_compared_until_it_has_enough(
+    browser: Any, start_sidecar: Callable[..., RunningSidecar], random_bert_dir: Path
+) -> None:
+    """Below ``drift_min_count`` explanations a label's divergence is NaN (null in JSON): the
+    card says why instead of failing to print it."""
+    from selenium.webdriver.common.by import By
+
+    sidecar = start_sidecar(
+        model_dir=random_bert_dir, drift_bootstrap_n=4, drift_min_count=50, viewer_drift_sample_s=0
+    )
+    for i in range(10):
+        status, _, _ = call(f"{base(sidecar)}/viewer/api/explain", {"text": f"review {i} fine"})
+        assert status == 200
+    open_viewer(browser, sidecar)
+    browser.find_element(By.CSS_SELECTOR, "nav a[data-view=drift]").click()
+    summary = wait(browser, lambda d: d.find_element(By.ID, "drift-summary").text or None)
+    assert summary.startswith("reference ready") and "label-mix divergence – · " in summary
+    cards = [c.text for c in browser.find_elements(By.CSS_SELECTOR, "#drift-labels article p")]
+    assert any("not compared yet" in c and "a label needs 50 in each" in c for c in cards), cards
+    no_console_errors(browser)
 
 
 @needs_browser

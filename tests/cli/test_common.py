@@ -188,3 +188,25 @@ def test_listed_tokens_show_the_inputs_own_characters_and_nothing_a_terminal_act
         'for fresh: "Good" +3.000, "\U0001f4a9" +2.000, "\U0001f600" +1.000, '
         '"de\ufffdcent" +0.500, "\ufffdgood\ufffd" +0.250'
     ]
+
+
+def test_a_json_flag_that_does_not_decode_is_told_what_its_variable_is(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``serve --label-thresholds '{bad'`` names the flag, the decoder's reason and how the
+    value is written, in the words LIMELIGHT_LABEL_THRESHOLDS gets for the same value."""
+    from limelight.cli.main import build_parser, main
+
+    with pytest.raises(SystemExit) as stopped:
+        build_parser().parse_args(["serve", "--label-thresholds", "{bad"])
+    assert stopped.value.code == 2
+    flag = capsys.readouterr().err.strip().splitlines()[-1]
+    said = "cannot be parsed (Expecting property name enclosed in double quotes"
+    assert flag.startswith(f"limelight serve: error: argument --label-thresholds: {said}"), flag
+    monkeypatch.setenv("LIMELIGHT_LABEL_THRESHOLDS", "{bad")
+    assert main(["serve", "--port", "0", "--metrics-port", "0", "--jobs", "off"]) == 2
+    variable = capsys.readouterr().err.strip().splitlines()[-1]
+    prefix = "limelight serve: error: invalid setting label_thresholds: LIMELIGHT_LABEL_THRESHOLDS "
+    assert variable.startswith(prefix), variable
+    assert flag.split("--label-thresholds: ", 1)[1] == variable.removeprefix(prefix)
+    assert variable.endswith("; lists and mappings are written as JSON")

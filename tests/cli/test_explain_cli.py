@@ -10,8 +10,9 @@ import signal
 import subprocess
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -28,6 +29,15 @@ def limelight(
         timeout=timeout,
         env={**os.environ, **(env or {})},
     )
+
+
+def class_column(answer: dict[str, Any], column: int) -> list[float]:
+    """One class's scores of the non-special tokens of an ``explain --json`` answer."""
+    return [
+        row[column]
+        for row, t in zip(answer["class_scores"], answer["tokens"], strict=True)
+        if not t["special"]
+    ]
 
 
 def test_explain_against_server_json_and_html(sidecar: RunningSidecar, tmp_path: Path) -> None:
@@ -70,11 +80,7 @@ def test_all_classes_draws_a_map_per_class_and_flags_a_method_ignores_are_refuse
         assert f"── {label} ──" in both.stdout
         # each class's map prints that class's column of the score matrix
         words = [t["text"] for t in answer["tokens"] if not t["special"]]
-        scores = [
-            row[column]
-            for row, t in zip(answer["class_scores"], answer["tokens"], strict=True)
-            if not t["special"]
-        ]
+        scores = class_column(answer, column)
         section = both.stdout.split(f"── {label} ──", 1)[1]
         line = next(ln for ln in section.splitlines() if ln.strip())
         assert line.split() == [f"{w}[{s:+.3f}]" for w, s in zip(words, scores, strict=True)]
@@ -87,6 +93,51 @@ def test_all_classes_draws_a_map_per_class_and_flags_a_method_ignores_are_refuse
         refused = limelight("explain", text, "--target", sidecar.target, *flags)
         assert refused.returncode == 2
         assert refused.stderr.startswith(f"limelight explain: error: {said}"), refused.stderr
+
+
+def test_all_classes_draws_a_map_per_label_on_a_multi_label_model(
+    start_sidecar: Callable[..., RunningSidecar], bert_tiny_multilabel_dir: Path, tmp_path: Path
+) -> None:
+    """As on a single-label model: every label's map, predicted or not (it drew the first
+    predicted label's alone), in the terminal and on the page."""
+    running = start_sidecar(model_dir=bert_tiny_multilabel_dir)
+    text = "this pill gave me headaches and my anxiety got worse"
+    page = tmp_path / "all.html"
+    args = ("explain", text, "--target", running.target, "--all-classes")
+    shown = limelight(*args, "--color", "never", "--html", str(page))
+    assert shown.returncode == 0, shown.stderr
+    answer = json.loads(limelight(*args, "--json").stdout)
+    assert answer["multi_label"] and len(answer["labels"]) == 4
+    assert len(answer["predicted_labels"]) < 4  # some labels are drawn that were not predicted
+    html = page.read_text()
+    words = [t["text"] for t in answer["tokens"] if not t["special"]]
+    for column, label in enumerate(answer["labels"]):
+        scores = class_column(answer, column)
+        section = shown.stdout.split(f"── {label} ──", 1)[1]
+        line = next(ln for ln in section.splitlines() if ln.strip())
+        # (a word's pieces are drawn together: "headache[…]s[…]")
+        drawn = "".join(
+            f"{w.removeprefix('##')}[{s:+.3f}]" for w, s in zip(words, scores, strict=True)
+        )
+        assert "".join(line.split()) == drawn
+        assert f"<h2>{label}</h2>" in html
+
+
+def test_a_second_class_is_refused_not_dropped() -> None:
+    """`--class a --class b` explained b alone without a word: one call explains one label.
+    Refused before any sidecar is called (none listens at the target)."""
+    for more in ((), ("--lines", "-")):
+        text = () if more else ("this pill gave me headaches",)
+        out = limelight(
+            "explain", *text, *more, "--class", "negative", "--class", "mental_health",
+            "--target", "127.0.0.1:1", "--timeout", "2",
+        )  # fmt: skip
+        assert (out.returncode, out.stdout) == (2, ""), out.stderr
+        assert out.stderr == (
+            "limelight explain: error: --class given 2 times (negative, mental_health): one "
+            "call explains one label; use --all-classes for every class's scores, or one call "
+            "per label\n"
+        )
 
 
 def test_the_heat_map_is_coloured_on_a_terminal_only(sidecar: RunningSidecar) -> None:

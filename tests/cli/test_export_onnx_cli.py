@@ -85,3 +85,51 @@ def test_a_demo_exported_by_name_is_served_by_name(
         f"serve it with: limelight serve --demo bert-tiny --cache-dir {cache} --runtime onnx "
         f"--onnx-path {out}"
     )
+
+
+def test_a_multi_label_prediction_is_its_label_set() -> None:
+    """int8 and fp32 agree on a multi-label model's prediction when they predict the same
+    labels (each sigmoid at or over its threshold), whatever their arg-max says."""
+    from limelight.cli.export_onnx import same_prediction
+
+    thresholds = [0.5, 0.5, 0.3]
+    # the same top label, but the int8 graph's second label falls under its threshold
+    assert same_prediction(np.array([2.0, 1.0, -3.0]), np.array([2.0, -1.0, -3.0]), None)
+    assert not same_prediction(np.array([2.0, 1.0, -3.0]), np.array([2.0, -1.0, -3.0]), thresholds)
+    # another top label, the same set
+    assert same_prediction(np.array([2.0, 1.0, -3.0]), np.array([1.0, 2.0, -3.0]), thresholds)
+    assert not same_prediction(np.array([2.0, 1.0, -3.0]), np.array([1.0, 2.0, -3.0]), None)
+    # nothing predicted by either: agreement; by its own threshold, not 0.5
+    assert same_prediction(np.array([-2.0, -1.0, -0.5]), np.array([-1.0, -2.0, -0.6]), thresholds)
+    assert not same_prediction(np.array([0, 0, -0.5]), np.array([0, 0, -1.0]), thresholds)
+
+
+def test_the_int8_report_of_the_multi_label_demo_compares_label_sets_on_its_own_data(
+    bert_tiny_multilabel_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The report read rotten_tomatoes movie reviews by arg-max on the drugsCom tagger: now
+    the demo's own held-out reviews, and whether int8 predicts the same label set."""
+    from limelight.demo.datasets import drugscom
+
+    out = tmp_path / "g.onnx"
+    cache = str(bert_tiny_multilabel_dir.parent.parent)
+    demo = ["--demo", "bert-tiny-multilabel", "--cache-dir", cache]
+    assert main(["export-onnx", *demo, "--out", str(out), "--int8", "--fidelity-n", "24"]) == 0
+    printed = capsys.readouterr().out
+    assert "int8 fidelity on 24 held-out texts of drugscom (test):" in printed
+    said = "(the same labels predicted, at sigmoid >= negative 0.5, side_effects 0.5, "
+    line = next(ln for ln in printed.splitlines() if "prediction agreement with fp32" in ln)
+    assert said in line, line
+    from limelight.cli.export_onnx import held_out_texts, same_prediction
+
+    texts = held_out_texts("drugscom", 24)
+    assert texts == [e.text for e in drugscom("test")[:24]]
+    model = load_model(bert_tiny_multilabel_dir)
+    fp32, int8 = OnnxRuntime(out, model), OnnxRuntime(tmp_path / "g.int8.onnx", model)
+    agree = 0
+    for start in (0, 16):  # batched as the report batches (int8 scales its inputs per batch)
+        encoded = [model.encode(t) for t in texts[start : start + 16]]
+        batch = InlineBatch.from_encoded(encoded, model.pad_id)
+        a, b = fp32.run_inline(batch).logits, int8.run_inline(batch).logits
+        agree += sum(same_prediction(x, y, [0.5] * 4) for x, y in zip(a, b, strict=True))
+    assert f"fp32:        {agree / 24:.3f} (" in line, line

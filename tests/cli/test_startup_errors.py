@@ -113,6 +113,8 @@ def test_a_misspelt_variable_is_named_before_anything_else(tmp_path: Path) -> No
         ("LIMELIGHT_DRIFT_ALERT_THRESHOLD", "-1", "greater than or equal to 0", "THRESHOLD"),
         ("LIMELIGHT_DRIFT_BOOTSTRAP_N", "0", "greater than 0", "BOOTSTRAP_N"),
         ("LIMELIGHT_LABEL_THRESHOLD", "1.5", "less than or equal to 1", "LABEL_THRESHOLD"),
+        # at 0 every label is predicted: refused here, not by the model's load
+        ("LIMELIGHT_LABEL_THRESHOLD", "0", "greater than 0", "--label-threshold or LIMELIGHT"),
         # A flag named in the hint exists: this one's is --viewer, not --viewer-enabled.
         ("LIMELIGHT_VIEWER_ENABLED", "maybe", "valid boolean", "set it with --viewer or"),
     ],

@@ -563,3 +563,37 @@ def test_probability_bars_line_up_under_wide_labels() -> None:
     assert len(bars) == 2
     starts = {columns(line[: min(line.index(c) for c in "█░" if c in line)]) for line in bars}
     assert len(starts) == 1, bars
+
+
+def _jamo_explanation() -> Explanation:
+    """An uncased WordPiece cuts each Hangul syllable of "정말 좋아 cafe" into its three
+    letters, all three with the syllable's span (as bert-tiny's tokenizer answers)."""
+    spans = [("ᄌ", 0, 1), ("##ᅥ", 0, 1), ("##ᆼ", 0, 1), ("##ᄆ", 1, 2), ("##ᅡ", 1, 2)]
+    spans += [("##ᆯ", 1, 2), ("[UNK]", 3, 5), ("cafe", 6, 10)]
+    tokens = [pb.Token(text="[CLS]", id=101, special=True)]
+    tokens += [pb.Token(text=t, id=1000 + i, start=s, end=e) for i, (t, s, e) in enumerate(spans)]
+    tokens.append(pb.Token(text="[SEP]", id=102, special=True))
+    scores = [9.0, 0.25, 0.5, 1.0, -0.125, -0.25, -0.5, 2.0, 4.0, 9.0]
+    return explained(tokens, scores, "정말 좋아 cafe")
+
+
+def test_pieces_of_one_character_join_their_word_and_show_once_with_their_sum() -> None:
+    exp = _jamo_explanation()
+    assert [(w.text, w.score, w.tokens) for w in exp.words()] == [
+        ("정말", 0.875, (1, 2, 3, 4, 5, 6)),
+        ("좋아", 2.0, (7,)),
+        ("cafe", 4.0, (8,)),
+    ]
+    assert [t.text for t in exp.by_words().tokens] == ["[CLS]", "정말", "좋아", "cafe", "[SEP]"]
+    chars = exp.by_characters()
+    assert [(t.text, t.start, t.end, t.id) for t in chars.tokens[1:3]] == [
+        ("정", 0, 1, -1),
+        ("말", 1, 2, -1),
+    ]
+    assert chars.scores == pytest.approx([9.0, 1.75, -0.875, 2.0, 4.0, 9.0])
+    assert chars.by_characters() is chars  # nothing left to merge
+    # Each syllable is drawn once, with its letters' summed score (not the first letter's).
+    plain = exp.to_terminal(color=False).splitlines()
+    assert "정[+1.750]말[-0.875] 좋아[+2.000] cafe[+4.000]" in plain, plain
+    page = exp.to_html()
+    assert page.count('title="정') == page.count('title="말') == 1

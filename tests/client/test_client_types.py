@@ -294,3 +294,26 @@ def test_tokens_in_columns_read_as_the_same_tokens(response_factory: Factory) ->
     del columns.segment[-1]  # a malformed answer: columns of different lengths
     with pytest.raises(ValueError):
         Token.all_from_proto(as_columns.explanation)
+
+
+def test_thresholds_read_back_as_they_were_set(response_factory: Factory) -> None:
+    """Thresholds travel as 32-bit floats: 0.3 arrives as 0.30000001192092896 read as a double.
+    The SDK gives back the shortest decimal of that float32, as the server was told it."""
+    from limelight_client.types import float32_value
+
+    set_to = [0.3, 0.5, 0.123456789, 1e-6]
+    labels = ["a", "b", "c", "d"]
+    info = ModelInfo.from_proto(pb.ModelInfo(name="m", labels=labels, thresholds=set_to))
+    msg = response_factory(TEXT)
+    msg.labels[:] = labels
+    msg.probabilities[:] = [0.1] * 4
+    msg.multi_label = True
+    msg.thresholds.extend(set_to)
+    exp = Explanation.from_proto(msg)
+    expected = {"a": 0.3, "b": 0.5, "c": 0.12345679, "d": 1e-6}
+    assert info.thresholds == expected and exp.thresholds == expected
+    assert '"a": 0.3,' in json.dumps(exp.to_dict()) and '"a": 0.3,' in json.dumps(info.to_dict())
+    # the same float32 as was sent, whatever the value
+    for value in (*set_to, 2 / 3, 3.4e38, 1e-45, 0.0, -0.25, float("inf")):
+        sent = pb.ModelInfo(thresholds=[value]).thresholds[0]
+        assert pb.ModelInfo(thresholds=[float32_value(sent)]).thresholds[0] == sent

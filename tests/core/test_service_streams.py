@@ -121,3 +121,41 @@ async def test_a_draining_server_fails_the_call_not_each_input(bert_tiny_dir: Pa
             await service.explain_each(inputs)
     finally:
         await service.close()
+
+
+@pytest.mark.asyncio
+async def test_a_target_the_model_lacks_is_refused_before_any_model_work(
+    bert_tiny_dir: Path,
+) -> None:
+    """A class index out of range is refused where an unknown label is, before the input is
+    tokenised or run: of several inputs sent at once the first bad one in order is named, not
+    the first to come out of a forward pass."""
+    from limelight.core.types import TargetSpec
+    from limelight.errors import InvalidArgument
+
+    service = inline_service(bert_tiny_dir)  # two classes: fresh and rotten
+    await service.start()
+    try:
+        open_gate = threading.Event()
+        open_gate.set()
+        seen = held_forwards(service, open_gate)  # every forward pass, none held
+        encoded: list[str] = []
+        encode = service.encode_async
+
+        async def counted(text: str, *rest: Any) -> Any:
+            encoded.append(text)
+            return await encode(text, *rest)
+
+        service.encode_async = counted  # type: ignore[method-assign]
+        inputs = [
+            ExplainInput(text="a witty film", target=TargetSpec(index=2)),
+            ExplainInput(text="a dull film", target=TargetSpec(label="no such label")),
+        ]
+        with pytest.raises(InvalidArgument, match=r"^input 0: target index 2 is out of range"):
+            await service.explain_batch(inputs)
+        alone = ExplainInput(text="a witty film", target=TargetSpec(index=-1))
+        with pytest.raises(InvalidArgument, match=r"^target index -1 is out of range"):
+            await service.explain(alone)
+        assert (encoded, seen) == ([], [])
+    finally:
+        await service.close()

@@ -225,6 +225,15 @@ def test_a_file_that_is_not_utf8_is_refused_at_its_line(tmp_path: Path, suffix: 
         read_labelled(path)
 
 
+def test_a_csv_field_longer_than_csvs_default_limit_is_read(tmp_path: Path) -> None:
+    """A 1 MB document in a CSV ended the command with "field larger than field limit
+    (131072)", without a file or line; a JSONL line of the same size was read."""
+    long = "word " * 200_000
+    path = tmp_path / "long.csv"
+    path.write_text(f'text\nshort\n"{long}"\n')
+    assert [e.text for e in read_labelled(path)] == ["short", long]
+
+
 def test_lines_end_at_line_feeds_only_and_a_bom_is_dropped(tmp_path: Path) -> None:
     """JSON strings may hold U+2028, U+2029 and U+0085 as they are (json.dumps with
     ensure_ascii=False writes them so); a byte-order mark from a Windows editor is no part

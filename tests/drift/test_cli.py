@@ -19,7 +19,9 @@ from limelight.settings import Settings
 
 
 def synthetic_report() -> object:
-    settings = Settings(drift_bootstrap_n=100, drift_window=100, drift_sketch_size=32)
+    settings = Settings(
+        drift_bootstrap_n=100, drift_window=100, drift_sketch_size=32, drift_min_count=1
+    )
     monitor = DriftMonitor(settings, ["rotten", "fresh"], None)
     rng = random.Random(0)
     words = ["film", "plot", "actors", "the", "story"]
@@ -48,7 +50,9 @@ def test_table_names_labels_alerts_and_shares() -> None:
 def test_an_empty_window_prints_no_divergence() -> None:
     """Building (or a label no recent answer was predicted as): nothing to compare, so no
     JSD of 0 and no "ok" that reads as healthy."""
-    settings = Settings(drift_bootstrap_n=10, drift_window=100, drift_sketch_size=32)
+    settings = Settings(
+        drift_bootstrap_n=10, drift_window=100, drift_sketch_size=32, drift_min_count=1
+    )
     monitor = DriftMonitor(settings, ["rotten", "fresh"], None)
     monitor.observe("fresh", ["a", "gorgeous", "film"], [0.1, 2.0, 0.3])
     first = format_report(monitor.report(top_k=3)).splitlines()[0]
@@ -81,7 +85,9 @@ def test_an_empty_window_prints_no_divergence() -> None:
 def test_the_plot_says_what_the_table_says_of_labels_not_compared() -> None:
     import matplotlib.pyplot as plt
 
-    settings = Settings(drift_bootstrap_n=10, drift_window=100, drift_sketch_size=32)
+    settings = Settings(
+        drift_bootstrap_n=10, drift_window=100, drift_sketch_size=32, drift_min_count=1
+    )
     monitor = DriftMonitor(settings, ["rotten", "fresh"], None)
     monitor.observe("fresh", ["a", "film"], [0.1, 2.0])
     building = drift_figure(monitor.report(top_k=3))
@@ -123,7 +129,7 @@ def test_build_reference_command(tmp_path: Path, random_bert_dir: Path) -> None:
     assert ref.labels == model.labels
     assert ref.model_version == model.version
     assert ref.profile.count == 25
-    assert ref.source == {"data": str(data), "n": 25}
+    assert ref.source == {"data": str(data), "n": 25, "truncation": "truncate"}
     assert ref.method == "normxlogit"  # what this model serves: no distilled head beside it
     # Independent recomputation: one text at a time, no batching or length sorting.
     expected = profile_of(
@@ -184,7 +190,9 @@ def test_explain_texts_matches_the_inline_method(random_bert_dir: Path) -> None:
 
 
 def test_a_report_names_the_labels_the_reference_never_saw() -> None:
-    settings = Settings(drift_bootstrap_n=2, drift_window=100, drift_sketch_size=32)
+    settings = Settings(
+        drift_bootstrap_n=2, drift_window=100, drift_sketch_size=32, drift_min_count=1
+    )
     monitor = DriftMonitor(settings, ["rotten", "fresh"], None)
     for _ in range(2):
         monitor.observe("fresh", ["a", "gorgeous", "film"], [0.1, 2.0, 0.3])
@@ -193,6 +201,36 @@ def test_a_report_names_the_labels_the_reference_never_saw() -> None:
     rotten = next(line for line in lines if line.startswith("rotten "))
     assert rotten.split()[1:3] == ["-", "-"]  # no JSD, no "ok"
     assert any("no explanation in the reference was predicted as rotten" in x for x in lines)
+
+
+def test_a_reference_is_built_at_the_servers_token_limit_and_says_so(
+    tmp_path: Path, random_bert_dir: Path
+) -> None:
+    """LIMELIGHT_MAX_TOKENS was ignored by the build: a sidecar that cuts texts at 32 tokens
+    compared its answers with attributions of whole texts, and alerted on the reference's own
+    texts. The limit is applied, recorded, and checked by the sidecar."""
+    from limelight.drift.served import served_identity
+
+    texts = ["short and good", " ".join(["a long review that goes on"] * 20)]
+    data = tmp_path / "data.jsonl"
+    data.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
+    argv = ["drift-reference", "build", "--model", str(random_bert_dir), "--data", str(data)]
+    out = tmp_path / "ref.json"
+    assert main([*argv, "--max-tokens", "12", "--out", str(out), "--no-progress"]) == 0
+    ref = ReferenceFile.load(out)
+    model = load_model(random_bert_dir)
+    cut = explain_texts(model, texts, max_tokens=12)
+    assert max(len(o.tokens) for o in cut) == 10  # 12 with [CLS] and [SEP]
+    assert ref.profile.label_counts == profile_of(cut, model.labels, 8).label_counts
+    assert ref.served is not None and ref.served.max_tokens == 12
+    at_12 = served_identity(Settings(max_tokens=12), model, "normxlogit")
+    assert ref.differences(at_12) == []
+    whole = served_identity(Settings(), model, "normxlogit")
+    assert ref.differences(whole) == [f"max_tokens 12 (serving {model.max_tokens})"]
+    # reject: a sidecar refuses the long text, so the reference leaves it out
+    assert main([*argv, "--max-tokens", "12", "--truncation", "reject", "--out", str(out),
+                 "--no-progress"]) == 0  # fmt: skip
+    assert ReferenceFile.load(out).profile.count == 1
 
 
 def test_a_reference_with_nothing_in_it_is_not_written(
@@ -206,9 +244,12 @@ def test_a_reference_with_nothing_in_it_is_not_written(
     argv = ["drift-reference", "build", "--model", str(random_bert_dir), "--data", str(data)]
     assert main([*argv, "--out", str(out), "--no-progress"]) == 0
     counts = ReferenceFile.load(out).profile.label_counts
-    missing = [label for label, n in counts.items() if n == 0]
     err = capsys.readouterr().err
-    assert missing and all(f"warning: no text was predicted as {m}:" in err for m in missing)
+    # Every label has fewer than the 150 explanations a label needs to be compared: each
+    # is named, the one with none ("0 text(s)") among them.
+    assert 0 in counts.values()
+    for label, n in counts.items():
+        assert f"warning: {n} text(s) predicted as {label}, fewer than the 150" in err
 
 
 def test_a_reference_without_any_explanation_is_not_written(
@@ -227,3 +268,22 @@ def test_a_reference_without_any_explanation_is_not_written(
     assert main([*argv, "--data", str(data), "--out", str(out), "--no-progress"]) == 2
     assert "no explanation went into the reference" in capsys.readouterr().err
     assert not out.exists()
+
+
+def test_the_table_says_which_labels_are_not_compared_yet_and_why() -> None:
+    settings = Settings(drift_bootstrap_n=40, drift_window=100, drift_min_count=15)
+    monitor = DriftMonitor(settings, ["rotten", "fresh"], None)
+    for i in range(40):
+        monitor.observe(["rotten", "fresh"][i % 2], ["a", "film"], [1.0, 2.0])
+    for _ in range(20):
+        monitor.observe("fresh", ["a", "film"], [1.0, 2.0])
+    monitor.observe("rotten", ["a", "film"], [1.0, 2.0])
+    lines = format_report(monitor.report()).splitlines()
+    rotten = next(line for line in lines if line.startswith("rotten "))
+    assert rotten.split() == ["rotten", "-", "-", "1"]
+    fresh = next(line for line in lines if line.startswith("fresh "))
+    assert fresh.split()[2] == "ok"
+    assert (
+        "not compared yet: rotten (a label needs 15 explanations in the window and in the "
+        "reference; fewer read as drift on unchanged traffic)" in lines
+    )

@@ -22,7 +22,9 @@ def test_drift_cli_against_a_served_model(
     tmp_path: Path,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    running = start_sidecar(model_dir=bert_tiny_dir, drift_bootstrap_n=20, drift_window=30)
+    running = start_sidecar(
+        model_dir=bert_tiny_dir, drift_bootstrap_n=20, drift_window=30, drift_min_count=1
+    )
     texts = [e.text for e in rotten_tomatoes("test")[:50]]
     with Client(running.target, timeout=60) as client:
         building = client.drift(top_k=5)

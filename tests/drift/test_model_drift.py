@@ -49,6 +49,8 @@ class Scenario:
             drift_reference=self.reference,
             drift_window=N_WINDOW,
             drift_alert_threshold=THRESHOLD,
+            # a window of 300 holds 120-150 of a label (the default asks 150)
+            drift_min_count=100,
         )
         monitor = DriftMonitor(
             settings,

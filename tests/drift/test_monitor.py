@@ -22,6 +22,7 @@ from limelight.drift.profile import (
     normalise_token,
     positive_shares,
 )
+from limelight.drift.reference import ServedIdentity
 from limelight.drift.sketch import SpaceSaving
 from limelight.errors import FailedPrecondition
 from limelight.metrics import Metrics
@@ -36,6 +37,8 @@ def make_settings(**kw: object) -> Settings:
         "drift_window": 200,
         "drift_sketch_size": 64,
         "drift_alert_threshold": 0.1,
+        # these windows are small on purpose: compare every label that has any explanation
+        "drift_min_count": 1,
     }
     base.update(kw)
     return Settings(**base)  # type: ignore[arg-type]
@@ -461,3 +464,157 @@ def test_a_reference_with_impossible_numbers_is_refused_at_start(
     with pytest.raises(FailedPrecondition, match="is malformed") as refused:
         DriftMonitor(make_settings(drift_reference=path), LABELS, None)
     assert str(path) in refused.value.message
+
+
+# --- how many explanations a comparison needs ----------------------------------------------------
+
+
+def test_a_label_with_too_few_explanations_is_not_compared_until_it_has_enough() -> None:
+    """Shortly after a start (or for a rare label) a window holds a few explanations of a
+    label: their divergence from the reference is mostly sampling noise and raised the alert on
+    unchanged traffic. Below ``drift_min_count`` on either side a label reads NaN, no alert."""
+    metrics = Metrics(CollectorRegistry())
+    settings = make_settings(drift_bootstrap_n=200, drift_window=400, drift_min_count=40)
+    monitor = DriftMonitor(settings, LABELS, metrics, gauge_interval_s=0.0)
+    feed(monitor, 200, seed=1)  # the reference: 100 of each label
+    rng = random.Random(2)
+    for _ in range(39):  # a word the reference never saw, on every "pos" answer
+        monitor.observe("pos", *sample(rng, "brilliant"))
+    early = monitor.report()
+    pos = early.labels[1]
+    assert early.min_count == 40 and pos.reference_count == 100 and pos.window_count == 39
+    assert math.isnan(pos.divergence) and not pos.alert
+    assert math.isnan(early.label_mix_divergence)  # 39 answers: too few for a mix either
+    gauge = metrics.registry.get_sample_value("limelight_attribution_drift", {"label": "pos"})
+    assert gauge is not None and math.isnan(gauge)
+    monitor.observe("pos", *sample(rng, "brilliant"))  # the 40th
+    pos = monitor.report().labels[1]
+    assert pos.window_count == 40 and pos.alert and pos.divergence > 0.1
+    assert pos.risers[0].token == "brilliant"
+
+
+def test_a_label_with_few_explanations_in_the_reference_is_not_compared(tmp_path: Path) -> None:
+    reference = Profile(LABELS, 64)
+    rng = random.Random(3)
+    for i in range(60):  # 55 "neg", 5 "pos"
+        tokens, scores = sample(rng)
+        reference.add("neg" if i % 12 else "pos", *positive_shares(tokens, scores))
+    path = tmp_path / "ref.json"
+    ReferenceFile(profile=reference, labels=LABELS).save(path)
+    monitor = DriftMonitor(make_settings(drift_reference=path, drift_min_count=50), LABELS, None)
+    feed(monitor, 200, seed=4)
+    neg, pos = monitor.report().labels
+    assert pos.reference_count == 5 and pos.window_count == 100
+    assert math.isnan(pos.divergence) and not pos.alert
+    assert neg.reference_count == 55 and math.isfinite(neg.divergence)
+
+
+def test_the_gauges_show_the_end_of_a_burst_without_a_later_request() -> None:
+    """A refresh that falls due too soon after the last one runs when the interval is up:
+    without it (and without the viewer's sampler) the gauges kept the window of the burst's
+    start until the next request, so an alert could neither fire nor resolve."""
+    metrics = Metrics(CollectorRegistry())
+    settings = make_settings(drift_bootstrap_n=20, drift_window=100)
+    monitor = DriftMonitor(settings, LABELS, metrics, gauge_interval_s=0.2)
+    feed(monitor, 20, seed=1)  # ready: refreshed at once
+    feed(monitor, 100, seed=2)  # ten sub-windows fill within the interval
+    get = metrics.registry.get_sample_value
+    for _ in range(3000):  # no request after the burst: only a timer can refresh
+        if get("limelight_drift_window_explanations") == 100.0:
+            break
+        threading.Event().wait(0.01)
+    assert get("limelight_drift_window_explanations") == 100.0
+
+
+def test_an_empty_window_exports_no_mix_or_entropy_of_its_own(tmp_path: Path) -> None:
+    boot = DriftMonitor(make_settings(), LABELS, None)
+    feed(boot, 200, seed=1)
+    path = tmp_path / "ref.json"
+    ReferenceFile(profile=boot._reference, labels=LABELS).save(path)
+    metrics = Metrics(CollectorRegistry())
+    DriftMonitor(make_settings(drift_reference=path), LABELS, metrics)
+    get = metrics.registry.get_sample_value
+    for value in (
+        get("limelight_label_mix_drift"),
+        get("limelight_attribution_entropy", {"window": "current"}),
+    ):
+        assert value is not None and math.isnan(value)  # was 0.0: "no drift", "no entropy"
+
+
+def test_a_sample_rate_too_small_to_draw_a_gap_skips_instead_of_crashing() -> None:
+    monitor = DriftMonitor(make_settings(drift_sample_rate=1e-320), LABELS, None)
+    assert not monitor.sampled()
+
+
+# --- what a reference file was built from ---------------------------------------------------------
+
+
+def _identity(**kw: object) -> ServedIdentity:
+    base: dict[str, object] = {
+        "model_version": "m1",
+        "explainer_digest": "head-a",
+        "thresholds": None,
+        "max_tokens": 512,
+    }
+    base.update(kw)
+    return ServedIdentity(**base)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("served", "named"),
+    [
+        (_identity(), None),
+        (_identity(model_version="m2"), "model version m1 (serving m2)"),
+        (_identity(explainer_digest="head-b"), "other distilled files"),
+        (_identity(max_tokens=64), "max_tokens 512 (serving 64)"),
+        (_identity(thresholds=(0.3, 0.5)), "label thresholds None (serving (0.3, 0.5))"),
+    ],
+)
+def test_a_reference_built_from_something_else_is_set_aside_for_the_first_requests(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, served: ServedIdentity, named: str | None
+) -> None:
+    """A reference of another head (a hot reload swapped it), another model, other thresholds
+    or another token limit holds attributions this sidecar would not compute on the same
+    traffic: it is set aside with a warning and the first requests build the reference."""
+    boot = DriftMonitor(make_settings(), LABELS, None)
+    feed(boot, 200, seed=1)
+    path = tmp_path / "ref.json"
+    ReferenceFile(
+        profile=boot._reference,
+        labels=LABELS,
+        model_version="m1",
+        method="distilled",
+        served=_identity(),
+    ).save(path)
+    assert ReferenceFile.load(path).served == _identity(model_version="")
+    monitor = DriftMonitor(
+        make_settings(drift_reference=path),
+        LABELS,
+        None,
+        model_version=served.model_version,
+        method="distilled",
+        served=served,
+    )
+    if named is None:
+        assert monitor.state == "ready" and "set aside" not in caplog.text
+    else:
+        assert monitor.state == "building" and monitor.report().reference_count == 0
+        assert named in caplog.text and "set aside" in caplog.text
+
+
+def test_an_older_reference_file_of_a_head_is_set_aside_but_one_of_normxlogit_is_kept(
+    tmp_path: Path,
+) -> None:
+    """A file written before references recorded their head cannot say which head it holds."""
+    path = tmp_path / "ref.json"
+    ReferenceFile(profile=Profile(LABELS, 8), labels=LABELS, method="distilled").save(path)
+    settings = make_settings(drift_reference=path)
+    head = _identity(model_version="")
+    assert DriftMonitor(settings, LABELS, None, method="distilled", served=head).state == (
+        "building"
+    )
+    ReferenceFile(profile=Profile(LABELS, 8), labels=LABELS, method="normxlogit").save(path)
+    plain = _identity(model_version="", explainer_digest="")
+    assert DriftMonitor(settings, LABELS, None, method="normxlogit", served=plain).state == (
+        "ready"
+    )

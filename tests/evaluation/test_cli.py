@@ -119,3 +119,32 @@ def test_an_unwritable_out_folder_stops_eval_before_the_model_loads(
     assert status == 1
     err = capsys.readouterr().err
     assert f"limelight eval: error: cannot write --out {out}: Not a directory" in err, err
+
+
+def test_a_multi_label_run_records_its_thresholds_and_no_gold_label_notes(
+    bert_tiny_multilabel_dir: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The thresholds in force decide which (text, label) items are evaluated: eval.json's
+    config and eval.md say them. The demo's own data (drugsCom) is not said to have gold labels
+    that need --label-map: a multi-label run uses none."""
+    from limelight.cli.main import main
+    from limelight.evaluation.report import load
+
+    monkeypatch.setenv("LIMELIGHT_LABEL_THRESHOLDS", '{"negative": 0.3}')
+    cache = str(bert_tiny_multilabel_dir.parent.parent)
+    out = tmp_path / "out"
+    demo = ["--demo", "bert-tiny-multilabel", "--cache-dir", cache, "--methods", "random"]
+    quick = ["--n", "4", "--fractions", "0.5", "--game-steps", "2", "--no-progress"]
+    assert main(["eval", *demo, *quick, "--out", str(out)]) == 0
+    capsys.readouterr()
+    thresholds = {"negative": 0.3, "side_effects": 0.5, "mental_health": 0.5, "birth_control": 0.5}
+    report = json.loads((out / "eval.json").read_text())
+    assert report["config"]["label_thresholds"] == thresholds
+    assert load(out / "eval.json").config.label_thresholds == thresholds
+    table = (out / "eval.md").read_text()
+    assert "Label thresholds in force" in table and "negative 0.3, side_effects 0.5" in table
+    assert not any("gold label" in note for note in report["notes"])
+    assert "--label-map" not in table

@@ -81,3 +81,18 @@ def test_evidence_rows_keep_their_texts_line_separators(tmp_path: Path) -> None:
 def test_an_unknown_drugscom_split_is_refused() -> None:
     with pytest.raises(InvalidArgument, match="drugscom has a train and a test split, not 'valid"):
         load_examples("drugscom", LABELS, split="validation")
+
+
+def test_a_multi_label_model_is_told_nothing_about_gold_labels(tmp_path: Path) -> None:
+    """A multi-label run scores each predicted label and uses no gold label: drugsCom's
+    sentiment ratings matching none of the demo's tags is no reason to suggest --label-map."""
+    tags = ["negative", "side_effects", "mental_health", "birth_control"]
+    single = load_examples("drugscom", tags)  # as a single-label model's data: noted
+    assert any("gold label(s) 'neutral', 'positive'" in note for note in single.notes)
+    for source in ("drugscom", _csv(tmp_path, [("good", "positive")])):
+        loaded = load_examples(source, tags, n=6, multi_label=True)
+        assert not any("gold label" in note or "--label-map" in note for note in loaded.notes)
+    # two tags are no binary sentiment model: no drugsCom ratings are mapped onto them
+    two = load_examples("drugscom", ["toxic", "spam"], n=6, multi_label=True)
+    assert [e.gold for e in two.examples] == [None] * 6
+    assert two.notes == ["6 of 379 examples sampled with seed 0"]

@@ -62,7 +62,9 @@ def populated_metrics() -> Metrics:
     m.job_wait.labels(method="lrp").observe(1.5)
     m.job_duration.labels(method="lrp").observe(12.0)
     m.job_outcomes.labels(method="lrp", outcome="succeeded").inc()
-    settings = Settings(drift_bootstrap_n=20, drift_window=20, drift_sketch_size=16)
+    settings = Settings(
+        drift_bootstrap_n=20, drift_window=20, drift_sketch_size=16, drift_min_count=1
+    )
     monitor = DriftMonitor(settings, ["rotten", "fresh"], m)
     rng = random.Random(0)
     for i in range(60):

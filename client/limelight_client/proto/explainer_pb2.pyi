@@ -383,23 +383,25 @@ class TokenShift(_message.Message):
     def __init__(self, token: _Optional[str] = ..., reference_share: _Optional[float] = ..., current_share: _Optional[float] = ...) -> None: ...
 
 class LabelDrift(_message.Message):
-    __slots__ = ("label", "divergence", "alert", "window_count", "risers", "fallers")
+    __slots__ = ("label", "divergence", "alert", "window_count", "risers", "fallers", "reference_count")
     LABEL_FIELD_NUMBER: _ClassVar[int]
     DIVERGENCE_FIELD_NUMBER: _ClassVar[int]
     ALERT_FIELD_NUMBER: _ClassVar[int]
     WINDOW_COUNT_FIELD_NUMBER: _ClassVar[int]
     RISERS_FIELD_NUMBER: _ClassVar[int]
     FALLERS_FIELD_NUMBER: _ClassVar[int]
+    REFERENCE_COUNT_FIELD_NUMBER: _ClassVar[int]
     label: str
     divergence: float
     alert: bool
     window_count: int
     risers: _containers.RepeatedCompositeFieldContainer[TokenShift]
     fallers: _containers.RepeatedCompositeFieldContainer[TokenShift]
-    def __init__(self, label: _Optional[str] = ..., divergence: _Optional[float] = ..., alert: _Optional[bool] = ..., window_count: _Optional[int] = ..., risers: _Optional[_Iterable[_Union[TokenShift, _Mapping]]] = ..., fallers: _Optional[_Iterable[_Union[TokenShift, _Mapping]]] = ...) -> None: ...
+    reference_count: int
+    def __init__(self, label: _Optional[str] = ..., divergence: _Optional[float] = ..., alert: _Optional[bool] = ..., window_count: _Optional[int] = ..., risers: _Optional[_Iterable[_Union[TokenShift, _Mapping]]] = ..., fallers: _Optional[_Iterable[_Union[TokenShift, _Mapping]]] = ..., reference_count: _Optional[int] = ...) -> None: ...
 
 class DriftReport(_message.Message):
-    __slots__ = ("reference_state", "reference_count", "window_count", "alert_threshold", "labels", "label_mix_divergence", "reference_entropy", "current_entropy", "generated_at", "sample_rate", "reference_target")
+    __slots__ = ("reference_state", "reference_count", "window_count", "alert_threshold", "labels", "label_mix_divergence", "reference_entropy", "current_entropy", "generated_at", "sample_rate", "reference_target", "min_count")
     REFERENCE_STATE_FIELD_NUMBER: _ClassVar[int]
     REFERENCE_COUNT_FIELD_NUMBER: _ClassVar[int]
     WINDOW_COUNT_FIELD_NUMBER: _ClassVar[int]
@@ -411,6 +413,7 @@ class DriftReport(_message.Message):
     GENERATED_AT_FIELD_NUMBER: _ClassVar[int]
     SAMPLE_RATE_FIELD_NUMBER: _ClassVar[int]
     REFERENCE_TARGET_FIELD_NUMBER: _ClassVar[int]
+    MIN_COUNT_FIELD_NUMBER: _ClassVar[int]
     reference_state: str
     reference_count: int
     window_count: int
@@ -422,4 +425,5 @@ class DriftReport(_message.Message):
     generated_at: _timestamp_pb2.Timestamp
     sample_rate: float
     reference_target: int
-    def __init__(self, reference_state: _Optional[str] = ..., reference_count: _Optional[int] = ..., window_count: _Optional[int] = ..., alert_threshold: _Optional[float] = ..., labels: _Optional[_Iterable[_Union[LabelDrift, _Mapping]]] = ..., label_mix_divergence: _Optional[float] = ..., reference_entropy: _Optional[float] = ..., current_entropy: _Optional[float] = ..., generated_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., sample_rate: _Optional[float] = ..., reference_target: _Optional[int] = ...) -> None: ...
+    min_count: int
+    def __init__(self, reference_state: _Optional[str] = ..., reference_count: _Optional[int] = ..., window_count: _Optional[int] = ..., alert_threshold: _Optional[float] = ..., labels: _Optional[_Iterable[_Union[LabelDrift, _Mapping]]] = ..., label_mix_divergence: _Optional[float] = ..., reference_entropy: _Optional[float] = ..., current_entropy: _Optional[float] = ..., generated_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., sample_rate: _Optional[float] = ..., reference_target: _Optional[int] = ..., min_count: _Optional[int] = ...) -> None: ...

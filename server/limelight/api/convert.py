@@ -278,6 +278,7 @@ def drift_to_proto(report: Any) -> pb.DriftReport:
                 window_count=d.window_count,
                 risers=_shifts(d.risers),
                 fallers=_shifts(d.fallers),
+                reference_count=d.reference_count,
             )
             for d in report.labels
         ],
@@ -287,4 +288,5 @@ def drift_to_proto(report: Any) -> pb.DriftReport:
         generated_at=_timestamp(report.generated_at),
         sample_rate=report.sample_rate,
         reference_target=report.reference_target,
+        min_count=report.min_count,
     )

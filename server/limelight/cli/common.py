@@ -84,6 +84,22 @@ def listed(item: Callable[[str], Any]) -> Callable[[str], tuple[Any, ...]]:
     return parse
 
 
+def unparsable(cause: object | None) -> str:
+    """Why a setting's value was refused before it was even read, the same for its flag and
+    its LIMELIGHT_* variable: ``cause`` is the JSON decoder's word, where there is one."""
+    because = f" ({cause})" if cause is not None else ""
+    return f"cannot be parsed{because}; lists and mappings are written as JSON"
+
+
+def json_value(text: str) -> Any:
+    """argparse type: a JSON value (``--label-thresholds '{"toxic": 0.3}'``); one that does not
+    decode is refused in the words its environment variable gets."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise argparse.ArgumentTypeError(unparsable(exc)) from None
+
+
 #: Exit status of a command that failed because of its arguments or settings.
 EXIT_USAGE = 2
 #: Exit status of any other failure.

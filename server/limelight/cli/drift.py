@@ -76,6 +76,17 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     build.add_argument("--n", type=whole(1), help="use the first N texts (default: all)")
     build.add_argument("--batch-size", type=whole(1), default=32, help="texts per forward pass")
     build.add_argument(
+        "--max-tokens",
+        type=whole(1),
+        help="token limit per text, as the server's (LIMELIGHT_MAX_TOKENS; default the model's)",
+    )
+    build.add_argument(
+        "--truncation",
+        choices=["truncate", "reject", "window"],
+        help="as the server's: reject leaves out texts over the limit; truncate and window "
+        "explain their first tokens",
+    )
+    build.add_argument(
         "--sketch-size",
         dest="drift_sketch_size",
         type=int,
@@ -110,9 +121,9 @@ def load_texts(
 
 def run_build(args: argparse.Namespace) -> int:
     from limelight.app import prepare_lexicon
-    from limelight.core.prediction import label_thresholds
     from limelight.core.service import served_inline_method
     from limelight.drift.build import build_reference
+    from limelight.drift.served import served_identity
     from limelight.errors import FailedPrecondition, InvalidArgument
     from limelight.methods.base import MethodRegistry
     from limelight.models.loaded import load_model
@@ -143,6 +154,8 @@ def run_build(args: argparse.Namespace) -> int:
     reason = method.unavailable_reason(model)
     if reason:
         raise FailedPrecondition(f"{method.name}: {reason}")
+    # Recorded in the file: a sidecar that serves anything else sets it aside.
+    served = served_identity(settings, model, method.name)
     with progress_bar(
         total=len(texts), desc="drift reference", unit="text", enabled=not args.no_progress
     ) as bar:
@@ -154,13 +167,11 @@ def run_build(args: argparse.Namespace) -> int:
             method=method,
             batch_size=args.batch_size,
             progress=bar,
-            source={"data": args.data, "n": len(texts)},
+            source={"data": args.data, "n": len(texts), "truncation": settings.truncation},
             pairs=pairs,
-            thresholds=label_thresholds(
-                model.labels, settings.label_threshold, settings.label_thresholds
-            )
-            if model.is_multi_label
-            else None,
+            thresholds=served.thresholds,
+            served=served,
+            truncation=settings.truncation,
         )
     label_counts = reference.profile.label_counts
     if reference.profile.count == 0:
@@ -169,12 +180,15 @@ def run_build(args: argparse.Namespace) -> int:
             "predicted as any label; nothing was written"
         )
     reference.save(args.out)
-    for label in [k for k, v in label_counts.items() if v == 0]:
-        print(
-            f"warning: no text was predicted as {label}: that label's drift cannot be measured "
-            "against this reference (add texts of it)",
-            file=sys.stderr,
-        )
+    for label, count in label_counts.items():
+        if count < settings.drift_min_count:
+            print(
+                f"warning: {count} text(s) predicted as {label}, fewer than the "
+                f"{settings.drift_min_count} a label needs to be compared "
+                "(LIMELIGHT_DRIFT_MIN_COUNT): that label's drift cannot be measured against "
+                "this reference (add texts of it)",
+                file=sys.stderr,
+            )
     counts = ", ".join(f"{k} {v}" for k, v in label_counts.items())
     print(
         f"wrote {args.out}: {reference.profile.count} explanations ({counts}), model "
@@ -250,19 +264,29 @@ def format_report(report: Any) -> str:
     width = max([len("label"), *(len(d.label) for d in report.labels)])
     out.append(f"{'label':<{width}}  {'JSD':>7}  {'alert':<5}  {'window':>6}")
     out.append("-" * (width + 26))
-    unreferenced = []
+    unreferenced, few = [], []
+    least = getattr(report, "min_count", 0)  # 0: a sidecar that does not say
     for d in report.labels:
         if d.window_count > 0 and math.isfinite(d.divergence):
             jsd, alert = f"{d.divergence:7.4f}", "ALERT" if d.alert else "ok"
         else:
             jsd, alert = f"{NOT_COMPARED:>7}", NOT_COMPARED
+            in_reference = getattr(d, "reference_count", 0)
             if d.window_count > 0 and report.reference_state == "ready":
-                unreferenced.append(d.label)
+                if least and in_reference > 0:
+                    few.append(d.label)
+                else:
+                    unreferenced.append(d.label)
         out.append(f"{d.label:<{width}}  {jsd}  {alert:<5}  {d.window_count:>6}")
     if unreferenced:
         out.append(
             f"no explanation in the reference was predicted as {', '.join(unreferenced)}: "
             "nothing to compare with (build the reference from texts of every label)"
+        )
+    if few:
+        out.append(
+            f"not compared yet: {', '.join(few)} (a label needs {least:,} explanations in the "
+            "window and in the reference; fewer read as drift on unchanged traffic)"
         )
     for d in report.labels:
         if not d.risers and not d.fallers:

@@ -170,6 +170,7 @@ def run(args: argparse.Namespace) -> int:
     model = load_served_model(settings)
     if args.data is None:
         args.data = default_data(args.model_dir, settings.demo_model)
+    limits = _thresholds(model, settings)
     config = EvalConfig(
         fractions=tuple(sorted(args.fractions)),
         game_fractions=tuple(round(i / args.game_steps, 6) for i in range(args.game_steps + 1)),
@@ -177,6 +178,7 @@ def run(args: argparse.Namespace) -> int:
         overlap_ks=tuple(sorted(args.overlap_k)),
         batch_size=args.batch_size,
         max_tokens=args.max_tokens,
+        label_thresholds=dict(zip(model.labels, limits, strict=True)) if limits else None,
     )
     data = load_examples(
         args.data,
@@ -188,6 +190,7 @@ def run(args: argparse.Namespace) -> int:
         label_field=args.label_field,
         evidence_field=args.evidence_field,
         label_map=parse_label_map(args.label_map),
+        multi_label=model.is_multi_label,
     )
     if not data.examples:
         return fail(args, f"no examples to evaluate in {data.name}")
@@ -209,7 +212,7 @@ def run(args: argparse.Namespace) -> int:
     notes = list(data.notes)
     targets: list[int | None] = [None] * len(examples)
     if model.is_multi_label:
-        examples, encoded, predicted = _per_label(model, settings, examples, encoded, probs)
+        examples, encoded, predicted = _per_label(limits, examples, encoded, probs)
         targets = list(predicted)
         accuracy = None
         notes.append(
@@ -306,16 +309,24 @@ def _check_methods(
     return registry
 
 
-def _per_label(
-    model: Any, settings: Any, examples: list[Any], encoded: list[Any], probs: Any
-) -> tuple[list[Any], list[Any], list[int]]:
-    """Multi-label: every (text, explained label) pair becomes one evaluated item, the label
-    explained as the sidecar would explain it (each predicted label, else the top one)."""
-    import numpy as np
-
+def _thresholds(model: Any, settings: Any) -> list[float]:
+    """Multi-label: each label's threshold, as the sidecar reads them from the settings
+    (LIMELIGHT_LABEL_THRESHOLD / LIMELIGHT_LABEL_THRESHOLDS); none for other models."""
     from limelight.core.prediction import label_thresholds
 
-    limits = label_thresholds(model.labels, settings.label_threshold, settings.label_thresholds)
+    if not model.is_multi_label:
+        return []
+    return label_thresholds(model.labels, settings.label_threshold, settings.label_thresholds)
+
+
+def _per_label(
+    limits: list[float], examples: list[Any], encoded: list[Any], probs: Any
+) -> tuple[list[Any], list[Any], list[int]]:
+    """Multi-label: every (text, explained label) pair becomes one evaluated item, the label
+    explained as the sidecar would explain it (each predicted label at or over its threshold in
+    ``limits``, else the top one)."""
+    import numpy as np
+
     out_examples, out_encoded, out_targets = [], [], []
     for example, enc, row in zip(examples, encoded, probs, strict=True):
         active = [int(c) for c in np.argsort(-row, kind="stable") if row[c] >= limits[c]]

@@ -79,7 +79,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument(
         "--class",
         dest="target_class",
-        help="explain this class (label name or index) instead of the predicted one",
+        action="append",  # to refuse a second one: argparse would keep the last without a word
+        help="explain this class (label name or index) instead of the predicted one; once per "
+        "call (--all-classes: every class's scores)",
     )
     p.add_argument("--all-classes", action="store_true", help="return every class's scores")
     p.add_argument("--method", default="", help="attribution method (default: the server's)")
@@ -120,12 +122,14 @@ def _target(value: str | None, labels: Callable[[], Sequence[str]] = tuple) -> s
 
 
 def _maps(explanation: Any, all_classes: bool, page: bool) -> list[str] | None:
-    """The score arrays to draw (None: the target's): SLALOM's importance (how much a token
-    matters at all) beside its values; with --all-classes every class's scores."""
+    """The score arrays to draw (None: the target's, or on a multi-label model each explained
+    label's): SLALOM's importance (how much a token matters at all) beside its values; with
+    --all-classes every class's scores, multi-label models' too (every label, predicted or
+    not)."""
     if explanation.method == "slalom":
         return ["value" if page else "scores", "importance"]
-    if all_classes and explanation.class_scores is not None and not explanation.multi_label:
-        return list(explanation.labels)  # (multi-label draws each explained label already)
+    if all_classes and explanation.class_scores is not None:
+        return list(explanation.labels)
     return None
 
 
@@ -157,6 +161,15 @@ def run(args: argparse.Namespace) -> int:
 
     if (args.text is None) == (args.lines is None):
         return fail(args, "give either a TEXT or --lines FILE", 2)
+    classes = args.target_class or []
+    if len(classes) > 1:
+        return fail(
+            args,
+            f"--class given {len(classes)} times ({', '.join(classes)}): one call explains one "
+            "label; use --all-classes for every class's scores, or one call per label",
+            2,
+        )
+    args.target_class = classes[0] if classes else None
     if args.lines is not None:
         return _run_lines(args)
     if args.text == "-":  # texts longer than a shell argument, or piped from a file

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -24,17 +25,50 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "--int8", action="store_true", help="also apply dynamic int8 quantisation (weights)"
     )
     p.add_argument(
-        "--fidelity-n", type=whole(1), default=200, help="held-out reviews for the int8 report"
+        "--fidelity-n",
+        type=whole(1),
+        default=200,
+        help="held-out texts for the int8 report (the demo's own test data; for --model, "
+        "rotten_tomatoes reviews)",
     )
     p.set_defaults(func=run)
 
 
-def fidelity_report(model_dir: Path, fp32: Path, int8: Path, n: int) -> dict[str, float]:
-    """Agreement of predictions and rank correlation of attributions, int8 vs fp32: NormXLogit
-    (``mean_spearman``) and each inline head's scores (``mean_spearman_<head>``)."""
+def same_prediction(a: np.ndarray, b: np.ndarray, thresholds: Sequence[float] | None) -> bool:
+    """Whether two rows of logits give the same answer: the same top class, or, multi-label
+    (``thresholds``, one per label), the same set of labels whose sigmoid reaches its
+    threshold (the arg-max says nothing of which labels a multi-label model predicts)."""
+    from limelight.core.prediction import MULTI_LABEL, predict
+
+    if thresholds is None:
+        return int(np.argmax(a)) == int(np.argmax(b))
+    chosen = [set(predict(row, MULTI_LABEL, thresholds).active) for row in (a, b)]
+    return chosen[0] == chosen[1]
+
+
+def held_out_texts(dataset: str, n: int) -> list[str]:
+    """The first ``n`` texts of a built-in dataset's test split (held out of a demo's training:
+    ``limelight.demo.recipes.DEMO_DATASETS``)."""
+    from limelight.demo.datasets import drugscom, rotten_tomatoes
+
+    read = {"rotten_tomatoes": rotten_tomatoes, "drugscom": drugscom}[dataset]
+    return [e.text for e in read("test")[:n]]
+
+
+def fidelity_report(
+    model_dir: Path,
+    fp32: Path,
+    int8: Path,
+    n: int,
+    dataset: str = "rotten_tomatoes",
+    thresholds: Sequence[float] | None = None,
+) -> dict[str, float]:
+    """Agreement of predictions (:func:`same_prediction`; ``thresholds`` for a multi-label
+    model) on ``n`` held-out texts of ``dataset``, and rank correlation of attributions, int8 vs
+    fp32: NormXLogit (``mean_spearman``) and each inline head's scores
+    (``mean_spearman_<head>``), for the fp32 graph's most probable class."""
     from scipy.stats import spearmanr
 
-    from limelight.demo.datasets import rotten_tomatoes
     from limelight.methods.normxlogit import NormXLogit
     from limelight.models.loaded import load_model
     from limelight.runtimes.base import InlineBatch
@@ -45,14 +79,14 @@ def fidelity_report(model_dir: Path, fp32: Path, int8: Path, n: int) -> dict[str
     method = NormXLogit()
     agree, correlations = 0, []
     per_head: dict[str, list[float]] = {}
-    texts = [e.text for e in rotten_tomatoes("test")[:n]]
+    texts = held_out_texts(dataset, n)
     for start in range(0, len(texts), 16):
         encoded = [model.encode(t) for t in texts[start : start + 16]]
         batch = InlineBatch.from_encoded(encoded, model.pad_id)
         a, b = reference.run_inline(batch), quantised.run_inline(batch)
         for row, enc in enumerate(encoded):
             predicted = int(np.argmax(a.logits[row]))
-            agree += int(predicted == int(np.argmax(b.logits[row])))
+            agree += int(same_prediction(a.logits[row], b.logits[row], thresholds))
             keep = ~enc.special_mask
             sa = method.attribute(a, row, len(enc))[keep, predicted]
             sb = method.attribute(b, row, len(enc))[keep, predicted]
@@ -102,13 +136,31 @@ def run(args: argparse.Namespace) -> int:
     print(f"wrote {out} ({out.stat().st_size / 1e6:.1f} MB; outputs: {outputs};")
     print("dynamic batch and sequence axes)")
     if args.int8:
+        from limelight.cli.eval import default_data
+        from limelight.core.prediction import label_thresholds
         from limelight.runtimes.onnx_export import quantize_int8
 
         quantised = quantize_int8(out, out.with_name(out.stem + ".int8.onnx"))
-        report = fidelity_report(model.directory, out, quantised, args.fidelity_n)
+        # the demo's own held-out data (drugsCom for the multi-label demo), else movie reviews
+        dataset = default_data(settings.model_dir, settings.demo_model)
+        thresholds = (
+            label_thresholds(model.labels, settings.label_threshold, settings.label_thresholds)
+            if model.is_multi_label
+            else None
+        )
+        report = fidelity_report(
+            model.directory, out, quantised, args.fidelity_n, dataset, thresholds
+        )
         print(f"wrote {quantised} ({quantised.stat().st_size / 1e6:.1f} MB)")
-        print(f"int8 fidelity on {int(report['texts'])} held-out reviews:")
-        print(f"  prediction agreement with fp32:        {report['prediction_agreement']:.3f}")
+        print(f"int8 fidelity on {int(report['texts'])} held-out texts of {dataset} (test):")
+        compared = (
+            "the same labels predicted, at sigmoid >= "
+            + ", ".join(f"{name} {t}" for name, t in zip(model.labels, thresholds, strict=True))
+            if thresholds is not None
+            else "the same top class"
+        )
+        agreement = report["prediction_agreement"]
+        print(f"  prediction agreement with fp32:        {agreement:.3f} ({compared})")
         print(f"  Spearman of NormXLogit vs fp32 (mean): {report['mean_spearman']:.3f}")
         for name in heads:
             value = report[f"mean_spearman_{name}"]

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from limelight import __version__
-from limelight.cli.common import EXIT_FAILURE, EXIT_USAGE, fail
+from limelight.cli.common import EXIT_FAILURE, EXIT_USAGE, fail, unparsable
 from limelight.errors import ErrorKind, LimelightError, redact_credentials
 
 #: Exit status when standard output's reader went away: a shell's for a process that SIGPIPE
@@ -166,11 +166,7 @@ def _unparsable_setting_message(exc: BaseException) -> str | None:
     if match is None:
         return None
     name = match.group(1)
-    cause = f" ({exc.__cause__})" if exc.__cause__ is not None else ""
-    return (
-        f"invalid setting {name}: LIMELIGHT_{name.upper()} cannot be parsed{cause}; lists and "
-        "mappings are written as JSON"
-    )
+    return f"invalid setting {name}: LIMELIGHT_{name.upper()} {unparsable(exc.__cause__)}"
 
 
 _BIND_FAILURE = re.compile(r"Failed to bind to address (\S+?);?\s")

@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 from types import FrameType
 
-from limelight.cli.common import add_model_args, settings_from_args, setup_logging
+from limelight.cli.common import add_model_args, json_value, settings_from_args, setup_logging
 from limelight.errors import InvalidArgument
 from limelight.settings import Settings
 
@@ -67,11 +67,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     p.add_argument(
         "--label-threshold",
         type=float,
-        help="multi-label models: predict a label at this sigmoid probability (default 0.5)",
+        help="multi-label models: predict a label at this sigmoid probability (above 0, at most "
+        "1; default 0.5)",
     )
     p.add_argument(
         "--label-thresholds",
-        type=json.loads,
+        type=json_value,
         metavar="JSON",
         help="multi-label: per-label thresholds, e.g. '{\"toxic\": 0.3}'",
     )

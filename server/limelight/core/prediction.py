@@ -20,6 +20,7 @@ import numpy as np
 
 from limelight.core.types import FloatArray
 from limelight.errors import InvalidArgument
+from limelight.settings import LABEL_THRESHOLD_RANGE
 
 ProblemType = Literal["single_label_classification", "multi_label_classification", "regression"]
 SINGLE_LABEL: ProblemType = "single_label_classification"
@@ -98,7 +99,10 @@ def label_thresholds(
             f"this model's labels are: {', '.join(labels)}"
         )
     out = [float(per_label.get(name, default)) for name in labels]
+    low, high = LABEL_THRESHOLD_RANGE  # the settings' own range
     for name, value in zip(labels, out, strict=True):
-        if not 0.0 < value <= 1.0 or not np.isfinite(value):
-            raise InvalidArgument(f"threshold {value} for label {name!r} is not in (0, 1]")
+        if not low < value <= high or not np.isfinite(value):
+            raise InvalidArgument(
+                f"threshold {value} for label {name!r} is not in ({low:g}, {high:g}]"
+            )
     return out

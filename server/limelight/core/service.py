@@ -635,8 +635,10 @@ class ExplanationService:
         if request.expired():
             raise DeadlineExceeded("the deadline passed before the request was read")
         method, runtime = self._inline_method(request.method), self.runtime
-        if request.target is not None and request.target.label is not None:
-            self.model.label_index(request.target.label)  # fail fast on an unknown label
+        if request.target is not None:
+            # An unknown label or an index out of range fails before any model work, so that
+            # of several inputs sent at once the first bad one in order is named.
+            resolve_target(self.model, request.target, 0)
         encoded = await self.encode_async(request.text, request.text_pair, tokenize_here)
         if encoded.truncated and self._windowed(request):
             return await self._explain_windows(request, method, runtime, began)

@@ -321,6 +321,9 @@ def read_records(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
         except UnicodeDecodeError as exc:
             line_no = raw.count(b"\n", 0, exc.start) + 1
             raise _not_utf8(path, line_no) from None
+        # A field may be as long as the file (csv's default limit, 128 KiB, refused a long
+        # document): the limit is the module's, raised only, never lowered.
+        csv.field_size_limit(max(csv.field_size_limit(), len(content) + 1))
         reader = csv.DictReader(
             io.StringIO(content, newline=""), delimiter="\t" if suffix == ".tsv" else ","
         )

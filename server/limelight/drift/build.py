@@ -9,14 +9,16 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
 from limelight.core.prediction import predict
+from limelight.core.types import Encoded
 from limelight.drift.monitor import REFERENCE_CAPACITY_FACTOR
 from limelight.drift.profile import Profile, positive_shares
-from limelight.drift.reference import ReferenceFile
+from limelight.drift.reference import ReferenceFile, ServedIdentity
+from limelight.errors import InvalidArgument
 from limelight.methods.base import InlineMethod
 from limelight.methods.normxlogit import NormXLogit
 from limelight.models.loaded import LoadedModel
@@ -46,6 +48,7 @@ def explain_texts(
     max_tokens: int | None = None,
     pairs: Sequence[str | None] | None = None,
     thresholds: Sequence[float] | None = None,
+    truncation: Literal["truncate", "reject", "window"] = "truncate",
 ) -> list[Observation]:
     """Inline attributions of the predicted class for every text (and pair), in input order:
     ``method`` (default NormXLogit) on ``runtime`` (default torch, without extra heads; a method
@@ -54,16 +57,25 @@ def explain_texts(
     Texts are batched in order of token length (less padding); ``progress`` is an optional
     tqdm-like object whose ``update(n)`` is called after each batch. A multi-label model gives
     one observation per predicted label (at ``thresholds``, default 0.5 each), as the
-    sidecar's monitor sees them; a text with none gives none.
+    sidecar's monitor sees them; a text with none gives none. Texts over ``max_tokens``
+    are cut there, or with ``truncation="reject"`` give none (a sidecar refuses them); with
+    ``"window"`` they are cut too (a sidecar explains every window: the reference holds their
+    first).
     """
     runtime = runtime or TorchRuntime(model)
     method = method or NormXLogit()
     if pairs is not None and len(pairs) != len(texts):
         raise ValueError("pairs must match texts")
-    encoded = [
-        model.encode(t, pairs[i] if pairs is not None else None, max_tokens=max_tokens)
-        for i, t in enumerate(texts)
-    ]
+    encoded: list[Encoded] = []
+    kept: list[int] = []
+    for i, text in enumerate(texts):
+        pair = pairs[i] if pairs is not None else None
+        try:
+            cut: Literal["truncate", "reject"] = "reject" if truncation == "reject" else "truncate"
+            encoded.append(model.encode(text, pair, max_tokens=max_tokens, truncation=cut))
+        except InvalidArgument:  # over the limit, refused as the sidecar refuses it
+            continue
+        kept.append(i)
     order = sorted(range(len(encoded)), key=lambda i: len(encoded[i]))
     results: list[list[Observation]] = [[] for _ in encoded]
     limits = list(thresholds) if thresholds is not None else [0.5] * model.num_labels
@@ -90,6 +102,8 @@ def explain_texts(
             ]
         if progress is not None:
             progress.update(len(rows))
+    if progress is not None and len(kept) < len(texts):
+        progress.update(len(texts) - len(kept))
     return [obs for per_text in results for obs in per_text]
 
 
@@ -116,10 +130,13 @@ def build_reference(
     source: dict[str, Any] | None = None,
     pairs: Sequence[str | None] | None = None,
     thresholds: Sequence[float] | None = None,
+    served: ServedIdentity | None = None,
+    truncation: Literal["truncate", "reject", "window"] = "truncate",
 ) -> ReferenceFile:
     """A reference file of ``model``'s inline attributions (``method`` on ``runtime``, as in
     :func:`explain_texts`) on ``texts`` (multi-label: per predicted label at ``thresholds``);
-    the file records the method, which the monitor checks against the served one."""
+    the file records the method and ``served`` (what else the attributions come from: its
+    token limit is the one applied), which the monitor checks against what it serves."""
     method = method or NormXLogit()
     observations = explain_texts(
         model,
@@ -130,6 +147,8 @@ def build_reference(
         progress=progress,
         pairs=pairs,
         thresholds=thresholds,
+        max_tokens=served.max_tokens if served is not None else None,
+        truncation=truncation,
     )
     profile = profile_of(observations, model.labels, sketch_size * REFERENCE_CAPACITY_FACTOR)
     return ReferenceFile(
@@ -139,4 +158,5 @@ def build_reference(
         model_version=model.version,
         method=method.name,
         source=dict(source or {}),
+        served=served,
     )

@@ -18,6 +18,7 @@ from __future__ import annotations
 import logging
 import math
 import random
+import sys
 import threading
 import time
 from collections.abc import Sequence
@@ -32,7 +33,7 @@ from limelight.drift.profile import (
     js_divergence,
     positive_shares,
 )
-from limelight.drift.reference import ReferenceFile
+from limelight.drift.reference import ReferenceFile, ServedIdentity
 from limelight.drift.report import DriftReport, LabelDrift, ReferenceState
 from limelight.drift.sketch import SketchRing
 from limelight.errors import FailedPrecondition
@@ -57,10 +58,14 @@ class DriftMonitor:
     ``observe`` takes, and the periodic refresh runs in a thread of its own: the request that
     fills a sub-window does not pay for it.
 
-    ``model_version`` (the served model's fingerprint) is compared with the reference file's;
-    a mismatch is logged. ``method`` (the served default inline method, whose attributions the
-    monitor observes) must be the one the reference file was built from: another method spreads
-    attribution mass differently, so comparing the two would report drift on unchanged traffic.
+    ``method`` (the served default inline method, whose attributions the monitor observes)
+    must be the one the reference file was built from: another method spreads attribution mass
+    differently, so comparing the two would report drift on unchanged traffic. What else the
+    file records of what it was built from (``served``: the model's fingerprint, the digest of
+    the method's head or table, the label thresholds, the token limit; without ``served``, its
+    model version with ``model_version``) is compared too: a file
+    built from something else is set aside, with a warning, and the reference is built from the
+    first requests instead, as without a file.
     ``min_share``: the smallest share of a label's positive mass that
     gets its own bin in the divergence (see :func:`limelight.drift.profile.compare`).
     """
@@ -73,6 +78,7 @@ class DriftMonitor:
         *,
         model_version: str | None = None,
         method: str | None = None,
+        served: ServedIdentity | None = None,
         slots: int = DEFAULT_SLOTS,
         top_k: int = 10,
         min_share: float = MIN_BIN_SHARE,
@@ -89,6 +95,7 @@ class DriftMonitor:
         self.bootstrap_n = max(int(settings.drift_bootstrap_n), 1)
         self.capacity = max(int(settings.drift_sketch_size), 1)
         self.window = max(int(settings.drift_window), 1)
+        self.min_count = max(int(settings.drift_min_count), 1)
         self.sample_rate = float(settings.drift_sample_rate)
         self._rng = rng or random.Random()
         self._skip = self._gap()
@@ -96,6 +103,8 @@ class DriftMonitor:
         self.min_share = min_share
         self.gauge_interval_s = gauge_interval_s
         self._last_refresh = -math.inf
+        self._refresh_due = False
+        """A refresh was due but came too soon after the last: a timer runs it later."""
         self._metrics = metrics
         self._lock = threading.Lock()
         self._ring: SketchRing[Profile] = SketchRing(
@@ -106,8 +115,12 @@ class DriftMonitor:
         if not settings.drift_enabled:
             self._state = "disabled"
         elif settings.drift_reference is not None:
-            self._reference = self._load_reference(settings, model_version, method)
-            self._state = "ready"
+            loaded = self._load_reference(settings, method, model_version or "", served)
+            if loaded is None:
+                self._state = "building"
+            else:
+                self._reference = loaded
+                self._state = "ready"
         else:
             self._state = "building"
         self._refreshing = False
@@ -115,8 +128,14 @@ class DriftMonitor:
         self._refresh_gauges(self._compute(self.top_k, self._snapshot()))
 
     def _load_reference(
-        self, settings: Settings, model_version: str | None, method: str | None
-    ) -> Profile:
+        self,
+        settings: Settings,
+        method: str | None,
+        model_version: str,
+        served: ServedIdentity | None,
+    ) -> Profile | None:
+        """The reference file's profile, or None when it was built from something other than
+        what is served (then the first requests build the reference)."""
         assert settings.drift_reference is not None
         ref = ReferenceFile.load(settings.drift_reference)
         if ref.labels != self.labels:
@@ -131,14 +150,22 @@ class DriftMonitor:
                 f"drift-reference build` (it uses the served default method), or serve with "
                 f"--default-method {ref.method}"
             )
-        if model_version and ref.model_version and ref.model_version != model_version:
-            # Still usable (same labels), but drift then also measures the model change.
+        if served is None:  # the caller says only which model it serves
+            differences = ref.model_difference(model_version)
+        else:
+            differences = ref.differences(served)
+        if differences:
+            # Its attributions are not what this sidecar computes on the same traffic: compared
+            # with them, unchanged traffic would read as drift.
             log.warning(
-                "drift reference %s was built for model version %s; serving %s",
+                "drift reference %s was built with %s: set aside; the reference is built from "
+                "the first %d explanations instead (rebuild the file with `limelight "
+                "drift-reference build` against what is served, then restart)",
                 settings.drift_reference,
-                ref.model_version,
-                model_version,
+                "; ".join(differences),
+                self.bootstrap_n,
             )
+            return None
         log.info("drift reference %s: %d explanations", settings.drift_reference, ref.profile.count)
         return ref.profile
 
@@ -163,8 +190,10 @@ class DriftMonitor:
         observed calls are those of a coin tossed per call (one draw per observed call)."""
         if self.sample_rate >= 1.0:
             return 0
-        # 1 - random() lies in (0, 1]: the logarithm is finite.
-        return int(math.log(1.0 - self._rng.random()) / math.log1p(-self.sample_rate))
+        # 1 - random() lies in (0, 1]: the logarithm is finite; a rate so small that the gap
+        # overflows skips (practically) for ever.
+        gap = math.log(1.0 - self._rng.random()) / math.log1p(-self.sample_rate)
+        return int(min(gap, sys.maxsize))
 
     def observe(
         self,
@@ -177,7 +206,7 @@ class DriftMonitor:
         if self._state == "disabled" or label not in self._label_set:
             return
         shares, entropy = positive_shares(tokens, scores)
-        became_ready = refresh = False
+        became_ready = due = False
         with self._lock:
             if self._state == "building":
                 self._reference.add(label, shares, entropy)
@@ -186,29 +215,27 @@ class DriftMonitor:
                     became_ready = True
                     log.info("drift reference ready: the first %d explanations", self.bootstrap_n)
                 else:  # the reference's count on /metrics follows it as it builds
-                    refresh = (
-                        self._metrics is not None
-                        and not self._refreshing
-                        and time.monotonic() - self._last_refresh >= self.gauge_interval_s
-                    )
-                    if refresh:
-                        self._refreshing = True
+                    due = True
             else:
                 self._ring.advance().add(label, shares, entropy)
-                refresh = (
-                    self._ring.tick()
-                    and self._metrics is not None
-                    and not self._refreshing
-                    and time.monotonic() - self._last_refresh >= self.gauge_interval_s
-                )
-                if refresh:
-                    self._refreshing = True
+                due = self._ring.tick()
+            delay = self._schedule_refresh() if due else None
         if became_ready:
             self.refresh_gauges()  # the window is still empty: cheap, and seen at once
-        elif refresh:
-            threading.Thread(
-                target=self._refresh_in_background, name="drift-gauges", daemon=True
-            ).start()
+        elif delay is not None:
+            # Off the request's thread; a refresh due too soon after the last one runs when
+            # the interval is up, so the gauges show the end of a burst without a later request.
+            timer = threading.Timer(delay, self._refresh_in_background)
+            timer.name, timer.daemon = "drift-gauges", True
+            timer.start()
+
+    def _schedule_refresh(self) -> float | None:
+        """Under the lock: the delay after which a background refresh is to run, or None when
+        one is already on its way (or there are no gauges)."""
+        if self._metrics is None or self._refreshing:
+            return None
+        self._refreshing = True
+        return max(0.0, self._last_refresh + self.gauge_interval_s - time.monotonic())
 
     def _refresh_in_background(self) -> None:
         try:
@@ -248,13 +275,18 @@ class DriftMonitor:
         window = Profile.merge(parts) if parts is not None else None
         labels: list[LabelDrift] = []
         for label in self.labels:
+            in_reference = reference.label_counts[label]
             if window is None:
-                labels.append(LabelDrift(label, 0.0, False, 0))
+                labels.append(LabelDrift(label, 0.0, False, 0, reference_count=in_reference))
                 continue
-            if reference.label_counts[label] == 0:
-                # Nothing in the reference was predicted as this label: no distribution to
-                # compare with. NaN, not a JSD of 0 that reads as "no drift".
-                labels.append(LabelDrift(label, math.nan, False, window.label_counts[label]))
+            in_window = window.label_counts[label]
+            if min(in_reference, in_window) < self.min_count:
+                # Too few explanations of the label on one side (none in the reference, a
+                # window just after a start, a rare label): their divergence is mostly sampling
+                # noise. NaN, neither a 0 that reads as "no drift" nor a false alert.
+                labels.append(
+                    LabelDrift(label, math.nan, False, in_window, reference_count=in_reference)
+                )
                 continue
             cmp = compare(reference.sketches[label], window.sketches[label], self.min_share)
             risers = sorted((s for s in cmp.shifts if s.delta > 0), key=lambda s: -s.delta)
@@ -264,14 +296,15 @@ class DriftMonitor:
                     label=label,
                     divergence=cmp.divergence,
                     alert=cmp.divergence > self.threshold,
-                    window_count=window.label_counts[label],
+                    window_count=in_window,
                     risers=risers[:top_k],
                     fallers=fallers[:top_k],
+                    reference_count=in_reference,
                 )
             )
         mix = 0.0
-        if window is not None and reference.count == 0:
-            mix = math.nan  # an empty reference: no label mix to compare with
+        if window is not None and min(reference.count, window.count) < self.min_count:
+            mix = math.nan  # too few explanations for a label mix to compare
         elif window is not None:
             mix = js_divergence(
                 [reference.label_counts[x] for x in self.labels],
@@ -289,6 +322,7 @@ class DriftMonitor:
             generated_at=time.time(),
             sample_rate=self.sample_rate,
             reference_target=self.bootstrap_n if state == "building" else 0,
+            min_count=self.min_count,
         )
 
     def _refresh_gauges(self, report: DriftReport) -> None:
@@ -304,7 +338,8 @@ class DriftMonitor:
         m.drift_window_explanations.set(report.window_count)
         m.drift_alert_threshold.set(report.alert_threshold)
         m.drift_sample_rate.set(report.sample_rate)
-        ready = report.reference_state == "ready"
+        # An empty window has no mix or entropy of its own: NaN, not a 0 that reads as healthy.
+        ready = report.reference_state == "ready" and report.window_count > 0
         for d in report.labels:
             # NaN (no sample in the window) keeps an empty label from looking healthy.
             value = d.divergence if ready and d.window_count > 0 else math.nan

@@ -33,6 +33,8 @@ class LabelDrift:
     """Explanations predicted as this label in the current window."""
     risers: list[TokenShift] = field(default_factory=list)
     fallers: list[TokenShift] = field(default_factory=list)
+    reference_count: int = 0
+    """Explanations predicted as this label in the reference."""
 
 
 @dataclass(frozen=True)
@@ -55,6 +57,8 @@ class DriftReport:
     """Share of inline explanations observed: the counts are about this share of requests."""
     reference_target: int = 0
     """While the reference builds: the explanations it is built from; 0 otherwise."""
+    min_count: int = 0
+    """A label is compared once the window and the reference each hold this many of it."""
 
     @property
     def alerting(self) -> list[str]:

@@ -117,8 +117,12 @@ def load_examples(
     label_field: str = "label",
     evidence_field: str = "evidence",
     label_map: Mapping[str, str] | None = None,
+    multi_label: bool = False,
 ) -> LoadedData:
-    """Read ``source`` (a built-in name or a CSV/TSV/JSONL path) and sample ``n`` examples."""
+    """Read ``source`` (a built-in name or a CSV/TSV/JSONL path) and sample ``n`` examples.
+
+    ``multi_label``: the model's evaluation uses no gold labels (it scores each predicted
+    label), so none are mapped onto its labels and none missing or unmatched is noted."""
     label_map = dict(label_map or {})
     asked = set(label_map)  # the caller's keys, not the defaults added below
     notes: list[str] = []
@@ -132,7 +136,8 @@ def load_examples(
             )
         name = f"rotten_tomatoes ({split})"
     elif source == "drugscom":
-        if not set(D.DRUGSCOM_LABELS) <= set(model_labels) and len(model_labels) == 2:
+        binary = len(model_labels) == 2 and not multi_label
+        if binary and not set(D.DRUGSCOM_LABELS) <= set(model_labels):
             # A binary sentiment model: negative -> class 0, positive -> class 1, neutral has
             # no counterpart (no gold label; still used for AOPC on the predicted class).
             for k, v in (("negative", model_labels[0]), ("positive", model_labels[1])):
@@ -179,7 +184,8 @@ def load_examples(
             f"label map key(s) {', '.join(map(repr, unmatched))} match no gold label of "
             f"{name} (its labels: {have})"
         )
-    notes.extend(_gold_label_notes(name, seen, model_labels, label_map, label_field))
+    if not multi_label:  # a multi-label run uses no gold label: nothing to say about them
+        notes.extend(_gold_label_notes(name, seen, model_labels, label_map, label_field))
     total = len(rows)
     rows = [dataclasses.replace(row, source_index=i) for i, row in enumerate(rows)]
     if n is not None and n < total:

@@ -44,6 +44,7 @@ class EvalReport:
                 "replace": self.config.replace,
                 "overlap_ks": list(self.config.overlap_ks),
                 "max_tokens": self.config.max_tokens,
+                "label_thresholds": self.config.label_thresholds,
             },
             "inputs": self.inputs,
             "methods": [r.to_json() for r in self.results],
@@ -126,6 +127,13 @@ def markdown(report: EvalReport) -> str:
         + ", ".join(f"{f:g}" for f in report.config.fractions)
         + f"; overlap over k = {', '.join(map(str, ks))} in the JSON.",
     ]
+    thresholds = report.config.label_thresholds
+    if thresholds:  # they decide which (text, label) items there are
+        shown = ", ".join(f"{label} {value}" for label, value in thresholds.items())
+        lines[-1] += (
+            f" Label thresholds in force (an item per text and label at or over its threshold): "
+            f"{shown}."
+        )
     lines += _paired(ok)
     if skipped:
         lines += ["", "Not evaluated:", *skipped]
@@ -216,6 +224,7 @@ def load(path: Path) -> EvalReport:
         replace=cfg["replace"],
         overlap_ks=tuple(cfg["overlap_ks"]),
         max_tokens=cfg["max_tokens"],
+        label_thresholds=cfg.get("label_thresholds"),  # written since multi-label runs say them
     )
     names = set(MethodResult.__dataclass_fields__)
     results = []

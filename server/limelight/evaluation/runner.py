@@ -71,6 +71,9 @@ class EvalConfig:
     overlap_ks: tuple[int, ...] = OVERLAP_KS
     batch_size: int = 64
     max_tokens: int = 512
+    label_thresholds: dict[str, float] | None = None
+    """Multi-label models: each label's threshold in force, which decides the evaluated items
+    (one per text and label at or over its threshold); None for other models."""
 
 
 @dataclass

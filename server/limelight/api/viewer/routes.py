@@ -87,9 +87,10 @@ def word_spans(
     tokens: Sequence[TokenInfo], text: str, text_pair: str | None = None
 ) -> list[dict[str, Any]]:
     """Words as runs of touching word pieces: a new word starts at a special token, a change of
-    segment, or a gap between one piece's end and the next one's start (whitespace); the
-    punctuation before a run's first letter or digit and after its last stands apart, one
-    piece each ("gorgeous" and ","; "don't" stays whole), as the SDK's ``by_words`` has it."""
+    segment, or a gap between one piece's end and the next one's start (whitespace); pieces
+    that share one character's span stay together. The punctuation before a run's first
+    letter or digit and after its last stands apart, one piece each ("gorgeous" and ",";
+    "don't" stays whole), as the SDK's ``by_words`` has it."""
     words: list[dict[str, Any]] = []
     current: dict[str, Any] | None = None
     columns = TokenColumns.of(tokens)  # read in columns: no object per token
@@ -103,13 +104,16 @@ def word_spans(
         if (
             current is None
             or current["segment"] != segment
-            or start != current["end"]
+            # pieces of one character share its span (Hangul split into its letters): they
+            # join the word as touching pieces do
+            or not current["last_start"] <= start <= current["end"]
             or source[start : start + 1].isspace()
         ):
             current = {"start": start, "end": end, "segment": segment}
             current["tokens"] = []
             words.append(current)
-        current["end"] = end
+        current["end"] = max(current["end"], end)
+        current["last_start"] = start
         current["tokens"].append(index)
     out: list[dict[str, Any]] = []
     for word in words:
@@ -479,7 +483,8 @@ class Viewer:
             raise InvalidArgument("'top_k' must be an integer") from None
         report = await self.ready_service().drift_report(max(1, min(top_k, 50)))
         self._record(report)
-        return _json({**drift_json(report), "history": list(self.history)})
+        # NaN (a label not compared) is no JSON: the page reads null
+        return _json({**drift_json(report), "history": jsonable(list(self.history))})
 
     # --- drift history -------------------------------------------------------------------------
 

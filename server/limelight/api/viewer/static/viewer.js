@@ -5,6 +5,8 @@
 const API = "api";
 const TOKEN_KEY = "limelight.token";
 const POLL_MS = 500;
+const RETRY_MAX_MS = 10000; // the longest wait between two tries at an unreachable sidecar
+const JOBS_PAGE = 50;
 const POS = [179, 88, 6]; // orange (positive)
 const NEG = [33, 102, 172]; // blue (negative)
 const MID = [247, 247, 247];
@@ -12,13 +14,21 @@ const MID = [247, 247, 247];
 const state = {
   model: null,
   explanation: null, // the last inline explanation (JSON from /api/explain)
+  explainedMethod: "", // the inline method it was asked for ("": the server's default)
+  explainSeq: 0, // the latest explain request: an older answer arriving late is dropped
+  applySeq: 0, // the latest address applied
   view: "explain",
   level: "tokens",
   scoreSource: "method",
   targetIndex: null,
-  runs: [], // compare-methods runs: {job, card}
+  runs: [], // compare-methods runs: {job, parts}
   timers: {},
-  pending: null, // a call to retry after the token is entered
+  openJob: null,
+  jobWatch: null, // the open job's poller (a token: replaced to stop it)
+  jobs: { rows: [], next: "", pages: 0 }, // the Jobs table: the rows, the next page's token
+  starting: null, // the model's load (and the address applied after it) while it runs
+  shown: null, // the address of what the page shows (canonical): events for it are no change
+  pending: new Map(), // user-level actions to run again, whole, once a token is entered
 };
 
 // --- small DOM helpers ----------------------------------------------------------------------
@@ -91,6 +101,29 @@ class ApiError extends Error {
   }
 }
 
+/** No answer at all: the sidecar is down, restarting, or the network dropped the request. */
+class NetworkError extends Error {
+  constructor() {
+    super("the sidecar is unreachable");
+    this.status = 0;
+  }
+}
+
+/** Whether trying the same request again later may succeed: no answer, or a 5xx from the
+ * sidecar or a proxy in front of it (503 while the model loads, 502 while it restarts). */
+function retryable(error) {
+  return error instanceof NetworkError || (error instanceof ApiError && error.status >= 500);
+}
+
+function sleep(ms) {
+  return new Promise((resolve) => setTimeout(resolve, ms));
+}
+
+/** "retrying in 2 s" for a wait in milliseconds. */
+function retryNote(ms) {
+  return `retrying in ${+(ms / 1000).toFixed(1)} s`;
+}
+
 async function api(path, options = {}) {
   const headers = { Accept: "application/json" };
   const token = sessionStorage.getItem(TOKEN_KEY);
@@ -100,7 +133,12 @@ async function api(path, options = {}) {
     headers["Content-Type"] = "application/json";
     init.body = JSON.stringify(options.body);
   }
-  const response = await fetch(`${API}/${path}`, init);
+  let response;
+  try {
+    response = await fetch(`${API}/${path}`, init);
+  } catch {
+    throw new NetworkError();
+  }
   let body = null;
   try {
     body = await response.json();
@@ -118,12 +156,15 @@ async function api(path, options = {}) {
   return body;
 }
 
-async function guarded(action) {
+/** Runs a user-level action (load the model and apply the address, explain, run a job, list
+ * or open jobs...) and shows its error. On a 401 the whole action is kept under `key` and run
+ * again once a token is entered: re-running only its request would drop the answer. */
+async function perform(key, action) {
   try {
     showError("");
     return await action();
   } catch (error) {
-    if (error instanceof ApiError && error.status === 401) state.pending = action;
+    if (error instanceof ApiError && error.status === 401) state.pending.set(key, action);
     showError(error.message || String(error));
     return null;
   }
@@ -199,6 +240,15 @@ function units(explanation, scores, level) {
   } else {
     explanation.tokens.forEach((token, i) => {
       if (token.special || token.end <= token.start) return;
+      const last = out[out.length - 1];
+      if (last && last.segment === token.segment && token.start < last.end) {
+        // Pieces of one character (an uncased BERT cuts a Hangul syllable into its letters,
+        // each with the syllable's span): one unit, their scores summed, not the syllable thrice.
+        last.score += scores[i] || 0;
+        last.piece += ` ${token.text}`;
+        last.indices.push(i);
+        return;
+      }
       const source = sourceOf(explanation, token.segment);
       out.push({ text: sliceChars(source, token.start, token.end) || token.text, piece: token.text,
         score: scores[i] || 0, segment: token.segment, start: token.start, end: token.end,
@@ -437,52 +487,106 @@ function truncationNote(e) {
     : " (truncated)";
 }
 
-async function explain(options = {}) {
-  const text = $("text").value;
-  if (!text.trim()) {
-    showError("Type a text to explain.");
-    return;
-  }
+/** The request for an explanation: of the text box's text unless `options` name the text
+ * (a class or score switch explains the text shown, not a draft typed since). */
+function explainRequest(options = {}) {
+  const text = options.text ?? $("text").value;
+  const pair = options.pair ?? $("pair").value;
+  const method = options.method ?? $("method").value;
   const body = { text };
-  const pair = $("pair").value;
-  if (pair.trim()) body.text_pair = pair;
-  const method = $("method").value;
+  if (pair && pair.trim()) body.text_pair = pair;
   if (method) body.method = method;
   if (options.target !== undefined && options.target !== null) body.target_index = options.target;
+  return { body, method: method || "" };
+}
+
+/** Explain and show the answer; `history`: "push" (a new entry, Back returns to the previous
+ * text), "replace", or "none" (the address is left as it is). Null for an answer overtaken by
+ * a later request; errors are thrown (and the explanation shown before is cleared: it is not
+ * the one asked for). */
+async function explainNow(request, history) {
+  const seq = ++state.explainSeq;
   $("explain-button").disabled = true;
-  const result = await guarded(() => api("explain", { method: "POST", body }));
-  $("explain-button").disabled = false;
-  if (!result) return;
+  let result;
+  try {
+    result = await api("explain", { method: "POST", body: request.body });
+  } catch (error) {
+    if (seq === state.explainSeq) dropExplanation();
+    throw error;
+  } finally {
+    if (seq === state.explainSeq) $("explain-button").disabled = false;
+  }
+  if (seq !== state.explainSeq) return null;
   state.explanation = result;
+  state.explainedMethod = request.method;
   state.targetIndex = result.target_index;
   state.runs = [];
   $("compare-runs").replaceChildren();
   renderExplanation();
-  if (!options.keepHash) updateHash();
+  if (history !== "none") updateHash(history);
+  return result;
 }
 
-function updateHash() {
+/** Explain from the page (the form, a class or score switch). A new text is a new history
+ * entry; the first explanation of the page, or another class of the same text, is not. */
+function explain(options = {}) {
+  const request = explainRequest(options);
+  if (!request.body.text.trim()) {
+    showError("Type a text to explain.");
+    return Promise.resolve(null);
+  }
+  const history = options.history ?? (state.explanation ? "push" : "replace");
+  return perform("explain", () => explainNow(request, history));
+}
+
+/** Forget the explanation shown: after a failed explain its heat-map would sit under a text
+ * it does not belong to. */
+function dropExplanation() {
+  state.explanation = null;
+  state.runs = [];
+  $("compare-runs").replaceChildren();
+  $("heatmap").replaceChildren();
+  $("legend").replaceChildren();
+  $("prediction").replaceChildren();
+  $("explain-meta").textContent = "";
+  $("explain-result").hidden = true;
+  $("compare-text").textContent = "Explain a text first: its text and class are compared here.";
+}
+
+function hashOf() {
   const e = state.explanation;
   const params = new URLSearchParams();
   if (state.view === "explain" && e) {
     params.set("text", e.text);
     if (e.text_pair) params.set("pair", e.text_pair);
-    if ($("method").value) params.set("method", $("method").value);
+    if (state.explainedMethod) params.set("method", state.explainedMethod);
     params.set("target", e.labels[state.targetIndex ?? e.target_index]);
     params.set("level", state.level);
     if (state.scoreSource !== "method") params.set("scores", state.scoreSource);
   } else if (state.view === "compare" && e) {
     params.set("text", e.text);
     if (e.text_pair) params.set("pair", e.text_pair);
+    if (state.explainedMethod) params.set("method", state.explainedMethod);
     params.set("target", e.labels[state.targetIndex ?? e.target_index]);
+    params.set("level", state.level);
     const ids = state.runs.map((r) => r.job.id);
     if (ids.length) params.set("jobs", ids.join(","));
   } else if (state.view === "jobs" && state.openJob) {
     params.set("job", state.openJob);
   }
   const query = params.toString();
-  const hash = `#/${state.view}${query ? `?${query}` : ""}`;
-  if (location.hash !== hash) history.replaceState(null, "", hash);
+  return `#/${state.view}${query ? `?${query}` : ""}`;
+}
+
+/** Write what the page shows into the address: "push" for a new history entry (a section, a
+ * job opened, a new text explained: Back returns to what was shown before), "replace" for a
+ * change of the same view (level, class, scores, a run added). */
+function updateHash(mode = "replace") {
+  const hash = hashOf();
+  state.shown = canonical(hash);
+  if (canonical(location.hash) === state.shown) return;
+  if (mode === "push") history.pushState(null, "", hash);
+  else history.replaceState(null, "", hash);
 }
 
 // --- exports --------------------------------------------------------------------------------
@@ -496,12 +600,27 @@ function download(blob, name) {
   setTimeout(() => URL.revokeObjectURL(url), 10000);
 }
 
+/** What an explanation predicted, for titles: every label a multi-label model predicted
+ * ("predicted toxic 98.2 %, insult 95.3 %"), the value of a regression, else the class. */
+function predictedText(e) {
+  const pct = (i) => `${((e.probabilities[i] ?? 0) * 100).toFixed(1)} %`;
+  if (state.model && state.model.problem_type === "regression") {
+    return `predicted ${fmt(e.probabilities[0], 4)}`;
+  }
+  if (e.multi_label) {
+    const names = e.predicted_labels || [];
+    return names.length
+      ? `predicted ${names.map((l) => `${l} ${pct(e.labels.indexOf(l))}`).join(", ")}`
+      : "predicted none";
+  }
+  return `predicted ${e.label}, ${pct(e.label_index)}`;
+}
+
 function exportTitle() {
   const e = state.explanation;
   const target = e.labels[state.targetIndex ?? e.target_index];
   const source = state.scoreSource === "method" ? e.method : state.scoreSource;
-  return `${source} scores for class ${target} (predicted ${e.label}, ` +
-    `${(e.probabilities[e.label_index] * 100).toFixed(1)} %)`;
+  return `${source} scores for class ${target} (${predictedText(e)})`;
 }
 
 /** What an export shows: the Explain view's heat-map unless told otherwise. */
@@ -635,15 +754,26 @@ function jobMethods() {
   return state.model ? state.model.methods.filter((m) => m.cost === "job") : [];
 }
 
+/** Why Run cannot be pressed now, or "" when it can. */
+function runBlocked() {
+  if (!state.model) return "Waiting for the model to load.";
+  if (!state.model.jobs) return "Jobs are disabled on this sidecar (LIMELIGHT_JOBS=off).";
+  const jobs = jobMethods();
+  if (!jobs.length) return "This model has no job methods.";
+  const method = jobs.find((m) => m.name === $("job-method").value);
+  if (!method) return "Pick a job method.";
+  if (method.unavailable_reason) return `${method.name} is unavailable on this model.`;
+  return "";
+}
+
 function renderParams() {
   const box = $("job-params");
   box.replaceChildren(el("legend", { text: "Parameters" }));
   const method = jobMethods().find((m) => m.name === $("job-method").value);
   $("job-method-info").textContent = method
     ? method.description + (method.unavailable_reason ? ` — unavailable: ${method.unavailable_reason}` : "")
-    : "";
-  $("compare-submit").disabled = !method || Boolean(method.unavailable_reason) ||
-    !state.model.jobs;
+    : runBlocked();
+  $("compare-submit").disabled = Boolean(runBlocked());
   if (!method) return;
   for (const [name, value] of Object.entries(method.defaults)) {
     const id = `param-${name}`;
@@ -716,13 +846,20 @@ function agreement(scoresA, scoresB, level) {
 function runCard(title) {
   const heat = el("div", { class: "heatmap", role: "list", "aria-label": `Heat-map: ${title}` });
   const info = el("p", { class: "token-info", "aria-live": "polite" });
+  const legend = el("div", { class: "legend" });
   const status = el("p", { class: "meta" });
   const progress = el("progress", { max: "1", value: "0", "aria-label": `Progress of ${title}` });
   const agree = el("p", { class: "agreement" });
   const cancel = el("button", { type: "button", class: "secondary", text: "Cancel" });
   const card = el("article", { class: "panel run" }, el("h3", { text: title }), status, progress,
-    agree, heat, info, cancel);
-  return { card, heat, info, status, progress, agree, cancel };
+    agree, heat, info, legend, cancel);
+  return { card, heat, info, legend, status, progress, agree, cancel };
+}
+
+/** A heat-map with its colour legend (each card has its own scale). */
+function renderMap(heat, info, legend, list, label) {
+  const { centre, scale } = renderHeatmap(heat, list, info, label);
+  renderLegend(legend, centre, scale);
 }
 
 function renderInlineCard() {
@@ -733,7 +870,7 @@ function renderInlineCard() {
   parts.card.classList.add("inline-run");
   const target = state.targetIndex ?? e.target_index;
   parts.status.textContent = `class ${e.labels[target]}`;
-  renderHeatmap(parts.heat, units(e, inlineScoresFor(target), state.level), parts.info);
+  renderMap(parts.heat, parts.info, parts.legend, units(e, inlineScoresFor(target), state.level));
   return parts.card;
 }
 
@@ -751,9 +888,12 @@ function updateRun(run) {
   parts.card.dataset.state = job.state;
   parts.card.dataset.jobId = job.id;
   parts.status.textContent = `${job.state}${job.message ? ` — ${job.message}` : ""}` +
-    `${job.duration_s !== null ? ` · ${duration(job.duration_s)}` : ""} · job ${job.id}`;
+    `${job.duration_s !== null ? ` · ${duration(job.duration_s)}` : ""} · job ${job.id}` +
+    (run.note ? ` · ${run.note}` : "");
+  if (run.note) parts.status.dataset.note = run.note;
+  else delete parts.status.dataset.note;
   parts.progress.value = job.state === "succeeded" ? 1 : job.progress;
-  parts.cancel.hidden = job.terminal;
+  parts.cancel.hidden = job.terminal || Boolean(run.gone);
   if (job.error) parts.agree.textContent = `Error: ${job.error}`;
   if (job.result) {
     const e = state.explanation;
@@ -762,17 +902,47 @@ function updateRun(run) {
     parts.agree.textContent = `Spearman ρ vs inline (${state.level === "words" ? "words" : "word pieces"}): ` +
       `${rho === null ? "undefined" : rho.toFixed(3)} · class ${job.result.target_label}`;
     parts.agree.dataset.spearman = rho === null ? "" : String(rho);
-    renderHeatmap(parts.heat, units(e, scores, state.level), parts.info);
+    renderMap(parts.heat, parts.info, parts.legend, units(e, scores, state.level));
     parts.progress.remove();
   }
 }
 
+/** Poll a run until its job ends. No answer or a 5xx (a sidecar restarting, a network blip)
+ * is waited out with backoff, the card saying so; only a 404 (the job is gone) or a 401
+ * (polling goes on once a token is entered) stops it early. */
 async function watchRun(run) {
+  let delay = POLL_MS;
   while (!run.job.terminal && state.runs.includes(run)) {
-    await new Promise((resolve) => setTimeout(resolve, POLL_MS));
-    const job = await guarded(() => api(`jobs/${encodeURIComponent(run.job.id)}`));
-    if (!job) return;
-    run.job = job;
+    await sleep(delay);
+    if (!state.runs.includes(run)) return;
+    try {
+      run.job = await api(`jobs/${encodeURIComponent(run.job.id)}`);
+      run.note = "";
+      delay = POLL_MS;
+    } catch (error) {
+      if (error instanceof ApiError && error.status === 404) {
+        run.gone = true;
+        run.note = "the job is no longer on the sidecar (expired, or lost in a restart)";
+        updateRun(run);
+        return;
+      }
+      if (error instanceof ApiError && error.status === 401) {
+        run.note = "waiting for a bearer token";
+        updateRun(run);
+        state.pending.set(`watch:${run.job.id}`, () => {
+          watchRun(run); // not awaited: the other actions kept for the token go on
+        });
+        return;
+      }
+      if (!retryable(error)) {
+        run.note = `polling stopped: ${error.message}`;
+        updateRun(run);
+        return;
+      }
+      delay = Math.min(delay * 2, RETRY_MAX_MS);
+      const why = error instanceof NetworkError ? "" : ` (${error.message})`;
+      run.note = `sidecar unreachable, retrying${why}: next try in ${+(delay / 1000).toFixed(1)} s`;
+    }
     updateRun(run);
   }
 }
@@ -780,9 +950,9 @@ async function watchRun(run) {
 function addRun(job) {
   const params = Object.entries(job.params || {}).map(([k, v]) => `${k}=${JSON.stringify(v)}`);
   const parts = runCard(`${job.method}${params.length ? ` (${params.join(", ")})` : ""}`);
-  const run = { job, parts };
+  const run = { job, parts, note: "" };
   parts.cancel.addEventListener("click", () =>
-    guarded(async () => {
+    perform(`cancel:${job.id}`, async () => {
       run.job = await api(`jobs/${encodeURIComponent(job.id)}/cancel`, { method: "POST", body: {} });
       updateRun(run);
     }));
@@ -792,52 +962,122 @@ function addRun(job) {
   watchRun(run);
 }
 
-async function submitCompare() {
+/** A fresh idempotency key: one per press of Run, so that sending the same submission again
+ * (a lost answer, a token entered after a 401) never queues a second job. */
+function idempotencyKey() {
+  const bytes = crypto.getRandomValues(new Uint8Array(16));
+  return `viewer-${Array.from(bytes, (b) => b.toString(16).padStart(2, "0")).join("")}`;
+}
+
+/** POST a job, sent again (same body, same idempotency key) while the sidecar does not
+ * answer or answers 5xx: at most 4 tries. */
+async function postJob(body) {
+  let delay = POLL_MS;
+  for (let attempt = 1; ; attempt += 1) {
+    try {
+      return await api("jobs", { method: "POST", body });
+    } catch (error) {
+      if (!retryable(error) || attempt >= 4) throw error;
+      showError(`Submitting the job: ${error.message}; ${retryNote(delay)}.`);
+      await sleep(delay);
+      delay *= 2;
+    }
+  }
+}
+
+function submitCompare() {
   const e = state.explanation;
   if (!e) {
     showError("Explain a text first (Explain section): its text and class are compared here.");
-    return;
+    return null;
+  }
+  const blocked = runBlocked();
+  if (blocked) {
+    showError(blocked);
+    return null;
   }
   let params;
   try {
     params = readParams();
   } catch (error) {
     showError(error.message);
-    return;
+    return null;
   }
   const timeout = Number($("job-timeout").value || 0);
   if (!Number.isFinite(timeout) || timeout < 0) {
     showError("The timeout must be a number of seconds, 0 or more.");
-    return;
+    return null;
   }
   const body = { method: $("job-method").value, text: e.text, params,
-    target_index: state.targetIndex ?? e.target_index, timeout_s: timeout };
+    target_index: state.targetIndex ?? e.target_index, timeout_s: timeout,
+    idempotency_key: idempotencyKey() };
   if (e.text_pair) body.text_pair = e.text_pair;
-  const job = await guarded(() => api("jobs", { method: "POST", body }));
-  if (!job) return;
-  if (!$("compare-runs").querySelector(".inline-run")) renderRuns();
-  addRun(job);
-  updateHash();
+  return perform("compare", async () => {
+    // Off while the job is being queued: a second press would queue a second job.
+    $("compare-submit").disabled = true;
+    try {
+      const job = await postJob(body);
+      showError("");
+      if (state.explanation !== e) return job; // another text was explained meanwhile
+      if (!$("compare-runs").querySelector(".inline-run")) renderRuns();
+      addRun(job);
+      updateHash();
+      return job;
+    } finally {
+      $("compare-submit").disabled = Boolean(runBlocked());
+    }
+  });
 }
 
 // --- Jobs ---------------------------------------------------------------------------------------
 
-async function loadJobs() {
-  const data = await guarded(() => api("jobs?limit=50"));
-  if (!data) return;
+/** The Jobs table: the first page, or with `more` the next one added below. An automatic
+ * refresh reads as many pages again as are shown (the pages are cursors: none repeats). */
+async function listJobs({ more = false, pages = 1 } = {}) {
+  const rows = more ? [...state.jobs.rows] : [];
+  let token = more ? state.jobs.next : "";
+  let read = more ? state.jobs.pages : 0;
+  const want = more ? read + 1 : Math.max(1, pages);
+  do {
+    const page = token ? `&page_token=${encodeURIComponent(token)}` : "";
+    const data = await api(`jobs?limit=${JOBS_PAGE}${page}`);
+    rows.push(...data.jobs);
+    token = data.next_page_token || "";
+    read += 1;
+  } while (read < want && token);
+  state.jobs = { rows, next: token, pages: read };
+  renderJobs();
+  const active = rows.some((j) => !j.terminal);
+  clearTimeout(state.timers.jobs);
+  if (active && state.view === "jobs") {
+    state.timers.jobs = setTimeout(() =>
+      perform("jobs", () => listJobs({ pages: state.jobs.pages })), 2000);
+  }
+}
+
+function loadJobs() {
+  return perform("jobs", () => listJobs());
+}
+
+function moreJobs() {
+  return perform("jobs-more", () => listJobs({ more: true }));
+}
+
+function renderJobs() {
+  const { rows, next } = state.jobs;
   const body = $("jobs-table").querySelector("tbody");
   body.replaceChildren();
-  if (!data.jobs.length) {
+  if (!rows.length) {
     body.append(el("tr", {}, el("td", { colspan: "8", text: "No jobs yet: submit one from Compare methods." })));
   }
-  for (const job of data.jobs) {
+  for (const job of rows) {
     const open = el("button", { type: "button", class: "secondary", text: "Open",
       "aria-label": `Open job ${job.id}`, onclick: () => openJob(job.id) });
     const cancel = job.terminal ? null : el("button", { type: "button", class: "secondary",
       text: "Cancel", "aria-label": `Cancel job ${job.id}`,
-      onclick: () => guarded(async () => {
+      onclick: () => perform(`cancel:${job.id}`, async () => {
         await api(`jobs/${encodeURIComponent(job.id)}/cancel`, { method: "POST", body: {} });
-        await loadJobs();
+        await listJobs({ pages: state.jobs.pages });
       }) });
     body.append(el("tr", { "data-job-id": job.id },
       el("td", {}, el("code", { text: job.id.slice(0, 12) })),
@@ -849,18 +1089,65 @@ async function loadJobs() {
       el("td", { class: "text", text: job.text }),
       el("td", {}, open, " ", cancel)));
   }
-  const active = data.jobs.some((j) => !j.terminal);
-  clearTimeout(state.timers.jobs);
-  if (active && state.view === "jobs") state.timers.jobs = setTimeout(loadJobs, 2000);
+  $("jobs-more").hidden = !next;
+  $("jobs-count").textContent = `${rows.length} job${rows.length === 1 ? "" : "s"} shown` +
+    (next ? "; older ones follow" : "");
 }
 
-async function openJob(id) {
-  const job = await guarded(() => api(`jobs/${encodeURIComponent(id)}`));
-  if (!job) return;
+/** Open a job from the Jobs table (a new history entry: Back closes it again). */
+function openJob(id) {
+  return perform("job", () => showJob(id, "push"));
+}
+
+async function showJob(id, history) {
+  const job = await api(`jobs/${encodeURIComponent(id)}`);
   state.openJob = id;
-  updateHash();
+  if (history !== "none") updateHash(history);
+  renderJob(job);
+  $("job-detail").focus();
+  const watch = {};
+  state.jobWatch = watch;
+  if (!job.terminal) watchOpenJob(id, watch);
+  return job;
+}
+
+function closeJob() {
+  state.openJob = null;
+  state.jobWatch = null;
+  $("job-detail").hidden = true;
+  $("job-detail").replaceChildren();
+}
+
+/** Refresh an open job until it ends, waiting out an unreachable sidecar with backoff. */
+async function watchOpenJob(id, watch) {
+  const watching = () => state.jobWatch === watch && state.openJob === id && state.view === "jobs";
+  let delay = 1000;
+  while (watching()) {
+    await sleep(delay);
+    if (!watching()) return;
+    try {
+      const job = await api(`jobs/${encodeURIComponent(id)}`);
+      if (!watching()) return;
+      renderJob(job);
+      if (job.terminal) return;
+      delay = 1000;
+    } catch (error) {
+      const note = $("job-detail").querySelector(".job-note");
+      if (!retryable(error)) {
+        if (note) note.textContent = `Not refreshed: ${error.message}`;
+        return;
+      }
+      delay = Math.min(delay * 2, RETRY_MAX_MS);
+      if (note) note.textContent = `sidecar unreachable, retrying: next try in ${+(delay / 1000).toFixed(1)} s`;
+    }
+  }
+}
+
+function renderJob(job) {
   const box = $("job-detail");
   box.hidden = false;
+  box.dataset.jobId = job.id;
+  box.dataset.state = job.state;
   const facts = el("dl", { class: "facts" });
   const add = (k, v) => facts.append(el("dt", { text: k }), el("dd", { text: v }));
   add("Job", job.id);
@@ -878,36 +1165,66 @@ async function openJob(id) {
   add("Created", when(job.created_at));
   add("Duration", duration(job.duration_s));
   if (job.error) add("Error", job.error);
-  box.replaceChildren(el("h3", { text: `Job ${job.id}` }), facts);
+  box.replaceChildren(el("h3", { text: `Job ${job.id}` }), facts,
+    el("p", { class: "meta job-note", "aria-live": "polite" }));
   if (job.result) {
     const r = job.result;
     const heat = el("div", { class: "heatmap", role: "list", "aria-label": `Heat-map of job ${job.id}` });
     const info = el("p", { class: "token-info", "aria-live": "polite" });
-    box.append(el("p", { class: "meta", text: `class ${r.target_label} · predicted ${r.label}` }), heat, info);
-    renderHeatmap(heat, units(r, r.tokens.map((t) => t.score), state.level), info);
+    const legend = el("div", { class: "legend" });
+    box.append(el("p", { class: "meta", text: `class ${r.target_label} · ${predictedText(r)}` }),
+      heat, info, legend);
+    renderMap(heat, info, legend, units(r, r.tokens.map((t) => t.score), state.level));
     const view = () => ({ explanation: r, scores: r.tokens.map((t) => t.score), level: state.level,
-      title: `${job.method} scores for class ${r.target_label} (predicted ${r.label}, job ${job.id})` });
+      title: `${job.method} scores for class ${r.target_label} (${predictedText(r)}, job ${job.id})` });
     box.append(exportButtons(view, `job-${job.id.slice(0, 12)}`),
       el("button", { type: "button", text: "Compare with the inline explanation",
-        onclick: () => compareJob(job) }));
-  } else if (!job.terminal) {
-    clearTimeout(state.timers.job);
-    state.timers.job = setTimeout(() => state.view === "jobs" && state.openJob === id && openJob(id), 1000);
+        onclick: () => perform("compare-job", () => compareJob(job)) }));
   }
-  box.focus();
 }
 
 async function compareJob(job) {
   $("text").value = job.text;
   $("pair").value = job.text_pair || "";
-  await explain({ target: job.result ? job.result.target_index : null, keepHash: true });
+  $("method").value = "";
+  const request = explainRequest({ text: job.text, pair: job.text_pair || "", method: "",
+    target: job.result ? job.result.target_index : null });
+  if (!(await explainNow(request, "none"))) return;
   go("compare");
   renderRuns();
   addRun(job);
-  updateHash();
+  updateHash("push");
 }
 
 // --- Drift --------------------------------------------------------------------------------------
+
+/** Label text for a chart: measured in the charts' font (12 px, see viewer.css), and cut with
+ * "…" when wider than `max` user units. {text, width, cut}. */
+function fitLabel(label, max) {
+  if (!fitLabel.context) {
+    fitLabel.context = document.createElement("canvas").getContext("2d");
+  }
+  const context = fitLabel.context;
+  context.font = `12px ${getComputedStyle(document.body).fontFamily}`;
+  const width = (s) => context.measureText(s).width;
+  if (width(label) <= max) return { text: label, width: width(label), cut: false };
+  const chars = Array.from(label);
+  let lo = 0;
+  let hi = chars.length;
+  while (lo < hi) {
+    const mid = Math.ceil((lo + hi) / 2);
+    if (width(`${chars.slice(0, mid).join("")}…`) <= max) lo = mid;
+    else hi = mid - 1;
+  }
+  const text = `${chars.slice(0, lo).join("").trimEnd()}…`;
+  return { text, width: width(text), cut: true };
+}
+
+/** A chart label: cut to fit, the whole label as its tooltip (<title>). */
+function chartLabel(fit, label, attrs) {
+  return svg("g", { class: "chart-label" }, svg("title", { text: label }),
+    svg("text", { ...attrs, text: fit.text, "data-cut": fit.cut ? "true" : null }));
+}
 
 const DASHES = [null, "6 3", "2 3", "8 3 2 3", "1 2"];
 const LINE_COLOURS = ["#0b5cad", "#b35806", "#1b6e20", "#6a3d9a", "#4d4d4d"];
@@ -915,9 +1232,11 @@ const LINE_COLOURS = ["#0b5cad", "#b35806", "#1b6e20", "#6a3d9a", "#4d4d4d"];
 function driftChart(report) {
   const width = 720;
   const height = 260;
-  const pad = { l: 52, r: 130, t: 12, b: 34 };
   const history = report.history.filter((h) => h.state === "ready");
   const labels = report.labels.map((d) => d.label);
+  // The legend's column is as wide as its longest label, up to 200 units (longer ones are cut).
+  const fits = labels.map((l) => fitLabel(l, 200));
+  const pad = { l: 52, r: 34 + Math.max(40, ...fits.map((f) => f.width)) + 8, t: 12, b: 34 };
   const maxY = Math.max(report.alert_threshold * 1.5,
     ...history.flatMap((h) => labels.map((l) => h.labels[l] || 0)), 0.001);
   const t0 = history.length ? history[0].t : 0;
@@ -943,8 +1262,9 @@ function driftChart(report) {
     fill: "#b00020", text: `alert threshold ${report.alert_threshold}` }));
   labels.forEach((label, k) => {
     // A label with no explanation in the window has no divergence: a gap, not a zero.
-    const points = history.filter((h) => !h.counts || h.counts[label] > 0)
-      .map((h) => [X(h.t), Y(h.labels[label] || 0)]);
+    // So has one with too few explanations to be compared yet (null).
+    const points = history.filter((h) => (!h.counts || h.counts[label] > 0) && h.labels[label] != null)
+      .map((h) => [X(h.t), Y(h.labels[label])]);
     const stroke = LINE_COLOURS[k % LINE_COLOURS.length];
     if (points.length > 1) {
       root.append(svg("polyline", { points: points.map((p) => p.join(",")).join(" "), fill: "none",
@@ -957,7 +1277,7 @@ function driftChart(report) {
     const ly = pad.t + 8 + k * 18;
     root.append(svg("line", { x1: width - pad.r + 6, x2: width - pad.r + 30, y1: ly, y2: ly, stroke,
       "stroke-width": 2, "stroke-dasharray": DASHES[k % DASHES.length] }));
-    root.append(svg("text", { x: width - pad.r + 34, y: ly + 4, fill: stroke, text: label }));
+    root.append(chartLabel(fits[k], label, { x: width - pad.r + 34, y: ly + 4, fill: stroke }));
   });
   return root;
 }
@@ -994,24 +1314,45 @@ function shiftChart(drift) {
 
 function mixChart(report) {
   const total = report.labels.reduce((s, d) => s + d.window_count, 0);
-  const width = 520;
   const row = 24;
+  const bar = 300;
+  // Labels in a column as wide as the longest (up to 180 units, longer ones cut), bars after it.
+  const fits = report.labels.map((d) => fitLabel(d.label, 180));
+  const x0 = Math.ceil(Math.max(40, ...fits.map((f) => f.width))) + 10;
+  const width = x0 + bar + 110;
   const root = svg("svg", { viewBox: `0 0 ${width} ${report.labels.length * row + 6}`, role: "img",
     class: "small",
     "aria-label": `Predicted-label mix of the current window (${total} explanations)` });
   report.labels.forEach((d, i) => {
     const share = total ? d.window_count / total : 0;
     const y = 3 + i * row;
-    root.append(svg("text", { x: 0, y: y + 15, text: d.label }),
-      svg("rect", { x: 120, y, width: Math.max(1, share * 300), height: row - 6, fill: "#4d4d4d" }),
-      svg("text", { x: 126 + share * 300, y: y + 15, text: `${(share * 100).toFixed(1)} % (${d.window_count})` }));
+    root.append(svg("g", { class: "mix-row", "data-label": d.label },
+      chartLabel(fits[i], d.label, { x: 0, y: y + 15 }),
+      svg("rect", { x: x0, y, width: Math.max(1, share * bar), height: row - 6, fill: "#4d4d4d" }),
+      svg("text", { x: x0 + 6 + share * bar, y: y + 15,
+        text: `${(share * 100).toFixed(1)} % (${d.window_count})` })));
   });
   return root;
 }
 
-async function loadDrift() {
-  const report = await guarded(() => api("drift?top_k=8"));
-  if (!report) return;
+function loadDrift() {
+  return perform("drift", showDrift);
+}
+
+/** Why a label has no divergence: nothing in the window, nothing of it in the reference, or
+ * too few explanations on either side to tell drift from sampling noise. */
+function notCompared(report, d) {
+  if (d.window_count === 0) return "no answer in the window yet: nothing to compare ";
+  const least = report.min_count || 0;
+  if (least && d.reference_count > 0) {
+    return `not compared yet: ${d.window_count} explanations in the window, ` +
+      `${d.reference_count} in the reference; a label needs ${least} in each `;
+  }
+  return "no explanation in the reference was predicted as this label: nothing to compare with ";
+}
+
+async function showDrift() {
+  const report = await api("drift?top_k=8");
   const alerting = report.labels.filter((d) => d.alert).map((d) => d.label);
   // An empty window (reference still building, or a label no recent answer was predicted as)
   // has nothing to compare: "–", not a divergence of 0 that reads as healthy.
@@ -1021,16 +1362,16 @@ async function loadDrift() {
   $("drift-summary").textContent = `reference ${report.reference_state} (${report.reference_count}` +
     `${building ? ` of ${report.reference_target}` : ""} explanations) · window ${report.window_count} · threshold ${report.alert_threshold} · ` +
     (report.sample_rate < 1 ? `observing ${+(report.sample_rate * 100).toPrecision(3)} % of requests · ` : "") +
-    `label-mix divergence ${compared ? report.label_mix_divergence.toFixed(4) : "–"} · entropy ` +
+    `label-mix divergence ${compared && report.label_mix_divergence != null ? report.label_mix_divergence.toFixed(4) : "–"} · entropy ` +
     `${report.reference_entropy.toFixed(2)} → ${compared ? report.current_entropy.toFixed(2) : "–"} bits · ` +
     `${alerting.length ? `ALERT: ${alerting.join(", ")}` : "no alert"}`;
   $("drift-chart").replaceChildren(driftChart(report));
   $("drift-labels").replaceChildren(...report.labels.map((d) => el("article",
     { class: `panel card${d.alert ? " alert" : ""}`, "data-label": d.label },
     el("h3", { text: d.label }),
-    el("p", {}, d.window_count > 0
+    el("p", {}, d.window_count > 0 && d.divergence != null
       ? `divergence ${d.divergence.toFixed(4)} over ${d.window_count} explanations `
-      : "no answer in the window yet: nothing to compare ",
+      : notCompared(report, d),
       d.alert ? el("span", { class: "alert-text", text: "— above the threshold" }) : ""),
     shiftChart(d))));
   $("drift-mix").replaceChildren(mixChart(report));
@@ -1084,13 +1425,41 @@ function renderModel() {
   }
 }
 
+/** GET the model, tried again with backoff (half a second, doubling up to 10 s) while the
+ * sidecar answers 503 (the model is still loading) or does not answer (starting, restarting):
+ * a page opened early shows the model once it is there, without a reload. */
 async function loadModel() {
-  const model = await guarded(() => api("model"));
-  if (model) {
-    state.model = model;
-    renderModel();
+  let delay = 500;
+  for (;;) {
+    try {
+      const model = await api("model");
+      state.model = model;
+      renderModel();
+      showError("");
+      return model;
+    } catch (error) {
+      if (!retryable(error)) throw error;
+      const why = error instanceof NetworkError ? "The sidecar is unreachable"
+        : `The sidecar is not ready: ${error.message}`;
+      showError(`${why}; ${retryNote(delay)}.`);
+      await sleep(delay);
+      delay = Math.min(delay * 2, RETRY_MAX_MS);
+    }
   }
-  return model;
+}
+
+/** Load the model, then show what the address asks for (a deep link, a permalink); one
+ * start at a time. */
+function start() {
+  if (!state.starting) {
+    state.starting = perform("model", async () => {
+      await loadModel();
+      await applyHash();
+    }).finally(() => {
+      state.starting = null;
+    });
+  }
+  return state.starting;
 }
 
 // --- navigation and permalinks --------------------------------------------------------------------
@@ -1107,43 +1476,113 @@ function go(view) {
   document.title = `Limelight viewer: ${state.view}`;
   clearTimeout(state.timers.jobs);
   clearTimeout(state.timers.drift);
-  if (state.view === "jobs") loadJobs();
-  if (state.view === "drift") loadDrift();
+  // Until the model is loaded these would only be refused: they load with it.
+  if (state.view === "jobs" && state.model) loadJobs();
+  if (state.view === "drift" && state.model) loadDrift();
   if (state.view === "compare") {
     if (!$("compare-runs").children.length) renderRuns();
-    $("compare-text").textContent = state.explanation ? $("compare-text").textContent
-      : "Explain a text first: its text and class are compared here.";
+    if (!state.explanation) {
+      $("compare-text").textContent = "Explain a text first: its text and class are compared here.";
+    }
   }
 }
 
-function parseHash() {
-  const raw = location.hash.replace(/^#\/?/, "");
-  const [view, query] = raw.split("?", 2);
-  return { view: view || "explain", params: new URLSearchParams(query || "") };
+function parseHash(hash = location.hash) {
+  const raw = hash.replace(/^#\/?/, "");
+  const cut = raw.indexOf("?");
+  const view = cut < 0 ? raw : raw.slice(0, cut);
+  const query = cut < 0 ? "" : raw.slice(cut + 1);
+  return { view: VIEWS.includes(view) ? view : "explain", params: new URLSearchParams(query) };
 }
 
+/** An address in one spelling (parameters sorted, empty ones left out), to tell whether two
+ * addresses ask for the same view. */
+function canonical(hash) {
+  const { view, params } = parseHash(hash);
+  const entries = [...params].filter(([, v]) => v !== "").sort((a, b) =>
+    (a[0] < b[0] ? -1 : a[0] > b[0] ? 1 : a[1] < b[1] ? -1 : a[1] > b[1] ? 1 : 0));
+  return `${view}?${new URLSearchParams(entries)}`;
+}
+
+/** Show what the address asks for: its text explained (again only when the page does not
+ * show that explanation already), its class, scores and level, its view, and on Compare its
+ * jobs, on Jobs its opened job. Errors are thrown (a 401 keeps the whole step for later). */
 async function applyHash() {
+  const seq = ++state.applySeq;
+  state.shown = canonical(location.hash);
   const { view, params } = parseHash();
   const text = params.get("text");
   if (text) {
+    const pair = params.get("pair") || "";
+    // A method this page does not offer (a link from another model): the default.
+    const asked = params.get("method") || "";
+    const method = [...$("method").options].some((o) => o.value === asked) ? asked : "";
     $("text").value = text;
-    $("pair").value = params.get("pair") || "";
-    if (params.has("method")) $("method").value = params.get("method");
+    $("pair").value = pair;
+    $("method").value = method;
     if (params.has("level")) state.level = params.get("level") === "words" ? "words" : "tokens";
-    if (params.has("scores")) state.scoreSource = params.get("scores");
+    state.scoreSource = params.get("scores") || "method";
     const labels = state.model ? state.model.labels : [];
-    const target = labels.indexOf(params.get("target"));
-    await explain({ target: target >= 0 ? target : null, keepHash: true });
+    const found = labels.indexOf(params.get("target"));
+    const target = found >= 0 ? found : null;
+    const e = state.explanation;
+    const same = e && e.text === text && (e.text_pair || "") === pair &&
+      state.explainedMethod === method;
+    // Another class of the explanation shown needs no request when the page holds its scores.
+    const local = same && (target === null || target === e.target_index ||
+      (state.scoreSource === "method" && e.class_scores && e.class_scores[target]));
+    if (local) {
+      if (target !== null) state.targetIndex = target;
+      renderExplanation();
+    } else {
+      const request = explainRequest({ text, pair, method, target });
+      if (!(await explainNow(request, "none")) || seq !== state.applySeq) return;
+    }
   }
   go(view);
   if (view === "compare" && params.get("jobs") && state.explanation) {
-    renderRuns();
-    for (const id of params.get("jobs").split(",").filter(Boolean)) {
-      const job = await guarded(() => api(`jobs/${encodeURIComponent(id)}`));
-      if (job) addRun(job);
+    const ids = params.get("jobs").split(",").filter(Boolean);
+    const shown = state.runs.map((r) => r.job.id);
+    if (ids.join(",") !== shown.join(",")) {
+      state.runs = [];
+      renderRuns();
+      for (const id of ids) {
+        let job;
+        try {
+          job = await api(`jobs/${encodeURIComponent(id)}`);
+        } catch (error) {
+          if (error instanceof ApiError && error.status === 404) {
+            showError(`Job ${id} is no longer on the sidecar (its result expired).`);
+            continue;
+          }
+          throw error;
+        }
+        if (seq !== state.applySeq) return;
+        addRun(job);
+      }
+    } else if (!$("compare-runs").querySelector(".inline-run")) {
+      renderRuns();
     }
   }
-  if (view === "jobs" && params.get("job")) await openJob(params.get("job"));
+  if (view === "jobs") {
+    const id = params.get("job");
+    if (id) await showJob(id, "none");
+    else closeJob();
+  }
+}
+
+/** Back, Forward, or an address typed or pasted into this page: show it, unless it is what
+ * the page shows already (what the page wrote itself, or the second of popstate and
+ * hashchange for one step). */
+function onAddressChange() {
+  if (location.hash && !location.hash.startsWith("#/")) return; // an anchor ("#main")
+  if (canonical(location.hash) === state.shown) return;
+  if (!state.model) {
+    // Loading (or waiting for a token): the address is applied once the model is there.
+    go(parseHash().view);
+    return;
+  }
+  perform("address", applyHash);
 }
 
 function wire() {
@@ -1151,11 +1590,19 @@ function wire() {
     event.preventDefault();
     explain();
   });
+  // A class or score switch explains the text shown (not a draft typed in the box since),
+  // with the method it was explained with; it replaces the history entry.
+  const again = (target) => {
+    const e = state.explanation;
+    return explain({ text: e.text, pair: e.text_pair || "", method: state.explainedMethod,
+      target, history: "replace" });
+  };
   $("target").addEventListener("change", () => {
     state.targetIndex = Number($("target").value);
     const e = state.explanation;
+    if (!e) return;
     if (state.scoreSource !== "method" || !e.class_scores) {
-      explain({ target: state.targetIndex });
+      again(state.targetIndex);
       return;
     }
     renderExplanation();
@@ -1163,8 +1610,10 @@ function wire() {
   });
   $("scores").addEventListener("change", () => {
     state.scoreSource = $("scores").value;
-    if (state.scoreSource !== "method" && state.targetIndex !== state.explanation.target_index) {
-      explain({ target: state.targetIndex });
+    const e = state.explanation;
+    if (!e) return;
+    if (state.scoreSource !== "method" && state.targetIndex !== e.target_index) {
+      again(state.targetIndex);
       return;
     }
     renderExplanation();
@@ -1179,7 +1628,7 @@ function wire() {
         const card = $("compare-runs").querySelector(".inline-run");
         if (card) card.replaceWith(renderInlineCard());
       }
-      updateHash();
+      if (state.explanation) updateHash();
     });
   }
   $("export-svg").addEventListener("click", () =>
@@ -1206,30 +1655,37 @@ function wire() {
     submitCompare();
   });
   $("jobs-refresh").addEventListener("click", loadJobs);
+  $("jobs-more").addEventListener("click", moreJobs);
   $("drift-refresh").addEventListener("click", loadDrift);
   $("auth").addEventListener("submit", async (event) => {
     event.preventDefault();
     sessionStorage.setItem(TOKEN_KEY, $("auth-token").value.trim());
     $("auth-token").value = "";
     $("auth").hidden = true;
-    const retry = state.pending;
-    state.pending = null;
-    if (!state.model) await loadModel();
-    if (retry) await guarded(retry);
-    else if (state.model) await applyHash();
+    // Run again, whole, what the token was asked for: the model and the address first (a deep
+    // link opened without a token), then what the user did (explain, run a job, list jobs...).
+    const actions = [...state.pending.entries()];
+    state.pending.clear();
+    let loaded = false;
+    if (!state.model) {
+      await start();
+      loaded = true;
+    }
+    for (const [key, action] of actions) {
+      if (loaded && (key === "model" || key === "address")) continue;
+      await perform(key, action);
+    }
   });
   for (const link of document.querySelectorAll("nav a")) {
     link.addEventListener("click", (event) => {
       event.preventDefault();
       go(link.dataset.view);
-      updateHash();
+      updateHash("push");
       $("main").focus();
     });
   }
-  window.addEventListener("hashchange", () => {
-    const { view } = parseHash();
-    if (view !== state.view) go(view);
-  });
+  window.addEventListener("popstate", onAddressChange);
+  window.addEventListener("hashchange", onAddressChange);
 }
 
 // The exports (the buttons download the same) and the page's arithmetic, for scripts and
@@ -1239,9 +1695,8 @@ window.limelightViewer = Object.freeze({ heatmapSvg, heatmapHtml, spearman, scal
 
 async function main() {
   wire();
-  const model = await loadModel();
-  if (model) await applyHash();
-  else go(parseHash().view);
+  go(parseHash().view); // the section at once; its data come with the model
+  await start();
   document.body.dataset.ready = "true";
 }
 
