@@ -168,3 +168,21 @@ def test_a_graph_given_to_the_torch_runtime_is_said_to_be_unused(
     assert app.service.runtime.name == "torch"
     (said,) = [r.getMessage() for r in caplog.records if "onnx_path" in r.getMessage()]
     assert str(graph) in said and "--runtime onnx" in said
+
+
+def test_drift_turned_off_says_so_on_metrics(random_bert_dir: Path) -> None:
+    """With no monitor nothing set the reference state: the dashboard's state panel was empty."""
+    from prometheus_client import CollectorRegistry
+
+    from limelight.app import build_drift
+    from limelight.metrics import Metrics
+
+    metrics = Metrics(CollectorRegistry())
+    settings = Settings(drift_enabled=False)
+    assert build_drift(settings, load_model(random_bert_dir), metrics, "normxlogit") is None
+    get = metrics.registry.get_sample_value
+    states = {
+        s: get("limelight_drift_reference_state", {"state": s})
+        for s in ("building", "ready", "disabled")
+    }
+    assert states == {"building": 0.0, "ready": 0.0, "disabled": 1.0}

@@ -192,7 +192,14 @@ def from_status(code: object, message: object) -> LimelightError:
         if unreachable is not None:
             where, reason, answered = unreachable
             return Unavailable(status, f"cannot reach {where}: {reason}", reason, answered=answered)
+    if status is grpc.StatusCode.UNIMPLEMENTED and text == _NO_SUCH_METHOD:
+        # gRPC's own answer for an RPC the server does not have: a sidecar older than the call.
+        text = "this sidecar does not have the call (it is older than this SDK): upgrade it"
     return _BY_CODE.get(status, LimelightError)(status, text)
+
+
+#: What a gRPC server answers (UNIMPLEMENTED) for a method it does not have.
+_NO_SUCH_METHOD = "Method not found!"
 
 
 #: gRPC's text when no connection could be made, by the address family it tried.

@@ -123,6 +123,9 @@ def build_drift(
 ) -> DriftSink | None:
     """The drift monitor of the served default inline method ``method`` (what it observes)."""
     if not settings.drift_enabled:
+        # No monitor sets the state: without this, the dashboard's state panel stays empty.
+        for state in ("building", "ready", "disabled"):
+            metrics.drift_reference_state.labels(state=state).set(float(state == "disabled"))
         return None
     return DriftMonitor(
         settings,

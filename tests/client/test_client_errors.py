@@ -270,3 +270,23 @@ def test_a_closed_client_says_so_on_every_call() -> None:
             [e async for e in aio.explain_many(["a", "b"])]
 
     asyncio.run(closed_async())
+
+
+def test_a_call_an_older_sidecar_lacks_says_so() -> None:
+    """A sidecar older than ExplainBatch answered gRPC's bare "Method not found!"."""
+    from concurrent import futures
+
+    from limelight_client import Client
+    from limelight_client.errors import Unimplemented
+
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=1))  # implements nothing
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    try:
+        with Client(f"127.0.0.1:{port}") as client, pytest.raises(Unimplemented) as raised:
+            client.explain_batch(["a fine film"])
+        assert raised.value.message == (
+            "this sidecar does not have the call (it is older than this SDK): upgrade it"
+        )
+    finally:
+        server.stop(None)

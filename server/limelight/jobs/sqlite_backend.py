@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from limelight.core.jobs import JobBackend, JobCursor, JobRecord, JobSpec, JobState, scoped_key
-from limelight.errors import DataLoss, ResourceExhausted, Unavailable
+from limelight.errors import DataLoss, NotFound, ResourceExhausted, Unavailable
 from limelight.jobs.execution import (
     JobHooks,
     Outcome,
@@ -169,6 +169,8 @@ class SqliteJobBackend(JobBackend):
         self._db: sqlite3.Connection | None = None
         # Set while a damaged journal was moved aside and none could be opened in its place.
         self._unreplaced = False
+        self._replaced_at: float | None = None
+        """When a journal found damaged while served was last replaced (Unix time)."""
         self._lock = threading.RLock()
         self._work = threading.Condition()
         self._threads: list[threading.Thread] = []
@@ -286,6 +288,7 @@ class SqliteJobBackend(JobBackend):
                 damaged.close()
         aside = self._move_aside()
         self._db = self._connect()
+        self._replaced_at = time.time()
         self._queue_up(True)
         self._refresh_depth()  # what the damaged journal held is gone
         return aside
@@ -577,7 +580,16 @@ class SqliteJobBackend(JobBackend):
         self._purge(db)
         row = db.execute(f"SELECT {_COLUMNS}, owner FROM jobs WHERE id = ?", (job_id,)).fetchone()
         if row is None or (owner is not None and row["owner"] != owner):
-            raise not_found(job_id)
+            if self._replaced_at is None:
+                raise not_found(job_id)
+            # A job worker's poll may have been the call that found the damage: whoever asks for
+            # a job the damaged journal held learns where it went, not just "unknown".
+            when = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(self._replaced_at))
+            raise NotFound(
+                f"job {job_id[:64]!r} not found: unknown, expired, or held by the job store that "
+                f"was found damaged and replaced by an empty one at {when} (its jobs are lost: "
+                "submit them again)"
+            )
         return row
 
     async def get(self, job_id: str, owner: str | None = None) -> JobRecord:
