@@ -16,6 +16,7 @@ import time
 import urllib.request
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
@@ -51,6 +52,18 @@ def wait_for_method(target: str, method: str, patience_s: float = 120.0) -> pb.E
         if r.explanation.method == method or time.monotonic() > give_up:
             return r
         time.sleep(0.05)
+
+
+def watching(model: Path, reference_file: Path) -> dict[str, Any]:
+    """A sidecar's settings that serve ``model``'s default method with ``reference_file`` as
+    its drift reference and look at the files beside the model every 50 ms."""
+    return {
+        "model_dir": model,
+        "default_method": "auto",
+        "drift_reference": reference_file,
+        "reload_interval_s": 0.05,
+        "jobs": "off",
+    }
 
 
 def drift_reference(model: Path, out: Path, method: str) -> Path:
@@ -272,13 +285,7 @@ def test_a_head_that_the_drift_reference_does_not_fit_is_served_by_name_only(
     model = bare_copy(bert_tiny_dir, tmp_path / "model")
     reference_file = drift_reference(model, tmp_path / "reference.json", "normxlogit")
     reference = start_sidecar(model_dir=bert_tiny_dir, default_method="auto", jobs="off")
-    served = start_sidecar(
-        model_dir=model,
-        default_method="auto",
-        drift_reference=reference_file,
-        reload_interval_s=0.05,
-        jobs="off",
-    )
+    served = start_sidecar(**watching(model, reference_file))
     shutil.copytree(bert_tiny_dir / HEAD_DIRNAME, model / HEAD_DIRNAME)
     reloader = served.server.reloader
     give_up = time.monotonic() + 60
@@ -308,13 +315,7 @@ def test_a_new_head_is_not_judged_by_the_reference_file_of_the_head_it_replaced(
 
     model = Path(shutil.copytree(bert_tiny_dir, tmp_path / "model"))
     reference_file = drift_reference(model, tmp_path / "reference.json", "auto")
-    served = start_sidecar(
-        model_dir=model,
-        default_method="auto",
-        drift_reference=reference_file,
-        reload_interval_s=0.05,
-        jobs="off",
-    )
+    served = start_sidecar(**watching(model, reference_file))
     reloader, service = served.server.reloader, served.server.app.service
     assert service.drift is not None and service.drift.state == "ready"
     weights = model / HEAD_DIRNAME / "head.safetensors"
