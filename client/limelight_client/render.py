@@ -103,10 +103,28 @@ def format_score(value: float, scale: float) -> str:
 _fmt = format_score
 
 
-def _flat(score: float) -> str:
+def _flat(score: float, values: Sequence[float], tokens: Sequence[Token]) -> str:
     """The legend of a map whose tokens all score the same (SLALOM's importance of a one-word
-    text is 0): no colour scale, only that."""
+    text is 0): no colour scale, only that. Scores that are not numbers (nan, inf: a method
+    that broke down on this text) are not a score of 0 and are said apart."""
+    finite = sum(
+        1 for v, t in zip(values, tokens, strict=False) if not t.special and math.isfinite(v)
+    )
+    if not finite:
+        return "no token has a finite score (nan or inf): this map shows nothing"
     return f"every token scores {_fmt(score, 0)}: none stands out"
+
+
+def _not_finite_note(values: Sequence[float], tokens: Sequence[Token]) -> str | None:
+    """A line for a map where some tokens score nan or inf: they are drawn white, which
+    would otherwise read as a score of 0."""
+    bad = sum(
+        1 for v, t in zip(values, tokens, strict=False) if not t.special and not math.isfinite(v)
+    )
+    shown = sum(1 for t in tokens[: len(values)] if not t.special)
+    if not bad or bad == shown:
+        return None
+    return f"{bad} of {shown} tokens have no finite score (nan or inf) and are drawn white"
 
 
 def _segment_source(exp: Explanation, segment: int) -> str | None:
@@ -373,7 +391,7 @@ def _terminal_map(exp: Explanation, scores: str, use_color: bool) -> list[str]:
     explained = _explained_class(exp, scores)
     explained = terminal_safe(explained) if explained else None
     if scale == 0:  # a colour bar from -0 to +0 would say nothing
-        lines.append(f"{name}{_flat(centre)}")
+        lines.append(f"{name}{_flat(centre, values, exp.tokens)}")
     elif use_color:
         steps = 5
         neg = "".join(
@@ -413,6 +431,9 @@ def _terminal_map(exp: Explanation, scores: str, use_color: bool) -> list[str]:
             f"{name}scores in brackets (max |score| {_fmt(top, scale).lstrip('+')})"
             + (f": > 0 supports {explained}, < 0 speaks against it" if explained else "")
         )
+    note = _not_finite_note(values, exp.tokens)
+    if note:
+        lines.append(f"{name}{note}")
     return lines
 
 
@@ -477,7 +498,7 @@ def _html_map(exp: Explanation, name: str, values: list[float], title: str | Non
     out = [f'<div class="map"><h2>{_esc(title or name)}</h2>']
     explained = _explained_class(exp, name)
     if scale == 0:
-        meaning = _flat(centre)
+        meaning = _flat(centre, values, exp.tokens)
     elif centre:
         meaning = (
             f"every score has one sign: white is the median {_fmt(centre, scale)}; red tokens "
@@ -496,6 +517,9 @@ def _html_map(exp: Explanation, name: str, values: list[float], title: str | Non
             f'<span class="grad" style="background:{grad}"></span>'
             f"<span>{_esc(_fmt(centre + scale, scale))}</span><span>{_esc(meaning)}</span></div>"
         )
+    note = _not_finite_note(values, exp.tokens)
+    if note:
+        out.append(f'<p class="meta warn">{_esc(note)}</p>')
     for segment in segments(exp):
         if segment == 1:
             out.append('<div class="seg">text pair</div>')

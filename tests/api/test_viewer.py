@@ -763,6 +763,23 @@ def test_browser_rank_agreement_and_colour_scale(
     )
     assert js(legend.format(centre=0, scale=0)) == "every token scores 0.000: none stands out"
     assert "-2.000 against" in js(legend.format(centre=0, scale=2))
+    # Scores that are not numbers reach the page as null: they are not a score of 0.
+    tokens = (
+        "[0, 1, 2].map(i => ({special: false, start: 2 * i, end: 2 * i + 1, segment: 0, "
+        "text: 'a'}))"
+    )
+    explanation = f"({{text: 'a a a', tokens: {tokens}, words: []}})"
+    with_legend = (
+        "(l => (d => (v.renderLegend(d, v.scaleOf(l).centre, v.scaleOf(l).scale, l), "
+        "d.textContent))(document.createElement('p')))"
+        f"(v.units({explanation}, SCORES, 'pieces'))"
+    )
+    assert js(with_legend.replace("SCORES", "[null, null, null]")) == (
+        "no token has a finite score (nan or inf): this map shows nothing"
+    )
+    some = js(with_legend.replace("SCORES", "[0.5, null, -1]"))
+    assert "1 of 3 tokens have no finite score" in some and "-1.000 against" in some
+    assert "finite" not in js(with_legend.replace("SCORES", "[0.5, 0, -1]"))
 
 
 @needs_browser

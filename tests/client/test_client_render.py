@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import html
+import math
 import re
 from collections.abc import Callable
 from pathlib import Path
@@ -223,6 +224,28 @@ def test_a_map_whose_tokens_all_score_the_same_says_so_instead_of_a_scale(
     # Nor a colour bar from +0.000 to +0.000 beside the words.
     (flat,) = [m for m in page.split('<div class="map">')[1:] if "none stands out" in m]
     assert 'class="grad"' not in flat and 'class="grad"' in exp.to_html()
+
+
+def test_scores_that_are_not_numbers_are_not_drawn_as_zero() -> None:
+    """A method that broke down on a text (nan, inf) is not a map where "every token scores
+    +0.000": the legend says which tokens have no finite score."""
+    base = wordpiece_explanation()
+    fields = {f: getattr(base, f) for f in base.__dataclass_fields__}
+    n = len(base.tokens)
+    shown = sum(1 for t in base.tokens if not t.special)
+    broken = Explanation(**{**fields, "scores": [math.nan] * n})
+    for color in (True, False):
+        legend = ANSI.sub("", broken.to_terminal(color=color)).splitlines()[-1]
+        assert legend == "no token has a finite score (nan or inf): this map shows nothing"
+        assert "every token scores" not in broken.to_terminal(color=color)
+    assert "this map shows nothing" in broken.to_html()
+    first = next(i for i, t in enumerate(base.tokens) if not t.special)
+    partly = [math.inf if i == first else float(i) for i in range(n)]
+    some = Explanation(**{**fields, "scores": partly})
+    note = f"1 of {shown} tokens have no finite score (nan or inf) and are drawn white"
+    assert ANSI.sub("", some.to_terminal(color=True)).splitlines()[-1] == note
+    assert note in some.to_html()
+    assert "finite score" not in base.to_terminal(color=False) + base.to_html()
 
 
 def test_terminal_several_score_arrays_share_one_header() -> None:

@@ -235,7 +235,8 @@ function units(explanation, scores, level) {
     for (const word of explanation.words) {
       const score = word.tokens.reduce((sum, i) => sum + (scores[i] || 0), 0);
       out.push({ text: word.text, score, segment: word.segment, start: word.start,
-        end: word.end, indices: word.tokens, kind: "word" });
+        end: word.end, indices: word.tokens, kind: "word",
+        missing: word.tokens.filter((i) => !Number.isFinite(scores[i])).length });
     }
   } else {
     explanation.tokens.forEach((token, i) => {
@@ -247,12 +248,13 @@ function units(explanation, scores, level) {
         last.score += scores[i] || 0;
         last.piece += ` ${token.text}`;
         last.indices.push(i);
+        if (!Number.isFinite(scores[i])) last.missing += 1;
         return;
       }
       const source = sourceOf(explanation, token.segment);
       out.push({ text: sliceChars(source, token.start, token.end) || token.text, piece: token.text,
         score: scores[i] || 0, segment: token.segment, start: token.start, end: token.end,
-        indices: [i], kind: "piece" });
+        indices: [i], kind: "piece", missing: Number.isFinite(scores[i]) ? 0 : 1 });
     });
   }
   let previous = null;
@@ -340,8 +342,10 @@ function renderHeatmap(container, list, info, label) {
       tabindex: spans.length === 0 ? "0" : "-1",
       "data-score": String(unit.score),
       "data-index": String(i),
-      "aria-label": `${unit.text}: ${fmt(unit.score)} (${sign}), rank ${rankOf.get(i)} of ${list.length}`,
-      title: `${fmt(unit.score)}`,
+      "aria-label": unit.missing === unit.indices.length
+        ? `${unit.text}: no finite score`
+        : `${unit.text}: ${fmt(unit.score)} (${sign}), rank ${rankOf.get(i)} of ${list.length}`,
+      title: unit.missing === unit.indices.length ? "no finite score (nan or inf)" : fmt(unit.score),
     }, unit.text);
     span.style.backgroundColor = c.background;
     span.style.color = c.foreground;
@@ -378,8 +382,24 @@ function flatLegend(centre) {
   return `every token scores ${fmt(centre)}: none stands out`;
 }
 
-function renderLegend(container, centre, scale) {
+/** A line for a map where some tokens score nan or inf (the JSON carries null): drawn white,
+ * which would otherwise read as a score of 0. */
+function missingNote(list) {
+  const missing = list.reduce((n, u) => n + (u.missing || 0), 0);
+  const all = list.reduce((n, u) => n + u.indices.length, 0);
+  if (!missing) return null;
+  return missing === all
+    ? "no token has a finite score (nan or inf): this map shows nothing"
+    : `${missing} of ${all} tokens have no finite score (nan or inf) and are drawn white`;
+}
+
+function renderLegend(container, centre, scale, list = []) {
   container.replaceChildren();
+  const note = missingNote(list);
+  if (note) {
+    container.append(el("span", { class: "meta warn", text: note }));
+    if (list.every((u) => u.missing === u.indices.length)) return;
+  }
   const ramp = el("span", { class: "ramp", "aria-hidden": "true" });
   for (const t of [-1, -0.66, -0.33, 0, 0.33, 0.66, 1]) {
     const c = colour(t, 1);
@@ -468,7 +488,7 @@ function renderExplanation() {
   const label = `Heat-map of ${state.level === "words" ? "words" : "word pieces"} for class ` +
     `${e.labels[state.targetIndex ?? e.target_index]}`;
   const { centre, scale } = renderHeatmap($("heatmap"), list, $("token-info"), label);
-  renderLegend($("legend"), centre, scale);
+  renderLegend($("legend"), centre, scale, list);
   const t = e.timings_ms;
   $("explain-meta").textContent = `method ${e.method} · ${e.tokens.length} tokens` +
     `${truncationNote(e)}${e.windows ? ` in ${e.windows} windows` : ""} · ` +
@@ -859,7 +879,7 @@ function runCard(title) {
 /** A heat-map with its colour legend (each card has its own scale). */
 function renderMap(heat, info, legend, list, label) {
   const { centre, scale } = renderHeatmap(heat, list, info, label);
-  renderLegend(legend, centre, scale);
+  renderLegend(legend, centre, scale, list);
 }
 
 function renderInlineCard() {
