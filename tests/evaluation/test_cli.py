@@ -116,9 +116,9 @@ def test_an_unwritable_out_folder_stops_eval_before_the_model_loads(
     out = blocker / "results"  # a folder cannot be made under a file
     missing = tmp_path / "no-model-here"  # loading it would fail with another message
     status = main(["eval", "--model", str(missing), "--methods", "normxlogit", "--out", str(out)])
-    assert status == 1
+    assert status == 2  # a path that names a file: an argument error, as a bad --data is
     err = capsys.readouterr().err
-    assert f"limelight eval: error: cannot write --out {out}: Not a directory" in err, err
+    assert f"limelight eval: error: --out {out}: {blocker} is a file, not a directory" in err, err
 
 
 def test_a_multi_label_run_records_its_thresholds_and_no_gold_label_notes(

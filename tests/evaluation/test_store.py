@@ -69,6 +69,43 @@ def test_answers_are_kept_and_read_back_exactly(
     np.testing.assert_array_equal(other[0], Counting()(encoded[0], 1))
 
 
+def test_a_text_repeated_in_the_run_is_not_said_to_come_from_an_earlier_run(
+    trigger_setup: TriggerSetup, tmp_path: Path
+) -> None:
+    # A dataset with one text twice (Rotten Tomatoes' test split has such duplicates).
+    encoded = _encoded(trigger_setup, 3)
+    texts = [*encoded, encoded[1]]
+    counting = Counting()
+    stored = AttributionStore(tmp_path, "v").wrap("m", {}, counting)
+    answers = [stored.timed(enc, 0) for enc in texts]
+    assert counting.calls == 3 and stored.computed == 3
+    np.testing.assert_array_equal(answers[3][0], answers[1][0])
+    assert answers[3][1] == answers[1][1]  # the first occurrence's time
+    note = stored.summary("m")
+    assert note is not None and "earlier run" not in note and str(stored.path) not in note
+    assert note.startswith("m: 1 of 4 attribution") and "occurs again in this run" in note
+    assert stored.repeated == 1 and stored.reused == 0
+
+    # A later run reads all of them back: those, and only those, are an earlier run's.
+    later = AttributionStore(tmp_path, "v").wrap("m", {}, Counting())
+    for enc in [*texts, encoded[0]]:
+        later.timed(enc, 0)
+    note = later.summary("m")
+    assert later.reused == 5 and later.repeated == 0
+    assert note is not None and "5 of 5 attributions read from" in note
+    assert "earlier run" in note and "occurs again" not in note
+
+    # Both in one run: a new text computed, then met again, beside answers read back.
+    mixed = AttributionStore(tmp_path, "v").wrap("m", {}, Counting())
+    new = _encoded(trigger_setup, 4)[3]
+    for enc in [encoded[0], new, new]:
+        mixed.timed(enc, 0)
+    assert (mixed.reused, mixed.computed, mixed.repeated) == (1, 1, 1)
+    note = mixed.summary("m")
+    assert note is not None
+    assert "1 of 3 attributions read from" in note and "1 attribution of a text" in note
+
+
 @pytest.mark.parametrize(
     "change",
     ["params", "model", "method"],

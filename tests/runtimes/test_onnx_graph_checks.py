@@ -90,13 +90,22 @@ def test_a_graph_that_leaves_its_label_axis_open_is_checked_at_its_first_run(
     foreign_graph: Path, bert_tiny_dir: Path, tmp_path: Path
 ) -> None:
     model = load_model(bert_tiny_dir)
-    runtime = OnnxRuntime(leave_label_axis_open(foreign_graph, tmp_path / "open.onnx"), model)
+    own = export_onnx(model, tmp_path / "own.onnx")
+    # Without a description, the graph is run on a probe input at load: refused there.
+    opened = leave_label_axis_open(foreign_graph, tmp_path / "open.onnx")
+    with pytest.raises(ModelLoadError, match=r"gives 4 logits; model .* has 2 labels"):
+        OnnxRuntime(opened, model)
+    # With a description that names the served model (copied beside the wrong graph), nothing
+    # is run at load: the label axis is checked at its first run (warm-up).
+    shutil.copy(describe(own), describe(opened))
+    runtime = OnnxRuntime(opened, model)
     assert runtime.session.get_outputs()[0].shape[-1] == "labels"  # nothing to check at load
     with pytest.raises(ModelLoadError, match=r"gives 4 logits; model .* has 2 labels"):
         runtime.warmup(warm_batch(runtime))
     # The model's own graph, its label axis open too: checked at its first run, and served.
-    own = export_onnx(model, tmp_path / "own.onnx")
-    runtime = OnnxRuntime(leave_label_axis_open(own, tmp_path / "own-open.onnx"), model)
+    own_open = leave_label_axis_open(own, tmp_path / "own-open.onnx")
+    shutil.copy(describe(own), describe(own_open))
+    runtime = OnnxRuntime(own_open, model)
     runtime.warmup(warm_batch(runtime))
     assert runtime.forward_logits(warm_batch(runtime)).shape == (1, 2)
 

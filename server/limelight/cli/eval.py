@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from limelight.cli.common import (
+    EXIT_USAGE,
     add_model_args,
     fail,
     listed,
@@ -166,7 +167,7 @@ def run(args: argparse.Namespace) -> int:
     names = [m.strip() for m in args.methods.split(",") if m.strip()]
     params = parse_params(args.params)
     registry = _check_methods(names, params, settings)  # before the model loads
-    args.out.mkdir(parents=True, exist_ok=True)  # an unwritable --out fails now, not at the end
+    make_out_dir(args.out)  # an unwritable --out fails now, not at the end
     model = load_served_model(settings)
     if args.data is None:
         args.data = default_data(args.model_dir, settings.demo_model)
@@ -192,8 +193,8 @@ def run(args: argparse.Namespace) -> int:
         label_map=parse_label_map(args.label_map),
         multi_label=model.is_multi_label,
     )
-    if not data.examples:
-        return fail(args, f"no examples to evaluate in {data.name}")
+    if not data.examples:  # a data error like the others (a header without rows): usage
+        return fail(args, f"{args.data}: no examples to evaluate (no rows)", EXIT_USAGE)
     explainers, skipped = build_explainers(
         model,
         names,
@@ -280,6 +281,25 @@ def run(args: argparse.Namespace) -> int:
     print(paths["markdown"].read_text(encoding="utf-8"))
     print("wrote " + ", ".join(str(p) for p in paths.values()))
     return 0
+
+
+def make_out_dir(folder: Path) -> None:
+    """Create ``--out`` (and its parents); a file in the way is named as such, not reported as
+    the system's "File exists" or "Not a directory"."""
+    blocker = file_in_the_way(folder)
+    if blocker == folder:
+        raise InvalidArgument(f"--out {folder} is a file, not a directory")
+    if blocker is not None:
+        raise InvalidArgument(f"--out {folder}: {blocker} is a file, not a directory")
+    folder.mkdir(parents=True, exist_ok=True)
+
+
+def file_in_the_way(folder: Path) -> Path | None:
+    """The first of ``folder`` and its parents that exists, where it is not a directory."""
+    for path in (folder, *folder.parents):
+        if path.exists():
+            return None if path.is_dir() else path
+    return None
 
 
 def _check_methods(

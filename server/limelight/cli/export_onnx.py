@@ -118,6 +118,20 @@ def _which_model(args: argparse.Namespace, settings: Settings, directory: Path) 
     return named + (f" --cache-dir {args.cache_dir}" if args.cache_dir is not None else "")
 
 
+def _check_out(out: Path) -> None:
+    """``--out`` names the graph's file: refuse a directory there, or a file on its way."""
+    from limelight.cli.eval import file_in_the_way
+    from limelight.errors import InvalidArgument
+
+    if out.is_dir():
+        raise InvalidArgument(
+            f"--out {out} is a directory: name the graph's file (e.g. {out / 'limelight.onnx'})"
+        )
+    blocker = file_in_the_way(out.parent)
+    if blocker is not None:
+        raise InvalidArgument(f"--out {out}: {blocker} is a file, not a directory")
+
+
 def run(args: argparse.Namespace) -> int:
     settings = settings_from_args(args)
     setup_logging(settings.log_level)
@@ -126,6 +140,8 @@ def run(args: argparse.Namespace) -> int:
     from limelight.runtimes.onnx_export import export_onnx, read_description
     from limelight.runtimes.onnx_runtime import DEFAULT_GRAPH
 
+    if args.out is not None:  # before the model loads
+        _check_out(args.out)
     model = load_served_model(settings)
     out = args.out or model.directory / DEFAULT_GRAPH
     heads = inline_heads(model)

@@ -56,8 +56,12 @@ class StoredExplainer:
     path: Path
     reuse: bool = True
     reused: int = 0
+    """Answers read back from the file (computed by an earlier run)."""
+    repeated: int = 0
+    """Answers to a text (the same tokens and class) met again in this run: its first answer."""
     computed: int = 0
     _known: dict[str, tuple[list[float], float]] | None = field(default=None, repr=False)
+    _computed_now: set[str] = field(default_factory=set, repr=False)
 
     def _load(self) -> dict[str, tuple[list[float], float]]:
         if self._known is None:
@@ -76,7 +80,10 @@ class StoredExplainer:
         key = input_key(enc, target)
         known = self._load().get(key)
         if known is not None and len(known[0]) == len(enc):
-            self.reused += 1
+            if key in self._computed_now:
+                self.repeated += 1
+            else:
+                self.reused += 1
             return np.asarray(known[0], dtype=np.float32), known[1]
         start = time.perf_counter()
         scores = np.asarray(self.explain(enc, target), dtype=np.float32)
@@ -88,6 +95,7 @@ class StoredExplainer:
         with self.path.open("a", encoding="utf-8") as handle:
             handle.write(json.dumps(line) + "\n")
         self._load()[key] = (values, seconds)
+        self._computed_now.add(key)
         return scores, seconds
 
     def __call__(self, enc: Encoded, target: int) -> FloatArray:
@@ -95,12 +103,21 @@ class StoredExplainer:
 
     def summary(self, name: str) -> str | None:
         """A note for the report when answers were reused, else None."""
-        if not self.reused:
-            return None
-        return (
-            f"{name}: {self.reused} of {self.reused + self.computed} attributions read from "
-            f"{self.path} (computed by an earlier run; their times are the recorded ones)"
-        )
+        total = self.reused + self.repeated + self.computed
+        parts = []
+        if self.reused:
+            parts.append(
+                f"{self.reused} of {total} attributions read from {self.path} (computed by an "
+                "earlier run; their times are the recorded ones)"
+            )
+        if self.repeated:
+            # A dataset may hold the same text twice: its second answer is its first one.
+            parts.append(
+                f"{self.repeated}{'' if self.reused else f' of {total}'} attribution"
+                f"{'s' if self.repeated != 1 else ''} of a text that occurs again in this run "
+                "(the same tokens and class): its first answer, with its time, reused"
+            )
+        return f"{name}: " + "; ".join(parts) if parts else None
 
 
 @dataclass(frozen=True)

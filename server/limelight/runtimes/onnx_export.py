@@ -23,7 +23,7 @@ from typing import Any, Literal
 import torch
 from torch import nn
 
-from limelight.errors import FailedPrecondition
+from limelight.errors import FailedPrecondition, ModelLoadError
 from limelight.models.adapters import HeadAdapter
 from limelight.models.explainer_head import ExplainerHead
 from limelight.models.loaded import LoadedModel
@@ -355,12 +355,42 @@ def describe(path: Path) -> Path:
     return Path(str(path) + ".json")
 
 
+class DamagedDescription(ModelLoadError):
+    """The description beside a graph cannot be read (cut short by an interrupted copy, or not
+    JSON): the graph cannot be bound to a model version, so it is not served as it is."""
+
+    def __init__(self, graph: Path, reason: str, model_dir: Path | None = None) -> None:
+        self.graph, self.reason = graph, reason
+        model = f" --model {model_dir}" if model_dir is not None else ""
+        super().__init__(
+            f"the description of ONNX graph {graph} is damaged ({describe(graph)}: {reason}): "
+            f"which model it was exported from cannot be read; remove both files, or export "
+            f"the graph again with `limelight export-onnx{model} --out {graph}`"
+        )
+
+    def for_model(self, model_dir: Path) -> DamagedDescription:
+        """The same error, its remedy naming the served model's directory."""
+        return DamagedDescription(self.graph, self.reason, model_dir)
+
+
 def read_description(path: Path) -> dict[str, Any]:
+    """The description beside the graph at ``path``; {} when there is none. Raises
+    :class:`DamagedDescription` when it is there but unreadable."""
     meta = describe(path)
     if not meta.exists():
         return {}
-    data: dict[str, Any] = json.loads(meta.read_text())
+    try:
+        data = json.loads(meta.read_text(encoding="utf-8"))
+    except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError: a file cut short or garbled
+        raise DamagedDescription(path, _first_line(exc)) from None
+    if not isinstance(data, dict):
+        raise DamagedDescription(path, f"a JSON {type(data).__name__}, not an object")
     return data
+
+
+def _first_line(exc: Exception) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
 
 
 def module_digest(module: nn.Module) -> str:
@@ -377,11 +407,21 @@ def heads_mismatch(graph: Path, heads: Mapping[str, nn.Module]) -> str:
     """Empty when the graph at ``graph`` carries exactly ``heads`` (by their weights); otherwise
     which heads it carries and which it was asked for."""
     meta = read_description(graph)
+    wanted = {name: module_digest(head) for name, head in heads.items()}
+    if not meta:
+        # No description (a graph copied without it): which heads it carries, if any, is not
+        # recorded anywhere; say so rather than guess. Without heads to serve there is nothing
+        # to compare (the runtime serves the head outputs the graph has).
+        if not wanted:
+            return ""
+        return (
+            f"{graph} has no description ({describe(graph).name}): whether it carries "
+            f"{_named_heads(wanted)} beside the model cannot be verified"
+        )
     outputs = meta.get("outputs", [])
     # Descriptions written before heads were recorded: a graph without head outputs is current
     # for a model without heads; one with them cannot be told from a stale one.
     carried = meta.get("heads", None if any(o.startswith(EXTRA_PREFIX) for o in outputs) else {})
-    wanted = {name: module_digest(head) for name, head in heads.items()}
     if carried == wanted and wanted and meta.get("head_graph") != HEAD_GRAPH_FORMAT:
         return f"{graph} carries its heads as an earlier Limelight wrote them (traced)"
     if carried == wanted:
@@ -397,7 +437,12 @@ def graph_mismatch(graph: Path, model: LoadedModel, heads: Mapping[str, nn.Modul
     otherwise why it cannot serve them."""
     if not graph.exists():
         return f"there is no graph at {graph}"
-    meta = read_description(graph)
+    try:
+        meta = read_description(graph)
+    except DamagedDescription as exc:  # as a stale graph: exported again where it is the cache's
+        return f"{describe(graph)} is damaged ({exc.reason})"
+    if not meta:
+        return f"{graph} has no description ({describe(graph).name}): its model is not recorded"
     if meta.get("kind", "inline") != "inline":
         return f"{graph} is a plain graph"
     if meta.get("model_version") != model.version:

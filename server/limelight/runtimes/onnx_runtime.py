@@ -22,6 +22,7 @@ from limelight.runtimes.base import InlineBatch, InlineOutputs, Runtime
 from limelight.runtimes.graph_cache import served_from, write_served_from
 from limelight.runtimes.onnx_export import (
     EXTRA_PREFIX,
+    DamagedDescription,
     describe,
     export_onnx,
     graph_mismatch,
@@ -81,7 +82,10 @@ class OnnxRuntime(Runtime):
     ) -> None:
         import onnxruntime as ort
 
-        meta = read_description(graph)
+        try:
+            meta = read_description(graph)
+        except DamagedDescription as exc:
+            raise exc.for_model(model.directory) from None
         if meta.get("kind", "inline") != "inline":
             raise FailedPrecondition(f"{graph} is a plain graph; export it with kind=inline")
         if meta and meta.get("model_version") != model.version:
@@ -142,11 +146,79 @@ class OnnxRuntime(Runtime):
         ]
         #: Graphs exported from a float16 or bfloat16 model return their outputs in that type.
         self._float32 = all(o.type == "tensor(float)" for o in outputs)
+        if not meta:
+            self._check_undescribed()
+
+    def _check_undescribed(self) -> None:
+        """A graph without its description names no model version: check it against the served
+        model by what the graph itself shows, and refuse it where it is provably another
+        model's (its label count is checked above)."""
+        import onnx
+
+        proto = onnx.load(str(self.graph), load_external_data=False)  # shapes, not weights
+        model, graph = self.model, self.graph
+        embedding = _embedding_shape(proto, self.input_names)
+        ours = _model_embedding_shape(model)
+        if embedding is not None and ours is not None and embedding != ours:
+            raise ModelLoadError(
+                f"graph {graph} has no description ({describe(graph).name}) and its token "
+                f"embeddings are {embedding[0]} x {embedding[1]}; model {model.name} "
+                f"({model.directory}) has {ours[0]} x {ours[1]}: it was exported from another "
+                f"model; create this model's graph with `limelight export-onnx --model "
+                f"{model.directory}`"
+            )
+        # Then one short probe through the graph and through torch (milliseconds for a small
+        # model, a forward pass for a large one; only here, where no description vouches for
+        # the graph): two models of the same shape and labels give different scores. The
+        # embedding norms come from the embedding table alone (int8 moves them by ~0.2 %);
+        # the per-token logits from every layer (int8 moved them by up to 37 % on a MiniLM
+        # sentence, a model's own float graph by ~1e-6, another model's by 25 % to 130 %): a
+        # quantised graph is held to the norms and to logits that are not unrelated.
+        quantised = any(
+            t.data_type in (onnx.TensorProto.INT8, onnx.TensorProto.UINT8)
+            for t in proto.graph.initializer
+        )
+        del proto
+        from limelight.runtimes.torch_runtime import TorchRuntime
+
+        probe = model.encode("Limelight probe: one short sentence, scored by both.", None)
+        batch = InlineBatch.from_encoded([probe], model.pad_id)
+        values = self.session.run(None, self._feed(batch))
+        self._check_width("logits", int(values[self._positions[0]].shape[-1]))
+        self._width_unchecked = False
+        expected = TorchRuntime(model).run_inline(batch)
+        norms = _relative(values[self._positions[1]], expected.embedding_norms)
+        logits = _relative(values[self._positions[2]], expected.token_logits)
+        limits = (0.05, 0.75) if quantised else (0.05, 0.05)
+        if norms > limits[0] or logits > limits[1]:
+            raise ModelLoadError(
+                f"graph {graph} has no description ({describe(graph).name}) and its outputs on "
+                f"a probe input are not model {model.name}'s ({model.directory}): they differ "
+                f"by {norms:.0%} in the embedding norms and {logits:.0%} in the per-token "
+                f"logits (at most {limits[0]:.0%} and {limits[1]:.0%} expected of a"
+                f"{' quantised' if quantised else ''} graph of this model): it was exported "
+                f"from another model; create this model's graph with `limelight export-onnx "
+                f"--model {model.directory}`"
+            )
+        log.warning(
+            "%s has no description (%s): which model it was exported from is not recorded; "
+            "its outputs on a probe input match model %s's (within %.1g), so it is served",
+            graph,
+            describe(graph).name,
+            model.name,
+            max(norms, logits),
+        )
 
     @classmethod
     def for_model(cls, model: LoadedModel, settings: Settings) -> OnnxRuntime:
         graph = choose_graph(model, settings)
         runtime = cls(graph, model, choose_providers(settings.device), settings.torch_threads)
+        if settings.onnx_path is not None and not read_description(graph):
+            # Without a description, whether it carries the heads is said once the runtime has
+            # checked the graph against the model: a graph refused there is not "served".
+            why = heads_mismatch(graph, inline_heads(model))
+            if why:
+                log.warning("%s; serving it as it is (run `limelight export-onnx` again)", why)
         # Only now: a graph that fails to load must not have cost the cached graph of the same
         # version, which the next start (the bad graph removed) serves without exporting again.
         settle_graph_cache(model, settings, graph)
@@ -199,6 +271,37 @@ class OnnxRuntime(Runtime):
         return np.asarray(logits, dtype=np.float32)
 
 
+def _relative(got: np.ndarray, expected: FloatArray) -> float:
+    """How far ``got`` is from ``expected``, relative to the size of ``expected``."""
+    got = np.asarray(got, dtype=np.float32)
+    if got.shape != expected.shape:
+        return float("inf")
+    return float(np.linalg.norm(got - expected) / (np.linalg.norm(expected) + 1e-6))
+
+
+def _embedding_shape(proto: object, inputs: list[str]) -> tuple[int, int] | None:
+    """The [vocabulary, hidden] shape of the table the graph looks ``input_ids`` up in, where
+    it is a plain initializer (not where the exporter or a quantiser wrote it otherwise)."""
+    graph = proto.graph  # type: ignore[attr-defined]
+    tables = {t.name: tuple(t.dims) for t in graph.initializer}
+    for node in graph.node:
+        if node.op_type == "Gather" and len(node.input) == 2 and node.input[1] == "input_ids":
+            dims = tables.get(node.input[0])
+            if dims is not None and len(dims) == 2 and "input_ids" in inputs:
+                return int(dims[0]), int(dims[1])
+    return None
+
+
+def _model_embedding_shape(model: LoadedModel) -> tuple[int, int] | None:
+    """The [vocabulary, hidden] shape of the served model's token embeddings, where it has one
+    table (every Hugging Face model; None for one that does not say)."""
+    try:
+        shape = tuple(model.model.get_input_embeddings().weight.shape)
+    except (AttributeError, NotImplementedError):
+        return None
+    return (int(shape[0]), int(shape[1])) if len(shape) == 2 else None
+
+
 def cached_graph(model: LoadedModel, cache_dir: Path) -> Path:
     """Where the sidecar exports a graph itself: in the cache, never into the model's directory
     (which may be read-only, and whose graph is the user's)."""
@@ -229,7 +332,11 @@ def choose_graph(model: LoadedModel, settings: Settings) -> Path:
                 f"no ONNX graph at {graph}; create it with "
                 f"`limelight export-onnx --model {model.directory} --out {graph}`"
             )
-        reason = heads_mismatch(graph, heads)
+        try:  # the user's own files: a damaged description is refused, never replaced
+            described = bool(read_description(graph))
+        except DamagedDescription as exc:
+            raise exc.for_model(model.directory) from None
+        reason = heads_mismatch(graph, heads) if described else ""  # else: in ``for_model``
         if reason:  # the user's own graph: served as it is, never overwritten
             log.warning("%s; serving it as exported (run `limelight export-onnx` again)", reason)
         return graph
@@ -243,6 +350,15 @@ def _graph_beside_or_cached(
     reason = graph_mismatch(beside, model, heads)
     if not reason:
         return beside
+    damaged = _damaged(beside, model)
+    if damaged is not None:
+        if not settings.onnx_export:
+            raise damaged
+        # Like a stale graph beside the model: the sidecar serves one of its own from the
+        # cache (it never writes into the model's directory), and says which file to mend.
+        log.warning(
+            "%s; serving the inline graph in %s instead", damaged.message, settings.cache_dir
+        )
     cached = cached_graph(model, settings.cache_dir)
     if not graph_mismatch(cached, model, heads):
         return cached
@@ -259,6 +375,17 @@ def _graph_beside_or_cached(
             log.info("%s: exporting the inline graph into %s", reason, cached)
             export_served_graph(model, cached, heads)
     return cached
+
+
+def _damaged(graph: Path, model: LoadedModel) -> DamagedDescription | None:
+    """The error of the damaged description beside ``graph``, or None."""
+    if not graph.exists():
+        return None
+    try:
+        read_description(graph)
+    except DamagedDescription as exc:
+        return exc.for_model(model.directory)
+    return None
 
 
 def prune_cached_graphs(model: LoadedModel, cache_dir: Path, serving_cached: bool) -> list[Path]:
