@@ -7,8 +7,14 @@ model directories hold small files, since a version is a hash of whatever bytes 
 
 from __future__ import annotations
 
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -209,3 +215,68 @@ def test_without_the_demo_data_packages_demo_builds_are_left_alone(
     assert cache.demo.exists() and cache.earlier.exists() and not cache.graph_gone.exists()
     assert main(["cache", "--cache-dir", str(cache.root)]) == 0
     assert "cannot be checked" in capsys.readouterr().out
+
+
+def limelight_cache(root: Path, *args: str) -> str:
+    done = subprocess.run(
+        [sys.executable, "-m", "limelight.cli.main", "cache", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "LIMELIGHT_CACHE_DIR": str(root)},
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def test_what_a_running_sidecar_serves_is_not_pruned(
+    tmp_path: Path, random_bert_dir: Path, start_sidecar: Callable[..., Any]
+) -> None:
+    """A sidecar pinned to an earlier demo build (a path kept in a deployment across an
+    upgrade), with a lexicon table of its own in the cache: `limelight cache prune` listed both
+    as removable and took them from under it (it quietly fell back to NormXLogit)."""
+    root = tmp_path / "cache"
+    earlier = root / "models" / "bert-tiny-000000000000"
+    shutil.copytree(random_bert_dir, earlier)
+    table = folder(root / "lexicons" / fingerprint(earlier))  # as `--lexicon-build` leaves it
+    before = uses(inventory(root))
+    assert before[earlier] is Use.STALE and before[table] is Use.UNRECORDED
+    start_sidecar(
+        model_dir=earlier,
+        cache_dir=root,
+        jobs="off",
+        drift_enabled=False,
+        default_method="normxlogit",
+    )
+    listing = limelight_cache(root)
+    assert listing.count("uses it") == 2, listing
+    limelight_cache(root, "prune", "--unrecorded")
+    assert (earlier / "model.safetensors").exists() and (table / "payload").exists()
+    assert uses(inventory(root))[earlier] is Use.IN_USE
+
+
+def test_a_process_that_ended_holds_nothing(tmp_path: Path, random_bert_dir: Path) -> None:
+    """The marks are locks the kernel drops with the process, however it ended (SIGKILL
+    included): nothing is kept for a sidecar that is gone."""
+    root = tmp_path / "cache"
+    earlier = root / "models" / "bert-tiny-000000000000"
+    shutil.copytree(random_bert_dir, earlier)
+    script = (
+        "import sys; from limelight.app import load_served_model; "
+        "from limelight.settings import Settings; "
+        f"model = load_served_model(Settings(model_dir={str(earlier)!r}, cache_dir={str(root)!r}), "
+        "progress=False); print('loaded', flush=True); sys.stdin.read()"
+    )
+    process = subprocess.Popen(
+        [sys.executable, "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert process.stdout is not None and process.stdout.readline().strip() == "loaded"
+        assert uses(inventory(root))[earlier] is Use.IN_USE
+    finally:
+        process.kill()
+        process.wait(timeout=60)
+    assert uses(inventory(root))[earlier] is Use.STALE
+    removed = prune(inventory(root))
+    assert earlier in {e.path for e in removed} and not earlier.exists()
+    assert not list((root / "models").glob(".bert-tiny-000000000000*"))  # its lock file too

@@ -13,6 +13,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Callable
 from pathlib import Path
@@ -146,6 +147,73 @@ def test_a_table_and_then_a_head_written_after_the_start_are_served_without_a_re
     drift = served.server.app.service.drift  # a monitor of the head's scores, not the table's
     assert drift is not None and drift.method == "distilled"
     assert served.server.reloader.reloads >= 2
+
+
+def test_a_head_taken_away_while_served_is_a_warning(
+    start_sidecar: Callable[..., RunningSidecar],
+    bert_tiny_dir: Path,
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The served head deleted (or its folder pruned, moved): the sidecar falls back to the
+    next method, and says so where an operator looks, not only at INFO."""
+    model = Path(shutil.copytree(bert_tiny_dir, tmp_path / "model"))
+    served = start_sidecar(model_dir=model, default_method="auto", reload_interval_s=0.05)
+    assert wait_for_method(served.target, "distilled").explanation.method == "distilled"
+    shutil.rmtree(model / HEAD_DIRNAME)
+    assert wait_for_method(served.target, "normxlogit").explanation.method == "normxlogit"
+    (warning,) = [
+        r.getMessage()
+        for r in caplog.records
+        if r.name == "limelight.reload" and r.levelname == "WARNING"
+    ]
+    assert f"beside {model} is gone" in warning
+    assert "the default inline method is normxlogit (was distilled)" in warning
+
+
+def test_a_default_method_that_cannot_be_served_is_not_ready_until_it_can(
+    start_sidecar: Callable[..., RunningSidecar],
+    bert_tiny_dir: Path,
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """`--default-method distilled` on a model without a head: the sidecar said SERVING and
+    ready, then failed every request that named no method. It now stays out of rotation, says
+    why, serves requests that name another method, and is ready once the head is there."""
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    model = bare_copy(bert_tiny_dir, tmp_path / "model")
+    served = start_sidecar(
+        model_dir=model, default_method="distilled", reload_interval_s=0.05, jobs="off"
+    )
+    health = health_pb2_grpc.HealthStub(grpc.insecure_channel(served.target))
+
+    def status() -> tuple[int, int]:
+        checked = health.Check(health_pb2.HealthCheckRequest(), timeout=10).status
+        ready_url = served.metrics_url.replace("/metrics", "/v2/health/ready")
+        try:
+            with urllib.request.urlopen(ready_url, timeout=10) as response:
+                return checked, response.status
+        except urllib.error.HTTPError as refused:
+            return checked, refused.code
+
+    assert status() == (health_pb2.HealthCheckResponse.NOT_SERVING, 503)
+    (warning,) = [r.getMessage() for r in caplog.records if r.getMessage().startswith("not ready")]
+    assert "distilled cannot be served (no distilled head beside the model" in warning
+    s = stub(served.target)
+    with pytest.raises(grpc.RpcError) as refused:
+        s.Explain(pb.ExplainRequest(text=TEXT), timeout=30)
+    assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    named = s.Explain(pb.ExplainRequest(text=TEXT, method="normxlogit"), timeout=30)
+    assert named.explanation.method == "normxlogit"
+    with urllib.request.urlopen(served.metrics_url, timeout=10) as response:
+        assert "limelight_ready 0.0" in response.read().decode()
+
+    shutil.copytree(bert_tiny_dir / HEAD_DIRNAME, model / HEAD_DIRNAME)
+    wait_until(lambda: status() == (health_pb2.HealthCheckResponse.SERVING, 200))
+    assert s.Explain(pb.ExplainRequest(text=TEXT), timeout=30).explanation.method == "distilled"
+    with urllib.request.urlopen(served.metrics_url, timeout=10) as response:
+        assert "limelight_ready 1.0" in response.read().decode()
 
 
 def test_with_onnx_runtime_a_new_head_is_exported_and_served_without_a_restart(

@@ -73,3 +73,47 @@ def test_the_server_installs_signal_handlers_only_through_on_signals() -> None:
             ):
                 offenders.append(f"{path.relative_to(root)}:{node.lineno}")
     assert not offenders, f"use limelight.signals.on_signals instead: {offenders}"
+
+
+def test_a_child_whose_parent_died_before_it_looked_still_ends() -> None:
+    """A child watches the parent its spawner named (``child_env``), not its parent at the
+    time it looks: a bench killed while its load generator still imported its modules left
+    the generator a child of init by then, and it watched init forever."""
+    import os
+
+    from tests.waiting import wait_until
+
+    grandchild = textwrap.dedent(
+        """
+        import time
+        time.sleep(1.5)  # its parent is gone by now: it exits right after spawning us
+        from limelight.signals import watch_parent
+        watch_parent()
+        time.sleep(600)
+        """
+    )
+    middle = textwrap.dedent(
+        f"""
+        import subprocess, sys
+        from limelight.signals import child_env
+        child = subprocess.Popen([sys.executable, "-c", {grandchild!r}], env=child_env())
+        print(child.pid, flush=True)
+        """
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", middle], capture_output=True, text=True, timeout=120, check=True
+    )
+    pid = int(done.stdout.strip())
+
+    def ended() -> bool:  # gone, or a zombie where init does not reap
+        try:
+            status = Path(f"/proc/{pid}/status").read_text()
+        except FileNotFoundError:
+            return True
+        return "\nState:\tZ" in status
+
+    try:
+        wait_until(ended, timeout=120)  # generous: a hang, not a duration, fails here
+    finally:
+        if not ended():
+            os.kill(pid, 9)

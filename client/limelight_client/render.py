@@ -614,6 +614,12 @@ def to_html(
     if exp.truncated:
         note = _truncation(exp)
         out.append(f'<p class="meta warn">{_esc(note[0].upper() + note[1:])}.</p>')
+    if exp.windows > 1:
+        # As the terminal says it: the scores of a window's edges saw only part of the text.
+        out.append(
+            f'<p class="meta">Explained in {exp.windows} overlapping windows, stitched '
+            "together.</p>"
+        )
     out.append("</header>")
 
     rows = []

@@ -16,6 +16,7 @@ from limelight.errors import FailedPrecondition
 from limelight.jobs.factory import create_backend
 from limelight.jobs.priority import InlineGate
 from limelight.jobs.runner import JobRunner
+from limelight.locks import InUse
 from limelight.methods.base import MethodRegistry
 from limelight.metrics import Metrics
 from limelight.models.loaded import LoadedModel, load_model
@@ -52,11 +53,20 @@ def load_served_model(
         import torch
 
         torch.set_num_threads(settings.torch_threads)
-    return load_model(
-        resolve_model_dir(settings, progress, serving),
-        device=settings.device,
-        name=settings.model_name,
+    directory = resolve_model_dir(settings, progress, serving)
+    cache = settings.cache_dir.expanduser()
+    # Marked in use before it is read: a prune between the two would take it from under us.
+    in_use = InUse().hold(
+        [directory] if directory.resolve().parent == (cache / "models").resolve() else []
     )
+    try:
+        model = load_model(directory, device=settings.device, name=settings.model_name)
+    except BaseException:
+        in_use.release()
+        raise
+    # The graph and lexicon table this process may serve, by the model's version.
+    model.in_use = in_use.hold([cache / "onnx" / model.version, cache / "lexicons" / model.version])
+    return model
 
 
 def build_runtime(settings: Settings, model: LoadedModel) -> Runtime:

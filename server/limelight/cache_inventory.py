@@ -15,7 +15,8 @@ A graph or lexicon folder with no record of its user (graphs exported before the
 kept; lexicon tables, which keep none) is in use when its version is that of a cached demo
 model, and otherwise unknown: another model served from this cache may still need it, so prune
 removes it only when asked to (``--unrecorded``). Nothing held by a build or export lock is
-removed.
+removed, nor anything a running sidecar, worker or CLI command uses (they hold a shared lock on
+their model's demo build, graph and lexicon table: ``limelight.locks.InUse``).
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from functools import cache
 from pathlib import Path
 
 from limelight.demo.recipes import CARD_FILE, DEMO_NAMES, DemoBuildError, demo_model_dir
-from limelight.locks import held_elsewhere
+from limelight.locks import IN_USE_SUFFIX, held_elsewhere, in_use_lock
 from limelight.models.fingerprint import fingerprint
 from limelight.runtimes.graph_cache import served_from
 
@@ -82,7 +83,7 @@ def inventory(cache_dir: Path) -> list[Entry]:
         )
         for aside in sorted(cache_dir.glob("jobs.sqlite3.corrupt-*[0-9]Z"))
     ]
-    return [*demos, *graphs, *lexicons, *jobs, *unreadable]
+    return [_kept_while_used(e) for e in (*demos, *graphs, *lexicons)] + [*jobs, *unreadable]
 
 
 def prune(entries: Iterable[Entry], unrecorded: bool = False) -> list[Entry]:
@@ -102,6 +103,8 @@ def prune(entries: Iterable[Entry], unrecorded: bool = False) -> list[Entry]:
                 for leftover in entry.path.parent.glob(f".{entry.path.name}.*"):
                     if leftover.is_file() and not held_elsewhere(leftover):
                         leftover.unlink(missing_ok=True)
+            else:
+                in_use_lock(entry.path).unlink(missing_ok=True)
             removed.append(entry)
     return removed
 
@@ -211,14 +214,38 @@ def _versions_of(directories: list[Path]) -> Callable[[], dict[str, Path]]:
 
 
 def _locked(entry: Entry) -> bool:
+    if _used(entry.path):
+        return True
     if entry.kind == "demo model":
         return _locked_demo(entry.path)
     return held_elsewhere(entry.path / ".export.lock")
 
 
+def _used(folder: Path) -> bool:
+    """A running process (sidecar, worker, CLI command) uses ``folder`` right now."""
+    return held_elsewhere(in_use_lock(folder))
+
+
+def _kept_while_used(entry: Entry) -> Entry:
+    """``entry`` as listed: what prune would remove is in use while a process uses it."""
+    if entry.use in (Use.STALE, Use.UNRECORDED) and _used(entry.path):
+        return Entry(
+            entry.kind,
+            entry.path,
+            entry.size,
+            Use.IN_USE,
+            f"a running sidecar, worker or command uses it ({entry.why})",
+        )
+    return entry
+
+
 def _locked_demo(folder: Path) -> bool:
     """A build of this model or of its heads holds one of the locks beside it."""
-    return any(held_elsewhere(lock) for lock in folder.parent.glob(f".{folder.name}*.lock"))
+    return any(
+        held_elsewhere(lock)
+        for lock in folder.parent.glob(f".{folder.name}*.lock")
+        if not lock.name.endswith(IN_USE_SUFFIX)
+    )
 
 
 def _folders(root: Path) -> list[Path]:

@@ -7,8 +7,17 @@ reported to clients as a generic INTERNAL error while the details go to the log.
 
 from __future__ import annotations
 
+import asyncio
 import enum
 import re
+
+
+def ends_the_caller(exc: BaseException) -> bool:
+    """Exceptions that must go on up (task cancellation, KeyboardInterrupt, SystemExit,
+    GeneratorExit). Any other BaseException is one call's failure, to be answered as such: a
+    Rust panic in a native library (tokenizers) reaches Python as pyo3's PanicException, which
+    ``except Exception`` misses, so a call left unanswered and a batcher's loop ended."""
+    return isinstance(exc, asyncio.CancelledError | KeyboardInterrupt | SystemExit | GeneratorExit)
 
 
 class ErrorKind(enum.Enum):

@@ -21,6 +21,7 @@ import asyncio
 import contextlib
 import hashlib
 import logging
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -149,9 +150,17 @@ class FilesSeen:
 class InlineReloader:
     """Swaps in a runtime built from the files beside the model when they change."""
 
-    def __init__(self, app: Application, interval_s: float, seen: FilesSeen | None = None) -> None:
-        """``seen``: the files as they were before ``app`` was built from them (default: now)."""
+    def __init__(
+        self,
+        app: Application,
+        interval_s: float,
+        seen: FilesSeen | None = None,
+        on_reload: Callable[[], Awaitable[None]] | None = None,
+    ) -> None:
+        """``seen``: the files as they were before ``app`` was built from them (default: now).
+        ``on_reload``: awaited after each new runtime is served (the server's health)."""
         self.app = app
+        self._on_reload = on_reload
         self.interval_s = interval_s
         self._paths = served_files(app.settings, app.model)
         self._seen = FilesSeen.of(self._paths) if seen is None else seen
@@ -195,6 +204,8 @@ class InlineReloader:
             reloaded = await self.reload(changed)
             if reloaded:
                 self._served = digests
+                if self._on_reload is not None:
+                    await self._on_reload()
             return reloaded
 
     async def reload(self, changed: set[str] | None = None) -> bool:
@@ -255,6 +266,7 @@ class InlineReloader:
                     # served to requests that name them, the default (and its monitor) stays.
                     log.warning("%s; the default inline method stays %s", exc, before)
                     method, drift = before, service.drift
+            lost = sorted(service.runtime.head_names - runtime.head_names)
             await service.swap_runtime(runtime, drift, default_method=method)
         except Exception:
             log.exception(
@@ -266,6 +278,19 @@ class InlineReloader:
             return False
         self.reloads += 1
         describe_model(app.metrics, model, runtime, method)
+        if lost:
+            # Outputs that went away (deleted, pruned, a folder moved): worth an operator's
+            # look, unlike a head that came or changed.
+            log.warning(
+                "%s beside %s %s gone%s; the default inline method is %s%s",
+                " and ".join(lost),
+                model.directory,
+                "is" if len(lost) == 1 else "are",
+                "" if model.directory.is_dir() else " (the model's directory itself is gone)",
+                method,
+                f" (was {before})" if method != before else "",
+            )
+            return True
         log.info(
             "reloaded the inline outputs of %s (%s): the default inline method is %s%s",
             model.name,

@@ -20,7 +20,7 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from types import FrameType
 
 log = logging.getLogger(__name__)
@@ -62,10 +62,30 @@ def exit_with_parent(parent: int) -> None:
     os.kill(os.getpid(), signal.SIGTERM)
 
 
-def watch_parent() -> None:
-    """Start :func:`exit_with_parent` for this process's parent as it is now."""
+#: Set by a parent to its pid for the children it starts (``child_env``).
+PARENT_PID_ENV = "LIMELIGHT_PARENT_PID"
+
+
+def child_env(env: Mapping[str, str] | None = None) -> dict[str, str]:
+    """``env`` (default: this process's) for a child that calls :func:`watch_parent`: it
+    names this process as the parent to watch."""
+    return {**(os.environ if env is None else env), PARENT_PID_ENV: str(os.getpid())}
+
+
+def watch_parent(parent: int | None = None) -> None:
+    """Start :func:`exit_with_parent` for the process that started this one: the pid its
+    spawner put in ``LIMELIGHT_PARENT_PID`` (``child_env``), else the parent as it is now.
+    The variable matters: a parent killed while this process still imported its modules
+    left it a child of init by the time it looked, and it watched init forever (a bench
+    killed outright left its load generator running). A parent already gone ends this
+    process at once. The variable is taken out of this process's environment so that its
+    own children do not inherit a parent that is not theirs. ``parent``: given by the
+    spawner another way (a multiprocessing child's arguments)."""
+    named = os.environ.pop(PARENT_PID_ENV, "")
+    if parent is None:
+        parent = int(named) if named.isdigit() else os.getppid()
     threading.Thread(
-        target=exit_with_parent, args=(os.getppid(),), name="watch-parent", daemon=True
+        target=exit_with_parent, args=(parent,), name="watch-parent", daemon=True
     ).start()
 
 

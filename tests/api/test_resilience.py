@@ -425,3 +425,49 @@ def test_shutdown_keeps_one_deadline_and_ends_open_calls_unavailable(
         for _ in watch:
             pass
     assert err.value.code() == grpc.StatusCode.UNAVAILABLE
+
+
+def test_sigterm_while_the_model_loads_ends_the_process(
+    random_bert_dir: Path, tmp_path: Path
+) -> None:
+    """Loading can take minutes (the demo build, a lexicon table for a large model): a
+    SIGTERM meanwhile waited for the load to end, past any grace period (the kubelet then
+    kills the pod). Here the load waits on the lexicon table's build lock, held by this test
+    (as by another process building it), so it never ends by itself."""
+    from limelight.locks import IN_USE_SUFFIX, file_lock
+    from limelight.models.fingerprint import fingerprint
+
+    cache = tmp_path / "cache"
+    log = tmp_path / "serve.log"
+    env = {
+        **os.environ,
+        "LIMELIGHT_CACHE_DIR": str(cache),
+        "LIMELIGHT_LEXICON_BUILD": "true",
+        "LIMELIGHT_DEFAULT_METHOD": "auto",  # the table is built for it (the suite's is not)
+        "LIMELIGHT_GRACE_PERIOD_S": "5",
+    }
+    lexicons = cache / "lexicons"
+    with file_lock(lexicons / f".{fingerprint(random_bert_dir)}.lock"):
+        with log.open("wb") as out:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "limelight.cli.main", "serve", "--model",
+                 str(random_bert_dir), "--port", "0", "--metrics-port", "0", "--jobs", "off"],
+                env=env, stdout=out, stderr=subprocess.STDOUT,
+            )  # fmt: skip
+        try:
+            deadline = time.monotonic() + 300
+            # The model is loaded once it marks its cache folders in use; then the load goes
+            # on to the lexicon table and waits on the lock.
+            while not (lexicons / f".{fingerprint(random_bert_dir)}{IN_USE_SUFFIX}").exists():
+                assert proc.poll() is None, log.read_text()[-3000:]
+                assert time.monotonic() < deadline, "the sidecar never loaded its model"
+                time.sleep(0.1)
+            proc.send_signal(signal.SIGTERM)
+            # Generous: a hang, not a duration, is what fails here.
+            assert proc.wait(timeout=120) == 0, log.read_text()[-3000:]
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(30)
+    text = log.read_text()
+    assert "stopping while the model is still loading" in text and "SERVING" not in text

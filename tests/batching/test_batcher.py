@@ -12,7 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from limelight.batching import LengthPolicy, MicroBatcher
-from limelight.errors import DeadlineExceeded, ResourceExhausted
+from limelight.errors import DeadlineExceeded, InvalidArgument, ResourceExhausted
 
 
 def make(process, **kw):  # type: ignore[no-untyped-def]
@@ -137,6 +137,34 @@ async def test_items_submitted_together_are_queued_all_or_none() -> None:
     assert await asyncio.gather(running, *first, *last) == [0, 1, 2, 3, 6]
     await batcher.stop()
     assert computed == [0, 1, 2, 3, 6]
+
+
+@pytest.mark.asyncio
+async def test_more_items_than_the_backlog_can_ever_hold_are_refused_for_good() -> None:
+    """A document of more windows than ``max_pending`` could never be admitted, not even by an
+    idle server: it is refused as an invalid argument naming what would let it through, not
+    as RESOURCE_EXHAUSTED "retry later" (a retry could never succeed)."""
+    computed: list[int] = []
+
+    def process(items: list[int]) -> list[int]:
+        computed.extend(items)
+        return items
+
+    batcher = make(process, max_pending=4, max_batch_size=1, max_wait_s=0)
+    await batcher.start()
+    assert batcher.idle
+    with pytest.raises(InvalidArgument) as refused:
+        batcher.submit_all(list(range(10)))
+    message = str(refused.value)
+    assert "10 windows" in message and "max_pending 4" in message
+    for setting in ("LIMELIGHT_MAX_PENDING", "LIMELIGHT_WINDOW_STRIDE", "truncate"):
+        assert setting in message
+    assert "retry" not in message
+    assert batcher.pending == 0  # nothing of it was queued
+    # As many windows as the backlog holds still fit on an idle server.
+    assert await asyncio.gather(*batcher.submit_all([1, 2, 3, 4])) == [1, 2, 3, 4]
+    await batcher.stop()
+    assert computed == [1, 2, 3, 4]
 
 
 @pytest.mark.asyncio

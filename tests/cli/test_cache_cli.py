@@ -66,6 +66,7 @@ def test_list_then_prune(tmp_path: Path) -> None:
 
 
 def test_an_empty_cache(tmp_path: Path) -> None:
+    (tmp_path / "never used").mkdir()  # one that does not exist is said so (below)
     out = limelight(cache=tmp_path / "never used")
     assert out.returncode == 0, out.stderr
     assert out.stdout.splitlines() == [f"cache: {tmp_path / 'never used'} (0 B)", "empty"]
@@ -79,3 +80,28 @@ def test_sizes_read_as_people_write_them() -> None:
         "17.5 MB",
         "1.2 GB",
     ]
+
+
+def test_a_cache_directory_that_does_not_exist_is_said_so(tmp_path: Path) -> None:
+    missing = tmp_path / "nowhere"
+    for action in ((), ("prune",)):
+        shown = limelight(*action, "--cache-dir", str(missing), cache=tmp_path / "unused")
+        assert shown.returncode == 0, shown.stderr
+        assert f"{missing} does not exist" in shown.stdout
+        assert "empty" not in shown.stdout
+    assert not missing.exists()  # listing creates nothing
+
+
+def test_a_cache_directory_that_is_a_file_is_refused(tmp_path: Path) -> None:
+    taken = tmp_path / "cache.txt"
+    taken.write_text("mine")
+    shown = limelight("--cache-dir", str(taken), cache=tmp_path / "unused")
+    assert shown.returncode == 2
+    assert shown.stderr.strip() == (
+        f"limelight cache: error: --cache-dir {taken} is a file, not a directory"
+    )
+    # Named by the environment, the error names the variable.
+    shown = limelight("prune", cache=taken)
+    assert shown.returncode == 2
+    assert "(LIMELIGHT_CACHE_DIR) is a file, not a directory" in shown.stderr
+    assert taken.read_text() == "mine"

@@ -246,6 +246,30 @@ def test_a_named_lexicon_default_that_cannot_be_built(
     assert "set LIMELIGHT_CACHE_DIR to a writable directory" in line
 
 
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        # Below the special tokens the tokenizer ignored the limit (1) or every text came
+        # out empty (2): the requests failed, the start did not.
+        (("--max-tokens", "1"), "max_tokens 1 leaves no room for text"),
+        (("--max-tokens", "2"), "max_tokens 2 leaves no room for text"),
+        # Four text tokens a window (six less [CLS] and [SEP]): an overlap of three leaves
+        # one new token a window, not half (at 4 tokens and 2 of overlap, tokenizers
+        # panicked on every long text and the call hung until its deadline).
+        (
+            ("--max-tokens", "6", "--truncation", "window", "--window-stride", "3"),
+            "window_stride 3 must be between 0 and half the text tokens a window holds (2",
+        ),
+    ],
+)
+def test_a_token_limit_or_overlap_the_tokenizer_cannot_take(
+    capsys: pytest.CaptureFixture[str], random_bert_dir: Path, args: tuple[str, ...], said: str
+) -> None:
+    status, line = run_main(capsys, *SERVE, "--model", str(random_bert_dir), *args)
+    assert status == EXIT_USAGE, line
+    assert said in line, line
+
+
 def test_grpc_port_in_use(
     capsys: pytest.CaptureFixture[str], random_bert_dir: Path, busy_port: int
 ) -> None:

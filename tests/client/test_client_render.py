@@ -448,6 +448,19 @@ def test_a_truncated_answer_says_how_much_of_the_text_was_explained() -> None:
     assert "characters" not in whole.to_terminal(color=False)  # every character was reached
 
 
+def test_an_answer_explained_in_windows_says_so_in_html_as_in_the_terminal() -> None:
+    import dataclasses
+
+    windowed = dataclasses.replace(wordpiece_explanation(), windows=3)
+    said = "xplained in 3 overlapping windows, stitched together"
+    assert f"note: e{said}" in windowed.to_terminal(color=False)
+    page = windowed.to_html()
+    assert f'<p class="meta">E{said}.</p>' in page
+    assert page.index(f"E{said}") < page.index("</header>")
+    assert f"E{said}" in windowed.to_html(fragment=True)
+    assert "window" not in wordpiece_explanation().to_html().lower()  # one pass: no note
+
+
 def _pieces_explanation() -> Explanation:
     """WordPiece tokens of "(unbelievably) good, don't" with arbitrary scores in every array,
     all classes, and a second explained label (multi-label)."""

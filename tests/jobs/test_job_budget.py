@@ -229,3 +229,43 @@ async def test_a_slalom_sample_that_cannot_fit_beside_the_pair_is_refused_before
     assert isinstance(refused, InvalidArgument), refused
     assert "leave room for" in refused.message and "sample_length" in refused.message
     assert fine.state is JobState.QUEUED
+
+
+def test_windows_are_priced_one_by_one_against_the_jobs_whole_timeout() -> None:
+    """Under truncation=window a method runs on every window in turn: the estimate is the sum
+    of the windows' (each priced at its own length), set against the job's own timeout."""
+    from limelight.jobs.budget import check_cost
+
+    # gradient: 3 token passes per token; at 1 token per second, windows of 16, 16 and 10
+    # tokens take 3 x 42 = 126 s, more than 4 x 30 s and less than 4 x 32 s.
+    check_cost("gradient", {}, 38, 1.0, 32.0, [16, 16, 10])
+    with pytest.raises(InvalidArgument) as refused:
+        check_cost("gradient", {}, 38, 1.0, 30.0, [16, 16, 10])
+    message = refused.value.message
+    assert "this 38-token text, explained in 3 overlapping windows of up to 16 tokens" in message
+    assert "about 126 s" in message and "the job's timeout of 30 s" in message
+    assert "fewer windows" in message
+
+
+@pytest.mark.asyncio
+async def test_a_windowed_jobs_refusal_names_the_document_and_the_jobs_timeout(
+    tiny_model: LoadedModel, tmp_path: Path
+) -> None:
+    """The audit's case: a long document in window mode was refused naming one window's size
+    ("on 512 tokens") and a per-window share of the timeout ("its timeout of 60 s" for a job
+    of 600 s), the same whatever timeout the job asked for, never mentioning windows."""
+    long_text = " ".join([TEXT] * 12)
+    document = len(tiny_model.tokenizer(long_text)["input_ids"])
+    settings = _settings(tmp_path, truncation="window", max_tokens=16, window_stride=4)
+    timeouts = [1e-6, 2e-6]
+    outcomes = await _submit_all(
+        settings,
+        tiny_model,
+        [JobSpec("greedy_deletion", long_text, timeout_s=t) for t in timeouts],
+    )
+    for timeout, refused in zip(timeouts, outcomes, strict=True):
+        assert isinstance(refused, InvalidArgument), refused
+        message = refused.message
+        assert f"this {document}-token text, explained in " in message
+        assert "overlapping windows of up to 16 tokens" in message
+        assert f"the job's timeout of {timeout:g} s" in message

@@ -40,7 +40,13 @@ from limelight.api.http_body import close_if_unread, parse_json, read_body
 from limelight.api.viewer import Viewer
 from limelight.core.service import ExplanationService
 from limelight.core.types import ExplainInput, Explanation, scored_tokens
-from limelight.errors import InvalidArgument, LimelightError, Unauthenticated, Unavailable
+from limelight.errors import (
+    InvalidArgument,
+    LimelightError,
+    Unauthenticated,
+    Unavailable,
+    ends_the_caller,
+)
 from limelight.metrics import Metrics
 from limelight.settings import Settings
 
@@ -360,7 +366,9 @@ class HttpServer:
                     # not a fault (re-raised, aiohttp would log it as one). No one reads this.
                     code = "CANCELLED"
                     return _error(400, "the connection closed before the request was read")
-                except Exception:
+                except BaseException as exc:
+                    if ends_the_caller(exc):
+                        raise
                     log.exception("unexpected error in HTTP %s", rpc)
                     code = "INTERNAL"
                     return _error(500, INTERNAL_MESSAGE)

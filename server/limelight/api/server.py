@@ -16,6 +16,7 @@ import asyncio
 import contextlib
 import logging
 import signal
+import threading
 import time
 from collections.abc import Callable, Coroutine
 from typing import Any
@@ -157,20 +158,75 @@ class SidecarServer:
         seen = FilesSeen.of(served_files(self.settings, model))
         return build_application(self.settings, self.metrics, model), seen
 
-    async def _load(self) -> Application:
+    async def _build_or_stop(self) -> tuple[Application, FilesSeen] | None:
+        """``_build`` on a daemon thread of its own, or None when a stop is asked for first.
+        Loading can take minutes (a demo build, a lexicon table for a large model): a SIGTERM
+        meanwhile ends the process within its grace period instead of after the build (the
+        build is left behind; a daemon thread, unlike the default executor's, does not hold
+        the exit up; what it writes to the cache is staged and locked, as under SIGKILL)."""
         loop = asyncio.get_running_loop()
-        app, seen = await loop.run_in_executor(None, self._build)
+        built: asyncio.Future[tuple[Application, FilesSeen]] = loop.create_future()
+
+        def settle(result: Any, failure: BaseException | None) -> None:
+            if built.done():
+                return
+            if failure is not None:
+                built.set_exception(failure)
+            else:
+                built.set_result(result)
+
+        def work() -> None:
+            try:
+                result, failure = self._build(), None
+            except BaseException as exc:  # handed to the loop, raised where it is awaited
+                result, failure = None, exc
+            with contextlib.suppress(RuntimeError):  # the loop closed: the process is ending
+                loop.call_soon_threadsafe(settle, result, failure)
+
+        threading.Thread(target=work, name="limelight-load", daemon=True).start()
+        assert self._stopping is not None
+        stop: asyncio.Future[Any] = asyncio.ensure_future(self._stopping.wait())
+        try:
+            await asyncio.wait([built, stop], return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stop.cancel()
+        if not built.done():
+            built.cancel()
+            log.info("stopping while the model is still loading: its load is left unfinished")
+            return None
+        return built.result()
+
+    async def _load(self) -> Application | None:
+        """Load and start the service; None when a stop came first."""
+        if (loaded := await self._build_or_stop()) is None:
+            return None
+        app, seen = loaded
         self.app = app
         await app.service.start()
         self._servicer.service = app.service
         # Made even when polling is off (interval 0): SIGHUP still reloads on demand.
-        self.reloader = InlineReloader(app, self.settings.reload_interval_s, seen)
+        self.reloader = InlineReloader(
+            app, self.settings.reload_interval_s, seen, on_reload=self._health_after_reload
+        )
         if self.settings.reload_interval_s > 0:
             self._reloading = asyncio.create_task(self.reloader.run())
         if self._reload_when_loaded:
             self._reload_when_loaded = False
             self.request_reload()
         return app
+
+    async def _health_after_reload(self) -> None:
+        """A reload may make the default method servable (its head came) or not (it went)."""
+        if self.app is None or (self._stopping is not None and self._stopping.is_set()):
+            return
+        service = self.app.service
+        await self._set_health(service.ready)
+        if not service.ready:
+            log.warning(
+                "not ready: the default inline method %s cannot be served (%s)",
+                service.default_method.name,
+                service.default_unavailable,
+            )
 
     def request_reload(self) -> None:
         """SIGHUP: check the TLS files and the files beside the model now, in a task of the
@@ -214,10 +270,10 @@ class SidecarServer:
     async def start(self) -> None:
         settings = self.settings
         self._stopping = asyncio.Event()
-        if settings.reuse_port:
-            # One of several workers on the port: bind only once the model is in, or the
-            # kernel would hand new connections to a worker that can only refuse them.
-            await self._load()
+        # One of several workers on the port: bind only once the model is in, or the kernel
+        # would hand new connections to a worker that can only refuse them.
+        if settings.reuse_port and await self._load() is None:
+            return
         tokens = TokenStore(settings)  # the tokens file is re-read when it changes
         interceptors: list[grpc.aio.ServerInterceptor] = []
         if tracing.setup_tracing():  # OTEL_* variables; off by default
@@ -286,7 +342,17 @@ class SidecarServer:
             "" if self.app is not None else "; loading the model",
         )
         app = self.app or await self._load()
-        await self._set_health(True)
+        if app is None:  # asked to stop while loading: `run` goes on to stop
+            return
+        await self._set_health(app.service.ready)
+        if not app.service.ready:
+            log.warning(
+                "not ready: the default inline method %s cannot be served (%s); readiness "
+                "stays false until it can (what is written beside the model is picked up "
+                "without a restart), or serve another with --default-method",
+                app.service.default_method.name,
+                app.service.default_unavailable,
+            )
         jobs = app.service.jobs
         log.info(
             "SERVING %s (%s, version %s) on %s:%d; jobs %s",

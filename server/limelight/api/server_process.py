@@ -17,7 +17,7 @@ from typing import Any
 
 from limelight.api.server import SidecarServer
 from limelight.settings import Settings
-from limelight.signals import watch_parent
+from limelight.signals import child_env, watch_parent
 
 
 @dataclass
@@ -63,7 +63,7 @@ def start_server_process(
         port_file = Path(folder) / "port"
         code = "from limelight.api.server_process import serve_main; serve_main()"
         args = [sys.executable, "-c", code, json.dumps(values), str(port_file), str(profile or "")]
-        process = subprocess.Popen(args)
+        process = subprocess.Popen(args, env=child_env())
         end = time.monotonic() + timeout
         while not port_file.exists():
             if process.poll() is not None:

@@ -22,7 +22,13 @@ from limelight.api.auth import principal
 from limelight.api.errors import client_status
 from limelight.core.service import ExplanationService
 from limelight.core.types import ExplainInput, Explanation, Failed
-from limelight.errors import InvalidArgument, LimelightError, ResourceExhausted, Unavailable
+from limelight.errors import (
+    InvalidArgument,
+    LimelightError,
+    ResourceExhausted,
+    Unavailable,
+    ends_the_caller,
+)
 from limelight.metrics import Metrics
 from limelight_client.proto import explainer_pb2 as pb
 
@@ -222,7 +228,9 @@ class ExplainerServicer:
                 raise
             code = "UNAVAILABLE"
             return None
-        except Exception as exc:
+        except BaseException as exc:
+            if ends_the_caller(exc):
+                raise
             code = await self._fail(context, exc)
             if _expired(context):
                 # The call is over: no status can be sent any more (gRPC would log each
@@ -267,7 +275,9 @@ class ExplainerServicer:
             if not self._shut_out(task, context):
                 raise
             code = "UNAVAILABLE"
-        except Exception as exc:
+        except BaseException as exc:
+            if ends_the_caller(exc):
+                raise
             code = await self._fail(context, exc)
             if _expired(context):
                 # The call is over: no status can be sent any more (gRPC would log each

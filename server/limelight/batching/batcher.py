@@ -42,7 +42,13 @@ from concurrent.futures import Executor
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
-from limelight.errors import DeadlineExceeded, ResourceExhausted, Unavailable
+from limelight.errors import (
+    DeadlineExceeded,
+    InvalidArgument,
+    ResourceExhausted,
+    Unavailable,
+    ends_the_caller,
+)
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -177,11 +183,23 @@ class MicroBatcher(Generic[T, R]):
         self, items: Sequence[T], deadline: float | None = None
     ) -> list[asyncio.Future[R]]:
         """Queue ``items`` together, all or none: ResourceExhausted when the backlog has no
-        room for every one of them (a long document's windows are admitted as a whole, so an
-        overloaded server never computes part of a document it then refuses). One future per
-        item; a future cancelled before its batch runs is skipped."""
+        room for every one of them now (a long document's windows are admitted as a whole, so
+        an overloaded server never computes part of a document it then refuses), InvalidArgument
+        when it never could (more items than ``max_pending``). One future per item; a future
+        cancelled before its batch runs is skipped."""
         if self._wakeup is None or self._closing:
             raise Unavailable("the server is not accepting inline requests")
+        if len(items) > self._max_pending:
+            # Not a busy server: even an empty backlog is too small, so "retry later" would
+            # send the client back for ever.
+            raise InvalidArgument(
+                f"this input needs {len(items)} windows, more than the {self._max_pending} the "
+                f"inline backlog can ever hold (max_pending {self._max_pending}), so it can "
+                f"never be admitted: raise LIMELIGHT_MAX_PENDING to at least {len(items)}, or "
+                "make fewer windows (a larger LIMELIGHT_MAX_TOKENS or a smaller "
+                "LIMELIGHT_WINDOW_STRIDE), or LIMELIGHT_TRUNCATION=truncate; or shorten the text "
+                "or submit it as a job"
+            )
         if self._count + len(items) > self._max_pending:
             if len(items) == 1:
                 detail = f"{self._max_pending} requests waiting"
@@ -350,10 +368,13 @@ class MicroBatcher(Generic[T, R]):
                 results = await loop.run_in_executor(
                     self._executor, self._process, [p.item for p in live]
                 )
-            except Exception as exc:  # one failure fails the batch; callers map it
+            except BaseException as exc:  # one failure fails the batch; callers map it
+                if ends_the_caller(exc):
+                    raise
+                failure = exc if isinstance(exc, Exception) else RuntimeError(repr(exc))
                 for p in live:
                     if not p.future.done():
-                        p.future.set_exception(exc)
+                        p.future.set_exception(failure)
                 continue
             finally:
                 self._busy = False

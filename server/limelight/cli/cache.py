@@ -7,6 +7,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from limelight.cli.common import EXIT_USAGE, fail
+
 if TYPE_CHECKING:
     from limelight.cache_inventory import Entry
 
@@ -40,8 +42,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "--unrecorded",
         action="store_true",
         help="also remove graphs and lexicon tables with no record of their model and no "
-        "cached demo model of their version (another model served from this cache may need "
-        "them: it rebuilds them at its next start)",
+        "cached demo model of their version (a model served from this cache that is not "
+        "running now may need them: it rebuilds them at its next start; what a running "
+        "sidecar uses is kept)",
     )
     for parser in (p, listing, prune):
         parser.set_defaults(func=run)
@@ -54,6 +57,14 @@ def run(args: argparse.Namespace) -> int:
     given = getattr(args, "cache_dir", None)
     settings = Settings(**({"cache_dir": given} if given else {}))
     root = Path(settings.cache_dir).expanduser()
+    named = f"--cache-dir {root}" if given else f"the cache directory {root} (LIMELIGHT_CACHE_DIR)"
+    if root.exists() and not root.is_dir():
+        return fail(args, f"{named} is a file, not a directory", EXIT_USAGE)
+    if not root.exists():
+        # Nothing cached yet (or a misspelt path): say so rather than list it as empty.
+        what = "nothing to prune" if getattr(args, "action", None) == "prune" else "nothing cached"
+        print(f"cache: {root} does not exist: {what}")
+        return 0
     entries = inventory(root)
     if getattr(args, "action", None) != "prune":
         print(listing(root, entries))

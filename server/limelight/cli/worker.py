@@ -82,9 +82,13 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.set_defaults(func=run)
 
 
-def _child(settings: Settings, extra_methods: list[str], metrics_port: int) -> None:
-    """One worker process: load the model, consume until SIGTERM."""
+def _child(settings: Settings, extra_methods: list[str], metrics_port: int, parent: int) -> None:
+    """One worker process: load the model, consume until SIGTERM (sent to itself when the
+    ``parent`` that started it is gone: killed outright, it could not stop its children)."""
     setup_logging(settings.log_level)
+    from limelight.signals import watch_parent
+
+    watch_parent(parent)
     from limelight import tracing
     from limelight.app import load_served_model
     from limelight.jobs.redis_worker import RedisWorker
@@ -198,7 +202,7 @@ def run(args: argparse.Namespace) -> int:
         port = args.metrics_port + i if args.metrics_port else 0
         proc = ctx.Process(
             target=_child,
-            args=(settings, list(args.extra_methods), port),
+            args=(settings, list(args.extra_methods), port, os.getpid()),
             name=f"limelight-worker-{i}",
         )
         proc.start()

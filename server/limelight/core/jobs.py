@@ -14,10 +14,13 @@ import math
 from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from limelight.core.types import Explanation, TargetSpec
 from limelight.errors import InvalidArgument
+
+if TYPE_CHECKING:
+    from limelight.settings import Settings
 
 
 class JobState(enum.Enum):
@@ -32,6 +35,30 @@ class JobState(enum.Enum):
     @property
     def terminal(self) -> bool:
         return self in (JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED)
+
+
+@dataclass(frozen=True)
+class InputPolicy:
+    """How the server that accepted a job reads over-long text: its truncation policy, token
+    limit and windows. Recorded with the job so that whatever runs it (a ``limelight worker``
+    started with other settings) explains the text the way it was accepted, rather than cut a
+    document the sidecar explains whole or window it differently."""
+
+    truncation: str
+    """``truncate``, ``reject`` or ``window``; a plain string because a job may come from a
+    newer server with a policy this one does not know (the runner refuses such a job)."""
+    max_tokens: int
+    window_stride: int
+    window_aggregation: str
+
+    @classmethod
+    def of(cls, settings: Settings) -> InputPolicy:
+        return cls(
+            truncation=settings.truncation,
+            max_tokens=settings.max_tokens,
+            window_stride=settings.window_stride,
+            window_aggregation=settings.window_aggregation,
+        )
 
 
 @dataclass(frozen=True)
@@ -58,6 +85,10 @@ class JobSpec:
     written before they were recorded: any model). A sidecar or worker serving another version
     fails the job rather than explain the text with a model the caller did not ask: the
     prediction it answered came from the model submitted to."""
+    policy: InputPolicy | None = None
+    """The over-long input policy the job was accepted under (``InputPolicy.of`` the accepting
+    server's settings); None in journals written before it was recorded, and from in-process
+    callers: the settings of whatever runs the job."""
 
     def same_request(self, other: JobSpec) -> bool:
         """Whether ``other`` asks for the same work (what an idempotency key must bind)."""

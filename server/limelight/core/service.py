@@ -17,7 +17,14 @@ import numpy as np
 
 from limelight import tracing
 from limelight.batching import MicroBatcher
-from limelight.core.jobs import JobBackend, JobCursor, JobRecord, JobSpec, JobState
+from limelight.core.jobs import (
+    InputPolicy,
+    JobBackend,
+    JobCursor,
+    JobRecord,
+    JobSpec,
+    JobState,
+)
 from limelight.core.prediction import (
     MULTI_LABEL,
     Prediction,
@@ -41,7 +48,12 @@ from limelight.core.types import (
     TokenColumns,
     TokenInfo,
 )
-from limelight.core.windows import aggregate_logits, check_stride, encode_document
+from limelight.core.windows import (
+    aggregate_logits,
+    check_stride,
+    check_token_limit,
+    encode_document,
+)
 from limelight.drift.feeder import DriftFeeder
 from limelight.errors import (
     DeadlineExceeded,
@@ -353,8 +365,11 @@ class ExplanationService:
         self._labels = list(model.labels)
         #: Label index -> its predictions counter, made on first use (as ``labels()`` would).
         self._predicted_counter: dict[int, Any] = {}
+        limit = min(settings.max_tokens, model.max_tokens)
+        single = model.tokenizer.num_special_tokens_to_add(pair=False)
+        check_token_limit(limit, single, model.tokenizer.num_special_tokens_to_add(pair=True))
         if settings.truncation == "window":
-            check_stride(settings.window_stride, min(settings.max_tokens, model.max_tokens))
+            check_stride(settings.window_stride, limit, single)
         #: Multi-label: one threshold per label (an unknown label in the settings fails here).
         self.thresholds = (
             label_thresholds(model.labels, settings.label_threshold, settings.label_thresholds)
@@ -375,7 +390,21 @@ class ExplanationService:
 
     @property
     def ready(self) -> bool:
-        return self._ready
+        """Started, not draining, and able to answer a request that names no method (what a
+        readiness probe asks: a default method named in the settings whose head or table is
+        not loaded would fail every such request)."""
+        return self._ready and not self.default_unavailable
+
+    @property
+    def default_unavailable(self) -> str:
+        """Why the default inline method cannot be served now ("" when it can)."""
+        method = self.default_method
+        if not isinstance(method, ExtraOutputMethod) or method.output in self.runtime.head_names:
+            return ""
+        return (
+            method.unavailable_reason(self.model)
+            or f"this server has not loaded {method.needs} yet"
+        )
 
     async def start(self) -> None:
         """Create the batcher in the running loop, warm up, start jobs; then ready."""
@@ -418,7 +447,7 @@ class ExplanationService:
         if self.jobs is not None:
             await self.jobs.start()
         self._ready = True
-        self.metrics.ready.set(1)
+        self.metrics.ready.set(1 if self.ready else 0)
 
     async def drain(self, grace_s: float) -> None:
         """Stop accepting work; let in-flight inline requests and running jobs finish."""
@@ -521,6 +550,8 @@ class ExplanationService:
             self.drift = drift
 
         await loop.run_in_executor(self._executor, swap)
+        if self._ready:  # a head that came may make the default method servable, or go
+            self.metrics.ready.set(1 if self.ready else 0)
 
     def encode(self, text: str, text_pair: str | None) -> Encoded:
         validate_text(text, text_pair, self.settings.max_text_chars)
@@ -1000,6 +1031,8 @@ class ExplanationService:
             owner=owner,
             model_name=self.model.name,
             model_version=self.model.version,
+            # The policy it was accepted under: a worker with other settings applies this one.
+            policy=InputPolicy.of(self.settings),
         )
         return await backend.submit(spec)
 

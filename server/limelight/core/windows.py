@@ -41,11 +41,27 @@ if TYPE_CHECKING:
 Aggregation = Literal["mean", "max"]
 
 
-def check_stride(stride: int, limit: int) -> None:
-    """The overlap must leave every window at least half new tokens."""
-    if not 0 <= stride <= limit // 2:
+def check_stride(stride: int, limit: int, special: int = 0) -> None:
+    """The overlap must leave every window at least half new tokens. ``special``: the special
+    tokens each window carries besides the text's (the tokenizer panics, rather than raise,
+    when the overlap is not below the text tokens a window holds)."""
+    room = limit - special
+    if not 0 <= stride <= room // 2:
         raise InvalidArgument(
-            f"window_stride {stride} must be between 0 and half the token limit ({limit // 2})"
+            f"window_stride {stride} must be between 0 and half the text tokens a window "
+            f"holds ({room // 2}: the token limit {limit} less the model's {special} special "
+            "tokens, halved)"
+        )
+
+
+def check_token_limit(limit: int, single: int, pair: int) -> None:
+    """A token limit must leave room for text besides the special tokens the model adds
+    (``single`` around one text, ``pair`` around a text pair): below that the tokenizer ignores
+    the limit or every text comes out empty."""
+    if limit < pair + 2:
+        raise InvalidArgument(
+            f"max_tokens {limit} leaves no room for text: the model adds {single} special "
+            f"tokens to a text and {pair} to a text pair; set it to at least {pair + 2}"
         )
 
 

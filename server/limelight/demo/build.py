@@ -83,6 +83,7 @@ from limelight.models.lm_head import (
 from limelight.models.loaded import load_model
 from limelight.progress import progress_bar
 from limelight.settings import Settings
+from limelight.signals import child_env, watch_parent
 
 log = logging.getLogger(__name__)
 
@@ -864,6 +865,9 @@ DEMO_HEAD_MINUTES = {"minilm": "10 minutes", "bert-tiny": "5 minutes"}
 def demo_extras_main() -> None:
     """Entry point of the background build: ``model_dir name`` on the command line."""
     os.nice(10)  # below the sidecar that started it
+    # Built for the sidecar that started it: when that stops (SIGTERM included, which reaches
+    # only the sidecar), so does this; the next start resumes it.
+    watch_parent()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     model_dir, name = Path(sys.argv[1]), sys.argv[2]
     steps = LM_HEAD_STEPS.get(name)
@@ -906,13 +910,20 @@ def _start_child(entry: str, args: list[str], log_path: Path) -> subprocess.Pope
     command = [sys.executable, "-c", f"from limelight.demo.build import {entry}; {entry}()"]
     with log_path.open("ab") as out:
         return subprocess.Popen(
-            [*command, *args], stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT
+            [*command, *args],
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=child_env(),
         )
 
 
 def lm_head_main() -> None:
     """Entry point of the background fit: ``model_dir steps`` on the command line."""
     os.nice(10)  # below the sidecar that started it
+    # Built for the sidecar that started it: when that stops (SIGTERM included, which reaches
+    # only the sidecar), so does this; the next start resumes it.
+    watch_parent()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     model_dir, steps = Path(sys.argv[1]), int(sys.argv[2])
     _ensure_lm_head(model_dir, steps, progress=True)

@@ -438,8 +438,11 @@ def run_load(
         "security": dict(security or {}),
     }
     code = "from limelight.evaluation.benchmark import loadgen_main; loadgen_main()"
+    from limelight.signals import child_env
+
     done = subprocess.run(
         [sys.executable, "-c", code],
+        env=child_env(),
         input=json.dumps(config).encode(),
         capture_output=True,
         check=False,
@@ -469,9 +472,9 @@ def loadgen_main() -> None:
 
     from limelight.signals import watch_parent
 
-    config = json.loads(sys.stdin.read())
     # A benchmark killed outright (SIGKILL) must not leave its load running on.
     watch_parent()
+    config = json.loads(sys.stdin.read())
     try:
         answer = asyncio.run(_generate_load(config))
     except grpc.aio.AioRpcError as exc:  # one line for the parent to show (its repr has many)

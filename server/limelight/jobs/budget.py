@@ -12,7 +12,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from limelight.core.jobs import ModelShape, rows_within
@@ -126,12 +126,30 @@ def check_cost(
     tokens: int,
     tokens_per_second: float,
     timeout_s: float,
+    windows: Sequence[int] = (),
 ) -> None:
-    """Refuse a job whose estimated run time is far beyond its timeout."""
-    seconds = estimate_seconds(method, params, tokens, tokens_per_second)
-    if seconds is not None and seconds > SLACK * timeout_s:
-        raise InvalidArgument(
-            f"{method} with these parameters on {tokens} tokens would take about "
-            f"{seconds:.0f} s on this server, far beyond its timeout of {timeout_s:g} s: "
-            "use fewer steps, samples, permutations or epochs, or a shorter text"
+    """Refuse a job whose estimated run time is far beyond its timeout. ``windows``: under
+    ``truncation=window``, the token count of each window the method runs on in turn
+    (``tokens`` is then the whole text's), estimated one by one: a method's cost grows faster
+    than its input, so the windows cost neither a single 512-token run nor the whole text's."""
+    runs = list(windows) or [tokens]
+    estimates = [estimate_seconds(method, params, n, tokens_per_second) for n in runs]
+    if any(e is None for e in estimates):
+        return
+    seconds = sum(e for e in estimates if e is not None)
+    if seconds <= SLACK * timeout_s:
+        return
+    if windows:
+        size = (
+            f"this {tokens}-token text, explained in {len(runs)} overlapping windows of up to "
+            f"{max(runs)} tokens each,"
         )
+        shorter = "a shorter text (fewer windows)"
+    else:
+        size = f"{tokens} tokens"
+        shorter = "a shorter text"
+    raise InvalidArgument(
+        f"{method} with these parameters on {size} would take about {seconds:.0f} s on this "
+        f"server, far beyond the job's timeout of {timeout_s:g} s: use fewer steps, samples, "
+        f"permutations or epochs, or {shorter}"
+    )

@@ -5,15 +5,21 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, Literal, cast, get_args
 
 import numpy as np
 import torch
 
-from limelight.core.jobs import JobSpec
+from limelight.core.jobs import InputPolicy, JobSpec
 from limelight.core.prediction import label_thresholds, predict
 from limelight.core.types import Attribution, Encoded, Explanation, FloatArray, Timings
-from limelight.core.windows import WindowLayout, aggregate_logits, encode_windows
+from limelight.core.windows import (
+    Aggregation,
+    WindowLayout,
+    aggregate_logits,
+    check_stride,
+    encode_windows,
+)
 from limelight.errors import FailedPrecondition, InvalidArgument
 from limelight.jobs.budget import ESTIMATES, check_cost, check_memory, check_timeout
 from limelight.methods.base import (
@@ -31,6 +37,7 @@ log = logging.getLogger(__name__)
 
 ProgressFn = Callable[[float, str], None]
 StopFn = Callable[[], bool]
+Truncation = Literal["truncate", "reject", "window"]
 
 
 class JobRunner:
@@ -70,20 +77,24 @@ class JobRunner:
         method.validate_for_model(self.model, params)
         if spec.target is not None:
             self._resolve_target(spec, None)
-        encoded = self.model.encode(
-            spec.text, spec.text_pair, self.settings.max_tokens, self.settings.truncation
-        )
+        encoded = self._encode(spec)
         check_has_tokens(encoded)
-        if len(self._windows(spec, encoded)) == 1:  # windows are checked as they run
+        windows = self._windows(spec, encoded)
+        if len(windows) == 1:  # windows are checked as they run
             method.validate_for_input(self.model, encoded, params)
-        tokens = len(encoded)
+        tokens = len(encoded)  # the longest row the method runs on (a window's, windowed)
         check_memory(spec.method, model_shape(self.model), tokens, self.settings.job_memory_mb)
         timeout = spec.timeout_s if spec.timeout_s > 0 else self.settings.job_timeout_s
         timeout = min(timeout, self.settings.job_timeout_max_s)
         if spec.method in ESTIMATES:
-            # Windowed (truncation=window): every window is one run of the method.
-            share = timeout / len(self._windows(spec, encoded))
-            check_cost(spec.method, params, tokens, self.tokens_per_second(), share)
+            if len(windows) == 1:
+                check_cost(spec.method, params, tokens, self.tokens_per_second(), timeout)
+            else:  # truncation=window: the method runs on every window in turn
+                document = len(WindowLayout.of(windows).tokens)
+                lengths = [len(w) for w in windows]
+                check_cost(
+                    spec.method, params, document, self.tokens_per_second(), timeout, lengths
+                )
         return params
 
     def tokens_per_second(self) -> float:
@@ -113,14 +124,52 @@ class JobRunner:
             return int(target.index)
         return predicted if predicted is not None else 0
 
+    def policy(self, spec: JobSpec) -> InputPolicy:
+        """The over-long input policy ``spec`` was accepted under; this runner's own settings
+        for a spec that recorded none (journalled by an earlier version, or from an in-process
+        caller). FailedPrecondition when the recorded one cannot be applied here."""
+        policy = spec.policy
+        if policy is None:
+            return InputPolicy.of(self.settings)
+        accepted = (
+            f"this job was accepted under truncation={policy.truncation!r}, max_tokens="
+            f"{policy.max_tokens}, window_stride={policy.window_stride}, window_aggregation="
+            f"{policy.window_aggregation!r}"
+        )
+        # A newer sidecar may record what this (older) worker cannot do: failing the job says
+        # so, where running it under this worker's own settings would answer something else.
+        if policy.truncation not in get_args(Truncation):
+            raise FailedPrecondition(
+                f"{accepted}; this worker does not know that truncation policy (an older "
+                "version?), so it was not run: upgrade the workers, then submit it again"
+            )
+        if policy.window_aggregation not in get_args(Aggregation) or policy.max_tokens < 1:
+            raise FailedPrecondition(
+                f"{accepted}; this worker cannot apply those settings (an older version?), so "
+                "it was not run: upgrade the workers, then submit it again"
+            )
+        if policy.truncation == "window":
+            try:
+                check_stride(policy.window_stride, min(policy.max_tokens, self.model.max_tokens))
+            except InvalidArgument as exc:
+                raise FailedPrecondition(f"{accepted}; {exc.message}") from None
+        return policy
+
+    def _encode(self, spec: JobSpec) -> Encoded:
+        """``spec``'s text within the token limit it was accepted under (truncated, or the
+        first window's worth under ``window``: ``_windows`` then cuts the rest)."""
+        policy = self.policy(spec)
+        truncation = cast(Truncation, policy.truncation)  # checked by policy()
+        return self.model.encode(spec.text, spec.text_pair, policy.max_tokens, truncation)
+
     def _windows(self, spec: JobSpec, encoded: Encoded) -> list[Encoded]:
-        """``[encoded]``, or under ``truncation=window`` a long text's overlapping windows."""
-        if not (
-            encoded.truncated and self.settings.truncation == "window" and spec.text_pair is None
-        ):
+        """``[encoded]``, or under ``truncation=window`` a long text's overlapping windows (the
+        policy ``spec`` was accepted under, not necessarily this runner's settings)."""
+        policy = self.policy(spec)
+        if not (encoded.truncated and policy.truncation == "window" and spec.text_pair is None):
             return [encoded]
-        limit = min(self.settings.max_tokens, self.model.max_tokens)
-        return encode_windows(self.model, spec.text, limit, self.settings.window_stride)
+        limit = min(policy.max_tokens, self.model.max_tokens)
+        return encode_windows(self.model, spec.text, limit, policy.window_stride)
 
     def _classify(self, encoded: Encoded) -> FloatArray:
         device = self.model.device
@@ -155,18 +204,15 @@ class JobRunner:
             )
         method = self.job_method(spec.method)
         params: Mapping[str, Any] = method.validate_params(spec.params)
-        encoded = self.model.encode(
-            spec.text, spec.text_pair, self.settings.max_tokens, self.settings.truncation
-        )
+        encoded = self._encode(spec)
         check_has_tokens(encoded)
         windows = self._windows(spec, encoded)
         tokenized = time.perf_counter()
         if len(windows) == 1:
             logits = self._classify(encoded)
         else:  # the prediction the sidecar makes of the whole text
-            logits = aggregate_logits(
-                [self._classify(w) for w in windows], self.settings.window_aggregation
-            )
+            aggregation = cast(Aggregation, self.policy(spec).window_aggregation)
+            logits = aggregate_logits([self._classify(w) for w in windows], aggregation)
         forwarded = time.perf_counter()
         prediction = predict(logits, self.model.problem_type, self.thresholds)
         probabilities = [float(p) for p in prediction.probabilities]

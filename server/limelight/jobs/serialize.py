@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from limelight.core.jobs import JobSpec
+from limelight.core.jobs import InputPolicy, JobSpec
 from limelight.core.types import Attribution, Explanation, TargetSpec, Timings, TokenInfo
 
 
@@ -58,7 +58,33 @@ def spec_to_dict(spec: JobSpec) -> dict[str, Any]:
         "trace_context": dict(spec.trace_context),
         "model_name": spec.model_name,
         "model_version": spec.model_version,
+        "policy": _policy_to_dict(spec.policy),
     }
+
+
+def _policy_to_dict(policy: InputPolicy | None) -> dict[str, Any] | None:
+    if policy is None:
+        return None
+    return {
+        "truncation": policy.truncation,
+        "max_tokens": policy.max_tokens,
+        "window_stride": policy.window_stride,
+        "window_aggregation": policy.window_aggregation,
+    }
+
+
+def _policy_from_dict(data: Any) -> InputPolicy | None:
+    """Absent (a job stored by an earlier version): None, the runner's own settings apply."""
+    if not data:
+        return None
+    # A field missing (a newer writer) reads as a value the runner refuses, saying why: the job
+    # fails rather than run under settings it was not accepted under.
+    return InputPolicy(
+        truncation=str(data.get("truncation", "")),
+        max_tokens=int(data.get("max_tokens", 0)),
+        window_stride=int(data.get("window_stride", -1)),
+        window_aggregation=str(data.get("window_aggregation", "")),
+    )
 
 
 def spec_from_dict(data: dict[str, Any]) -> JobSpec:
@@ -75,6 +101,7 @@ def spec_from_dict(data: dict[str, Any]) -> JobSpec:
         trace_context={str(k): str(v) for k, v in (data.get("trace_context") or {}).items()},
         model_name=str(data.get("model_name") or ""),
         model_version=str(data.get("model_version") or ""),
+        policy=_policy_from_dict(data.get("policy")),
     )
 
 

@@ -20,6 +20,7 @@ from transformers import (
 from limelight.core.prediction import MULTI_LABEL, REGRESSION, SINGLE_LABEL, ProblemType
 from limelight.core.types import Encoded
 from limelight.errors import InvalidArgument, ModelLoadError
+from limelight.locks import InUse
 from limelight.models.adapters import HeadAdapter, adapter_for, check_architecture
 from limelight.models.fingerprint import fingerprint
 from limelight.models.sources import resolve_model_source
@@ -40,6 +41,9 @@ class LoadedModel:
     max_tokens: int
     pad_id: int
     device: torch.device
+    in_use: InUse | None = None
+    """The shared locks on the cache folders this process uses for the model (its demo build,
+    graph, lexicon table), held while it is loaded: ``limelight cache prune`` leaves them be."""
 
     @property
     def config(self) -> Any:
