@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -23,6 +24,7 @@ from jobs_testing_methods import (
 from limelight.api.ports import free_port
 from limelight.core.jobs import JobBackend, JobRecord, JobSpec, JobState
 from limelight.errors import NotFound
+from limelight.jobs.redis_worker import RedisWorker
 from limelight.methods.base import MethodRegistry
 from limelight.methods.normxlogit import NormXLogit
 from limelight.models.loaded import LoadedModel
@@ -141,3 +143,15 @@ async def cancel_during_a_late_report(backend: JobBackend, tmp_path: Path) -> No
         cancelled.touch()
         resume.touch()
     assert (await wait_state(backend, job.id)).state is JobState.CANCELLED
+
+
+@contextmanager
+def worker_thread(worker: RedisWorker) -> Iterator[RedisWorker]:
+    """``worker`` consuming on a thread of its own for the ``with`` block, then stopped."""
+    thread = threading.Thread(target=worker.run, daemon=True)
+    thread.start()
+    try:
+        yield worker
+    finally:
+        worker.request_stop()
+        thread.join()

@@ -6,9 +6,6 @@ a long document whole, in the same windows, with the same prediction."""
 from __future__ import annotations
 
 import json
-import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -17,7 +14,7 @@ import numpy as np
 import pytest
 import redis
 import torch
-from helpers import test_registry, wait_state
+from helpers import test_registry, wait_state, worker_thread
 
 from limelight.core.jobs import InputPolicy, JobSpec, JobState
 from limelight.core.types import Explanation
@@ -57,17 +54,6 @@ def _settings(tmp_path: Path, **kw: Any) -> Settings:
 
 def _sidecar_settings(tmp_path: Path, **kw: Any) -> Settings:
     return _settings(tmp_path, window_aggregation=AGGREGATION, **SIDECAR, **kw)
-
-
-@contextmanager
-def worker_thread(worker: RedisWorker) -> Iterator[RedisWorker]:
-    thread = threading.Thread(target=worker.run, daemon=True)
-    thread.start()
-    try:
-        yield worker
-    finally:
-        worker.request_stop()
-        thread.join()
 
 
 def _same_explanation(got: Explanation, want: Explanation) -> None:

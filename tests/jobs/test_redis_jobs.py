@@ -10,8 +10,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import AsyncGenerator, Iterator
-from contextlib import contextmanager
+from collections.abc import AsyncGenerator
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +26,7 @@ from helpers import (
     touch,
     wait_serving,
     wait_state,
+    worker_thread,
 )
 from jobs_testing_methods import expected_scores
 from prometheus_client import CollectorRegistry
@@ -52,17 +52,6 @@ QUEUED_ALONE = f"queued; {NO_WORKER}"
 
 def _settings(url: str, tmp_path: Path, **kw: Any) -> Settings:
     return Settings(cache_dir=tmp_path, jobs=url, **kw)
-
-
-@contextmanager
-def worker_thread(worker: RedisWorker) -> Iterator[RedisWorker]:
-    thread = threading.Thread(target=worker.run, daemon=True)
-    thread.start()
-    try:
-        yield worker
-    finally:
-        worker.request_stop()
-        thread.join()
 
 
 def _sample(metrics: Metrics, name: str, labels: dict[str, str]) -> float:
