@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from limelight.cache_inventory import Entry, Use, inventory, prune
+from limelight.cache_inventory import Entry, Use, inventory, prune, sweep_marks
 from limelight.demo.recipes import CARD_FILE, demo_model_dir
 from limelight.locks import file_lock
 from limelight.models.fingerprint import fingerprint
@@ -280,3 +280,10 @@ def test_a_process_that_ended_holds_nothing(tmp_path: Path, random_bert_dir: Pat
     removed = prune(inventory(root))
     assert earlier in {e.path for e in removed} and not earlier.exists()
     assert not list((root / "models").glob(".bert-tiny-000000000000*"))  # its lock file too
+    # The marks of the graph and lexicon folders it never made go with the next prune.
+    marks = [
+        root / kind / f".{fingerprint(random_bert_dir)}.in-use.lock"
+        for kind in ("onnx", "lexicons")
+    ]
+    assert all(mark.exists() for mark in marks)
+    assert sweep_marks(root) == 2 and not any(mark.exists() for mark in marks)

@@ -109,6 +109,20 @@ def prune(entries: Iterable[Entry], unrecorded: bool = False) -> list[Entry]:
     return removed
 
 
+def sweep_marks(cache_dir: Path) -> int:
+    """Remove the in-use marks (empty lock files) of folders that do not exist, which no
+    process holds: each process marks its model's graph and lexicon folders whether or not it
+    ever makes them. Returns how many went."""
+    swept = 0
+    for kind in ("models", "onnx", "lexicons"):
+        for mark in (Path(cache_dir).expanduser() / kind).glob(f".*{IN_USE_SUFFIX}"):
+            folder = mark.with_name(mark.name[1 : -len(IN_USE_SUFFIX)])
+            if not folder.exists() and not held_elsewhere(mark):
+                mark.unlink(missing_ok=True)
+                swept += 1
+    return swept
+
+
 def _with_wal(database: Path) -> list[Path]:
     """An SQLite file and its write-ahead log files, those that exist."""
     return [

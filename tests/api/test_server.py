@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import math
 import subprocess
 import urllib.request
 from collections.abc import Callable
@@ -11,6 +12,7 @@ from pathlib import Path
 
 import grpc
 import pytest
+from google.protobuf import struct_pb2
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
@@ -19,6 +21,7 @@ from limelight_client.errors import InvalidArgument as ClientInvalidArgument
 from limelight_client.proto import explainer_pb2 as pb
 from limelight_client.proto import explainer_pb2_grpc
 from tests.conftest import RunningSidecar
+from tests.waiting import wait_until
 
 
 def stub(target: str) -> explainer_pb2_grpc.ExplainerStub:
@@ -219,7 +222,14 @@ def test_health_and_reflection(sidecar: RunningSidecar) -> None:
         refl.ServerReflectionInfo(iter([reflection_pb2.ServerReflectionRequest(list_services="")]))
     )
     names = {s.name for s in answers[0].list_services_response.service}
-    assert {"limelight.v1.Explainer", "grpc.health.v1.Health"} <= names
+    oip = "inference.GRPCInferenceService"
+    assert {"limelight.v1.Explainer", "grpc.health.v1.Health", oip} <= names
+    # What grpcurl does next: the file that defines the service, to describe and call it.
+    for service in ("limelight.v1.Explainer", oip, "grpc.health.v1.Health"):
+        (found,) = refl.ServerReflectionInfo(
+            iter([reflection_pb2.ServerReflectionRequest(file_containing_symbol=service)])
+        )
+        assert found.file_descriptor_response.file_descriptor_proto, found
 
 
 def test_get_model(sidecar: RunningSidecar) -> None:
@@ -335,3 +345,37 @@ def test_metrics_endpoint_counts_requests(sidecar: RunningSidecar) -> None:
         ["promtool", "check", "metrics"], input=body, capture_output=True, text=True, check=False
     )
     assert lint.returncode == 0, lint.stdout + lint.stderr
+
+
+def test_parameters_that_are_not_finite_are_named(sidecar: RunningSidecar) -> None:
+    """A Struct can carry NaN and infinity (JSON cannot): the refusal named protobuf's JSON
+    printer ("Fail to serialize NaN for Value.number_value, ...") instead of the parameter."""
+    s = stub(sidecar.target)
+    parameters = struct_pb2.Struct()
+    parameters.update({"steps": math.nan, "nested": {"scale": math.inf}, "fine": 1})
+    with pytest.raises(grpc.RpcError) as refused:
+        s.SubmitJob(
+            pb.SubmitJobRequest(text="ok", method="gradient", parameters=parameters), timeout=30
+        )
+    assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    details = refused.value.details() or ""
+    assert "nested.scale, steps must be finite numbers" in details, details
+    assert "serialize" not in details
+
+
+def test_a_cancelled_job_says_so_in_its_error(sidecar: RunningSidecar) -> None:
+    """The proto: ``error`` is "Set when FAILED or CANCELLED"; a cancelled job had it empty, so
+    a client that branches on it took the job for one that went well."""
+    s = stub(sidecar.target)
+    slow = struct_pb2.Struct()
+    slow.update({"permutations": 256, "batch_size": 1})  # thousands of single forwards
+    text = " ".join(["a long, slow, winding film that never quite finds its feet"] * 6)
+    job = s.SubmitJob(pb.SubmitJobRequest(text=text, method="shapley", parameters=slow), timeout=30)
+    s.CancelJob(pb.CancelJobRequest(id=job.id), timeout=30)
+
+    def ended() -> pb.Job | None:
+        now = s.GetJob(pb.GetJobRequest(id=job.id), timeout=30)
+        return now if now.state in (pb.JOB_STATE_CANCELLED, pb.JOB_STATE_SUCCEEDED) else None
+
+    done = wait_until(ended)
+    assert done.state == pb.JOB_STATE_CANCELLED and "cancel" in done.error, done

@@ -209,6 +209,9 @@ def test_jobs_submit_watch_list_cancel(viewer_sidecar: RunningSidecar) -> None:
     )
     assert status == 201, job
     assert job["method"] == "integrated_gradients" and job["params"]["steps"] == 8
+    # No tokens on this sidecar: a header nobody checks (a proxy's) names no owner.
+    status, seen, _ = call(f"{url}/viewer/api/jobs/{job['id']}", token="added-by-a-proxy")
+    assert status == 200 and seen["id"] == job["id"], seen
     done = wait_job(f"{url}/viewer/api/jobs/{job['id']}")
     assert done["state"] == "succeeded", done
     result = done["result"]

@@ -57,21 +57,37 @@ class Workers:
         url = f"http://127.0.0.1:{self.metrics_port}/metrics"
         return urllib.request.urlopen(url, timeout=10).read().decode()
 
-    def wait_for_log(self, pattern: str, count: int = 1) -> None:
-        """Wait until ``pattern`` has appeared ``count`` times in the log (or the process ended)."""
-        while len(re.findall(pattern, self.log.read_text())) < count:
+    def wait_for_log(
+        self, pattern: str, count: int = 1, patience_s: float | None = None
+    ) -> list[str]:
+        """Wait until ``pattern`` has appeared ``count`` times in the log (or the process ended,
+        or ``patience_s`` passed); its matches' first groups (or whole matches)."""
+        end = None if patience_s is None else time.monotonic() + patience_s
+        while len(found := re.findall(pattern, self.log.read_text())) < count:
             assert self.process.poll() is None, self.log.read_text()[-3000:]
+            assert end is None or time.monotonic() < end, (pattern, self.log.read_text()[-3000:])
             time.sleep(0.1)
+        return found
+
+    def worker_pid(self, index: int, count: int = 1) -> int:
+        """The pid of the ``count``-th worker ``index`` the supervisor started."""
+        started = self.wait_for_log(rf"worker {index} started \(pid (\d+)\)", count, 300)
+        return int(started[count - 1])
 
 
-def start_workers(model_dir: Path, log: Path, jobs: str = "off") -> Workers:
+def launch_workers(model_dir: Path, log: Path, jobs: str = "off") -> Workers:
+    """``serve --workers`` started, not yet waited for."""
     port, metrics_port = free_port(), free_port()
     argv = [sys.executable, "-m", "limelight.cli.main", "serve", "--model", str(model_dir)]
     argv += ["--workers", str(WORKERS), "--jobs", jobs, "--port", str(port)]
     argv += ["--metrics-port", str(metrics_port), "--grace-period-s", "5"]
     with log.open("wb") as out:
         process = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT)
-    workers = Workers(process, port, metrics_port, log)
+    return Workers(process, port, metrics_port, log)
+
+
+def start_workers(model_dir: Path, log: Path, jobs: str = "off") -> Workers:
+    workers = launch_workers(model_dir, log, jobs)
     workers.wait_for_log(f"with {WORKERS} worker processes")
     return workers
 
@@ -345,6 +361,88 @@ def test_a_killed_worker_is_replaced_and_sigterm_stops_all(
         assert not Path(f"/proc/{pid}").exists()
     # A worker reads only the settings that were set: no warning about thresholds nobody set.
     assert "thresholds apply to multi-label models only" not in workers.log.read_text()
+
+
+def kill_worker_0_while_worker_1_loads(workers: Workers) -> tuple[int, int]:
+    """SIGKILL worker 0 once it serves (worker 1 starts only then), while worker 1 is held
+    still (SIGSTOP) at the start of its loading: it stays not ready for as long as the test
+    needs. The pids of the victim and of worker 1."""
+    victim = workers.worker_pid(0)
+    loading = workers.worker_pid(1)
+    os.kill(loading, signal.SIGSTOP)
+    os.kill(victim, signal.SIGKILL)
+    return victim, loading
+
+
+def test_a_worker_killed_while_another_loads_is_restarted_at_once(
+    bert_tiny_dir: Path, tmp_path: Path
+) -> None:
+    """A worker that dies while another still loads its model (an OOM kill as N copies load
+    side by side) is restarted at once, not once the others are ready: the port, served by
+    nobody meanwhile, serves again from the replacement. The SERVING line names live pids."""
+    workers = launch_workers(bert_tiny_dir, tmp_path / "serve.log")
+    loading = 0
+    try:
+        victim, loading = kill_worker_0_while_worker_1_loads(workers)
+        # Worker 1 cannot be ready: the replacement must not wait for it (it did, forever).
+        replacement = workers.worker_pid(0, count=2)
+        workers.wait_for_log(rf"worker 0 \(pid {replacement}\) is serving", patience_s=300)
+        with grpc.insecure_channel(workers.target) as channel:  # a fresh connection
+            info = pb_grpc.ExplainerStub(channel).GetModel(pb.GetModelRequest(), timeout=30)
+        assert info.workers == WORKERS
+        assert "SERVING on" not in workers.log.read_text()  # not while worker 1 loads
+        os.kill(loading, signal.SIGCONT)
+        (pids,) = workers.wait_for_log(rf"with {WORKERS} worker processes \(pids ([\d, ]+)\)")
+        named = {int(pid) for pid in pids.split(", ")}
+        assert named == {replacement, loading} == workers.children()
+        assert victim not in named
+    finally:
+        if loading:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(loading, signal.SIGCONT)
+        code = stop(workers)
+    assert code == 0, workers.log.read_text()[-3000:]
+
+
+def test_sigterm_while_workers_load_stops_them_all(bert_tiny_dir: Path, tmp_path: Path) -> None:
+    """SIGTERM to the supervisor while its workers still load (one of them a replacement for
+    a worker that died at start) stops every one of them, and the supervisor, at once."""
+    workers = launch_workers(bert_tiny_dir, tmp_path / "serve.log")
+    loading = 0
+    try:
+        victim, loading = kill_worker_0_while_worker_1_loads(workers)
+        replacement = workers.worker_pid(0, count=2)
+    finally:
+        if loading:  # loading again, like the replacement
+            os.kill(loading, signal.SIGCONT)
+        code = stop(workers)
+    assert code == 0, workers.log.read_text()[-3000:]
+    for pid in (victim, loading, replacement):  # stopped and reaped
+        assert not Path(f"/proc/{pid}").exists()
+    assert "did not stop in time" not in workers.log.read_text(), workers.log.read_text()[-3000:]
+
+
+def test_a_worker_that_keeps_failing_at_start_is_given_up_on(
+    bert_tiny_dir: Path, tmp_path: Path
+) -> None:
+    """Restarts during start-up follow the same failed-start count as later: a worker that
+    cannot load its model (weights that are not safetensors, which the supervisor's own
+    checks do not read) is started ``MAX_FAILED_STARTS`` times, not once, nor forever."""
+    from limelight.api.workers import MAX_FAILED_STARTS
+
+    model = tmp_path / "model"
+    model.mkdir()
+    for name in ("config.json", "tokenizer.json", "tokenizer_config.json"):
+        (model / name).write_bytes((bert_tiny_dir / name).read_bytes())
+    (model / "model.safetensors").write_text("not safetensors")
+    argv = [sys.executable, "-m", "limelight.cli.main", "serve", "--model", str(model)]
+    argv += ["--workers", "2", "--jobs", "off", "--port", str(free_port()), "--metrics-port", "0"]
+    out = subprocess.run(argv, capture_output=True, text=True, timeout=600, check=False)
+    assert out.returncode == 1 and "Traceback" not in out.stderr, out.stderr[-3000:]
+    assert len(re.findall(r"worker 0 started", out.stderr)) == MAX_FAILED_STARTS, out.stderr
+    assert out.stderr.strip().splitlines()[-1] == (
+        f"limelight serve: error: {MAX_FAILED_STARTS} worker starts failed in a row; stopping"
+    )
 
 
 @pytest.mark.parametrize(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import shutil
 import subprocess
 import urllib.request
@@ -29,6 +30,9 @@ def test_drift_cli_against_a_served_model(
     with Client(running.target, timeout=60) as client:
         building = client.drift(top_k=5)
         assert building.reference_state == "building" and building.reference_target == 20
+        # Nothing is compared while the reference builds: not a divergence of 0 ("no drift").
+        assert building.labels and all(math.isnan(d.divergence) for d in building.labels)
+        assert math.isnan(building.label_mix_divergence) and math.isnan(building.current_entropy)
         for text in texts[:20]:
             client.explain(text)
         for text in texts[20:50]:

@@ -247,6 +247,16 @@ def test_windows_are_priced_one_by_one_against_the_jobs_whole_timeout() -> None:
     assert "fewer windows" in message
 
 
+def test_a_tiny_timeout_is_refused_with_an_estimate_that_reads_as_one() -> None:
+    """ "would take about 0 s ..., far beyond the job's timeout of 1e-09 s" read as nonsense:
+    an estimate under 10 s keeps two significant digits."""
+    from limelight.jobs.budget import check_cost
+
+    with pytest.raises(InvalidArgument) as refused:
+        check_cost("gradient", {}, 3, 1000.0, 1e-9)
+    assert "about 0.009 s" in refused.value.message, refused.value.message
+
+
 @pytest.mark.asyncio
 async def test_a_windowed_jobs_refusal_names_the_document_and_the_jobs_timeout(
     tiny_model: LoadedModel, tmp_path: Path

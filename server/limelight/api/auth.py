@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import hashlib
 import hmac
 import logging
@@ -16,7 +17,7 @@ import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import grpc
 
@@ -100,14 +101,8 @@ def bearer_allowed(tokens: Iterable[bytes], authorization: str | bytes | None) -
         return False
     # surrogateescape: an HTTP header aiohttp decoded from bytes that are not UTF-8 is refused
     # like any wrong token, not turned into an error.
-    raw = (
-        authorization.encode(errors="surrogateescape")
-        if isinstance(authorization, str)
-        else bytes(authorization)
-    )
-    scheme, _, token = raw.partition(b" ")
-    token = token.strip()
-    if scheme.lower() != b"bearer" or not token:
+    token = _token(authorization)
+    if not token:
         return False
     # Check every token so the time taken does not depend on which one matched.
     ok = False
@@ -116,19 +111,24 @@ def bearer_allowed(tokens: Iterable[bytes], authorization: str | bytes | None) -
     return ok
 
 
-def principal(context: grpc.aio.ServicerContext) -> str:
-    """Who is calling, for job ownership: the bearer token's identity (a digest, never the
-    token), else the client certificate's subject (mutual TLS), else "" (anonymous).
+#: The bearer token the interceptor accepted for the call being handled (each RPC runs in its
+#: own task, the interceptor's check included): unset when auth is off, so that a header no
+#: one checked does not make its sender someone else.
+_verified_token: contextvars.ContextVar[bytes | None] = contextvars.ContextVar(
+    "limelight_verified_token", default=None
+)
 
-    With auth on, the interceptor has already refused calls without an accepted token.
+
+def principal(context: grpc.aio.ServicerContext) -> str:
+    """Who is calling, for job ownership: the accepted bearer token's identity (a digest, never
+    the token), else the client certificate's subject (mutual TLS), else "" (anonymous).
+
+    With auth on, the interceptor has already refused calls without an accepted token; with
+    auth off an ``authorization`` header is ignored: everyone is the same anonymous caller.
     """
-    for key, value in context.invocation_metadata() or ():
-        if key.lower() != "authorization":
-            continue
-        raw = value.encode() if isinstance(value, str) else bytes(value)
-        scheme, _, token = raw.partition(b" ")
-        if scheme.lower() == b"bearer" and token.strip():
-            return "token:" + hashlib.sha256(token.strip()).hexdigest()[:32]
+    token = _verified_token.get()
+    if token is not None:
+        return "token:" + hashlib.sha256(token).hexdigest()[:32]
     auth = context.auth_context() or {}
     for prop in ("x509_subject", "x509_common_name"):
         values = auth.get(prop)
@@ -138,15 +138,36 @@ def principal(context: grpc.aio.ServicerContext) -> str:
     return ""
 
 
+def _token(authorization: str | bytes) -> bytes:
+    """The token of an ``authorization`` value (``Bearer <token>``); b"" for another scheme."""
+    raw = (
+        authorization.encode(errors="surrogateescape")
+        if isinstance(authorization, str)
+        else bytes(authorization)
+    )
+    scheme, _, token = raw.partition(b" ")
+    return token.strip() if scheme.lower() == b"bearer" else b""
+
+
+class RefusalCounter(Protocol):
+    def count_refused(self, rpc: str, code: str, seconds: float) -> None: ...
+
+
 class BearerTokenInterceptor(grpc.aio.ServerInterceptor):
-    def __init__(self, tokens: Iterable[bytes]) -> None:
+    def __init__(self, tokens: Iterable[bytes], counter: RefusalCounter | None = None) -> None:
+        """``counter``: counts each refusal among the requests (the servicer's metrics)."""
         # A TokenStore stays live (reloads on change); anything else is a fixed list.
         self._tokens = tokens if isinstance(tokens, TokenStore) else list(tokens)
+        self._counter = counter
 
     def _allowed(self, metadata: Any) -> bool:
         for key, value in metadata or ():
             if key.lower() == "authorization":
-                return bearer_allowed(self._tokens, value)
+                if not bearer_allowed(self._tokens, value):
+                    return False
+                # The handler runs in this task: the caller's identity for job ownership.
+                _verified_token.set(_token(value))
+                return True
         return False
 
     async def intercept_service(
@@ -161,7 +182,8 @@ class BearerTokenInterceptor(grpc.aio.ServerInterceptor):
             return handler
         if not needs_token(method) or self._allowed(handler_call_details.invocation_metadata):
             return handler
-        return _deny(handler)
+        # Bounded label values: a method with a handler is one this server serves.
+        return _deny(handler, method.rpartition("/")[2] or "unknown", self._counter)
 
 
 #: Refusing a client-streaming call: read at most this many messages, this long, first.
@@ -169,14 +191,23 @@ _DRAIN_MESSAGES = 64
 _DRAIN_S = 1.0
 
 
-def _deny(handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
+def _deny(
+    handler: grpc.RpcMethodHandler, rpc: str, counter: RefusalCounter | None
+) -> grpc.RpcMethodHandler:
     message = "missing or invalid bearer token (send 'authorization: Bearer <token>')"
+    start = time.monotonic()
+
+    async def refuse(context: grpc.aio.ServicerContext) -> None:
+        # Counted like the calls the guard answers: dashboards watch code!="OK" per RPC.
+        if counter is not None:
+            counter.count_refused(rpc, "UNAUTHENTICATED", time.monotonic() - start)
+        await context.abort(grpc.StatusCode.UNAUTHENTICATED, message)
 
     async def unary(request: Any, context: grpc.aio.ServicerContext) -> Any:
-        await context.abort(grpc.StatusCode.UNAUTHENTICATED, message)
+        await refuse(context)
 
     async def streaming(request: Any, context: grpc.aio.ServicerContext) -> Any:
-        await context.abort(grpc.StatusCode.UNAUTHENTICATED, message)
+        await refuse(context)
         yield  # pragma: no cover - makes this an async generator
 
     async def drained(requests: AsyncIterator[Any]) -> None:
@@ -195,13 +226,13 @@ def _deny(handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
         requests: AsyncIterator[Any], context: grpc.aio.ServicerContext
     ) -> Any:
         await drained(requests)
-        await context.abort(grpc.StatusCode.UNAUTHENTICATED, message)
+        await refuse(context)
 
     async def bidi_streaming(
         requests: AsyncIterator[Any], context: grpc.aio.ServicerContext
     ) -> Any:
         await drained(requests)
-        await context.abort(grpc.StatusCode.UNAUTHENTICATED, message)
+        await refuse(context)
         yield  # pragma: no cover - makes this an async generator
 
     des, ser = handler.request_deserializer, handler.response_serializer

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -52,8 +52,28 @@ def from_struct(struct: struct_pb2.Struct) -> dict[str, Any]:
         return {}
     try:
         return dict(MessageToDict(struct))
-    except ValueError as exc:  # e.g. NaN or Infinity in a number value
-        raise InvalidArgument(f"parameters: {exc}") from None
+    except ValueError:  # NaN or Infinity in a number value (JSON has neither)
+        bad = sorted(_not_finite(struct))
+        raise InvalidArgument(
+            f"parameter(s) {', '.join(bad) or '?'} must be finite numbers (not NaN or infinity)"
+        ) from None
+
+
+def _not_finite(struct: struct_pb2.Struct, prefix: str = "") -> Iterator[str]:
+    """The dotted names of the number values in ``struct`` that are NaN or infinite."""
+    for key, value in struct.fields.items():
+        yield from _not_finite_value(value, f"{prefix}{key}")
+
+
+def _not_finite_value(value: struct_pb2.Value, name: str) -> Iterator[str]:
+    kind = value.WhichOneof("kind")
+    if kind == "number_value" and not math.isfinite(value.number_value):
+        yield name
+    elif kind == "struct_value":
+        yield from _not_finite(value.struct_value, f"{name}.")
+    elif kind == "list_value":
+        for i, item in enumerate(value.list_value.values):
+            yield from _not_finite_value(item, f"{name}[{i}]")
 
 
 def target_from_proto(request: Any) -> TargetSpec | None:
@@ -243,7 +263,8 @@ def job_to_proto(job: JobRecord, token_layout: int = pb.TOKEN_LAYOUT_MESSAGES) -
         started_at=_timestamp(job.started_at),
         finished_at=_timestamp(job.finished_at),
         attempts=job.attempts,
-        error=job.error,
+        # "Set when FAILED or CANCELLED": the stores keep a cancellation's word in message.
+        error=job.error or (job.message or "cancelled" if job.state is JobState.CANCELLED else ""),
         idempotency_key=job.spec.idempotency_key,
         model_name=job.spec.model_name,
         model_version=job.spec.model_version,

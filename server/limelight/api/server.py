@@ -15,13 +15,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import signal
+import sys
 import threading
 import time
 from collections.abc import Callable, Coroutine
 from typing import Any
 
 import grpc
+from google.protobuf import descriptor_pb2, descriptor_pool
+from google.protobuf.descriptor import FileDescriptor
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
 from grpc_reflection.v1alpha import reflection
@@ -106,6 +110,32 @@ def connection_age_options(settings: Settings) -> list[tuple[str, int]]:
     return options
 
 
+def reflection_pool() -> descriptor_pool.DescriptorPool:
+    """The files of every service served, for reflection (grpcurl). The Open Inference
+    Protocol's stubs live in a pool of their own (tritonclient's and KServe's register the same
+    ``inference`` names in the default pool), so the default pool lacks that service."""
+    from grpc_reflection.v1alpha import reflection_pb2
+
+    from limelight_client.proto import open_inference_grpc_pb2
+
+    pool = descriptor_pool.DescriptorPool()
+    added: set[str] = set()
+
+    def add(file: FileDescriptor) -> None:
+        if file.name in added:
+            return
+        for dependency in file.dependencies:  # a file is added after the files it imports
+            add(dependency)
+        proto = descriptor_pb2.FileDescriptorProto()
+        file.CopyToProto(proto)
+        pool.Add(proto)
+        added.add(file.name)
+
+    for module in (explainer_pb2, health_pb2, open_inference_grpc_pb2, reflection_pb2):
+        add(module.DESCRIPTOR)
+    return pool
+
+
 class SidecarServer:
     """One Limelight sidecar process: build with Settings, then ``await run()``."""
 
@@ -132,6 +162,8 @@ class SidecarServer:
         )
         self._inference = oip_grpc.InferenceServicer(self._servicer, __version__)
         self._stopping: asyncio.Event | None = None
+        #: Stopped while the model loaded: the load's thread may still be in native code.
+        self.load_abandoned = False
         self._http: HttpServer | None = None
         self.reloader: InlineReloader | None = None
         self._reloading: asyncio.Task[None] | None = None
@@ -192,6 +224,7 @@ class SidecarServer:
             stop.cancel()
         if not built.done():
             built.cancel()
+            self.load_abandoned = True
             log.info("stopping while the model is still loading: its load is left unfinished")
             return None
         return built.result()
@@ -279,7 +312,7 @@ class SidecarServer:
         if tracing.setup_tracing():  # OTEL_* variables; off by default
             interceptors.append(TracingInterceptor())
         if tokens:
-            interceptors.append(BearerTokenInterceptor(tokens))
+            interceptors.append(BearerTokenInterceptor(tokens, counter=self._servicer))
         options = [
             ("grpc.max_receive_message_length", settings.max_message_bytes),
             ("grpc.max_send_message_length", settings.max_response_bytes),
@@ -299,9 +332,11 @@ class SidecarServer:
             (
                 explainer_pb2.DESCRIPTOR.services_by_name["Explainer"].full_name,
                 health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
+                oip_grpc.SERVICE_NAME,
                 reflection.SERVICE_NAME,
             ),
             server,
+            pool=reflection_pool(),
         )
         address = f"{settings.host}:{settings.port}"
         if settings.tls_cert is not None or settings.tls_key is not None:
@@ -431,3 +466,18 @@ class SidecarServer:
             await self.wait()
         finally:
             await self.stop()
+
+
+def serve_until_stopped(
+    server: SidecarServer, hangup_before: Callable[[], bool] | None = None
+) -> None:
+    """Run ``server`` in an event loop of its own until it stops. Stopped during its load, the
+    process ends here: the interpreter's exit would wait for, or tear down under, the load's
+    thread still inside torch or tokenizers ("terminate called without an active exception",
+    an abort)."""
+    asyncio.run(server.run(hangup_before=hangup_before))
+    if server.load_abandoned:
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)

@@ -3,7 +3,6 @@ bench/): the parent measures the gRPC path from outside, as a client would."""
 
 from __future__ import annotations
 
-import asyncio
 import cProfile
 import json
 import logging
@@ -15,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from limelight.api.server import SidecarServer
+from limelight.api.server import SidecarServer, serve_until_stopped
 from limelight.settings import Settings
 from limelight.signals import child_env, watch_parent
 
@@ -99,7 +98,7 @@ def serve_main() -> None:
     if profiler is not None:
         profiler.enable()
     try:
-        asyncio.run(server.run())
+        serve_until_stopped(server)
     finally:
         if profiler is not None:
             profiler.disable()

@@ -8,13 +8,16 @@ INTERNAL error so that internals never reach clients.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import functools
 import time
 import uuid
 from collections import deque
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
 
 import grpc
+from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 from google.protobuf.message import DecodeError
 
 from limelight.api import convert
@@ -42,8 +45,67 @@ _BATCH_RPCS = frozenset({"ExplainBatch", "ModelInfer"})
 class MalformedRequest:
     """Stands in for a request that failed to parse (e.g. invalid UTF-8 in a string field)."""
 
-    def __init__(self, reason: str) -> None:
+    def __init__(self, reason: str, message_name: str = "", bad_utf8: bool = False) -> None:
         self.reason = reason
+        #: The full name of the message expected (``limelight.v1.ExplainRequest``).
+        self.message_name = message_name
+        #: Whether the bytes are a well-formed message but for a string that is not UTF-8.
+        self.bad_utf8 = bad_utf8
+
+
+_STRING = descriptor_pb2.FieldDescriptorProto.TYPE_STRING
+_BYTES = descriptor_pb2.FieldDescriptorProto.TYPE_BYTES
+
+
+@functools.cache
+def _lenient_class(message_cls: Any) -> Any:
+    """``message_cls`` with every string field read as bytes (no UTF-8 check), from a private
+    pool: the same wire format, so whether a message parses with it tells a string that is not
+    UTF-8 from corrupt bytes, whatever the protobuf runtime's error texts say."""
+    pool = descriptor_pool.DescriptorPool()
+    added: set[str] = set()
+
+    def lenient(messages: Any) -> None:
+        for message in messages:
+            for field in message.field:
+                if field.type == _STRING:
+                    field.type = _BYTES
+            # A map keyed by bytes is not allowed; the entries of a map are a repeated
+            # message on the wire, which is all this class needs to read.
+            if message.options.map_entry:
+                message.options.ClearField("map_entry")
+            lenient(message.nested_type)
+
+    def add(file: Any) -> None:
+        if file.name in added:
+            return
+        for dependency in file.dependencies:
+            add(dependency)
+        proto = descriptor_pb2.FileDescriptorProto()
+        file.CopyToProto(proto)
+        lenient(proto.message_type)
+        for extension in proto.extension:
+            if extension.type == _STRING:
+                extension.type = _BYTES
+        pool.Add(proto)
+        added.add(file.name)
+
+    add(message_cls.DESCRIPTOR.file)
+    return message_factory.GetMessageClass(
+        pool.FindMessageTypeByName(message_cls.DESCRIPTOR.full_name)
+    )
+
+
+def _bad_utf8(message_cls: Any, data: bytes, reason: str) -> bool:
+    """Whether ``data``, which ``message_cls`` refused, is refused only for a string that is
+    not valid UTF-8."""
+    try:
+        _lenient_class(message_cls).FromString(data)
+    except DecodeError:
+        return False
+    except Exception:  # the lenient class could not be built: the runtime's own words
+        return "utf" in reason.lower()
+    return True
 
 
 def safe_parser(message_cls: Any) -> Callable[[bytes], Any]:
@@ -51,16 +113,21 @@ def safe_parser(message_cls: Any) -> Callable[[bytes], Any]:
         try:
             return message_cls.FromString(data)
         except DecodeError as exc:
-            return MalformedRequest(str(exc) or "the request is not a valid protobuf message")
+            reason = str(exc) or "the request is not a valid protobuf message"
+            name = message_cls.DESCRIPTOR.full_name
+            return MalformedRequest(reason, name, _bad_utf8(message_cls, data, reason))
 
     return parse
 
 
 def check_request(request: Any) -> None:
     if isinstance(request, MalformedRequest):
-        raise InvalidArgument(
-            f"malformed request: {request.reason} (string fields must be valid UTF-8)"
-        )
+        if request.bad_utf8:
+            raise InvalidArgument(
+                f"malformed request: {request.reason} (string fields must be valid UTF-8)"
+            )
+        name = request.message_name or "protobuf message"
+        raise InvalidArgument(f"malformed request: the message is not a valid {name}")
 
 
 def request_deadline(context: grpc.aio.ServicerContext) -> float | None:
@@ -71,9 +138,32 @@ def request_deadline(context: grpc.aio.ServicerContext) -> float | None:
 
 
 def _expired(context: grpc.aio.ServicerContext) -> bool:
-    """Whether the client's deadline has passed."""
+    """Whether the client's deadline has passed (gRPC answers 0 remaining once it has, also
+    to a handler it cancelled for it; None: the call has no deadline)."""
     remaining = context.time_remaining()
     return remaining is not None and remaining <= 0
+
+
+#: A call gRPC ends this close to its deadline ended by it: the client's deadline passes a
+#: transit time before ours, and the client then resets the call (as a cancel would).
+_DEADLINE_SLACK_S = 0.1
+
+
+def _ended_by(context: grpc.aio.ServicerContext) -> str:
+    """The status code to count for a call that gRPC ended before its answer was sent: its
+    deadline passed, else the client cancelled it."""
+    remaining = context.time_remaining()
+    if remaining is not None and remaining <= _DEADLINE_SLACK_S:
+        return "DEADLINE_EXCEEDED"
+    return "CANCELLED"
+
+
+def _final_code(context: grpc.aio.ServicerContext) -> str:
+    """The code of a stream that ended without error, once gRPC is done with the call: OK only
+    if its status went out before the deadline (``done()``: sent)."""
+    if context.done() and not _expired(context):
+        return "OK"
+    return _ended_by(context)
 
 
 def _input_or_failed(request: Any, deadline: float | None) -> ExplainInput | Failed:
@@ -128,6 +218,11 @@ class ExplainerServicer:
             histogram = self.metrics.request_duration.labels(rpc, code)
             self._duration[(rpc, code)] = histogram
         histogram.observe(seconds)
+
+    def count_refused(self, rpc: str, code: str, seconds: float) -> None:
+        """Count a call refused before its handler ran (the bearer-token check), as the guard
+        counts the calls it answers."""
+        self._observe_duration(rpc, code, seconds)
 
     def ready_service(self) -> ExplanationService:
         """The explanation service, or Unavailable while the model is still loading."""
@@ -223,8 +318,10 @@ class ExplainerServicer:
             self._check_size(rpc, answer)
             return answer
         except asyncio.CancelledError:
-            code = "CANCELLED"
             if not self._shut_out(task, context):
+                # gRPC cancels the handler both when the client cancels and when its
+                # deadline passes: only the deadline tells them apart.
+                code = _ended_by(context)
                 raise
             code = "UNAVAILABLE"
             return None
@@ -250,7 +347,7 @@ class ExplainerServicer:
         stream: Callable[[], AsyncIterator[Resp]],
         *,
         sized: bool = False,
-    ) -> AsyncIterator[Resp]:
+    ) -> AsyncGenerator[Resp, None]:
         """``sized``: the stream checks its items' sizes itself (see ``_check_size``)."""
         start = time.monotonic()
         code = "OK"
@@ -271,10 +368,15 @@ class ExplainerServicer:
                 if self._ending:  # see ``end_calls``
                     raise Unavailable("the server is shutting down; retry on another replica")
         except asyncio.CancelledError:
-            code = "CANCELLED"
             if not self._shut_out(task, context):
+                code = _ended_by(context)  # see ``_guard``
                 raise
             code = "UNAVAILABLE"
+        except GeneratorExit:
+            # gRPC closes a stream it stopped reading, at the yield where it waited to send:
+            # the call ended (the client cancelled, or its deadline passed) while not working.
+            code = _ended_by(context)
+            raise
         except BaseException as exc:
             if ends_the_caller(exc):
                 raise
@@ -287,7 +389,17 @@ class ExplainerServicer:
         finally:
             self._calls.discard(task)
             in_flight.dec()
-            self._observe_duration(rpc, code, time.monotonic() - start)
+            elapsed = time.monotonic() - start
+            done_callback = getattr(context, "add_done_callback", None)
+            if code == "OK" and done_callback is not None:
+                # A client that cancels (or whose deadline passes) ends a client stream's
+                # reads as a half-close does: whether the OK reached it is known once the call
+                # is over.
+                done_callback(
+                    lambda ended: self._observe_duration(rpc, _final_code(ended), elapsed)
+                )
+            else:
+                self._observe_duration(rpc, code, elapsed)
 
     # --- RPCs -----------------------------------------------------------------------------------
 
@@ -326,8 +438,10 @@ class ExplainerServicer:
                     answer = self._answer("ExplainStream", Failed(exc, answer.request_id), layout)
                 yield answer
 
-        async for item in self._guard_stream("ExplainStream", context, stream, sized=True):
-            yield item
+        guarded = self._guard_stream("ExplainStream", context, stream, sized=True)
+        async with contextlib.aclosing(guarded):  # closed here when gRPC closes this one
+            async for item in guarded:
+                yield item
 
     async def ExplainBatch(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         async def call() -> pb.ExplainBatchResponse:
@@ -402,8 +516,10 @@ class ExplainerServicer:
             async for job in self.ready_service().watch_job(request.id, principal(context)):
                 yield convert.job_to_proto(job, request.token_layout)
 
-        async for item in self._guard_stream("WatchJob", context, stream):
-            yield item
+        guarded = self._guard_stream("WatchJob", context, stream)
+        async with contextlib.aclosing(guarded):  # closed here when gRPC closes this one
+            async for item in guarded:
+                yield item
 
     async def CancelJob(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         async def call() -> pb.Job:

@@ -16,10 +16,11 @@ connections the same way); the metrics (Prometheus multiprocess mode in a privat
 micro-batches and its drift monitor (drift gauges carry a ``pid`` label).
 
 The supervisor builds or finds the model once, before any worker starts (N workers must not
-build the demo model side by side); restarts a worker that dies, giving up when one dies at
-start three times in a row; on SIGTERM or SIGINT passes the signal on and waits for every
-worker's own graceful drain; and passes SIGHUP on (each worker looks beside the model for a new
-head, table or graph at once).
+build the demo model side by side); restarts a worker that dies, at any time (while the others
+still load too), giving up when one dies at start three times in a row; on SIGTERM or SIGINT
+passes the signal on and waits for every worker's own graceful drain; and passes SIGHUP on (each
+worker looks beside the model for a new head, table or graph at once). It reports SERVING once
+every worker is; the port serves from the first worker that is (each binds once loaded).
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ from prometheus_client import multiprocess
 
 from limelight.errors import InvalidArgument, Unavailable
 from limelight.settings import Settings, job_backend_kind
-from limelight.signals import on_signals
+from limelight.signals import child_env, on_signals
 
 log = logging.getLogger(__name__)
 
@@ -77,7 +78,7 @@ class Supervisor:
     """Runs ``settings.workers`` sidecar processes on one port until SIGTERM or SIGINT."""
 
     def __init__(self, settings: Settings, on_ready: Callable[[int], None] | None = None) -> None:
-        """``on_ready(port)`` is called once every worker is SERVING."""
+        """``on_ready(port)`` is called once, when every worker is first SERVING."""
         check_workers(settings)
         self.settings = settings
         self._on_ready = on_ready
@@ -135,25 +136,35 @@ class Supervisor:
 
     def _serve(self) -> int:
         # The first worker binds first: with port 0 it picks the port the others then share.
-        first = self._spawn(0)
-        if not self._wait_ready([first]):
-            return 0
-        self.port = int(first.ready_file.read_text())
-        self._base = self._base.model_copy(update={"port": self.port})
-        if not self._wait_ready([self._spawn(i) for i in range(1, self.settings.workers)]):
-            return 0
-        log.info(
-            "SERVING on %s:%d with %d worker processes (pids %s)",
-            self.settings.host,
-            self.port,
-            len(self._workers),
-            ", ".join(map(str, self.worker_pids())),
-        )
-        if self._on_ready is not None:
-            self._on_ready(self.port)
-        while not self._stop.wait(0.2):
+        self._spawn(0)
+        serving = False
+        # One loop from the first spawn on: a worker that dies while others still load (an OOM
+        # kill as N copies of the model load side by side) is restarted at once, under the
+        # same failed-start count as later, instead of once every other worker is ready.
+        while not self._stop.wait(0.2 if serving else 0.05):
             for worker in list(self._workers.values()):
                 self._check(worker)
+            if serving:
+                continue
+            self._check_started_in_time()
+            if len(self._workers) < self.settings.workers:
+                first = self._workers[0]
+                if first.ready:
+                    self.port = int(first.ready_file.read_text())
+                    self._base = self._base.model_copy(update={"port": self.port})
+                    for index in range(1, self.settings.workers):
+                        self._spawn(index)
+            elif all(w.ready for w in self._workers.values()):
+                serving = True
+                log.info(
+                    "SERVING on %s:%d with %d worker processes (pids %s)",
+                    self.settings.host,
+                    self.port,
+                    len(self._workers),
+                    ", ".join(map(str, self.worker_pids())),
+                )
+                if self._on_ready is not None:
+                    self._on_ready(self.port)
         return 0
 
     def _spawn(self, index: int) -> _Worker:
@@ -166,7 +177,7 @@ class Supervisor:
         settings_file.write_text(self._base.model_dump_json(exclude_unset=True))
         settings_file.chmod(0o600)
         ready_file = self._run_dir / f"ready-{index}-{self._generation}"
-        env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(self.metrics_dir)}
+        env = {**child_env(), "PROMETHEUS_MULTIPROC_DIR": str(self.metrics_dir)}
         code = "from limelight.cli.serve import worker_main; worker_main()"
         argv = [sys.executable, "-c", code, str(settings_file), str(ready_file), str(index)]
         worker = _Worker(index, subprocess.Popen(argv, env=env), ready_file)
@@ -174,23 +185,15 @@ class Supervisor:
         log.info("worker %d started (pid %d)", index, worker.process.pid)
         return worker
 
-    def _wait_ready(self, workers: list[_Worker]) -> bool:
-        """True once every one of ``workers`` is SERVING; False when asked to stop first."""
-        end = time.monotonic() + READY_TIMEOUT_S
-        while not all(w.ready_file.exists() for w in workers):
-            for w in workers:
-                if w.process.poll() is not None:
-                    raise Unavailable(
-                        f"worker {w.index} exited with status {w.process.returncode} before it "
-                        "was serving (its error is above)"
-                    )
-            if time.monotonic() > end:
-                raise Unavailable(f"workers were not serving after {READY_TIMEOUT_S:g} s")
-            if self._stop.wait(0.05):
-                return False
-        for w in workers:
-            w.ready = True
-        return True
+    def _check_started_in_time(self) -> None:
+        """Raise when a worker has not reported SERVING within ``READY_TIMEOUT_S`` of its own
+        start (a restarted one gets the whole time again)."""
+        now = time.monotonic()
+        for w in self._workers.values():
+            if not w.ready and now - w.started > READY_TIMEOUT_S:
+                raise Unavailable(
+                    f"worker {w.index} was not serving {READY_TIMEOUT_S:g} s after it started"
+                )
 
     def _check(self, worker: _Worker) -> None:
         """Restart ``worker`` if it died; raise when restarts keep failing."""

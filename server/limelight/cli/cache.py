@@ -51,7 +51,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 
 def run(args: argparse.Namespace) -> int:
-    from limelight.cache_inventory import inventory, prune
+    from limelight.cache_inventory import inventory, prune, sweep_marks
     from limelight.settings import Settings
 
     given = getattr(args, "cache_dir", None)
@@ -75,6 +75,7 @@ def run(args: argparse.Namespace) -> int:
         verb = "would remove"
     else:
         chosen = prune(entries, unrecorded=unrecorded)
+        sweep_marks(root)  # empty files: not worth a line
         verb = "removed"
     for entry in chosen:
         print(f"{verb} {entry.kind} {entry.path} ({human(entry.size)}): {entry.why}")

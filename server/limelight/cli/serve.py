@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import logging
 import os
@@ -193,9 +192,9 @@ def run(args: argparse.Namespace) -> int:
 
         # Its own handler takes over; no worker has read the model's files yet, and each will.
         return Supervisor(settings).run()
-    from limelight.api.server import SidecarServer
+    from limelight.api.server import SidecarServer, serve_until_stopped
 
-    asyncio.run(SidecarServer(settings).run(hangup_before=lambda: hangup.seen))
+    serve_until_stopped(SidecarServer(settings), hangup_before=lambda: hangup.seen)
     return 0
 
 
@@ -203,7 +202,7 @@ def worker_main() -> None:
     """Entry point of one ``--workers`` process, started by ``limelight.api.workers.Supervisor``
     with its settings file, the file to announce its port in, and its index."""
     hangup = _EarlyHangup()  # first, as in ``run``: a SIGHUP sent to the worker while it starts
-    from limelight.api.server import SidecarServer
+    from limelight.api.server import SidecarServer, serve_until_stopped
     from limelight.api.server_process import publish_port
     from limelight.cli.main import describe_error
     from limelight.metrics import Metrics
@@ -221,7 +220,7 @@ def worker_main() -> None:
         settings, metrics=metrics, on_ready=lambda s: publish_port(ready_file, s.port)
     )
     try:
-        asyncio.run(server.run(hangup_before=lambda: hangup.seen))
+        serve_until_stopped(server, hangup_before=lambda: hangup.seen)
     except Exception as exc:  # one line, like `limelight serve` itself
         args = argparse.Namespace(**settings.model_dump())
         message, status = describe_error(exc, args)

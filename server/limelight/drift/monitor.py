@@ -276,8 +276,8 @@ class DriftMonitor:
         labels: list[LabelDrift] = []
         for label in self.labels:
             in_reference = reference.label_counts[label]
-            if window is None:
-                labels.append(LabelDrift(label, 0.0, False, 0, reference_count=in_reference))
+            if window is None:  # the reference is still building: nothing is compared yet
+                labels.append(LabelDrift(label, math.nan, False, 0, reference_count=in_reference))
                 continue
             in_window = window.label_counts[label]
             if min(in_reference, in_window) < self.min_count:
@@ -302,10 +302,8 @@ class DriftMonitor:
                     reference_count=in_reference,
                 )
             )
-        mix = 0.0
-        if window is not None and min(reference.count, window.count) < self.min_count:
-            mix = math.nan  # too few explanations for a label mix to compare
-        elif window is not None:
+        mix = math.nan  # no window yet, or too few explanations for a label mix to compare
+        if window is not None and min(reference.count, window.count) >= self.min_count:
             mix = js_divergence(
                 [reference.label_counts[x] for x in self.labels],
                 [window.label_counts[x] for x in self.labels],
@@ -318,7 +316,7 @@ class DriftMonitor:
             labels=labels,
             label_mix_divergence=mix,
             reference_entropy=reference.mean_entropy,
-            current_entropy=window.mean_entropy if window is not None else 0.0,
+            current_entropy=window.mean_entropy if window is not None else math.nan,
             generated_at=time.time(),
             sample_rate=self.sample_rate,
             reference_target=self.bootstrap_n if state == "building" else 0,

@@ -149,7 +149,13 @@ def check_cost(
         size = f"{tokens} tokens"
         shorter = "a shorter text"
     raise InvalidArgument(
-        f"{method} with these parameters on {size} would take about {seconds:.0f} s on this "
+        f"{method} with these parameters on {size} would take about {_seconds(seconds)} on this "
         f"server, far beyond the job's timeout of {timeout_s:g} s: use fewer steps, samples, "
         f"permutations or epochs, or {shorter}"
     )
+
+
+def _seconds(seconds: float) -> str:
+    """An estimate as a person reads it: "about 0 s" against a timeout of 1e-09 s read as
+    nonsense."""
+    return f"{seconds:.0f} s" if seconds >= 10 else f"{seconds:.2g} s"
