@@ -13,7 +13,7 @@ import pytest
 from limelight.core.service import ExplanationService
 from limelight.core.types import ExplainInput
 from limelight.core.windows import encode_windows
-from limelight.errors import ResourceExhausted
+from limelight.errors import InvalidArgument
 from limelight.runtimes.base import InlineBatch, InlineOutputs
 from tests.conftest import inline_service
 
@@ -61,7 +61,9 @@ async def test_a_document_is_admitted_whole_or_refused_whole(bert_tiny_dir: Path
             len(encode_windows(service.model, DOCUMENT, 32, 8)) > 4
         )  # more than the backlog holds
         seen = count_forwards(service)
-        with pytest.raises(ResourceExhausted, match=r"room for 4 of this input's \d+ windows"):
+        # More windows than the backlog can ever hold: refused for good (a "retry later"
+        # could never succeed), before any window is computed.
+        with pytest.raises(InvalidArgument, match=r"needs \d+ windows, more than the 4"):
             await service.explain(ExplainInput(text=DOCUMENT))
         assert seen == [] and service._batcher is not None and service._batcher.pending == 0
         # The server goes on: a short text is answered.
