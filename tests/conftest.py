@@ -101,6 +101,12 @@ def lexicon_bert_dir(tmp_path_factory: pytest.TempPathFactory, random_bert_dir: 
     return out
 
 
+def windowed(limit: int, stride: int, **more: Any) -> dict[str, Any]:
+    """Settings that explain a long text in overlapping windows of ``limit`` tokens sharing
+    ``stride`` (``start_sidecar(model_dir=..., **windowed(32, 8))``), with ``more``."""
+    return {"max_tokens": limit, "truncation": "window", "window_stride": stride, **more}
+
+
 def inline_service(model_dir: Path, metrics: Any = None, **overrides: Any) -> Any:
     """A real ``ExplanationService`` on ``model_dir``, not started: no jobs, no drift monitor,
     NormXLogit as the default method unless ``overrides`` say otherwise."""

@@ -17,6 +17,7 @@ from transformers import AutoTokenizer, BertForSequenceClassification
 
 from limelight_client import Client
 from limelight_client.errors import InvalidArgument
+from tests.conftest import windowed
 
 LIMIT, STRIDE = 32, 8
 SENTENCE = (
@@ -62,11 +63,7 @@ def test_a_long_text_is_explained_whole(
     start_sidecar: Callable[..., Any], random_bert_dir: Path
 ) -> None:
     running = start_sidecar(
-        model_dir=random_bert_dir,
-        max_tokens=LIMIT,
-        truncation="window",
-        window_stride=STRIDE,
-        max_batch_tokens=4 * LIMIT,
+        model_dir=random_bert_dir, **windowed(LIMIT, STRIDE, max_batch_tokens=4 * LIMIT)
     )
     alone = _windows_alone(random_bert_dir, TEXT)
     assert len(alone) > 5
@@ -162,11 +159,7 @@ def test_max_aggregation_and_limits(
 ) -> None:
     running = start_sidecar(
         model_dir=random_bert_dir,
-        max_tokens=LIMIT,
-        truncation="window",
-        window_stride=STRIDE,
-        window_aggregation="max",
-        max_text_chars=len(TEXT),
+        **windowed(LIMIT, STRIDE, window_aggregation="max", max_text_chars=len(TEXT)),
     )
     alone = _windows_alone(random_bert_dir, TEXT)
     top = np.max([a["logits"] for a in alone], axis=0)
@@ -183,9 +176,7 @@ def test_a_stride_over_half_the_window_is_refused(
     start_sidecar: Callable[..., Any], random_bert_dir: Path
 ) -> None:
     with pytest.raises(Exception, match="window_stride 20 must be between 0 and"):
-        start_sidecar(
-            model_dir=random_bert_dir, max_tokens=LIMIT, truncation="window", window_stride=20
-        )
+        start_sidecar(model_dir=random_bert_dir, **windowed(LIMIT, 20))
 
 
 def test_a_job_on_a_long_text_runs_on_every_window(
@@ -197,9 +188,7 @@ def test_a_job_on_a_long_text_runs_on_every_window(
     from limelight.models.loaded import load_model
     from limelight.settings import Settings
 
-    running = start_sidecar(
-        model_dir=random_bert_dir, max_tokens=LIMIT, truncation="window", window_stride=STRIDE
-    )
+    running = start_sidecar(model_dir=random_bert_dir, **windowed(LIMIT, STRIDE))
     with Client(running.target, timeout=120) as client:
         done = client.submit(TEXT, "grad_x_input", target="positive").result(timeout=300)
         inline = client.explain(TEXT, method="normxlogit")

@@ -12,6 +12,7 @@ import pytest
 
 from limelight_client import Client
 from limelight_client.errors import InvalidArgument
+from tests.conftest import windowed
 
 LIMIT, STRIDE, PENDING = 32, 8, 4
 SENTENCE = "the service was slow but the food arrived warm and the staff apologised twice "
@@ -25,12 +26,7 @@ def test_a_document_of_more_windows_than_the_backlog_holds_is_refused_for_good(
     start_sidecar: Callable[..., Any], random_bert_dir: Path
 ) -> None:
     running = start_sidecar(
-        model_dir=random_bert_dir,
-        max_tokens=LIMIT,
-        truncation="window",
-        window_stride=STRIDE,
-        max_pending=PENDING,
-        jobs="off",
+        model_dir=random_bert_dir, **windowed(LIMIT, STRIDE, max_pending=PENDING, jobs="off")
     )
     with Client(running.target, timeout=120) as client:
         fits = client.explain(_text(4), method="normxlogit")

@@ -146,12 +146,13 @@ async def cancel_during_a_late_report(backend: JobBackend, tmp_path: Path) -> No
 
 
 @contextmanager
-def worker_thread(worker: RedisWorker) -> Iterator[RedisWorker]:
-    """``worker`` consuming on a thread of its own for the ``with`` block, then stopped."""
+def worker_thread(worker: RedisWorker) -> Iterator[threading.Thread]:
+    """``worker`` consuming on a thread of its own (yielded) for the ``with`` block, then
+    stopped."""
     thread = threading.Thread(target=worker.run, daemon=True)
     thread.start()
     try:
-        yield worker
+        yield thread
     finally:
         worker.request_stop()
         thread.join()

@@ -18,6 +18,7 @@ from limelight.methods.base import MethodRegistry
 from limelight.models.loaded import load_model
 from limelight.settings import Settings
 from limelight_client import Client
+from tests.conftest import windowed
 
 LIMIT, STRIDE = 32, 8
 TEXT = " ".join(
@@ -29,13 +30,7 @@ def test_a_worker_with_other_settings_runs_the_job_as_the_sidecar_accepted_it(
     start_sidecar: Callable[..., Any], random_bert_dir: Path, redis_url: str, tmp_path: Path
 ) -> None:
     redis.Redis.from_url(redis_url).flushall()
-    running = start_sidecar(
-        model_dir=random_bert_dir,
-        max_tokens=LIMIT,
-        truncation="window",
-        window_stride=STRIDE,
-        jobs=redis_url,
-    )
+    running = start_sidecar(model_dir=random_bert_dir, **windowed(LIMIT, STRIDE, jobs=redis_url))
     settings = Settings(cache_dir=tmp_path, jobs=redis_url)  # truncate, 512 tokens
     runner = JobRunner(load_model(random_bert_dir), MethodRegistry.load(settings), settings)
     worker = RedisWorker(settings, runner, name="w-defaults")

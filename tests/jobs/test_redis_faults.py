@@ -8,9 +8,7 @@ from __future__ import annotations
 import asyncio
 import shutil
 import subprocess
-import threading
 from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -23,6 +21,7 @@ from helpers import (
     wait_serving,
     wait_state,
     wait_until,
+    worker_thread,
 )
 from prometheus_client import CollectorRegistry
 
@@ -85,17 +84,6 @@ def restartable_redis(tmp_path: Path) -> Iterator[RedisProcess]:
 
 def _settings(url: str, tmp_path: Path) -> Settings:
     return Settings(cache_dir=tmp_path, jobs=url, job_reclaim_idle_s=30)
-
-
-@contextmanager
-def running(worker: RedisWorker) -> Iterator[threading.Thread]:
-    thread = threading.Thread(target=worker.run, daemon=True)
-    thread.start()
-    try:
-        yield thread
-    finally:
-        worker.request_stop()
-        thread.join()
 
 
 def _kind(exc: BaseException) -> ErrorKind | None:
@@ -172,7 +160,7 @@ async def test_watch_and_workers_survive_a_redis_restart(
                 seen.append(record.state)
 
         watcher = asyncio.create_task(follow())
-        with running(worker) as thread:
+        with worker_thread(worker) as thread:
             await await_until(lambda: started.exists() and JobState.RUNNING in seen)
             restartable_redis.stop()
             # The worker notices (its next progress poll fails) and waits, alive.
@@ -197,7 +185,7 @@ async def test_a_worker_started_while_redis_is_down_waits_for_it(
     runner = JobRunner(tiny_model, test_registry(), settings)
     restartable_redis.stop()
     worker = RedisWorker(settings, runner, name="w-early", backoff_max_s=0.2)
-    with running(worker) as thread:
+    with worker_thread(worker) as thread:
         assert not worker.ready and thread.is_alive()
         restartable_redis.start()
         await await_until(lambda: worker.ready)
@@ -311,7 +299,7 @@ async def test_a_worker_waits_out_a_failover(
     settings = _settings(demoted_node, tmp_path)
     runner = JobRunner(tiny_model, test_registry(), settings)
     worker = RedisWorker(settings, runner, name="w-failover", backoff_max_s=0.2)
-    with running(worker) as thread:
+    with worker_thread(worker) as thread:
         await asyncio.sleep(0.5)  # READONLY on its consumer group, several times
         assert thread.is_alive() and not worker.ready
         redis.Redis.from_url(demoted_node).replicaof("NO", "ONE")
@@ -359,7 +347,7 @@ async def test_a_full_redis_is_resource_exhausted_and_workers_wait_for_room(
         assert caplog.text.count("the job queue is out of memory") == 1  # not one per call
 
         worker = RedisWorker(settings, runner, name="w-full", backoff_max_s=0.2)
-        with running(worker) as thread:
+        with worker_thread(worker) as thread:
             await await_until(lambda: "Redis is out of memory" in caplog.text)
             assert thread.is_alive() and worker.jobs_done == 0  # it waits (it crashed before)
             full(small_redis, False)  # room again
