@@ -23,6 +23,7 @@ import grpc
 import pytest
 
 from limelight.api.ports import free_port
+from limelight.api.server import LIVENESS_SERVICE
 from limelight.cli.main import main
 from limelight.models.explainer_head import HEAD_DIRNAME
 from limelight.models.lexicon_table import LEXICON_DIRNAME
@@ -198,6 +199,9 @@ def test_a_default_method_that_cannot_be_served_is_not_ready_until_it_can(
             return checked, refused.code
 
     assert status() == (health_pb2.HealthCheckResponse.NOT_SERVING, 503)
+    # Out of rotation, not dead: a liveness probe must not restart it for that.
+    alive = health.Check(health_pb2.HealthCheckRequest(service=LIVENESS_SERVICE), timeout=10)
+    assert alive.status == health_pb2.HealthCheckResponse.SERVING
     (warning,) = [r.getMessage() for r in caplog.records if r.getMessage().startswith("not ready")]
     assert "distilled cannot be served (no distilled head beside the model" in warning
     s = stub(served.target)

@@ -381,7 +381,9 @@ def test_shutdown_keeps_one_deadline_and_ends_open_calls_unavailable(
     bert_tiny_dir: Path, tmp_path: Path
 ) -> None:
     from google.protobuf import struct_pb2
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+    from limelight.api.server import LIVENESS_SERVICE
     from limelight.settings import Settings
     from tests.conftest import SidecarThread
 
@@ -409,17 +411,28 @@ def test_shutdown_keeps_one_deadline_and_ends_open_calls_unavailable(
         if update.state == pb.JOB_STATE_RUNNING:
             break
     budgets: list[float] = []
+    draining: dict[str, int] = {}
     jobs = running.server.app.service.jobs
     stop_jobs = jobs.stop
 
     async def spy(grace_s: float) -> None:
         budgets.append(grace_s)
+        async with grpc.aio.insecure_channel(running.target) as channel:
+            health = health_pb2_grpc.HealthStub(channel)
+            for service in ("", LIVENESS_SERVICE):
+                request = health_pb2.HealthCheckRequest(service=service)
+                draining[service] = (await health.Check(request, timeout=10)).status
         await stop_jobs(grace_s)
 
     jobs.stop = spy
     handle.stop()
     # Stopping the job backend got what was left of the one deadline, not a grace of its own.
     assert budgets and budgets[0] < grace
+    # Draining: out of rotation, yet alive (a liveness probe must not restart it mid-drain).
+    assert draining == {
+        "": health_pb2.HealthCheckResponse.NOT_SERVING,
+        LIVENESS_SERVICE: health_pb2.HealthCheckResponse.SERVING,
+    }
     # The watch still open at the final stop ends UNAVAILABLE (retryable), not CANCELLED.
     with pytest.raises(grpc.RpcError) as err:
         for _ in watch:

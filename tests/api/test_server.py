@@ -9,6 +9,7 @@ import subprocess
 import urllib.request
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
@@ -314,6 +315,27 @@ def test_bad_requests_get_clear_errors_and_server_keeps_serving(
     assert ok.explanation.scores
 
 
+@pytest.mark.parametrize(
+    ("call", "request_", "message"),
+    [
+        ("ListJobs", pb.ListJobsRequest(states=[pb.JOB_STATE_UNSPECIFIED]), "is no state"),
+        ("ListJobs", pb.ListJobsRequest(states=[99]), "states: unknown (99)"),  # type: ignore[list-item]
+        ("ListJobs", pb.ListJobsRequest(limit=-5), "limit is -5"),
+        ("GetDrift", pb.GetDriftRequest(top_k=-1), "top_k is -1"),
+    ],
+)
+def test_listing_arguments_out_of_range_are_refused(
+    sidecar: RunningSidecar, call: str, request_: Any, message: str
+) -> None:
+    """A negative page size or report length was read as the default, and the
+    UNSPECIFIED state was called "unknown job state 0"."""
+    s = explainer_pb2_grpc.ExplainerStub(grpc.insecure_channel(sidecar.target))
+    with pytest.raises(grpc.RpcError) as err:
+        getattr(s, call)(request_, timeout=30)
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert message in (err.value.details() or "")
+
+
 def test_truncation_is_flagged_or_rejected(
     start_sidecar: Callable[..., RunningSidecar], bert_tiny_dir: Path
 ) -> None:
@@ -379,3 +401,38 @@ def test_a_cancelled_job_says_so_in_its_error(sidecar: RunningSidecar) -> None:
 
     done = wait_until(ended)
     assert done.state == pb.JOB_STATE_CANCELLED and "cancel" in done.error, done
+
+
+def test_idempotency_keys_are_bounded(sidecar: RunningSidecar) -> None:
+    """A key is stored with its job and indexed: 80 keys of 1 MB grew the journal by 240 MB."""
+    s = stub(sidecar.target)
+    longest = "k" * 256
+    job = s.SubmitJob(
+        pb.SubmitJobRequest(text="a film", method="random", idempotency_key=longest), timeout=30
+    )
+    assert job.idempotency_key == longest
+    with pytest.raises(grpc.RpcError) as err:
+        s.SubmitJob(
+            pb.SubmitJobRequest(text="a film", method="random", idempotency_key=longest + "k"),
+            timeout=30,
+        )
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "idempotency_key has 257 characters; at most 256" in (err.value.details() or "")
+
+
+def test_a_job_page_over_the_answer_limit_says_to_ask_for_fewer_jobs(
+    start_sidecar: Callable[..., RunningSidecar], bert_tiny_dir: Path
+) -> None:
+    """It said "send a shorter text", to a call that sends none."""
+    served = start_sidecar(model_dir=bert_tiny_dir, max_response_bytes=4096)
+    s = stub(served.target)
+    for i in range(20):
+        key = f"{i:03d}" + "k" * 253  # the longest key (a listed job carries no text)
+        s.SubmitJob(
+            pb.SubmitJobRequest(text="a film", method="random", idempotency_key=key), timeout=30
+        )
+    with pytest.raises(grpc.RpcError) as err:
+        s.ListJobs(pb.ListJobsRequest(), timeout=30)
+    assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert "ask for fewer jobs per page (limit)" in (err.value.details() or "")
+    assert len(s.ListJobs(pb.ListJobsRequest(limit=2), timeout=30).jobs) == 2

@@ -103,7 +103,9 @@ def test_word_spans_join_touching_pieces_per_segment() -> None:
         ("gorgeous", [1, 2], 0),
         (",", [3], 0),
         ("(", [4], 0),
-        ("don't", [5, 6, 7], 0),
+        ("don", [5], 0),  # each punctuation character a word, as BERT's pre-tokenizer has it
+        ("'", [6], 0),
+        ("t", [7], 0),
         (")", [8], 0),
         ("a", [10], 1),
         ("...", [11], 1),
@@ -123,6 +125,72 @@ def test_word_spans_keep_the_pieces_of_one_character_in_its_word() -> None:
         ("정말", [1, 2, 3, 4, 5, 6], 0, 2),
         ("좋아", [7], 3, 5),
     ]
+
+
+#: Texts whose words the viewer and the SDK must agree on: CJK without spaces, punctuation
+#: inside runs, kana, Hangul, emoji, accents, ASCII symbols, a text pair.
+AGREEING_TEXTS = [
+    ("这部电影非常好看，演员很棒。", None),
+    ("素晴らしい映画でした", "a great film。很好看"),
+    ("it was good,but boring...really dull", "don't (stop) $5+tax ~ok~"),
+    ("정말 좋아 cafe\u0301 😍🔥 e-mail: a@b.c", None),
+]
+
+
+def _pieces(text: str, seed: int) -> list[tuple[int, int]]:
+    """Pieces of 1-3 characters that never hold whitespace, each character sometimes cut in
+    two pieces that share its span (as an uncased WordPiece cuts Hangul)."""
+    import random
+
+    rng = random.Random(seed)
+    spans: list[tuple[int, int]] = []
+    i = 0
+    while i < len(text):
+        if text[i].isspace():
+            i += 1
+            continue
+        end = i + 1
+        while end < len(text) and end - i < rng.randint(1, 3) and not text[end].isspace():
+            end += 1
+        spans.append((i, end))
+        if end - i == 1 and rng.random() < 0.2:
+            spans.append((i, end))
+        i = end
+    return spans
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_word_spans_agree_with_the_sdk_words(seed: int) -> None:
+    """Words are the same everywhere: the viewer's and the SDK's ``by_words``."""
+    from limelight_client import Explanation, Token
+
+    for text, pair in AGREEING_TEXTS:
+        infos = [TokenInfo("[CLS]", 0, 0, 0, True, 0)]
+        infos += [TokenInfo("x", 0, s, e, False, 0) for s, e in _pieces(text, seed)]
+        infos.append(TokenInfo("[SEP]", 0, 0, 0, True, 0))
+        if pair is not None:
+            infos += [TokenInfo("x", 0, s, e, False, 1) for s, e in _pieces(pair, seed + 1)]
+            infos.append(TokenInfo("[SEP]", 0, 0, 0, True, 1))
+        tokens = [Token(t.text, 1, t.start, t.end, t.special, t.segment) for t in infos]
+        exp = Explanation(
+            label="a",
+            label_index=0,
+            labels=["a"],
+            probabilities={"a": 1.0},
+            tokens=tokens,
+            scores=[1.0] * len(tokens),
+            method="m",
+            target_label="a",
+            target_index=0,
+            text=text,
+            text_pair=pair,
+        )
+        sdk = [(w.text, list(w.tokens), w.segment) for w in exp.words(punctuation_apart=True)]
+        viewer = [(w["text"], w["tokens"], w["segment"]) for w in word_spans(infos, text, pair)]
+        assert viewer == sdk, (text, pair)
+    cjk = AGREEING_TEXTS[0][0]
+    infos = [TokenInfo("x", 0, i, i + 1, False, 0) for i in range(len(cjk))]
+    assert [w["text"] for w in word_spans(infos, cjk)] == list(cjk)
 
 
 # --- the JSON routes ---------------------------------------------------------------------------
@@ -264,6 +332,10 @@ def test_drift_report_and_history(viewer_sidecar: RunningSidecar) -> None:
     assert len(history) == 2 and history[-1]["state"] == "ready"
     assert set(history[-1]["labels"]) == {"negative", "neutral", "positive"}
     assert sum(history[-1]["counts"].values()) == report["window_count"] == 5
+    # More requests within the page's 10 s add nothing: 720 of them replaced the whole history.
+    for _ in range(30):
+        assert call(f"{url}/viewer/api/drift")[0] == 200
+    assert call(f"{url}/viewer/api/drift")[1]["history"] == history
 
 
 def test_drift_is_sampled_in_the_background(

@@ -564,14 +564,20 @@ def test_the_run_folders_of_supervisors_that_are_gone_are_removed(tmp_path: Path
     worker's metrics files) in the temp folder for good; the next one removes it."""
     import os
 
-    from limelight.api.workers import RUN_DIR_PREFIX, remove_stale_run_dirs
+    from limelight.api.workers import RUN_DIR_PREFIX, remove_stale_run_dirs, run_dir_prefix
 
     gone = subprocess.Popen([sys.executable, "-c", "pass"])
     gone.wait()
-    dead = tmp_path / f"{RUN_DIR_PREFIX}{gone.pid}-abc123"
-    alive = tmp_path / f"{RUN_DIR_PREFIX}{os.getpid()}-def456"
+    dead = tmp_path / f"{run_dir_prefix(gone.pid)}abc123"
+    dead_before = tmp_path / f"{RUN_DIR_PREFIX}{gone.pid}-abc123"  # named by an older version
+    alive = tmp_path / f"{run_dir_prefix(os.getpid())}def456"
+    alive_before = tmp_path / f"{RUN_DIR_PREFIX}{os.getpid()}-def456"
+    # The same pid, started at another time: a restarted container's supervisor (both PID 1)
+    # found the one before it alive and kept its folder for good.
+    pid, started = run_dir_prefix(os.getpid()).removeprefix(RUN_DIR_PREFIX).split("-")[:2]
+    reused = tmp_path / f"{RUN_DIR_PREFIX}{pid}-{int(started) - 1}-ghi789"
     unnamed = tmp_path / f"{RUN_DIR_PREFIX}890ltx0b"  # no pid in the name: not ours to judge
-    for folder in (dead, alive, unnamed):
+    for folder in (dead, dead_before, alive, alive_before, reused, unnamed):
         (folder / "metrics").mkdir(parents=True)
-    assert remove_stale_run_dirs(tmp_path) == [dead]
-    assert not dead.exists() and alive.exists() and unnamed.exists()
+    assert sorted(remove_stale_run_dirs(tmp_path)) == sorted([dead, dead_before, reused])
+    assert alive.exists() and alive_before.exists() and unnamed.exists()

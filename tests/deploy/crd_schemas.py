@@ -85,6 +85,7 @@ SERVICE_MONITOR = _resource(
                 "additionalProperties": False,
             },
             "jobLabel": {"type": "string"},
+            "targetLabels": {"type": "array", "items": {"type": "string", "minLength": 1}},
             "endpoints": {
                 "type": "array",
                 "minItems": 1,
@@ -258,6 +259,24 @@ SCALED_OBJECT = _resource(
             },
         },
         "additionalProperties": False,
+        # KEDA's admission webhook: a fallback needs a trigger other than cpu or memory whose
+        # metric is an AverageValue. KEDA 2.17.0 reads an omitted metricType as no type
+        # (kedacore/keda#6696, fixed in 2.17.1), so the manifests write it out.
+        "if": {"required": ["fallback"]},
+        "then": {
+            "properties": {
+                "triggers": {
+                    "contains": {
+                        "type": "object",
+                        "required": ["type", "metricType"],
+                        "properties": {
+                            "type": {"not": {"enum": ["cpu", "memory"]}},
+                            "metricType": {"const": "AverageValue"},
+                        },
+                    },
+                },
+            },
+        },
     },
     api_version="keda.sh/v1alpha1",
 )

@@ -17,6 +17,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from limelight.api.server import LIVENESS_SERVICE
 from limelight.settings import Settings, unknown_variables
 from limelight_client._lanes import LANE_MAX_AGE_S
 from tests.deploy.crd_schemas import CRD_SCHEMAS
@@ -226,8 +227,10 @@ def test_sidecar_uses_native_grpc_probes_and_drains_within_grace(
     # Probes use the plaintext health-only port: kubelet's gRPC probes cannot speak TLS.
     health = int(config["LIMELIGHT_HEALTH_PORT"])
     assert health != port
-    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+    for probe in ("startupProbe", "readinessProbe"):
         assert sidecar[probe]["grpc"] == {"port": health}, probe
+    # Liveness asks for the service that stays SERVING while the pod is only out of rotation.
+    assert sidecar["livenessProbe"]["grpc"] == {"port": health, "service": LIVENESS_SERVICE}
     # Start-up must tolerate a slow model load; liveness may not kill a warming pod.
     startup = sidecar["startupProbe"]
     assert startup["periodSeconds"] * startup["failureThreshold"] >= 300
@@ -338,6 +341,8 @@ def test_redis_workers_overlay_wires_queue_workers_and_keda(
         assert meta["stream"] == Keys(config["LIMELIGHT_JOBS_QUEUE"]).stream
         assert meta["consumerGroup"] == GROUP
         assert meta["address"] == redis_address and meta["databaseIndex"] == "0"
+    # Written out, not KEDA's default: KEDA 2.17.0 refuses the fallback otherwise.
+    assert [t.get("metricType") for t in queue] == ["AverageValue"] * 2
     (cpu,) = [t for t in scaled["triggers"] if t["type"] == "cpu"]
     assert cpu["metricType"] == "Utilization"
     assert "cpu" in worker["resources"]["requests"]  # utilisation needs a request
@@ -358,6 +363,60 @@ def test_redis_workers_overlay_wires_queue_workers_and_keda(
     assert all(worker_service["metadata"]["labels"].get(k) == v for k, v in monitor.items())
     # Redis is not scraped as if it were Limelight.
     assert redis_service["metadata"]["labels"]["app.kubernetes.io/name"] != "limelight"
+
+
+def test_a_keda_fallback_needs_an_explicit_average_value_trigger(
+    rendered: dict[str, list[dict[str, Any]]],
+) -> None:
+    """KEDA 2.17.0's admission webhook refuses a ScaledObject with a fallback unless a trigger
+    other than cpu or memory says ``metricType: AverageValue`` (kedacore/keda#6696): the
+    schema holds the manifests to it, and can fail."""
+    for name in ("redis-workers", "managed-redis"):
+        scaled = find(rendered[name], "ScaledObject", "limelight-worker")
+        assert "fallback" in scaled["spec"]
+        _validate(scaled, KUBERNETES_VERSION)
+        implicit = copy.deepcopy(scaled)
+        for trigger in implicit["spec"]["triggers"]:
+            if trigger["type"] != "cpu":
+                del trigger["metricType"]
+        with pytest.raises(jsonschema.ValidationError, match="contain"):
+            _validate(implicit, KUBERNETES_VERSION)
+        del implicit["spec"]["fallback"]
+        _validate(implicit, KUBERNETES_VERSION)
+
+
+def test_alerts_tell_sidecars_from_workers_by_the_labels_the_monitor_copies(
+    rendered: dict[str, list[dict[str, Any]]],
+) -> None:
+    """The ServiceMonitor copies the Services' name and component labels onto their series (as
+    app_kubernetes_io_name, app_kubernetes_io_component): the target-down alert finds every
+    Limelight target by the one, LimelightNotReady leaves workers out by the other."""
+    objects = rendered["redis-workers"]
+    monitor = find(objects, "ServiceMonitor", "limelight")["spec"]
+    assert monitor["targetLabels"] == ["app.kubernetes.io/name", "app.kubernetes.io/component"]
+    selected = [
+        o
+        for o in objects
+        if o["kind"] == "Service"
+        and all(
+            o["metadata"]["labels"].get(k) == v
+            for k, v in monitor["selector"]["matchLabels"].items()
+        )
+    ]
+    components = {
+        o["metadata"]["name"]: o["metadata"]["labels"]["app.kubernetes.io/component"]
+        for o in selected
+    }
+    assert components == {"limelight": "explainer", "limelight-worker": "worker"}
+    assert {o["metadata"]["labels"]["app.kubernetes.io/name"] for o in selected} == {"limelight"}
+    rules = {
+        r["alert"]: r["expr"]
+        for g in rule_groups(objects)["groups"]
+        for r in g["rules"]
+        if "alert" in r
+    }
+    assert 'up{app_kubernetes_io_name="limelight"}' in rules["LimelightTargetDown"]
+    assert 'limelight_ready{app_kubernetes_io_component!="worker"}' in rules["LimelightNotReady"]
 
 
 def test_the_queue_is_named_once_and_keda_reads_its_stream(
@@ -466,7 +525,7 @@ def test_gpu_overlay_requests_a_gpu_and_the_onnx_cuda_path(
     ]
     # The patch must not have dropped the base's hardening or probes.
     assert sidecar["securityContext"]["readOnlyRootFilesystem"] is True
-    assert sidecar["livenessProbe"]["grpc"] == {"port": 8086}
+    assert sidecar["livenessProbe"]["grpc"] == {"port": 8086, "service": LIVENESS_SERVICE}
     # Settings accepts the overlay's values.
     settings = _settings(config, monkeypatch)
     assert (settings.device, settings.runtime) == ("cuda", "onnx")
@@ -515,6 +574,7 @@ def test_promtool_checks_the_alert_rules(
         "LimelightJobBacklog",
         "LimelightJobsWithoutWorkers",
         "LimelightNotReady",
+        "LimelightTargetDown",
     } <= alerts
     drift = [
         r

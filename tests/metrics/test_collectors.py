@@ -117,3 +117,28 @@ def test_promtool_catches_a_bad_metric() -> None:
         [promtool, "check", "metrics"], input=bad, capture_output=True, check=False
     )
     assert result.returncode != 0
+
+
+def test_a_worker_registers_the_job_collectors_only() -> None:
+    """``limelight worker`` exports what a job-running process does (tests/jobs/
+    test_worker_metrics.py scrapes a real one); the sidecar's ``Metrics`` has all of it too."""
+    from limelight.metrics import JobMetrics
+
+    jobs = {"limelight_job_queue_up", "limelight_job_wait_seconds"}
+    jobs |= {"limelight_job_duration_seconds", "limelight_jobs"}
+    worker, sidecar = CollectorRegistry(), CollectorRegistry()
+    metrics = JobMetrics(worker)
+    Metrics(sidecar)
+    assert {f.name for f in worker.collect()} == jobs
+    assert jobs < {f.name for f in sidecar.collect()}
+    metrics.job_queue_up.labels(backend="redis").set(0)
+    metrics.job_wait.labels(method="lrp").observe(1.5)
+    metrics.job_duration.labels(method="lrp").observe(12.0)
+    metrics.job_outcomes.labels(method="lrp", outcome="succeeded").inc()
+    promtool = shutil.which("promtool")
+    assert promtool, "promtool not found: install Debian's prometheus package (make sysdeps)"
+    result = subprocess.run(
+        [promtool, "check", "metrics"], input=metrics.exposition(), capture_output=True, check=False
+    )
+    assert result.returncode == 0, result.stdout.decode() + result.stderr.decode()
+    assert result.stdout.strip() == b"", result.stdout.decode()

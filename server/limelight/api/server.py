@@ -4,6 +4,9 @@ order and graceful shutdown.
 Start-up: the port opens at once with health NOT_SERVING; the model loads in a thread; the
 service warms up; then health goes SERVING. (A worker that shares its port with others,
 ``--workers``, loads first and binds after, so connections that reach it find it ready.)
+Health's ``liveness`` service answers SERVING from the moment the port opens to the end
+(loading, not ready, draining): a liveness probe that asks for it restarts only a process that
+no longer answers, never one that is merely out of rotation.
 SIGTERM: health NOT_SERVING, no new work, in-flight requests finish within the grace period,
 running jobs finish or go back to the durable queue. SIGHUP: look beside the model for a new
 head, lexicon table or graph now (as the reloader does every ``reload_interval_s``), and at the
@@ -49,6 +52,10 @@ log = logging.getLogger(__name__)
 #: Shutdown: after the drain, the gRPC server stops once no RPC has arrived for this long
 #: (clients that have not yet seen NOT_SERVING are refused UNAVAILABLE meanwhile).
 QUIET_BEFORE_STOP_S = 0.5
+
+#: The health service name for liveness probes: SERVING while the process answers at all.
+#: Readiness is the empty name (and ``limelight.v1.Explainer``).
+LIVENESS_SERVICE = "liveness"
 
 
 class ClientHangUps(logging.Filter):
@@ -351,6 +358,7 @@ class SidecarServer:
         else:
             self.port = server.add_insecure_port(address)
         await self._set_health(False)
+        await self._health.set(LIVENESS_SERVICE, health_pb2.HealthCheckResponse.SERVING)
         await server.start()
         self._server = server
         if settings.health_port:

@@ -238,11 +238,12 @@ class ExplainerServicer:
             return
         size = answer.ByteSize()
         if size > limit:
-            hint = (
-                "send fewer texts per call, or stream them (ExplainStream)"
-                if rpc in _BATCH_RPCS
-                else "send a shorter text, or ask the operator for a larger limit"
-            )
+            if rpc in _BATCH_RPCS:
+                hint = "send fewer texts per call, or stream them (ExplainStream)"
+            elif rpc == "ListJobs":
+                hint = "ask for fewer jobs per page (limit)"
+            else:
+                hint = "send a shorter text, or ask the operator for a larger limit"
             raise ResourceExhausted(
                 f"the answer is {size / 2**20:.1f} MiB, above this server's limit of "
                 f"{limit / 2**20:.1f} MiB for one message: {hint}"
@@ -538,8 +539,13 @@ class ExplainerServicer:
             for value in request.states:
                 state = convert.job_state_from_proto(value)
                 if state is None:
-                    raise InvalidArgument(f"unknown job state {value}")
+                    known = "JOB_STATE_UNSPECIFIED is no state" if value == 0 else "unknown"
+                    raise InvalidArgument(
+                        f"states: {known} ({value}); name states to list, or none for all"
+                    )
                 states.append(state)
+            if request.limit < 0:
+                raise InvalidArgument(f"limit is {request.limit}; 0 (100 jobs) up to 1000")
             jobs, next_page = await self.ready_service().list_jobs(
                 states, request.limit, principal(context), request.page_token
             )
@@ -552,6 +558,8 @@ class ExplainerServicer:
     async def GetDrift(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         async def call() -> pb.DriftReport:
             check_request(request)
+            if request.top_k < 0:
+                raise InvalidArgument(f"top_k is {request.top_k}; 0 (the default) or more")
             return convert.drift_to_proto(await self.ready_service().drift_report(request.top_k))
 
         return await self._guard("GetDrift", context, call)

@@ -123,7 +123,7 @@ class Supervisor:
         check_ports_free(self.settings)
         model_dir = resolve_model_dir(self.settings, serving=True)  # once, not by N workers
         remove_stale_run_dirs()
-        self._run_dir = Path(tempfile.mkdtemp(prefix=f"{RUN_DIR_PREFIX}{os.getpid()}-"))
+        self._run_dir = Path(tempfile.mkdtemp(prefix=run_dir_prefix(os.getpid())))
         self.metrics_dir.mkdir()
         # Each worker keeps ``workers`` (it tells clients how many share the port) but is
         # started as a plain sidecar, never as another supervisor.
@@ -227,8 +227,15 @@ class Supervisor:
 
 
 #: A supervisor's run folder (workers' settings, ready files, metrics) in the temp folder:
-#: ``limelight-workers-<supervisor pid>-<random>``.
+#: ``limelight-workers-<supervisor pid>-<its start time>-<random>``.
 RUN_DIR_PREFIX = "limelight-workers-"
+
+
+def run_dir_prefix(pid: int) -> str:
+    """The start of the run folder's name of supervisor ``pid``. The start time tells a
+    restarted container's supervisor from the one before it: both are PID 1, and the memory-
+    backed temp folder outlives the restart."""
+    return f"{RUN_DIR_PREFIX}{pid}-{_start_time(pid) or 0}-"
 
 
 def remove_stale_run_dirs(temp: Path | None = None) -> list[Path]:
@@ -236,12 +243,31 @@ def remove_stale_run_dirs(temp: Path | None = None) -> list[Path]:
     OOM kill) had no chance to, and each left its workers' metrics files behind."""
     removed = []
     for folder in Path(temp or tempfile.gettempdir()).glob(f"{RUN_DIR_PREFIX}*-*"):
-        pid = folder.name.removeprefix(RUN_DIR_PREFIX).split("-", 1)[0]
-        if not pid.isdigit() or _alive(int(pid)):
+        pid, _, rest = folder.name.removeprefix(RUN_DIR_PREFIX).partition("-")
+        if not pid.isdigit():
             continue
+        started, _, random = rest.partition("-")
+        if _alive(int(pid)):
+            # Alive: the same process only if it started when the name says (a name without
+            # a start time comes from an older version, which cannot say).
+            if not random or not started.isdigit() or int(started) == 0:
+                continue
+            if _start_time(int(pid)) in (None, int(started)):
+                continue
         shutil.rmtree(folder, ignore_errors=True)
         removed.append(folder)
     return removed
+
+
+def _start_time(pid: int) -> int | None:
+    """When process ``pid`` started, in clock ticks since boot (Linux), else None."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    # The command name (field 2) may hold spaces and parentheses: count after its end.
+    fields = stat[stat.rindex(")") + 2 :].split()
+    return int(fields[19])  # field 22, the start time
 
 
 def _alive(pid: int) -> bool:

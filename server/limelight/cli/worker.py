@@ -94,10 +94,10 @@ def _child(settings: Settings, extra_methods: list[str], metrics_port: int, pare
     from limelight.jobs.redis_worker import RedisWorker
     from limelight.jobs.runner import JobRunner
     from limelight.methods.base import MethodRegistry
-    from limelight.metrics import Metrics
+    from limelight.metrics import JobMetrics
 
     tracing.setup_tracing()  # OTEL_* variables; off by default
-    metrics = Metrics()
+    metrics = JobMetrics()  # the job series only: no model serving, drift or readiness
     if metrics_port:
         from prometheus_client import start_http_server
 

@@ -82,6 +82,8 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 #: Most jobs ``list_jobs`` returns in one page.
 MAX_LIST_JOBS = 1000
+#: Longest idempotency key a job may carry (it is stored with the job and indexed).
+MAX_IDEMPOTENCY_KEY_CHARS = 256
 
 
 class InferenceGate(Protocol):
@@ -1019,6 +1021,12 @@ class ExplanationService:
             resolve_target(self.model, target, 0)
         if timeout_s < 0:
             raise InvalidArgument("timeout_seconds must be >= 0")
+        if len(idempotency_key) > MAX_IDEMPOTENCY_KEY_CHARS:
+            # Stored with the job and indexed: an unbounded key would fill the journal.
+            raise InvalidArgument(
+                f"idempotency_key has {len(idempotency_key)} characters; at most "
+                f"{MAX_IDEMPOTENCY_KEY_CHARS} (a UUID or a hash of the request is enough)"
+            )
         spec = JobSpec(
             method=method.name,
             text=text,

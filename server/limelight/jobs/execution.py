@@ -25,7 +25,7 @@ from limelight.errors import InvalidArgument, LimelightError, NotFound
 from limelight.jobs.runner import JobRunner
 from limelight.jobs.serialize import explanation_to_dict
 from limelight.methods.base import JobCancelled
-from limelight.metrics import Metrics
+from limelight.metrics import JobMetrics
 from limelight.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -109,7 +109,7 @@ def execute(
     hooks: JobHooks,
     *,
     waited: float = 0.0,
-    metrics: Metrics | None = None,
+    metrics: JobMetrics | None = None,
 ) -> Outcome:
     """Run one claimed job to its outcome and write it through ``hooks.settle``."""
     timeout = job_timeout(spec, settings)

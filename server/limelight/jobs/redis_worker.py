@@ -7,9 +7,10 @@ are taken over with ``XAUTOCLAIM``. Each start counts an attempt; a job whose wo
 
 Redis faults never kill a worker (each restart would reload the model): while Redis is
 unreachable the worker waits and retries with capped exponential backoff, keeps a running job
-going, writes its outcome once Redis is back, and reports ``ready`` False in the meantime. A
-refusal (wrong credentials, an ACL without a key or command) is logged once as an error that
-says what the user needs, and asked again every ``REFUSED_S``: the user may be fixed live.
+going, writes its outcome once Redis is back, and reports ``ready`` False (and
+``limelight_job_queue_up`` 0) in the meantime. A refusal (wrong credentials, an ACL without a
+key or command) is logged once as an error that says what the user needs, and asked again
+every ``REFUSED_S``: the user may be fixed live.
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ from limelight.jobs.redis_store import (
 )
 from limelight.jobs.runner import JobRunner
 from limelight.jobs.serialize import spec_from_dict
-from limelight.metrics import Metrics
+from limelight.metrics import JobMetrics
 from limelight.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -69,7 +70,7 @@ class RedisWorker:
         self,
         settings: Settings,
         runner: JobRunner,
-        metrics: Metrics | None = None,
+        metrics: JobMetrics | None = None,
         *,
         name: str | None = None,
         backoff_max_s: float = 5.0,
@@ -119,13 +120,14 @@ class RedisWorker:
         self._abandon.set()
 
     def _set_ready(self, ready: bool) -> None:
-        """``limelight_ready`` on the worker's metrics port follows the queue connection."""
+        """``limelight_job_queue_up`` on the worker's metrics port follows the queue connection
+        (a worker exports no ``limelight_ready``: that series, and its alert, are the
+        sidecar's model)."""
         if ready:
             self._ready.set()
         else:
             self._ready.clear()
         if self.metrics is not None:
-            self.metrics.ready.set(1 if ready else 0)
             self.metrics.job_queue_up.labels(backend="redis").set(1 if ready else 0)
 
     # --- Redis faults --------------------------------------------------------------------------

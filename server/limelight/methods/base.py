@@ -44,11 +44,15 @@ class Param:
             if isinstance(value, float) and not math.isfinite(value):
                 raise InvalidArgument(f"parameter {name!r} must be a finite number")
             if self.kind is int:
-                if float(value) != int(value):
+                # No float() of an int: one of 400 digits (JSON has no size limit) overflows.
+                if isinstance(value, float) and not value.is_integer():
                     raise InvalidArgument(f"parameter {name!r} must be an integer")
                 value = int(value)
             else:
-                value = float(value)
+                try:
+                    value = float(value)
+                except OverflowError:
+                    raise InvalidArgument(f"parameter {name!r} must be a finite number") from None
             if self.minimum is not None and value < self.minimum:
                 raise InvalidArgument(f"parameter {name!r} must be >= {self.minimum}")
             if self.maximum is not None and value > self.maximum:

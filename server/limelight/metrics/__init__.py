@@ -1,5 +1,5 @@
 """Prometheus collectors on an injected registry."""
 
-from limelight.metrics.collectors import Metrics
+from limelight.metrics.collectors import JobMetrics, Metrics
 
-__all__ = ["Metrics"]
+__all__ = ["JobMetrics", "Metrics"]

@@ -36,14 +36,18 @@ class _InfoOnly(Collector):
         return [m for m in self._registry.collect() if m.type == "info"]
 
 
-class Metrics:
-    """Every collector of the sidecar, on one registry (a fresh one per server or test).
+class JobMetrics:
+    """The collectors of a process that runs jobs, on one registry (a fresh one per process or
+    test): what a ``limelight worker`` exports, and the part of the sidecar's ``Metrics`` that
+    the job runners (``jobs/execution.py``, ``jobs/redis_worker.py``) write.
+
+    A worker has no model serving, drift or readiness of its own to report: its state is the
+    queue's (``limelight_job_queue_up``), and everything else it exported would be zeros that
+    dashboards and alerts read as a sidecar's.
 
     ``multiprocess_dir``: this process is one of several sidecar workers (``--workers``) whose
     values prometheus_client keeps in that directory (``PROMETHEUS_MULTIPROC_DIR``, set before
-    the process imported it); ``exposition()`` then adds up every worker's. Gauges say how
-    (``multiprocess_mode``): in-flight counts are summed, readiness is the least ready worker,
-    drift is per worker (a ``pid`` label: each monitor sees its own share of the traffic).
+    the process imported it); ``exposition()`` then adds up every worker's.
     """
 
     def __init__(
@@ -56,6 +60,54 @@ class Metrics:
             self._exposed = CollectorRegistry(auto_describe=False)
             MultiProcessCollector(self._exposed, path=str(multiprocess_dir))
             self._exposed.register(_InfoOnly(self.registry))
+        r = self.registry
+        self.job_queue_up = Gauge(
+            "limelight_job_queue_up",
+            "1 while the job queue takes work; 0 while it is unreachable, refuses this "
+            "process's Redis user, is full or is damaged (no series without a job queue).",
+            ["backend"],
+            multiprocess_mode="livemin",
+            registry=r,
+        )
+        self.job_wait = Histogram(
+            "limelight_job_wait_seconds",
+            "Time from submission to start, by method.",
+            ["method"],
+            buckets=_JOB_BUCKETS,
+            registry=r,
+        )
+        self.job_duration = Histogram(
+            "limelight_job_duration_seconds",
+            "Run time of a job attempt, by method.",
+            ["method"],
+            buckets=_JOB_BUCKETS,
+            registry=r,
+        )
+        self.job_outcomes = Counter(
+            "limelight_jobs_total",
+            "Finished jobs by method and outcome (succeeded, failed, cancelled).",
+            ["method", "outcome"],
+            registry=r,
+        )
+
+    def exposition(self) -> bytes:
+        """The text format of ``/metrics``: this process's metrics, or every worker's."""
+        return generate_latest(self._exposed)
+
+
+class Metrics(JobMetrics):
+    """Every collector of the sidecar: the job collectors of ``JobMetrics`` and the rest.
+
+    Gauges say how several sidecar workers' values combine (``multiprocess_mode``): in-flight
+    counts are summed, readiness is the least ready worker, drift is per worker (a ``pid``
+    label: each monitor sees its own share of the traffic), and what every worker reads from
+    the same job queue (its depth, its workers) is the most recently read value.
+    """
+
+    def __init__(
+        self, registry: CollectorRegistry | None = None, multiprocess_dir: Path | None = None
+    ) -> None:
+        super().__init__(registry, multiprocess_dir)
         r = self.registry
         self.request_duration = Histogram(
             "limelight_request_duration_seconds",
@@ -149,20 +201,13 @@ class Metrics:
             multiprocess_mode="livemin",
             registry=r,
         )
-        # Jobs.
-        self.job_queue_up = Gauge(
-            "limelight_job_queue_up",
-            "1 while the job queue takes work; 0 while it is unreachable, refuses this "
-            "process's Redis user, is full or is damaged (no series without a job queue).",
-            ["backend"],
-            multiprocess_mode="livemin",
-            registry=r,
-        )
+        # Jobs: the sidecar's view of the queue. Every process reads the same queue (Redis, or
+        # the shared SQLite file) now and then: the latest read is right, not the largest.
         self.job_queue_depth = Gauge(
             "limelight_job_queue_depth",
             "Jobs waiting to run, by method.",
             ["method"],
-            multiprocess_mode="livemax",
+            multiprocess_mode="livemostrecent",
             registry=r,
         )
         self.job_workers = Gauge(
@@ -171,27 +216,7 @@ class Metrics:
             "worker` processes that announced themselves to Redis within the last "
             "job_reclaim_idle_s (no series without a job queue).",
             ["backend"],
-            multiprocess_mode="livemax",
-            registry=r,
-        )
-        self.job_wait = Histogram(
-            "limelight_job_wait_seconds",
-            "Time from submission to start, by method.",
-            ["method"],
-            buckets=_JOB_BUCKETS,
-            registry=r,
-        )
-        self.job_duration = Histogram(
-            "limelight_job_duration_seconds",
-            "Run time of a job attempt, by method.",
-            ["method"],
-            buckets=_JOB_BUCKETS,
-            registry=r,
-        )
-        self.job_outcomes = Counter(
-            "limelight_jobs_total",
-            "Finished jobs by method and outcome (succeeded, failed, cancelled).",
-            ["method", "outcome"],
+            multiprocess_mode="livemostrecent",
             registry=r,
         )
         # Attribution drift (limelight.drift.DriftMonitor keeps these current).
@@ -256,7 +281,3 @@ class Metrics:
             multiprocess_mode="livemax",
             registry=r,
         )
-
-    def exposition(self) -> bytes:
-        """The text format of ``/metrics``: this process's metrics, or every worker's."""
-        return generate_latest(self._exposed)

@@ -9,6 +9,7 @@ import enum
 import hashlib
 import math
 import time
+import unicodedata
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from importlib import resources
@@ -55,6 +56,9 @@ MAX_LIST = 200
 PREVIEW_CHARS = 160
 DRIFT_HISTORY = 720
 """Drift samples kept for the chart (at the default 30 s interval: six hours)."""
+PAGE_SAMPLE_GAP_S = 10.0
+"""With the background sampler off, a page's request adds a sample at most this often (the
+page asks every 10 s)."""
 
 
 # --- JSON conversion ---------------------------------------------------------------------------
@@ -83,16 +87,43 @@ def _floats(values: Any) -> list[float | None]:
     return [float(v) if math.isfinite(float(v)) else None for v in np.asarray(values).reshape(-1)]
 
 
+#: CJK ideographs, which BERT's basic pre-tokenizer makes one word each (its
+#: ``_is_chinese_char`` ranges; the SDK's ``limelight_client._text`` has the same).
+_CJK_IDEOGRAPHS = (
+    (0x4E00, 0x9FFF),
+    (0x3400, 0x4DBF),
+    (0x20000, 0x2A6DF),
+    (0x2A700, 0x2B73F),
+    (0x2B740, 0x2B81F),
+    (0x2B820, 0x2CEAF),
+    (0xF900, 0xFAFF),
+    (0x2F800, 0x2FA1F),
+)
+
+
+def _stands_apart(char: str) -> bool:
+    """Whitespace, a punctuation character (Unicode's P* and every ASCII symbol, as BERT's
+    ``_is_punctuation``) or a CJK ideograph: a word ends before and after it."""
+    code = ord(char)
+    if char.isspace() or any(low <= code <= high for low, high in _CJK_IDEOGRAPHS):
+        return True
+    if 33 <= code <= 47 or 58 <= code <= 64 or 91 <= code <= 96 or 123 <= code <= 126:
+        return True
+    return unicodedata.category(char).startswith("P")
+
+
 def word_spans(
     tokens: Sequence[TokenInfo], text: str, text_pair: str | None = None
 ) -> list[dict[str, Any]]:
-    """Words as runs of touching word pieces: a new word starts at a special token, a change of
-    segment, or a gap between one piece's end and the next one's start (whitespace); pieces
-    that share one character's span stay together. The punctuation before a run's first
-    letter or digit and after its last stands apart, one piece each ("gorgeous" and ",";
-    "don't" stays whole), as the SDK's ``by_words`` has it."""
+    """Words as BERT's basic pre-tokenizer defines them, as far as the pieces' offsets allow
+    (a piece is never cut), the same as the SDK's ``by_words``: a piece joins the one before
+    it when it starts where that one ended and neither character at the join is whitespace,
+    punctuation or a CJK ideograph ("gorgeous" and ","; "don", "'", "t"; "这", "部"). A new
+    word starts at a special token and a change of segment; pieces that share one
+    character's span stay together."""
     words: list[dict[str, Any]] = []
     current: dict[str, Any] | None = None
+    prev = (0, 0)
     columns = TokenColumns.of(tokens)  # read in columns: no object per token
     for index, ((start, end), special, segment) in enumerate(
         zip(columns.offsets, columns.special, columns.segments, strict=True)
@@ -101,46 +132,30 @@ def word_spans(
             current = None
             continue
         source = text_pair if segment == 1 and text_pair is not None else text
-        if (
-            current is None
-            or current["segment"] != segment
-            # pieces of one character share its span (Hangul split into its letters): they
-            # join the word as touching pieces do
-            or not current["last_start"] <= start <= current["end"]
-            or source[start : start + 1].isspace()
-        ):
-            current = {"start": start, "end": end, "segment": segment}
-            current["tokens"] = []
+        joined = (
+            current is not None
+            and current["segment"] == segment
+            and (
+                # pieces of one character share its span (Hangul split into its letters)
+                prev[0] <= start < prev[1]
+                or (
+                    start == prev[1]
+                    and 0 < start < len(source)
+                    and not _stands_apart(source[start - 1])
+                    and not _stands_apart(source[start])
+                )
+            )
+        )
+        if current is None or not joined:
+            current = {"start": start, "end": end, "segment": segment, "tokens": []}
             words.append(current)
         current["end"] = max(current["end"], end)
-        current["last_start"] = start
         current["tokens"].append(index)
-    out: list[dict[str, Any]] = []
+        prev = (start, end)
     for word in words:
         source = text_pair if word["segment"] == 1 and text_pair is not None else text
-        out.extend(_punctuation_apart(word, columns.offsets, source))
-    return out
-
-
-def _punctuation_apart(
-    word: dict[str, Any], offsets: Sequence[tuple[int, int]], source: str
-) -> list[dict[str, Any]]:
-    indexes: list[int] = word["tokens"]
-    wordy = [i for i in indexes if any(map(str.isalnum, source[offsets[i][0] : offsets[i][1]]))]
-    if wordy:
-        first, last = indexes.index(wordy[0]), indexes.index(wordy[-1])
-        parts = [[i] for i in indexes[:first]]
-        parts += [indexes[first : last + 1]] + [[i] for i in indexes[last + 1 :]]
-    else:
-        parts = [indexes]
-    out = []
-    for part in parts:
-        start, end = offsets[part[0]][0], offsets[part[-1]][1]
-        text = source[start:end]
-        out.append(
-            {"start": start, "end": end, "segment": word["segment"], "tokens": part, "text": text}
-        )
-    return out
+        word["text"] = source[word["start"] : word["end"]]
+    return words
 
 
 def explanation_json(e: Explanation, text: str, text_pair: str | None) -> dict[str, Any]:
@@ -488,11 +503,24 @@ class Viewer:
         except ValueError:
             raise InvalidArgument("'top_k' must be an integer") from None
         report = await self.ready_service().drift_report(max(1, min(top_k, 50)))
-        self._record(report)
+        if self._page_may_record(report):
+            self._record(report)
         # NaN (a label not compared) is no JSON: the page reads null
         return _json({**drift_json(report), "history": jsonable(list(self.history))})
 
     # --- drift history -------------------------------------------------------------------------
+
+    def _page_may_record(self, report: Any) -> bool:
+        """A request adds a sample only where the sampler left a gap, or when the reference
+        changed state: every request recording one let any client (or a few open tabs)
+        replace the chart's six hours with seconds."""
+        if not self.history:
+            return True
+        last = self.history[-1]
+        gap = self.settings.viewer_drift_sample_s or PAGE_SAMPLE_GAP_S
+        return bool(
+            report.reference_state != last["state"] or report.generated_at - last["t"] >= gap
+        )
 
     def _record(self, report: Any) -> None:
         """Append a sample of the per-label divergences to the chart's history."""
