@@ -11,7 +11,7 @@ Needs only ``grpcio`` and ``protobuf``: no torch, transformers or numpy.
         print(exp.to_terminal())                         # heat-map (NO_COLOR respected)
         exp.to_html("explanation.html")                  # self-contained page
 
-        job = client.submit("A gripping film.", "slalom", n_samples=500)
+        job = client.submit("A gripping film.", "slalom", num_samples=500)
         for info in job.watch():
             print(info.state.name, f"{info.progress:.0%}", info.message)
         deep = job.result()                              # JobFailed / JobCancelled / TimeoutError

@@ -124,8 +124,11 @@ def target_proto(target: TargetArg) -> pb.Target | None:
 
 
 def _check_unicode(text: str, what: str) -> None:
-    """A str protobuf can send: bytes that were not UTF-8, decoded with "surrogateescape" (as
-    Python reads file names, arguments and standard input), leave lone surrogates in it."""
+    """A str protobuf can send (``TypeError`` for anything else): bytes that were not UTF-8,
+    decoded with "surrogateescape" (as Python reads file names, arguments and standard input),
+    leave lone surrogates in it."""
+    if not isinstance(text, str):
+        raise TypeError(f"{what} must be a str, not {type(text).__name__}")
     try:
         text.encode("utf-8")
     except UnicodeEncodeError as exc:
@@ -663,16 +666,22 @@ class Connections(Generic[ChannelT]):
     def __len__(self) -> int:
         return len(self.open)
 
-    def _check_open(self) -> None:
+    def check_open(self) -> None:
+        """Raise ``closed_error`` once the client is closed."""
         if self.closed:
-            raise Cancelled(
-                grpc.StatusCode.CANCELLED, "this client is closed; make a new one to call again"
-            )
+            raise self.closed_error()
+
+    @staticmethod
+    def closed_error() -> Cancelled:
+        """What a call of a closed client raises (made after its ``close``, or cut by it)."""
+        return Cancelled(
+            grpc.StatusCode.CANCELLED, "this client is closed; make a new one to call again"
+        )
 
     @contextlib.contextmanager
     def lease(self, k: int | None = None) -> Iterator[Connection[ChannelT]]:
         """Connection ``k``, or the next one in turn, held for one call (or one stream)."""
-        self._check_open()
+        self.check_open()
         with self._lock:
             conn = self.open[next(self._turn) if k is None else k]
             conn.calls += 1
@@ -684,7 +693,7 @@ class Connections(Generic[ChannelT]):
     @contextlib.contextmanager
     def lease_all(self) -> Iterator[list[Connection[ChannelT]]]:
         """Every connection, in order, held together (a stream on each)."""
-        self._check_open()
+        self.check_open()
         with self._lock:
             held = list(self.open)
             for conn in held:
@@ -861,6 +870,11 @@ def wrote_past_the_end(err: grpc.RpcError) -> bool:
     return err.code() == grpc.StatusCode.INTERNAL and err.details() == "Internal error from Core"
 
 
+#: What grpc raises for a call made on a closed channel: ``ValueError`` ("Cannot invoke RPC on
+#: closed channel!") from the sync API, ``UsageError`` ("Channel is closed.") from grpc.aio.
+CLOSED_CHANNEL_ERRORS: tuple[type[Exception], ...] = (ValueError, grpc.aio.UsageError)
+
+
 def deadline_error(what: str) -> DeadlineExceeded:
     return DeadlineExceeded(grpc.StatusCode.DEADLINE_EXCEEDED, f"deadline exceeded {what}")
 
@@ -911,6 +925,18 @@ class ClientBase(Generic[ChannelT]):
             spread,
         )
         self._spread_lock = self._new_lock()
+
+    @contextlib.contextmanager
+    def _closed_as_cancelled(self) -> Iterator[None]:
+        """A call that ``close`` (in another thread or task) overtook raises ``Cancelled``, as
+        calls after it do, rather than what grpc raises for a call on a closed channel
+        (``ValueError`` from the sync API, ``UsageError`` from grpc.aio)."""
+        try:
+            yield
+        except CLOSED_CHANNEL_ERRORS as exc:
+            if not self._connections.closed:
+                raise
+            raise self._connections.closed_error() from exc
 
     def _call_metadata(self) -> tuple[tuple[str, str], ...]:
         """The metadata of a call made now: the configured one and, with OpenTelemetry

@@ -139,6 +139,24 @@ def batch_request(
     return pb.ExplainBatchRequest(requests=[r for r, _ in built]), [sent for _, sent in built]
 
 
+def batch_request_upto_error(
+    items: Iterable[TextItem], build: Build
+) -> tuple[pb.ExplainBatchRequest, list[Sent], Exception | None]:
+    """``batch_request`` for a chunk of ``explain_many``: the items before the first one that
+    cannot be sent (a ``TypeError`` for an item that is not a text, say), and that item's
+    error, which the run raises once it has yielded the answers before it."""
+    built: list[tuple[pb.ExplainRequest, Sent]] = []
+    error: Exception | None = None
+    for item in items:
+        try:
+            built.append(build(item))
+        except Exception as exc:
+            error = exc
+            break
+    request = pb.ExplainBatchRequest(requests=[r for r, _ in built])
+    return request, [sent for _, sent in built], error
+
+
 def batch_answers(
     response: pb.ExplainBatchResponse, sent: Sequence[Sent], in_place: bool = False
 ) -> list[Explanation | LimelightError]:

@@ -63,6 +63,7 @@ from limelight_client._streams import (
     answer,
     batch_answers,
     batch_request,
+    batch_request_upto_error,
     calls_in_flight,
     check_many,
     check_texts_per_call,
@@ -99,21 +100,49 @@ async def _end_then_close(lanes: list[AsyncLane], channels: list[grpc.aio.Channe
         await channel.close()
 
 
+def wrong_loop(made_in: asyncio.AbstractEventLoop) -> RuntimeError:
+    """The error of an ``AsyncClient`` called from another event loop than its own."""
+    closed = " (now closed)" if made_in.is_closed() else ""
+    return RuntimeError(
+        f"this AsyncClient belongs to another event loop{closed}: a client works in one event "
+        "loop only, the one running when it was made (made outside a running loop: the "
+        "thread's default loop). Make one client per event loop, inside it: `async with "
+        "AsyncClient(...) as client:` in the coroutine that asyncio.run() runs"
+    )
+
+
 class AsyncClient(ClientBase[grpc.aio.Channel]):
     """An asyncio connection to a Limelight sidecar; arguments as for ``Client``.
 
-    Create it inside the event loop that uses it; ``async with AsyncClient(...) as c:``.
+    One client per event loop: create it inside the event loop that uses it (``async with
+    AsyncClient(...) as c:`` in the coroutine given to ``asyncio.run``). grpc.aio binds its
+    connections to the loop running when they are made; a call from another loop (a second
+    ``asyncio.run``, or a client made outside any running loop and used in one) raises
+    ``RuntimeError`` saying so.
     """
 
     _dialers = (late_bound(grpc.aio, "secure_channel"), late_bound(grpc.aio, "insecure_channel"))
     _sleep = staticmethod(asyncio.sleep)
+    #: The event loop this client's channels belong to, known from its first call.
+    _loop: asyncio.AbstractEventLoop | None = None
 
     def _new_lock(self) -> asyncio.Lock:
         return asyncio.Lock()
 
+    def _check_loop(self) -> None:
+        """Raise ``wrong_loop`` unless called in the event loop of this client's channels."""
+        running = asyncio.get_running_loop()
+        if self._loop is None:
+            # grpc.aio's channel keeps the loop it was made in (``get_working_loop``).
+            bound = getattr(self._connections.open[0].channel, "_loop", None)
+            self._loop = bound if isinstance(bound, asyncio.AbstractEventLoop) else running
+        if self._loop is not running:
+            raise wrong_loop(self._loop)
+
     @contextlib.asynccontextmanager
     async def _lease(self, k: int | None = None) -> AsyncIterator[Connection[grpc.aio.Channel]]:
         """See ``Client._lease``."""
+        self._check_loop()
         try:
             with self._connections.lease(k) as conn:
                 yield conn
@@ -122,6 +151,7 @@ class AsyncClient(ClientBase[grpc.aio.Channel]):
 
     @contextlib.asynccontextmanager
     async def _lease_all(self) -> AsyncIterator[list[Connection[grpc.aio.Channel]]]:
+        self._check_loop()
         try:
             with self._connections.lease_all() as conns:
                 yield conns
@@ -141,13 +171,18 @@ class AsyncClient(ClientBase[grpc.aio.Channel]):
 
     async def _spread(self, deadline: float | None) -> None:
         """See ``Client._spread``."""
+        self._check_loop()
         if self._connections.spread_due():
-            async with self._spread_lock:
-                dialogue = self._connections.spreading()
-                stub = next(dialogue, None)
-                while stub is not None:
-                    stub = resume(dialogue, await self._ask_instance(stub, deadline))
-                await self._close_released()
+            with self._closed_as_cancelled():
+                await self._spread_locked(deadline)
+
+    async def _spread_locked(self, deadline: float | None) -> None:
+        async with self._spread_lock:
+            dialogue = self._connections.spreading()
+            stub = next(dialogue, None)
+            while stub is not None:
+                stub = resume(dialogue, await self._ask_instance(stub, deadline))
+            await self._close_released()
 
     async def _ask_instance(
         self, stub: pb_grpc.ExplainerStub, deadline: float | None
@@ -163,7 +198,8 @@ class AsyncClient(ClientBase[grpc.aio.Channel]):
             return err.code()
 
     async def close(self) -> None:
-        # See ``Client.close``.
+        """See ``Client.close`` (in the client's own event loop, as every call)."""
+        self._check_loop()
         self._connections.closed = True
         lanes = take_all_idle(self._connections.idle_lane_lists())
         await _end_then_close(lanes, self._connections.every_channel())
@@ -214,25 +250,30 @@ class AsyncClient(ClientBase[grpc.aio.Channel]):
         deadline = self._deadline(timeout)
         attempt = 0
         redialled: list[Connection[grpc.aio.Channel]] = []
-        async with self._lease(connection) as conn:
-            try:
-                while True:
-                    remaining = self._remaining(deadline, "before the call could be (re)tried")
-                    try:
-                        if on_stream:
-                            return await self._ask_on_stream(conn, request, remaining)
-                        rpc = conn.rpc(method)
-                        return await rpc(request, timeout=remaining, metadata=self._call_metadata())
-                    except (grpc.RpcError, LimelightError) as err:
-                        error = await self._retry_or_error(
-                            err, attempt, deadline, idempotent=idempotent
-                        )
-                        if error is not None:
-                            raise error from (err if error is not err else None)
-                        attempt += 1  # a draining worker would answer again on this connection
-                        conn = self._connections.retry_on(conn, connection is not None, redialled)
-            finally:
-                self._connections.give_back(redialled)
+        with self._closed_as_cancelled():
+            async with self._lease(connection) as conn:
+                try:
+                    while True:
+                        remaining = self._remaining(deadline, "before the call could be (re)tried")
+                        try:
+                            if on_stream:
+                                return await self._ask_on_stream(conn, request, remaining)
+                            rpc = conn.rpc(method)
+                            return await rpc(
+                                request, timeout=remaining, metadata=self._call_metadata()
+                            )
+                        except (grpc.RpcError, LimelightError) as err:
+                            error = await self._retry_or_error(
+                                err, attempt, deadline, idempotent=idempotent
+                            )
+                            if error is not None:
+                                raise error from (err if error is not err else None)
+                            attempt += 1  # a draining worker would answer again on it
+                            conn = self._connections.retry_on(
+                                conn, connection is not None, redialled
+                            )
+                finally:
+                    self._connections.give_back(redialled)
 
     async def _ask_on_stream(
         self,
@@ -374,51 +415,52 @@ class AsyncClient(ClientBase[grpc.aio.Channel]):
         feed = AsyncStreamFeed(texts, self.connections, build)
         silence = AsyncSilence(feed, self.timeout)
         await self._spread(deadline)
-        async with self._lease_all() as conns:
-            metadata = self._call_metadata()
-            calls = feed.open(conns, deadline, metadata)
-            silence.watch(calls)  # the list: a stream opened again is watched too
-            attempts = [0] * len(calls)
-            ring = list(conns)  # the connections the streams are on, in turn
-            on = list(range(len(calls)))  # the connection of ``ring`` each stream is on
-            try:
-                for k in itertools.cycle(range(len(calls))):
-                    while True:
-                        silence.waiting(k)
-                        try:
-                            resp = await calls[k].read()
-                            failure = None if resp is not grpc.aio.EOF else feed.ended_early(k)
-                        except grpc.RpcError as err:
-                            failure = err
-                        except asyncio.CancelledError:
-                            # grpc.aio cancels the call when the request iterator raises, and
-                            # so does the watchdog: report the cause. A real cancellation of
-                            # our task (no bad input, no silent server) propagates unchanged.
-                            if silence.fired:
-                                raise no_answer(self.timeout) from None
-                            if feed.error is not None:
-                                raise feed.error from None
-                            raise
-                        silence.done_waiting()
-                        if failure is None:
+        with self._closed_as_cancelled():
+            async with self._lease_all() as conns:
+                metadata = self._call_metadata()
+                calls = feed.open(conns, deadline, metadata)
+                silence.watch(calls)  # the list: a stream opened again is watched too
+                attempts = [0] * len(calls)
+                ring = list(conns)  # the connections the streams are on, in turn
+                on = list(range(len(calls)))  # the connection of ``ring`` each stream is on
+                try:
+                    for k in itertools.cycle(range(len(calls))):
+                        while True:
+                            silence.waiting(k)
+                            try:
+                                resp = await calls[k].read()
+                                failure = None if resp is not grpc.aio.EOF else feed.ended_early(k)
+                            except grpc.RpcError as err:
+                                failure = err
+                            except asyncio.CancelledError:
+                                # grpc.aio cancels the call when the request iterator raises, and
+                                # so does the watchdog: report the cause. A real cancellation of
+                                # our task (no bad input, no silent server) propagates unchanged.
+                                if silence.fired:
+                                    raise no_answer(self.timeout) from None
+                                if feed.error is not None:
+                                    raise feed.error from None
+                                raise
+                            silence.done_waiting()
+                            if failure is None:
+                                break
+                            await self._stream_failed(failure, feed, silence, attempts[k], deadline)
+                            # A new stream sends first what the failed one did not answer,
+                            # on the next connection; this one is dialled again, as its worker
+                            # may be going away (the run holds both until it ends).
+                            attempts[k] += 1
+                            conns.append(self._connections.redial(ring[on[k]]))
+                            ring[on[k]] = conns[-1]
+                            on[k] = (on[k] + 1) % len(ring)
+                            calls[k] = await feed.reopen(k, ring[on[k]], deadline, metadata)
+                        if resp is grpc.aio.EOF:  # item i went to stream i % streams: the last one
                             break
-                        await self._stream_failed(failure, feed, silence, attempts[k], deadline)
-                        # A new stream sends first what the failed one did not answer,
-                        # on the next connection; this one is dialled again, as its worker
-                        # may be going away (the run holds both until it ends).
-                        attempts[k] += 1
-                        conns.append(self._connections.redial(ring[on[k]]))
-                        ring[on[k]] = conns[-1]
-                        on[k] = (on[k] + 1) % len(ring)
-                        calls[k] = await feed.reopen(k, ring[on[k]], deadline, metadata)
-                    if resp is grpc.aio.EOF:  # item i went to stream i % streams: the last one
-                        break
-                    attempts[k] = 0
-                    yield answer(resp, feed.answered(k), in_place)
-            finally:
-                silence.stop()
-                for call in calls:
-                    call.cancel()
+                        attempts[k] = 0
+                        yield answer(resp, feed.answered(k), in_place)
+                finally:
+                    silence.stop()
+                    for call in calls:
+                        call.cancel()
         if silence.fired:
             raise no_answer(self.timeout)
         if feed.error is not None:  # some grpc versions end the stream quietly instead
@@ -478,50 +520,56 @@ class AsyncClient(ClientBase[grpc.aio.Channel]):
                 raise no_answer(self.timeout) from None
 
         def room_and_input() -> bool:
-            return len(in_flight) < window and chunks.ready()
+            return len(in_flight) < window and refused is None and chunks.ready()
 
+        # An item that cannot be sent (not a text): raised once the answers before it are out.
+        refused: Exception | None = None
         try:
             await self._spread(deadline)
-            async with self._lease_all() as conns:
-                ring = list(conns)  # the connections the calls take in turn
-                turn = itertools.cycle(range(len(ring)))
-                window = calls_in_flight(len(conns), texts_per_call)
-                while True:
-                    while len(in_flight) < window:
-                        # Wait for input only when nothing is in flight; else answer what is.
-                        try:
-                            chunk = await chunks.take(wait=not in_flight, deadline=deadline)
-                        except TimeoutError:
-                            raise deadline_error("waiting for input") from None
-                        if chunk is None:
-                            break
-                        request, sent = batch_request(chunk, build)
-                        in_flight.append((*send(request), request, sent))
-                    if not in_flight:
-                        return
-                    call, sent_at, on, request, sent = in_flight[0]
-                    # The oldest call's answer, unless input comes first: then send that.
-                    if not await wait(call, sent_at, room_and_input):
-                        continue
-                    attempt = 0
+            with self._closed_as_cancelled():
+                async with self._lease_all() as conns:
+                    ring = list(conns)  # the connections the calls take in turn
+                    turn = itertools.cycle(range(len(ring)))
+                    window = calls_in_flight(len(conns), texts_per_call)
                     while True:
-                        try:
-                            response = await call
-                            break
-                        except grpc.RpcError as err:
-                            error = await self._retry_or_error(err, attempt, deadline)
-                            if error is not None:
-                                raise error from err
-                            # See ``Client._explain_packed``.
-                            attempt += 1
-                            conns.append(self._connections.redial(ring[on]))
-                            ring[on] = conns[-1]
-                            call, sent_at, on = send(request)
-                            in_flight[0] = (call, sent_at, on, request, sent)
-                            await wait(call, sent_at, lambda: False)
-                    in_flight.popleft()
-                    for explanation in batch_answers(response, sent, in_place):
-                        yield explanation
+                        while len(in_flight) < window and refused is None:
+                            # Wait for input only when nothing is in flight; else answer what is.
+                            try:
+                                chunk = await chunks.take(wait=not in_flight, deadline=deadline)
+                            except TimeoutError:
+                                raise deadline_error("waiting for input") from None
+                            if chunk is None:
+                                break
+                            request, sent, refused = batch_request_upto_error(chunk, build)
+                            if sent:
+                                in_flight.append((*send(request), request, sent))
+                        if not in_flight:
+                            if refused is not None:
+                                raise refused
+                            return
+                        call, sent_at, on, request, sent = in_flight[0]
+                        # The oldest call's answer, unless input comes first: then send that.
+                        if not await wait(call, sent_at, room_and_input):
+                            continue
+                        attempt = 0
+                        while True:
+                            try:
+                                response = await call
+                                break
+                            except grpc.RpcError as err:
+                                error = await self._retry_or_error(err, attempt, deadline)
+                                if error is not None:
+                                    raise error from err
+                                # See ``Client._explain_packed``.
+                                attempt += 1
+                                conns.append(self._connections.redial(ring[on]))
+                                ring[on] = conns[-1]
+                                call, sent_at, on = send(request)
+                                in_flight[0] = (call, sent_at, on, request, sent)
+                                await wait(call, sent_at, lambda: False)
+                        in_flight.popleft()
+                        for explanation in batch_answers(response, sent, in_place):
+                            yield explanation
         finally:
             chunks.close()
             for call, *_ in in_flight:
@@ -551,6 +599,8 @@ class AsyncClient(ClientBase[grpc.aio.Channel]):
 
     async def wait_ready(self, timeout: float = 60.0, poll: float = 0.2) -> None:
         """See ``Client.wait_ready``."""
+        self._check_loop()
+        self._connections.check_open()
         deadline = time.monotonic() + timeout
         status = "UNREACHABLE"
         waiting = list(range(self.connections))  # indices: see Client.wait_ready
@@ -568,6 +618,8 @@ class AsyncClient(ClientBase[grpc.aio.Channel]):
                 )
                 status = health_status_name(resp)
             except (Unavailable, DeadlineExceeded, NotFound, Cancelled) as exc:
+                if self._connections.closed:  # closed meanwhile: it will never be ready
+                    raise
                 status = type(exc).__name__
             if status == "SERVING":
                 waiting.pop(0)
@@ -648,20 +700,21 @@ class AsyncClient(ClientBase[grpc.aio.Channel]):
         while True:
             remaining = self._remaining(deadline, f"while watching job {job_id}")
             error: LimelightError | None = None
-            async with self._lease() as conn:
-                call = conn.stub.WatchJob(
-                    get_job_request(job_id), timeout=remaining, metadata=self._call_metadata()
-                )
-                try:
-                    async for msg in call:
-                        failures = 0
-                        yield msg
-                        if terminal_state(msg.state):
-                            return
-                except grpc.RpcError as err:
-                    error = watch_broke(err)
-                finally:
-                    call.cancel()
+            with self._closed_as_cancelled():
+                async with self._lease() as conn:
+                    call = conn.stub.WatchJob(
+                        get_job_request(job_id), timeout=remaining, metadata=self._call_metadata()
+                    )
+                    try:
+                        async for msg in call:
+                            failures = 0
+                            yield msg
+                            if terminal_state(msg.state):
+                                return
+                    except grpc.RpcError as err:
+                        error = watch_broke(err)
+                    finally:
+                        call.cancel()
             if failures >= self.retry_policy.retries or not await self._backoff(failures, deadline):
                 raise error or Unavailable(
                     grpc.StatusCode.UNAVAILABLE, f"watch of job {job_id} ended before it finished"

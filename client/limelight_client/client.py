@@ -6,6 +6,8 @@ import contextlib
 import itertools
 import threading
 import time
+import warnings
+import weakref
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from types import TracebackType
@@ -18,6 +20,7 @@ from limelight_client._common import (
     HEALTH_RPC,
     ClientBase,
     Connection,
+    Connections,
     HealthCheckRequest,
     JobHandleBase,
     RetryPolicy,
@@ -57,6 +60,7 @@ from limelight_client._streams import (
     answer,
     batch_answers,
     batch_request,
+    batch_request_upto_error,
     calls_in_flight,
     check_many,
     check_texts_per_call,
@@ -131,6 +135,32 @@ def _end_then_close(lanes: list[SyncLane], channels: list[grpc.Channel]) -> None
         channel.close()
 
 
+def _release_unclosed(
+    name: str, connections: Connections[grpc.Channel], watchdog: Watchdog
+) -> None:
+    """What ``close`` releases, for a client of ``single_calls="stream"`` that was garbage
+    collected without it (``weakref.finalize``: this must not refer to the client): its idle
+    streams (each holds a gRPC thread and a stream on the sidecar), its channels and its
+    watchdog's thread, ended in the background, with a ``ResourceWarning`` as an unclosed file
+    gives."""
+    watchdog.close()
+    if connections.closed:
+        return
+    warnings.warn(
+        f"unclosed {name}: close it (or use it in a with block) to release its connections",
+        ResourceWarning,
+        stacklevel=2,
+    )
+    connections.closed = True
+    lanes = take_all_idle(connections.idle_lane_lists())
+    threading.Thread(
+        target=_end_then_close,
+        args=(lanes, connections.every_channel()),
+        name="limelight-close",
+        daemon=True,
+    ).start()
+
+
 class Client(ClientBase[grpc.Channel]):
     """A connection to a Limelight sidecar.
 
@@ -196,13 +226,19 @@ class Client(ClientBase[grpc.Channel]):
     (OpenTelemetry's ``GrpcInstrumentorClient``) also applies to the channels of clients
     created after it is installed, and its client span then takes that place.
 
-    Use it as a context manager (or call :meth:`close`) to release the connections.
+    Use it as a context manager (or call :meth:`close`) to release the connections. A client of
+    ``single_calls="stream"`` that is garbage collected unclosed releases them then, with a
+    ``ResourceWarning`` (its pooled streams would otherwise keep threads and streams open on
+    the sidecar for the life of the process).
     """
 
     _dialers = (late_bound(grpc, "secure_channel"), late_bound(grpc, "insecure_channel"))
     _sleep = staticmethod(time.sleep)
     #: Cancels single calls on streams at their deadline (started with the first of them).
     _watchdog: Watchdog | None = None
+    #: Releases the streams, channels and watchdog of a client collected unclosed (made with
+    #: the watchdog).
+    _finalizer: weakref.finalize | None = None
 
     def _new_lock(self) -> threading.Lock:
         return threading.Lock()
@@ -214,6 +250,8 @@ class Client(ClientBase[grpc.Channel]):
         ``single_calls="stream"`` are ended first (waiting up to half a second for the
         sidecar to close them). Later calls raise ``Cancelled``."""
         self._connections.closed = True
+        if self._finalizer is not None:
+            self._finalizer.detach()
         lanes = take_all_idle(self._connections.idle_lane_lists())
         _end_then_close(lanes, self._connections.every_channel())
         if self._watchdog is not None:
@@ -265,7 +303,7 @@ class Client(ClientBase[grpc.Channel]):
     def _spread(self, deadline: float | None) -> None:
         """Spread the connections over the sidecar's workers (``Connections.spreading``)."""
         if self._connections.spread_due():
-            with self._spread_lock:
+            with self._closed_as_cancelled(), self._spread_lock:
                 dialogue = self._connections.spreading()
                 stub = next(dialogue, None)
                 while stub is not None:
@@ -319,7 +357,7 @@ class Client(ClientBase[grpc.Channel]):
         deadline = self._deadline(timeout)
         attempt = 0
         redialled: list[Connection[grpc.Channel]] = []
-        with self._lease(connection) as conn:
+        with self._closed_as_cancelled(), self._lease(connection) as conn:
             try:
                 while True:
                     remaining = self._remaining(deadline, "before the call could be (re)tried")
@@ -347,6 +385,10 @@ class Client(ClientBase[grpc.Channel]):
             with _WATCHDOG_LOCK:
                 if self._watchdog is None:
                     self._watchdog = Watchdog()
+                    self._finalizer = weakref.finalize(
+                        self, _release_unclosed, repr(self), self._connections, self._watchdog
+                    )
+                    self._finalizer.atexit = False  # the process ends them at exit anyway
             lane = SyncLane(conn.stub, self._metadata, self._watchdog)
         try:
             response = lane.ask(request, timeout)
@@ -529,7 +571,7 @@ class Client(ClientBase[grpc.Channel]):
         feed = StreamFeed(texts, self.connections, build)
         silence = Silence(feed, self.timeout)
         self._spread(deadline)
-        with self._lease_all() as conns:
+        with self._closed_as_cancelled(), self._lease_all() as conns:
             metadata = self._call_metadata()
             calls = feed.open(conns, deadline, metadata)
             silence.watch(calls)  # the list: a stream opened again is watched too
@@ -622,17 +664,19 @@ class Client(ClientBase[grpc.Channel]):
             except TimeoutError:
                 raise no_answer(self.timeout) from None
 
-        with self._lease_all() as conns:
+        # An item that cannot be sent (not a text): raised once the answers before it are out.
+        refused: Exception | None = None
+        with self._closed_as_cancelled(), self._lease_all() as conns:
             ring = list(conns)  # the connections the calls take in turn
             turn = itertools.cycle(range(len(ring)))
             window = calls_in_flight(len(conns), texts_per_call)
 
             def room_and_input() -> bool:
-                return len(in_flight) < window and chunks.ready()
+                return len(in_flight) < window and refused is None and chunks.ready()
 
             try:
                 while True:
-                    while len(in_flight) < window:
+                    while len(in_flight) < window and refused is None:
                         # Wait for input only when nothing is in flight; else answer what is.
                         try:
                             chunk = chunks.take(wait=not in_flight, deadline=deadline)
@@ -640,9 +684,12 @@ class Client(ClientBase[grpc.Channel]):
                             raise deadline_error("waiting for input") from None
                         if chunk is None:
                             break
-                        request, sent = batch_request(chunk, build)
-                        in_flight.append((*send(request), request, sent))
+                        request, sent, refused = batch_request_upto_error(chunk, build)
+                        if sent:
+                            in_flight.append((*send(request), request, sent))
                     if not in_flight:
+                        if refused is not None:
+                            raise refused
                         return
                     call, sent_at, on, request, sent = in_flight[0]
                     # The oldest call's answer, unless input comes first: then send that.
@@ -704,8 +751,10 @@ class Client(ClientBase[grpc.Channel]):
 
         Useful right after start-up: the port opens before the model is loaded (and with
         ``--workers``, each connection's worker loads its own). Then, with several
-        connections, spreads them over the workers (see ``spread``).
+        connections, spreads them over the workers (see ``spread``). A closed client raises
+        ``Cancelled`` at once, as its other calls do.
         """
+        self._connections.check_open()
         deadline = time.monotonic() + timeout
         status = "UNREACHABLE"
         # Connection indices, not the connections: spreading (by another thread) may replace
@@ -726,6 +775,8 @@ class Client(ClientBase[grpc.Channel]):
                     )
                 )
             except (Unavailable, DeadlineExceeded, NotFound, Cancelled) as exc:
+                if self._connections.closed:  # closed meanwhile: it will never be ready
+                    raise
                 status = type(exc).__name__
             if status == "SERVING":
                 waiting.pop(0)
@@ -818,7 +869,7 @@ class Client(ClientBase[grpc.Channel]):
         while True:
             remaining = self._remaining(deadline, f"while watching job {job_id}")
             error: LimelightError | None = None
-            with self._lease() as conn:
+            with self._closed_as_cancelled(), self._lease() as conn:
                 call = conn.stub.WatchJob(
                     get_job_request(job_id), timeout=remaining, metadata=self._call_metadata()
                 )

@@ -37,17 +37,33 @@ __all__ = [
 ]
 
 
+def _rebuilt(cls: type[LimelightError], args: tuple[Any, ...]) -> LimelightError:
+    """An error of class ``cls`` without running its ``__init__``; ``pickle`` and ``copy`` then
+    restore its attributes (``LimelightError.__reduce__``)."""
+    return cls.__new__(cls, *args)
+
+
 class LimelightError(Exception):
     """Base class of every client error.
 
     ``code`` is the gRPC status code of the failed call (``None`` for job outcomes, which are
     not RPC failures); ``message`` is the server's message, safe to show to users.
+
+    Errors survive ``pickle`` and ``copy`` with everything they carry (``code``, ``message``,
+    ``reason``, ``answered``, ``job``, ...): one raised in a ``ProcessPoolExecutor`` worker
+    reaches the parent as itself.
     """
 
     def __init__(self, code: grpc.StatusCode | None, message: str) -> None:
         super().__init__(message)
         self.code = code
         self.message = message
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Exception's own reduction calls ``cls(*self.args)``, which is not how these are made
+        # (``args`` holds the message only): rebuild without ``__init__``, then restore the
+        # attributes from ``__dict__``.
+        return (_rebuilt, (type(self), self.args), self.__dict__)
 
     def __str__(self) -> str:
         prefix = self.code.name if self.code is not None else type(self).__name__

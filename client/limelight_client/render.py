@@ -548,7 +548,8 @@ def _html_top(exp: Explanation, name: str, values: list[float]) -> str:
     scale = _scale(values, exp.tokens)
     ranked = sorted(
         ((i, v) for i, (t, v) in enumerate(zip(exp.tokens, values, strict=False)) if not t.special),
-        key=lambda iv: -abs(iv[1]),
+        # As ``Explanation.top(absolute=True)``: NaN last rather than scrambling the order.
+        key=lambda iv: (math.isnan(iv[1]), -abs(iv[1])),
     )[:_TOP_K]
     rows = []
     for rank, (i, v) in enumerate(ranked, start=1):

@@ -1,8 +1,11 @@
 """Typed, frozen result objects converted from the protobuf messages of ``limelight.v1``.
 
 The objects are frozen dataclasses: attributes cannot be rebound. They hold plain Python values
-(lists, dicts, floats) so that they need nothing beyond the standard library to use and
-``to_dict()`` is JSON-serialisable as is.
+(lists, dicts, floats) so that they need nothing beyond the standard library to use (those that
+hold lists or dicts, ``Explanation`` among them, are therefore not hashable) and
+``to_dict()`` is JSON-serialisable as is, strict JSON included (``json.dumps(...,
+allow_nan=False)``): a float that is not finite — the ``divergence`` of a drift label not
+compared yet, a score a method could not compute — is ``None`` there.
 
 Field names follow the protobuf messages (and the server's own types) name for name;
 ``to_dict()`` is derived from the dataclass fields (plus each type's derived properties, such as
@@ -26,7 +29,7 @@ from typing import Any, ClassVar
 from google.protobuf import json_format, struct_pb2, timestamp_pb2
 
 from limelight_client import render
-from limelight_client._text import TARGET_SCORES, strip_piece_marker
+from limelight_client._text import TARGET_SCORES, splits_at, strip_piece_marker, word_boundary
 from limelight_client.proto import explainer_pb2 as pb
 
 __all__ = [
@@ -105,7 +108,10 @@ def _timestamp(message: Any, name: str) -> _dt.datetime | None:
 
 
 def _jsonable(value: Any) -> Any:
-    """A field value as JSON types: nested shapes as dicts, enums by name, times in ISO 8601."""
+    """A field value as JSON types: nested shapes as dicts, enums by name, times in ISO 8601,
+    NaN and infinities as ``None`` (JSON has no such numbers)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
     if isinstance(value, _Shape):
         return value.to_dict()
     if isinstance(value, enum.Enum):
@@ -126,7 +132,8 @@ class _Shape:
     _derived: ClassVar[tuple[str, ...]] = ()
 
     def to_dict(self) -> dict[str, Any]:
-        """A JSON-serialisable dict of every field (and derived property)."""
+        """A JSON-serialisable dict of every field (and derived property); a float that is not
+        finite is ``None`` (strict JSON has no NaN)."""
         assert dataclasses.is_dataclass(self)
         out = {f.name: _jsonable(getattr(self, f.name)) for f in dataclasses.fields(self)}
         for name in self._derived:
@@ -247,6 +254,11 @@ class Explanation(_Shape):
     predicted label (or the requested target) and ``label_explanations`` the other predicted
     labels, one :class:`Explanation` each (same tokens). :meth:`explained` lists them all.
     """
+
+    #: Not hashable (``hash()`` raises ``TypeError``, as for a list): it holds lists and
+    #: dicts. Key explanations by what identifies them for you, such as ``(text, method,
+    #: target_label)``; ``==`` compares every field.
+    __hash__ = None  # type: ignore[assignment]
 
     label: str
     label_index: int
@@ -407,13 +419,37 @@ class Explanation(_Shape):
     def words(self, scores: str = TARGET_SCORES, *, punctuation_apart: bool = False) -> list[Word]:
         """The non-special tokens merged into words, in text order, with summed scores.
 
-        Tokens join when one starts where the previous ended (no whitespace between them in
-        the text); without usable offsets, ``##``-continuation pieces join their word.
-        ``punctuation_apart``: the punctuation before a word's first letter or digit and after
-        its last is one word per token ("gorgeous" and "," rather than "gorgeous,"), as
-        :meth:`by_words`, ``--words`` and the web viewer show words.
+        Words are those of BERT's basic pre-tokenizer, as far as the tokens' offsets allow
+        (a piece is never cut): a piece joins the one before it when it starts where that one
+        ended and neither character at the join is whitespace or stands apart — each CJK
+        ideograph is a word of its own ("这部电影" is four words), and with
+        ``punctuation_apart`` each punctuation character too ("gorgeous" and "," rather than
+        "gorgeous,"; "good", ",", "but"; an apostrophe between letters stays: "don't"), as
+        :meth:`by_words`, ``--words`` and the web viewer show words. Pieces that share one
+        character's span (an uncased BERT's Hangul letters, an emoji's bytes) always join.
+        Without usable offsets,
+        ``##``-continuation pieces join their word, by the same rule on the pieces' text.
         """
         return self._words(self.score_array(scores), punctuation_apart)
+
+    def _joins(self, prev: Token, tok: Token, have_offsets: bool, punctuation: bool) -> bool:
+        """Whether ``tok`` belongs to the word of ``prev``, the piece before it (``words``)."""
+        if prev.segment != tok.segment:
+            return False
+        piece = strip_piece_marker(tok.text)
+        if not have_offsets:
+            return tok.text.startswith("##") and not word_boundary(
+                strip_piece_marker(prev.text)[-1:], piece[:1], punctuation
+            )
+        if prev.start <= tok.start < prev.end:
+            return True  # pieces of one character share its span
+        if tok.start != prev.end:
+            return False  # whitespace (or something the tokenizer dropped) between them
+        source = self.text if tok.segment == 0 else self.text_pair
+        if source is not None and 0 < tok.start < len(source):
+            return not splits_at(source, tok.start, punctuation)
+        # no text to look at: the pieces' own
+        return not word_boundary(strip_piece_marker(prev.text)[-1:], piece[:1], punctuation)
 
     def _words(self, values: Sequence[float], punctuation_apart: bool) -> list[Word]:
         have_offsets = any(t.end > t.start for t in self.tokens if not t.special)
@@ -423,24 +459,11 @@ class Explanation(_Shape):
             if tok.special or i >= len(values):
                 prev = None
                 continue
-            joined = (
-                prev is not None
-                and prev.segment == tok.segment
-                # pieces of one character share its span (Hangul split into jamo, an emoji
-                # in byte-level pieces): they join as touching pieces do
-                and (
-                    prev.start <= tok.start <= prev.end
-                    if have_offsets
-                    else tok.text.startswith("##")
-                )
-            )
-            if joined:
+            if prev is not None and self._joins(prev, tok, have_offsets, punctuation_apart):
                 groups[-1].append(i)
             else:
                 groups.append([i])
             prev = tok
-        if punctuation_apart:
-            groups = [part for group in groups for part in self._punctuation_apart(group)]
         out = []
         for group in groups:
             first, last = self.tokens[group[0]], self.tokens[group[-1]]
@@ -468,8 +491,9 @@ class Explanation(_Shape):
         A merged token's ``text`` is the word as the input spells it, its span the word's and
         its ``id`` -1 (a word of one piece keeps the piece's id); special tokens stay as they
         are. Rankings of words are legible ("unwatchable" rather than "##watch") but are not
-        what the faithfulness metrics score, which count the model's tokens. Unlike
-        :meth:`words`, punctuation stays apart ("unwatchable" and "," rather than
+        what the faithfulness metrics score, which count the model's tokens. The words
+        are those of :meth:`words` with ``punctuation_apart``: BERT's basic pre-tokenizer's,
+        each punctuation character and CJK ideograph apart ("unwatchable" and "," rather than
         "unwatchable,")."""
         words = self._words(self.scores, punctuation_apart=True)
         return self._merged([(w.tokens, w.text) for w in words])
@@ -549,20 +573,6 @@ class Explanation(_Shape):
 
         return merged(self)
 
-    def _punctuation_apart(self, group: list[int]) -> list[list[int]]:
-        """One whitespace-delimited group of tokens split into the punctuation before its
-        first letter or digit, the word, and the punctuation after its last, each punctuation
-        token alone ("(great)." gives "(", "great", ")", "."; "don't" stays whole)."""
-        wordy = [i for i in group if any(map(str.isalnum, strip_piece_marker(self.tokens[i].text)))]
-        if not wordy:
-            return [group]
-        first, last = group.index(wordy[0]), group.index(wordy[-1])
-        return [
-            *([i] for i in group[:first]),
-            group[first : last + 1],
-            *([i] for i in group[last + 1 :]),
-        ]
-
     def to_html(
         self,
         path: str | Path | None = None,
@@ -596,6 +606,9 @@ class Explanation(_Shape):
 class MethodInfo(_Shape):
     """An attribution method the server offers: ``cost`` is ``"inline"`` or ``"job"``."""
 
+    #: Not hashable: it holds lists and dicts (equal objects compare equal with ``==``).
+    __hash__ = None  # type: ignore[assignment]
+
     name: str
     cost: str
     description: str = ""
@@ -620,6 +633,9 @@ class MethodInfo(_Shape):
 @dataclass(frozen=True)
 class ModelInfo(_Shape):
     """The served model: labels, architecture, limits and the methods it supports."""
+
+    #: Not hashable: it holds lists and dicts (equal objects compare equal with ``==``).
+    __hash__ = None  # type: ignore[assignment]
 
     name: str
     version: str
@@ -711,6 +727,9 @@ class JobState(enum.IntEnum):
 class JobInfo(_Shape):
     """A snapshot of a job; ``result`` is set once it SUCCEEDED, ``error`` when it did not."""
 
+    #: Not hashable: it holds lists and dicts (equal objects compare equal with ``==``).
+    __hash__ = None  # type: ignore[assignment]
+
     id: str
     state: JobState
     method: str
@@ -800,7 +819,13 @@ class TokenShift(_Shape):
 
 @dataclass(frozen=True)
 class LabelDrift(_Shape):
-    """Attribution drift of one predicted label (Jensen–Shannon divergence, base 2)."""
+    """Attribution drift of one predicted label (Jensen–Shannon divergence, base 2).
+
+    ``divergence`` is NaN while the label is not compared (:attr:`compared`); ``to_dict()``
+    gives ``None`` for it then."""
+
+    #: Not hashable: it holds lists and dicts (equal objects compare equal with ``==``).
+    __hash__ = None  # type: ignore[assignment]
 
     label: str
     divergence: float
@@ -833,6 +858,9 @@ class LabelDrift(_Shape):
 @dataclass(frozen=True)
 class DriftReport(_Shape):
     """Attribution drift per label plus label-mix and concentration drift."""
+
+    #: Not hashable: it holds lists and dicts (equal objects compare equal with ``==``).
+    __hash__ = None  # type: ignore[assignment]
 
     reference_state: str
     reference_count: int

@@ -161,6 +161,11 @@ class Settings(BaseSettings):
     http_tls: bool = True
     """Serve the HTTP port with TLS too when ``tls_cert``/``tls_key`` are set (same client CA);
     false keeps it plain HTTP, e.g. for a Prometheus without client certificates."""
+    http_allowed_hosts: list[str] = []
+    """Host names the HTTP port answers besides ``localhost`` and IP addresses (the ``Host``
+    header, any port; ``LIMELIGHT_HTTP_ALLOWED_HOSTS='["viewer.example.com"]'``; ``"*"``: any).
+    Empty: a port bound to a loopback ``host`` answers those only (a guard against DNS
+    rebinding: 403 for other names), one bound to another address any name."""
     viewer_enabled: bool = True
     """Serve the web explanation viewer on the HTTP port (``/viewer/``, with its JSON routes
     under ``/viewer/api/``, behind the same bearer tokens as the other HTTP APIs); false

@@ -14,15 +14,37 @@ outputs are returned in binary when asked for (``binary_data`` per output or
 
 The web explanation viewer (``limelight.api.viewer``) adds its page and JSON routes under
 ``/viewer`` unless ``viewer_enabled`` is false.
+
+Browsers reach this port too (the viewer; any page a developer opens while a sidecar runs on
+their machine), so it guards against other sites:
+
+- DNS rebinding: bound to a loopback address (the default), it answers only requests whose
+  ``Host`` is ``localhost``, an IP address (``127.0.0.1``, ``[::1]``; any port) or a name listed
+  in ``http_allowed_hosts``; others get 403. Bound to another address (``0.0.0.0`` in a
+  container, behind Services whose names are arbitrary) any ``Host`` is served unless
+  ``http_allowed_hosts`` lists some names.
+- Cross-site posts: a POST body must be declared JSON (``application/json``; the v2 ``infer``
+  route also takes ``application/octet-stream``, what Triton's aio client sends) or get 415, so
+  that no page can post here without the CORS preflight the port never grants. A body that
+  declares no type, or curl's and urllib's default ``application/x-www-form-urlencoded``, is
+  taken from non-browser clients (Triton's HTTP client sends none): only a request without an
+  ``Origin`` header, which every browser sends with a POST. The viewer's routes take JSON only.
+- A malformed request (a header line over 8,190 bytes, a bad ``Content-Length``) is answered
+  400 by aiohttp, which would log it as an ERROR with a traceback quoting the request's bytes (a
+  bearer token among them): ``MalformedRequests`` turns that into one WARNING line without them,
+  at most one a minute.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import ipaddress
 import json
 import logging
 import random
 import ssl
+import threading
 import time
 import weakref
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
@@ -30,6 +52,7 @@ from typing import Any
 
 import numpy as np
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from limelight import tracing
@@ -61,6 +84,142 @@ def _error(status: int, message: str, headers: Mapping[str, str] | None = None) 
     if status == 401:
         headers["WWW-Authenticate"] = "Bearer"
     return web.json_response({"error": message}, status=status, headers=headers)
+
+
+class MalformedRequests(logging.Filter):
+    """aiohttp answers a request it cannot parse (a header line over 8,190 bytes, too many
+    headers, a bad ``Content-Length``) with a 400, and logs it as an ERROR with a traceback whose
+    message quotes the request's bytes — the start of an over-long ``Authorization`` header is a
+    bearer token. Any client can send one, before any auth: that is the client's mistake, not a
+    fault of the server. One WARNING line instead (a DEBUG one stays DEBUG) naming the client's
+    address and the kind of mistake, never the bytes; at most one line every ``INTERVAL_S``,
+    each saying how many were left out since the previous one."""
+
+    LOGGER = "aiohttp.server"
+    INTERVAL_S = 60.0
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        super().__init__()
+        self._clock = clock
+        self._lock = threading.Lock()  # several servers (threads, loops) share the logger
+        self._next: float | None = None
+        self._left_out = 0
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        if not isinstance(exc, HttpProcessingError):
+            return True
+        now = self._clock()
+        with self._lock:
+            if self._next is not None and now < self._next:
+                self._left_out += 1
+                return False
+            left_out, self._left_out = self._left_out, 0
+            self._next = now + self.INTERVAL_S
+        args = record.args if isinstance(record.args, tuple) else ()
+        client = str(args[0]) if len(args) == 1 else "a client"
+        if record.levelno > logging.WARNING:
+            record.levelno, record.levelname = logging.WARNING, "WARNING"
+        record.msg = "malformed HTTP request from %s refused (%s %s)%s"
+        record.args = (
+            client,
+            exc.code or 400,
+            type(exc).__name__,
+            f"; {left_out} more since the last such line" if left_out else "",
+        )
+        record.exc_info = record.exc_text = record.stack_info = None
+        return True
+
+    @classmethod
+    def install(cls) -> None:
+        logger = logging.getLogger(cls.LOGGER)
+        if not any(isinstance(f, cls) for f in logger.filters):
+            logger.addFilter(cls())
+
+
+# --- which requests are served: Host and body types -------------------------------------------
+
+#: The names of the local machine a browser never asks DNS for (besides loopback IP literals).
+LOOPBACK_NAMES = frozenset({"localhost"})
+
+
+def host_name(value: str) -> str:
+    """The host of a ``Host`` header (or a configured name), lower case, without its port or
+    an IPv6 literal's brackets: ``[::1]:9464`` is ``::1``, ``Example.com:80`` ``example.com``."""
+    value = value.strip().lower()
+    if value.startswith("["):
+        return value[1 : value.find("]")] if "]" in value else value
+    if value.count(":") == 1:
+        name, _, port = value.partition(":")
+        if port.isdigit() or not port:
+            return name
+    return value
+
+
+def _ip(host: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+    try:
+        return ipaddress.ip_address(host)
+    except ValueError:
+        return None
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` (a name from ``host_name`` or a bind address) is the local machine
+    only: ``localhost`` or a loopback IP literal (``127.0.0.0/8``, ``::1``)."""
+    address = _ip(host)
+    return host in LOOPBACK_NAMES or (address is not None and address.is_loopback)
+
+
+def host_allowed(header: str | None, bind_host: str, allowed: Sequence[str]) -> bool:
+    """Whether a request with ``Host: header`` is served by a port bound to ``bind_host``.
+
+    DNS rebinding: a page whose name an attacker re-points at 127.0.0.1 is, to the browser,
+    the same origin as the sidecar, but its requests still say ``Host: <its name>``. So with
+    ``allowed`` (``http_allowed_hosts``) empty, a port bound to a loopback address serves
+    ``localhost`` and IP literals only (a page whose origin is an IP address was loaded from
+    that address: no name to re-point) and one bound to another address any host. With names
+    listed, those are served too, wherever the port is bound, and no others (``*``: any). No
+    ``Host`` at all (an HTTP/1.0 client) is not a browser's request: served."""
+    if header is None:
+        return True
+    host = host_name(header)
+    names = {host_name(a) for a in allowed}
+    if "*" in names or host in names or host in LOOPBACK_NAMES or _ip(host) is not None:
+        return True
+    return not names and not is_loopback(host_name(bind_host))
+
+
+@dataclasses.dataclass(frozen=True)
+class BodyTypes:
+    """The media types a POST route takes (``Content-Type``, parameters aside).
+    ``undeclared``: also a body without a type or with curl's and urllib's default form type,
+    from a request without an ``Origin`` header (no browser: every browser sends one with a
+    POST)."""
+
+    accepted: tuple[str, ...]
+    undeclared: bool = True
+
+    def refusal(self, request: web.Request) -> str | None:
+        """Why the request's body is refused (a 415), or None."""
+        declared = request.headers.get("Content-Type", "").strip()
+        media = request.content_type if declared else ""
+        if media in self.accepted:
+            return None
+        browser = "Origin" in request.headers
+        if self.undeclared and not browser and media in ("", "application/x-www-form-urlencoded"):
+            return None
+        said = f"Content-Type {media!r}" if media else "a body without a Content-Type"
+        return (
+            f"{said} is not accepted here: send the body as {' or '.join(self.accepted)} "
+            "(the only types a web page on another site cannot post without a CORS preflight)"
+        )
+
+
+JSON_BODIES = BodyTypes(("application/json",))
+#: Triton's binary tensor extension: its aio client sends application/octet-stream.
+V2_BODIES = BodyTypes(("application/json", "application/octet-stream"))
+#: The viewer's own page always sends application/json.
+VIEWER_BODIES = BodyTypes(("application/json",), undeclared=False)
 
 
 @web.middleware
@@ -324,6 +483,8 @@ class HttpServer:
             weakref.WeakKeyDictionary()
         )
         self.port = 0
+        # Where the port is bound (``start`` says): which Host headers it serves.
+        self._bind_host = settings.host
 
     def ready_service(self) -> ExplanationService:
         service = self._service()
@@ -337,7 +498,16 @@ class HttpServer:
 
     # --- plumbing: auth, metrics and errors in one place ---------------------------------------
 
-    def _route(self, rpc: str, handler: Handler, protected: bool = True) -> Handler:
+    def _route(
+        self,
+        rpc: str,
+        handler: Handler,
+        protected: bool = True,
+        bodies: BodyTypes | None = None,
+    ) -> Handler:
+        """``handler`` behind bearer-token auth (``protected``), with its metrics, trace span
+        and errors; a POST whose body is not one of ``bodies`` is refused (415)."""
+
         async def wrapped(request: web.Request) -> web.StreamResponse:
             start = time.monotonic()
             code = "OK"
@@ -354,6 +524,10 @@ class HttpServer:
                         raise Unauthenticated(
                             "missing or invalid bearer token (send 'Authorization: Bearer <token>')"
                         )
+                    if bodies is not None and request.method == "POST":
+                        refusal = bodies.refusal(request)
+                        if refusal is not None:
+                            raise web.HTTPUnsupportedMediaType(text=refusal)
                     return await handler(request)
                 except LimelightError as exc:
                     code = exc.kind.name
@@ -385,10 +559,19 @@ class HttpServer:
         body = await read_body(request)
         length = request.headers.get(HEADER_LENGTH)
         if length is not None:
+            length = length.strip()
             # isascii: str.isdigit() also takes "²", which int() refuses.
-            if not (length.isascii() and length.isdigit()) or int(length) > len(body):
-                raise InvalidArgument(f"{HEADER_LENGTH} is not a valid length")
-            body, binary = body[: int(length)], body[int(length) :]
+            if not (length.isascii() and length.isdigit()):
+                raise InvalidArgument(
+                    f"{HEADER_LENGTH} is not a valid length (the JSON header's size in bytes)"
+                )
+            # Compared by its digits first: int() refuses over 4,300 of them (ValueError).
+            digits = length.lstrip("0") or "0"
+            if len(digits) > len(str(len(body))) or int(digits) > len(body):
+                raise InvalidArgument(
+                    f"{HEADER_LENGTH} is larger than the request body ({len(body)} bytes)"
+                )
+            body, binary = body[: int(digits)], body[int(digits) :]
         else:
             binary = b""
         return parse_json(body), binary
@@ -464,6 +647,23 @@ class HttpServer:
         return web.json_response({"explanations": [v1_explanation(e) for e in results]})
 
     @web.middleware
+    async def _hosts(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        """403 for a request whose ``Host`` this port does not serve (``host_allowed``)."""
+        header = request.headers.get("Host")
+        allowed = self.settings.http_allowed_hosts
+        if host_allowed(header, self._bind_host, allowed):
+            return await handler(request)
+        names = ", ".join(["localhost", *allowed, "an IP address (127.0.0.1, [::1], ...)"])
+        return _error(
+            403,
+            f"this port does not serve the host name {host_name(header or '')[:100]!r} (a "
+            f"guard against DNS rebinding): it is bound to {self._bind_host} and answers "
+            f"requests for {names} only; list the name you use in LIMELIGHT_HTTP_ALLOWED_HOSTS "
+            "(a JSON list, e.g. '[\"viewer.example.com\"]'), or bind another address "
+            "(LIMELIGHT_HOST)",
+        )
+
+    @web.middleware
     async def _connection_age(self, request: web.Request, handler: Handler) -> web.StreamResponse:
         """``Connection: close`` on a keep-alive connection older than ``max_connection_age_s``
         (from its first request, ±10 %) and on every answer while the sidecar is not ready
@@ -488,7 +688,7 @@ class HttpServer:
     def application(self) -> web.Application:
         app = web.Application(
             client_max_size=self.settings.max_message_bytes,
-            middlewares=[_json_errors, self._connection_age],
+            middlewares=[self._hosts, _json_errors, self._connection_age],
         )
         r = self._route
         model = "/v2/models/{name}"
@@ -504,20 +704,25 @@ class HttpServer:
                 web.get(version, r("v2.ModelMetadata", self.model_metadata)),
                 web.get(f"{model}/ready", r("v2.ModelReady", self.model_ready, protected=False)),
                 web.get(f"{version}/ready", r("v2.ModelReady", self.model_ready, protected=False)),
-                web.post(f"{model}/infer", r("v2.ModelInfer", self.infer)),
-                web.post(f"{version}/infer", r("v2.ModelInfer", self.infer)),
+                web.post(f"{model}/infer", r("v2.ModelInfer", self.infer, bodies=V2_BODIES)),
+                web.post(f"{version}/infer", r("v2.ModelInfer", self.infer, bodies=V2_BODIES)),
                 web.get("/v1/models", r("v1.models", self.v1_models)),
                 web.get(v1, r("v1.model", self.v1_model, protected=False)),
-                web.post(f"{v1}:predict", r("v1.predict", self.v1_predict)),
-                web.post(f"{v1}:explain", r("v1.explain", self.v1_explain)),
+                web.post(f"{v1}:predict", r("v1.predict", self.v1_predict, bodies=JSON_BODIES)),
+                web.post(f"{v1}:explain", r("v1.explain", self.v1_explain, bodies=JSON_BODIES)),
             ]
         )
         if self.settings.viewer_enabled:
             viewer = Viewer(self.settings, self._service, self._version, bool(self._tokens))
-            viewer.add_to(app, r)
+            # Its POST routes take JSON only (what its page sends); its GET routes no body.
+            viewer.add_to(
+                app, lambda rpc, handler, protected: r(rpc, handler, protected, VIEWER_BODIES)
+            )
         return app
 
     async def start(self, host: str, port: int, context: ssl.SSLContext | None = None) -> int:
+        MalformedRequests.install()  # once per process: the logger is aiohttp's, shared
+        self._bind_host = host
         runner = web.AppRunner(self.application(), access_log=None, handle_signals=False)
         await runner.setup()
         # Several workers (``reuse_port``) share the HTTP port as they share the gRPC port.

@@ -9,7 +9,6 @@ import enum
 import hashlib
 import math
 import time
-import unicodedata
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from importlib import resources
@@ -31,6 +30,7 @@ from limelight.core.types import (
 )
 from limelight.errors import InvalidArgument, Unavailable
 from limelight.settings import Settings
+from limelight_client._text import splits_at
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 RouteWrapper = Callable[[str, Handler, bool], Handler]
@@ -87,38 +87,14 @@ def _floats(values: Any) -> list[float | None]:
     return [float(v) if math.isfinite(float(v)) else None for v in np.asarray(values).reshape(-1)]
 
 
-#: CJK ideographs, which BERT's basic pre-tokenizer makes one word each (its
-#: ``_is_chinese_char`` ranges; the SDK's ``limelight_client._text`` has the same).
-_CJK_IDEOGRAPHS = (
-    (0x4E00, 0x9FFF),
-    (0x3400, 0x4DBF),
-    (0x20000, 0x2A6DF),
-    (0x2A700, 0x2B73F),
-    (0x2B740, 0x2B81F),
-    (0x2B820, 0x2CEAF),
-    (0xF900, 0xFAFF),
-    (0x2F800, 0x2FA1F),
-)
-
-
-def _stands_apart(char: str) -> bool:
-    """Whitespace, a punctuation character (Unicode's P* and every ASCII symbol, as BERT's
-    ``_is_punctuation``) or a CJK ideograph: a word ends before and after it."""
-    code = ord(char)
-    if char.isspace() or any(low <= code <= high for low, high in _CJK_IDEOGRAPHS):
-        return True
-    if 33 <= code <= 47 or 58 <= code <= 64 or 91 <= code <= 96 or 123 <= code <= 126:
-        return True
-    return unicodedata.category(char).startswith("P")
-
-
 def word_spans(
     tokens: Sequence[TokenInfo], text: str, text_pair: str | None = None
 ) -> list[dict[str, Any]]:
     """Words as BERT's basic pre-tokenizer defines them, as far as the pieces' offsets allow
     (a piece is never cut), the same as the SDK's ``by_words``: a piece joins the one before
     it when it starts where that one ended and neither character at the join is whitespace,
-    punctuation or a CJK ideograph ("gorgeous" and ","; "don", "'", "t"; "这", "部"). A new
+    punctuation or a CJK ideograph ("gorgeous" and ","; "这", "部"; an apostrophe between letters
+    stays inside: "don't"; ``limelight_client._text.splits_at``, which the SDK's words use). A new
     word starts at a special token and a change of segment; pieces that share one
     character's span stay together."""
     words: list[dict[str, Any]] = []
@@ -138,12 +114,7 @@ def word_spans(
             and (
                 # pieces of one character share its span (Hangul split into its letters)
                 prev[0] <= start < prev[1]
-                or (
-                    start == prev[1]
-                    and 0 < start < len(source)
-                    and not _stands_apart(source[start - 1])
-                    and not _stands_apart(source[start])
-                )
+                or (start == prev[1] and 0 < start < len(source) and not splits_at(source, start))
             )
         )
         if current is None or not joined:

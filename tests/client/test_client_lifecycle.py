@@ -1,0 +1,159 @@
+"""A client's life against a real sidecar: closed while a run goes on, closed before
+``wait_ready``, garbage collected without ``close``, an ``AsyncClient`` used from another event
+loop; and runs of ``explain_many`` that meet an item that is not a text."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import threading
+import time
+import weakref
+from typing import Any
+
+import pytest
+
+from limelight_client import AsyncClient, Client
+from limelight_client.errors import Cancelled
+from tests.conftest import RunningSidecar
+
+#: How long a check waits for what it expects before it fails (no timing is asserted).
+PATIENCE_S = 60.0
+
+TEXTS = [f"text number {i}" for i in range(9)]
+
+
+def _watchdogs() -> int:
+    return sum(t.name == "limelight-lane-watchdog" for t in threading.enumerate())
+
+
+def test_a_stream_client_collected_unclosed_releases_its_streams_and_threads(
+    sidecar: RunningSidecar,
+) -> None:
+    before = _watchdogs()
+    client = Client(sidecar.target, timeout=60, single_calls="stream")
+    assert client.explain("a fine film").label
+    (lane,) = client._connections.open[0].lanes  # the idle stream the call left open
+    call = lane._call
+    gone = weakref.ref(client)
+    assert _watchdogs() == before + 1
+    with pytest.warns(ResourceWarning, match="unclosed Client"):
+        del client
+        gc.collect()
+    assert gone() is None
+    deadline = time.monotonic() + PATIENCE_S
+    while (_watchdogs() > before or not call.done()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert call.done(), "the pooled stream is still open"
+    assert _watchdogs() == before, "the watchdog thread is still running"
+
+
+def _closing_midway(client: Any, texts: list[str], after: int) -> Any:
+    """Answers of a packed run over ``texts``, closing ``client`` after ``after`` of them."""
+    got = 0
+    for _ in client.explain_many(texts, texts_per_call=64):
+        got += 1
+        if got == after:
+            client.close()
+    return got
+
+
+def test_close_during_a_packed_run_raises_cancelled(sidecar: RunningSidecar) -> None:
+    """The run has sent its first calls; closed after the first answer, its next call is
+    made on a closed channel: ``Cancelled``, not grpc's ``ValueError``."""
+    texts = [f"review {i}" for i in range(64 * 6)]
+    client = Client(sidecar.target, timeout=60)
+    with pytest.raises(Cancelled):
+        _closing_midway(client, texts, after=1)
+
+
+@pytest.mark.asyncio
+async def test_close_during_an_async_packed_run_raises_cancelled(
+    sidecar: RunningSidecar,
+) -> None:
+    texts = [f"review {i}" for i in range(64 * 6)]
+    client = AsyncClient(sidecar.target, timeout=60)
+    with pytest.raises(Cancelled):
+        async for _ in client.explain_many(texts, texts_per_call=64):
+            await client.close()
+
+
+def test_wait_ready_on_a_closed_client_raises_cancelled_at_once(sidecar: RunningSidecar) -> None:
+    client = Client(sidecar.target)
+    client.close()
+    with pytest.raises(Cancelled):
+        client.wait_ready(timeout=PATIENCE_S)
+
+
+@pytest.mark.asyncio
+async def test_async_wait_ready_on_a_closed_client_raises_cancelled(
+    sidecar: RunningSidecar,
+) -> None:
+    client = AsyncClient(sidecar.target)
+    await client.close()
+    with pytest.raises(Cancelled):
+        await client.wait_ready(timeout=PATIENCE_S)
+
+
+def test_an_async_client_used_in_another_event_loop_says_so(sidecar: RunningSidecar) -> None:
+    """Two ``asyncio.run`` calls are two event loops (so this test runs them itself)."""
+    made: dict[str, AsyncClient] = {}
+
+    async def first() -> str:
+        made["client"] = AsyncClient(sidecar.target, timeout=60)
+        return (await made["client"].explain("a fine film")).label
+
+    assert asyncio.run(first())
+    with pytest.raises(RuntimeError, match="one event loop only") as wrong:
+        asyncio.run(made["client"].explain("a fine film"))
+    assert "now closed" in str(wrong.value)
+
+    async def batch() -> Any:
+        return [r async for r in made["client"].explain_many(["a", "b"], texts_per_call=2)]
+
+    with pytest.raises(RuntimeError, match="one event loop only"):
+        asyncio.run(batch())
+
+
+def test_packed_run_answers_the_items_before_one_that_is_not_a_text(
+    sidecar: RunningSidecar,
+) -> None:
+    with Client(sidecar.target, timeout=60) as client:
+        for per_call in (1, 4, 16):
+            got: list[str | None] = []
+            with pytest.raises(TypeError):
+                for r in client.explain_many([*TEXTS, 3], texts_per_call=per_call):  # type: ignore[list-item]
+                    got.append(r.text)
+            assert got == TEXTS, per_call
+
+        def lazily() -> Any:
+            yield from TEXTS
+            yield 3
+            yield "never sent"
+
+        got = []
+        with pytest.raises(TypeError):
+            for r in client.explain_many(lazily(), texts_per_call=4):
+                got.append(r.text)
+        assert got == TEXTS
+
+
+@pytest.mark.asyncio
+async def test_async_packed_run_answers_the_items_before_one_that_is_not_a_text(
+    sidecar: RunningSidecar,
+) -> None:
+    async with AsyncClient(sidecar.target, timeout=60) as client:
+        for per_call in (1, 4, 16):
+            got: list[str | None] = []
+            with pytest.raises(TypeError):
+                async for r in client.explain_many([*TEXTS, 3], texts_per_call=per_call):  # type: ignore[list-item]
+                    got.append(r.text)
+            assert got == TEXTS, per_call
+
+
+def test_submit_refuses_a_text_that_is_not_a_str(sidecar: RunningSidecar) -> None:
+    with Client(sidecar.target, timeout=60) as client:
+        with pytest.raises(TypeError, match="text must be a str"):
+            client.submit(None, "random")  # type: ignore[arg-type]
+        with pytest.raises(TypeError, match="text_pair must be a str"):
+            client.submit("a film", "random", text_pair=3)  # type: ignore[arg-type]
