@@ -134,3 +134,17 @@ class BrokenMethod(JobMethod):
         self, ctx: JobContext, encoded: Encoded, target: int, params: Mapping[str, Any]
     ) -> MethodOutput:
         raise ZeroDivisionError("secret internal detail")
+
+
+class MissingFileMethod(JobMethod):
+    """Fails as a method whose file beside the model is missing: its message names the file."""
+
+    name = "missing_file"
+    description = "test method: fails naming a file beside the model"
+
+    def run(
+        self, ctx: JobContext, encoded: Encoded, target: int, params: Mapping[str, Any]
+    ) -> MethodOutput:
+        from limelight.errors import FailedPrecondition
+
+        raise FailedPrecondition(f"no table at {ctx.model.directory / 'table.npy'}; build one")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 import grpc
 
@@ -65,10 +66,14 @@ def client_details(message: str) -> str:
     return message[: MAX_DETAILS_CHARS - 22] + "… (message truncated)"
 
 
-def client_status(exc: BaseException) -> tuple[grpc.StatusCode, str]:
-    """The status code and message a client is shown for ``exc``: a ``LimelightError``'s own;
-    anything else is a bug, logged here with its traceback and shown as a generic INTERNAL."""
+def client_status(
+    exc: BaseException, redact: Callable[[str], str] | None = None
+) -> tuple[grpc.StatusCode, str]:
+    """The status code and message a client is shown for ``exc``: a ``LimelightError``'s own,
+    through ``redact`` (the service's: server paths named, not spelled out); anything else is
+    a bug, logged here with its traceback and shown as a generic INTERNAL."""
     if isinstance(exc, LimelightError):
-        return status_for(exc.kind), client_details(exc.message)
+        message = redact(exc.message) if redact is not None else exc.message
+        return status_for(exc.kind), client_details(message)
     log.exception("unexpected error in RPC", exc_info=exc)
     return grpc.StatusCode.INTERNAL, INTERNAL_MESSAGE

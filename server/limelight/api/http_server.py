@@ -531,7 +531,9 @@ class HttpServer:
                     return await handler(request)
                 except LimelightError as exc:
                     code = exc.kind.name
-                    return _error(http_status_for(exc.kind), exc.message)
+                    service = self._service()
+                    message = service.redact(exc.message) if service is not None else exc.message
+                    return _error(http_status_for(exc.kind), message)
                 except web.HTTPException as exc:  # e.g. 413 from aiohttp: a body over the limit
                     code = "RESOURCE_EXHAUSTED" if exc.status == 413 else "INVALID_ARGUMENT"
                     raise

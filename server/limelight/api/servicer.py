@@ -251,8 +251,11 @@ class ExplainerServicer:
 
     # --- the guard: metrics and error mapping in one place ------------------------------------
 
+    def _redact(self, message: str) -> str:
+        return self.service.redact(message) if self.service is not None else message
+
     async def _fail(self, context: grpc.aio.ServicerContext, exc: BaseException) -> str:
-        code, message = client_status(exc)
+        code, message = client_status(exc, self._redact)
         context.set_code(code)
         context.set_details(message)
         return code.name
@@ -466,7 +469,7 @@ class ExplainerServicer:
         """One input's answer: its explanation, or the error it asked to be answered with."""
         if not isinstance(result, Failed):
             return convert.explanation_to_proto(result, token_layout)
-        code, message = client_status(result.error)
+        code, message = client_status(result.error, self._redact)
         self.metrics.item_errors.labels(rpc, code.name).inc()
         return pb.ExplainResponse(
             request_id=result.request_id,

@@ -33,6 +33,7 @@ from limelight.core.prediction import (
     predict_rows,
     softmax,  # noqa: F401  (re-exported: older imports of limelight.core.service.softmax)
 )
+from limelight.core.redaction import PathRedactor
 from limelight.core.types import (
     Attribution,
     Cost,
@@ -329,6 +330,8 @@ class ExplanationService:
     ) -> None:
         self.settings = settings
         self.model = model
+        #: What a client reads of a message (the server's paths named, not spelled out).
+        self.redact = PathRedactor.of(settings, model)
         self.runtime = runtime
         self.methods = methods
         self.metrics = metrics
@@ -956,7 +959,7 @@ class ExplanationService:
                 cost=m.cost,
                 description=m.description,
                 defaults=m.defaults(),
-                unavailable_reason=m.unavailable_reason(self.model),
+                unavailable_reason=self.redact(m.unavailable_reason(self.model)),
             )
             for m in self.methods
         ]

@@ -138,7 +138,8 @@ def execute(
     except JobCancelled:
         outcome = _stopped(stop["reason"], deadline, timeout)
     except LimelightError as exc:
-        outcome = Outcome(JobState.FAILED, message="failed", error=exc.message)
+        log.info("job %s (%s) failed: %s", job_id, spec.method, exc.message)
+        outcome = Outcome(JobState.FAILED, message="failed", error=runner.redact(exc.message))
     except Exception:
         log.exception("job %s (%s) failed", job_id, spec.method)
         error = f"internal error in method {spec.method} (details in the {hooks.where} log)"

@@ -12,6 +12,7 @@ import torch
 
 from limelight.core.jobs import InputPolicy, JobSpec
 from limelight.core.prediction import label_thresholds, predict
+from limelight.core.redaction import PathRedactor
 from limelight.core.types import Attribution, Encoded, Explanation, FloatArray, Timings
 from limelight.core.windows import (
     Aggregation,
@@ -50,6 +51,8 @@ class JobRunner:
         self.model = model
         self.methods = methods
         self.settings = settings
+        #: What a client reads of a failed job's error (the server's paths named).
+        self.redact = PathRedactor.of(settings, model)
         self._throughput: float | None = None
         #: Multi-label: one threshold per label, as the sidecar uses them.
         self.thresholds = (
