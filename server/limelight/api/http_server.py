@@ -60,6 +60,7 @@ from limelight.api import oip
 from limelight.api.auth import TokenStore, bearer_allowed
 from limelight.api.errors import INTERNAL_MESSAGE, http_status_for
 from limelight.api.http_body import close_if_unread, parse_json, read_body
+from limelight.api.log_filters import LibraryLogFilter
 from limelight.api.viewer import Viewer
 from limelight.core.service import ExplanationService
 from limelight.core.types import ExplainInput, Explanation, scored_tokens
@@ -86,7 +87,7 @@ def _error(status: int, message: str, headers: Mapping[str, str] | None = None) 
     return web.json_response({"error": message}, status=status, headers=headers)
 
 
-class MalformedRequests(logging.Filter):
+class MalformedRequests(LibraryLogFilter):
     """aiohttp answers a request it cannot parse (a header line over 8,190 bytes, too many
     headers, a bad ``Content-Length``) with a 400, and logs it as an ERROR with a traceback whose
     message quotes the request's bytes — the start of an over-long ``Authorization`` header is a
@@ -129,12 +130,6 @@ class MalformedRequests(logging.Filter):
         )
         record.exc_info = record.exc_text = record.stack_info = None
         return True
-
-    @classmethod
-    def install(cls) -> None:
-        logger = logging.getLogger(cls.LOGGER)
-        if not any(isinstance(f, cls) for f in logger.filters):
-            logger.addFilter(cls())
 
 
 # --- which requests are served: Host and body types -------------------------------------------

@@ -37,6 +37,7 @@ from limelight import __version__, tracing
 from limelight.api import oip_grpc
 from limelight.api.auth import BearerTokenInterceptor, TokenStore
 from limelight.api.http_server import HttpServer
+from limelight.api.log_filters import LibraryLogFilter
 from limelight.api.server_tls import ServerTls
 from limelight.api.servicer import SERVICE_NAME, ExplainerServicer, add_to_server
 from limelight.api.tracing import TracingInterceptor
@@ -58,7 +59,7 @@ QUIET_BEFORE_STOP_S = 0.5
 LIVENESS_SERVICE = "liveness"
 
 
-class ClientHangUps(logging.Filter):
+class ClientHangUps(LibraryLogFilter):
     """gRPC logs an answer its core would not send — the call had ended between the handler's
     return and the send: the client cancelled, its deadline passed or its connection closed —
     as an ERROR with a traceback ("ExecuteBatchError raised in core by servicer method").
@@ -75,12 +76,6 @@ class ClientHangUps(logging.Filter):
             record.args = (method,)
             record.exc_info = record.exc_text = None
         return True
-
-    @classmethod
-    def install(cls) -> None:
-        logger = logging.getLogger(cls.LOGGER)
-        if not any(isinstance(f, cls) for f in logger.filters):
-            logger.addFilter(cls())
 
 
 def keepalive_options(settings: Settings) -> list[tuple[str, int]]:
