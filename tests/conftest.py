@@ -298,7 +298,7 @@ REDIS_ACL_NARROW = (
     "+ping +info +time +select +evalsha +script|load "
     "+exists +get +set +hget +hmget +hset +hgetall +hincrby +hvals +pexpire +publish "
     "+zadd +zcard +zcount +zrem +zrangebyscore +zrevrangebyscore +zremrangebyscore "
-    "+xadd +xack +xdel +xreadgroup +xpending +xclaim +xautoclaim +xgroup|create "
+    "+xadd +xack +xdel +xrange +xreadgroup +xpending +xclaim +xautoclaim +xgroup|create "
     "+xgroup|delconsumer +xinfo|groups +xinfo|stream +xlen +psubscribe +punsubscribe"
 )
 

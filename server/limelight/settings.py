@@ -151,6 +151,11 @@ class Settings(BaseSettings):
     connections over them, each connection stays on one worker). Above 1 the job backend must
     be Redis or off. The workers share the HTTP port the same way; ``/metrics`` on any of them
     adds up every worker's. Each worker loads its own copy of the model."""
+    worker_start_timeout_s: PositiveFloat = 900.0
+    """With ``workers`` above 1: how long a worker may take from its start to serving (loading
+    its model included). One that takes longer (a load stuck on a hung volume, say) is killed
+    and started again, at start-up or when it replaces a worker that died; it counts as a failed
+    start, and three failed starts in a row stop the server."""
     reuse_port: bool = False
     """Bind the gRPC, health and HTTP ports with ``SO_REUSEPORT``. ``workers`` sets it in each
     worker; off otherwise, so that a second sidecar started on a taken port fails instead of
@@ -315,6 +320,19 @@ class Settings(BaseSettings):
     """How long finished jobs and their results stay readable."""
     job_queue_max: PositiveInt = 1000
     """Queued jobs before SubmitJob answers RESOURCE_EXHAUSTED."""
+    job_queue_max_per_owner: PositiveInt | None = None
+    """Queued jobs one owner (a bearer token's identity or a client certificate's subject; with
+    authentication off every caller is the same owner) may have before its SubmitJob answers
+    RESOURCE_EXHAUSTED; unset: only ``job_queue_max`` applies. Where several tenants share a
+    sidecar, set it below ``job_queue_max`` so that no one of them can fill the queue. On Redis
+    each submission with it set reads the queue's entries once (about a millisecond of Redis
+    time per thousand queued jobs)."""
+    job_retain_max: PositiveInt = 10_000
+    """Jobs kept per owner, finished ones included: past it, a new submission drops that
+    owner's oldest finished jobs before their TTL (queued and running ones are never dropped),
+    so that one caller's stream of cheap jobs cannot grow the job store without bound, nor
+    push other owners' results out. On Redis only jobs submitted by sidecars of 7 December
+    2026 or later are counted (older ones still leave with their TTL)."""
     job_max_attempts: PositiveInt = 3
     """Attempts before a job whose worker keeps dying is FAILED."""
     job_reclaim_idle_s: PositiveFloat = 30.0

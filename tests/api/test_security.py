@@ -6,6 +6,7 @@ from __future__ import annotations
 import time
 import urllib.error
 import urllib.request
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 
@@ -149,6 +150,41 @@ def test_jobs_belong_to_the_token_that_submitted_them(
     with pytest.raises(grpc.RpcError) as err:
         stub.SubmitJob(other, timeout=30, metadata=alice)
     assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+
+
+def test_each_token_has_its_own_share_of_the_job_queue(
+    start_sidecar: Callable[..., RunningSidecar],
+    bert_tiny_dir: Path,
+    tmp_path: Path,
+    redis_url: str,
+) -> None:
+    tokens = tmp_path / "tokens"
+    tokens.write_text("alice-token\nbob-token\n")
+    # A Redis queue of its own that no worker consumes: what is submitted stays queued.
+    side = start_sidecar(
+        model_dir=bert_tiny_dir,
+        auth_tokens_file=tokens,
+        jobs=redis_url,
+        jobs_queue=f"shares-{uuid.uuid4().hex[:8]}",
+        job_queue_max_per_owner=2,
+    )
+    stub = explainer_pb2_grpc.ExplainerStub(grpc.insecure_channel(side.target))
+    alice = (("authorization", "Bearer alice-token"),)
+    bob = (("authorization", "Bearer bob-token"),)
+
+    def submit(text: str, who: tuple[tuple[str, str], ...]) -> pb.Job:
+        request = pb.SubmitJobRequest(text=text, method="random")
+        return stub.SubmitJob(request, timeout=30, metadata=who)
+
+    first = submit("one review", alice)
+    submit("two reviews", alice)
+    with pytest.raises(grpc.RpcError) as err:
+        submit("three reviews", alice)
+    assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert "limit 2 per caller" in (err.value.details() or "")
+    assert submit("bob's review", bob).id  # Alice's full share does not hold Bob up
+    stub.CancelJob(pb.CancelJobRequest(id=first.id), timeout=30, metadata=alice)
+    assert submit("three reviews", alice).id  # a slot of hers came free
 
 
 def test_tls_start_up_says_what_is_wrong_and_exposes_the_expiry(

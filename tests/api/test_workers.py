@@ -75,19 +75,25 @@ class Workers:
         return int(started[count - 1])
 
 
-def launch_workers(model_dir: Path, log: Path, jobs: str = "off") -> Workers:
-    """``serve --workers`` started, not yet waited for."""
+def launch_workers(
+    model_dir: Path, log: Path, jobs: str = "off", env: dict[str, str] | None = None
+) -> Workers:
+    """``serve --workers`` started, not yet waited for (``env``: added to the environment)."""
     port, metrics_port = free_port(), free_port()
     argv = [sys.executable, "-m", "limelight.cli.main", "serve", "--model", str(model_dir)]
     argv += ["--workers", str(WORKERS), "--jobs", jobs, "--port", str(port)]
     argv += ["--metrics-port", str(metrics_port), "--grace-period-s", "5"]
     with log.open("wb") as out:
-        process = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT)
+        process = subprocess.Popen(
+            argv, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})}
+        )
     return Workers(process, port, metrics_port, log)
 
 
-def start_workers(model_dir: Path, log: Path, jobs: str = "off") -> Workers:
-    workers = launch_workers(model_dir, log, jobs)
+def start_workers(
+    model_dir: Path, log: Path, jobs: str = "off", env: dict[str, str] | None = None
+) -> Workers:
+    workers = launch_workers(model_dir, log, jobs, env)
     workers.wait_for_log(f"with {WORKERS} worker processes")
     return workers
 
@@ -400,6 +406,29 @@ def test_a_worker_killed_while_another_loads_is_restarted_at_once(
         if loading:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(loading, signal.SIGCONT)
+        code = stop(workers)
+    assert code == 0, workers.log.read_text()[-3000:]
+
+
+def test_a_replacement_that_hangs_while_it_loads_is_killed_and_started_again(
+    bert_tiny_dir: Path, tmp_path: Path
+) -> None:
+    """Once the port serves, a worker that replaces a dead one and then hangs while it loads
+    (held here with SIGSTOP) is killed after ``worker_start_timeout_s`` and started again,
+    rather than leaving the port one worker short for good."""
+    timeout_s = 45  # long enough for a start on a busy 2-core machine, short for the test
+    env = {"LIMELIGHT_WORKER_START_TIMEOUT_S": str(timeout_s)}
+    workers = start_workers(bert_tiny_dir, tmp_path / "serve.log", env=env)
+    try:
+        os.kill(workers.worker_pid(0), signal.SIGKILL)
+        hung = workers.worker_pid(0, count=2)
+        os.kill(hung, signal.SIGSTOP)
+        workers.wait_for_log(rf"worker 0 \(pid {hung}\) was not serving {timeout_s} s", 1, 300)
+        third = workers.worker_pid(0, count=3)
+        workers.wait_for_log(rf"worker 0 \(pid {third}\) is serving", patience_s=300)
+        assert workers.children() == {third, workers.worker_pid(1)}
+        assert not Path(f"/proc/{hung}").exists()  # killed and reaped
+    finally:
         code = stop(workers)
     assert code == 0, workers.log.read_text()[-3000:]
 

@@ -1,5 +1,6 @@
 """Jobs belong to the principal that submitted them; idempotency keys are scoped by owner and
-bound to their request. On both backends (SQLite journal, real redis-server)."""
+bound to their request; each owner has its own share of the queue and of the jobs kept. On both
+backends (SQLite journal, real redis-server)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import pytest
 from helpers import test_registry
 
 from limelight.core.jobs import JobBackend, JobSpec, JobState
-from limelight.errors import InvalidArgument, NotFound
+from limelight.errors import InvalidArgument, NotFound, ResourceExhausted
 from limelight.jobs.redis_backend import RedisJobBackend
 from limelight.jobs.runner import JobRunner
 from limelight.jobs.sqlite_backend import SqliteJobBackend
@@ -22,14 +23,18 @@ ALICE, BOB = "token:alice", "x509:CN=bob"
 
 
 def _backend(
-    kind: str, tmp_path: Path, model: LoadedModel, request: pytest.FixtureRequest
+    kind: str,
+    tmp_path: Path,
+    model: LoadedModel,
+    request: pytest.FixtureRequest,
+    **overrides: object,
 ) -> JobBackend:
     if kind == "sqlite":
-        settings = Settings(cache_dir=tmp_path, jobs="sqlite")
+        settings = Settings(cache_dir=tmp_path, jobs="sqlite", **overrides)  # type: ignore[arg-type]
         backend = SqliteJobBackend(settings, runner=None)  # no workers: jobs stay queued
         return backend
     url = request.getfixturevalue("redis_clean")
-    settings = Settings(cache_dir=tmp_path, jobs=url)
+    settings = Settings(cache_dir=tmp_path, jobs=url, **overrides)  # type: ignore[arg-type]
     return RedisJobBackend(settings, runner=JobRunner(model, test_registry(), settings))
 
 
@@ -89,5 +94,59 @@ async def test_idempotency_keys_are_per_owner_and_bound_to_their_request(
         bobs = await backend.submit(_spec("a fun film", BOB, key="k-1"))
         assert bobs.id != first.id and bobs.spec.owner == BOB
         assert (await backend.get(first.id, ALICE)).spec.text == "a fun film"
+    finally:
+        await backend.stop(1.0)
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("kind", ["sqlite", "redis"])
+async def test_one_owner_cannot_fill_the_queue_past_its_share(
+    kind: str, tmp_path: Path, tiny_model: LoadedModel, request: pytest.FixtureRequest
+) -> None:
+    backend = _backend(kind, tmp_path, tiny_model, request, job_queue_max_per_owner=2)
+    await backend.start()
+    try:
+        first = await backend.submit(_spec("one", ALICE, key="k-1"))
+        await backend.submit(_spec("two", ALICE))
+        with pytest.raises(ResourceExhausted, match=r"your jobs are queued \(2, limit 2 per"):
+            await backend.submit(_spec("three", ALICE))
+        # Another owner still gets in, and a retry of a queued job (same key) is no new job.
+        assert (await backend.submit(_spec("one", BOB))).spec.owner == BOB
+        assert (await backend.submit(_spec("one", ALICE, key="k-1"))).id == first.id
+        await backend.cancel(first.id, ALICE)  # a share frees up once a job leaves the queue
+        third = await backend.submit(_spec("three", ALICE))
+        assert (await backend.get(third.id, ALICE)).state is JobState.QUEUED
+    finally:
+        await backend.stop(1.0)
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("kind", ["sqlite", "redis"])
+async def test_past_the_retain_limit_an_owners_oldest_finished_jobs_are_dropped(
+    kind: str, tmp_path: Path, tiny_model: LoadedModel, request: pytest.FixtureRequest
+) -> None:
+    backend = _backend(kind, tmp_path, tiny_model, request, job_retain_max=3)
+    await backend.start()
+    try:
+        bobs = await backend.submit(_spec("bob's", BOB, key="b"))
+        await backend.cancel(bobs.id, BOB)
+        waiting = await backend.submit(_spec("still queued", ALICE))  # the oldest, never dropped
+        done = []
+        for n in range(4):
+            job = await backend.submit(_spec(f"review {n}", ALICE, key=f"k-{n}"))
+            await backend.cancel(job.id, ALICE)  # cancelled: finished
+            done.append(job.id)
+        # Five of Alice's jobs were submitted, three are kept: the two oldest finished went.
+        for dropped in done[:2]:
+            with pytest.raises(NotFound, match="oldest finished jobs past"):
+                await backend.get(dropped, ALICE)
+        assert (await backend.get(waiting.id, ALICE)).state is JobState.QUEUED
+        kept = {job.id for job in await backend.list(None, 100, ALICE)}
+        assert kept == {waiting.id, *done[2:]}
+        # Bob's finished job is his own share's: Alice's submissions never drop it.
+        assert (await backend.get(bobs.id, BOB)).state is JobState.CANCELLED
+        # A dropped job's idempotency key is free for new work.
+        again = await backend.submit(_spec("review 0", ALICE, key="k-0"))
+        assert again.id != done[0]
     finally:
         await backend.stop(1.0)

@@ -63,7 +63,10 @@ def _sample(metrics: Metrics, name: str, labels: dict[str, str]) -> float:
 async def test_lifecycle_cancel_timeout(
     tiny_model: LoadedModel, redis_queue: str, tmp_path: Path
 ) -> None:
-    settings = _settings(redis_queue, tmp_path, job_timeout_s=600)
+    # The per-owner limits on too (their script paths under every ACL): 4 jobs kept.
+    settings = _settings(
+        redis_queue, tmp_path, job_timeout_s=600, job_queue_max_per_owner=10, job_retain_max=4
+    )
     runner = JobRunner(tiny_model, test_registry(), settings)
     side_metrics, worker_metrics = Metrics(CollectorRegistry()), Metrics(CollectorRegistry())
     text = "the acting was awful"
@@ -124,7 +127,10 @@ async def test_lifecycle_cancel_timeout(
             assert final.state is JobState.FAILED and "secret" not in final.error
 
         listed = await backend.list(None, 10)
-        assert [r.id for r in listed] == [broken.id, slow.id, queued.id, blocking.id, job.id]
+        # The fifth submission dropped the oldest finished job (the owner keeps 4).
+        assert [r.id for r in listed] == [broken.id, slow.id, queued.id, blocking.id]
+        with pytest.raises(NotFound, match="oldest finished"):
+            await backend.get(job.id)
         only = await backend.list([JobState.CANCELLED], 10)
         assert {r.id for r in only} == {queued.id, blocking.id}
         with pytest.raises(NotFound):

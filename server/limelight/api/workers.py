@@ -17,7 +17,8 @@ micro-batches and its drift monitor (drift gauges carry a ``pid`` label).
 
 The supervisor builds or finds the model once, before any worker starts (N workers must not
 build the demo model side by side); restarts a worker that dies, at any time (while the others
-still load too), giving up when one dies at start three times in a row; on SIGTERM or SIGINT
+still load too) or that is not serving ``worker_start_timeout_s`` after it started, giving up
+when one fails to start three times in a row; on SIGTERM or SIGINT
 passes the signal on and waits for every worker's own graceful drain; and passes SIGHUP on (each
 worker looks beside the model for a new head, table or graph at once). It reports SERVING once
 every worker is; the port serves from the first worker that is (each binds once loaded).
@@ -52,8 +53,6 @@ log = logging.getLogger(__name__)
 FAILED_START_S = 60.0
 #: Failed starts in a row after which the supervisor gives up.
 MAX_FAILED_STARTS = 3
-#: How long a worker may take to load its model and report SERVING.
-READY_TIMEOUT_S = 900.0
 
 
 def check_workers(settings: Settings) -> None:
@@ -72,6 +71,8 @@ class _Worker:
     ready_file: Path
     started: float = field(default_factory=time.monotonic)
     ready: bool = False
+    killed_late: bool = False
+    """Killed for not serving in time (``worker_start_timeout_s``); not yet reaped."""
 
 
 class Supervisor:
@@ -144,9 +145,10 @@ class Supervisor:
         while not self._stop.wait(0.2 if serving else 0.05):
             for worker in list(self._workers.values()):
                 self._check(worker)
+            # Also once serving: a worker restarted then may hang while it loads.
+            self._check_started_in_time()
             if serving:
                 continue
-            self._check_started_in_time()
             if len(self._workers) < self.settings.workers:
                 first = self._workers[0]
                 if first.ready:
@@ -186,14 +188,21 @@ class Supervisor:
         return worker
 
     def _check_started_in_time(self) -> None:
-        """Raise when a worker has not reported SERVING within ``READY_TIMEOUT_S`` of its own
-        start (a restarted one gets the whole time again)."""
+        """Kill a worker that has not reported SERVING within ``worker_start_timeout_s`` of its
+        own start (a restarted one gets the whole time again): ``_check`` then counts a failed
+        start and starts it anew."""
+        limit = self.settings.worker_start_timeout_s
         now = time.monotonic()
         for w in self._workers.values():
-            if not w.ready and now - w.started > READY_TIMEOUT_S:
-                raise Unavailable(
-                    f"worker {w.index} was not serving {READY_TIMEOUT_S:g} s after it started"
+            if not w.ready and not w.killed_late and now - w.started > limit:
+                log.error(
+                    "worker %d (pid %d) was not serving %g s after it started; killing it",
+                    w.index,
+                    w.process.pid,
+                    limit,
                 )
+                w.killed_late = True
+                w.process.kill()
 
     def _check(self, worker: _Worker) -> None:
         """Restart ``worker`` if it died; raise when restarts keep failing."""

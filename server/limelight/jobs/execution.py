@@ -21,7 +21,7 @@ from typing import Any
 
 from limelight import tracing
 from limelight.core.jobs import JobRecord, JobSpec, JobState
-from limelight.errors import InvalidArgument, LimelightError, NotFound
+from limelight.errors import InvalidArgument, LimelightError, NotFound, ResourceExhausted
 from limelight.jobs.runner import JobRunner
 from limelight.jobs.serialize import explanation_to_dict
 from limelight.methods.base import JobCancelled
@@ -196,7 +196,22 @@ async def watch_changes(
 def not_found(job_id: str) -> NotFound:
     """Unknown, expired, and someone else's jobs all read the same."""
     shown = job_id if len(job_id) <= 64 else job_id[:64] + "…"
-    return NotFound(f"job {shown!r} not found (unknown, or expired after its TTL)")
+    return NotFound(
+        f"job {shown!r} not found (unknown, expired after its TTL, or dropped as one of its "
+        "owner's oldest finished jobs past the server's limit of jobs kept per owner)"
+    )
+
+
+def queue_full(settings: Settings, queued: int, *, per_owner: bool) -> ResourceExhausted:
+    """SubmitJob's answer when the queue, or the caller's share of it, is full."""
+    if per_owner:
+        return ResourceExhausted(
+            f"too many of your jobs are queued ({queued}, limit "
+            f"{settings.job_queue_max_per_owner} per caller); retry once some have run"
+        )
+    return ResourceExhausted(
+        f"job queue is full ({queued} queued, limit {settings.job_queue_max}); retry later"
+    )
 
 
 def reuse(existing: JobRecord, spec: JobSpec) -> JobRecord:

@@ -35,7 +35,7 @@ from limelight.core.jobs import (
     scoped_key,
 )
 from limelight.errors import ResourceExhausted, Unavailable, redact_credentials
-from limelight.jobs.execution import not_found, reuse, watch_changes
+from limelight.jobs.execution import not_found, queue_full, reuse, watch_changes
 from limelight.jobs.redis_events import JobEvents, cancel_until_done
 from limelight.jobs.redis_store import (
     CONNECTION_ERRORS,
@@ -47,6 +47,7 @@ from limelight.jobs.redis_store import (
     Keys,
     connection,
     lua,
+    owner_tag,
     record_from_hash,
     refusal,
     ttl_ms,
@@ -302,6 +303,8 @@ class RedisJobBackend(JobBackend):
         job_id = uuid.uuid4().hex
         keys = self.keys
         key = scoped_key(spec.owner, spec.idempotency_key)
+        tag = owner_tag(spec.owner)
+        per_owner = self.settings.job_queue_max_per_owner
         outcome, value = await self._submit(
             keys=[
                 keys.job(job_id),
@@ -309,6 +312,7 @@ class RedisJobBackend(JobBackend):
                 keys.idem(key),
                 keys.index,
                 keys.depth,
+                keys.owner(tag),
             ],
             args=[
                 job_id,
@@ -318,13 +322,14 @@ class RedisJobBackend(JobBackend):
                 self.settings.job_queue_max,
                 key,
                 keys.job_prefix,
+                tag,
+                "" if per_owner is None else per_owner,
+                self.settings.job_retain_max,
+                keys.idem_prefix,
             ],
         )
-        if outcome == "full":
-            raise ResourceExhausted(
-                f"job queue is full ({value} queued, limit {self.settings.job_queue_max}); "
-                "retry later"
-            )
+        if outcome in ("full", "owner_full"):
+            raise queue_full(self.settings, int(value), per_owner=outcome == "owner_full")
         if outcome == "existing":
             return reuse(await self._get(value), spec)
         await self._refresh_depth()

@@ -12,6 +12,8 @@ per model, any number of queues in one Redis database; not Redis Cluster):
 - ``<p>:idem:<key>`` idempotency key (scoped by owner) → job id (expires with the job).
 - ``<p>:index``     sorted set of job ids by creation time (for listing; pruned lazily).
 - ``<p>:depth``     queued jobs per method (queue bound and the queue-depth metric).
+- ``<p>:owner:<tag>`` sorted set of one owner's job ids by creation time (``owner_tag``: a hash
+  of the owner), for its retain limit (``Settings.job_retain_max``; written since 2026-12-07).
 - ``<p>:events:<id>`` pub/sub channel: a message on every change (watchers re-read the hash).
 - ``<p>:workers``   sorted set of the workers consuming the stream, each scored with the time
   (Redis's clock) until which its last announcement holds (``lua/presence.lua``). Workers from
@@ -24,6 +26,7 @@ and workers.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 from dataclasses import dataclass
@@ -104,7 +107,14 @@ class Keys:
         return f"{self.prefix}:job:{job_id}"
 
     def idem(self, key: str) -> str:
-        return f"{self.prefix}:idem:{key}"
+        return f"{self.idem_prefix}{key}"
+
+    def owner(self, tag: str) -> str:
+        return f"{self.prefix}:owner:{tag}"
+
+    @property
+    def idem_prefix(self) -> str:
+        return f"{self.prefix}:idem:"
 
     def events(self, job_id: str) -> str:
         return f"{self.prefix}:events:{job_id}"
@@ -128,6 +138,12 @@ class Keys:
     @property
     def workers(self) -> str:
         return f"{self.prefix}:workers"
+
+
+def owner_tag(owner: str) -> str:
+    """An owner as a key and hash field: a fixed-length digest, since owners are token
+    identities or certificate subjects (any characters, any length)."""
+    return hashlib.sha256(owner.encode("utf-8")).hexdigest()[:32]
 
 
 def lua(name: str) -> str:

@@ -38,6 +38,7 @@ from limelight.jobs.execution import (
     StopReason,
     execute,
     not_found,
+    queue_full,
     reuse,
     watch_changes,
 )
@@ -329,6 +330,8 @@ class SqliteJobBackend(JobBackend):
             columns = {row["name"] for row in db.execute("PRAGMA table_info(jobs)")}
             if "owner" not in columns:  # a journal from before job ownership: unowned jobs
                 db.execute("ALTER TABLE jobs ADD COLUMN owner TEXT NOT NULL DEFAULT ''")
+            # After the column (journals from before it have none): per-owner counts and trims.
+            db.execute("CREATE INDEX IF NOT EXISTS jobs_owner ON jobs(owner, state, created_at)")
         except BaseException:
             db.close()
             raise
@@ -552,10 +555,14 @@ class SqliteJobBackend(JobBackend):
                     return reuse(self._record(row), spec)
             queued = db.execute("SELECT COUNT(*) FROM jobs WHERE state='queued'").fetchone()[0]
             if queued >= self.settings.job_queue_max:
-                raise ResourceExhausted(
-                    f"job queue is full ({queued} queued, limit {self.settings.job_queue_max}); "
-                    "retry later"
-                )
+                raise queue_full(self.settings, queued, per_owner=False)
+            per_owner = self.settings.job_queue_max_per_owner
+            if per_owner is not None:
+                mine = db.execute(
+                    "SELECT COUNT(*) FROM jobs WHERE owner = ? AND state = 'queued'", (spec.owner,)
+                ).fetchone()[0]
+                if mine >= per_owner:
+                    raise queue_full(self.settings, mine, per_owner=True)
             db.execute(
                 "INSERT INTO jobs (id, method, state, spec, created_at, idempotency_key, message, "
                 "owner) VALUES (?, ?, 'queued', ?, ?, ?, 'queued', ?)",
@@ -569,10 +576,22 @@ class SqliteJobBackend(JobBackend):
                 ),
             )
             row = db.execute(f"SELECT {_COLUMNS} FROM jobs WHERE id = ?", (job_id,)).fetchone()
+            self._trim_owner(db, spec.owner)
         self._refresh_depth()
         with self._work:
             self._work.notify()
         return self._record(row)
+
+    def _trim_owner(self, db: sqlite3.Connection, owner: str) -> None:
+        """Past ``job_retain_max`` jobs of ``owner``: drop its oldest finished ones."""
+        kept = db.execute("SELECT COUNT(*) FROM jobs WHERE owner = ?", (owner,)).fetchone()[0]
+        over = kept - self.settings.job_retain_max
+        if over > 0:
+            db.execute(
+                "DELETE FROM jobs WHERE seq IN (SELECT seq FROM jobs WHERE owner = ? AND state "
+                "IN ('succeeded', 'failed', 'cancelled') ORDER BY created_at, seq LIMIT ?)",
+                (owner, over),
+            )
 
     def _get_row(
         self, db: sqlite3.Connection, job_id: str, owner: str | None = None
