@@ -925,6 +925,10 @@ class ClientBase(Generic[ChannelT]):
             spread,
         )
         self._spread_lock = self._new_lock()
+        self._opened()
+
+    def _opened(self) -> None:
+        """Called once the connections are made (the async client makes its finalizer)."""
 
     @contextlib.contextmanager
     def _closed_as_cancelled(self) -> Iterator[None]:

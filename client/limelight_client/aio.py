@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import itertools
 import time
+import weakref
 from collections import deque
 from collections.abc import (
     AsyncIterable,
@@ -25,6 +26,7 @@ from limelight_client._common import (
     HEALTH_RPC,
     ClientBase,
     Connection,
+    Connections,
     HealthCheckRequest,
     JobHandleBase,
     SpreadAnswer,
@@ -71,7 +73,7 @@ from limelight_client._streams import (
     stream_cut_short,
     wait_for,
 )
-from limelight_client.client import job_outcome, no_answer, watch_broke
+from limelight_client.client import job_outcome, no_answer, take_unclosed, watch_broke
 from limelight_client.errors import (
     Cancelled,
     DeadlineExceeded,
@@ -100,6 +102,41 @@ async def _end_then_close(lanes: list[AsyncLane], channels: list[grpc.aio.Channe
         await channel.close()
 
 
+def _close_in_background(lanes: list[AsyncLane], channels: list[grpc.aio.Channel]) -> None:
+    """``_end_then_close`` as a task of the running event loop, which nobody awaits."""
+    task = asyncio.get_running_loop().create_task(_end_then_close(lanes, channels))
+    _CLOSING.add(task)  # the event loop keeps only weak references to tasks
+    task.add_done_callback(_CLOSING.discard)
+
+
+def _release_unclosed(
+    name: str,
+    connections: Connections[grpc.aio.Channel],
+    loop: asyncio.AbstractEventLoop | None,
+) -> None:
+    """What ``close`` releases, for a client garbage collected without it (``weakref.finalize``:
+    this must not refer to the client): its idle streams (each an open stream on the sidecar
+    and a task waiting for its end) and its channels, ended in the background
+    (``take_unclosed``). They belong to ``loop``, and only its thread may end them: from
+    whichever thread collected the client, the close is handed to it, to run when it next runs
+    (at once if it is running). A loop already closed took its tasks with it, and grpc closes
+    a channel it collects; nothing is left to do then, nor raised."""
+    unclosed = take_unclosed(
+        name, connections, "close it (`await client.close()`, or use it in `async with`)"
+    )
+    if unclosed is None or loop is None or loop.is_closed():
+        return
+    with contextlib.suppress(RuntimeError):  # the loop closed meanwhile, in another thread
+        loop.call_soon_threadsafe(_close_in_background, *unclosed)
+
+
+def _loop_of(channel: grpc.aio.Channel) -> asyncio.AbstractEventLoop | None:
+    """The event loop a grpc.aio channel belongs to (``get_working_loop`` when it was made:
+    the running loop, or else the thread's default one), if it says."""
+    loop = getattr(channel, "_loop", None)
+    return loop if isinstance(loop, asyncio.AbstractEventLoop) else None
+
+
 def wrong_loop(made_in: asyncio.AbstractEventLoop) -> RuntimeError:
     """The error of an ``AsyncClient`` called from another event loop than its own."""
     closed = " (now closed)" if made_in.is_closed() else ""
@@ -119,23 +156,38 @@ class AsyncClient(ClientBase[grpc.aio.Channel]):
     connections to the loop running when they are made; a call from another loop (a second
     ``asyncio.run``, or a client made outside any running loop and used in one) raises
     ``RuntimeError`` saying so.
+
+    Close it (``await client.close()``, or ``async with``) to release its connections. A client
+    garbage collected unclosed releases them then in its event loop (unless that is closed),
+    with a ``ResourceWarning``: its pooled streams (``single_calls="stream"``) would otherwise
+    stay open on the sidecar, each with a task waiting for its end, for the life of the loop.
     """
 
     _dialers = (late_bound(grpc.aio, "secure_channel"), late_bound(grpc.aio, "insecure_channel"))
     _sleep = staticmethod(asyncio.sleep)
     #: The event loop this client's channels belong to, known from its first call.
     _loop: asyncio.AbstractEventLoop | None = None
+    #: Releases the streams and channels of a client collected unclosed (made with the client).
+    _finalizer: weakref.finalize | None = None
 
     def _new_lock(self) -> asyncio.Lock:
         return asyncio.Lock()
+
+    def _opened(self) -> None:
+        loop = _loop_of(self._connections.open[0].channel)
+        if loop is None:  # a channel that does not say (a wrapper's): the running loop's, if any
+            with contextlib.suppress(RuntimeError):
+                loop = asyncio.get_running_loop()
+        self._finalizer = weakref.finalize(
+            self, _release_unclosed, repr(self), self._connections, loop
+        )
+        self._finalizer.atexit = False  # the process ends them at exit anyway
 
     def _check_loop(self) -> None:
         """Raise ``wrong_loop`` unless called in the event loop of this client's channels."""
         running = asyncio.get_running_loop()
         if self._loop is None:
-            # grpc.aio's channel keeps the loop it was made in (``get_working_loop``).
-            bound = getattr(self._connections.open[0].channel, "_loop", None)
-            self._loop = bound if isinstance(bound, asyncio.AbstractEventLoop) else running
+            self._loop = _loop_of(self._connections.open[0].channel) or running
         if self._loop is not running:
             raise wrong_loop(self._loop)
 
@@ -162,9 +214,7 @@ class AsyncClient(ClientBase[grpc.aio.Channel]):
         """See ``Client._close_released``."""
         channels, lanes = self._connections.take_closing()
         if lanes:
-            task = asyncio.ensure_future(_end_then_close(lanes, channels))
-            _CLOSING.add(task)  # the event loop keeps only weak references to tasks
-            task.add_done_callback(_CLOSING.discard)
+            _close_in_background(lanes, channels)
             return
         for channel in channels:
             await channel.close()
@@ -201,6 +251,8 @@ class AsyncClient(ClientBase[grpc.aio.Channel]):
         """See ``Client.close`` (in the client's own event loop, as every call)."""
         self._check_loop()
         self._connections.closed = True
+        if self._finalizer is not None:
+            self._finalizer.detach()
         lanes = take_all_idle(self._connections.idle_lane_lists())
         await _end_then_close(lanes, self._connections.every_channel())
 

@@ -135,27 +135,37 @@ def _end_then_close(lanes: list[SyncLane], channels: list[grpc.Channel]) -> None
         channel.close()
 
 
+def take_unclosed(
+    name: str, connections: Connections[Any], fix: str
+) -> tuple[list[Any], list[Any]] | None:
+    """For the finalizer of a client garbage collected unclosed (shared with the async
+    client): a ``ResourceWarning`` naming the client and ``fix``, as an unclosed file gives,
+    then the client marked closed and what its ``close`` would end, its idle streams and its
+    channels; None (and no warning) if it was closed after all."""
+    if connections.closed:
+        return None
+    warnings.warn(
+        f"unclosed {name}: {fix} to release its connections", ResourceWarning, stacklevel=3
+    )
+    connections.closed = True
+    return take_all_idle(connections.idle_lane_lists()), connections.every_channel()
+
+
 def _release_unclosed(
     name: str, connections: Connections[grpc.Channel], watchdog: Watchdog
 ) -> None:
     """What ``close`` releases, for a client of ``single_calls="stream"`` that was garbage
     collected without it (``weakref.finalize``: this must not refer to the client): its idle
     streams (each holds a gRPC thread and a stream on the sidecar), its channels and its
-    watchdog's thread, ended in the background, with a ``ResourceWarning`` as an unclosed file
-    gives."""
+    watchdog's thread, ended in the background (``take_unclosed``)."""
     watchdog.close()
-    if connections.closed:
+    unclosed = take_unclosed(name, connections, "close it (or use it in a with block)")
+    if unclosed is None:
         return
-    warnings.warn(
-        f"unclosed {name}: close it (or use it in a with block) to release its connections",
-        ResourceWarning,
-        stacklevel=2,
-    )
-    connections.closed = True
-    lanes = take_all_idle(connections.idle_lane_lists())
+    lanes, channels = unclosed
     threading.Thread(
         target=_end_then_close,
-        args=(lanes, connections.every_channel()),
+        args=(lanes, channels),
         name="limelight-close",
         daemon=True,
     ).start()

@@ -1,20 +1,24 @@
-"""A client's life against a real sidecar: closed while a run goes on, closed before
-``wait_ready``, garbage collected without ``close``, an ``AsyncClient`` used from another event
-loop; and runs of ``explain_many`` that meet an item that is not a text."""
+"""A client's life against a real sidecar (or the scripted server): closed while a run goes on,
+closed before ``wait_ready``, garbage collected without ``close``, an ``AsyncClient`` used from
+another event loop; and runs of ``explain_many`` that meet an item that is not a text."""
 
 from __future__ import annotations
 
 import asyncio
 import gc
+import sys
 import threading
 import time
+import warnings
 import weakref
 from typing import Any
 
+import grpc
 import pytest
 
 from limelight_client import AsyncClient, Client
 from limelight_client.errors import Cancelled
+from tests.client.llc_scripted import ScriptedServer
 from tests.conftest import RunningSidecar
 
 #: How long a check waits for what it expects before it fails (no timing is asserted).
@@ -46,6 +50,112 @@ def test_a_stream_client_collected_unclosed_releases_its_streams_and_threads(
         time.sleep(0.05)
     assert call.done(), "the pooled stream is still open"
     assert _watchdogs() == before, "the watchdog thread is still running"
+
+
+#: What an ``AsyncClient`` collected unclosed warns, the fix included.
+UNCLOSED_ASYNC = (
+    r"unclosed AsyncClient\(.*\): close it \(`await client\.close\(\)`, or use it in `async with`\)"
+)
+
+
+async def _until(done: Any, what: str) -> None:
+    """Wait, in the event loop, until ``done()`` is true (``PATIENCE_S`` at most)."""
+    deadline = time.monotonic() + PATIENCE_S
+    while not done():
+        assert time.monotonic() < deadline, what
+        await asyncio.sleep(0.02)
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("single_calls", ["unary", "stream"])
+async def test_an_async_client_collected_unclosed_warns_and_closes_its_channel(
+    scripted: ScriptedServer, single_calls: Any
+) -> None:
+    """Its loop still running: the channel is closed, the pooled stream ended as ``close``
+    ends it (gracefully: OK, not CANCELLED)."""
+    client = AsyncClient(scripted.target, timeout=60, single_calls=single_calls)
+    assert (await client.explain("a fine film")).label
+    conn = client._connections.open[0]
+    channel = conn.channel
+    calls = [lane._call for lane in conn.lanes]  # the idle stream the call left open
+    assert len(calls) == (single_calls == "stream")
+    gone = weakref.ref(client)
+    del conn
+    with pytest.warns(ResourceWarning, match=UNCLOSED_ASYNC):
+        del client
+        gc.collect()
+    assert gone() is None
+    await _until(
+        lambda: channel.get_state() is grpc.ChannelConnectivity.SHUTDOWN,
+        "the channel is still open",
+    )
+    for call in calls:
+        assert call.done(), "the pooled stream is still open"
+        assert await call.code() is grpc.StatusCode.OK
+
+
+@pytest.mark.asyncio
+async def test_an_async_client_dropped_in_another_thread_is_closed_in_its_own_loop(
+    scripted: ScriptedServer,
+) -> None:
+    """The last reference goes in another thread: the close is handed to the client's loop."""
+    client = AsyncClient(scripted.target, timeout=60, single_calls="stream")
+    assert (await client.explain("a fine film")).label
+    channel = client._connections.open[0].channel
+    (lane,) = client._connections.open[0].lanes
+    call = lane._call
+    held = [client]
+    del client, lane
+
+    def drop() -> list[warnings.WarningMessage]:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            held.clear()
+            gc.collect()
+        return caught
+
+    caught = await asyncio.to_thread(drop)
+    assert [str(w.message) for w in caught if w.category is ResourceWarning]
+    await _until(call.done, "the pooled stream is still open")
+    await _until(
+        lambda: channel.get_state() is grpc.ChannelConnectivity.SHUTDOWN,
+        "the channel is still open",
+    )
+
+
+@pytest.mark.asyncio
+async def test_a_closed_async_client_collected_warns_nothing(scripted: ScriptedServer) -> None:
+    async with AsyncClient(scripted.target, timeout=60, single_calls="stream") as client:
+        assert (await client.explain("a fine film")).label
+    gone = weakref.ref(client)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        del client
+        gc.collect()
+    assert gone() is None
+    assert not [w for w in caught if w.category is ResourceWarning]
+
+
+def test_an_async_client_collected_after_its_loop_closed_warns_and_raises_nothing(
+    scripted: ScriptedServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``asyncio.run`` closed the loop its channels and stream belong to: nothing can be
+    ended from the finalizer then, and nothing may be raised from it."""
+    made: dict[str, AsyncClient] = {}
+
+    async def first() -> str:
+        made["client"] = AsyncClient(scripted.target, timeout=60, single_calls="stream")
+        return (await made["client"].explain("a fine film")).label
+
+    assert asyncio.run(first())
+    unraisable: list[Any] = []
+    monkeypatch.setattr(sys, "unraisablehook", unraisable.append)
+    gone = weakref.ref(made["client"])
+    with pytest.warns(ResourceWarning, match=UNCLOSED_ASYNC):
+        made.clear()
+        gc.collect()
+    assert gone() is None
+    assert not unraisable, [u.exc_value for u in unraisable]
 
 
 def _closing_midway(client: Any, texts: list[str], after: int) -> Any:
