@@ -50,6 +50,7 @@ class Cache:
     graph_changed: Path
     graph_gone: Path
     graph_unrecorded: Path
+    graph_of_earlier: Path
     lexicon_of_demo: Path
     lexicon_unrecorded: Path
     unreadable_journal: Path
@@ -88,6 +89,7 @@ def cache(tmp_path: Path) -> Cache:
         graph_changed=graph("0123456789abcdef", [users]),  # the user's weights changed since
         graph_gone=graph("fedcba9876543210", [tmp_path / "gone"]),
         graph_unrecorded=graph("00000000deadbeef", None),
+        graph_of_earlier=graph(fingerprint(earlier), [earlier]),  # served from a stale build
         lexicon_of_demo=folder(root / "lexicons" / fingerprint(demo)),
         lexicon_unrecorded=folder(root / "lexicons" / "1111111111111111"),
         unreadable_journal=unreadable_journal,
@@ -109,6 +111,7 @@ def test_inventory_tells_what_is_needed(cache: Cache) -> None:
         cache.graph_changed: Use.STALE,
         cache.graph_gone: Use.STALE,
         cache.graph_unrecorded: Use.UNRECORDED,
+        cache.graph_of_earlier: Use.STALE,
         cache.lexicon_of_demo: Use.IN_USE,
         cache.lexicon_unrecorded: Use.UNRECORDED,
         cache.root / "jobs.sqlite3": Use.IN_USE,
@@ -118,6 +121,7 @@ def test_inventory_tells_what_is_needed(cache: Cache) -> None:
     assert "earlier recipe of bert-tiny" in why[cache.earlier]
     assert "served from" in why[cache.graph_in_use] and "user-model" in why[cache.graph_in_use]
     assert "gone or changed" in why[cache.graph_changed]
+    assert "earlier demo recipe that prune removes" in why[cache.graph_of_earlier]
     assert cache.demo.name in why[cache.graph_of_demo]
     sizes = {e.path: e.size for e in entries}
     record = len(f"{cache.root.parent / 'gone'}\n")
@@ -130,6 +134,7 @@ def test_prune_removes_the_stale_and_keeps_the_rest(cache: Cache) -> None:
     removed = prune(inventory(cache.root))
     assert {e.path for e in removed} == {
         cache.earlier,
+        cache.graph_of_earlier,  # in the same pass as the build it was served from
         cache.graph_changed,
         cache.graph_gone,
         cache.unreadable_journal,

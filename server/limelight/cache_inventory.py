@@ -64,7 +64,9 @@ def inventory(cache_dir: Path) -> list[Entry]:
     cache_dir = Path(cache_dir).expanduser()
     demos = _demo_models(cache_dir)
     demo_versions = _versions_of([e.path for e in demos if e.use is not Use.STALE])
-    graphs = [_graph(folder, demo_versions) for folder in _folders(cache_dir / "onnx")]
+    # A graph served only from demo builds that prune removes goes in the same pass.
+    pruned = {e.path.resolve() for e in demos if e.use is Use.STALE and not _used(e.path)}
+    graphs = [_graph(folder, demo_versions, pruned) for folder in _folders(cache_dir / "onnx")]
     lexicons = [_lexicon(folder, demo_versions) for folder in _folders(cache_dir / "lexicons")]
     journal = cache_dir / "jobs.sqlite3"
     jobs = (
@@ -173,15 +175,25 @@ def _demo_models(cache_dir: Path) -> list[Entry]:
     return entries
 
 
-def _graph(folder: Path, demo_versions: Callable[[], dict[str, Path]]) -> Entry:
+def _graph(folder: Path, demo_versions: Callable[[], dict[str, Path]], pruned: set[Path]) -> Entry:
+    """``pruned``: the (resolved) demo builds that prune removes: users that do not count."""
     size, version = _size(folder), folder.name
     if held_elsewhere(folder / ".export.lock"):
         return Entry("ONNX graph", folder, size, Use.BUSY, "being exported right now")
     listed = [Path(d) for d in served_from(folder)]
     if listed:
         users = [d for d in listed if d.is_dir() and fingerprint(d) == version]
+        staying = [d for d in users if d.resolve() not in pruned]
+        if staying:
+            return Entry("ONNX graph", folder, size, Use.IN_USE, _served(staying))
         if users:
-            return Entry("ONNX graph", folder, size, Use.IN_USE, _served(users))
+            return Entry(
+                "ONNX graph",
+                folder,
+                size,
+                Use.STALE,
+                f"{_served(users)}, an earlier demo recipe that prune removes with it",
+            )
         return Entry(
             "ONNX graph",
             folder,

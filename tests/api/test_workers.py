@@ -610,3 +610,39 @@ def test_the_run_folders_of_supervisors_that_are_gone_are_removed(tmp_path: Path
         (folder / "metrics").mkdir(parents=True)
     assert sorted(remove_stale_run_dirs(tmp_path)) == sorted([dead, dead_before, reused])
     assert alive.exists() and alive_before.exists() and unnamed.exists()
+
+
+def test_a_sighup_that_finds_a_worker_starting_reaches_it_once_it_serves(tmp_path: Path) -> None:
+    """A worker still loading when SIGHUP comes (a replacement that may already have read the
+    files beside the model) gets the signal once it reports SERVING, not never."""
+    from limelight.api.workers import Supervisor, _Worker
+    from limelight.settings import Settings
+
+    heard = tmp_path / "heard"
+    code = (
+        "import pathlib, signal, sys, time\n"
+        "signal.signal(signal.SIGHUP, lambda *_: pathlib.Path(sys.argv[1]).write_text('hup'))\n"
+        "pathlib.Path(sys.argv[2]).write_text('up')\n"
+        "time.sleep(60)\n"
+    )
+    up = tmp_path / "up"
+    process = subprocess.Popen([sys.executable, "-c", code, str(heard), str(up)])
+    try:
+        deadline = time.monotonic() + 60
+        while not up.exists():  # its handler is in place: a signal now cannot end it
+            assert time.monotonic() < deadline and process.poll() is None
+            time.sleep(0.05)
+        supervisor = Supervisor(Settings(workers=2, jobs="off"))
+        worker = _Worker(0, process, tmp_path / "ready-0")
+        supervisor._workers[0] = worker
+        supervisor.pass_reload_on()  # still starting: nothing sent yet
+        time.sleep(0.5)
+        assert not heard.exists()
+        worker.ready_file.write_text("1234")
+        supervisor._check(worker)  # now serving: the owed SIGHUP goes out
+        while not heard.exists():
+            assert time.monotonic() < deadline and process.poll() is None
+            time.sleep(0.05)
+    finally:
+        process.kill()
+        process.wait()

@@ -34,6 +34,7 @@ def test_build_then_current_then_forced(
     out = capsys.readouterr().out
     assert f"wrote {model_dir / 'limelight_lexicon'}: 30,522 entries x 3 classes" in out
     assert "`auto` now serves `lexicon_lookup`" in out
+    assert "restart a running server" not in out  # it reloads on its own (tests/test_reload.py)
     table = model_dir / "limelight_lexicon" / "table.npy"
     built = table.stat().st_mtime_ns
     assert main(args) == 0

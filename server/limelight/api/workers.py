@@ -73,6 +73,8 @@ class _Worker:
     ready: bool = False
     killed_late: bool = False
     """Killed for not serving in time (``worker_start_timeout_s``); not yet reaped."""
+    reload_owed: bool = False
+    """A SIGHUP came while it was starting: passed on once it serves."""
 
 
 class Supervisor:
@@ -108,11 +110,15 @@ class Supervisor:
 
     def pass_reload_on(self) -> None:
         """SIGHUP: every serving worker checks the files beside the model now. One still
-        starting is skipped: it may not handle SIGHUP yet (the default action ends a process),
-        and it reads the files as it loads anyway."""
+        starting gets it once it serves: it may not handle SIGHUP yet (the default action ends
+        a process), and it may have read the files before they changed."""
         for worker in list(self._workers.values()):
-            if worker.ready and worker.process.poll() is None:
+            if worker.process.poll() is not None:
+                continue
+            if worker.ready:
                 worker.process.send_signal(signal.SIGHUP)
+            else:
+                worker.reload_owed = True
 
     def run(self) -> int:
         """Serve until asked to stop (then 0). Raises ``Unavailable`` when a worker fails to
@@ -210,6 +216,8 @@ class Supervisor:
             worker.ready = True
             self._failed_starts = 0
             log.info("worker %d (pid %d) is serving", worker.index, worker.process.pid)
+            if worker.reload_owed and worker.process.poll() is None:
+                worker.process.send_signal(signal.SIGHUP)
         code = worker.process.poll()
         if code is None:
             return

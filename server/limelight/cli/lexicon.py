@@ -71,5 +71,8 @@ def run(args: argparse.Namespace) -> int:
     if inline_heads(model):
         print("a distilled head lies beside the model: `auto` still serves it (it reads context)")
     else:
-        print("`auto` now serves `lexicon_lookup` on this model (restart a running server)")
+        print(
+            "`auto` now serves `lexicon_lookup` on this model (a running sidecar takes it up "
+            "within its reload interval, or at once on SIGHUP; no restart)"
+        )
     return 0
