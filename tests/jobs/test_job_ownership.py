@@ -5,7 +5,8 @@ backends (SQLite journal, real redis-server)."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+import contextlib
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import pytest
@@ -22,20 +23,28 @@ from limelight.settings import Settings
 ALICE, BOB = "token:alice", "x509:CN=bob"
 
 
-def _backend(
+@contextlib.asynccontextmanager
+async def _backend(
     kind: str,
     tmp_path: Path,
     model: LoadedModel,
     request: pytest.FixtureRequest,
     **overrides: object,
-) -> JobBackend:
+) -> AsyncIterator[JobBackend]:
+    """A started backend of ``kind`` (stopped afterwards), with ``overrides`` of the settings."""
+    backend: JobBackend
     if kind == "sqlite":
         settings = Settings(cache_dir=tmp_path, jobs="sqlite", **overrides)  # type: ignore[arg-type]
         backend = SqliteJobBackend(settings, runner=None)  # no workers: jobs stay queued
-        return backend
-    url = request.getfixturevalue("redis_clean")
-    settings = Settings(cache_dir=tmp_path, jobs=url, **overrides)  # type: ignore[arg-type]
-    return RedisJobBackend(settings, runner=JobRunner(model, test_registry(), settings))
+    else:
+        url = request.getfixturevalue("redis_clean")
+        settings = Settings(cache_dir=tmp_path, jobs=url, **overrides)  # type: ignore[arg-type]
+        backend = RedisJobBackend(settings, runner=JobRunner(model, test_registry(), settings))
+    await backend.start()
+    try:
+        yield backend
+    finally:
+        await backend.stop(1.0)
 
 
 def _spec(text: str, owner: str, key: str = "") -> JobSpec:
@@ -55,10 +64,7 @@ async def _raises(kind: type[Exception], call: Callable[[], object]) -> None:
 async def test_other_principals_cannot_see_or_cancel_a_job(
     kind: str, tmp_path: Path, tiny_model: LoadedModel, request: pytest.FixtureRequest
 ) -> None:
-    backend = _backend(kind, tmp_path, tiny_model, request)
-
-    await backend.start()
-    try:
+    async with _backend(kind, tmp_path, tiny_model, request) as backend:
         mine = await backend.submit(_spec("the plot is great fun", ALICE))
         assert mine.spec.owner == ALICE
         await _raises(NotFound, lambda: backend.get(mine.id, BOB))
@@ -72,8 +78,6 @@ async def test_other_principals_cannot_see_or_cancel_a_job(
         assert (await backend.get(mine.id, ALICE)).state is JobState.QUEUED
         assert (await backend.get(mine.id)).spec.owner == ALICE  # in-process: unchecked
         assert (await backend.cancel(mine.id, ALICE)).state is JobState.CANCELLED
-    finally:
-        await backend.stop(1.0)
 
 
 @pytest.mark.asyncio
@@ -81,10 +85,7 @@ async def test_other_principals_cannot_see_or_cancel_a_job(
 async def test_idempotency_keys_are_per_owner_and_bound_to_their_request(
     kind: str, tmp_path: Path, tiny_model: LoadedModel, request: pytest.FixtureRequest
 ) -> None:
-    backend = _backend(kind, tmp_path, tiny_model, request)
-
-    await backend.start()
-    try:
+    async with _backend(kind, tmp_path, tiny_model, request) as backend:
         first = await backend.submit(_spec("a fun film", ALICE, key="k-1"))
         again = await backend.submit(_spec("a fun film", ALICE, key="k-1"))
         assert again.id == first.id
@@ -94,8 +95,6 @@ async def test_idempotency_keys_are_per_owner_and_bound_to_their_request(
         bobs = await backend.submit(_spec("a fun film", BOB, key="k-1"))
         assert bobs.id != first.id and bobs.spec.owner == BOB
         assert (await backend.get(first.id, ALICE)).spec.text == "a fun film"
-    finally:
-        await backend.stop(1.0)
 
 
 @pytest.mark.asyncio
@@ -103,9 +102,7 @@ async def test_idempotency_keys_are_per_owner_and_bound_to_their_request(
 async def test_one_owner_cannot_fill_the_queue_past_its_share(
     kind: str, tmp_path: Path, tiny_model: LoadedModel, request: pytest.FixtureRequest
 ) -> None:
-    backend = _backend(kind, tmp_path, tiny_model, request, job_queue_max_per_owner=2)
-    await backend.start()
-    try:
+    async with _backend(kind, tmp_path, tiny_model, request, job_queue_max_per_owner=2) as backend:
         first = await backend.submit(_spec("one", ALICE, key="k-1"))
         await backend.submit(_spec("two", ALICE))
         with pytest.raises(ResourceExhausted, match=r"your jobs are queued \(2, limit 2 per"):
@@ -116,8 +113,6 @@ async def test_one_owner_cannot_fill_the_queue_past_its_share(
         await backend.cancel(first.id, ALICE)  # a share frees up once a job leaves the queue
         third = await backend.submit(_spec("three", ALICE))
         assert (await backend.get(third.id, ALICE)).state is JobState.QUEUED
-    finally:
-        await backend.stop(1.0)
 
 
 @pytest.mark.asyncio
@@ -125,9 +120,7 @@ async def test_one_owner_cannot_fill_the_queue_past_its_share(
 async def test_past_the_retain_limit_an_owners_oldest_finished_jobs_are_dropped(
     kind: str, tmp_path: Path, tiny_model: LoadedModel, request: pytest.FixtureRequest
 ) -> None:
-    backend = _backend(kind, tmp_path, tiny_model, request, job_retain_max=3)
-    await backend.start()
-    try:
+    async with _backend(kind, tmp_path, tiny_model, request, job_retain_max=3) as backend:
         bobs = await backend.submit(_spec("bob's", BOB, key="b"))
         await backend.cancel(bobs.id, BOB)
         waiting = await backend.submit(_spec("still queued", ALICE))  # the oldest, never dropped
@@ -148,5 +141,3 @@ async def test_past_the_retain_limit_an_owners_oldest_finished_jobs_are_dropped(
         # A dropped job's idempotency key is free for new work.
         again = await backend.submit(_spec("review 0", ALICE, key="k-0"))
         assert again.id != done[0]
-    finally:
-        await backend.stop(1.0)
