@@ -72,7 +72,14 @@ def main(argv: list[str] | None = None) -> int:
         runtime.run_inline(InlineBatch.from_encoded([enc], model.pad_id))
 
     monitor = DriftMonitor(
-        Settings(drift_bootstrap_n=100, drift_window=200, drift_sample_rate=args.sample_rate),
+        # labels are compared (and that costed) from 40 explanations: the bootstrap of 100
+        # holds about 50 of each (settings refuse a drift_min_count above the bootstrap)
+        Settings(
+            drift_bootstrap_n=100,
+            drift_window=200,
+            drift_min_count=40,
+            drift_sample_rate=args.sample_rate,
+        ),
         model.labels,
         Metrics(CollectorRegistry()),
         model_version=model.version,

@@ -139,6 +139,10 @@ def main(argv: list[str] | None = None) -> int:
             "LIMELIGHT_JOBS_DB": str(Path(tmp) / "jobs.sqlite3"),
             "LIMELIGHT_DRIFT_BOOTSTRAP_N": str(REFERENCE_N),
             "LIMELIGHT_DRIFT_WINDOW": "90",
+            # A screenshot, not a measurement: compare a label from 20 of it (about 30 of each
+            # in the reference, 45 in the window), where the default 150 would compare none
+            # (and the settings refuse a drift_min_count above the window or the bootstrap).
+            "LIMELIGHT_DRIFT_MIN_COUNT": "20",
             "LIMELIGHT_VIEWER_DRIFT_SAMPLE_S": "1",
         }
         limelight = Path(sys.executable).with_name("limelight")

@@ -192,6 +192,9 @@ def start_sidecar(tmp_path: Path) -> Iterator[Callable[..., RunningSidecar]]:
             "cache_dir": cache_dir(),
             "drift_bootstrap_n": 20,
             "drift_window": 50,
+            # small on purpose (a test sends tens of requests); a label is compared from 20
+            # of it, which the window and the bootstrap can hold (settings refuse less)
+            "drift_min_count": 20,
         }
         values.update(overrides)
         handle = SidecarThread(Settings(**values))

@@ -93,3 +93,31 @@ def test_a_terminal_gets_tqdm_and_disabled_progress_prints_nothing() -> None:
     with progress_bar(total=3, desc="x", file=quiet, enabled=False) as bar:
         bar.update(3)
     assert quiet.getvalue() == ""
+
+
+def test_one_of_a_unit_is_said_in_the_singular() -> None:
+    """`explain: 1 texts` read wrong: one text, one batch, one item; the total sets the noun
+    of "N of M"."""
+    out = io.StringIO()
+    with progress_bar(desc="explain", unit="text", file=out) as bar:
+        bar.update(1)
+    assert out.getvalue().splitlines() == [
+        "explain: 0 texts, 0:00 elapsed",
+        "explain: 1 text, 0:00 elapsed",
+    ]
+    out = io.StringIO()
+    with progress_bar(total=1, desc="fit", unit="batch", file=out) as bar:
+        bar.update(1)
+    assert [line.split(", ")[0] for line in out.getvalue().splitlines()] == [
+        "fit: 0 of 1 batch (0 %)",
+        "fit: 1 of 1 batch (100 %)",
+    ]
+    out = io.StringIO()
+    with progress_bar(desc="x", file=out) as bar:  # tqdm's own unit, "it"
+        bar.update(1)
+        bar.update(1)
+    assert [line.split(", ")[0] for line in out.getvalue().splitlines()] == [
+        "x: 0 items",
+        "x: 2 items",
+    ]
+    assert PlainProgress(desc="x", file=io.StringIO()).line().startswith("x: 0 items")

@@ -14,8 +14,9 @@ from __future__ import annotations
 import html
 import math
 import os
+import sys
 import unicodedata
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -26,8 +27,11 @@ if TYPE_CHECKING:
 
 __all__ = [
     "color_for",
+    "displayable",
+    "encodable",
     "format_score",
     "layout",
+    "output_encoding",
     "terminal_safe",
     "to_html",
     "to_terminal",
@@ -232,10 +236,63 @@ def _color_enabled(color: bool | None) -> bool:
     if color is not None:
         return color
     # As the CLI reads them: FORCE_COLOR (force-color.org) wins over NO_COLOR (no-color.org),
-    # each counting when set and not empty.
+    # each counting when set and not empty; TERM=dumb (a terminal that takes no escape codes,
+    # as Emacs' shell) means none unless forced.
     if os.environ.get("FORCE_COLOR"):
         return True
-    return not os.environ.get("NO_COLOR")
+    return not os.environ.get("NO_COLOR") and os.environ.get("TERM") != "dumb"
+
+
+@dataclass(frozen=True)
+class _Glyphs:
+    """The drawing characters of a heat-map: the predicted label's mark, a probability bar's
+    filled and empty cells, and the rule around a map's title."""
+
+    mark: str
+    filled: str
+    empty: str
+    rule: str
+
+
+_UNICODE_GLYPHS = _Glyphs(mark="▶", filled="█", empty="░", rule="──")
+#: For a stream that cannot encode those (``PYTHONIOENCODING=ascii``, a Latin-1 terminal).
+_ASCII_GLYPHS = _Glyphs(mark=">", filled="#", empty=".", rule="--")
+
+
+def output_encoding(stream: object = None) -> str:
+    """The encoding text written to ``stream`` (default: standard output) ends up in; UTF-8
+    for a stream that names none (a ``StringIO``, no standard output at all)."""
+    stream = sys.stdout if stream is None else stream
+    encoding = getattr(stream, "encoding", None)
+    return encoding if isinstance(encoding, str) and encoding else "utf-8"
+
+
+def encodable(text: str, encoding: str) -> bool:
+    """Whether ``text`` can be written in ``encoding`` as it is (an unknown encoding: no)."""
+    try:
+        text.encode(encoding)
+    except (UnicodeError, LookupError):
+        return False
+    return True
+
+
+def displayable(text: str, encoding: str) -> str:
+    """``text`` with every character ``encoding`` cannot write as that codec's replacement
+    (``?``), so that printing it cannot fail; an unknown encoding leaves it as it is."""
+    try:
+        text.encode(encoding)
+    except LookupError:
+        return text
+    except UnicodeError:
+        return text.encode(encoding, "replace").decode(encoding, "replace")
+    return text
+
+
+def _glyphs(encoding: str) -> _Glyphs:
+    """The Unicode drawing characters where ``encoding`` writes them all, else ASCII ones."""
+    drawn = _UNICODE_GLYPHS
+    probe = drawn.mark + drawn.filled + drawn.empty + drawn.rule
+    return drawn if encodable(probe, encoding) else _ASCII_GLYPHS
 
 
 def _truncation(exp: Explanation) -> str:
@@ -291,36 +348,50 @@ def _ansi(text: str, bg: tuple[int, int, int], fg: tuple[int, int, int]) -> str:
     return "\n".join(f"{start}{part}\x1b[0m" if part else "" for part in text.split("\n"))
 
 
-def _bar(fraction: float) -> str:
+def _bar(fraction: float, glyphs: _Glyphs = _UNICODE_GLYPHS) -> str:
     filled = round(max(0.0, min(1.0, fraction)) * _BAR_WIDTH)
-    return "█" * filled + "░" * (_BAR_WIDTH - filled)
+    return glyphs.filled * filled + glyphs.empty * (_BAR_WIDTH - filled)
 
 
 def to_terminal(
-    exp: Explanation, scores: str | Sequence[str] = "scores", color: bool | None = None
+    exp: Explanation,
+    scores: str | Sequence[str] = "scores",
+    color: bool | None = None,
+    encoding: str | None = None,
 ) -> str:
     """Render ``exp`` as a heat-map for a terminal.
 
-    With colour: ANSI truecolor backgrounds per token. Without (``NO_COLOR`` set and
-    ``FORCE_COLOR`` not, or ``color=False``): plain text with each token's score in brackets
-    after it. Several score arrays (e.g. ``["scores", "importance"]`` for SLALOM) give one map
-    each under one header.
+    With colour: ANSI truecolor backgrounds per token. Without (``NO_COLOR`` or
+    ``TERM=dumb`` set and ``FORCE_COLOR`` not, or ``color=False``): plain text with each
+    token's score in brackets after it. Several score arrays (e.g. ``["scores",
+    "importance"]`` for SLALOM) give one map each under one header.
+
+    ``encoding`` is that of the stream the map is for (default: standard output's): where it
+    cannot write the drawing characters (``▶ █ ░ ─``) the map uses ASCII ones (``> # . -``),
+    and characters of the text, the labels or the model's name it cannot write are shown as
+    ``?``, so the map always prints.
     """
     exp = exp.by_characters()  # pieces of one character cannot be shown apart
     use_color = _color_enabled(color)
+    encoding = encoding or output_encoding()
+    glyphs = _glyphs(encoding)
+
+    def safe(text: str) -> str:
+        return displayable(terminal_safe(text), encoding)
+
     names = _resolve(exp, scores)
     scores = names[0]
     lines: list[str] = []
 
     if exp.multi_label:
-        chosen = ", ".join(terminal_safe(name) for name in exp.predicted_labels)
+        chosen = ", ".join(safe(name) for name in exp.predicted_labels)
         head = f"{{{chosen}}}" if chosen else "no label over its threshold"
     else:
-        head = f"{terminal_safe(exp.label)} (class {exp.label_index})"
+        head = f"{safe(exp.label)} (class {exp.label_index})"
     explained = exp.explained() if scores == "scores" else [exp]
-    target = ", ".join(terminal_safe(e.target_label or str(e.target_index)) for e in explained)
-    model = terminal_safe(exp.model_name + (f"@{exp.model_version}" if exp.model_version else ""))
-    method = terminal_safe(exp.method or "?")
+    target = ", ".join(safe(e.target_label or str(e.target_index)) for e in explained)
+    model = safe(exp.model_name + (f"@{exp.model_version}" if exp.model_version else ""))
+    method = safe(exp.method or "?")
     lines.append(f"prediction: {head}   explaining: {target}   method: {method}")
     if model:
         lines.append(f"model: {model}")
@@ -328,29 +399,30 @@ def to_terminal(
         lines.append(f"note: {_truncation(exp)}")
     if exp.windows > 1:
         lines.append(f"note: explained in {exp.windows} overlapping windows, stitched together")
-    width = max((columns(terminal_safe(name)) for name in exp.probabilities), default=0)
+    width = max((columns(safe(name)) for name in exp.probabilities), default=0)
     predicted = set(exp.predicted_labels) if exp.multi_label else {exp.label}
     for name, p in exp.probabilities.items():
-        mark = "▶" if name in predicted else " "
+        mark = glyphs.mark if name in predicted else " "
         limit = exp.thresholds.get(name) if exp.multi_label else None
         note = f"  (threshold {limit:.2f})" if limit is not None else ""
-        lines.append(f"{mark} {pad(terminal_safe(name), width)}  {_bar(p)}  {p:.3f}{note}")
+        lines.append(f"{mark} {pad(safe(name), width)}  {_bar(p, glyphs)}  {p:.3f}{note}")
     lines.append("")
     if len(names) > 1:  # one map per named array, each under its name
         for index, name in enumerate(names):
             if index:
                 lines.append("")
-            lines.append(f"── {terminal_safe(_array_title(exp, name))} ──")
-            lines.extend(_terminal_map(exp, name, use_color))
+            lines.append(f"{glyphs.rule} {safe(_array_title(exp, name))} {glyphs.rule}")
+            lines.extend(_terminal_map(exp, name, use_color, safe))
         return "\n".join(lines)
     for index, one in enumerate(explained):
         if len(explained) > 1:
             if index:
                 lines.append("")
             lines.append(
-                f"── explaining {terminal_safe(one.target_label or str(one.target_index))} ──"
+                f"{glyphs.rule} explaining {safe(one.target_label or str(one.target_index))} "
+                f"{glyphs.rule}"
             )
-        lines.extend(_terminal_map(one, scores, use_color))
+        lines.extend(_terminal_map(one, scores, use_color, safe))
     return "\n".join(lines)
 
 
@@ -363,8 +435,10 @@ def _array_title(exp: Explanation, name: str) -> str:
     return str(primary or exp.method or "scores")
 
 
-def _terminal_map(exp: Explanation, scores: str, use_color: bool) -> list[str]:
-    """The heat-map of one score array and its legend."""
+def _terminal_map(
+    exp: Explanation, scores: str, use_color: bool, safe: Callable[[str], str] = terminal_safe
+) -> list[str]:
+    """The heat-map of one score array and its legend; ``safe`` makes user text printable."""
     values = exp.score_array(scores)
     centre = contrast_centre(values, exp.tokens)
     shown = [v - centre for v in values]  # colours; the numbers printed stay the raw scores
@@ -373,7 +447,7 @@ def _terminal_map(exp: Explanation, scores: str, use_color: bool) -> list[str]:
     for segment in segments(exp):
         parts: list[str] = []
         for span in layout(exp, segment):
-            text = terminal_safe(span.text)
+            text = safe(span.text)
             if span.token is None or span.token >= len(values):
                 parts.append(text)
                 continue
@@ -387,9 +461,9 @@ def _terminal_map(exp: Explanation, scores: str, use_color: bool) -> list[str]:
         lines.append(prefix + "".join(parts))
 
     lines.append("")
-    name = "" if scores == "scores" else f"{terminal_safe(scores)}: "
+    name = "" if scores == "scores" else f"{safe(scores)}: "
     explained = _explained_class(exp, scores)
-    explained = terminal_safe(explained) if explained else None
+    explained = safe(explained) if explained else None
     if scale == 0:  # a colour bar from -0 to +0 would say nothing
         lines.append(f"{name}{_flat(centre, values, exp.tokens)}")
     elif use_color:

@@ -133,9 +133,10 @@ class PlainProgress(Generic[T]):
         if self.total:
             # Floored: 320 of 321 is not "100 %".
             percent = 100 if self.n >= self.total else math.floor(100 * self.n / self.total)
-            text = f"{self.n:,.0f} of {self.total:,.0f} {_plural(self.unit)} ({percent:.0f} %)"
+            unit = _counted(self.unit, self.total)
+            text = f"{self.n:,.0f} of {self.total:,.0f} {unit} ({percent:.0f} %)"
         else:
-            text = f"{self.n:,.0f} {_plural(self.unit)}"
+            text = f"{self.n:,.0f} {_counted(self.unit, self.n)}"
         text += f", {_clock(elapsed)} elapsed"
         if self.total and 0 < self.n < self.total and elapsed > 0:
             text += f", {about((self.total - self.n) * elapsed / self.n)} left"
@@ -178,6 +179,14 @@ _PLURALS = {"it": "items", "expl": "explanations", "batch": "batches"}
 
 def _plural(unit: str) -> str:
     return _PLURALS.get(unit, unit if unit.endswith("s") else unit + "s")
+
+
+def _counted(unit: str, count: float) -> str:
+    """``unit`` as ``count`` of it reads: "1 text", "0 texts", "2 texts" ("1 of 1 text": the
+    noun goes with the total). tqdm's short "it" is "item" alone."""
+    if count == 1:
+        return {"it": "item", "expl": "explanation"}.get(unit, unit)
+    return _plural(unit)
 
 
 def _clock(seconds: float) -> str:

@@ -20,6 +20,7 @@ from pydantic import (
     PositiveFloat,
     PositiveInt,
     field_validator,
+    model_validator,
 )
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
@@ -345,15 +346,19 @@ class Settings(BaseSettings):
     drift_reference: Path | None = None
     """Reference file from ``limelight drift-reference build``; unset: the first N requests."""
     drift_bootstrap_n: PositiveInt = 500
-    """Without a reference file: how many first requests become the reference."""
+    """Without a reference file: how many first requests become the reference (at least
+    ``drift_min_count``: a smaller reference could never be compared)."""
     drift_window: PositiveInt = 500
-    """Sliding window of recent explanations compared with the reference."""
+    """Sliding window of recent explanations compared with the reference (at least
+    ``drift_min_count``; it holds more than 90 % of this many, at most this many)."""
     drift_min_count: PositiveInt = 150
     """Explanations of a label that the window and the reference must each hold before that
     label is compared (fewer: not compared, no alert). Fewer give a divergence that reads as
     drift on unchanged traffic: on held-out reviews 50 of a label gave 0.04–0.06 (95th
-    percentile), 150 under 0.01 (docs/drift.md, "How many explanations"). A label rarer than
-    ``drift_min_count / drift_window`` of the traffic needs a larger window."""
+    percentile), 150 under 0.01 (docs/drift.md, "How many explanations"). Only explanations
+    with positive attribution mass count. A label rarer than ``drift_min_count / drift_window``
+    of the traffic needs a larger window. Settings refuse a ``drift_window`` (or, without a
+    ``drift_reference``, a ``drift_bootstrap_n``) below it."""
     drift_sample_rate: Annotated[float, Field(gt=0.0, le=1.0)] = 1.0
     """Share of inline explanations the drift monitor observes, drawn at random (whatever
     their content): 1 observes every one. The window and the bootstrap count observed ones,
@@ -371,6 +376,29 @@ class Settings(BaseSettings):
     """JSD (base 2) above which a label's drift counts as an alert. Measured on the demo models
     (docs/drift.md): held-out traffic stays below 0.005, one strongly weighted word appended to
     every review reaches 0.03-0.075 for its label (NormXLogit), 0.12-0.15 (the distilled head)."""
+
+    @model_validator(mode="after")
+    def _drift_can_compare(self) -> Settings:
+        # A label is compared once the window and the reference each hold drift_min_count
+        # explanations of it: a window (or, without a file, a bootstrap) smaller than that
+        # would never compare any label, its gauges NaN for ever without a word.
+        if not self.drift_enabled:
+            return self
+        short = []
+        if self.drift_window < self.drift_min_count:
+            short.append(f"drift_window is {self.drift_window}")
+        if self.drift_reference is None and self.drift_bootstrap_n < self.drift_min_count:
+            short.append(f"drift_bootstrap_n is {self.drift_bootstrap_n} (no drift_reference)")
+        if short:
+            raise ValueError(
+                f"{' and '.join(short)}, below drift_min_count ({self.drift_min_count}): a "
+                "label is compared only once the window and the reference each hold "
+                "drift_min_count explanations of it, so no label ever would be; raise "
+                f"drift_window and drift_bootstrap_n to at least {self.drift_min_count} or lower "
+                "drift_min_count (LIMELIGHT_DRIFT_WINDOW, LIMELIGHT_DRIFT_BOOTSTRAP_N, "
+                "LIMELIGHT_DRIFT_MIN_COUNT)"
+            )
+        return self
 
     # --- security ----------------------------------------------------------------------------
     tls_cert: Path | None = None

@@ -45,6 +45,7 @@ def side(bert_tiny_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Itera
             jobs_db=tmp_path_factory.mktemp("jobs") / "jobs.sqlite3",
             cache_dir=cache_dir(),
             drift_bootstrap_n=20,
+            drift_min_count=20,  # at most the bootstrap: settings refuse a larger one
         )
     )
     running = handle.start()

@@ -916,9 +916,9 @@ def test_browser_drift_page_says_a_label_is_not_compared_until_it_has_enough(
     from selenium.webdriver.common.by import By
 
     sidecar = start_sidecar(
-        model_dir=random_bert_dir, drift_bootstrap_n=4, drift_min_count=50, viewer_drift_sample_s=0
+        model_dir=random_bert_dir, drift_bootstrap_n=20, drift_min_count=20, viewer_drift_sample_s=0
     )
-    for i in range(10):
+    for i in range(30):  # 20 make the reference, 10 in the window: fewer than 20 of a label
         status, _, _ = call(f"{base(sidecar)}/viewer/api/explain", {"text": f"review {i} fine"})
         assert status == 200
     open_viewer(browser, sidecar)
@@ -926,7 +926,7 @@ def test_browser_drift_page_says_a_label_is_not_compared_until_it_has_enough(
     summary = wait(browser, lambda d: d.find_element(By.ID, "drift-summary").text or None)
     assert summary.startswith("reference ready") and "label-mix divergence – · " in summary
     cards = [c.text for c in browser.find_elements(By.CSS_SELECTOR, "#drift-labels article p")]
-    assert any("not compared yet" in c and "a label needs 50 in each" in c for c in cards), cards
+    assert any("not compared yet" in c and "a label needs 20 in each" in c for c in cards), cards
     no_console_errors(browser)
 
 

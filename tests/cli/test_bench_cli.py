@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import re
 import subprocess
@@ -217,3 +218,37 @@ def test_a_bench_ended_by_a_signal_leaves_no_process_behind(
         for p in psutil.Process().children(recursive=True):
             if "limelight" in " ".join(p.cmdline()) and p.pid != os.getpid():
                 p.kill()
+
+
+def test_bench_help_says_what_it_does_and_shows_its_defaults(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`limelight bench --help` had no description and hid every default the help did not
+    spell out; shown now, except where there is none to show (None, an off switch) and where
+    the help words it itself (a token from the environment stays unprinted)."""
+    from limelight.cli.main import _leaf_parsers, build_parser
+
+    monkeypatch.setenv("LIMELIGHT_TOKEN", "s3cret-token")
+    bench = next(p for p in _leaf_parsers(build_parser()) if p.prog == "limelight bench")
+    said = " ".join(bench.format_help().split())
+    assert (
+        "Measure the latency and throughput of inline explanations, the served path under "
+        "load and job methods in one run"
+    ) in said
+    for shown in (
+        "seconds measured per load point (default: 10.0)",
+        "--runtimes RUNTIMES comma-separated: torch,onnx (default: torch,onnx)",
+        "in-process batch sizes (default: 1,8,32)",
+        "output folder (default: bench-results)",
+        "(default: unary)",
+        "(default: columns)",
+        "e.g. 8+4 ('' to skip) (default: 8+4)",
+    ):
+        assert shown in said, shown
+    assert "(default: None)" not in said and "(default: False)" not in said
+    assert "s3cret-token" not in said and "bearer token (default: $LIMELIGHT_TOKEN)" in said
+    # every option with a default to show says it, in argparse's words or its own
+    for action in bench._actions:
+        if action.option_strings and action.default not in (None, False, argparse.SUPPRESS):
+            help = bench._get_formatter()._expand_help(action)
+            assert "default" in help, (action.option_strings, help)

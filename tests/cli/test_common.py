@@ -210,3 +210,71 @@ def test_a_json_flag_that_does_not_decode_is_told_what_its_variable_is(
     assert variable.startswith(prefix), variable
     assert flag.split("--label-thresholds: ", 1)[1] == variable.removeprefix(prefix)
     assert variable.endswith("; lists and mappings are written as JSON")
+
+
+class _Terminal:
+    """A stream that says it is a terminal."""
+
+    encoding = "utf-8"
+
+    def isatty(self) -> bool:
+        return True
+
+
+def test_term_dumb_gets_no_colour_unless_it_is_forced(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``TERM=dumb`` (Emacs' shell, some IDE consoles) takes no escape codes: colour stays off
+    when it is auto; ``--color always`` and FORCE_COLOR still force it."""
+    from limelight.cli.common import use_color
+
+    monkeypatch.delenv("NO_COLOR", raising=False)
+    monkeypatch.delenv("FORCE_COLOR", raising=False)
+    monkeypatch.setenv("TERM", "xterm-256color")
+    assert use_color("auto", _Terminal()) is True
+    monkeypatch.setenv("TERM", "dumb")
+    assert use_color("auto", _Terminal()) is False
+    assert use_color("always", _Terminal()) is True
+    monkeypatch.setenv("FORCE_COLOR", "1")
+    assert use_color("auto", _Terminal()) is True
+    assert use_color("never", _Terminal()) is False
+
+
+def test_the_color_flag_says_what_turns_colour_off() -> None:
+    from limelight.cli.main import _leaf_parsers, build_parser
+
+    explain = next(p for p in _leaf_parsers(build_parser()) if p.prog == "limelight explain")
+    said = " ".join(explain.format_help().split())
+    assert "unless NO_COLOR is set or TERM is dumb (FORCE_COLOR forces it)" in said
+
+
+def test_a_deadline_names_the_sidecar_and_the_flag_that_set_it() -> None:
+    """gRPC's "DEADLINE_EXCEEDED: Deadline Exceeded" said neither where nor what to do."""
+    import grpc
+
+    from limelight_client.errors import DeadlineExceeded
+
+    bare = DeadlineExceeded(grpc.StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded")
+    assert client_error_line(bare, "host:50051", timeout=2.0) == (
+        "no answer from the sidecar at host:50051 within --timeout 2 s; raise --timeout or "
+        "check it is serving"
+    )
+    # The sidecar's own word on it, where it said one, is kept.
+    queued = DeadlineExceeded(grpc.StatusCode.DEADLINE_EXCEEDED, "deadline passed while queued")
+    assert client_error_line(queued, "host:50051", timeout=0.5) == (
+        "no answer from the sidecar at host:50051 within --timeout 0.5 s (deadline passed "
+        "while queued); raise --timeout or check it is serving"
+    )
+    assert client_error_line(bare, "host:50051") == (
+        "no answer from the sidecar at host:50051 in time; check it is serving"
+    )
+
+
+def test_a_refused_argument_is_a_usage_error_and_nothing_else_is() -> None:
+    """The sidecar's INVALID_ARGUMENT is the refusal ``--local`` gives with status 2."""
+    import grpc
+
+    from limelight.cli.common import client_error_status
+    from limelight_client.errors import InvalidArgument, NotFound, Unavailable
+
+    assert client_error_status(InvalidArgument(grpc.StatusCode.INVALID_ARGUMENT, "x")) == 2
+    assert client_error_status(NotFound(grpc.StatusCode.NOT_FOUND, "x")) == 1
+    assert client_error_status(Unavailable(grpc.StatusCode.UNAVAILABLE, "x")) == 1

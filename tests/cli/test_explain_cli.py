@@ -146,7 +146,7 @@ def test_the_heat_map_is_coloured_on_a_terminal_only(sidecar: RunningSidecar) ->
     decide over that."""
     text = "a gorgeous, witty, seductive movie"
     args = ("explain", text, "--target", sidecar.target)
-    clean = {"NO_COLOR": "", "FORCE_COLOR": ""}
+    clean = {"NO_COLOR": "", "FORCE_COLOR": "", "TERM": "xterm-256color"}
     piped = limelight(*args, env=clean)
     assert piped.returncode == 0, piped.stderr
     assert "\x1b[" not in piped.stdout and re.search(r"gorgeous\[[+-]\d", piped.stdout)
@@ -169,10 +169,31 @@ def test_the_heat_map_is_coloured_on_a_terminal_only(sidecar: RunningSidecar) ->
     finally:
         os.close(primary)
     assert "\x1b[48;2;" in shown and "gorgeous" in shown
+    # TERM=dumb takes no escape codes, a terminal though it is: none unless forced.
+    assert "\x1b[" not in _on_a_terminal(*args, env={**clean, "TERM": "dumb"})
+    assert "\x1b[48;2;" in _on_a_terminal(*args, "--color", "always", env={**clean, "TERM": "dumb"})
     never = limelight(*args, "--color", "never", env={"FORCE_COLOR": "1"})
     assert "\x1b[" not in never.stdout
     # --no-color, as grep and git spell it, is --color never.
     assert limelight(*args, "--no-color", env={"FORCE_COLOR": "1"}).stdout == never.stdout
+
+
+def _on_a_terminal(*args: str, env: dict[str, str]) -> str:
+    """What `limelight ARGS` writes to a terminal (a pseudo-terminal on standard output)."""
+    primary, secondary = pty.openpty()
+    try:
+        run = subprocess.run(
+            [sys.executable, "-m", "limelight.cli.main", *args],
+            stdout=secondary,
+            stderr=subprocess.PIPE,
+            timeout=600,
+            env={**os.environ, **env},
+        )
+        os.close(secondary)
+        assert run.returncode == 0, run.stderr
+        return _read_all(primary).decode()
+    finally:
+        os.close(primary)
 
 
 def _read_all(fd: int) -> bytes:
@@ -241,7 +262,7 @@ def test_a_job_method_is_submitted_followed_and_shown(sidecar: RunningSidecar) -
 
 def test_bad_input_exits_non_zero_with_a_clear_message(sidecar: RunningSidecar) -> None:
     out = limelight("explain", "fine", "--class", "meh", "--target", sidecar.target)
-    assert out.returncode == 1
+    assert out.returncode == 2  # refused as an argument: a usage error, as with --local
     assert "unknown label 'meh'" in out.stderr
     unreachable = limelight("explain", "x", "--target", "127.0.0.1:1", "--timeout", "2")
     assert unreachable.returncode == 1
@@ -256,9 +277,122 @@ def test_bad_input_exits_non_zero_with_a_clear_message(sidecar: RunningSidecar) 
     assert "without a port gRPC dials 443" in no_port.stderr
     assert "--target localhost:50051" in no_port.stderr
     unknown = limelight("explain", "fine", "--method", "nope", "--target", sidecar.target)
-    assert unknown.returncode == 1
+    assert unknown.returncode == 2
     assert unknown.stderr.startswith("limelight explain: error: unknown method 'nope'; offered: ")
     assert "normxlogit" in unknown.stderr and "KeyError" not in unknown.stderr
+
+
+def test_an_argument_the_sidecar_refuses_exits_2_as_in_process(
+    sidecar: RunningSidecar, bert_tiny_dir: Path
+) -> None:
+    """The same invalid input exited 2 with --local and 1 against a sidecar (which refuses it
+    with INVALID_ARGUMENT); the --help epilog promises 2 for invalid arguments."""
+    target = ("--target", sidecar.target)
+    for argv, said in (
+        (("",), "text is empty"),
+        (("fine", "--class", "bogus"), "unknown label 'bogus'"),
+        (
+            ("fine", "--method", "integrated_gradients", "--param", "steps=abc", "--wait"),
+            "parameter 'steps' must be a number",
+        ),
+        (("fine", "--method", "nope"), "unknown method 'nope'"),
+    ):
+        out = limelight("explain", *argv, *target)
+        assert (out.returncode, out.stdout) == (2, ""), out.stderr
+        assert out.stderr.startswith("limelight explain: error: ") and said in out.stderr
+    local = limelight(
+        "explain", "fine", "--class", "bogus", "--local", "--model", str(bert_tiny_dir)
+    )
+    assert local.returncode == 2 and "unknown label 'bogus'" in local.stderr, local.stderr
+
+
+def test_no_answer_in_time_names_the_sidecar_and_the_timeout() -> None:
+    """Something that takes the connection and never answers (a hung sidecar, a port that
+    swallows it) gave "DEADLINE_EXCEEDED: Deadline Exceeded" and nothing to go on."""
+    import socket
+
+    with socket.socket() as hole:
+        hole.bind(("127.0.0.1", 0))
+        hole.listen(8)  # connections complete in the kernel; nothing ever reads them
+        target = f"127.0.0.1:{hole.getsockname()[1]}"
+        for argv in (("explain", "x"), ("jobs", "list")):
+            out = limelight(*argv, "--target", target, "--timeout", "1")
+            assert (out.returncode, out.stdout) == (1, ""), out.stderr
+            assert out.stderr.splitlines()[-1].endswith(
+                f"error: no answer from the sidecar at {target} within --timeout 1 s; raise "
+                "--timeout or check it is serving"
+            ), out.stderr
+
+
+def test_a_terminal_that_cannot_encode_the_map_still_gets_the_result(
+    sidecar: RunningSidecar,
+) -> None:
+    """``PYTHONIOENCODING=ascii`` (or Latin-1): the heat-map, `jobs show` and `jobs watch`
+    ended with UnicodeEncodeError, the result lost; they print with ASCII drawing characters
+    and "?" for what the stream cannot encode. Under the POSIX locale (no UTF-8 mode) a
+    Chinese TEXT came with a warning that it was not UTF-8, though it arrived whole."""
+    target = ("--target", sidecar.target)
+    text = "电影 café great movie"
+    for encoding in ("ascii", "latin-1"):
+        env = {"PYTHONIOENCODING": encoding, "NO_COLOR": "", "FORCE_COLOR": ""}
+        out = subprocess.run(
+            [sys.executable, "-m", "limelight.cli.main", "explain", text, *target],
+            capture_output=True,
+            timeout=600,
+            env={**os.environ, **env},
+        )
+        assert out.returncode == 0, out.stderr.decode(errors="replace")
+        page = out.stdout.decode(encoding).splitlines()
+        assert any(re.fullmatch(r"> (fresh|rotten) +#+\.* +[\d.]+", line) for line in page), page
+        assert any(line.startswith("for ") for line in page)  # the lists too
+        cafe = "café" if encoding == "latin-1" else "caf?"
+        assert any(re.match(rf"\?\[.*\?\[.* {re.escape(cafe)}\[", line) for line in page), page
+
+    submitted = limelight("explain", text, "--method", "integrated_gradients", "--json", *target)
+    job = json.loads(submitted.stdout)["id"]
+    for command in ("watch", "show"):
+        shown = subprocess.run(
+            [sys.executable, "-m", "limelight.cli.main", "jobs", command, job, *target],
+            capture_output=True,
+            timeout=600,
+            env={**os.environ, "PYTHONIOENCODING": "ascii", "NO_COLOR": "", "FORCE_COLOR": ""},
+        )
+        assert shown.returncode == 0, shown.stderr.decode(errors="replace")
+        lines = shown.stdout.decode("ascii").splitlines()
+        assert "state      succeeded" in lines
+        assert any(re.fullmatch(r"> (fresh|rotten) +#+\.* +[\d.]+", line) for line in lines)
+
+    posix = {"LC_ALL": "POSIX", "PYTHONUTF8": "0", "PYTHONIOENCODING": ""}
+    intact = limelight("explain", "电影 great", "--json", *target, env=posix)
+    assert intact.returncode == 0, intact.stderr
+    assert json.loads(intact.stdout)["text"] == "电影 great"
+    assert "not valid UTF-8" not in intact.stderr
+    # A byte that is not UTF-8 is still replaced, and said.
+    broken = subprocess.run(
+        [sys.executable, "-m", "limelight.cli.main", "explain", b"\xff great", "--json", *target],
+        capture_output=True,
+        timeout=600,
+        env={**os.environ, **posix},
+    )
+    assert broken.returncode == 0, broken.stderr
+    assert json.loads(broken.stdout)["text"] == "\ufffd great"
+    assert b"TEXT is not valid UTF-8" in broken.stderr
+
+
+def test_a_text_read_under_the_posix_locale_is_warned_about_only_when_it_is_broken(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Under the POSIX locale without UTF-8 mode every byte over 127 of an argument comes as
+    a surrogate: "电影" as six, which read back whole; only bytes that are not UTF-8 are."""
+    from limelight.cli.explain import _utf8_or_replaced
+
+    as_argv = "电影 great".encode().decode("ascii", "surrogateescape")
+    assert _utf8_or_replaced(as_argv, "TEXT") == "电影 great"
+    assert capsys.readouterr().err == ""
+    assert _utf8_or_replaced("\udcff great \ufffd", "TEXT") == "\ufffd great \ufffd"
+    assert "TEXT is not valid UTF-8" in capsys.readouterr().err
+    assert _utf8_or_replaced("plain \ufffd", "TEXT") == "plain \ufffd"
+    assert capsys.readouterr().err == ""
 
 
 def test_the_text_can_come_from_standard_input(sidecar: RunningSidecar) -> None:

@@ -393,6 +393,50 @@ def test_calibrate_heads_reports_errors_like_every_other_command(
     )
 
 
+def test_an_argument_the_sidecar_refuses_is_a_usage_error_as_the_epilog_says() -> None:
+    """The same invalid input exited 2 in-process (``--local``) but 1 against a sidecar,
+    which refuses it with INVALID_ARGUMENT; the --help epilog promises 2 for both."""
+    import argparse
+
+    import grpc
+
+    from limelight.cli.main import build_parser, describe_error
+    from limelight_client.errors import DeadlineExceeded, InvalidArgument
+
+    args = argparse.Namespace(command="drift", target="host:50051", timeout=5.0)
+    refused = InvalidArgument(grpc.StatusCode.INVALID_ARGUMENT, "top_k must be at least 1")
+    assert describe_error(refused, args) == (
+        "INVALID_ARGUMENT: top_k must be at least 1",
+        EXIT_USAGE,
+    )
+    late = DeadlineExceeded(grpc.StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded")
+    assert describe_error(late, args) == (
+        "no answer from the sidecar at host:50051 within --timeout 5 s; raise --timeout or "
+        "check it is serving",
+        EXIT_FAILURE,
+    )
+    epilog = " ".join((build_parser().epilog or "").split())
+    assert (
+        "exit status 2 (invalid arguments or settings, the sidecar's refusal of an argument "
+        "included) or 1 (anything else)"
+    ) in epilog
+
+
+@pytest.mark.parametrize("encoding", ["ascii", "latin-1"])
+def test_help_prints_on_a_terminal_that_cannot_encode_all_of_it(encoding: str) -> None:
+    """A character standard output cannot encode (distill's help has a dash, worker's an
+    ellipsis) is printed as "?" rather than ending the command with UnicodeEncodeError."""
+    for command in ("distill", "worker"):
+        out = subprocess.run(
+            [sys.executable, "-m", "limelight.cli.main", command, "--help"],
+            capture_output=True,
+            timeout=300,
+            env={**os.environ, "PYTHONIOENCODING": encoding},
+        )
+        assert out.returncode == 0, out.stderr.decode(errors="replace")
+        assert out.stdout.decode(encoding).startswith(f"usage: limelight {command}")
+
+
 def test_a_path_that_cannot_be_used_is_named_by_its_flag_and_direction(tmp_path: Path) -> None:
     """A file the command writes reads "cannot write", one it reads "cannot read"; a folder on
     the way that is missing is named after the flag's own value."""
@@ -447,6 +491,24 @@ def test_bench_refuses_a_job_method_it_cannot_run_before_the_model_loads(
         ),
         (["explain", "a", "b"], "limelight explain: error: unrecognized arguments: b"),
         (["--bogus"], "limelight: error: unrecognized arguments: --bogus"),
+        # After `--` every argument is text: a flag there is not offered as itself ("--json:
+        # did you mean --json?"); the line says where options go.
+        (
+            ["explain", "--", "-awful", "--json"],
+            "limelight explain: error: unrecognized arguments: --json (after -- every argument "
+            "is text, not an option; put options before --: limelight explain --json -- -awful)",
+        ),
+        (
+            ["explain", "--top", "2", "--", "-awful", "--jsn", "--top=3"],
+            "limelight explain: error: unrecognized arguments: --jsn --top=3 (--jsn: did you mean "
+            "--json?; after -- every argument is text, not an option; put options before --: "
+            "limelight explain --top 2 --jsn --top=3 -- -awful)",
+        ),
+        (
+            ["explain", "--", "great", "movie"],
+            "limelight explain: error: unrecognized arguments: movie (after -- every argument is "
+            "text, and the command takes one: quote a text of several words)",
+        ),
     ],
 )
 def test_an_unknown_argument_is_reported_by_its_command_with_the_nearest_flag(

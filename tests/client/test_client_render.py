@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import html
 import math
 import re
@@ -98,6 +99,7 @@ def test_color_scale_is_diverging_and_normalised() -> None:
 
 def test_terminal_color(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("NO_COLOR", raising=False)
+    monkeypatch.setenv("TERM", "xterm-256color")  # not "dumb", as some CI runners set it
     exp = wordpiece_explanation()
     out = exp.to_terminal()
     plain = ANSI.sub("", out)
@@ -127,6 +129,7 @@ def test_terminal_no_color(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_terminal_color_argument_overrides_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TERM", "xterm-256color")
     monkeypatch.setenv("NO_COLOR", "1")
     assert "\x1b[48;2;" in wordpiece_explanation().to_terminal(color=True)
     monkeypatch.setenv("NO_COLOR", "")  # empty means unset (no-color.org)
@@ -633,3 +636,73 @@ def test_pieces_of_one_character_join_their_word_and_show_once_with_their_sum() 
     assert "정[+1.750]말[-0.875] 좋아[+2.000] cafe[+4.000]" in plain, plain
     page = exp.to_html()
     assert page.count('title="정') == page.count('title="말') == 1
+
+
+def _glyph_explanation() -> Explanation:
+    """A map with every drawing character (the predicted label's mark, bars, the rule over
+    each of two maps) and text a narrow encoding cannot write: Chinese, an accent, a label in
+    Chinese."""
+    tokens = [
+        pb.Token(text="[CLS]", id=101, special=True),
+        pb.Token(text="[UNK]", id=100, start=0, end=2),
+        pb.Token(text="cafe", id=7, start=3, end=7),
+        pb.Token(text="great", id=2307, start=8, end=13),
+        pb.Token(text="[SEP]", id=102, special=True),
+    ]
+    exp = explained(tokens, [0.0, -0.5, 0.25, 1.0, 0.0], "电影 café great", ("差", "fresh"))
+    return dataclasses.replace(exp, extra_scores={"importance": [0.0, 0.1, 0.2, 0.3, 0.0]})
+
+
+@pytest.mark.parametrize("encoding", ["ascii", "latin-1"])
+def test_a_stream_that_cannot_encode_the_drawing_characters_gets_ascii_ones(
+    encoding: str,
+) -> None:
+    """``PYTHONIOENCODING=ascii limelight explain ...`` ended with UnicodeEncodeError and the
+    result lost: ``▶ █ ░ ──`` cannot be written in ASCII (nor in Latin-1). The map is drawn
+    with ``> # . --`` for such a stream, and text it cannot write shows as ``?``."""
+    from limelight_client.render import to_terminal
+
+    exp = _glyph_explanation()
+    for color in (False, True):
+        page = to_terminal(exp, ["scores", "importance"], color=color, encoding=encoding)
+        page.encode(encoding)  # prints: nothing in it the stream cannot write
+        lines = ANSI.sub("", page).splitlines()
+        assert "> fresh  " + "#" * 22 + "..  0.900" in lines, lines
+        assert "  ?      " + "##" + "." * 22 + "  0.100" in lines, lines
+        assert "-- normxlogit --" in lines and "-- importance --" in lines
+    plain = to_terminal(exp, color=False, encoding=encoding).splitlines()
+    cafe = "café" if encoding == "latin-1" else "caf?"
+    assert f"??[-0.500] {cafe}[+0.250] great[+1.000]" in plain, plain
+    # Where the stream writes them, the drawing characters are the Unicode ones.
+    unicode_page = to_terminal(exp, ["scores", "importance"], color=False, encoding="utf-8")
+    assert "▶ fresh  " + "█" * 22 + "░░  0.900" in unicode_page.splitlines()
+    assert "── importance ──" in unicode_page.splitlines()
+    assert "电影[-0.500] café[+0.250] great[+1.000]" in unicode_page.splitlines()
+
+
+def test_the_default_encoding_is_standard_outputs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``print(exp.to_terminal())`` on an ASCII standard output prints (the SDK's own users)."""
+    import io
+
+    ascii_out = io.TextIOWrapper(io.BytesIO(), encoding="ascii")
+    monkeypatch.setattr("sys.stdout", ascii_out)
+    page = _glyph_explanation().to_terminal(color=False)
+    print(page)  # no UnicodeEncodeError
+    assert "> fresh" in page and "#" in page and "█" not in page
+
+
+def test_term_dumb_gets_no_colour_unless_it_is_forced(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A terminal that says it takes no escape codes (``TERM=dumb``: Emacs' shell) got
+    truecolor escapes all the same."""
+    monkeypatch.delenv("NO_COLOR", raising=False)
+    monkeypatch.delenv("FORCE_COLOR", raising=False)
+    monkeypatch.setenv("TERM", "dumb")
+    exp = wordpiece_explanation()
+    assert "\x1b[" not in exp.to_terminal()
+    assert "un[+0.500]believ[-0.250]ably[+0.100] good[+1.000]" in exp.to_terminal()
+    assert "\x1b[48;2;" in exp.to_terminal(color=True)
+    monkeypatch.setenv("FORCE_COLOR", "1")
+    assert "\x1b[48;2;" in exp.to_terminal()
+    monkeypatch.delenv("FORCE_COLOR")
+    monkeypatch.setenv("TERM", "xterm-256color")
+    assert "\x1b[48;2;" in exp.to_terminal()

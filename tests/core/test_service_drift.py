@@ -31,6 +31,7 @@ async def test_answers_do_not_wait_for_the_drift_monitor(bert_tiny_dir: Path) ->
         metrics_port=0,
         default_method="normxlogit",
         drift_bootstrap_n=100,  # every observed answer goes into the reference: countable
+        drift_min_count=100,  # at most the bootstrap: settings refuse a larger one
         drift_queue_tokens=sizes[0] + sizes[1],  # room for the first two answers' tokens
     )
     metrics = Metrics()

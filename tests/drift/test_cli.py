@@ -284,6 +284,40 @@ def test_the_table_says_which_labels_are_not_compared_yet_and_why() -> None:
     fresh = next(line for line in lines if line.startswith("fresh "))
     assert fresh.split()[2] == "ok"
     assert (
-        "not compared yet: rotten (a label needs 15 explanations in the window and in the "
-        "reference; fewer read as drift on unchanged traffic)" in lines
+        "not compared yet: rotten (fewer than 15 explanations in the window, the least a label "
+        "needs there and in the reference; fewer read as drift on unchanged traffic. A label "
+        "that stays rarer than that in the window is compared only with a larger "
+        "LIMELIGHT_DRIFT_WINDOW)" in lines
     )
+    assert not any("reference:" in line and "never" in line for line in lines)
+
+
+def test_a_label_too_rare_in_a_ready_reference_is_never_compared_not_yet() -> None:
+    """The reference is ready and no longer grows: a label it holds too few of will not be
+    compared whatever the window holds, and the table says so (it said "not compared yet")."""
+    settings = Settings(drift_bootstrap_n=40, drift_window=100, drift_min_count=15)
+    monitor = DriftMonitor(settings, ["rotten", "fresh"], None)
+    for i in range(40):  # 5 rotten, 35 fresh
+        monitor.observe("rotten" if i % 8 == 0 else "fresh", ["a", "film"], [1.0, 2.0])
+    for label in ("rotten", "fresh"):
+        for _ in range(50):  # plenty of both in the window
+            monitor.observe(label, ["a", "film"], [1.0, 2.0])
+    report = monitor.report()
+    lines = format_report(report).splitlines()
+    assert next(line for line in lines if line.startswith("rotten ")).split() == [
+        "rotten", "-", "-", "50"
+    ]  # fmt: skip
+    assert next(line for line in lines if line.startswith("fresh ")).split()[2] == "ok"
+    assert (
+        "never compared against this reference: rotten (fewer than 15 explanations in the "
+        "reference, the least a label needs there and in the window; rebuild the reference "
+        "from more texts of it with `limelight drift-reference build`, or from more requests: "
+        "LIMELIGHT_DRIFT_BOOTSTRAP_N)" in lines
+    )
+    assert not any("not compared yet" in line for line in lines)
+    # With none of it in the window either, the reason is the same.
+    monitor = DriftMonitor(settings, ["rotten", "fresh"], None)
+    for i in range(140):
+        monitor.observe("rotten" if i < 40 and i % 8 == 0 else "fresh", ["a", "film"], [1.0, 2.0])
+    lines = format_report(monitor.report()).splitlines()
+    assert any(line.startswith("never compared against this reference: rotten") for line in lines)

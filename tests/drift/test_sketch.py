@@ -151,3 +151,34 @@ def test_ring_window_size_between_slot_boundaries() -> None:
         ring.tick()
     kept = [x for part in ring.parts() for x in part]
     assert kept == list(range(910, 1001))
+
+
+@pytest.mark.parametrize("window", [1, 2, 7, 10, 11, 15, 19, 25, 99, 150, 505, 1000])
+def test_ring_holds_between_90_and_100_percent_of_its_window(window: int) -> None:
+    """Once filled, the ring holds the newest observations, at most ``window`` and more than
+    90 % of it (docs/drift.md); it used to round the slot size up and hold up to 133 % (20 of a
+    window of 15)."""
+    ring: SketchRing[list[int]] = SketchRing(window=window, slots=10, factory=list)
+    held = set()
+    for i in range(25 * window + 7):
+        ring.advance().append(i)
+        ring.tick()
+        kept = [x for part in ring.parts() for x in part]
+        assert kept == list(range(i + 1 - len(kept), i + 1))  # the newest, in order
+        assert len(ring.parts()) <= min(10, window)
+        if i + 1 >= window:
+            held.add(len(kept))
+    assert max(held) == window
+    assert min(held) > 0.9 * window
+    assert min(held) == window - -(-window // min(10, window)) + 1  # as the docstring says
+
+
+def test_a_slot_filling_says_so_every_window_over_slots() -> None:
+    ring: SketchRing[list[int]] = SketchRing(window=25, slots=10, factory=list)
+    filled = []
+    for i in range(50):
+        ring.advance().append(i)
+        if ring.tick():
+            filled.append(i + 1)
+    # slots of 3, 3, 3, 3, 3, 2, 2, 2, 2, 2: any ten in a row add up to 25
+    assert filled == [3, 6, 9, 12, 15, 17, 19, 21, 23, 25, 28, 31, 34, 37, 40, 42, 44, 46, 48, 50]

@@ -40,9 +40,31 @@ LONG_CHARS = 20_000
 DEFAULT_JOB_METHODS = "gradient,grad_x_input,integrated_gradients,decoded_gradcam,lrp,slalom"
 
 
+class _DefaultsShown(argparse.HelpFormatter):
+    """argparse's help with each option's default, "(default: 10.0)", where its help does not
+    say it already and there is one to show (not None, not an off switch): what
+    ArgumentDefaultsHelpFormatter does without its "(default: None)" and "(default: False)",
+    and without repeating a default the help words itself ("$LIMELIGHT_TOKEN", not a token)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        help = action.help or ""
+        if (
+            not action.option_strings
+            or "default" in help
+            or action.default in (None, False, argparse.SUPPRESS)
+        ):
+            return action.help
+        return f"{help} (default: %(default)s)"
+
+
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = subparsers.add_parser(
-        "bench", help="benchmark the inline path, the served path under load and job methods"
+        "bench",
+        help="benchmark the inline path, the served path under load and job methods",
+        description="Measure the latency and throughput of inline explanations, the served "
+        "path under load and job methods in one run, against baselines from that run; print "
+        "Markdown tables and write them with a plot to --out.",
+        formatter_class=_DefaultsShown,
     )
     add_model_args(p)
     p.add_argument(

@@ -181,7 +181,8 @@ def add_color_arg(parser: argparse.ArgumentParser) -> None:
         choices=("auto", "always", "never"),
         default="auto",
         help="colour the heat-map: auto (default) when standard output is a terminal, unless "
-        "NO_COLOR is set (FORCE_COLOR forces it); never prints each score after its token",
+        "NO_COLOR is set or TERM is dumb (FORCE_COLOR forces it); never prints each score "
+        "after its token",
     )
     # The spelling many tools take (grep, git, ls): the same as --color never.
     parser.add_argument(
@@ -192,13 +193,14 @@ def add_color_arg(parser: argparse.ArgumentParser) -> None:
 def use_color(choice: str, stream: Any = None) -> bool:
     """Whether to colour what goes to ``stream`` (standard output by default): ``--color``
     first, then FORCE_COLOR and NO_COLOR (set and not empty; force-color.org, no-color.org),
+    then TERM=dumb (a terminal that takes no escape codes: Emacs' shell, some IDE consoles),
     then whether the stream is a terminal, so that a redirected heat-map carries no escape
     codes."""
     if choice != "auto":
         return choice == "always"
     if os.environ.get("FORCE_COLOR"):
         return True
-    if os.environ.get("NO_COLOR"):
+    if os.environ.get("NO_COLOR") or os.environ.get("TERM") == "dumb":
         return False
     stream = sys.stdout if stream is None else stream
     isatty = getattr(stream, "isatty", None)
@@ -262,10 +264,26 @@ def _no_port(target: str) -> bool:
     return ":" not in target and "/" not in target
 
 
-def client_error_line(exc: Any, target: str | None, flag: str = "--target") -> str:
+def client_error_status(exc: Any) -> int:
+    """The exit status of a command that a failed client call ended: 2 where the sidecar
+    refused an argument (INVALID_ARGUMENT: an empty text, an unknown label, a bad --param),
+    as the same argument is refused in-process with ``--local``; 1 for anything else."""
+    from limelight_client.errors import InvalidArgument as Refused
+
+    return EXIT_USAGE if isinstance(exc, Refused) else EXIT_FAILURE
+
+
+#: gRPC's own message for a call whose deadline passed on the client's side.
+_GRPC_DEADLINE_MESSAGE = "Deadline Exceeded"
+
+
+def client_error_line(
+    exc: Any, target: str | None, flag: str = "--target", timeout: float | None = None
+) -> str:
     """One readable line for a failed client call: the status and the server's message, or,
     when nothing answered at ``target``, where the CLI looked and how to point it elsewhere
-    (the address the user gave rather than the one gRPC resolved it to)."""
+    (the address the user gave rather than the one gRPC resolved it to); when no answer came
+    within the deadline, whose it was (``--timeout``, ``timeout`` seconds) and what to try."""
     reason = getattr(exc, "reason", None)
     if reason and target and getattr(exc, "answered", False):
         # Something is there, but no sidecar this client can use: starting one would not help.
@@ -283,9 +301,17 @@ def client_error_line(exc: Any, target: str | None, flag: str = "--target") -> s
             + (" (or LIMELIGHT_TARGET)" if flag == "--target" else "")
             + " at a running one"
         )
-    if getattr(getattr(exc, "code", None), "name", "") == "UNAVAILABLE" and target:
+    code = getattr(getattr(exc, "code", None), "name", "")
+    if code == "UNAVAILABLE" and target:
         # Something answered (the sidecar draining, its job queue down, a proxy without one).
         return f"the sidecar at {target} is unavailable: {getattr(exc, 'message', exc)}"
+    if code == "DEADLINE_EXCEEDED" and target:
+        # gRPC's bare "Deadline Exceeded" names neither the sidecar nor the flag that set it.
+        within = f"within --timeout {timeout:g} s" if timeout is not None else "in time"
+        message = str(getattr(exc, "message", "") or "").strip()
+        said = f" ({message})" if message and message != _GRPC_DEADLINE_MESSAGE else ""
+        advice = "raise --timeout or " if timeout is not None else ""
+        return f"no answer from the sidecar at {target} {within}{said}; {advice}check it is serving"
     return str(exc)
 
 

@@ -13,6 +13,7 @@ from limelight.cli.common import (
     add_client_args,
     add_model_args,
     client_error_line,
+    client_error_status,
     fail,
     settings_from_args,
     setup_logging,
@@ -205,14 +206,19 @@ def _pct(x: float) -> str:
 
 
 def _shift_lines(title: str, shifts: Sequence[Any]) -> list[str]:
+    # Tokens are cut from what clients sent: nothing in them may act on the terminal
+    # (escape sequences, bidirectional overrides), and a wide character takes two columns.
+    from limelight_client.render import columns, pad, terminal_safe
+
     if not shifts:
         return [f"    {title}: -"]
-    width = max(len(s.token) for s in shifts)
+    tokens = [terminal_safe(s.token) for s in shifts]
+    width = max(columns(token) for token in tokens)
     lines = [f"    {title}:"]
-    for s in shifts:
+    for s, token in zip(shifts, tokens, strict=True):
         change = s.current_share - s.reference_share
         lines.append(
-            f"      {s.token:<{width}}  {_pct(s.reference_share)} -> {_pct(s.current_share)}"
+            f"      {pad(token, width)}  {_pct(s.reference_share)} -> {_pct(s.current_share)}"
             f"  ({'+' if change >= 0 else '-'}{100.0 * abs(change):.2f} pp)"
         )
     return lines
@@ -242,57 +248,105 @@ def _reference_progress(report: Any) -> str:
     )
 
 
+def _bits(entropy: float) -> str:
+    """A mean entropy, or ``-`` where there is none (no explanation of positive mass)."""
+    return f"{entropy:.2f}" if math.isfinite(entropy) else NOT_COMPARED
+
+
+def _names(labels: Sequence[str]) -> str:
+    from limelight_client.render import terminal_safe
+
+    return ", ".join(terminal_safe(label) for label in labels)
+
+
 def format_report(report: Any) -> str:
     """A readable table of a drift report (the SDK's or the server's ``DriftReport``).
 
     With nothing in the window (the reference still building, or a label no recent answer was
-    predicted as) there is nothing to compare: the divergences print as ``-``, not 0."""
+    predicted as) there is nothing to compare: the divergences print as ``-``, not 0. Below the
+    table, why each label that is not compared is not."""
     compared = report.window_count > 0
     mix_known = compared and math.isfinite(report.label_mix_divergence)
     mix = f"{report.label_mix_divergence:.4f}" if mix_known else NOT_COMPARED
-    current = f"{report.current_entropy:.2f}" if compared else NOT_COMPARED
+    current = _bits(report.current_entropy) if compared else NOT_COMPARED
     out = [
         f"reference: {report.reference_state} ({_reference_progress(report)})   "
         f"window: {_explanations(report.window_count)}   alert above JSD "
         f"{report.alert_threshold:.3f}{_sampling(report)}",
-        f"label mix JSD {mix}   attribution entropy {report.reference_entropy:.2f} -> "
+        f"label mix JSD {mix}   attribution entropy {_bits(report.reference_entropy)} -> "
         f"{current} bits",
         "",
     ]
+    from limelight_client.render import columns, pad, terminal_safe
+
     if not report.labels:
         out.append("(no labels)")
-    width = max([len("label"), *(len(d.label) for d in report.labels)])
+    width = max([len("label"), *(columns(terminal_safe(d.label)) for d in report.labels)])
     out.append(f"{'label':<{width}}  {'JSD':>7}  {'alert':<5}  {'window':>6}")
     out.append("-" * (width + 26))
-    unreferenced, few = [], []
+    # Why a label is not compared, once the reference is ready: none of it in the reference;
+    # too few in the reference (which no longer grows: never, against this reference); too few
+    # in the window (yet: the window fills, or the label is rare); or enough of both, but too
+    # few of them with positive attribution mass to make up a distribution.
+    unreferenced: list[str] = []
+    few_in_reference: list[str] = []
+    few_in_window: list[str] = []
+    no_mass: list[str] = []
     least = getattr(report, "min_count", 0)  # 0: a sidecar that does not say
+    ready = report.reference_state == "ready"
     for d in report.labels:
         if d.window_count > 0 and math.isfinite(d.divergence):
             jsd, alert = f"{d.divergence:7.4f}", "ALERT" if d.alert else "ok"
         else:
             jsd, alert = f"{NOT_COMPARED:>7}", NOT_COMPARED
             in_reference = getattr(d, "reference_count", 0)
-            if d.window_count > 0 and report.reference_state == "ready":
-                if least and in_reference > 0:
-                    few.append(d.label)
-                else:
+            if not ready:
+                pass
+            elif not least or in_reference == 0:
+                if d.window_count > 0:
                     unreferenced.append(d.label)
-        out.append(f"{d.label:<{width}}  {jsd}  {alert:<5}  {d.window_count:>6}")
+            elif in_reference < least:
+                few_in_reference.append(d.label)
+            elif d.window_count == 0:
+                pass  # no recent answer was predicted as it: nothing to say but the "0"
+            elif d.window_count < least:
+                few_in_window.append(d.label)
+            else:
+                no_mass.append(d.label)
+        out.append(f"{pad(terminal_safe(d.label), width)}  {jsd}  {alert:<5}  {d.window_count:>6}")
     if unreferenced:
         out.append(
-            f"no explanation in the reference was predicted as {', '.join(unreferenced)}: "
+            f"no explanation in the reference was predicted as {_names(unreferenced)}: "
             "nothing to compare with (build the reference from texts of every label)"
         )
-    if few:
+    if few_in_reference:
         out.append(
-            f"not compared yet: {', '.join(few)} (a label needs {least:,} explanations in the "
-            "window and in the reference; fewer read as drift on unchanged traffic)"
+            f"never compared against this reference: {_names(few_in_reference)} (fewer than "
+            f"{least:,} explanations in the reference, the least a label needs there and in "
+            "the window; rebuild the reference from more texts of it with `limelight "
+            "drift-reference build`, or from more requests: LIMELIGHT_DRIFT_BOOTSTRAP_N)"
+        )
+    if few_in_window:
+        out.append(
+            f"not compared yet: {_names(few_in_window)} (fewer than {least:,} explanations in "
+            "the window, the least a label needs there and in the reference; fewer read as "
+            "drift on unchanged traffic. A label that stays rarer than that in the window is "
+            "compared only with a larger LIMELIGHT_DRIFT_WINDOW)"
+        )
+    if no_mass:
+        out.append(
+            f"not compared: {_names(no_mass)} (fewer than {least:,} of its explanations in the "
+            "window or in the reference carry any positive attribution mass: with the evidence "
+            "all negative there is no distribution to compare; look at the texts predicted as "
+            "it)"
         )
     for d in report.labels:
         if not d.risers and not d.fallers:
             continue
         out.append("")
-        out.append(f"  {d.label}: share of positive attribution mass, reference -> current")
+        out.append(
+            f"  {terminal_safe(d.label)}: share of positive attribution mass, reference -> current"
+        )
         out.extend(_shift_lines("risers", d.risers))
         out.extend(_shift_lines("fallers", d.fallers))
     return "\n".join(out)
@@ -360,7 +414,8 @@ def drift_figure(report: Any, top_k: int = 8) -> Any:
             ax.set_xticks([])
             ax.set_yticks([])
         else:
-            ax.set_title(f"{d.label}: JSD {d.divergence:.3f}, n={d.window_count}")
+            jsd = f"{d.divergence:.3f}" if math.isfinite(d.divergence) else NOT_COMPARED
+            ax.set_title(f"{d.label}: JSD {jsd}, n={d.window_count}")
     fig.tight_layout()
     return fig
 
@@ -379,7 +434,8 @@ def run_drift(args: argparse.Namespace, stdout: TextIO | None = None) -> int:
     try:
         report = _fetch(args)
     except ClientError as exc:  # carries the status code and the server's message
-        return fail(args, client_error_line(exc, args.target), 1)
+        line = client_error_line(exc, args.target, timeout=args.timeout)
+        return fail(args, line, client_error_status(exc))
     print(format_report(report), file=stdout)
     if args.plot is not None:
         plot_report(report, args.plot, top_k=args.top_k)

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from limelight.cli.common import (
+    EXIT_USAGE,
     JobNotFinished,
     JobProgressBar,
     add_client_args,
@@ -30,6 +31,7 @@ from limelight.cli.common import (
     add_wait_timeout_arg,
     add_words_arg,
     client_error_line,
+    client_error_status,
     client_from_args,
     fail,
     follow_job,
@@ -184,9 +186,12 @@ def run(args: argparse.Namespace) -> int:
         return fail(args, f"cannot write --html {args.html}: no folder {args.html.parent}", 1)
     try:
         explanation = _run_local(args) if args.local else _run_remote(args)
-    except LimelightError as exc:
-        return fail(args, client_error_line(exc, args.target), 1)
-    except (UnknownMethod, JobNotFinished) as exc:
+    except LimelightError as exc:  # a refused argument: 2, as --local refuses it
+        line = client_error_line(exc, args.target, timeout=args.timeout)
+        return fail(args, line, client_error_status(exc))
+    except UnknownMethod as exc:  # --local refuses it as an invalid argument too
+        return fail(args, str(exc), EXIT_USAGE)
+    except JobNotFinished as exc:
         return fail(args, str(exc), 1)
     if explanation is not None:
         _show(explanation, args)
@@ -390,18 +395,24 @@ def _read_as_text(stream: TextIO) -> TextIO:
 
 
 def _utf8_or_replaced(text: str, where: str) -> str:
-    """``text`` as it came, or, where it held bytes that are not UTF-8 (read as surrogates),
-    those bytes as U+FFFD, with a warning that says where."""
+    """``text`` as it came, or, where it held bytes read as surrogates, those bytes decoded
+    as UTF-8: under the POSIX locale (without UTF-8 mode) every byte over 127 of a shell
+    argument comes as one, "电影" too, and reads back whole. Bytes that are not UTF-8 become
+    U+FFFD, with a warning that says where (and only then: the text may be intact)."""
     try:
         text.encode("utf-8")
     except UnicodeEncodeError:
+        pass
+    else:
+        return text
+    decoded = text.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
+    if decoded.count("\ufffd") > text.count("\ufffd"):
         print(
             f"limelight explain: warning: {where} is not valid UTF-8; its undecodable bytes "
             "are read as U+FFFD",
             file=sys.stderr,
         )
-        return text.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
-    return text
+    return decoded
 
 
 def _numbered_lines(stream: TextIO) -> Iterator[tuple[int, str]]:
@@ -517,7 +528,7 @@ def _run_lines(args: argparse.Namespace) -> int:
             message = f"line {numbers[done]}: {message}"
         return fail(args, f"{message} ({done} line(s) explained before it)", 1)
     except LimelightError as exc:  # the sidecar, not a line (unreachable, shutting down, ...)
-        message = client_error_line(exc, args.target)
+        message = client_error_line(exc, args.target, timeout=args.timeout)
         return fail(args, f"{message} ({done} line(s) explained before it)", 1)
     seconds = time.perf_counter() - start
     counts = ", ".join(f"{label} {n:,}" for label, n in labels.most_common())

@@ -15,6 +15,7 @@ from limelight.cli.common import (
     add_wait_timeout_arg,
     add_words_arg,
     client_error_line,
+    client_error_status,
     client_from_args,
     fail,
     follow_job,
@@ -97,12 +98,15 @@ def _duration(info: Any) -> str:
     return f"{(end - info.started_at).total_seconds():.1f}s"
 
 
-def format_table(rows: list[list[str]], header: list[str]) -> str:
+def format_table(rows: list[list[str]], header: list[str], encoding: str | None = None) -> str:
     """Columns padded to their widest cell; the last column is left ragged. Cells come from
-    the server (a job's method, message, …): nothing in them may act on the terminal."""
-    from limelight_client.render import columns, pad, terminal_safe
+    the server (a job's method, message, ...): nothing in them may act on the terminal, and a
+    character ``encoding`` (standard output's by default) cannot write is shown as ``?``
+    before the columns are measured."""
+    from limelight_client.render import columns, displayable, output_encoding, pad, terminal_safe
 
-    rows = [[terminal_safe(cell) for cell in row] for row in rows]
+    encoding = encoding or output_encoding()
+    rows = [[displayable(terminal_safe(cell), encoding) for cell in row] for row in rows]
     widths = [max(columns(r[i]) for r in [header, *rows]) for i in range(len(header))]
     lines = []
     for row in [header, *rows]:
@@ -111,10 +115,14 @@ def format_table(rows: list[list[str]], header: list[str]) -> str:
     return "\n".join(lines)
 
 
-def _clip(text: str, width: int) -> str:
-    """``text`` on one table cell: cut to ``width`` characters, an ellipsis saying so."""
+def _clip(text: str, width: int, encoding: str = "utf-8") -> str:
+    """``text`` on one table cell: cut to ``width`` characters, an ellipsis saying so (``…``,
+    or ``...`` where ``encoding`` cannot write that)."""
+    from limelight_client.render import encodable
+
     text = " ".join(text.split())
-    return text if len(text) <= width else text[: width - 1] + "…"
+    ellipsis = "…" if encodable("…", encoding) else "..."
+    return text if len(text) <= width else text[: width - len(ellipsis)] + ellipsis
 
 
 def _model(info: Any, version_chars: int | None = 8) -> str:
@@ -127,9 +135,13 @@ def _model(info: Any, version_chars: int | None = 8) -> str:
     return f"{name or '?'}@{version[:version_chars]}" if version else name
 
 
-def jobs_table(infos: list[Any]) -> str:
+def jobs_table(infos: list[Any], encoding: str | None = None) -> str:
     """One row per job. MODEL tells apart jobs submitted to different models (a Redis queue
-    shared across a rollout, a journal that outlived its model): another model's job fails."""
+    shared across a rollout, a journal that outlived its model): another model's job fails.
+    ``encoding``: that of where the table goes (default: standard output's)."""
+    from limelight_client.render import output_encoding
+
+    encoding = encoding or output_encoding()
     rows = [
         [
             info.id,
@@ -140,16 +152,19 @@ def jobs_table(infos: list[Any]) -> str:
             str(info.attempts),
             _when(info.created_at),
             _duration(info),
-            _clip(info.error or info.message, 64),
+            _clip(info.error or info.message, 64, encoding),
         ]
         for info in infos
     ]
     header = ["ID", "STATE", "MODEL", "METHOD", "PROGRESS", "ATTEMPTS", "CREATED", "RAN", "MESSAGE"]
-    return format_table(rows, header)
+    return format_table(rows, header, encoding)
 
 
-def describe(info: Any, top: int = 5, color: bool | None = None) -> str:
-    """A human-readable page about one job."""
+def describe(
+    info: Any, top: int = 5, color: bool | None = None, encoding: str | None = None
+) -> str:
+    """A human-readable page about one job, for a stream in ``encoding`` (default: standard
+    output's): the heat-map's drawing characters and the job's text as that can write them."""
     lines = [
         f"job        {info.id}",
         f"state      {info.state.name.lower()}",
@@ -168,14 +183,15 @@ def describe(info: Any, top: int = 5, color: bool | None = None) -> str:
         lines.append(f"error      {info.error}")
     # Anyone who may submit a job chooses its key and parameters; the server words its
     # message and error: none of it may drive the terminal of whoever reads the job.
-    from limelight_client.render import terminal_safe
+    from limelight_client.render import displayable, output_encoding, terminal_safe, to_terminal
 
-    lines = [terminal_safe(line) for line in lines]
+    encoding = encoding or output_encoding()
+    lines = [displayable(terminal_safe(line), encoding) for line in lines]
     result = info.result
     if result is not None:
         lines.append("")
-        lines.append(result.to_terminal(color=color))
-        lines.extend(top_token_lines(result, top))
+        lines.append(to_terminal(result, color=color, encoding=encoding))
+        lines.extend(displayable(line, encoding) for line in top_token_lines(result, top))
     return "\n".join(lines)
 
 
@@ -185,8 +201,9 @@ def _call(args: argparse.Namespace, action: Any) -> int:
     try:
         with client_from_args(args) as client:
             return int(action(client) or 0)
-    except LimelightError as exc:
-        return fail(args, client_error_line(exc, args.target), 1)
+    except LimelightError as exc:  # a refused argument: 2; anything else: 1
+        line = client_error_line(exc, args.target, timeout=args.timeout)
+        return fail(args, line, client_error_status(exc))
     except JobNotFinished as exc:
         return fail(args, str(exc), 1)
 

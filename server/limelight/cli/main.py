@@ -3,7 +3,8 @@ function contributes one subcommand.
 
 Errors: whatever a command raises ends here, in :func:`main`, and becomes one line on stderr
 (``limelight <command>: error: <what went wrong>``) and a non-zero exit status — 2 for invalid
-arguments or settings, 1 for anything else — with no traceback unless the log level is DEBUG
+arguments or settings (also where the sidecar refuses one: INVALID_ARGUMENT), 1 for anything
+else — with no traceback unless the log level is DEBUG
 (``--log-level debug`` or ``LIMELIGHT_LOG_LEVEL=debug``). A reader that closes standard output
 early (``| head``) ends a command quietly with status 141, as SIGPIPE ends Unix tools.
 """
@@ -11,13 +12,16 @@ early (``| head``) ends a command quietly with status 141, as SIGPIPE ends Unix 
 from __future__ import annotations
 
 import argparse
+import codecs
 import contextlib
 import difflib
 import errno
 import importlib
+import io
 import os
 import pkgutil
 import re
+import shlex
 import sys
 import traceback
 from collections.abc import Iterator, Sequence
@@ -34,7 +38,8 @@ EXIT_BROKEN_PIPE = 141
 
 _EPILOG = (
     "Errors are reported as one line on stderr with exit status 2 (invalid arguments or "
-    "settings) or 1 (anything else); --log-level debug adds the traceback."
+    "settings, the sidecar's refusal of an argument included) or 1 (anything else); "
+    "--log-level debug adds the traceback."
 )
 
 
@@ -76,18 +81,49 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _unrecognized(args: argparse.Namespace, extra: list[str]) -> str:
+def _after_separator(argv: Sequence[str], extra: list[str]) -> list[str]:
+    """The unrecognized arguments that came after ``--`` in ``argv``: the end of ``extra``
+    that is the end of what follows the first ``--`` (the command's TEXT took the first)."""
+    if "--" not in argv:
+        return []
+    tail = list(argv[list(argv).index("--") + 1 :])
+    count = min(len(extra), len(tail))
+    while count and extra[len(extra) - count :] != tail[len(tail) - count :]:
+        count -= 1
+    return extra[len(extra) - count :]
+
+
+def _unrecognized(
+    args: argparse.Namespace, extra: list[str], argv: Sequence[str] | None = None
+) -> str:
     """argparse's "unrecognized arguments" for the command given, with the flag of that
-    command nearest to each unknown one (``--output`` -> ``--out``)."""
+    command nearest to each unknown one (``--output`` -> ``--out``). After ``--`` every
+    argument is text, a flag's spelling too: those are told so, with the command line that
+    puts them before ``--``, rather than offered the flag they already are."""
+    argv = list(sys.argv[1:] if argv is None else argv)
     leaf: argparse.ArgumentParser = getattr(args, "_parser", None) or build_parser()
     flags = [flag for action in leaf._actions for flag in action.option_strings]
+    after = _after_separator(argv, extra)
     hints = []
     for word in extra:
         name = word.split("=", 1)[0]
         if name.startswith("--"):
             near = difflib.get_close_matches(name, flags, n=1, cutoff=0.6)
-            if near:
+            if near and near[0] != name:
                 hints.append(f"{name}: did you mean {near[0]}?")
+    if after:
+        options = [word for word in after if word.startswith("-")]
+        said = "after -- every argument is text"
+        if options:
+            split = argv.index("--")
+            rest = list(argv[split + 1 :])
+            for word in options:
+                rest.remove(word)
+            fixed = shlex.join([*argv[:split], *options, "--", *rest])
+            said += f", not an option; put options before --: {leaf.prog.split()[0]} {fixed}"
+        elif any(action.dest == "text" for action in leaf._actions):
+            said += ", and the command takes one: quote a text of several words"
+        hints.append(said)
     message = f"unrecognized arguments: {' '.join(extra)}"
     return message + (f" ({'; '.join(hints)})" if hints else "")
 
@@ -142,18 +178,26 @@ def _setting_flag(args: argparse.Namespace | None, name: str) -> str | None:
 def _validation_message(exc: Any, args: argparse.Namespace | None = None) -> str:
     """pydantic's ValidationError as one line: setting, problem, offending value, and how to
     set it (the command's flag where it has one, else the environment variable)."""
-    parts = []
+    parts, combined = [], []
     for err in exc.errors():
-        name = ".".join(str(x) for x in err.get("loc", ())) or "settings"
+        message = str(err.get("msg", "invalid")).removeprefix("Value error, ")
+        if not err.get("loc"):
+            # A model validator's: settings that do not go together. Its message names them
+            # and their variables (there is no LIMELIGHT_SETTINGS to set).
+            combined.append(message)
+            continue
+        name = ".".join(str(x) for x in err["loc"])
         value = err.get("input")
         got = f" (got {_shown(value)!r})" if not isinstance(value, dict) else ""
-        message = str(err.get("msg", "invalid")).removeprefix("Value error, ")
         flag = _setting_flag(args, name.split(".")[0])
         where = f"{flag} or " if flag else ""
         parts.append(
             f"{name}: {message}{got}; set it with {where}LIMELIGHT_{name.split('.')[0].upper()}"
         )
-    return "invalid setting " + "; ".join(parts)
+    lines = ["invalid setting " + "; ".join(parts)] if parts else []
+    if combined:
+        lines.append("invalid settings: " + "; ".join(combined))
+    return "; ".join(lines)
 
 
 #: pydantic-settings' SettingsError: a LIMELIGHT_* value that could not even be decoded (JSON).
@@ -180,9 +224,12 @@ def describe_error(exc: BaseException, args: argparse.Namespace) -> tuple[str, i
     from limelight_client.errors import LimelightError as ClientError
 
     if isinstance(exc, ClientError):
-        from limelight.cli.common import client_error_line
+        from limelight.cli.common import client_error_line, client_error_status
 
-        return client_error_line(exc, getattr(args, "target", None)), EXIT_FAILURE
+        line = client_error_line(
+            exc, getattr(args, "target", None), timeout=getattr(args, "timeout", None)
+        )
+        return line, client_error_status(exc)
     if type(exc).__name__ == "ValidationError" and hasattr(exc, "errors"):
         return _validation_message(exc, args), EXIT_USAGE
     if type(exc).__name__ == "SettingsError":
@@ -225,14 +272,49 @@ def describe_error(exc: BaseException, args: argparse.Namespace) -> tuple[str, i
     )
 
 
+def _escape_else_replace(exc: UnicodeError) -> tuple[str | bytes, int]:
+    """An encoding error handler: bytes read as surrogates (``surrogateescape``) written back
+    as those bytes, any other character the encoding lacks as ``?``."""
+    try:
+        return codecs.lookup_error("surrogateescape")(exc)
+    except UnicodeError:
+        return codecs.lookup_error("replace")(exc)
+
+
+codecs.register_error("limelight.escape_else_replace", _escape_else_replace)
+
+
+@contextlib.contextmanager
+def _unwritable_replaced(stream: Any) -> Iterator[None]:
+    """While a command runs, a character ``stream`` (standard output) cannot encode prints as
+    ``?`` instead of ending the command with a UnicodeEncodeError and its result lost (an
+    ASCII or Latin-1 terminal, ``PYTHONIOENCODING=ascii``, the POSIX locale): a token, a
+    label, a job's message. Bytes read as surrogates under the POSIX locale still pass."""
+    errors = getattr(stream, "errors", None)
+    if not isinstance(stream, io.TextIOWrapper) or errors not in ("strict", "surrogateescape"):
+        yield
+        return
+    stream.reconfigure(errors="replace" if errors == "strict" else "limelight.escape_else_replace")
+    try:
+        yield
+    finally:
+        with contextlib.suppress(OSError, ValueError):  # closed, or its reader gone
+            stream.reconfigure(errors=errors)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     # gRPC's core logs below its documented default level (ERROR) until something sets one:
     # a failed TLS handshake printed an INFO line above the command's own one-line error.
     os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
+    with _unwritable_replaced(sys.stdout):
+        return _main(argv)
+
+
+def _main(argv: Sequence[str] | None) -> int:
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
     if extra:  # reported by the command's own parser: its usage, its name in the message
-        (getattr(args, "_parser", None) or parser).error(_unrecognized(args, extra))
+        (getattr(args, "_parser", None) or parser).error(_unrecognized(args, extra, argv))
     func = getattr(args, "func", None)
     if func is None:
         parser.print_help()

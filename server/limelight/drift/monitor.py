@@ -45,7 +45,8 @@ log = logging.getLogger(__name__)
 REFERENCE_CAPACITY_FACTOR = 4
 """The reference sketch per label tracks this many times ``drift_sketch_size`` tokens."""
 DEFAULT_SLOTS = 10
-"""Sub-windows of the sliding window: it spans 90-100 % of ``drift_window`` explanations."""
+"""Sub-windows of the sliding window: it spans more than 90 % of ``drift_window`` explanations
+(``drift_window - ceil(drift_window / 10) + 1`` at least) and at most ``drift_window``."""
 
 
 class DriftMonitor:
@@ -160,10 +161,14 @@ class DriftMonitor:
             log.warning(
                 "drift reference %s was built with %s: set aside; the reference is built from "
                 "the first %d explanations instead (rebuild the file with `limelight "
-                "drift-reference build` against what is served, then restart)",
+                "drift-reference build` against what is served, then restart)%s",
                 settings.drift_reference,
                 "; ".join(differences),
                 self.bootstrap_n,
+                ""
+                if self.bootstrap_n >= self.min_count
+                else f"; that is fewer than drift_min_count ({self.min_count}): no label can be "
+                "compared with such a reference (raise LIMELIGHT_DRIFT_BOOTSTRAP_N)",
             )
             return None
         log.info("drift reference %s: %d explanations", settings.drift_reference, ref.profile.count)
@@ -280,10 +285,15 @@ class DriftMonitor:
                 labels.append(LabelDrift(label, math.nan, False, 0, reference_count=in_reference))
                 continue
             in_window = window.label_counts[label]
-            if min(in_reference, in_window) < self.min_count:
+            # Only explanations with positive attribution mass make up the label's distribution:
+            # one whose evidence is all negative adds nothing to compare (counted, it let an
+            # empty distribution read as JSD 0, "no drift").
+            compared = min(reference.positive_counts[label], window.positive_counts[label])
+            if compared < self.min_count:
                 # Too few explanations of the label on one side (none in the reference, a
-                # window just after a start, a rare label): their divergence is mostly sampling
-                # noise. NaN, neither a 0 that reads as "no drift" nor a false alert.
+                # window just after a start, a rare label, evidence gone negative): their
+                # divergence is mostly sampling noise, or undefined. NaN, neither a 0 that
+                # reads as "no drift" nor a false alert.
                 labels.append(
                     LabelDrift(label, math.nan, False, in_window, reference_count=in_reference)
                 )
@@ -343,6 +353,7 @@ class DriftMonitor:
             value = d.divergence if ready and d.window_count > 0 else math.nan
             m.attribution_drift.labels(label=d.label).set(value)
         m.label_mix_drift.set(report.label_mix_divergence if ready else math.nan)
+        # NaN while the reference holds no explanation of positive mass (none yet, at start).
         m.attribution_entropy.labels(window="reference").set(report.reference_entropy)
         m.attribution_entropy.labels(window="current").set(
             report.current_entropy if ready else math.nan

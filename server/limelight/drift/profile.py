@@ -62,14 +62,28 @@ def positive_shares(
 
 
 class Profile:
-    """Per-label token sketches, the label mix and the entropy sum of a set of explanations."""
+    """Per-label token sketches, the label mix and the entropy sum of a set of explanations.
 
-    __slots__ = ("capacity", "count", "entropy_count", "entropy_sum", "label_counts", "sketches")
+    ``label_counts`` counts every explanation predicted as a label (the label mix);
+    ``positive_counts`` only those with positive attribution mass, the ones its sketch (its
+    token distribution) is made of: a label is compared by how many of these each side holds.
+    """
+
+    __slots__ = (
+        "capacity",
+        "count",
+        "entropy_count",
+        "entropy_sum",
+        "label_counts",
+        "positive_counts",
+        "sketches",
+    )
 
     def __init__(self, labels: Sequence[str], capacity: int) -> None:
         self.capacity = capacity
         self.sketches: dict[str, SpaceSaving] = {label: SpaceSaving(capacity) for label in labels}
         self.label_counts: dict[str, int] = dict.fromkeys(labels, 0)
+        self.positive_counts: dict[str, int] = dict.fromkeys(labels, 0)
         self.count = 0
         self.entropy_sum = 0.0
         self.entropy_count = 0
@@ -78,6 +92,8 @@ class Profile:
         """Count one explanation predicted as ``label``."""
         self.count += 1
         self.label_counts[label] += 1
+        if shares:
+            self.positive_counts[label] += 1
         sketch = self.sketches[label]
         for token, share in shares.items():
             sketch.add(token, share)
@@ -91,6 +107,7 @@ class Profile:
         if with_sketches:
             out.sketches = {label: s.copy() for label, s in self.sketches.items()}
         out.label_counts = dict(self.label_counts)
+        out.positive_counts = dict(self.positive_counts)
         out.count = self.count
         out.entropy_sum = self.entropy_sum
         out.entropy_count = self.entropy_count
@@ -98,7 +115,8 @@ class Profile:
 
     @property
     def mean_entropy(self) -> float:
-        return self.entropy_sum / self.entropy_count if self.entropy_count else 0.0
+        """NaN without an explanation of positive mass: no entropy, not one of 0 bits."""
+        return self.entropy_sum / self.entropy_count if self.entropy_count else math.nan
 
     @classmethod
     def merge(cls, parts: Iterable[Profile], capacity: int | None = None) -> Profile:
@@ -110,6 +128,7 @@ class Profile:
         for label in labels:
             out.sketches[label] = SpaceSaving.merge((p.sketches[label] for p in items), cap)
             out.label_counts[label] = sum(p.label_counts[label] for p in items)
+            out.positive_counts[label] = sum(p.positive_counts[label] for p in items)
         out.count = sum(p.count for p in items)
         out.entropy_sum = sum(p.entropy_sum for p in items)
         out.entropy_count = sum(p.entropy_count for p in items)
@@ -122,6 +141,7 @@ class Profile:
             "entropy_sum": self.entropy_sum,
             "entropy_count": self.entropy_count,
             "label_counts": dict(self.label_counts),
+            "positive_counts": dict(self.positive_counts),
             "sketches": {label: s.to_json() for label, s in self.sketches.items()},
         }
 
@@ -136,6 +156,17 @@ class Profile:
         out.sketches = {str(k): SpaceSaving.from_json(v) for k, v in sketches.items()}
         if set(out.sketches) != set(out.label_counts):
             raise ValueError("profile sketches and label_counts name different labels")
+        positive = data.get("positive_counts")
+        if positive is None:  # written before they were counted: all, if any mass came in
+            out.positive_counts = {
+                k: n if out.sketches[k].total > 0 else 0 for k, n in out.label_counts.items()
+            }
+        else:
+            if not isinstance(positive, dict) or set(positive) != set(out.label_counts):
+                raise ValueError("profile positive_counts must name the labels of label_counts")
+            out.positive_counts = {str(k): json_int(positive, k) for k in positive}
+            if any(out.positive_counts[k] > n for k, n in out.label_counts.items()):
+                raise ValueError("profile positive_counts exceed label_counts")
         out.count = json_int(data, "count")
         out.entropy_sum = json_number(data, "entropy_sum")
         out.entropy_count = json_int(data, "entropy_count")
@@ -147,7 +178,8 @@ def js_divergence(
 ) -> float:
     """Jensen-Shannon divergence in bits (base 2), in [0, 1]; inputs are normalised first.
 
-    An all-zero side means "no data": the divergence is 0.
+    An all-zero side means "no data": the divergence is NaN (nothing to compare), never a 0
+    that reads as "no drift".
     """
     a = np.asarray(p, dtype=np.float64)
     b = np.asarray(q, dtype=np.float64)
@@ -157,7 +189,7 @@ def js_divergence(
         raise ValueError("distributions must be non-negative")
     sa, sb = a.sum(), b.sum()
     if sa <= 0 or sb <= 0:
-        return 0.0
+        return math.nan
     a, b = a / sa, b / sb
     m = 0.5 * (a + b)
 
@@ -197,7 +229,8 @@ def compare(
     shows up in "other".
     """
     if reference.total <= 0 or current.total <= 0:
-        return Comparison(0.0, [])
+        # No positive mass on a side (no explanation, or evidence all negative): undefined.
+        return Comparison(math.nan, [])
     r_total, c_total = reference.total, current.total
     cutoff = max(reference.floor / r_total, current.floor / c_total, min_share)
     # A token keeps a bin when its lower bound reaches cutoff * total on either side.

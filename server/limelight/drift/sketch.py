@@ -8,7 +8,8 @@ bounds valid (floors add up). Mass that the sketch cannot attribute to a tracked
 certainty is the "other" bucket: ``total - sum(lower bounds)``.
 
 :class:`SketchRing` is a sliding window: a ring of sub-window sketches. Adding goes to the
-newest slot; when it is full, the oldest slot is dropped. Memory is ``slots x capacity``.
+newest slot; when it is full, the oldest slot is dropped. Memory is ``slots x capacity``; the
+window spans more than ``1 - 1 / slots`` of its size and at most its size.
 """
 
 from __future__ import annotations
@@ -227,29 +228,42 @@ T = TypeVar("T")
 
 
 class SketchRing(Generic[T]):
-    """A sliding window of ``slots`` sub-windows of ``per_slot`` observations each.
+    """A sliding window of ``slots`` sub-windows whose sizes add up to ``window`` observations.
 
     Holds any per-slot state built by ``factory`` (e.g. a group of sketches and counters).
-    A new slot opens (and the oldest is dropped) when an observation arrives and the newest
-    slot is full, so the window spans between ``(slots - 1) * per_slot + 1`` and
-    ``slots * per_slot`` observations once it has filled. Use :meth:`advance` to get the slot
-    for an observation, then :meth:`tick`.
+    Slot sizes take turns between ``window // slots`` and one more, so that any ``slots``
+    consecutive slots hold exactly ``window`` observations. A new slot opens (and the oldest
+    is dropped) when an observation arrives and the newest slot is full, so once it has
+    filled the window spans between ``window - ceil(window / slots) + 1`` and ``window``
+    observations: more than 90 % of ``window`` with 10 slots, and exactly ``window`` when it is
+    at most ``slots`` (one observation per slot). Use :meth:`advance` to get the slot for an
+    observation, then :meth:`tick`.
     """
 
     def __init__(self, window: int, slots: int, factory: Callable[[], T]) -> None:
         if window < 1 or slots < 1:
             raise ValueError("window and slots must be positive")
         slots = min(slots, window)
-        self.per_slot = -(-window // slots)  # ceil
+        base, extra = divmod(window, slots)
+        self.sizes = [base + 1 if i < extra else base for i in range(slots)]
+        """The size of each slot, by its position in the turn (they add up to ``window``)."""
         self.slots = slots
         self._factory = factory
         self._ring: list[T] = [factory()]
+        self._opened = 0
+        """Slots opened so far, less one: the newest slot's position in the turn."""
         self._filled = 0
+
+    @property
+    def per_slot(self) -> int:
+        """Observations the newest slot holds when full."""
+        return self.sizes[self._opened % self.slots]
 
     def advance(self) -> T:
         """The slot the next observation goes to (opening a new one when the newest is full)."""
         if self._filled >= self.per_slot:
             self._filled = 0
+            self._opened += 1
             self._ring.append(self._factory())
             if len(self._ring) > self.slots:
                 self._ring.pop(0)

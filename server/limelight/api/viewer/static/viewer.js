@@ -1365,11 +1365,22 @@ function notCompared(report, d) {
   if (d.window_count === 0) return "no answer in the window yet: nothing to compare ";
   const least = report.min_count || 0;
   if (least && d.reference_count > 0) {
+    if (report.reference_state === "ready" && d.reference_count < least) {
+      // A ready reference no longer grows: waiting does not help.
+      return `never compared against this reference: ${d.reference_count} explanations in it; ` +
+        `a label needs ${least} in each (rebuild the reference with more texts of it) `;
+    }
+    if (d.window_count >= least) {
+      return `not compared: fewer than ${least} of its explanations carry positive attribution `;
+    }
     return `not compared yet: ${d.window_count} explanations in the window, ` +
       `${d.reference_count} in the reference; a label needs ${least} in each `;
   }
   return "no explanation in the reference was predicted as this label: nothing to compare with ";
 }
+
+// A mean entropy, or "–" where there is none (null: no explanation of positive mass yet).
+const bits = (x) => (x != null ? x.toFixed(2) : "–");
 
 async function showDrift() {
   const report = await api("drift?top_k=8");
@@ -1383,7 +1394,7 @@ async function showDrift() {
     `${building ? ` of ${report.reference_target}` : ""} explanations) · window ${report.window_count} · threshold ${report.alert_threshold} · ` +
     (report.sample_rate < 1 ? `observing ${+(report.sample_rate * 100).toPrecision(3)} % of requests · ` : "") +
     `label-mix divergence ${compared && report.label_mix_divergence != null ? report.label_mix_divergence.toFixed(4) : "–"} · entropy ` +
-    `${report.reference_entropy.toFixed(2)} → ${compared ? report.current_entropy.toFixed(2) : "–"} bits · ` +
+    `${bits(report.reference_entropy)} → ${compared ? bits(report.current_entropy) : "–"} bits · ` +
     `${alerting.length ? `ALERT: ${alerting.join(", ")}` : "no alert"}`;
   $("drift-chart").replaceChildren(driftChart(report));
   $("drift-labels").replaceChildren(...report.labels.map((d) => el("article",
