@@ -701,3 +701,257 @@ def test_a_sighup_sent_to_a_worker_while_it_starts_does_not_end_it(
         assert r.explanation.method == "distilled"
     finally:
         assert stop_process(process) == 0, log.read_text()[-3000:]
+
+
+# --- a build that failed, a default named in the settings, a graph served as exported ---------
+
+
+def scaled_head(source: Path, scale: float, weights: Path) -> None:
+    """The weights of the head in ``source`` times ``scale``, moved into place at ``weights``
+    whole (as a copy job does)."""
+    from limelight.models.tensor_files import load_tensors, save_tensors
+
+    staged = weights.parent.parent / ".staged-head.safetensors"  # not in a watched folder
+    tensors = load_tensors(source / HEAD_DIRNAME / "head.safetensors")
+    save_tensors({k: v * scale for k, v in tensors.items()}, staged)
+    staged.replace(weights)
+
+
+def unreadable(monkeypatch: pytest.MonkeyPatch, path: Path) -> Callable[[], None]:
+    """``path`` cannot be opened, as a file written 0600 by another user (root reads any file:
+    a test cannot drop that with ``chmod``); returns what makes it readable again, leaving its
+    ``stat`` as it is."""
+    blocked = [True]
+    real_open = Path.open
+
+    def guarded(self: Path, *args: Any, **kwargs: Any) -> Any:
+        if blocked[0] and self == path:
+            raise PermissionError(13, "Permission denied", str(self))
+        return real_open(self, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "open", guarded)
+    return lambda: blocked.__setitem__(0, False)
+
+
+def scores(target: str, method: str = "") -> list[float]:
+    r = stub(target).Explain(pb.ExplainRequest(text=TEXT, method=method), timeout=30)
+    assert r.explanation.method == (method or "distilled")
+    return list(r.explanation.scores)
+
+
+def test_an_unreadable_file_counts_in_the_digest_and_a_chmod_moves_the_fingerprint(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A head file the sidecar may not read was left out of the digest (as if absent), and a
+    ``chmod`` moved nothing the reloader looked at: the head made readable was never served."""
+    head = tmp_path / "head"
+    head.mkdir()
+    (head / "card.json").write_text("{}")
+    weights = head / "head.safetensors"
+    weights.write_bytes(b"x" * 10)
+    readable = content_digest([head])
+    before = fingerprint([head])
+    os.chmod(weights, 0o600)
+    assert fingerprint([head]) != before  # a status change: looked at again
+    readable_again = unreadable(monkeypatch, weights)
+    blocked = content_digest([head])
+    weights.rename(tmp_path / "aside")
+    absent = content_digest([head])
+    (tmp_path / "aside").rename(weights)
+    assert len({readable, blocked, absent}) == 3
+    readable_again()
+    assert content_digest([head]) == readable
+
+
+def test_a_head_that_could_not_be_read_is_served_once_it_can_be(
+    start_sidecar: Callable[..., RunningSidecar],
+    bert_tiny_dir: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A new head written unreadable (0600, another user's) fails to build, and the old head
+    stays served; made readable (``chmod``), it is served from the next look on."""
+    model = Path(shutil.copytree(bert_tiny_dir, tmp_path / "model"))
+    served = start_sidecar(model_dir=model, default_method="auto", reload_interval_s=0.05)
+    old = scores(served.target)
+    weights = model / HEAD_DIRNAME / "head.safetensors"
+    readable_again = unreadable(monkeypatch, weights)
+    scaled_head(bert_tiny_dir, -1.0, weights)
+    wait_until(lambda: any("could not be built" in r.getMessage() for r in caplog.records))
+    assert scores(served.target) == old and served.server.reloader.reloads == 0
+    readable_again()
+    os.chmod(weights, 0o644)
+    wait_until(lambda: served.server.reloader.reloads == 1, timeout=30)
+    new = scores(served.target)
+    assert new != pytest.approx(old, abs=1e-6)
+
+
+def test_a_build_that_failed_is_tried_again_on_sighup(
+    start_sidecar: Callable[..., RunningSidecar],
+    bert_tiny_dir: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """What fixes a failed build need not move a watched file (a directory's permissions, a
+    cache made writable): a SIGHUP builds again, where it found "nothing new"."""
+    import asyncio
+
+    model = Path(shutil.copytree(bert_tiny_dir, tmp_path / "model"))
+    # Polling, but not within the test: the SIGHUPs below are the only looks.
+    served = start_sidecar(model_dir=model, default_method="auto", reload_interval_s=3600)
+    server, reloader = served.server, served.server.reloader
+    loop = server._reloading.get_loop()
+
+    def sighup() -> bool:
+        return bool(asyncio.run_coroutine_threadsafe(server._reload_now(reloader), loop).result(60))
+
+    old = scores(served.target)
+    weights = model / HEAD_DIRNAME / "head.safetensors"
+    readable_again = unreadable(monkeypatch, weights)
+    scaled_head(bert_tiny_dir, -1.0, weights)
+    assert not sighup()
+    assert any("could not be built" in r.getMessage() for r in caplog.records)
+    assert not sighup()  # the same failure: said again, in one line
+    (again,) = [r for r in caplog.records if "still cannot be built" in r.getMessage()]
+    assert again.exc_info is None
+    assert scores(served.target) == old
+    readable_again()  # no stat moved
+    assert sighup()
+    assert scores(served.target) != pytest.approx(old, abs=1e-6)
+    assert not sighup()  # nothing left to retry
+
+
+def test_a_default_named_in_the_settings_keeps_its_head_and_the_rest_is_reloaded(
+    start_sidecar: Callable[..., RunningSidecar],
+    bert_tiny_dir: Path,
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """`--default-method distilled` and the head deleted: the head loaded before stays served
+    (one warning, no traceback), and a lexicon table written afterwards is served too (every
+    later reload was refused, and GetModel said there was no table); the head's monitor keeps
+    its reference."""
+    model = Path(shutil.copytree(bert_tiny_dir, tmp_path / "model"))
+    served = start_sidecar(
+        model_dir=model,
+        default_method="distilled",
+        cache_dir=tmp_path / "cache",
+        reload_interval_s=0.05,
+        jobs="off",
+    )
+    reloader, service = served.server.reloader, served.server.app.service
+    monitor = service.drift
+    old = scores(served.target)
+    (model / HEAD_DIRNAME).rename(tmp_path / "aside")  # whole: never seen half-removed
+    (held,) = wait_until(lambda: [r for r in caplog.records if r.name == "limelight.reload"])
+    assert held.levelname == "WARNING" and held.exc_info is None
+    assert "no distilled head beside the model" in held.getMessage()
+    assert "stays served" in held.getMessage()
+    assert reloader.reloads == 0 and scores(served.target) == old
+
+    # `limelight lexicon` on another copy of the model, its table moved in whole.
+    staging = bare_copy(bert_tiny_dir, tmp_path / "staging")
+    assert main(["lexicon", "--model", str(staging), "--no-progress"]) == 0
+    (staging / LEXICON_DIRNAME).rename(model / LEXICON_DIRNAME)
+    wait_until(lambda: "lexicon" in service.runtime.head_names)
+    assert scores(served.target, "lexicon_lookup")
+    assert scores(served.target) == pytest.approx(old, rel=1e-6, abs=1e-7)
+    assert service.ready and service.drift is monitor
+    model_info = stub(served.target).GetModel(pb.GetModelRequest(), timeout=10)
+    info = {m.name: m for m in model_info.methods}
+    assert info["lexicon_lookup"].unavailable_reason == ""
+    assert info["distilled"].unavailable_reason == ""  # served, from the head loaded before
+    assert not [r for r in caplog.records if r.levelname == "ERROR"]
+
+
+def test_a_graph_served_as_exported_is_not_reloaded_for_a_new_head(
+    start_sidecar: Callable[..., RunningSidecar],
+    bert_tiny_dir: Path,
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """`LIMELIGHT_ONNX_EXPORT=false` and the graph beside the model: a new head written beside
+    it is not in the graph, so nothing served changes. The reloader rebuilt all the same, said
+    "reloaded" and started a new drift monitor; it now says why the head is not served, until
+    the graph is exported again."""
+    model = Path(shutil.copytree(bert_tiny_dir, tmp_path / "model"))
+    assert main(["export-onnx", "--model", str(model)]) == 0
+    served = start_sidecar(
+        model_dir=model,
+        runtime="onnx",
+        onnx_export=False,
+        cache_dir=tmp_path / "cache",
+        default_method="auto",
+        reload_interval_s=0.05,
+        jobs="off",
+    )
+    reloader, service = served.server.reloader, served.server.app.service
+    monitor = service.drift
+    old = scores(served.target)
+    weights = model / HEAD_DIRNAME / "head.safetensors"
+    scaled_head(bert_tiny_dir, -1.0, weights)
+    said = wait_until(
+        lambda: [r.getMessage() for r in caplog.records if "export it again" in r.getMessage()],
+        timeout=30,
+    )
+    assert str(model / "limelight.onnx") in said[0] and "keeps serving" in said[0]
+    assert reloader.reloads == 0 and service.drift is monitor
+    assert scores(served.target) == old
+    assert main(["export-onnx", "--model", str(model)]) == 0
+    wait_until(lambda: reloader.reloads == 1)
+    assert scores(served.target) != pytest.approx(old, abs=1e-6)
+    assert service.drift is not monitor
+
+
+def test_the_table_the_start_builds_is_not_reloaded(
+    start_sidecar: Callable[..., RunningSidecar], bert_tiny_dir: Path, tmp_path: Path
+) -> None:
+    """`--lexicon-build` writes the table into a watched folder of the cache while the sidecar
+    starts: the first look took it for a new table, and rebuilt the runtime and the monitor."""
+    model = bare_copy(bert_tiny_dir, tmp_path / "model")
+    served = start_sidecar(
+        model_dir=model,
+        default_method="auto",
+        lexicon_build=True,
+        cache_dir=tmp_path / "cache",
+        reload_interval_s=0.05,
+        jobs="off",
+    )
+    reloader, service = served.server.reloader, served.server.app.service
+    assert service.default_method.name == "lexicon_lookup"
+    monitor = service.drift
+    give_up = time.monotonic() + 1.0  # twenty looks
+    while time.monotonic() < give_up:
+        assert reloader._seen.stats == fingerprint(reloader._paths)
+        time.sleep(0.05)
+    assert reloader.reloads == 0 and service.drift is monitor
+
+
+def test_a_head_the_build_did_not_see_whole_is_refused_with_its_reason(
+    start_sidecar: Callable[..., RunningSidecar],
+    bert_tiny_dir: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A head changing under a build (churn) is left out of it though its card is there: the
+    error sent the reader to "the warning above", which no one had logged."""
+    import limelight.reload
+    from limelight.runtimes.torch_runtime import TorchRuntime
+
+    model = Path(shutil.copytree(bert_tiny_dir, tmp_path / "model"))
+    served = start_sidecar(
+        model_dir=model, default_method="auto", cache_dir=tmp_path / "cache", reload_interval_s=0.05
+    )
+    # The build reads the folder as a copy leaves it for a moment: no card yet.
+    monkeypatch.setattr(limelight.reload, "build_runtime", lambda s, m: TorchRuntime(m, {}))
+    (model / HEAD_DIRNAME / "notes.txt").write_text("new bytes beside the head")
+    said = wait_until(
+        lambda: [r for r in caplog.records if "could not be served" in r.getMessage()]
+    )
+    message = said[0].getMessage()
+    assert "see the warning above" not in message
+    assert "not whole when the runtime was built" in message
+    assert served.server.reloader.reloads == 0

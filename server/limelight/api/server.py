@@ -9,7 +9,8 @@ Health's ``liveness`` service answers SERVING from the moment the port opens to 
 no longer answers, never one that is merely out of rotation.
 SIGTERM: health NOT_SERVING, no new work, in-flight requests finish within the grace period,
 running jobs finish or go back to the durable queue. SIGHUP: look beside the model for a new
-head, lexicon table or graph now (as the reloader does every ``reload_interval_s``), and at the
+head, lexicon table or graph now (as the reloader does every ``reload_interval_s``; a build that
+failed is tried again though no file moved: a head made readable with ``chmod``), and at the
 TLS files (renewed ones are served to new connections: ``server_tls``).
 """
 
@@ -43,6 +44,7 @@ from limelight.api.servicer import SERVICE_NAME, ExplainerServicer, add_to_serve
 from limelight.api.tracing import TracingInterceptor
 from limelight.app import Application, build_application, load_served_model
 from limelight.metrics import Metrics
+from limelight.models.lexicon_table import cached_lexicon_dir
 from limelight.models.loaded import LoadedModel
 from limelight.reload import FilesSeen, InlineReloader, served_files
 from limelight.settings import Settings
@@ -189,8 +191,14 @@ class SidecarServer:
         # start serves without waiting for it.
         model = self._model or load_served_model(self.settings, serving=True)
         # Before the build: a head written while it runs is picked up at the first check.
-        seen = FilesSeen.of(served_files(self.settings, model))
-        return build_application(self.settings, self.metrics, model), seen
+        paths = served_files(self.settings, model)
+        seen = FilesSeen.of(paths)
+        app = build_application(self.settings, self.metrics, model)
+        if self.settings.lexicon_build:
+            # The table the build wrote into the cache itself (LIMELIGHT_LEXICON_BUILD) is
+            # served already: not a change for the first check to reload (and restart drift).
+            seen = seen.looked_again(paths, [cached_lexicon_dir(model, self.settings.cache_dir)])
+        return app, seen
 
     async def _build_or_stop(self) -> tuple[Application, FilesSeen] | None:
         """``_build`` on a daemon thread of its own, or None when a stop is asked for first.
@@ -293,7 +301,7 @@ class SidecarServer:
     async def _reload_now(self, reloader: InlineReloader) -> bool:
         if self._stopping is not None and self._stopping.is_set():
             return False
-        reloaded = await reloader.check()
+        reloaded = await reloader.check(force=True)  # a build that failed is tried again
         if not reloaded:
             log.info(
                 "SIGHUP: nothing new served (the files beside the model are as they were, or "

@@ -411,6 +411,19 @@ class ExplanationService:
             or f"this server has not loaded {method.needs} yet"
         )
 
+    def _unavailable(self, method: AttributionMethod) -> str:
+        """Why ``method`` cannot be served now ("" when it can), by what is served: an extra
+        output the runtime computes is served though its files changed since (a head the
+        reloader keeps serving), and one whose files are there is not until it is loaded."""
+        if isinstance(method, ExtraOutputMethod):
+            if method.output in self.runtime.head_names:
+                return ""
+            return (
+                method.unavailable_reason(self.model)
+                or f"this server has not loaded {method.needs} yet"
+            )
+        return method.unavailable_reason(self.model)
+
     async def start(self) -> None:
         """Create the batcher in the running loop, warm up, start jobs; then ready."""
         settings = self.settings
@@ -530,7 +543,9 @@ class ExplanationService:
         the inference thread, between two batches), its default method (or ``default_method``)
         and ``drift`` with it. A request admitted before keeps the method and the runtime it was
         admitted with, so that every window of a long document is computed by one model and
-        head."""
+        head. A ``default_method`` whose output the runtime served lacks is refused (that would
+        take the sidecar out of rotation); one never served (not ready since the start) may stay
+        unserved: the new runtime may bring other outputs."""
         loop = asyncio.get_running_loop()
         if self.settings.warmup:
             warm = self.model.encode("Limelight warm-up.", None, self.settings.max_tokens)
@@ -541,7 +556,9 @@ class ExplanationService:
         else:
             kept = self.methods.get(default_method)
             if not isinstance(kept, InlineMethod) or (
-                isinstance(kept, ExtraOutputMethod) and kept.output not in runtime.head_names
+                isinstance(kept, ExtraOutputMethod)
+                and kept.output not in runtime.head_names
+                and (kept is not self.default_method or kept.output in self.runtime.head_names)
             ):
                 raise FailedPrecondition(f"the new runtime cannot serve {default_method}")
             default = kept
@@ -959,7 +976,7 @@ class ExplanationService:
                 cost=m.cost,
                 description=m.description,
                 defaults=m.defaults(),
-                unavailable_reason=self.redact(m.unavailable_reason(self.model)),
+                unavailable_reason=self.redact(self._unavailable(m)),
             )
             for m in self.methods
         ]
