@@ -763,6 +763,17 @@ def test_an_unreadable_file_counts_in_the_digest_and_a_chmod_moves_the_fingerpri
     assert content_digest([head]) == readable
 
 
+def _new_head_unreadable(
+    model: Path, source: Path, monkeypatch: pytest.MonkeyPatch
+) -> tuple[Path, Callable[[], None]]:
+    """A new head (``source``'s, scaled) written beside ``model``, which the sidecar cannot
+    read yet: its weights, and what makes them readable."""
+    weights = model / HEAD_DIRNAME / "head.safetensors"
+    readable_again = unreadable(monkeypatch, weights)
+    scaled_head(source, -1.0, weights)
+    return weights, readable_again
+
+
 def test_a_head_that_could_not_be_read_is_served_once_it_can_be(
     start_sidecar: Callable[..., RunningSidecar],
     bert_tiny_dir: Path,
@@ -775,9 +786,7 @@ def test_a_head_that_could_not_be_read_is_served_once_it_can_be(
     model = Path(shutil.copytree(bert_tiny_dir, tmp_path / "model"))
     served = start_sidecar(model_dir=model, default_method="auto", reload_interval_s=0.05)
     old = scores(served.target)
-    weights = model / HEAD_DIRNAME / "head.safetensors"
-    readable_again = unreadable(monkeypatch, weights)
-    scaled_head(bert_tiny_dir, -1.0, weights)
+    weights, readable_again = _new_head_unreadable(model, bert_tiny_dir, monkeypatch)
     wait_until(lambda: any("could not be built" in r.getMessage() for r in caplog.records))
     assert scores(served.target) == old and served.server.reloader.reloads == 0
     readable_again()
@@ -808,9 +817,7 @@ def test_a_build_that_failed_is_tried_again_on_sighup(
         return bool(asyncio.run_coroutine_threadsafe(server._reload_now(reloader), loop).result(60))
 
     old = scores(served.target)
-    weights = model / HEAD_DIRNAME / "head.safetensors"
-    readable_again = unreadable(monkeypatch, weights)
-    scaled_head(bert_tiny_dir, -1.0, weights)
+    _, readable_again = _new_head_unreadable(model, bert_tiny_dir, monkeypatch)
     assert not sighup()
     assert any("could not be built" in r.getMessage() for r in caplog.records)
     assert not sighup()  # the same failure: said again, in one line

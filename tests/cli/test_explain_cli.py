@@ -154,20 +154,7 @@ def test_the_heat_map_is_coloured_on_a_terminal_only(sidecar: RunningSidecar) ->
     assert "\x1b[48;2;" in limelight(*args, env={"FORCE_COLOR": "1"}).stdout
     assert "\x1b[" not in limelight(*args, env={"NO_COLOR": "1"}).stdout
 
-    primary, secondary = pty.openpty()  # a real terminal on standard output
-    try:
-        on_tty = subprocess.run(
-            [sys.executable, "-m", "limelight.cli.main", *args],
-            stdout=secondary,
-            stderr=subprocess.PIPE,
-            timeout=600,
-            env={**os.environ, **clean},
-        )
-        os.close(secondary)
-        assert on_tty.returncode == 0, on_tty.stderr
-        shown = _read_all(primary).decode()
-    finally:
-        os.close(primary)
+    shown = _on_a_terminal(*args, env=clean)  # a real terminal on standard output
     assert "\x1b[48;2;" in shown and "gorgeous" in shown
     # TERM=dumb takes no escape codes, a terminal though it is: none unless forced.
     assert "\x1b[" not in _on_a_terminal(*args, env={**clean, "TERM": "dumb"})
