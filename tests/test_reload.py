@@ -763,30 +763,39 @@ def test_an_unreadable_file_counts_in_the_digest_and_a_chmod_moves_the_fingerpri
     assert content_digest([head]) == readable
 
 
-def _new_head_unreadable(
-    model: Path, source: Path, monkeypatch: pytest.MonkeyPatch
-) -> tuple[Path, Callable[[], None]]:
-    """A new head (``source``'s, scaled) written beside ``model``, which the sidecar cannot
-    read yet: its weights, and what makes them readable."""
-    weights = model / HEAD_DIRNAME / "head.safetensors"
-    readable_again = unreadable(monkeypatch, weights)
-    scaled_head(source, -1.0, weights)
-    return weights, readable_again
+@pytest.fixture
+def model(bert_tiny_dir: Path, tmp_path: Path) -> Path:
+    """A copy of the BERT-tiny demo model, its head included, to change under a sidecar."""
+    return Path(shutil.copytree(bert_tiny_dir, tmp_path / "model"))
+
+
+@pytest.fixture
+def write_unreadable_head(
+    model: Path, bert_tiny_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> Callable[[], tuple[Path, Callable[[], None]]]:
+    """Writes a new head (the demo's, scaled) beside ``model`` that the sidecar cannot read
+    yet: returns its weights, and what makes them readable."""
+
+    def write() -> tuple[Path, Callable[[], None]]:
+        weights = model / HEAD_DIRNAME / "head.safetensors"
+        readable_again = unreadable(monkeypatch, weights)
+        scaled_head(bert_tiny_dir, -1.0, weights)
+        return weights, readable_again
+
+    return write
 
 
 def test_a_head_that_could_not_be_read_is_served_once_it_can_be(
     start_sidecar: Callable[..., RunningSidecar],
-    bert_tiny_dir: Path,
-    tmp_path: Path,
-    monkeypatch: pytest.MonkeyPatch,
+    model: Path,
+    write_unreadable_head: Callable[[], tuple[Path, Callable[[], None]]],
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     """A new head written unreadable (0600, another user's) fails to build, and the old head
     stays served; made readable (``chmod``), it is served from the next look on."""
-    model = Path(shutil.copytree(bert_tiny_dir, tmp_path / "model"))
     served = start_sidecar(model_dir=model, default_method="auto", reload_interval_s=0.05)
     old = scores(served.target)
-    weights, readable_again = _new_head_unreadable(model, bert_tiny_dir, monkeypatch)
+    weights, readable_again = write_unreadable_head()
     wait_until(lambda: any("could not be built" in r.getMessage() for r in caplog.records))
     assert scores(served.target) == old and served.server.reloader.reloads == 0
     readable_again()
@@ -798,16 +807,14 @@ def test_a_head_that_could_not_be_read_is_served_once_it_can_be(
 
 def test_a_build_that_failed_is_tried_again_on_sighup(
     start_sidecar: Callable[..., RunningSidecar],
-    bert_tiny_dir: Path,
-    tmp_path: Path,
-    monkeypatch: pytest.MonkeyPatch,
+    model: Path,
+    write_unreadable_head: Callable[[], tuple[Path, Callable[[], None]]],
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     """What fixes a failed build need not move a watched file (a directory's permissions, a
     cache made writable): a SIGHUP builds again, where it found "nothing new"."""
     import asyncio
 
-    model = Path(shutil.copytree(bert_tiny_dir, tmp_path / "model"))
     # Polling, but not within the test: the SIGHUPs below are the only looks.
     served = start_sidecar(model_dir=model, default_method="auto", reload_interval_s=3600)
     server, reloader = served.server, served.server.reloader
@@ -817,7 +824,7 @@ def test_a_build_that_failed_is_tried_again_on_sighup(
         return bool(asyncio.run_coroutine_threadsafe(server._reload_now(reloader), loop).result(60))
 
     old = scores(served.target)
-    _, readable_again = _new_head_unreadable(model, bert_tiny_dir, monkeypatch)
+    _, readable_again = write_unreadable_head()
     assert not sighup()
     assert any("could not be built" in r.getMessage() for r in caplog.records)
     assert not sighup()  # the same failure: said again, in one line
@@ -832,6 +839,7 @@ def test_a_build_that_failed_is_tried_again_on_sighup(
 
 def test_a_default_named_in_the_settings_keeps_its_head_and_the_rest_is_reloaded(
     start_sidecar: Callable[..., RunningSidecar],
+    model: Path,
     bert_tiny_dir: Path,
     tmp_path: Path,
     caplog: pytest.LogCaptureFixture,
@@ -840,7 +848,6 @@ def test_a_default_named_in_the_settings_keeps_its_head_and_the_rest_is_reloaded
     (one warning, no traceback), and a lexicon table written afterwards is served too (every
     later reload was refused, and GetModel said there was no table); the head's monitor keeps
     its reference."""
-    model = Path(shutil.copytree(bert_tiny_dir, tmp_path / "model"))
     served = start_sidecar(
         model_dir=model,
         default_method="distilled",
@@ -875,6 +882,7 @@ def test_a_default_named_in_the_settings_keeps_its_head_and_the_rest_is_reloaded
 
 def test_a_graph_served_as_exported_is_not_reloaded_for_a_new_head(
     start_sidecar: Callable[..., RunningSidecar],
+    model: Path,
     bert_tiny_dir: Path,
     tmp_path: Path,
     caplog: pytest.LogCaptureFixture,
@@ -883,7 +891,6 @@ def test_a_graph_served_as_exported_is_not_reloaded_for_a_new_head(
     it is not in the graph, so nothing served changes. The reloader rebuilt all the same, said
     "reloaded" and started a new drift monitor; it now says why the head is not served, until
     the graph is exported again."""
-    model = Path(shutil.copytree(bert_tiny_dir, tmp_path / "model"))
     assert main(["export-onnx", "--model", str(model)]) == 0
     served = start_sidecar(
         model_dir=model,
@@ -938,7 +945,7 @@ def test_the_table_the_start_builds_is_not_reloaded(
 
 def test_a_head_the_build_did_not_see_whole_is_refused_with_its_reason(
     start_sidecar: Callable[..., RunningSidecar],
-    bert_tiny_dir: Path,
+    model: Path,
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
     caplog: pytest.LogCaptureFixture,
@@ -948,7 +955,6 @@ def test_a_head_the_build_did_not_see_whole_is_refused_with_its_reason(
     import limelight.reload
     from limelight.runtimes.torch_runtime import TorchRuntime
 
-    model = Path(shutil.copytree(bert_tiny_dir, tmp_path / "model"))
     served = start_sidecar(
         model_dir=model, default_method="auto", cache_dir=tmp_path / "cache", reload_interval_s=0.05
     )

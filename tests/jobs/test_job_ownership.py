@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
@@ -47,6 +48,17 @@ async def _backend(
         await backend.stop(1.0)
 
 
+OpenBackend = Callable[..., contextlib.AbstractAsyncContextManager[JobBackend]]
+
+
+@pytest.fixture(params=["sqlite", "redis"])
+def open_backend(
+    request: pytest.FixtureRequest, tmp_path: Path, tiny_model: LoadedModel
+) -> OpenBackend:
+    """``open_backend(**settings)``: a started backend of each kind in turn (``_backend``)."""
+    return functools.partial(_backend, request.param, tmp_path, tiny_model, request)
+
+
 def _spec(text: str, owner: str, key: str = "") -> JobSpec:
     return JobSpec(method="steps", text=text, params={"steps": 4, "sleep": 0.0}, owner=owner,
                    idempotency_key=key)  # fmt: skip
@@ -60,11 +72,8 @@ async def _raises(kind: type[Exception], call: Callable[[], object]) -> None:
 
 
 @pytest.mark.asyncio
-@pytest.mark.parametrize("kind", ["sqlite", "redis"])
-async def test_other_principals_cannot_see_or_cancel_a_job(
-    kind: str, tmp_path: Path, tiny_model: LoadedModel, request: pytest.FixtureRequest
-) -> None:
-    async with _backend(kind, tmp_path, tiny_model, request) as backend:
+async def test_other_principals_cannot_see_or_cancel_a_job(open_backend: OpenBackend) -> None:
+    async with open_backend() as backend:
         mine = await backend.submit(_spec("the plot is great fun", ALICE))
         assert mine.spec.owner == ALICE
         await _raises(NotFound, lambda: backend.get(mine.id, BOB))
@@ -81,11 +90,10 @@ async def test_other_principals_cannot_see_or_cancel_a_job(
 
 
 @pytest.mark.asyncio
-@pytest.mark.parametrize("kind", ["sqlite", "redis"])
 async def test_idempotency_keys_are_per_owner_and_bound_to_their_request(
-    kind: str, tmp_path: Path, tiny_model: LoadedModel, request: pytest.FixtureRequest
+    open_backend: OpenBackend,
 ) -> None:
-    async with _backend(kind, tmp_path, tiny_model, request) as backend:
+    async with open_backend() as backend:
         first = await backend.submit(_spec("a fun film", ALICE, key="k-1"))
         again = await backend.submit(_spec("a fun film", ALICE, key="k-1"))
         assert again.id == first.id
@@ -98,11 +106,8 @@ async def test_idempotency_keys_are_per_owner_and_bound_to_their_request(
 
 
 @pytest.mark.asyncio
-@pytest.mark.parametrize("kind", ["sqlite", "redis"])
-async def test_one_owner_cannot_fill_the_queue_past_its_share(
-    kind: str, tmp_path: Path, tiny_model: LoadedModel, request: pytest.FixtureRequest
-) -> None:
-    async with _backend(kind, tmp_path, tiny_model, request, job_queue_max_per_owner=2) as backend:
+async def test_one_owner_cannot_fill_the_queue_past_its_share(open_backend: OpenBackend) -> None:
+    async with open_backend(job_queue_max_per_owner=2) as backend:
         first = await backend.submit(_spec("one", ALICE, key="k-1"))
         await backend.submit(_spec("two", ALICE))
         with pytest.raises(ResourceExhausted, match=r"your jobs are queued \(2, limit 2 per"):
@@ -116,11 +121,10 @@ async def test_one_owner_cannot_fill_the_queue_past_its_share(
 
 
 @pytest.mark.asyncio
-@pytest.mark.parametrize("kind", ["sqlite", "redis"])
 async def test_past_the_retain_limit_an_owners_oldest_finished_jobs_are_dropped(
-    kind: str, tmp_path: Path, tiny_model: LoadedModel, request: pytest.FixtureRequest
+    open_backend: OpenBackend,
 ) -> None:
-    async with _backend(kind, tmp_path, tiny_model, request, job_retain_max=3) as backend:
+    async with open_backend(job_retain_max=3) as backend:
         bobs = await backend.submit(_spec("bob's", BOB, key="b"))
         await backend.cancel(bobs.id, BOB)
         waiting = await backend.submit(_spec("still queued", ALICE))  # the oldest, never dropped
