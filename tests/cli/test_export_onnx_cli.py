@@ -133,3 +133,30 @@ def test_the_int8_report_of_the_multi_label_demo_compares_label_sets_on_its_own_
         a, b = fp32.run_inline(batch).logits, int8.run_inline(batch).logits
         agree += sum(same_prediction(x, y, [0.5] * 4) for x, y in zip(a, b, strict=True))
     assert f"fp32:        {agree / 24:.3f} (" in line, line
+
+
+def test_an_export_that_fails_leaves_the_graph_beside_the_model_as_it_was(
+    bert_tiny_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A sidecar may be serving the graph beside the model (and reloads it when it changes): an
+    export stopped after the exporter wrote (a full disk, Ctrl-C) must leave the old graph and
+    its description, not a new graph bound by the old description, nor partial files."""
+    import torch.onnx
+
+    model = Path(shutil.copytree(bert_tiny_dir, tmp_path / "model"))
+    for old in model.glob("*.onnx*"):
+        old.unlink()
+    assert main(["export-onnx", "--model", str(model)]) == 0
+    before = {p.name: p.read_bytes() for p in model.glob("*.onnx*")}
+    assert set(before) == {DEFAULT_GRAPH, DEFAULT_GRAPH + ".json"}
+    exporter = torch.onnx.export
+
+    def written_then_stopped(*args: object, **kwargs: object) -> None:
+        exporter(*args, **kwargs)  # type: ignore[arg-type]
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(torch.onnx, "export", written_then_stopped)
+    shutil.rmtree(model / "limelight_distilled")  # the next graph would have no head
+    assert main(["export-onnx", "--model", str(model)]) != 0
+    after = {p.name: p.read_bytes() for p in model.iterdir() if ".onnx" in p.name}
+    assert after == before

@@ -68,3 +68,31 @@ def test_a_table_whose_shape_is_not_the_models_is_not_loaded(
     card = LexiconCard(model.version, 10, model.num_labels, "empty text")
     save_lexicon(np.zeros((10, model.num_labels + 1), np.float32), card, lexicon_dir(model))
     assert load_lexicon(model) is None
+
+
+def test_a_rebuild_that_fails_at_the_disk_leaves_the_old_table_whole(
+    lexicon_bert_dir: Path, tmp_path: Path
+) -> None:
+    """A running sidecar reloads the table when it changes: a rebuild stopped by a full disk
+    (a file-size limit here) must leave the old table, not half a new one under the old card."""
+    import resource
+    import signal
+
+    target = tmp_path / "m"
+    shutil.copytree(lexicon_bert_dir, target)
+    model = load_model(target)
+    old = load_lexicon(model)
+    assert old is not None
+    card = LexiconCard(model.version, old.shape[0], model.num_labels, "empty text")
+    limit = resource.getrlimit(resource.RLIMIT_FSIZE)
+    previous = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # EFBIG, not a killed process
+    resource.setrlimit(resource.RLIMIT_FSIZE, (old.nbytes // 2, limit[1]))
+    try:
+        with pytest.raises(OSError):
+            save_lexicon(np.ones_like(old), card, lexicon_dir(model))
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, limit)
+        signal.signal(signal.SIGXFSZ, previous)
+    kept = load_lexicon(model)
+    assert kept is not None and np.array_equal(kept, old)
+    assert sorted(p.name for p in lexicon_dir(model).iterdir()) == ["card.json", "table.npy"]

@@ -137,7 +137,7 @@ def run(args: argparse.Namespace) -> int:
     setup_logging(settings.log_level)
     from limelight.app import load_served_model
     from limelight.models.explainer_head import inline_heads
-    from limelight.runtimes.onnx_export import export_onnx, read_description
+    from limelight.runtimes.onnx_export import export_onnx, read_description, staged
     from limelight.runtimes.onnx_runtime import DEFAULT_GRAPH
 
     if args.out is not None:  # before the model loads
@@ -145,7 +145,8 @@ def run(args: argparse.Namespace) -> int:
     model = load_served_model(settings)
     out = args.out or model.directory / DEFAULT_GRAPH
     heads = inline_heads(model)
-    export_onnx(model, out, heads=heads)
+    with staged(out) as partial:  # a sidecar serving `out` reloads the whole new graph
+        export_onnx(model, partial, heads=heads)
     if heads:
         print(f"included inline heads: {', '.join(heads)}")
     outputs = ", ".join(read_description(out).get("outputs", []))  # as written, heads included

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -12,6 +11,7 @@ from typing import Any
 
 from limelight.drift.profile import Profile
 from limelight.errors import FailedPrecondition
+from limelight.files import write_atomically
 
 log = logging.getLogger(__name__)
 
@@ -100,9 +100,7 @@ class ReferenceFile:
         """Write atomically (temp file + rename), so a reader never sees half a file."""
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.tmp")
-        tmp.write_text(json.dumps(self.to_json(), indent=1) + "\n", encoding="utf-8")
-        os.replace(tmp, path)
+        write_atomically(path, json.dumps(self.to_json(), indent=1) + "\n")
 
     @classmethod
     def load(cls, path: Path) -> ReferenceFile:

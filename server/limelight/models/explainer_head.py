@@ -25,6 +25,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from limelight.errors import FailedPrecondition
+from limelight.files import write_atomically
 from limelight.models.fingerprint import ModelIdentity
 from limelight.models.loaded import LoadedModel
 from limelight.models.tensor_files import load_tensors, save_tensors
@@ -357,7 +358,7 @@ def save_head(head: ExplainerHead, card: HeadCard, directory: Path) -> Path:
     card.format = card_format(head)
     save_tensors(head.state_dict(), directory / "head.safetensors")
     # The card last: a directory with a card is a complete head.
-    (directory / "card.json").write_text(card.to_json())
+    write_atomically(directory / "card.json", card.to_json())
     return directory
 
 

@@ -13,6 +13,7 @@ start-up with ``LIMELIGHT_LEXICON_BUILD``. The table beside the model wins.
 
 from __future__ import annotations
 
+import io
 import json
 import logging
 import os
@@ -22,6 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from limelight.core.types import FloatArray
+from limelight.files import write_atomically
 from limelight.models.loaded import LoadedModel
 
 log = logging.getLogger(__name__)
@@ -78,9 +80,12 @@ def find_lexicon_dir(model: LoadedModel, cache_dir: Path | None = None) -> Path 
 
 def save_lexicon(table: FloatArray, card: LexiconCard, directory: Path) -> Path:
     directory.mkdir(parents=True, exist_ok=True)
-    np.save(directory / "table.npy", np.asarray(table, dtype=np.float32))
-    # The card last: a directory with a card is a complete table.
-    (directory / "card.json").write_text(json.dumps(asdict(card), indent=2) + "\n")
+    # Each file replaced whole, the card last: a directory with a card is a complete table,
+    # and a sidecar serving the old one reloads the new one, never half of it.
+    buffer = io.BytesIO()
+    np.save(buffer, np.asarray(table, dtype=np.float32))
+    write_atomically(directory / "table.npy", buffer.getvalue())
+    write_atomically(directory / "card.json", json.dumps(asdict(card), indent=2) + "\n")
     return directory
 
 

@@ -16,9 +16,11 @@ from pathlib import Path
 import torch
 from safetensors.torch import load, save
 
+from limelight.files import write_atomically
+
 
 def save_tensors(tensors: Mapping[str, torch.Tensor], path: Path) -> None:
-    Path(path).write_bytes(save({k: v.contiguous() for k, v in tensors.items()}))
+    write_atomically(Path(path), save({k: v.contiguous() for k, v in tensors.items()}))
 
 
 def load_tensors(path: Path) -> dict[str, torch.Tensor]:

@@ -4,8 +4,9 @@ still in use from one that nothing serves any more. No torch here: listing the c
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
+
+from limelight.files import write_atomically
 
 #: In each model version's folder of the graph cache: the model directories served from it.
 SERVED_FROM = "served-from.txt"
@@ -19,6 +20,4 @@ def served_from(folder: Path) -> list[str]:
 
 def write_served_from(folder: Path, directories: list[str]) -> None:
     """Replace the record at once (written beside it, then moved into place)."""
-    partial = folder / f".{os.getpid()}.{SERVED_FROM}"
-    partial.write_text("".join(f"{d}\n" for d in directories))
-    os.replace(partial, folder / SERVED_FROM)
+    write_atomically(folder / SERVED_FROM, "".join(f"{d}\n" for d in directories))

@@ -14,9 +14,11 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import os
 import shutil
 import warnings
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Literal
 
@@ -324,10 +326,27 @@ def export_onnx(
     return out
 
 
+@contextmanager
+def staged(out: Path) -> Iterator[Path]:
+    """A path beside ``out`` to write a graph and its description to, moved into place when the
+    block ends (graph, then description), so that a process loading ``out`` meanwhile — a
+    running sidecar's reloader — reads the old graph or the new one, never half of one. On an
+    error (a full disk, Ctrl-C) the old graph stays and the partial files go."""
+    partial = out.with_name(f".{os.getpid()}.{out.name}")
+    try:
+        yield partial
+        os.replace(partial, out)
+        os.replace(describe(partial), describe(out))
+    finally:
+        for leftover in (partial, describe(partial)):
+            leftover.unlink(missing_ok=True)
+
+
 def quantize_int8(graph: Path, out: Path) -> Path:
-    """Dynamic int8 quantisation of ``graph``'s weights into ``out`` (with its description).
-    The inline heads stay in float: a few thousand weights, written with ONNX Runtime's own
-    operators, which the quantiser's type inference cannot follow."""
+    """Dynamic int8 quantisation of ``graph``'s weights into ``out`` (with its description),
+    staged like the graph itself. The inline heads stay in float: a few thousand weights,
+    written with ONNX Runtime's own operators, which the quantiser's type inference cannot
+    follow."""
     import onnx
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
@@ -337,16 +356,17 @@ def quantize_int8(graph: Path, out: Path) -> Path:
     level = root.level
     root.setLevel(max(level, logging.ERROR))  # the quantiser logs each tensor on the root logger
     try:
-        quantize_dynamic(
-            str(graph),
-            str(out),
-            weight_type=QuantType.QInt8,
-            nodes_to_exclude=heads,
-            extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT},
-        )
+        with staged(out) as partial:
+            quantize_dynamic(
+                str(graph),
+                str(partial),
+                weight_type=QuantType.QInt8,
+                nodes_to_exclude=heads,
+                extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT},
+            )
+            shutil.copy(describe(graph), describe(partial))
     finally:
         root.setLevel(level)
-    shutil.copy(describe(graph), describe(out))
     return out
 
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import copy
 import logging
-import os
 import shutil
 import time
 from collections.abc import Mapping
@@ -28,6 +27,7 @@ from limelight.runtimes.onnx_export import (
     graph_mismatch,
     heads_mismatch,
     read_description,
+    staged,
 )
 from limelight.settings import Settings
 
@@ -420,17 +420,13 @@ def prune_cached_graphs(model: LoadedModel, cache_dir: Path, serving_cached: boo
 
 
 def export_served_graph(model: LoadedModel, out: Path, heads: Mapping[str, ExplainerHead]) -> None:
-    """Export ``model`` with ``heads`` to ``out`` from its CPU weights, written beside ``out``
-    first and then moved into place (graph, then description), so that a process loading
-    ``out`` meanwhile reads the old graph or the new one, never half of one."""
+    """Export ``model`` with ``heads`` to ``out`` from its CPU weights, :func:`staged`."""
     started = time.perf_counter()
     if model.device.type != "cpu":  # the exporter traces on the CPU
         model = load_model(model.directory, device="cpu", name=model.name)
         heads = {name: copy.deepcopy(head).cpu() for name, head in heads.items()}
-    partial = out.with_name(f".{os.getpid()}.{out.name}")
-    export_onnx(model, partial, heads=heads)
-    os.replace(partial, out)
-    os.replace(describe(partial), describe(out))
+    with staged(out) as partial:
+        export_onnx(model, partial, heads=heads)
     log.info(
         "exported the inline graph of %s (%s) in %.1f s",
         model.name,
