@@ -105,3 +105,33 @@ def test_a_cache_directory_that_is_a_file_is_refused(tmp_path: Path) -> None:
     assert shown.returncode == 2
     assert "(LIMELIGHT_CACHE_DIR) is a file, not a directory" in shown.stderr
     assert taken.read_text() == "mine"
+
+
+def test_json_for_scripts(tmp_path: Path) -> None:
+    """`--json` (before or after the action) gives what the table says, sizes in bytes; prune
+    adds what it removed (or, dry, would remove) and lists what is left."""
+    import json
+
+    root = tmp_path / "cache"
+    demo, earlier, graph = make_cache(root)
+    listed = json.loads(limelight("--json", cache=root).stdout)
+    assert listed["cache_dir"] == str(root) and listed["exists"]
+    uses = {e["path"]: e["use"] for e in listed["entries"]}
+    assert uses[str(earlier)] == uses[str(graph)] == "stale" and uses[str(demo)] != "stale"
+    sizes = {e["path"]: e["size"] for e in listed["entries"]}
+    assert sizes[str(earlier)] >= 3_000_000 and listed["size"] == sum(sizes.values())
+
+    dry = json.loads(limelight("prune", "--dry-run", "--json", cache=root).stdout)
+    assert sorted(e["path"] for e in dry["would_remove"]) == sorted([str(earlier), str(graph)])
+    assert earlier.exists() and "removed" not in dry
+
+    pruned = json.loads(limelight("prune", "--json", cache=root).stdout)
+    assert sorted(e["path"] for e in pruned["removed"]) == sorted([str(earlier), str(graph)])
+    assert [e["path"] for e in pruned["entries"]] == [str(demo)]
+    missing = json.loads(limelight("--json", cache=tmp_path / "none").stdout)
+    assert missing == {
+        "cache_dir": str(tmp_path / "none"),
+        "exists": False,
+        "size": 0,
+        "entries": [],
+    }

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 import shutil
 import subprocess
@@ -51,6 +52,15 @@ def test_drift_cli_against_a_served_model(
     for d in report.labels:
         assert any(line.startswith(f"{d.label} ") for line in out.splitlines())
     assert plot.read_bytes()[:4] == b"\x89PNG"
+
+    # --json for scripts: stdout holds the report alone, the same as the SDK's
+    assert main(["drift", "--target", running.target, "--top-k", "5", "--json"]) == 0
+    scripted = json.loads(capsys.readouterr().out)
+    assert scripted["reference_state"] == "ready" and scripted["window_count"] == 30
+    assert [d["label"] for d in scripted["labels"]] == [d.label for d in report.labels]
+    assert [d["window_count"] for d in scripted["labels"]] == [
+        d.window_count for d in report.labels
+    ]
 
     # The same numbers on the Prometheus endpoint, which passes promtool.
     with urllib.request.urlopen(running.metrics_url, timeout=10) as response:

@@ -35,6 +35,13 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
             default=argparse.SUPPRESS,
             help="the cache directory (default: LIMELIGHT_CACHE_DIR, else ~/.cache/limelight)",
         )
+        parser.add_argument(
+            "--json",
+            action="store_true",
+            default=argparse.SUPPRESS,
+            help="print JSON: the entries (kind, path, size in bytes, use, why) and, for "
+            "prune, what was removed",
+        )
     prune.add_argument(
         "--dry-run", action="store_true", help="say what would be removed, remove nothing"
     )
@@ -60,14 +67,19 @@ def run(args: argparse.Namespace) -> int:
     named = f"--cache-dir {root}" if given else f"the cache directory {root} (LIMELIGHT_CACHE_DIR)"
     if root.exists() and not root.is_dir():
         return fail(args, f"{named} is a file, not a directory", EXIT_USAGE)
+    as_json = bool(getattr(args, "json", False))
+    pruning = getattr(args, "action", None) == "prune"
     if not root.exists():
         # Nothing cached yet (or a misspelt path): say so rather than list it as empty.
-        what = "nothing to prune" if getattr(args, "action", None) == "prune" else "nothing cached"
+        if as_json:
+            print(_json(root, [], [] if pruning else None, dry_run=False))
+            return 0
+        what = "nothing to prune" if pruning else "nothing cached"
         print(f"cache: {root} does not exist: {what}")
         return 0
     entries = inventory(root)
-    if getattr(args, "action", None) != "prune":
-        print(listing(root, entries))
+    if not pruning:
+        print(_json(root, entries, None, dry_run=False) if as_json else listing(root, entries))
         return 0
     unrecorded = bool(args.unrecorded)
     if args.dry_run:
@@ -77,10 +89,41 @@ def run(args: argparse.Namespace) -> int:
         chosen = prune(entries, unrecorded=unrecorded)
         sweep_marks(root)  # empty files: not worth a line
         verb = "removed"
+    if as_json:
+        after = entries if args.dry_run else inventory(root)
+        print(_json(root, after, chosen, dry_run=bool(args.dry_run)))
+        return 0
     for entry in chosen:
         print(f"{verb} {entry.kind} {entry.path} ({human(entry.size)}): {entry.why}")
     print(f"{verb} {_count(chosen)}, {human(sum(e.size for e in chosen))}")
     return 0
+
+
+def _json(
+    root: Path, entries: Sequence[Entry], pruned: Sequence[Entry] | None, *, dry_run: bool
+) -> str:
+    """``--json``: the entries as they are now and, for prune, those it removed (or, with
+    ``--dry-run``, would remove)."""
+    import json
+
+    def entry(e: Entry) -> dict[str, object]:
+        return {
+            "kind": e.kind,
+            "path": str(e.path),
+            "size": e.size,
+            "use": e.use.value,
+            "why": e.why,
+        }
+
+    out: dict[str, object] = {
+        "cache_dir": str(root),
+        "exists": root.is_dir(),
+        "size": sum(e.size for e in entries),
+        "entries": [entry(e) for e in entries],
+    }
+    if pruned is not None:
+        out["would_remove" if dry_run else "removed"] = [entry(e) for e in pruned]
+    return json.dumps(out, indent=2)
 
 
 def listing(root: Path, entries: Sequence[Entry]) -> str:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import sys
 from collections.abc import Sequence
@@ -34,6 +35,12 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     add_client_args(p)
     p.add_argument("--top-k", type=whole(1), default=10, help="tokens per direction (default 10)")
     p.add_argument("--plot", type=Path, help="also write a PNG chart of the report here")
+    p.add_argument(
+        "--json",
+        action="store_true",
+        help="print the report as JSON (the SDK's DriftReport.to_dict(); a divergence not "
+        "measured is null)",
+    )
     p.add_argument(
         "--fail-on-alert", action="store_true", help="exit with status 3 when a label alerts"
     )
@@ -436,10 +443,14 @@ def run_drift(args: argparse.Namespace, stdout: TextIO | None = None) -> int:
     except ClientError as exc:  # carries the status code and the server's message
         line = client_error_line(exc, args.target, timeout=args.timeout)
         return fail(args, line, client_error_status(exc))
-    print(format_report(report), file=stdout)
+    if args.json:
+        print(json.dumps(report.to_dict(), indent=2), file=stdout)
+    else:
+        print(format_report(report), file=stdout)
     if args.plot is not None:
         plot_report(report, args.plot, top_k=args.top_k)
-        print(f"wrote {args.plot}", file=stdout)
+        # with --json, stdout holds the report alone
+        print(f"wrote {args.plot}", file=sys.stderr if args.json else stdout)
     if args.fail_on_alert and any(d.alert for d in report.labels):
         return 3
     return 0
