@@ -23,6 +23,7 @@ from limelight.core.jobs import JobBackend, JobCursor, JobRecord, JobSpec
 from limelight.errors import InvalidArgument
 from limelight.jobs import redis_backend, sqlite_backend
 from limelight.jobs.redis_backend import RedisJobBackend
+from limelight.jobs.redis_store import owner_tag
 from limelight.jobs.sqlite_backend import SqliteJobBackend
 from limelight.settings import Settings
 from limelight_client import Client
@@ -77,9 +78,11 @@ def newest_first(records: list[JobRecord]) -> list[str]:
     return [r.id for r in sorted(records, key=lambda r: (r.created_at, r.id), reverse=True)]
 
 
-async def pages(backend: JobBackend, size: int) -> AsyncIterator[list[JobRecord]]:
+async def pages(
+    backend: JobBackend, size: int, owner: str | None = None
+) -> AsyncIterator[list[JobRecord]]:
     after = None
-    while page := await backend.list(None, size, after=after):
+    while page := await backend.list(None, size, owner, after=after):
         yield page
         after = JobCursor.of(page[-1])
 
@@ -111,6 +114,39 @@ async def test_jobs_submitted_or_expired_while_paging(backend: JobBackend) -> No
     rest = await backend.list(None, 100, after=JobCursor.of(first[-1]))
     assert [r.id for r in first + rest] == [i for i in order if i != expired]
     assert not {r.id for r in later} & {r.id for r in rest}
+
+
+@pytest.mark.asyncio
+async def test_an_owners_listing_reads_its_own_jobs_not_every_tenants(backend: JobBackend) -> None:
+    """A tenant with two jobs beside another with hundreds: its pages are its own jobs, newest
+    first, and on Redis its listing reads its own index (it walked the shared one, reading
+    every tenant's job hashes to keep its own)."""
+    crowd = [
+        await backend.submit(JobSpec(method="steps", text=f"r{i}", owner="token:b"))
+        for i in range(250)
+    ]
+    mine = [await backend.submit(JobSpec(method="steps", text=t, owner="token:a")) for t in "xy"]
+    reads = await hash_reads(backend)
+    listed = [r.id async for page in pages(backend, 1, owner="token:a") for r in page]
+    assert listed == newest_first(mine)
+    if isinstance(backend, RedisJobBackend):
+        assert await hash_reads(backend) - reads <= 2 * len(mine)
+        # Jobs submitted by a sidecar from before the owner's index are listed from the shared
+        # one (filtered) until they expire.
+        await backend.client.delete(backend.keys.owner(owner_tag("token:a")))
+        assert [r.id for r in await backend.list(None, 10, "token:a")] == newest_first(mine)
+    theirs = await backend.list(None, 300, owner="token:b")
+    assert [r.id for r in theirs] == newest_first(crowd)
+    everyone = await backend.list(None, 300)  # in-process callers: every job
+    assert len(everyone) == len(crowd) + len(mine)
+
+
+async def hash_reads(backend: JobBackend) -> int:
+    """How many job hashes Redis has been asked for (0 for SQLite)."""
+    if not isinstance(backend, RedisJobBackend):
+        return 0
+    stats = await backend.client.info("commandstats")
+    return int(stats.get("cmdstat_hgetall", {}).get("calls", 0))
 
 
 def test_page_tokens_are_checked() -> None:

@@ -480,8 +480,16 @@ class RedisJobBackend(JobBackend):
     ) -> list[JobRecord]:
         """Newest first by ``(created_at, id)`` (the index's score and member); results are
         left out (read one job with ``get``). Reads the index a page at a time from the
-        cursor and drops the ids of jobs that expired."""
+        cursor and drops the ids of jobs that expired. An owner's listing reads that owner's
+        index, not every tenant's jobs."""
         wanted = set(states or [])
+        index = self.keys.index
+        if owner is not None:
+            mine = self.keys.owner(owner_tag(owner))
+            # An owner whose jobs all predate its index (sidecars before 2026-12-07) is listed
+            # from the shared index, filtered, until those expire.
+            if await self.client.exists(mine):
+                index = mine
         out: list[JobRecord] = []
         page = max(limit, 100)
         cursor = after
@@ -492,10 +500,10 @@ class RedisJobBackend(JobBackend):
                 top = repr(cursor.created_at)
                 # Members with the cursor's own score come in reverse id order: skip those
                 # at or before it (usually just the cursor's job itself).
-                tied = await self.client.zrangebyscore(self.keys.index, top, top)
+                tied = await self.client.zrangebyscore(index, top, top)
                 skip = sum(1 for job_id in tied if job_id >= cursor.id)
             batch = await self.client.zrevrangebyscore(
-                self.keys.index, top, "-inf", start=skip, num=page, withscores=True
+                index, top, "-inf", start=skip, num=page, withscores=True
             )
             if not batch:
                 break
@@ -513,7 +521,7 @@ class RedisJobBackend(JobBackend):
             job_id, score = batch[-1]
             cursor = JobCursor(float(score), job_id)
             if gone:  # expired jobs: prune the index as we go
-                await self.client.zrem(self.keys.index, *gone)
+                await self.client.zrem(index, *gone)
         await self._refresh_depth()
         return out[:limit]
 

@@ -13,7 +13,8 @@ per model, any number of queues in one Redis database; not Redis Cluster):
 - ``<p>:index``     sorted set of job ids by creation time (for listing; pruned lazily).
 - ``<p>:depth``     queued jobs per method (queue bound and the queue-depth metric).
 - ``<p>:owner:<tag>`` sorted set of one owner's job ids by creation time (``owner_tag``: a hash
-  of the owner), for its retain limit (``Settings.job_retain_max``; written since 2026-12-07).
+  of the owner), for its retain limit (``Settings.job_retain_max``; written since 2026-12-07)
+  and its listing (an owner's ``ListJobs`` reads its own jobs, not every tenant's).
 - ``<p>:events:<id>`` pub/sub channel: a message on every change (watchers re-read the hash).
 - ``<p>:workers``   sorted set of the workers consuming the stream, each scored with the time
   (Redis's clock) until which its last announcement holds (``lua/presence.lua``). Workers from
