@@ -267,6 +267,12 @@ class Settings(BaseSettings):
     skipped while clients mostly do not come back in time). 0: never wait."""
     max_pending: PositiveInt = 1024
     """Inline requests waiting for a batch before new ones get RESOURCE_EXHAUSTED."""
+    max_pending_per_caller: PositiveInt | None = None
+    """Inline inputs one caller may have waiting or running at once, so that one tenant cannot
+    fill ``max_pending`` for everyone (a caller: the bearer token's identity or the client
+    certificate's subject; without auth every caller is one and the same). Past it a call is
+    refused RESOURCE_EXHAUSTED (a batch as a whole) and a stream's next input waits for room.
+    None: no limit per caller."""
     max_batch_request_items: PositiveInt = 256
     """Most inputs one ``ExplainBatch`` call (or one Open Inference Protocol / KServe request)
     may carry; a larger one is refused INVALID_ARGUMENT before any of it runs."""

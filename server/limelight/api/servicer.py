@@ -411,7 +411,7 @@ class ExplainerServicer:
         async def call() -> pb.ExplainResponse:
             check_request(request)
             result = await self.ready_service().explain(
-                convert.explain_input(request, request_deadline(context))
+                convert.explain_input(request, request_deadline(context)), principal(context)
             )
             return convert.explanation_to_proto(result, request.token_layout)
 
@@ -431,7 +431,8 @@ class ExplainerServicer:
                 yield _input_or_failed(request, deadline)
 
         async def stream() -> AsyncIterator[pb.ExplainResponse]:
-            async for result in self.ready_service().explain_many(inputs()):
+            service = self.ready_service()
+            async for result in service.explain_many(inputs(), caller=principal(context)):
                 layout, continue_on_error = asked.popleft()
                 answer = self._answer("ExplainStream", result, layout)
                 try:
@@ -452,7 +453,7 @@ class ExplainerServicer:
             check_request(request)
             deadline = request_deadline(context)
             results = await self.ready_service().explain_each(
-                [_input_or_failed(r, deadline) for r in request.requests]
+                [_input_or_failed(r, deadline) for r in request.requests], principal(context)
             )
             return pb.ExplainBatchResponse(
                 responses=[

@@ -17,6 +17,7 @@ import numpy as np
 
 from limelight import tracing
 from limelight.batching import MicroBatcher
+from limelight.core.caller_shares import CallerShares
 from limelight.core.jobs import (
     InputPolicy,
     JobBackend,
@@ -358,6 +359,7 @@ class ExplanationService:
         # waits for these, so a request accepted before SIGTERM is never refused half-way
         # (say between the tokenizer and the batcher).
         self._admitted = 0
+        self._shares = CallerShares(settings.max_pending_per_caller)
         self._all_answered = asyncio.Event()
         self._all_answered.set()
         self.default_method = served_inline_method(settings, runtime, methods)
@@ -673,8 +675,10 @@ class ExplanationService:
     def _record_anticipation(self, hit: bool) -> None:
         self.metrics.batch_anticipation.labels(outcome="hit" if hit else "miss").inc()
 
-    async def explain(self, request: ExplainInput) -> Explanation:
-        with self._admit():
+    async def explain(self, request: ExplainInput, caller: str | None = None) -> Explanation:
+        """One inline explanation; ``caller`` (who the API layer says is calling; None for
+        in-process callers) is held to its share of the backlog (``max_pending_per_caller``)."""
+        with self._admit(), self._shares.take(caller):
             return await self._explain(request)
 
     async def _explain_with_others(self, request: ExplainInput) -> Explanation:
@@ -762,14 +766,18 @@ class ExplanationService:
         return explanation
 
     async def explain_many(
-        self, requests: AsyncIterator[ExplainInput | Failed], window: int | None = None
+        self,
+        requests: AsyncIterator[ExplainInput | Failed],
+        window: int | None = None,
+        caller: str | None = None,
     ) -> AsyncIterator[Explanation | Failed]:
         """Explains a stream concurrently (so batches fill) and yields results in order.
 
         The first input that fails ends the stream with its error, after the answers before it,
         unless it asked for ``continue_on_error``: then its ``Failed`` is yielded in its place
         and the stream goes on. A ``Failed`` in ``requests`` (an input the caller could not even
-        read) is passed through in its place."""
+        read) is passed through in its place. Past ``caller``'s share of the backlog the next
+        input waits for room (the stream is paced, not refused)."""
         window = window or 2 * self.settings.max_batch_size
         pending: asyncio.Queue[asyncio.Task[Explanation | Failed] | None] = asyncio.Queue(window)
         # Every answer begun and not yet read: when the reader goes away (cancelled, its deadline
@@ -780,7 +788,7 @@ class ExplanationService:
         async def feed() -> None:
             try:
                 async for request in requests:
-                    task = asyncio.ensure_future(self._answer(request))
+                    task = asyncio.ensure_future(self._paced(request, caller))
                     unread.add(task)
                     await pending.put(task)
             except asyncio.CancelledError:
@@ -798,6 +806,12 @@ class ExplanationService:
             await feeder
         finally:
             abandon([feeder, *unread])
+
+    async def _paced(
+        self, request: ExplainInput | Failed, caller: str | None
+    ) -> Explanation | Failed:
+        async with self._shares.wait(None if isinstance(request, Failed) else caller):
+            return await self._answer(request)
 
     async def _answer(
         self, request: ExplainInput | Failed, together: bool = False
@@ -821,7 +835,9 @@ class ExplanationService:
                 raise
             return Failed(exc, request.request_id)  # the API layer logs the unexpected
 
-    async def explain_batch(self, requests: Sequence[ExplainInput]) -> list[Explanation]:
+    async def explain_batch(
+        self, requests: Sequence[ExplainInput], caller: str | None = None
+    ) -> list[Explanation]:
         """Explain the inputs of one call concurrently (so that the micro-batcher fills) and
         answer in input order. The first input in order that failed fails the call, with its
         position in the message; the others are cancelled as soon as one fails.
@@ -830,19 +846,27 @@ class ExplanationService:
             replace(r, continue_on_error=False) if r.continue_on_error else r for r in requests
         ]
         # Nothing asked to go on, so every answer is an Explanation (or the call raised).
-        return [r for r in await self.explain_each(plain) if isinstance(r, Explanation)]
+        answers = await self.explain_each(plain, caller)
+        return [r for r in answers if isinstance(r, Explanation)]
 
     async def explain_each(
-        self, requests: Sequence[ExplainInput | Failed]
+        self, requests: Sequence[ExplainInput | Failed], caller: str | None = None
     ) -> list[Explanation | Failed]:
         """``explain_batch``, where an input that asked for ``continue_on_error`` is answered
         by its ``Failed`` when it fails, and fails neither the call nor the other inputs. A
-        ``Failed`` in ``requests`` (an input the caller could not read) keeps its place."""
+        ``Failed`` in ``requests`` (an input the caller could not read) keeps its place. The
+        call takes ``caller``'s share of the backlog for all its inputs at once, or is refused."""
         limit = self.settings.max_batch_request_items
         if len(requests) > limit:
             raise InvalidArgument(
                 f"{len(requests)} inputs in one call; at most {limit} (max_batch_request_items)"
             )
+        with self._shares.take(caller, sum(not isinstance(r, Failed) for r in requests)):
+            return await self._explain_all(requests)
+
+    async def _explain_all(
+        self, requests: Sequence[ExplainInput | Failed]
+    ) -> list[Explanation | Failed]:
         together = len(requests) > 1
         tasks = [asyncio.ensure_future(self._answer(r, together)) for r in requests]
         if not tasks:
