@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from limelight.core.caller_shares import CallerShares
+from limelight.core.service import ExplanationService
 from limelight.core.types import ExplainInput, Explanation
 from limelight.errors import InvalidArgument, ResourceExhausted
 from tests.conftest import inline_service
@@ -22,30 +23,37 @@ from tests.core.test_service_streams import held_forwards, wait_for
 def test_a_share_is_given_back_and_a_caller_seen_once_is_not_kept() -> None:
     shares = CallerShares(2)
     with shares.take("a", 2):
-        with pytest.raises(ResourceExhausted, match=r"waiting \(2, limit 2 per caller\)"):
-            with shares.take("a"):
-                pass
+        refused = pytest.raises(ResourceExhausted, match=r"waiting \(2, limit 2 per caller\)")
+        with refused, shares.take("a"):
+            pass
         with shares.take("b"), shares.take(None, 5):  # another caller; an in-process one
             assert shares.held("b") == 1
     assert shares._held == {}
-    with pytest.raises(InvalidArgument, match="3 inputs, more than the 2"):
-        with shares.take("a", 3):
-            pass
+    with pytest.raises(InvalidArgument, match="3 inputs, more than the 2"), shares.take("a", 3):
+        pass
     with CallerShares(None).take("a", 10_000):
         pass
+
+
+async def held_service(
+    bert_tiny_dir: Path,
+) -> tuple[ExplanationService, threading.Event, list[int]]:
+    """A started service whose shares are 2 per caller, one input per forward pass, every
+    forward pass held until the gate opens (and the list they are recorded in)."""
+    service: ExplanationService = inline_service(
+        bert_tiny_dir, max_batch_size=1, max_batch_wait_ms=0, max_pending_per_caller=2
+    )
+    await service.start()
+    gate = threading.Event()
+    return service, gate, held_forwards(service, gate)
 
 
 @pytest.mark.asyncio
 async def test_one_caller_past_its_share_is_refused_while_another_goes_on(
     bert_tiny_dir: Path,
 ) -> None:
-    service = inline_service(
-        bert_tiny_dir, max_batch_size=1, max_batch_wait_ms=0, max_pending_per_caller=2
-    )
-    await service.start()
-    gate = threading.Event()
+    service, gate, seen = await held_service(bert_tiny_dir)
     try:
-        seen = held_forwards(service, gate)
         text = ExplainInput(text="a witty film")
         mine = [asyncio.ensure_future(service.explain(text, "token:a")) for _ in range(2)]
         await wait_for(lambda: len(seen) == 1)  # one in the forward pass, one queued
@@ -68,13 +76,8 @@ async def test_one_caller_past_its_share_is_refused_while_another_goes_on(
 
 @pytest.mark.asyncio
 async def test_a_stream_past_its_share_is_paced_not_ended(bert_tiny_dir: Path) -> None:
-    service = inline_service(
-        bert_tiny_dir, max_batch_size=1, max_batch_wait_ms=0, max_pending_per_caller=2
-    )
-    await service.start()
-    gate = threading.Event()
+    service, gate, seen = await held_service(bert_tiny_dir)
     try:
-        seen = held_forwards(service, gate)
         most = 0
 
         async def inputs() -> AsyncIterator[ExplainInput]:
