@@ -25,7 +25,8 @@ def test_a_call_larger_than_a_callers_share_is_refused_for_that_caller_only(
     with Client(side.target, token="alice-token", timeout=60) as alice:
         with pytest.raises(LimelightError, match="3 inputs, more than the 2") as refused:
             alice.explain_batch(texts)
-        assert refused.value.code.name == "INVALID_ARGUMENT"
+        code = refused.value.code
+        assert code is not None and code.name == "INVALID_ARGUMENT"
         assert len(alice.explain_batch(texts[:2])) == 2
         # a stream is paced by the share, not refused
         assert len(list(alice.explain_many(texts * 4))) == 12

@@ -86,7 +86,7 @@ async def test_a_stream_past_its_share_is_paced_not_ended(bert_tiny_dir: Path) -
 
         async def read() -> list[object]:
             nonlocal most
-            out = []
+            out: list[object] = []
             async for answer in service.explain_many(inputs(), window=8, caller="token:a"):
                 most = max(most, service._shares.held("token:a"))
                 out.append(answer)
