@@ -86,6 +86,9 @@ async def _rest(url: str, model: str, texts: list[str]) -> dict[str, Any]:
         report["bad_status"] = 200
     except httpx.HTTPStatusError as exc:
         report["bad_status"] = exc.response.status_code
+        # What the user reads: kserve puts the {"error"} text in only under exactly
+        # Content-Type application/json.
+        report["bad_message"] = str(exc)
     await v2.close()
     v1 = InferenceRESTClient(RESTConfig(protocol="v1", retries=1))
     report["v1_predict"] = await v1.infer(url, {"instances": texts}, model_name=model)
@@ -95,6 +98,7 @@ async def _rest(url: str, model: str, texts: list[str]) -> dict[str, Any]:
         report["v1_unknown_status"] = 200
     except httpx.HTTPStatusError as exc:
         report["v1_unknown_status"] = exc.response.status_code
+        report["v1_unknown_message"] = str(exc)
     await v1.close()
     return report
 

@@ -7,9 +7,13 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+import tritonclient.grpc as tgrpc
+from tritonclient.utils import InferenceServerException
 
 from limelight_client import Client
 from limelight_client.errors import LimelightError
+from tests.api.test_oip_grpc import text_input
+from tests.api.test_oip_http import call
 from tests.conftest import RunningSidecar
 
 
@@ -42,3 +46,34 @@ def test_without_auth_every_caller_shares_one(
         with pytest.raises(LimelightError, match="more than the 2 one caller"):
             client.explain_batch(["a", "b", "c"])
         assert client.explain("a witty film").label
+
+
+def test_the_http_protocols_hold_the_callers_share_too(
+    start_sidecar: Callable[..., RunningSidecar], bert_tiny_dir: Path, tmp_path: Path
+) -> None:
+    """OIP v2 (HTTP and gRPC) and KServe v1 take the same share as Explain, by the same token."""
+    tokens = tmp_path / "tokens"
+    tokens.write_text("alice-token\nbob-token\n")
+    side = start_sidecar(
+        model_dir=bert_tiny_dir, jobs="off", auth_tokens_file=tokens, max_pending_per_caller=2
+    )
+    base = f"http://127.0.0.1:{side.server.metrics_port}"
+    name = bert_tiny_dir.name
+    texts = ["a witty film", "dull", "a slow, lovely film"]
+    v2 = {"inputs": [{"name": "text", "shape": [3], "datatype": "BYTES", "data": texts}]}
+    v1 = {"instances": texts}
+    for who in ("alice-token", "bob-token"):
+        auth = {"Authorization": f"Bearer {who}"}
+        for url, body in (
+            (f"{base}/v2/models/{name}/infer", v2),
+            (f"{base}/v1/models/{name}:predict", v1),
+        ):
+            status, answer = call(url, body, auth)
+            assert status == 400 and "3 inputs, more than the 2" in answer["error"]
+        triton = tgrpc.InferenceServerClient(url=side.target)
+        with pytest.raises(InferenceServerException, match="3 inputs, more than the 2"):
+            triton.infer(name, [text_input(texts)], headers={"authorization": f"Bearer {who}"})
+        triton.close()
+        v2_two = {"inputs": [{**v2["inputs"][0], "shape": [2], "data": texts[:2]}]}
+        status, answer = call(f"{base}/v2/models/{name}/infer", v2_two, auth)
+        assert status == 200 and answer["outputs"]

@@ -67,13 +67,15 @@ def test_health_and_metadata(sidecar: RunningSidecar, triton: thttp.InferenceSer
     assert meta["platform"] == "limelight"
     assert {o["name"] for o in meta["outputs"]} >= {"probabilities", "tokens", "attributions"}
     assert meta["properties"]["labels"] == "rotten,fresh"
-    # The same extensions as the gRPC port's ServerMetadata (both serve the properties).
+    # The gRPC port's ServerMetadata extensions (both serve the properties), and the binary
+    # tensor extension, which only this port has.
     from tritonclient import grpc as tgrpc
 
     grpc_client = tgrpc.InferenceServerClient(sidecar.target)
-    assert triton.get_server_metadata()["extensions"] == list(
-        grpc_client.get_server_metadata().extensions
-    )
+    assert triton.get_server_metadata()["extensions"] == [
+        *grpc_client.get_server_metadata().extensions,
+        "binary_tensor_data",
+    ]
     grpc_client.close()
 
 

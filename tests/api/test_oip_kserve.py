@@ -75,9 +75,12 @@ def test_kserve_clients_get_what_explain_gives(sidecar: RunningSidecar) -> None:
     _assert_matches(rest["infer_json"], expected)
     _assert_matches(rest["infer_binary"], expected)
     assert rest["bad_status"] == 400
+    # The server's message reaches the user (kserve reads it under application/json only).
+    assert "unknown input 'nope'" in rest["bad_message"]
     assert [p["label"] for p in rest["v1_predict"]["predictions"]] == [e.label for e in expected]
     explained = rest["v1_explain"]["explanations"]
     for got, e in zip(explained, expected, strict=True):
         assert [t["text"] for t in got["tokens"]] == [t.text for t in e.tokens]
         assert [t["score"] for t in got["tokens"]] == pytest.approx(e.scores, rel=1e-4, abs=1e-5)
     assert rest["v1_unknown_status"] == 404
+    assert "unknown model 'no-such-model'" in rest["v1_unknown_message"]

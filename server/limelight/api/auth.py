@@ -1,7 +1,9 @@
 """Optional bearer-token authentication for the Explainer and the Open Inference Protocol.
 
 Health, reflection and the OIP liveness/readiness RPCs stay open so that kubelet probes and
-grpcurl work without a token.
+grpcurl work without a token; an open OIP RPC called without an accepted token is told no more
+than whether what it names is served (``caller_trusted``: ModelReady does not name the served
+model to it).
 Tokens are compared in constant time.
 """
 
@@ -119,6 +121,20 @@ _verified_token: contextvars.ContextVar[bytes | None] = contextvars.ContextVar(
 )
 
 
+#: Whether the call being handled may be told what this server serves (the model's name): false
+#: only for a call to an open method of a guarded service (ModelReady) while auth is on, without
+#: an accepted token. Set by the interceptor in the call's own task, like ``_verified_token``.
+_trusted: contextvars.ContextVar[bool] = contextvars.ContextVar(
+    "limelight_caller_trusted", default=True
+)
+
+
+def caller_trusted() -> bool:
+    """Whether the gRPC call being handled may be told the served model's name: auth is off, or
+    its caller sent an accepted token."""
+    return _trusted.get()
+
+
 def principal(context: grpc.aio.ServicerContext) -> str:
     """Who is calling, for job ownership: the accepted bearer token's identity (a digest, never
     the token), else the client certificate's subject (mutual TLS), else "" (anonymous).
@@ -180,7 +196,11 @@ class BearerTokenInterceptor(grpc.aio.ServerInterceptor):
         if handler is None:
             # An unknown method: nothing to wrap; gRPC answers UNIMPLEMENTED.
             return handler
-        if not needs_token(method) or self._allowed(handler_call_details.invocation_metadata):
+        if not needs_token(method):
+            if method.startswith(_PROTECTED_PREFIXES):  # open (ModelReady): answered to anyone
+                _trusted.set(self._allowed(handler_call_details.invocation_metadata))
+            return handler
+        if self._allowed(handler_call_details.invocation_metadata):
             return handler
         # Bounded label values: a method with a handler is one this server serves.
         return _deny(handler, method.rpartition("/")[2] or "unknown", self._counter)

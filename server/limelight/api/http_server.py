@@ -4,13 +4,18 @@ KServe's v1 ``:predict`` / ``:explain`` routes, on one aiohttp server.
 Message conversion only: v2 tensors go through ``limelight.api.oip`` (the same path as the gRPC
 ``ModelInfer``), v1 instances through ``ExplanationService.explain_batch``; both end in
 ``ExplanationService.explain``. Errors are ``{"error": message}`` with the HTTP status of their
-kind (``limelight.api.errors``). With bearer tokens configured every inference and metadata
-route needs ``Authorization: Bearer <token>``; ``/metrics`` and the health routes stay open.
+kind (``limelight.api.errors``), ``Content-Type: application/json`` like the answers (kserve's
+REST client reads the message under exactly that type). With bearer tokens configured every
+inference and metadata route needs ``Authorization: Bearer <token>``; ``/metrics`` and the
+health and readiness routes stay open (a model readiness call without an accepted token is not
+told the served model's name). While the model loads, the readiness of the name it will be
+served under (``oip.configured_model_name``) is 503 ``{"name", "ready": false}``.
 
 Triton's binary tensor extension is supported both ways: a request whose JSON header length is
 in ``Inference-Header-Content-Length`` carries its inputs (``binary_data_size``) after the JSON;
 outputs are returned in binary when asked for (``binary_data`` per output or
-``binary_data_output`` for the request).
+``binary_data_output`` for the request). Bytes after the last binary input are refused, as is an
+input with both ``data`` and ``binary_data_size``.
 
 The web explanation viewer (``limelight.api.viewer``) adds its page and JSON routes under
 ``/viewer`` unless ``viewer_enabled`` is false.
@@ -62,6 +67,7 @@ from limelight.api.errors import INTERNAL_MESSAGE, http_status_for
 from limelight.api.http_body import close_if_unread, parse_json, read_body
 from limelight.api.log_filters import LibraryLogFilter
 from limelight.api.viewer import Viewer
+from limelight.api.viewer.routes import principal
 from limelight.core.service import ExplanationService
 from limelight.core.types import ExplainInput, Explanation, scored_tokens
 from limelight.errors import (
@@ -80,11 +86,25 @@ HEADER_LENGTH = "Inference-Header-Content-Length"
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
+def json_answer(
+    data: Any, status: int = 200, headers: Mapping[str, str] | None = None
+) -> web.Response:
+    """``data`` as JSON, ``Content-Type: application/json`` exactly (no charset parameter: JSON
+    is UTF-8), answers and errors alike: kserve's REST client reads an error's ``{"error"}``
+    only under exactly that type."""
+    return web.Response(
+        body=json.dumps(data).encode(),
+        status=status,
+        headers=headers,
+        content_type="application/json",
+    )
+
+
 def _error(status: int, message: str, headers: Mapping[str, str] | None = None) -> web.Response:
     headers = dict(headers or {})
     if status == 401:
         headers["WWW-Authenticate"] = "Bearer"
-    return web.json_response({"error": message}, status=status, headers=headers)
+    return json_answer({"error": message}, status=status, headers=headers)
 
 
 class MalformedRequests(LibraryLogFilter):
@@ -254,8 +274,18 @@ def _json_input(item: Any, binary: memoryview, offset: int) -> tuple[oip.Tensor,
     parameters = item.get("parameters") or {}
     size = parameters.get("binary_data_size") if isinstance(parameters, Mapping) else None
     if size is not None:
-        if not isinstance(size, int) or size < 0 or offset + size > len(binary):
-            raise InvalidArgument(f"input {name!r}: binary_data_size is out of range")
+        if "data" in item:
+            raise InvalidArgument(
+                f"input {name!r} has both 'data' and the parameter binary_data_size: give its "
+                "data one way, in the JSON or after it, not both"
+            )
+        if isinstance(size, bool) or not isinstance(size, int) or size < 0:
+            raise InvalidArgument(f"input {name!r}: binary_data_size must be a byte count")
+        if offset + size > len(binary):
+            raise InvalidArgument(
+                f"input {name!r}: binary_data_size is out of range ({size} bytes from byte "
+                f"{offset} of {len(binary)} bytes of binary data after the JSON)"
+            )
         raw = bytes(binary[offset : offset + size])
         return oip.tensor_from_raw(name, datatype, shape, raw), offset + size
     if "data" not in item:
@@ -298,6 +328,11 @@ def infer_request(
     for item in inputs:
         tensor, offset = _json_input(item, view, offset)
         tensors.append(tensor)
+    if offset != len(binary):
+        raise InvalidArgument(
+            f"unexpected additional input data for model {model_name!r}: {len(binary) - offset} "
+            "bytes after the last input's binary_data_size"
+        )
     requested = body.get("outputs")
     names: list[str] | None = None
     binary_outputs: dict[str, bool] = {}  # an output's own binary_data, where it says
@@ -309,6 +344,8 @@ def infer_request(
         names = [o["name"] for o in requested]
         if not all(isinstance(o.get("parameters") or {}, Mapping) for o in requested):
             raise InvalidArgument("an output's 'parameters' must be an object")
+        for o in requested:
+            oip.check_output_parameters(o["name"], o.get("parameters") or {})
         binary_outputs = {
             o["name"]: choice
             for o in requested
@@ -480,6 +517,9 @@ class HttpServer:
         self.port = 0
         # Where the port is bound (``start`` says): which Host headers it serves.
         self._bind_host = settings.host
+        # The name the model will be served under (worked out on first need).
+        self._expected_name: str | None = None
+        self._expected_known = False
 
     def ready_service(self) -> ExplanationService:
         service = self._service()
@@ -582,18 +622,18 @@ class HttpServer:
         return response
 
     async def live(self, request: web.Request) -> web.StreamResponse:
-        return web.json_response({"live": True})
+        return json_answer({"live": True})
 
     async def ready(self, request: web.Request) -> web.StreamResponse:
         ready = self._ready()
-        return web.json_response({"ready": ready}, status=200 if ready else 503)
+        return json_answer({"ready": ready}, status=200 if ready else 503)
 
     async def server_metadata(self, request: web.Request) -> web.StreamResponse:
-        return web.json_response(
+        return json_answer(
             {
                 "name": oip.SERVER_NAME,
                 "version": self._version,
-                "extensions": oip.SERVER_EXTENSIONS,
+                "extensions": oip.HTTP_SERVER_EXTENSIONS,
             }
         )
 
@@ -603,15 +643,43 @@ class HttpServer:
         oip.check_model(info, request.match_info["name"], request.match_info.get("version", ""))
         return service
 
-    async def model_ready(self, request: web.Request) -> web.StreamResponse:
-        self._model(request)
+    def _configured_name(self) -> str | None:
+        """The name the model will be served under, known before it loads."""
+        if not self._expected_known:
+            self._expected_name = oip.configured_model_name(self.settings)
+            self._expected_known = True
+        return self._expected_name
+
+    def _model_readiness(self, request: web.Request) -> web.StreamResponse:
+        """``{"name", "ready"}``: 200 when ready, else 503 (the model still loading, under the
+        name it will be served under; not ready to serve). The route is open to anyone (kubelet
+        probes): while auth is on, a caller without an accepted token is not told the served
+        model's name in a 404."""
+        name = request.match_info["name"]
+        reveal = not self._tokens or bearer_allowed(
+            self._tokens, request.headers.get("Authorization")
+        )
+        service = self._service()
+        expected = self._configured_name() if service is None else None
+        if service is None and expected is not None:  # loading
+            if name != expected:
+                raise oip.unknown_model(name, expected if reveal else None)
+            return json_answer({"name": name, "ready": False}, status=503)
+        info = self.ready_service().model_info()
+        oip.check_model(info, name, request.match_info.get("version", ""), reveal)
         ready = self._ready()
-        body = {"name": request.match_info["name"], "ready": ready}
-        return web.json_response(body, status=200 if ready else 503)
+        return json_answer({"name": name, "ready": ready}, status=200 if ready else 503)
+
+    async def model_ready(self, request: web.Request) -> web.StreamResponse:
+        return self._model_readiness(request)
 
     async def model_metadata(self, request: web.Request) -> web.StreamResponse:
         info = self._model(request).model_info()
-        return web.json_response(metadata_json(oip.model_metadata(info)))
+        return json_answer(metadata_json(oip.model_metadata(info)))
+
+    def _caller(self, request: web.Request) -> str:
+        """Who is calling, for its share of the inline backlog: as for gRPC and job ownership."""
+        return principal(request, bool(self._tokens))
 
     async def infer(self, request: web.Request) -> web.StreamResponse:
         service = self._model(request)  # a wrong model is named before a bad body
@@ -619,29 +687,26 @@ class HttpServer:
         parsed, binary_outputs, binary_default = infer_request(
             request.match_info["name"], request.match_info.get("version", ""), body, binary
         )
-        response = await oip.infer(service, parsed, None)
+        response = await oip.infer(service, parsed, None, self._caller(request))
         return infer_response(response, binary_outputs, binary_default)
 
     async def v1_models(self, request: web.Request) -> web.StreamResponse:
-        return web.json_response({"models": [self.ready_service().model_info().name]})
+        return json_answer({"models": [self.ready_service().model_info().name]})
 
     async def v1_model(self, request: web.Request) -> web.StreamResponse:
-        self._model(request)
-        ready = self._ready()
-        body = {"name": request.match_info["name"], "ready": ready}
-        return web.json_response(body, status=200 if ready else 503)
+        return self._model_readiness(request)
 
     async def v1_predict(self, request: web.Request) -> web.StreamResponse:
         service = self._model(request)
         body, _ = await self._json(request)
-        results = await service.explain_batch(v1_inputs(body))
-        return web.json_response({"predictions": [v1_prediction(e) for e in results]})
+        results = await service.explain_batch(v1_inputs(body), self._caller(request))
+        return json_answer({"predictions": [v1_prediction(e) for e in results]})
 
     async def v1_explain(self, request: web.Request) -> web.StreamResponse:
         service = self._model(request)
         body, _ = await self._json(request)
-        results = await service.explain_batch(v1_inputs(body))
-        return web.json_response({"explanations": [v1_explanation(e) for e in results]})
+        results = await service.explain_batch(v1_inputs(body), self._caller(request))
+        return json_answer({"explanations": [v1_explanation(e) for e in results]})
 
     @web.middleware
     async def _hosts(self, request: web.Request, handler: Handler) -> web.StreamResponse:
@@ -696,7 +761,9 @@ class HttpServer:
                 web.get("/metrics", self.metrics_page),
                 web.get("/v2/health/live", r("v2.ServerLive", self.live, protected=False)),
                 web.get("/v2/health/ready", r("v2.ServerReady", self.ready, protected=False)),
+                # The REST spec's path is /v2/ (its table says v2): both are served.
                 web.get("/v2", r("v2.ServerMetadata", self.server_metadata)),
+                web.get("/v2/", r("v2.ServerMetadata", self.server_metadata)),
                 web.get(model, r("v2.ModelMetadata", self.model_metadata)),
                 web.get(version, r("v2.ModelMetadata", self.model_metadata)),
                 web.get(f"{model}/ready", r("v2.ModelReady", self.model_ready, protected=False)),

@@ -24,7 +24,10 @@ Outputs (``T`` is the longest token count in the batch; shorter rows are padded)
   ``windows`` INT64 ``[N]``: how many windows explained it whole (``truncation=window``; else 0).
 
 Request parameters: ``method`` (an inline method; default the server's), ``target`` (a class
-label) or ``target_index`` (a class index); neither: the predicted class.
+label) or ``target_index`` (a class index); neither: the predicted class. A requested output may
+carry ``binary_data`` (Triton's binary tensor extension) and no other parameter: Triton's
+classification extension (``classification``, tritonclient's ``class_count``) and shared memory
+are refused, not ignored. An output requested twice is refused.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from __future__ import annotations
 import struct
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -46,13 +50,19 @@ from limelight.core.types import (
     TargetSpec,
     TokenColumns,
 )
-from limelight.errors import InvalidArgument, NotFound
+from limelight.errors import InvalidArgument, LimelightError, NotFound
+from limelight.settings import Settings
 
 PLATFORM = "limelight"
 SERVER_NAME = "limelight"
 #: Extensions of the protocol both ports serve: model metadata with ``properties``, and the
 #: explanation outputs.
 SERVER_EXTENSIONS = ["model_metadata_properties", "explanations"]
+#: The HTTP port's: also Triton's binary tensor extension (gRPC has ``raw_*_contents`` instead).
+HTTP_SERVER_EXTENSIONS = [*SERVER_EXTENSIONS, "binary_tensor_data"]
+#: The parameters a requested output may carry: ``binary_data`` (Triton's binary tensor
+#: extension; the gRPC port always answers in ``raw_output_contents``).
+OUTPUT_PARAMETERS = frozenset({"binary_data"})
 INPUT_TEXT = "text"
 INPUT_TEXT_PAIR = "text_pair"
 PARAM_METHOD = "method"
@@ -167,13 +177,62 @@ def tensor_to_raw(tensor: Tensor) -> bytes:
 # --- requests ---------------------------------------------------------------------------------
 
 
-def check_model(info: ModelInfo, name: str, version: str = "") -> None:
+def configured_model_name(settings: Settings) -> str | None:
+    """The name the model of ``settings`` will be served under, known before it loads (what
+    ``load_served_model`` names it): ``model_name``; else the model directory's name (a
+    Hugging Face model id's last part); else the demo model's cache directory's name. None
+    where it cannot be worked out."""
+    if settings.model_name:
+        return settings.model_name
+    try:
+        if settings.model_dir is not None:
+            from limelight.models.sources import parse_hub_id
+
+            path = Path(settings.model_dir).expanduser()
+            if path.exists():
+                return path.resolve().name or None
+            parsed = parse_hub_id(str(settings.model_dir))
+            return (parsed[0].rsplit("/", 1)[-1] if parsed else path.name) or None
+        from limelight.demo.recipes import demo_model_dir
+
+        return demo_model_dir(settings.demo_model, settings.cache_dir).name
+    except (OSError, ValueError, LimelightError):
+        return None
+
+
+def unknown_model(name: str, served: str | None) -> NotFound:
+    """``name`` is not served; ``served`` (the name that is) only to a caller who may know it."""
+    if served is None:
+        return NotFound(f"unknown model {name!r}")
+    return NotFound(f"unknown model {name!r}; this server serves {served!r}")
+
+
+def check_model(info: ModelInfo, name: str, version: str = "", reveal: bool = True) -> None:
+    """NotFound unless ``name`` (and ``version``, if given) is the served model. ``reveal``:
+    the answer may name the served model and version (auth is off, or the caller sent an
+    accepted token); false on the routes open to anyone while auth is on."""
     if name != info.name:
-        raise NotFound(f"unknown model {name!r}; this server serves {info.name!r}")
+        raise unknown_model(name, info.name if reveal else None)
     if version and version != info.version:
-        raise NotFound(
-            f"unknown version {version!r} of model {name!r}; the served version is {info.version!r}"
-        )
+        served = f"; the served version is {info.version!r}" if reveal else ""
+        raise NotFound(f"unknown version {version!r} of model {name!r}{served}")
+
+
+def check_output_parameters(output: str, parameters: Mapping[str, Any]) -> None:
+    """InvalidArgument for a requested output's parameter this server does not honour (rather
+    than answering as if it had not been given)."""
+    for key in parameters:
+        if key not in OUTPUT_PARAMETERS:
+            why = (
+                " (Triton's classification extension, tritonclient's class_count, is not "
+                "served: ask for the output whole)"
+                if key == "classification"
+                else ""
+            )
+            raise InvalidArgument(
+                f"output {output!r}: parameter {key!r} is not supported{why}; an output takes "
+                f"only {', '.join(sorted(OUTPUT_PARAMETERS))}"
+            )
 
 
 def _texts(tensor: Tensor) -> list[str]:
@@ -246,9 +305,13 @@ def explain_inputs(request: InferRequest, deadline: float | None) -> list[Explai
                 f"{INPUT_TEXT_PAIR!r} has {len(pairs)} elements but {INPUT_TEXT!r} has {len(texts)}"
             )
     method, target = method_and_target(request.parameters)
+    asked: set[str] = set()
     for name in request.outputs or ():
         if name not in OUTPUTS:
             raise InvalidArgument(f"unknown output {name!r}; the outputs are {', '.join(OUTPUTS)}")
+        if name in asked:
+            raise InvalidArgument(f"output {name!r} is requested twice")
+        asked.add(name)
     return [
         ExplainInput(
             text=text,
@@ -263,12 +326,16 @@ def explain_inputs(request: InferRequest, deadline: float | None) -> list[Explai
 
 
 async def infer(
-    service: ExplanationService, request: InferRequest, deadline: float | None
+    service: ExplanationService,
+    request: InferRequest,
+    deadline: float | None,
+    caller: str | None = None,
 ) -> InferResponse:
-    """Validate, explain every text through the core service (micro-batched), build outputs."""
+    """Validate, explain every text through the core service (micro-batched, within
+    ``caller``'s share of the backlog), build outputs."""
     info = service.model_info()
     check_model(info, request.model_name, request.model_version)
-    explanations = await service.explain_batch(explain_inputs(request, deadline))
+    explanations = await service.explain_batch(explain_inputs(request, deadline), caller)
     return InferResponse(
         model_name=info.name,
         model_version=info.version,

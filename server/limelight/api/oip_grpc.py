@@ -13,6 +13,7 @@ import grpc
 import numpy as np
 
 from limelight.api import oip
+from limelight.api.auth import caller_trusted, principal
 from limelight.api.servicer import ExplainerServicer, check_request, request_deadline, safe_parser
 from limelight.errors import InvalidArgument
 from limelight_client.proto import open_inference_grpc_pb2 as pb
@@ -48,6 +49,12 @@ _CONTENT_FIELDS = {
 def _input_tensor(message: Any, raw: bytes | None) -> oip.Tensor:
     shape = list(message.shape)
     if raw is not None:
+        # The spec: with raw_input_contents, no input's contents may be specified.
+        if message.HasField("contents") and message.contents.ListFields():
+            raise InvalidArgument(
+                f"input {message.name!r} has typed contents while the request has "
+                "raw_input_contents: give the inputs' data one way, not both"
+            )
         return oip.tensor_from_raw(message.name, message.datatype, shape, raw)
     field = _CONTENT_FIELDS.get(message.datatype)
     if field is None:
@@ -72,6 +79,8 @@ def infer_request(message: Any) -> oip.InferRequest:
         raise InvalidArgument(
             f"raw_input_contents has {len(raw)} entries for {len(message.inputs)} inputs"
         )
+    for output in message.outputs:
+        oip.check_output_parameters(output.name, _parameters(output.parameters))
     return oip.InferRequest(
         model_name=message.model_name,
         model_version=message.model_version,
@@ -108,11 +117,18 @@ def metadata_response(meta: oip.ModelMetadata) -> pb.ModelMetadataResponse:
 
 
 class InferenceServicer:
-    """The six OIP v2 RPCs, sharing the Explainer servicer's service, guard and metrics."""
+    """The six OIP v2 RPCs, sharing the Explainer servicer's service, guard and metrics.
 
-    def __init__(self, explainer: ExplainerServicer, version: str) -> None:
+    ``model_name``: the name the model will be served under (``oip.configured_model_name``),
+    known before it loads: ModelReady for it answers ready=false while the model loads (any
+    other name is NOT_FOUND). None: ModelReady is UNAVAILABLE while the model loads."""
+
+    def __init__(
+        self, explainer: ExplainerServicer, version: str, model_name: str | None = None
+    ) -> None:
         self._explainer = explainer
         self._version = version
+        self._model_name = model_name
 
     def _ready(self) -> bool:
         service = self._explainer.service
@@ -133,8 +149,15 @@ class InferenceServicer:
     async def ModelReady(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
         async def call() -> pb.ModelReadyResponse:
             check_request(request)
+            # Open to anyone (kubelet probes): names the served model only to a trusted caller.
+            reveal = caller_trusted()
+            service = self._explainer.service
+            if service is None and self._model_name is not None:  # loading
+                if request.name != self._model_name:
+                    raise oip.unknown_model(request.name, self._model_name if reveal else None)
+                return pb.ModelReadyResponse(ready=False)
             service = self._explainer.ready_service()
-            oip.check_model(service.model_info(), request.name, request.version)
+            oip.check_model(service.model_info(), request.name, request.version, reveal)
             return pb.ModelReadyResponse(ready=self._ready())
 
         return await self._explainer._guard("ModelReady", context, call)
@@ -162,7 +185,9 @@ class InferenceServicer:
             service = self._explainer.ready_service()
             # a wrong model is named before the inputs' faults
             oip.check_model(service.model_info(), request.model_name, request.model_version)
-            response = await oip.infer(service, infer_request(request), request_deadline(context))
+            response = await oip.infer(
+                service, infer_request(request), request_deadline(context), principal(context)
+            )
             return infer_response(response)
 
         return await self._explainer._guard("ModelInfer", context, call)

@@ -35,7 +35,7 @@ from grpc_health.v1._async import HealthServicer
 from grpc_reflection.v1alpha import reflection
 
 from limelight import __version__, tracing
-from limelight.api import oip_grpc
+from limelight.api import oip, oip_grpc
 from limelight.api.auth import BearerTokenInterceptor, TokenStore
 from limelight.api.http_server import HttpServer
 from limelight.api.log_filters import LibraryLogFilter
@@ -164,7 +164,11 @@ class SidecarServer:
         self._servicer = ExplainerServicer(
             self.metrics, workers=settings.workers, max_response_bytes=settings.max_response_bytes
         )
-        self._inference = oip_grpc.InferenceServicer(self._servicer, __version__)
+        self._inference = oip_grpc.InferenceServicer(
+            self._servicer,
+            __version__,
+            model.name if model is not None else oip.configured_model_name(settings),
+        )
         self._stopping: asyncio.Event | None = None
         #: Stopped while the model loaded: the load's thread may still be in native code.
         self.load_abandoned = False
