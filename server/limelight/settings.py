@@ -272,6 +272,7 @@ class Settings(BaseSettings):
     fill ``max_pending`` for everyone (a caller: the bearer token's identity or the client
     certificate's subject; without auth every caller is one and the same). Past it a call is
     refused RESOURCE_EXHAUSTED (a batch as a whole) and a stream's next input waits for room.
+    Counted in each process, like ``max_pending`` (with ``workers`` above 1, per worker).
     None: no limit per caller."""
     max_batch_request_items: PositiveInt = 256
     """Most inputs one ``ExplainBatch`` call (or one Open Inference Protocol / KServe request)
