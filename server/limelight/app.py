@@ -49,10 +49,18 @@ def resolve_model_dir(settings: Settings, progress: bool = True, serving: bool =
 def load_served_model(
     settings: Settings, progress: bool = True, serving: bool = False
 ) -> LoadedModel:
-    if settings.torch_threads > 0:
-        import torch
+    import torch
 
-        torch.set_num_threads(settings.torch_threads)
+    from limelight.cpus import inference_threads
+
+    default = torch.get_num_threads()
+    threads = inference_threads(settings, default)
+    if threads != default:
+        if settings.torch_threads == 0:
+            log.info(
+                "inference threads: %d (the CPUs this process may use), not %d", threads, default
+            )
+        torch.set_num_threads(threads)
     directory = resolve_model_dir(settings, progress, serving)
     cache = settings.cache_dir.expanduser()
     # Marked in use before it is read: a prune between the two would take it from under us.

@@ -119,7 +119,9 @@ class Settings(BaseSettings):
     device: str = "cpu"
     """Torch device: ``cpu``, ``cuda``, ``cuda:1`` or ``auto`` (CUDA when available)."""
     torch_threads: NonNegativeInt = 0
-    """Intra-op threads for torch; 0 keeps torch's default."""
+    """Intra-op threads for torch and ONNX Runtime. 0: their default (the machine's physical
+    cores), lowered to the CPUs this process may use — its CPU affinity and its cgroup CPU limit
+    (a container's ``resources.limits.cpu``), shared among ``workers``."""
     runtime: Literal["torch", "onnx"] = "torch"
     """Runtime of the inline path. Jobs always use torch on the same weights."""
     onnx_path: Path | None = None

@@ -212,7 +212,13 @@ class OnnxRuntime(Runtime):
     @classmethod
     def for_model(cls, model: LoadedModel, settings: Settings) -> OnnxRuntime:
         graph = choose_graph(model, settings)
-        runtime = cls(graph, model, choose_providers(settings.device), settings.torch_threads)
+        import torch
+
+        from limelight.cpus import inference_threads
+
+        # torch's count, as load_served_model set it: the same share of the CPUs
+        threads = inference_threads(settings, torch.get_num_threads())
+        runtime = cls(graph, model, choose_providers(settings.device), threads)
         if settings.onnx_path is not None and not read_description(graph):
             # Without a description, whether it carries the heads is said once the runtime has
             # checked the graph against the model: a graph refused there is not "served".
