@@ -15,6 +15,7 @@ import yaml
 from prometheus_client import CollectorRegistry
 
 from limelight.metrics import Metrics
+from limelight_client._lanes import LANE_MAX_AGE_S
 
 REPO = Path(__file__).resolve().parents[2]
 K8S = REPO / "k8s"
@@ -104,6 +105,72 @@ def pod_templates(objects: Iterable[dict[str, Any]]) -> Iterator[tuple[str, dict
     for o in objects:
         if o["kind"] in {"Deployment", "StatefulSet", "DaemonSet", "Job"}:
             yield f"{o['kind']}/{o['metadata']['name']}", o["spec"]["template"]["spec"]
+
+
+def drain_timing_problems(
+    pre_stop_s: float, termination_grace_s: float, grace_period_s: float, connection_age_s: float
+) -> list[str]:
+    """What is wrong with a pod's shutdown timing (docs/deploy.md, "Probes and shutdown").
+
+    The preStop sleep must outlast the endpoints' update and every client connection's age
+    (plus gRPC's 10 % jitter, a second for the endpoints, and the SDK's streamed single calls,
+    kept for up to ``LANE_MAX_AGE_S`` on the connection they were opened on), so that by SIGTERM
+    no client is left on the pod; the drain (``LIMELIGHT_GRACE_PERIOD_S``) must then fit in what
+    is left of ``terminationGracePeriodSeconds``."""
+    problems = []
+    if connection_age_s <= 0:
+        problems.append("LIMELIGHT_MAX_CONNECTION_AGE_S is off: clients stay on a draining pod")
+    if 1.1 * connection_age_s + 1 + LANE_MAX_AGE_S > pre_stop_s:
+        problems.append(
+            f"preStop sleep {pre_stop_s} s < 1.1 x connection age {connection_age_s} s + 1 s"
+            f" + {LANE_MAX_AGE_S} s (streamed single calls)"
+        )
+    if termination_grace_s <= pre_stop_s + grace_period_s:
+        problems.append(
+            f"terminationGracePeriodSeconds {termination_grace_s} <= preStop sleep {pre_stop_s}"
+            f" + LIMELIGHT_GRACE_PERIOD_S {grace_period_s}"
+        )
+    return problems
+
+
+def selects(selector: dict[str, Any], labels: dict[str, str]) -> bool:
+    """Whether a label selector (a Service's plain map, or a LabelSelector with ``matchLabels``
+    and ``matchExpressions``) selects an object with ``labels``."""
+    if "matchLabels" not in selector and "matchExpressions" not in selector:
+        selector = {"matchLabels": selector}
+    if not all(labels.get(k) == v for k, v in selector.get("matchLabels", {}).items()):
+        return False
+    for expression in selector.get("matchExpressions", []):
+        key, operator = expression["key"], expression["operator"]
+        values = expression.get("values", [])
+        ok = {
+            "In": key in labels and labels[key] in values,
+            "NotIn": key not in labels or labels[key] not in values,
+            "Exists": key in labels,
+            "DoesNotExist": key not in labels,
+        }[operator]
+        if not ok:
+            return False
+    return True
+
+
+def pod_selectors(objects: Iterable[dict[str, Any]]) -> Iterator[tuple[str, dict[str, Any]]]:
+    """(where, selector) of every selector that picks pods by their labels: Services,
+    PodDisruptionBudgets, NetworkPolicies (the pods they protect), workloads and their topology
+    spread constraints. Not a NetworkPolicy's ``from`` peers: those admit, they do not select."""
+    for o in objects:
+        where = f"{o['kind']}/{o['metadata']['name']}"
+        spec = o.get("spec", {})
+        if o["kind"] in {"Service", "PodDisruptionBudget"} and spec.get("selector"):
+            yield where, spec["selector"]
+        elif o["kind"] == "NetworkPolicy":
+            yield where, spec["podSelector"]
+        elif o["kind"] in {"Deployment", "StatefulSet", "DaemonSet"}:
+            yield where, spec["selector"]
+            for i, constraint in enumerate(
+                spec["template"]["spec"].get("topologySpreadConstraints", [])
+            ):
+                yield f"{where} topologySpreadConstraints[{i}]", constraint["labelSelector"]
 
 
 def dashboard(objects: Iterable[dict[str, Any]]) -> dict[str, Any]:

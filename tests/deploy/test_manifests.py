@@ -19,7 +19,6 @@ import yaml
 
 from limelight.api.server import LIVENESS_SERVICE
 from limelight.settings import Settings, unknown_variables
-from limelight_client._lanes import LANE_MAX_AGE_S
 from tests.deploy.crd_schemas import CRD_SCHEMAS
 from tests.deploy.deploy_support import (
     KUBERNETES_VERSION,
@@ -28,6 +27,7 @@ from tests.deploy.deploy_support import (
     REPO,
     dashboard,
     dashboard_exprs,
+    drain_timing_problems,
     exported_metric_families,
     exported_metric_names,
     find,
@@ -37,6 +37,7 @@ from tests.deploy.deploy_support import (
     render,
     rule_exprs,
     rule_groups,
+    selects,
 )
 
 HERE = Path(__file__).resolve().parent
@@ -227,10 +228,14 @@ def test_sidecar_uses_native_grpc_probes_and_drains_within_grace(
     # Probes use the plaintext health-only port: kubelet's gRPC probes cannot speak TLS.
     health = int(config["LIMELIGHT_HEALTH_PORT"])
     assert health != port
-    for probe in ("startupProbe", "readinessProbe"):
-        assert sidecar[probe]["grpc"] == {"port": health}, probe
-    # Liveness asks for the service that stays SERVING while the pod is only out of rotation.
-    assert sidecar["livenessProbe"]["grpc"] == {"port": health, "service": LIVENESS_SERVICE}
+    # Readiness asks for overall health: NOT_SERVING while loading, while the default method
+    # cannot be served, and while draining.
+    assert sidecar["readinessProbe"]["grpc"] == {"port": health}
+    # Start-up and liveness ask for the service that stays SERVING while the pod is only out of
+    # rotation: asking for "" would restart, after the start-up budget, a pod whose default
+    # method cannot be served yet (no head beside the model), which a restart cannot mend.
+    for probe in ("startupProbe", "livenessProbe"):
+        assert sidecar[probe]["grpc"] == {"port": health, "service": LIVENESS_SERVICE}, probe
     # Start-up must tolerate a slow model load; liveness may not kill a warming pod.
     startup = sidecar["startupProbe"]
     assert startup["periodSeconds"] * startup["failureThreshold"] >= 300
@@ -242,19 +247,25 @@ def test_sidecar_uses_native_grpc_probes_and_drains_within_grace(
     }
     assert config["LIMELIGHT_HOST"] == "0.0.0.0"
     spec = find(objects, "Deployment", "limelight")["spec"]["template"]["spec"]
-    pre_stop = sidecar["lifecycle"]["preStop"]["sleep"]["seconds"]
-    assert spec["terminationGracePeriodSeconds"] > pre_stop + float(
-        config["LIMELIGHT_GRACE_PERIOD_S"]
-    )
     # Connections age out, so the Service spreads clients over new and remaining pods, and every
     # connection to a terminating pod is renewed (elsewhere) during its preStop sleep, before the
-    # drain refuses work: the age plus gRPC's 10 % jitter, and a second for the endpoints.
-    age = float(config["LIMELIGHT_MAX_CONNECTION_AGE_S"])
-    assert age > 0
-    assert 1.1 * age + 1 <= pre_stop
-    # The SDK's streamed single calls (single_calls="stream") keep a stream for up to
-    # LANE_MAX_AGE_S on the connection it was opened on, past that connection's GOAWAY.
-    assert 1.1 * age + 1 + LANE_MAX_AGE_S <= pre_stop
+    # drain refuses work; the drain then fits in the rest of the grace period.
+    assert (
+        drain_timing_problems(
+            pre_stop_s=sidecar["lifecycle"]["preStop"]["sleep"]["seconds"],
+            termination_grace_s=spec["terminationGracePeriodSeconds"],
+            grace_period_s=float(config["LIMELIGHT_GRACE_PERIOD_S"]),
+            connection_age_s=float(config["LIMELIGHT_MAX_CONNECTION_AGE_S"]),
+        )
+        == []
+    )
+
+
+def test_drain_timing_check_can_fail() -> None:
+    assert drain_timing_problems(15, 40, 20, 10) == []
+    assert len(drain_timing_problems(15, 40, 20, 30)) == 1  # the age outlasts the sleep
+    assert len(drain_timing_problems(15, 30, 20, 10)) == 1  # the drain outlasts the grace
+    assert len(drain_timing_problems(15, 40, 20, 0)) == 1  # connections never age out
 
 
 def test_service_network_policy_and_pdb_select_the_pod(
@@ -293,6 +304,87 @@ def test_service_network_policy_and_pdb_select_the_pod(
         for k, v in monitor["selector"]["matchLabels"].items()
     )
     assert monitor["endpoints"][0]["port"] == "metrics"
+
+
+def test_the_classifier_port_has_a_service_the_network_policy_admits(
+    overlay: tuple[str, list[dict[str, Any]]],
+) -> None:
+    """The classifier keeps serving its clients from inside the Limelight pod: a Service of its
+    own selects the pod on the classifier container's port, the NetworkPolicy admits Limelight's
+    clients to that port, and the ServiceMonitor does not scrape it as Limelight."""
+    _, objects = overlay
+    deployment = find(objects, "Deployment", "limelight")
+    pod_labels = deployment["spec"]["template"]["metadata"]["labels"]
+    classifier = _container(objects, "limelight", "classifier")
+    classifier_ports = {p["name"]: p["containerPort"] for p in classifier["ports"]}
+    service = find(objects, "Service", "classifier")
+    assert selects(service["spec"]["selector"], pod_labels)
+    targets = {p["targetPort"] for p in service["spec"]["ports"]}
+    assert targets and targets <= set(classifier_ports)
+    assert {p["port"] for p in service["spec"]["ports"]} == {classifier_ports[t] for t in targets}
+    # Not through Limelight's own Service (its ports are the sidecar's).
+    limelight = find(objects, "Service", "limelight")
+    assert not {p["targetPort"] for p in limelight["spec"]["ports"]} & set(classifier_ports)
+    policy = find(objects, "NetworkPolicy", "limelight")["spec"]
+    assert selects(policy["podSelector"], pod_labels)
+    (client_rule,) = [
+        r for r in policy["ingress"] if {"port": "grpc", "protocol": "TCP"} in r["ports"]
+    ]
+    for target in targets:
+        assert {"port": target, "protocol": "TCP"} in client_rule["ports"], target
+    monitor = find(objects, "ServiceMonitor", "limelight")["spec"]["selector"]
+    assert not selects(monitor, service["metadata"]["labels"])
+
+
+def test_autoscaled_deployments_leave_the_replica_count_to_the_autoscaler(
+    overlay: tuple[str, list[dict[str, Any]]],
+) -> None:
+    """A Deployment that KEDA's HPA scales states no `replicas`: each `kubectl apply` would set
+    it again, resizing the pool behind the autoscaler's back."""
+    _, objects = overlay
+    targets = [
+        o["spec"]["scaleTargetRef"]["name"]
+        for o in objects
+        if o["kind"] in {"ScaledObject", "HorizontalPodAutoscaler"}
+    ]
+    for name in targets:
+        assert "replicas" not in find(objects, "Deployment", name)["spec"], name
+
+
+def _redis_bytes(value: str) -> int:
+    """Redis's memory units: k/m/g are powers of 1000, kb/mb/gb of 1024."""
+    units = {"": 1, "k": 10**3, "kb": 2**10, "m": 10**6, "mb": 2**20, "g": 10**9, "gb": 2**30}
+    match = re.fullmatch(r"(\d+)([kmg]b?)?", value.lower())
+    assert match, value
+    return int(match.group(1)) * units[match.group(2) or ""]
+
+
+def _kubernetes_bytes(quantity: str) -> int:
+    units = {"": 1, "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "k": 10**3, "M": 10**6, "G": 10**9}
+    match = re.fullmatch(r"(\d+)(Ki|Mi|Gi|k|M|G)?", quantity)
+    assert match, quantity
+    return int(match.group(1)) * units[match.group(2) or ""]
+
+
+def test_redis_refuses_writes_before_it_reaches_its_memory_limit(
+    rendered: dict[str, list[dict[str, Any]]],
+) -> None:
+    """With noeviction and a maxmemory, a full Redis answers writes with OOM, which Limelight
+    turns into RESOURCE_EXHAUSTED for new jobs and keeps every queued one. Without a maxmemory
+    (0: unlimited) it grows until the kubelet kills it at the container's limit; at the limit,
+    the append-only file's rewrite (a fork whose pages are copied as Redis writes) would not
+    fit."""
+    redis = _container(rendered["redis-workers"], "limelight-redis", "redis")
+    args = redis["args"]
+    options = {args[i]: args[i + 1] for i in range(0, len(args), 2)}
+    assert all(key.startswith("--") for key in options), args
+    assert options["--maxmemory-policy"] == "noeviction"
+    assert options["--appendonly"] == "yes"
+    maxmemory = _redis_bytes(options["--maxmemory"])
+    limit = _kubernetes_bytes(redis["resources"]["limits"]["memory"])
+    assert 0.5 * limit <= maxmemory <= 0.8 * limit, (maxmemory, limit)
+    assert _redis_bytes("384mb") == 384 * 2**20 and _redis_bytes("1g") == 10**9
+    assert _kubernetes_bytes("512Mi") == 512 * 2**20
 
 
 def redis_policy_selector(objects: list[dict[str, Any]]) -> dict[str, Any]:
