@@ -561,8 +561,15 @@ def _rgb_css(c: tuple[int, int, int]) -> str:
     return f"rgb({c[0]},{c[1]},{c[2]})"
 
 
+#: The bidirectional embeddings, overrides and isolates: one in a text would reorder every token
+#: after it on the page (an override lasts to the end of its paragraph), as on a terminal.
+_BIDI = {c: "\ufffd" for c in [*range(0x202A, 0x202F), *range(0x2066, 0x206A)]}
+
+
 def _esc(text: str) -> str:
-    return html.escape(text, quote=True)
+    """``text`` for the page: escaped, and each bidirectional control as U+FFFD (as
+    ``terminal_safe`` shows them), so that the heat-map reads in the text's order."""
+    return html.escape(text.translate(_BIDI), quote=True)
 
 
 def _html_map(exp: Explanation, name: str, values: list[float], title: str | None = None) -> str:

@@ -45,14 +45,29 @@ CHARMING = "an utterly charming story"
 #: ({method, path, body}); the first rule of ``window.__faults`` that matches a request (by
 #: method and a regular expression on its path under api/) answers it instead of the sidecar:
 #: "network" (no answer), "lost" (the sidecar gets it, its answer is lost), "no-class-scores"
-#: (the sidecar's answer without class_scores: another class needs a request), or an HTTP
-#: status. A rule's ``left`` counts the requests it still answers (-1: all).
+#: (the sidecar's answer without class_scores: another class needs a request), "unfinished"
+#: (the sidecar's list of jobs with each job still running), or an HTTP status. A rule's
+#: ``left`` counts the requests it still answers (-1: all). A rule with ``hold`` keeps its
+#: answer (the sidecar's, or with "network" none) until ``release``: an answer that arrives
+#: late, after the page has moved on.
 FAULTS = """
 (() => {
   if (window.__faults) return;
   const real = window.fetch.bind(window);
   window.__faults = [];
   window.__requests = [];
+  window.__held = [];
+  // The answer is read before it is held, and handed over without a read of its own: the page
+  // has it within the task that lets it go (release), so what it does with it is done there.
+  const held = async (rule, input, init) => {
+    const response = rule.action === "network" ? null : await real(input, init);
+    const text = response ? await response.text() : "";
+    await new Promise((resolve) => window.__held.push(resolve));
+    if (!response) throw new TypeError("Failed to fetch");
+    const answer = new Response(text, { status: response.status, headers: response.headers });
+    answer.json = async () => JSON.parse(text);
+    return answer;
+  };
   window.fetch = async (input, init = {}) => {
     const url = new URL(typeof input === "string" ? input : input.url, location.href);
     const method = (init.method || "GET").toUpperCase();
@@ -62,6 +77,7 @@ FAULTS = """
       (!r.method || r.method === method) && new RegExp(r.path).test(path));
     if (!rule) return real(input, init);
     if (rule.left > 0) rule.left -= 1;
+    if (rule.hold) return held(rule, input, init);
     if (rule.action === "network") throw new TypeError("Failed to fetch");
     if (rule.action === "lost") {
       await real(input, init);
@@ -72,6 +88,12 @@ FAULTS = """
       const response = await real(input, init);
       const body = await response.json();
       if (body) body.class_scores = null;
+      return new Response(JSON.stringify(body), { status: response.status, headers: json });
+    }
+    if (rule.action === "unfinished") {
+      const response = await real(input, init);
+      const body = await response.json();
+      for (const job of body.jobs || []) Object.assign(job, { state: "running", terminal: false });
       return new Response(JSON.stringify(body), { status: response.status, headers: json });
     }
     return new Response(JSON.stringify({ error: rule.error || `HTTP ${rule.action}` }),
@@ -91,6 +113,18 @@ def faults(driver: Any, *rules: dict[str, Any]) -> None:
         driver,
         FAULTS + "window.__faults.splice(0, window.__faults.length, ...arguments[0]);",
         rules,
+    )
+
+
+def held(driver: Any) -> int:
+    """How many answers a ``hold`` rule keeps (a request counts once its answer is there)."""
+    return int(js(driver, "return (window.__held || []).length"))
+
+
+def release(driver: Any) -> None:
+    """Hand the held answers over; the page is done with them when this returns."""
+    driver.execute_async_script(
+        "window.__held.splice(0).forEach((go) => go()); setTimeout(arguments[0], 0);"
     )
 
 
@@ -380,6 +414,75 @@ def test_a_compare_card_stops_when_its_job_is_gone(
     assert not card.find_element(By.XPATH, ".//button[text()='Cancel']").is_displayed()
 
 
+def job_state(driver: Any, job_id: str) -> str:
+    """The state the Jobs table shows for a job ('' while it has no row)."""
+    script = (
+        "const row = document.querySelector(`#jobs-table tr[data-job-id='${arguments[0]}']`);"
+        "return row ? row.cells[2].textContent : ''"
+    )
+    return str(js(driver, script, job_id))
+
+
+LIST = r"^jobs\?"  # GET jobs?limit=...: the Jobs table's list
+
+
+@needs_browser
+def test_the_jobs_table_goes_on_refreshing_through_a_sidecar_restart(
+    browser: Any, viewer_sidecar: RunningSidecar
+) -> None:
+    """A refresh that gets no answer (or a 5xx) while a job shown is unfinished is tried again
+    with backoff, a note saying so instead of the error banner; the table shows the job's end
+    once the sidecar answers again, and the note is gone."""
+    url = f"{base(viewer_sidecar)}/viewer/api/jobs"
+    status, job, _ = call(url, {"method": "random", "text": TEXT})
+    assert status == 201, job
+    assert wait_job(f"{url}/{job['id']}")["state"] == "succeeded"
+    driver = browser
+    open_viewer(driver, viewer_sidecar)
+    # The job shown as running (it ends while the sidecar is away).
+    faults(driver, {"method": "GET", "path": LIST, "action": "unfinished"})
+    go_to(driver, "jobs")
+    wait(driver, lambda d: job_state(d, job["id"]) == "running")
+    faults(driver, {"method": "GET", "path": LIST, "action": "network"})
+    wait(driver, lambda d: shown(d, "jobs-note") or shown(d, "error"))
+    assert not shown(driver, "error"), text_of(driver, "error")
+    assert "unreachable" in text_of(driver, "jobs-note")
+    assert "retrying" in text_of(driver, "jobs-note")
+    faults(driver, {"method": "GET", "path": LIST, "action": 502})
+    wait(driver, lambda d: "HTTP 502" in text_of(d, "jobs-note") or shown(d, "error"))
+    assert not shown(driver, "error") and "retrying" in text_of(driver, "jobs-note")
+    faults(driver)  # back
+    wait(driver, lambda d: job_state(d, job["id"]) == "succeeded")
+    assert not shown(driver, "jobs-note") and not shown(driver, "error")
+
+
+@needs_browser
+def test_the_drift_view_goes_on_refreshing_through_a_sidecar_restart(
+    browser: Any, viewer_sidecar: RunningSidecar
+) -> None:
+    """Its automatic refresh that gets no answer is tried again with backoff, a note saying so
+    instead of the error banner, and shows the report again once the sidecar answers."""
+    from selenium.webdriver.common.by import By
+
+    driver = browser
+    open_viewer(driver, viewer_sidecar, "#/drift")
+    wait(driver, lambda d: d.find_elements(By.CSS_SELECTOR, "#drift-chart svg"))
+    summary = text_of(driver, "drift-summary")
+    faults(driver, {"method": "GET", "path": "^drift", "action": "network"})
+    wait(driver, lambda d: shown(d, "drift-note") or shown(d, "error"))  # the 10 s refresh
+    assert not shown(driver, "error"), text_of(driver, "error")
+    assert "retrying" in text_of(driver, "drift-note")
+    tried = len(requests(driver, "GET", "^drift"))
+    wait(driver, lambda d: len(requests(d, "GET", "^drift")) > tried)  # and again
+    # Meanwhile the sidecar explains a text: the report shown next counts it.
+    status, _, _ = call(f"{base(viewer_sidecar)}/viewer/api/explain", {"text": TEXT})
+    assert status == 200
+    faults(driver)  # back
+    wait(driver, lambda d: not shown(d, "drift-note"))
+    assert not shown(driver, "error")
+    wait(driver, lambda d: text_of(d, "drift-summary") != summary)
+
+
 # --- history and addresses -----------------------------------------------------------------------
 
 
@@ -456,6 +559,31 @@ def test_another_class_explains_the_text_shown_not_a_draft(
     wait(driver, lambda d: "class positive" in heatmap_label(d))
     assert explained(driver) == TEXT
     assert driver.find_element(By.ID, "text").get_attribute("value") == draft
+
+
+@needs_browser
+def test_an_explain_overtaken_by_back_leaves_no_error_when_it_fails_late(
+    browser: Any, viewer_sidecar: RunningSidecar
+) -> None:
+    """Back while an explain is on its way shows the text before; the overtaken request's
+    failure, arriving after, puts no error over it."""
+    from selenium.webdriver.common.by import By
+
+    driver = browser
+    open_viewer(driver, viewer_sidecar)
+    explain_in_page(driver, TEXT)
+    explain_in_page(driver, DULL)
+    faults(driver, {"method": "POST", "path": "^explain$", "action": "network", "hold": True})
+    js(driver, "document.getElementById('text').value = arguments[0]", CHARMING)
+    driver.find_element(By.ID, "explain-button").click()
+    wait(driver, lambda d: held(d) == 1)
+    faults(driver)  # the explain Back asks for is answered
+    driver.back()
+    wait(driver, lambda d: explained(d) == TEXT and heatmap(d))
+    release(driver)  # the overtaken explain fails now
+    assert not shown(driver, "error"), text_of(driver, "error")
+    assert explained(driver) == TEXT and "gorgeous" in "".join(words(driver))
+    assert not js(driver, "return document.getElementById('explain-button').disabled")
 
 
 def heatmap_label(driver: Any) -> str:
@@ -558,6 +686,77 @@ def test_the_jobs_list_has_more_pages(browser: Any, viewer_sidecar: RunningSidec
     assert rows(driver) == ids[::-1]  # newest first, none twice
     assert not more.is_displayed()
     no_console_errors(driver)
+
+
+def open_button(driver: Any, job_id: str) -> Any:
+    from selenium.webdriver.common.by import By
+
+    return driver.find_element(By.CSS_SELECTOR, f"button[aria-label='Open job {job_id}']")
+
+
+def detail_of(driver: Any) -> str:
+    """The id of the job the detail panel shows ('' for none)."""
+    script = (
+        "const d = document.getElementById('job-detail'); return d.hidden ? '' : d.dataset.jobId"
+    )
+    return str(js(driver, script) or "")
+
+
+def two_jobs(driver: Any, sidecar: RunningSidecar) -> tuple[str, str]:
+    """Two finished jobs, listed on the Jobs page."""
+    url = f"{base(sidecar)}/viewer/api/jobs"
+    ids = []
+    for text in (DULL, CHARMING):
+        status, job, _ = call(url, {"method": "random", "text": text})
+        assert status == 201, job
+        ids.append(job["id"])
+    for job_id in ids:
+        assert wait_job(f"{url}/{job_id}")["state"] == "succeeded"
+    open_viewer(driver, sidecar, "#/jobs")
+    wait(driver, lambda d: all(job_state(d, job_id) for job_id in ids))
+    return ids[0], ids[1]
+
+
+def hold_job(driver: Any, job_id: str) -> None:
+    """Open the job, its answer held (see ``release``)."""
+    faults(driver, {"method": "GET", "path": f"^jobs/{job_id}$", "hold": True, "left": 1})
+    open_button(driver, job_id).click()
+    wait(driver, lambda d: held(d) == 1)
+
+
+@needs_browser
+def test_the_job_opened_last_is_the_one_shown(browser: Any, viewer_sidecar: RunningSidecar) -> None:
+    """A job whose answer arrives after another job was opened is not shown, and writes no
+    history entry: Back from the job opened last closes it."""
+    driver = browser
+    first, second = two_jobs(driver, viewer_sidecar)
+    hold_job(driver, first)
+    open_button(driver, second).click()
+    wait(driver, lambda d: detail_of(d) == second)
+    release(driver)  # the first job's answer, late
+    assert detail_of(driver) == second and f"job={second}" in driver.current_url
+    driver.back()
+    wait(driver, lambda d: not shown(d, "job-detail"))
+    assert "job=" not in driver.current_url and shown(driver, "view-jobs")
+    assert not shown(driver, "error")
+
+
+@needs_browser
+def test_a_job_closed_while_it_opens_stays_closed(
+    browser: Any, viewer_sidecar: RunningSidecar
+) -> None:
+    """Back while a job opened is on its way closes it: its answer, arriving after, is not
+    shown and writes no history entry."""
+    driver = browser
+    first, second = two_jobs(driver, viewer_sidecar)
+    open_button(driver, second).click()
+    wait(driver, lambda d: detail_of(d) == second)
+    hold_job(driver, first)
+    driver.back()
+    wait(driver, lambda d: not shown(d, "job-detail"))
+    release(driver)  # the first job's answer, late
+    assert not shown(driver, "job-detail") and "job=" not in driver.current_url
+    assert not shown(driver, "error")
 
 
 # --- what the page draws ------------------------------------------------------------------------
@@ -681,3 +880,37 @@ def test_a_rejected_explain_clears_the_heatmap(
     assert not driver.find_elements(By.CSS_SELECTOR, "#heatmap .tok")
     assert not shown(driver, "explain-result")
     assert explained(driver) == ""
+
+
+BIDI = "a\u202egood film is bad"
+CONTROLS = re.compile("[\u202a-\u202e\u2066-\u2069]")
+
+
+@needs_browser
+def test_a_bidirectional_override_leaves_the_heatmap_in_the_texts_order(
+    browser: Any, viewer_sidecar: RunningSidecar
+) -> None:
+    """U+202E (right-to-left override) would draw every token after it backwards: the map
+    shows it as U+FFFD (as the CLI and the SDK do), and its tokens left to right; so do the
+    exports."""
+    from selenium.webdriver.common.by import By
+
+    driver = browser
+    open_viewer(driver, viewer_sidecar)
+    js(driver, "document.getElementById('text').value = arguments[0]", BIDI)
+    driver.find_element(By.ID, "explain-button").click()
+    wait(driver, lambda d: explained(d) == BIDI and heatmap(d))
+    for level in ("tokens", "words"):
+        driver.find_element(By.CSS_SELECTOR, f"input[name=level][value={level}]").click()
+        assert ("words" in heatmap_label(driver)) == (level == "words")
+        lefts = js(
+            driver,
+            "return [...document.querySelectorAll('#heatmap .tok')]"
+            ".map(s => s.getBoundingClientRect().left)",
+        )
+        assert lefts == sorted(lefts) and len(set(lefts)) == len(lefts), (level, lefts)
+        assert not CONTROLS.search(text_of(driver, "heatmap")), level
+        assert "\ufffd" in text_of(driver, "heatmap") + "".join(words(driver))
+        for export in ("heatmapHtml", "heatmapSvg"):
+            page = js(driver, f"return window.limelightViewer.{export}()")
+            assert not CONTROLS.search(page), (level, export)

@@ -576,6 +576,24 @@ def test_by_words_merges_pieces_sums_every_array_and_keeps_punctuation_apart() -
     assert [w.text for w in exp.words()] == ["(unbelievably)", "good,", "don't"]
 
 
+def test_html_shows_bidirectional_controls_as_the_terminal_does() -> None:
+    """An override or isolate in the text (between tokens or inside one) would reorder every
+    token after it on the page: the map, its tooltips and the top table show U+FFFD instead,
+    as ``terminal_safe`` does, and the text keeps its order."""
+    text = "a\u202egood film is b\u2066ad"
+    spans = [("a", 0, 1), ("good", 2, 6), ("film", 7, 11), ("is", 12, 14), ("bad", 15, 19)]
+    tokens = [pb.Token(text=t, id=1000 + i, start=s, end=e) for i, (t, s, e) in enumerate(spans)]
+    exp = explained(tokens, [0.5, -1.0, 0.25, 0.1, 2.0], text)
+    controls = re.compile("[\u202a-\u202e\u2066-\u2069]")
+    for page in (exp.to_html(), exp.to_html(fragment=True)):
+        assert not controls.search(page)
+        block = re.search(r'<p class="text">(.*?)</p>', page, re.S)
+        assert block is not None
+        shown = html.unescape(re.sub(r"<[^>]+>", "", block.group(1)))
+        assert shown == "a\ufffdgood film is b\ufffdad"
+        assert page.count(">b\ufffdad</span>") == 2  # in the map and in the top table
+
+
 def test_terminal_safe_leaves_no_control_a_terminal_would_act_on() -> None:
     from limelight_client.render import terminal_safe
 

@@ -24,8 +24,10 @@ const state = {
   runs: [], // compare-methods runs: {job, parts}
   timers: {},
   openJob: null,
+  openSeq: 0, // the latest job opened (or closed): an older answer arriving late is dropped
   jobWatch: null, // the open job's poller (a token: replaced to stop it)
   jobs: { rows: [], next: "", pages: 0 }, // the Jobs table: the rows, the next page's token
+  retry: {}, // per view (jobs, drift): the wait before the next try after a failed refresh
   starting: null, // the model's load (and the address applied after it) while it runs
   shown: null, // the address of what the page shows (canonical): events for it are no change
   pending: new Map(), // user-level actions to run again, whole, once a token is entered
@@ -124,6 +126,31 @@ function retryNote(ms) {
   return `retrying in ${+(ms / 1000).toFixed(1)} s`;
 }
 
+/** A view's note on its automatic refresh ("" clears it): a failed refresh that is tried
+ * again says so there, not in the error banner, and the next refresh that succeeds clears it. */
+function refreshNote(view, message) {
+  const note = $(`${view}-note`);
+  note.textContent = message;
+  note.hidden = !message;
+}
+
+/** After a refresh of `view` (jobs, drift) that failed with a retryable error: the wait
+ * before the next try, doubling from a second up to RETRY_MAX_MS, and the note saying so. */
+function retryLater(view, error) {
+  const delay = Math.min((state.retry[view] || POLL_MS) * 2, RETRY_MAX_MS);
+  state.retry[view] = delay;
+  const why = error instanceof NetworkError ? "the sidecar is unreachable" : error.message;
+  refreshNote(view, `Not refreshed (${why}): ${retryNote(delay)}.`);
+  return delay;
+}
+
+/** A refresh of `view` that succeeded (or failed for good): the backoff and the note are
+ * over. */
+function retryOver(view) {
+  delete state.retry[view];
+  refreshNote(view, "");
+}
+
 async function api(path, options = {}) {
   const headers = { Accept: "application/json" };
   const token = sessionStorage.getItem(TOKEN_KEY);
@@ -214,6 +241,16 @@ function sourceOf(explanation, segment) {
   return segment === 1 && explanation.text_pair ? explanation.text_pair : explanation.text;
 }
 
+/** The bidirectional embeddings, overrides and isolates (U+202A–U+202E, U+2066–U+2069). */
+const BIDI_CONTROLS = /[\u202A-\u202E\u2066-\u2069]/g;
+
+/** A text as a heat-map shows it: each bidirectional control as U+FFFD, as the CLI and the
+ * SDK show them. One left in would reorder every token after it (an override lasts to the
+ * end of the paragraph), so the map would no longer read in the text's order. */
+function displayText(text) {
+  return text.replace(BIDI_CONTROLS, "\uFFFD");
+}
+
 const codePointCache = new Map();
 
 /** text[start:end] as Python slices it: the server's offsets count code points, where a
@@ -234,7 +271,7 @@ function units(explanation, scores, level) {
   if (level === "words") {
     for (const word of explanation.words) {
       const score = word.tokens.reduce((sum, i) => sum + (scores[i] || 0), 0);
-      out.push({ text: word.text, score, segment: word.segment, start: word.start,
+      out.push({ text: displayText(word.text), score, segment: word.segment, start: word.start,
         end: word.end, indices: word.tokens, kind: "word",
         missing: word.tokens.filter((i) => !Number.isFinite(scores[i])).length });
     }
@@ -246,13 +283,14 @@ function units(explanation, scores, level) {
         // Pieces of one character (an uncased BERT cuts a Hangul syllable into its letters,
         // each with the syllable's span): one unit, their scores summed, not the syllable thrice.
         last.score += scores[i] || 0;
-        last.piece += ` ${token.text}`;
+        last.piece += ` ${displayText(token.text)}`;
         last.indices.push(i);
         if (!Number.isFinite(scores[i])) last.missing += 1;
         return;
       }
       const source = sourceOf(explanation, token.segment);
-      out.push({ text: sliceChars(source, token.start, token.end) || token.text, piece: token.text,
+      out.push({ text: displayText(sliceChars(source, token.start, token.end) || token.text),
+        piece: displayText(token.text),
         score: scores[i] || 0, segment: token.segment, start: token.start, end: token.end,
         indices: [i], kind: "piece", missing: Number.isFinite(scores[i]) ? 0 : 1 });
     });
@@ -260,7 +298,8 @@ function units(explanation, scores, level) {
   let previous = null;
   for (const unit of out) {
     if (previous && previous.segment === unit.segment) {
-      unit.gap = sliceChars(sourceOf(explanation, unit.segment), previous.end, unit.start);
+      unit.gap = displayText(sliceChars(sourceOf(explanation, unit.segment), previous.end,
+        unit.start));
     } else {
       unit.gap = "";
     }
@@ -531,7 +570,9 @@ async function explainNow(request, history) {
   try {
     result = await api("explain", { method: "POST", body: request.body });
   } catch (error) {
-    if (seq === state.explainSeq) dropExplanation();
+    // Overtaken by a later request: its failure is no error of what the page shows now.
+    if (seq !== state.explainSeq) return null;
+    dropExplanation();
     throw error;
   } finally {
     if (seq === state.explainSeq) $("explain-button").disabled = false;
@@ -1058,21 +1099,41 @@ async function listJobs({ more = false, pages = 1 } = {}) {
   let token = more ? state.jobs.next : "";
   let read = more ? state.jobs.pages : 0;
   const want = more ? read + 1 : Math.max(1, pages);
-  do {
-    const page = token ? `&page_token=${encodeURIComponent(token)}` : "";
-    const data = await api(`jobs?limit=${JOBS_PAGE}${page}`);
-    rows.push(...data.jobs);
-    token = data.next_page_token || "";
-    read += 1;
-  } while (read < want && token);
+  try {
+    do {
+      const page = token ? `&page_token=${encodeURIComponent(token)}` : "";
+      const data = await api(`jobs?limit=${JOBS_PAGE}${page}`);
+      rows.push(...data.jobs);
+      token = data.next_page_token || "";
+      read += 1;
+    } while (read < want && token);
+  } catch (error) {
+    // A sidecar restarting or a network blip: while the table has unfinished jobs (or shows
+    // nothing yet), the refresh goes on with backoff, saying so above the table (a view left
+    // meanwhile is listed again when it is opened).
+    if (more) throw error;
+    const watched = !state.jobs.pages || state.jobs.rows.some((j) => !j.terminal);
+    if (!retryable(error) || !watched) {
+      retryOver("jobs");
+      throw error;
+    }
+    if (state.view === "jobs") scheduleJobs(retryLater("jobs", error));
+    return;
+  }
   state.jobs = { rows, next: token, pages: read };
+  retryOver("jobs");
   renderJobs();
   const active = rows.some((j) => !j.terminal);
   clearTimeout(state.timers.jobs);
-  if (active && state.view === "jobs") {
-    state.timers.jobs = setTimeout(() =>
-      perform("jobs", () => listJobs({ pages: state.jobs.pages })), 2000);
-  }
+  if (active) scheduleJobs(2000);
+}
+
+/** The Jobs table's next automatic refresh, `delay` ms from now, while the view is open. */
+function scheduleJobs(delay) {
+  clearTimeout(state.timers.jobs);
+  if (state.view !== "jobs") return;
+  state.timers.jobs = setTimeout(() =>
+    perform("jobs", () => listJobs({ pages: state.jobs.pages })), delay);
 }
 
 function loadJobs() {
@@ -1120,7 +1181,17 @@ function openJob(id) {
 }
 
 async function showJob(id, history) {
-  const job = await api(`jobs/${encodeURIComponent(id)}`);
+  const seq = ++state.openSeq;
+  let job;
+  try {
+    job = await api(`jobs/${encodeURIComponent(id)}`);
+  } catch (error) {
+    if (seq !== state.openSeq) return null; // overtaken: not an error of what is shown
+    throw error;
+  }
+  // Another job opened since (or this one closed): the last one asked for is shown, and its
+  // history entry is the last.
+  if (seq !== state.openSeq) return null;
   state.openJob = id;
   if (history !== "none") updateHash(history);
   renderJob(job);
@@ -1132,6 +1203,7 @@ async function showJob(id, history) {
 }
 
 function closeJob() {
+  state.openSeq += 1; // a job still being fetched is not shown
   state.openJob = null;
   state.jobWatch = null;
   $("job-detail").hidden = true;
@@ -1383,7 +1455,20 @@ function notCompared(report, d) {
 const bits = (x) => (x != null ? x.toFixed(2) : "–");
 
 async function showDrift() {
-  const report = await api("drift?top_k=8");
+  let report;
+  try {
+    report = await api("drift?top_k=8");
+  } catch (error) {
+    // A sidecar restarting or a network blip: the refresh goes on with backoff, saying so
+    // (a view left meanwhile loads again when it is opened).
+    if (!retryable(error)) {
+      retryOver("drift");
+      throw error;
+    }
+    if (state.view === "drift") scheduleDrift(retryLater("drift", error));
+    return;
+  }
+  retryOver("drift");
   const alerting = report.labels.filter((d) => d.alert).map((d) => d.label);
   // An empty window (reference still building, or a label no recent answer was predicted as)
   // has nothing to compare: "–", not a divergence of 0 that reads as healthy.
@@ -1406,8 +1491,13 @@ async function showDrift() {
       d.alert ? el("span", { class: "alert-text", text: "— above the threshold" }) : ""),
     shiftChart(d))));
   $("drift-mix").replaceChildren(mixChart(report));
+  scheduleDrift(10000);
+}
+
+/** The Drift view's next automatic refresh, `delay` ms from now, while the view is open. */
+function scheduleDrift(delay) {
   clearTimeout(state.timers.drift);
-  if (state.view === "drift") state.timers.drift = setTimeout(loadDrift, 10000);
+  if (state.view === "drift") state.timers.drift = setTimeout(loadDrift, delay);
 }
 
 // --- Model ------------------------------------------------------------------------------------
@@ -1507,6 +1597,7 @@ function go(view) {
   document.title = `Limelight viewer: ${state.view}`;
   clearTimeout(state.timers.jobs);
   clearTimeout(state.timers.drift);
+  for (const name of ["jobs", "drift"]) retryOver(name); // a view opened again starts afresh
   // Until the model is loaded these would only be refused: they load with it.
   if (state.view === "jobs" && state.model) loadJobs();
   if (state.view === "drift" && state.model) loadDrift();
