@@ -43,8 +43,12 @@ ARCHITECTURES: dict[str, dict[str, Any]] = {
     "roberta": dict(pad_token_id=1),
     "deberta-v2": dict(relative_attention=True, position_buckets=8, pos_att_type=["p2c", "c2p"]),
     "gpt2": dict(n_embd=32, n_layer=2, n_head=2, n_positions=64, pad_token_id=0),
+    # As stock GPT-2: no pad_token_id in its config (its classifier refuses padded batches).
+    "gpt2-nopad": dict(n_embd=32, n_layer=2, n_head=2, n_positions=64),
     "llama": dict(num_key_value_heads=2, pad_token_id=0),
 }
+#: Table entries that are variants of a family: name -> model_type.
+VARIANTS = {"gpt2-nopad": "gpt2"}
 # Cheap parameters so the whole table runs in seconds.
 CHEAP: dict[str, dict[str, Any]] = {
     "integrated_gradients": {"steps": 4},
@@ -58,12 +62,14 @@ METHODS = MethodRegistry.load()
 def models(tmp_path_factory: pytest.TempPathFactory, tokenizer_dir: Path) -> dict[str, LoadedModel]:
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
     out: dict[str, LoadedModel] = {}
-    for model_type, extra in ARCHITECTURES.items():
+    for name, extra in ARCHITECTURES.items():
+        model_type = VARIANTS.get(name, name)
         torch.manual_seed(0)
         config = AutoConfig.for_model(model_type, **{**SMALL, **extra})
         if model_type == "gpt2":
             config.bos_token_id = config.eos_token_id = 102
-        directory = tmp_path_factory.mktemp(model_type)
+        assert name != "gpt2-nopad" or config.pad_token_id is None
+        directory = tmp_path_factory.mktemp(name)
         AutoModelForSequenceClassification.from_config(config).save_pretrained(
             directory, safe_serialization=True
         )
@@ -73,7 +79,7 @@ def models(tmp_path_factory: pytest.TempPathFactory, tokenizer_dir: Path) -> dic
             main(["lexicon", "--model", str(directory), "--batch-size", "4096", "--no-progress"])
             == 0
         )
-        out[model_type] = load_model(directory)
+        out[name] = load_model(directory)
     return out
 
 
@@ -131,4 +137,5 @@ def test_unavailable_cells_are_refused_by_the_service(models: dict[str, LoadedMo
         if METHODS.get(name).unavailable_reason(model)
     }
     assert ("lrp", "gpt2") in refused and ("decoded_gradcam", "bert") in refused
+    assert ("lrp", "gpt2-nopad") in refused
     assert not {arch for name, arch in refused if name == "lexicon_lookup"}  # a table for each

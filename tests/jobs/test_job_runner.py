@@ -150,3 +150,33 @@ def test_a_result_with_scores_that_are_not_finite_fails_the_job_saying_why() -> 
         _check_finite("slalom", attribution(linearized=np.array([1.0, np.inf, 0.0])))
     with pytest.raises(InvalidArgument, match=r"not finite numbers \(scores\)"):
         _check_finite("slalom", attribution(scores=np.array([np.nan, 0.0, 0.0])))
+
+
+def test_throughput_and_batched_methods_need_no_pad_token_id(
+    tokenizer_dir: Path, tmp_path: Path
+) -> None:
+    """GPT-2 declares no pad_token_id, and here its pad token ([SEP]) ends every text, so none
+    can be declared at load: the throughput probe (8 rows, at submit) and the methods that run
+    padded batches go through the base and the head, as the inline path does."""
+    from limelight.models.loaded import load_model
+    from tests.models.tiny_families import save_tiny
+
+    directory = save_tiny(
+        tmp_path / "gpt2", tokenizer_dir, "gpt2", tokenizer_values={"pad_token": "[SEP]"}
+    )
+    model = load_model(directory)
+    assert model.config.pad_token_id is None
+    settings = Settings(cache_dir=tmp_path / "cache")
+    runner = JobRunner(model, MethodRegistry.load(settings), settings)
+    assert runner.tokens_per_second() > 0
+    cheap: dict[str, dict[str, Any]] = {
+        "shapley": {"permutations": 2},
+        "slalom": {"num_samples": 24, "epochs": 3, "batch_size": 8},
+        "greedy_deletion": {},
+        "greedy_insertion": {},
+    }
+    for method, params in cheap.items():
+        spec = JobSpec(method=method, text="the acting was awful", params=params)
+        runner.validate(spec)
+        expl = runner.run(spec)
+        assert np.isfinite(expl.attribution.scores).all(), method

@@ -6,6 +6,7 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Callable
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -15,12 +16,13 @@ from limelight.core.types import Encoded
 from limelight.methods.base import JobContext, JobMethod, MethodRegistry
 from limelight.methods.search import (
     Coalitions,
+    batched_logits,
     class_values,
     greedy_deletion,
     greedy_insertion,
     shapley_values,
 )
-from limelight.models.loaded import LoadedModel
+from limelight.models.loaded import LoadedModel, load_model
 
 TEXT = "a dull and silly film"
 
@@ -296,3 +298,49 @@ def test_parameters_a_search_cannot_honour_are_refused_before_it_runs() -> None:
     with pytest.raises(InvalidArgument, match="riemann_trapezoid needs steps >= 2"):
         gradients.validate_params({"rule": "riemann_trapezoid", "steps": 1})
     assert gradients.validate_params({"rule": "riemann_middle", "steps": 1})["steps"] == 1
+
+
+@pytest.fixture(scope="module")
+def gpt2_pad_ends_texts(
+    tmp_path_factory: pytest.TempPathFactory, tokenizer_dir: Path
+) -> tuple[Path, LoadedModel]:
+    """GPT-2 with no pad_token_id whose pad token ([SEP]) ends every text: the classifier's
+    own forward refuses batches of several rows, and no pad id can be declared for it."""
+    from tests.models.tiny_families import save_tiny
+
+    directory = save_tiny(
+        tmp_path_factory.mktemp("gpt2-sep-pad"),
+        tokenizer_dir,
+        "gpt2",
+        tokenizer_values={"pad_token": "[SEP]"},
+    )
+    model = load_model(directory)
+    assert model.config.pad_token_id is None
+    return directory, model
+
+
+def test_batched_logits_need_no_pad_token_id(gpt2_pad_ends_texts: tuple[Path, LoadedModel]) -> None:
+    """Rows of different lengths in one padded batch, and an empty row (read as the pad token
+    alone), give the logits transformers gives each row run alone."""
+    from tests.models.tiny_families import stock_logits
+
+    directory, model = gpt2_pad_ends_texts
+    rows = [model.encode(t).input_ids for t in ("a witty and gorgeous film", "dull", TEXT)]
+    got = batched_logits(model, [*rows, []], batch_size=8)
+    expected = stock_logits(directory, [*rows, [model.pad_id]])
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("search", ["shapley", "greedy_deletion", "greedy_insertion"])
+def test_searches_run_on_a_classifier_without_a_pad_token_id(
+    gpt2_pad_ends_texts: tuple[Path, LoadedModel], search: str
+) -> None:
+    _, model = gpt2_pad_ends_texts
+    encoded = model.encode(TEXT)
+    if search == "shapley":
+        scores = shapley_values(model, encoded, 0, permutations=2, replace="delete")
+    else:
+        run = greedy_insertion if search == "greedy_insertion" else greedy_deletion
+        scores = run(model, encoded, 0, replace="delete")
+    assert scores.shape == (len(encoded),) and np.isfinite(scores).all()
+    assert np.abs(scores).sum() > 0

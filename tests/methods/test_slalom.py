@@ -224,6 +224,17 @@ class PlainAdapter(HeadAdapter):
     def head(self, hidden: torch.Tensor) -> torch.Tensor:  # not used by SLALOM
         raise NotImplementedError
 
+    def logits(
+        self,
+        input_ids: torch.Tensor | None,
+        attention_mask: torch.Tensor,
+        token_type_ids: torch.Tensor | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """The black box's logits are its own output (it has no base and head to split)."""
+        kwargs = self.base_inputs(input_ids, attention_mask, token_type_ids, inputs_embeds)
+        return self.model(**kwargs).logits  # type: ignore[no-any-return]
+
 
 @pytest.fixture
 def slalom_model(tmp_path: Path) -> tuple[LoadedModel, dict[str, float], dict[str, float]]:

@@ -241,8 +241,7 @@ def _sequence_logits(
     out = []
     for start in range(0, len(items), batch_size):
         ids, mask, types = _tensors(model, items[start : start + batch_size])
-        kwargs = model.adapter.base_inputs(ids, mask, types)
-        out.append(model.model(**kwargs).logits.float().cpu().numpy())
+        out.append(model.adapter.logits(ids, mask, types).float().cpu().numpy())
     return np.concatenate(out, axis=0) if out else np.zeros((0, model.num_labels), np.float32)
 
 
@@ -592,13 +591,12 @@ def _loop(run: _Stage2) -> None:
             + mask_vector * ((1 - top) * keep.float())[..., None]
         )
         both = torch.cat([deleted, kept_only])
-        kwargs: dict[str, Any] = {
-            "inputs_embeds": both,
-            "attention_mask": torch.cat([attn, attn]),
-        }
-        if types is not None:
-            kwargs["token_type_ids"] = torch.cat([types, types])
-        logits = classifier(**kwargs).logits.float()
+        logits = model.adapter.logits(
+            None,
+            torch.cat([attn, attn]),
+            None if types is None else torch.cat([types, types]),
+            inputs_embeds=both,
+        ).float()
         p = _class_probability(model, logits, torch.cat([target, target]))
         faithfulness = p[: len(chosen)].mean() - p[len(chosen) :].mean()
         anchor = amortisation_loss(scores, y, keep, target, negates_other_class(model))
@@ -663,7 +661,10 @@ def perturbation_curve(
             kwargs = _cut(model, drop, ids, attn, types)
         else:
             raise ValueError(f"unknown replacement {replace!r}")
-        total += _class_probability(model, model.model(**kwargs).logits.float(), target)
+        logits = model.adapter.logits(
+            kwargs["input_ids"], kwargs["attention_mask"], kwargs.get("token_type_ids")
+        )
+        total += _class_probability(model, logits.float(), target)
     return total / points.shape[1]
 
 

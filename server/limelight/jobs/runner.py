@@ -107,10 +107,11 @@ class JobRunner:
             ids = torch.full((rows, length), 1, dtype=torch.long, device=self.model.device)
             mask = torch.ones_like(ids)
             with torch.inference_mode():
-                kwargs = self.model.adapter.base_inputs(ids, mask, None)
-                self.model.model(**kwargs)  # warm-up
+                # The logits as the job methods compute them (the base, then the head): the
+                # classifier's own forward refuses several rows without a pad_token_id.
+                self.model.adapter.logits(ids, mask)  # warm-up
                 started = time.perf_counter()
-                self.model.model(**kwargs)
+                self.model.adapter.logits(ids, mask)
                 elapsed = time.perf_counter() - started
             self._throughput = rows * length / max(elapsed, 1e-6)
         return self._throughput

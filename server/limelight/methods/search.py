@@ -51,11 +51,17 @@ def batched_logits(
     type_rows: Sequence[Sequence[int]] | None = None,
     batch_size: int = 64,
 ) -> torch.Tensor:
-    """[len(rows), C] logits of token-id rows of any lengths (right-padded per batch)."""
+    """[len(rows), C] the model's logits of token-id rows of any lengths (right-padded per
+    batch), as :meth:`HeadAdapter.logits` computes them.
+
+    An empty row (every token cut out of a text its tokenizer adds no special tokens to, as
+    GPT-2's adds none) is read as the pad token alone — for GPT-2 its end-of-text token, the
+    text of nothing — since a model cannot run on no token at all."""
     out = []
     device = model.device
+    pad = int(model.pad_id)
     for start in range(0, len(rows), batch_size):
-        chunk = rows[start : start + batch_size]
+        chunk = [list(r) if len(r) else [pad] for r in rows[start : start + batch_size]]
         width = max(len(r) for r in chunk)
         ids = torch.full((len(chunk), width), model.pad_id, dtype=torch.long)
         mask = torch.zeros((len(chunk), width), dtype=torch.long)
@@ -63,12 +69,14 @@ def batched_logits(
         for i, row in enumerate(chunk):
             ids[i, : len(row)] = torch.as_tensor(row)
             mask[i, : len(row)] = 1
-            if types is not None and type_rows is not None:
+            if types is not None and type_rows is not None and len(type_rows[start + i]):
                 types[i, : len(row)] = torch.as_tensor(type_rows[start + i])
-        kwargs = model.adapter.base_inputs(
+        # The inline path's logits (the base, then the head at the mask's pooled position):
+        # the classifier's own forward cannot pool a padded batch without a pad_token_id.
+        logits = model.adapter.logits(
             ids.to(device), mask.to(device), None if types is None else types.to(device)
         )
-        out.append(model.model(**kwargs).logits.float().cpu())
+        out.append(logits.float().cpu())
     return torch.cat(out)
 
 

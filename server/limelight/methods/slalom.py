@@ -552,7 +552,6 @@ class Slalom(JobMethod):
             if types_row is not None:
                 row = torch.as_tensor(types_row, dtype=torch.long, device=model.device)
                 types = row.unsqueeze(0).expand_as(input_ids)
-            kwargs = model.adapter.base_inputs(input_ids, mask, types)
-            logits = model.model(**kwargs).logits.float()
+            logits = model.adapter.logits(input_ids, mask, types).float()
             multi = bool(getattr(model, "is_multi_label", False))
             return target_output(logits, target, multi).double().cpu().numpy()

@@ -161,6 +161,28 @@ class HeadAdapter(ABC):
         """Whether to pass ``use_cache=False`` (decoders would otherwise build a KV cache)."""
         return self.pools_last_token
 
+    def logits(
+        self,
+        input_ids: torch.Tensor | None,
+        attention_mask: torch.Tensor,
+        token_type_ids: torch.Tensor | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """[B, C] the model's own logits of a right-padded batch, computed as the inline path
+        computes them: the base's final hidden states, then the head under the pooling (both
+        checked against the classifier's own logits on a padded probe at load time).
+
+        Unlike the classifier's forward, the pooled position comes from the attention mask:
+        no ``pad_token_id`` is needed in the config (transformers' last-token classifiers,
+        GPT-2's among them, refuse batches of more than one row without one), and a real
+        token that happens to equal the pad id is never mistaken for padding (nor is a pad
+        position read when the rows come as ``inputs_embeds``, which transformers' last-token
+        classifiers cannot search for pad ids)."""
+        kwargs = self.base_inputs(input_ids, attention_mask, token_type_ids, inputs_embeds)
+        out = self.base(**kwargs)
+        hidden = out.last_hidden_state if hasattr(out, "last_hidden_state") else out[0]
+        return self.pooled_logits(hidden, attention_mask)
+
     def run_base(
         self,
         input_ids: torch.Tensor | None,
@@ -843,6 +865,54 @@ def check_architecture(config: Any) -> None:
 def supported_model_types() -> list[str]:
     """Architectures not refused up front (each is still checked on a probe at load time)."""
     return [t for t in sequence_classification_types() if t not in REFUSED]
+
+
+def declare_pad_token(model: nn.Module, pad_id: int, probe_ids: Sequence[Sequence[int]]) -> bool:
+    """Set ``config.pad_token_id`` to ``pad_id`` where the config declares none (as stock
+    GPT-2's does), so that the classifier's own forward takes right-padded batches of several
+    rows: transformers' last-token classifiers refuse them without a pad id, and read each
+    row's rightmost token that is not the pad id with one. Kept only when that changes nothing
+    on the probe: the padded probe batch must give each row the logits it gets alone with no
+    pad id (where a tokenizer ends every text with the pad id, e.g. its end-of-sequence token,
+    it would not, and the config is left as it was). Limelight's own batched passes do not
+    depend on it (:meth:`HeadAdapter.logits`); it is for code that runs the classifier's own
+    forward on batches. Returns whether the pad id was declared."""
+    config: Any = getattr(model, "config", None)
+    if config is None or getattr(config, "pad_token_id", None) is not None:
+        return False
+    rows = [list(r) for r in probe_ids if len(r) > 0]
+    if len(rows) < 2:
+        return False
+    device = next(model.parameters()).device
+    extra = {"use_cache": False} if _accepts(model, "use_cache") else {}
+    width = max(len(r) for r in rows)
+    ids = torch.full((len(rows), width), int(pad_id), dtype=torch.long, device=device)
+    mask = torch.zeros_like(ids)
+    for i, r in enumerate(rows):
+        ids[i, : len(r)] = torch.tensor(r, dtype=torch.long, device=device)
+        mask[i, : len(r)] = 1
+    training = bool(model.training)
+    model.eval()
+    try:
+        with torch.no_grad():
+            alone = torch.cat(
+                [model(input_ids=torch.tensor([r], device=device), **extra).logits for r in rows]
+            ).float()
+            config.pad_token_id = int(pad_id)
+            try:
+                together = model(input_ids=ids, attention_mask=mask, **extra).logits.float()
+            except Exception:  # a family that cannot take the pad id: as it was
+                together = None
+    finally:
+        model.train(training)
+    if (
+        together is None
+        or together.shape != alone.shape
+        or float((together - alone).abs().max()) > PROBE_TOLERANCE
+    ):
+        config.pad_token_id = None
+        return False
+    return True
 
 
 def adapter_for(

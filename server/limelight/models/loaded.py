@@ -21,7 +21,12 @@ from limelight.core.prediction import MULTI_LABEL, REGRESSION, SINGLE_LABEL, Pro
 from limelight.core.types import Encoded
 from limelight.errors import InvalidArgument, ModelLoadError
 from limelight.locks import InUse
-from limelight.models.adapters import HeadAdapter, adapter_for, check_architecture
+from limelight.models.adapters import (
+    HeadAdapter,
+    adapter_for,
+    check_architecture,
+    declare_pad_token,
+)
 from limelight.models.fingerprint import fingerprint
 from limelight.models.sources import resolve_model_source
 from limelight.models.tokenize import backend, to_encoded
@@ -210,6 +215,98 @@ def probe_ids(tokenizer: PreTrainedTokenizerBase) -> list[list[int]]:
     return [list(tokenizer(text)["input_ids"]) for text in PROBE_TEXTS]
 
 
+#: The input limit of a model whose config and tokenizer declare none (relative or ALiBi
+#: positions: T5, BLOOM, with a tokenizer that sets no ``model_max_length``): the settings'
+#: default ``max_tokens``.
+DEFAULT_MAX_TOKENS = 512
+
+
+def offset_position_limit(model: torch.nn.Module) -> int | None:
+    """The most tokens a model's learned absolute positions can index where they start past
+    the padding index (RoBERTa and its kin: XLM-R, CamemBERT, Longformer, MPNet, ESM, I-BERT,
+    ...: position ids run from ``padding_idx + 1``, so a table of ``max_position_embeddings``
+    rows holds ``max_position_embeddings - padding_idx - 1`` tokens); None for other models.
+    Found generically: an embeddings module with an integer ``padding_idx`` beside its own
+    ``position_embeddings`` table, as those families build theirs."""
+    limits = []
+    for module in model.modules():
+        pad = getattr(module, "padding_idx", None)
+        table = getattr(module, "position_embeddings", None)
+        weight = getattr(table, "weight", None)
+        if (
+            isinstance(pad, int)
+            and not isinstance(pad, bool)
+            and pad >= 0
+            and isinstance(table, torch.nn.Module)
+            and isinstance(weight, torch.Tensor)
+            and weight.dim() == 2
+        ):
+            limits.append(int(weight.shape[0]) - pad - 1)
+    return min(limits) if limits else None
+
+
+def input_limit(
+    model: torch.nn.Module,
+    tokenizer: PreTrainedTokenizerBase,
+    default: int = DEFAULT_MAX_TOKENS,
+) -> int:
+    """The most tokens one input may have: the least of the tokenizer's ``model_max_length``,
+    the config's ``max_position_embeddings`` and ``n_positions`` and, for positions offset
+    past the padding index, what the position table holds (:func:`offset_position_limit`);
+    ``default`` where none of them sets a limit (relative or ALiBi positions)."""
+    config = getattr(model, "config", None)
+    limits = [
+        tokenizer.model_max_length,
+        getattr(config, "max_position_embeddings", None),
+        getattr(config, "n_positions", None),
+        offset_position_limit(model),
+    ]
+    known = [
+        int(x)
+        for x in limits
+        if isinstance(x, int) and not isinstance(x, bool) and 0 < x < 1_000_000
+    ]
+    return min(known) if known else int(default)
+
+
+def label_count_mismatch(model_dir: Path, config: Any) -> str:
+    """Why a checkpoint's classifier does not fit its config.json, when its output layer has
+    another number of outputs than the labels config.json declares (id2label or num_labels
+    lost or edited); "" when that is not it. Reads the weights' shapes only (the headers of
+    the safetensors files) against a weightless skeleton of the classifier."""
+    try:
+        from safetensors import safe_open
+
+        with torch.device("meta"):
+            skeleton = AutoModelForSequenceClassification.from_config(config)
+        prefix = str(getattr(skeleton, "base_model_prefix", "") or "")
+        declared = int(config.num_labels)
+        head = {
+            name: tuple(param.shape)
+            for name, param in skeleton.named_parameters()
+            if not (prefix and name.startswith(prefix + "."))
+            and param.dim() >= 1
+            and param.shape[0] == declared
+        }
+        for path in sorted(model_dir.glob("*.safetensors")):
+            with safe_open(str(path), framework="pt") as weights:
+                for name in weights.keys():  # noqa: SIM118  (safe_open is no mapping)
+                    if name not in head:
+                        continue
+                    shape = tuple(weights.get_slice(name).get_shape())
+                    if shape and shape[0] != declared and shape[1:] == head[name][1:]:
+                        return (
+                            f"{model_dir}: config.json declares {declared} "
+                            f"label{'s' if declared != 1 else ''} (id2label / num_labels) while "
+                            f"the classifier weights ({name}) have {shape[0]} outputs; restore "
+                            f"id2label (or num_labels) in config.json to the {shape[0]} labels "
+                            "the classifier was trained with"
+                        )
+    except Exception:  # only an explanation of a failure already being reported
+        return ""
+    return ""
+
+
 def resolve_device(spec: str) -> torch.device:
     if spec == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -219,9 +316,18 @@ def resolve_device(spec: str) -> torch.device:
     return device
 
 
-def load_model(model_dir: Path | str, device: str = "cpu", name: str | None = None) -> LoadedModel:
+def load_model(
+    model_dir: Path | str,
+    device: str = "cpu",
+    name: str | None = None,
+    default_max_tokens: int = DEFAULT_MAX_TOKENS,
+) -> LoadedModel:
     """Load a local sequence-classification directory (safetensors only, no remote code), or
-    a Hugging Face model id already in the local Hugging Face cache (never downloaded)."""
+    a Hugging Face model id already in the local Hugging Face cache (never downloaded).
+
+    ``default_max_tokens``: the model's input limit where neither its config nor its tokenizer
+    sets one (pass the settings' ``max_tokens``); the settings' limit applies below the
+    model's in any case."""
     source = resolve_model_source(model_dir)
     model_dir = source.path.resolve()
     name = name or source.name
@@ -257,13 +363,17 @@ def load_model(model_dir: Path | str, device: str = "cpu", name: str | None = No
                 output_loading_info=True,
             )
     except Exception as exc:  # transformers raises many types; one readable line for all
+        mismatch = label_count_mismatch(model_dir, config)
+        if mismatch:
+            raise ModelLoadError(mismatch) from exc
         raise ModelLoadError(
             f"{model_dir}: transformers cannot load it as a {config.model_type!r} sequence "
             f"classifier ({type(exc).__name__}: {_first_line(exc)})"
         ) from exc
     check_trained(model_dir, config, loading.get("missing_keys") or ())
     model.eval().to(torch_device)
-    adapter = adapter_for(model, probe_ids(tokenizer))
+    probe = probe_ids(tokenizer)
+    adapter = adapter_for(model, probe)
     id2label = getattr(config, "id2label", None) or {}
     labels = [str(id2label.get(i, f"LABEL_{i}")) for i in range(config.num_labels)]
     pad_id = config.pad_token_id
@@ -271,12 +381,10 @@ def load_model(model_dir: Path | str, device: str = "cpu", name: str | None = No
         pad_id = tokenizer.pad_token_id
     if pad_id is None:
         pad_id = tokenizer.eos_token_id if tokenizer.eos_token_id is not None else 0
-    limits = [
-        tokenizer.model_max_length,
-        getattr(config, "max_position_embeddings", None),
-        getattr(config, "n_positions", None),
-    ]
-    max_tokens = min(int(x) for x in limits if isinstance(x, int) and 0 < x < 1_000_000)
+    # The classifier's own forward then takes padded batches of several rows (stock GPT-2
+    # declares no pad id); kept only where it leaves the probe's logits as they were.
+    declare_pad_token(model, int(pad_id), probe)
+    max_tokens = input_limit(model, tokenizer, default_max_tokens)
     return LoadedModel(
         directory=model_dir,
         name=name or model_dir.name,
