@@ -89,6 +89,26 @@ def survey_one(model_type: str) -> Row:
     return Row(model_type, "served", detail, onnx, job_exceptions(adapter), lrp)
 
 
+#: How the input limit and padding are found (a paragraph of the page).
+INPUT_LIMITS = (
+    "**Input limits and padding.** A model's input limit is the least of its tokenizer's "
+    "`model_max_length`, its config's `max_position_embeddings` and `n_positions`, and, where "
+    "learned positions start past the padding index (RoBERTa and its kin: XLM-R, CamemBERT, "
+    "Data2Vec-text, Longformer, MPNet, ESM, I-BERT, X-MOD, whose position ids run from "
+    "`padding_idx + 1`), the rows of the position table less `padding_idx + 1`. Where none sets"
+    " one (relative or ALiBi positions, e.g. T5 or BLOOM, with a tokenizer that declares no "
+    "`model_max_length`) it is the served `max_tokens` (default 512), which caps it in every "
+    "case. A config without `pad_token_id` (stock GPT-2) is given the pad id Limelight pads "
+    "with at load, where that leaves the probe's logits unchanged (not where the tokenizer ends"
+    " every text with that id), so that the classifier's own forward takes padded batches; "
+    "Limelight's batched passes (the perturbation job methods, the throughput probe at submit, "
+    "the distillation teacher) read the logits through the derived head at each row's last "
+    "attended token, as the inline path does, and need no pad id "
+    "(`tests/conformance/test_methods_x_architectures.py` runs every method on GPT-2 without "
+    "one)."
+)
+
+
 def render(rows: list[Row], version: str) -> str:
     from limelight.models.tiny import HEAD_KIND_FAMILIES
 
@@ -129,6 +149,8 @@ def render(rows: list[Row], version: str) -> str:
         "and its distance form, on "
         + ", ".join(f"`{f}`" for f in HEAD_KIND_FAMILIES)
         + " (`tests/conformance/test_heads_x_architectures.py`).",
+        "",
+        INPUT_LIMITS,
         "",
         "| architecture | status | head and pooling, or reason | job methods | ONNX |",
         "|---|---|---|---|---|",

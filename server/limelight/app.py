@@ -68,7 +68,12 @@ def load_served_model(
         [directory] if directory.resolve().parent == (cache / "models").resolve() else []
     )
     try:
-        model = load_model(directory, device=settings.device, name=settings.model_name)
+        model = load_model(
+            directory,
+            device=settings.device,
+            name=settings.model_name,
+            default_max_tokens=settings.max_tokens,
+        )
     except BaseException:
         in_use.release()
         raise

@@ -155,7 +155,7 @@ def run_build(args: argparse.Namespace) -> int:
         from limelight.demo.build import ensure_demo_model
 
         model_dir = ensure_demo_model(settings.demo_model, settings.cache_dir)
-    model = load_model(model_dir, settings.device)
+    model = load_model(model_dir, settings.device, default_max_tokens=settings.max_tokens)
     prepare_lexicon(settings, model)  # what the server would build at start-up
     runtime = torch_serving_runtime(model, settings.cache_dir)
     method = served_inline_method(settings, runtime, MethodRegistry.load(settings))

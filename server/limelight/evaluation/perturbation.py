@@ -61,8 +61,8 @@ def probabilities(model: LoadedModel, items: Sequence[Encoded], batch_size: int 
             if batch.token_type_ids is not None
             else None
         )
-        kwargs = model.adapter.base_inputs(ids, mask, types)
-        logits = model.model(**kwargs).logits.float()
+        # as the inline path computes them: no pad token needed, none mistaken for padding
+        logits = model.adapter.logits(ids, mask, types).float()
         probs = torch.sigmoid(logits) if model.is_multi_label else torch.softmax(logits, dim=-1)
         out.append(probs.cpu().numpy())
     return np.concatenate(out, axis=0).astype(np.float32)

@@ -396,7 +396,8 @@ class Viewer:
             all_classes=True,
             method=_string(body, "method") or "",
         )
-        explanation = await self.ready_service().explain(request_input)
+        caller = principal(request, self._auth)  # its share of the inline backlog
+        explanation = await self.ready_service().explain(request_input, caller)
         return _json(explanation_json(explanation, text, pair))
 
     async def submit(self, request: web.Request) -> web.StreamResponse:
