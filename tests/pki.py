@@ -2,10 +2,17 @@
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import subprocess
 import time
+from datetime import datetime
 from pathlib import Path
+
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 #: Subjects of the client certificates ``make_pki`` issues by default (name → subject).
 CLIENTS = {"client": "/CN=client"}
@@ -63,3 +70,39 @@ def mount_secret(secret: Path, files: dict[str, Path]) -> None:
     for name in files:
         if not (secret / name).is_symlink():
             (secret / name).symlink_to(f"..data/{name}")
+
+
+def issue_server(directory: Path, name: str, not_before: datetime, not_after: datetime) -> Path:
+    """``name.pem`` and ``name.key`` in ``directory`` (made by ``make_pki``): a server
+    certificate for ``localhost`` and ``127.0.0.1`` signed by its CA, valid from ``not_before``
+    to ``not_after`` (either may lie in the past or the future). Returns ``directory``."""
+    ca_key = serialization.load_pem_private_key((directory / "ca.key").read_bytes(), None)
+    assert isinstance(ca_key, ec.EllipticCurvePrivateKey)
+    ca = x509.load_pem_x509_certificate((directory / "ca.pem").read_bytes())
+    key = ec.generate_private_key(ec.SECP256R1())
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)]))
+        .issuer_name(ca.subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(not_before)
+        .not_valid_after(not_after)
+        .add_extension(
+            x509.SubjectAlternativeName(
+                [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]
+            ),
+            critical=False,
+        )
+        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
+        .sign(ca_key, hashes.SHA256())
+    )
+    (directory / f"{name}.pem").write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    (directory / f"{name}.key").write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+    )
+    return directory

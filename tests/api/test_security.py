@@ -3,23 +3,25 @@ port); health stays open for probes."""
 
 from __future__ import annotations
 
+import threading
 import time
 import urllib.error
 import urllib.request
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from limelight.api.auth import bearer_allowed
+from limelight.api.auth import TokenStore, bearer_allowed, load_tokens
 from limelight.settings import Settings
 from limelight_client.proto import explainer_pb2 as pb
 from limelight_client.proto import explainer_pb2_grpc
 from tests.conftest import RunningSidecar
 from tests.pki import make_pki
+from tests.waiting import wait_until
 
 
 @pytest.fixture(scope="module")
@@ -345,3 +347,115 @@ async def test_refused_client_streams_read_unauthenticated_from_an_aio_client(
     # Refused while the client was still sending, the call used to end INTERNAL ("Internal
     # error from Core") for most calls instead of UNAUTHENTICATED.
     assert await refused() == Counter({"UNAUTHENTICATED": 100})
+
+
+def test_a_tokens_file_edit_with_a_line_that_is_not_utf8_is_read(
+    start_sidecar: Callable[..., RunningSidecar],
+    bert_tiny_dir: Path,
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Tokens are bytes: a Latin-1 line is a token like any other (sent as those bytes in an
+    HTTP header), and the other tokens of the same edit are accepted. Such a line once failed
+    every request (gRPC UNKNOWN, HTTP 500) with a traceback, the new tokens never taken."""
+    tokens = tmp_path / "tokens"
+    side = _with_tokens(start_sidecar, bert_tiny_dir, tokens, "old-token\n")
+    replacement = tmp_path / "tokens.new"
+    replacement.write_bytes(b"old-token\ncaf\xe9-token\nnew-token\n")
+    with caplog.at_level("INFO", logger="limelight.api.auth"):
+        replacement.replace(tokens)
+        _until_accepted(side, "Bearer new-token")
+    assert _http_accepts(side, "Bearer caf\xe9-token")  # http.client sends it as Latin-1
+    # The same text in UTF-8 is other bytes: not that token.
+    assert not _http_accepts(side, "Bearer caf\u00e9-token".encode().decode("latin-1"))
+    assert _grpc_accepts(side, "Bearer old-token")
+    assert "Traceback" not in caplog.text and "UnicodeDecodeError" not in caplog.text
+    assert f"bearer tokens reloaded from {tokens}: 3 accepted" in caplog.text
+
+
+def test_a_tokens_file_that_is_not_utf8_or_starts_with_a_bom_at_start(
+    start_sidecar: Callable[..., RunningSidecar], bert_tiny_dir: Path, tmp_path: Path
+) -> None:
+    """A non-UTF-8 line once stopped the start with a UnicodeDecodeError that named no file;
+    a UTF-8 byte order mark (an editor's) made the first token silently unusable."""
+    tokens = tmp_path / "tokens"
+    tokens.write_bytes(b"\xef\xbb\xbffirst-token\r\ncaf\xe9-token\r\nlast-token\r\n")
+    side = start_sidecar(model_dir=bert_tiny_dir, jobs="off", auth_tokens_file=tokens)
+    for token in ("first-token", "last-token"):
+        assert _grpc_accepts(side, f"Bearer {token}") and _http_accepts(side, f"Bearer {token}")
+    assert _http_accepts(side, "Bearer caf\xe9-token")
+    assert not _http_accepts(side, "Bearer \ufefffirst-token".encode().decode("latin-1"))
+
+
+def _store(tmp_path: Path, lines: list[str], check_s: float = 1.0) -> TokenStore:
+    tokens = tmp_path / "tokens"
+    tokens.write_text("".join(f"{line}\n" for line in lines))
+    return TokenStore(Settings(auth_tokens_file=tokens), check_s=check_s)
+
+
+def test_a_token_is_looked_up_not_compared_with_every_token(tmp_path: Path) -> None:
+    """A million tokens once cost every request ~40 ms (one compare_digest per token): the
+    presented token's digest is looked up among the accepted tokens' digests instead."""
+
+    class NotWalked(TokenStore):
+        def __iter__(self) -> Iterator[bytes]:
+            raise AssertionError("went through every token")
+
+        def current(self) -> list[bytes]:
+            raise AssertionError("went through every token")
+
+    tokens = tmp_path / "tokens"
+    tokens.write_text("".join(f"svc-{i:06d}\n" for i in range(20_000)))
+    store = NotWalked(Settings(auth_tokens_file=tokens))
+    assert bearer_allowed(store, "Bearer svc-019999") and bearer_allowed(store, "Bearer svc-000000")
+    assert not bearer_allowed(store, "Bearer svc-020000") and not bearer_allowed(store, "Bearer")
+    assert bearer_allowed([b"a", b"b"], "Bearer b") and not bearer_allowed([b"a"], "Bearer ab")
+
+
+def test_a_changed_tokens_file_is_read_off_the_callers_thread(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The caller is the event loop of both ports: a large file read there stalled them all."""
+    from limelight.api import auth
+
+    readers: list[threading.Thread] = []
+    load = auth.load_tokens
+
+    def recorded(settings: Settings) -> list[bytes]:
+        readers.append(threading.current_thread())
+        return load(settings)
+
+    monkeypatch.setattr(auth, "load_tokens", recorded)
+    store = _store(tmp_path, ["old-token"], check_s=0)
+    replacement = tmp_path / "tokens.new"
+    replacement.write_text("new-token\n")
+    replacement.replace(tmp_path / "tokens")
+    wait_until(lambda: b"new-token" in store.current())
+    assert len(readers) == 2 and readers[1] is not threading.current_thread()
+
+
+def test_a_tokens_file_over_the_size_limit_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """At start an error that names the file; later the previous tokens stay, with one
+    warning that names it."""
+    from limelight.api import auth
+
+    monkeypatch.setattr(auth, "MAX_TOKENS_FILE_BYTES", 64)
+    tokens = tmp_path / "tokens"
+    tokens.write_text("x" * 65)
+    with pytest.raises(ValueError, match=f"tokens file {tokens} .* larger than"):
+        TokenStore(Settings(auth_tokens_file=tokens))
+    store = _store(tmp_path, ["old-token"], check_s=0)
+    with caplog.at_level("WARNING", logger="limelight.api.auth"):
+        tokens.write_text("new-token\n" + "x" * 64)
+        wait_until(lambda: store.current() and "not reloaded" in caplog.text)
+        for _ in range(20):
+            assert store.current() == [b"old-token"]
+    assert caplog.text.count(f"bearer tokens not reloaded from {tokens}") == 1
+
+
+def test_a_byte_order_mark_is_not_part_of_the_first_token(tmp_path: Path) -> None:
+    tokens = tmp_path / "tokens"
+    tokens.write_text("\ufefffirst-token\nsecond-token\n", encoding="utf-8")
+    assert load_tokens(Settings(auth_tokens_file=tokens)) == [b"first-token", b"second-token"]

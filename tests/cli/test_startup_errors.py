@@ -314,6 +314,26 @@ def test_unreadable_tls_files(
     assert status == EXIT_USAGE and "--tls-cert and --tls-key go together" in line
 
 
+def test_a_cut_client_ca_bundle_is_one_line_naming_it(
+    capsys: pytest.CaptureFixture[str], random_bert_dir: Path, tmp_path: Path
+) -> None:
+    """A usage error that names the file and the fault, without a type name or a pointer to a
+    traceback that would add nothing."""
+    from tests.pki import make_pki
+
+    pki = make_pki(tmp_path / "pki")
+    cut = tmp_path / "ca-cut.pem"
+    text = (pki / "ca.pem").read_text()
+    cut.write_text(text[: len(text) // 2])
+    status, line = run_main(
+        capsys, *SERVE, "--model", str(random_bert_dir), "--port", "0", "--metrics-port", "0",
+        "--tls-cert", str(pki / "server.pem"), "--tls-key", str(pki / "server.key"),
+        "--tls-client-ca", str(cut),
+    )  # fmt: skip
+    assert status == EXIT_USAGE and f"--tls-client-ca {cut}" in line
+    assert "TlsConfigError" not in line and "--log-level debug" not in line
+
+
 @pytest.mark.parametrize(
     "command",
     [

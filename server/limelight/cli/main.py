@@ -232,6 +232,8 @@ def describe_error(exc: BaseException, args: argparse.Namespace) -> tuple[str, i
         return line, client_error_status(exc)
     if type(exc).__name__ == "ValidationError" and hasattr(exc, "errors"):
         return _validation_message(exc, args), EXIT_USAGE
+    if type(exc).__name__ == "TlsConfigError":  # its message names the file and the fault
+        return str(exc), EXIT_USAGE
     if type(exc).__name__ == "SettingsError":
         unparsable = _unparsable_setting_message(exc)
         if unparsable is not None:
