@@ -16,16 +16,25 @@ from tests.api.test_oip_grpc import text_input
 from tests.api.test_oip_http import call
 from tests.conftest import RunningSidecar
 
+TEXTS = ["a witty film", "dull", "a slow, lovely film"]
 
-def test_a_call_larger_than_a_callers_share_is_refused_for_that_caller_only(
+
+@pytest.fixture
+def side(
     start_sidecar: Callable[..., RunningSidecar], bert_tiny_dir: Path, tmp_path: Path
-) -> None:
+) -> RunningSidecar:
+    """A sidecar with two bearer tokens (alice's, bob's) and a share of 2 inputs per caller."""
     tokens = tmp_path / "tokens"
     tokens.write_text("alice-token\nbob-token\n")
-    side = start_sidecar(
+    return start_sidecar(
         model_dir=bert_tiny_dir, jobs="off", auth_tokens_file=tokens, max_pending_per_caller=2
     )
-    texts = ["a witty film", "dull", "a slow, lovely film"]
+
+
+def test_a_call_larger_than_a_callers_share_is_refused_for_that_caller_only(
+    side: RunningSidecar,
+) -> None:
+    texts = TEXTS
     with Client(side.target, token="alice-token", timeout=60) as alice:
         with pytest.raises(LimelightError, match="3 inputs, more than the 2") as refused:
             alice.explain_batch(texts)
@@ -49,17 +58,12 @@ def test_without_auth_every_caller_shares_one(
 
 
 def test_the_http_protocols_hold_the_callers_share_too(
-    start_sidecar: Callable[..., RunningSidecar], bert_tiny_dir: Path, tmp_path: Path
+    side: RunningSidecar, bert_tiny_dir: Path
 ) -> None:
     """OIP v2 (HTTP and gRPC) and KServe v1 take the same share as Explain, by the same token."""
-    tokens = tmp_path / "tokens"
-    tokens.write_text("alice-token\nbob-token\n")
-    side = start_sidecar(
-        model_dir=bert_tiny_dir, jobs="off", auth_tokens_file=tokens, max_pending_per_caller=2
-    )
     base = f"http://127.0.0.1:{side.server.metrics_port}"
     name = bert_tiny_dir.name
-    texts = ["a witty film", "dull", "a slow, lovely film"]
+    texts = TEXTS
     v2 = {"inputs": [{"name": "text", "shape": [3], "datatype": "BYTES", "data": texts}]}
     v1 = {"instances": texts}
     for who in ("alice-token", "bob-token"):
