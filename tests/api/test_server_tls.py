@@ -46,6 +46,35 @@ def server_files(pki: Path, key_of: Path | None = None) -> dict[str, Path]:
     return {"tls.crt": pki / "server.pem", "tls.key": (key_of or pki) / "server.key"}
 
 
+@pytest.fixture
+def secret(tmp_path: Path) -> Path:
+    """The folder of the sidecar's mounted TLS Secret (``tls.crt``, ``tls.key``, ``ca.crt``)."""
+    return tmp_path / "tls"
+
+
+@pytest.fixture
+def serve_secret(
+    start_sidecar: Callable[..., RunningSidecar], bert_tiny_dir: Path, secret: Path
+) -> Callable[[dict[str, Path]], RunningSidecar]:
+    """``serve_secret(files)``: mount ``files`` (name → source) at ``secret`` and start a
+    sidecar (no jobs) serving its ``tls.crt`` and ``tls.key``, with its ``ca.crt`` as the
+    client CA when ``files`` has one, looking for renewed files every 0.1 s."""
+
+    def serve(files: dict[str, Path]) -> RunningSidecar:
+        mount_secret(secret, files)
+        client_ca = {"tls_client_ca": secret / "ca.crt"} if "ca.crt" in files else {}
+        return start_sidecar(
+            model_dir=bert_tiny_dir,
+            jobs="off",
+            tls_cert=secret / "tls.crt",
+            tls_key=secret / "tls.key",
+            tls_reload_interval_s=0.1,
+            **client_ca,
+        )
+
+    return serve
+
+
 def channel(target: str, pki: Path, client: Path | None = None) -> grpc.Channel:
     """A channel that trusts only ``pki``'s CA (with ``client``'s certificate for mTLS)."""
     creds = grpc.ssl_channel_credentials(
@@ -94,22 +123,13 @@ def not_after(pki: Path) -> float:
 
 
 def test_a_renewed_certificate_is_served_to_new_connections(
-    start_sidecar: Callable[..., RunningSidecar],
-    bert_tiny_dir: Path,
-    tmp_path: Path,
+    serve_secret: Callable[[dict[str, Path]], RunningSidecar],
+    secret: Path,
     old: Path,
     new: Path,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    secret = tmp_path / "tls"
-    mount_secret(secret, server_files(old))
-    sidecar = start_sidecar(
-        model_dir=bert_tiny_dir,
-        jobs="off",
-        tls_cert=secret / "tls.crt",
-        tls_key=secret / "tls.key",
-        tls_reload_interval_s=0.1,
-    )
+    sidecar = serve_secret(server_files(old))
     assert answers(sidecar.target, old) and not answers(sidecar.target, new)
     before = metrics(sidecar, old)
     assert before is not None and expiry(before) == not_after(old)
@@ -153,8 +173,8 @@ def https_answers(sidecar: RunningSidecar, pki: Path, client: Path) -> bool:
 
 
 def test_a_rotated_client_ca_is_required_of_new_connections(
-    start_sidecar: Callable[..., RunningSidecar],
-    bert_tiny_dir: Path,
+    serve_secret: Callable[[dict[str, Path]], RunningSidecar],
+    secret: Path,
     tmp_path: Path,
     old: Path,
     new: Path,
@@ -163,16 +183,7 @@ def test_a_rotated_client_ca_is_required_of_new_connections(
     kept trusting it until a restart (files loaded into its old context only added CAs)."""
     both = tmp_path / "both.pem"
     both.write_bytes((old / "ca.pem").read_bytes() + (new / "ca.pem").read_bytes())
-    secret = tmp_path / "tls"
-    mount_secret(secret, {**server_files(old), "ca.crt": both})
-    sidecar = start_sidecar(
-        model_dir=bert_tiny_dir,
-        jobs="off",
-        tls_cert=secret / "tls.crt",
-        tls_key=secret / "tls.key",
-        tls_client_ca=secret / "ca.crt",
-        tls_reload_interval_s=0.1,
-    )
+    sidecar = serve_secret({**server_files(old), "ca.crt": both})
     for client in (old, new):  # the bundle trusts both clients' CAs
         assert answers(sidecar.target, old, client=client)
         assert https_answers(sidecar, old, client)
@@ -217,9 +228,8 @@ def client_context(trusted: Path, client: Path, version: ssl.TLSVersion) -> ssl.
 
 @pytest.mark.parametrize("version", [ssl.TLSVersion.TLSv1_2, ssl.TLSVersion.TLSv1_3])
 def test_a_session_from_before_a_client_ca_rotation_does_not_resume(
-    start_sidecar: Callable[..., RunningSidecar],
-    bert_tiny_dir: Path,
-    tmp_path: Path,
+    serve_secret: Callable[[dict[str, Path]], RunningSidecar],
+    secret: Path,
     old: Path,
     new: Path,
     version: ssl.TLSVersion,
@@ -228,16 +238,7 @@ def test_a_session_from_before_a_client_ca_rotation_does_not_resume(
     resuming a TLS session it made before (OpenSSL does not verify the client certificate of a
     resumed session again): no session tickets, and a TLS 1.2 session-ID resumption of an
     older session is refused."""
-    secret = tmp_path / "tls"
-    mount_secret(secret, {**server_files(old), "ca.crt": old / "ca.pem"})
-    sidecar = start_sidecar(
-        model_dir=bert_tiny_dir,
-        jobs="off",
-        tls_cert=secret / "tls.crt",
-        tls_key=secret / "tls.key",
-        tls_client_ca=secret / "ca.crt",
-        tls_reload_interval_s=0.1,
-    )
+    sidecar = serve_secret({**server_files(old), "ca.crt": old / "ca.pem"})
     port = sidecar.server.metrics_port
     refused_later = client_context(old, old, version)  # its CA is rotated out below
     status, session, _ = _https_get(port, refused_later)
@@ -269,8 +270,8 @@ def served_expiry(sidecar: RunningSidecar) -> float | None:
 
 
 def test_a_client_ca_bundle_cut_short_or_empty_is_not_served(
-    start_sidecar: Callable[..., RunningSidecar],
-    bert_tiny_dir: Path,
+    serve_secret: Callable[[dict[str, Path]], RunningSidecar],
+    secret: Path,
     tmp_path: Path,
     old: Path,
     new: Path,
@@ -280,16 +281,7 @@ def test_a_client_ca_bundle_cut_short_or_empty_is_not_served(
     served on both ports (gRPC once took the bundle, failed every handshake and fell back on
     an older configuration than the HTTP port and the expiry gauge showed; an empty bundle
     raised in the reload task)."""
-    secret = tmp_path / "tls"
-    mount_secret(secret, {**server_files(old), "ca.crt": old / "ca.pem"})
-    sidecar = start_sidecar(
-        model_dir=bert_tiny_dir,
-        jobs="off",
-        tls_cert=secret / "tls.crt",
-        tls_key=secret / "tls.key",
-        tls_client_ca=secret / "ca.crt",
-        tls_reload_interval_s=0.1,
-    )
+    sidecar = serve_secret({**server_files(old), "ca.crt": old / "ca.pem"})
     ca = (old / "ca.pem").read_bytes()
     broken = tmp_path / "broken-ca.pem"
     for seen, content in enumerate((ca[: len(ca) // 2], b"", ca + ca[: len(ca) // 2]), 1):
@@ -344,22 +336,13 @@ def out_of_window(old: Path) -> Path:
 
 
 def test_a_renewal_outside_its_validity_does_not_replace_a_valid_certificate(
-    start_sidecar: Callable[..., RunningSidecar],
-    bert_tiny_dir: Path,
-    tmp_path: Path,
+    serve_secret: Callable[[dict[str, Path]], RunningSidecar],
+    secret: Path,
     out_of_window: Path,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     old = out_of_window
-    secret = tmp_path / "tls"
-    mount_secret(secret, server_files(old))
-    sidecar = start_sidecar(
-        model_dir=bert_tiny_dir,
-        jobs="off",
-        tls_cert=secret / "tls.crt",
-        tls_key=secret / "tls.key",
-        tls_reload_interval_s=0.1,
-    )
+    sidecar = serve_secret(server_files(old))
     for seen, name in enumerate(("expired", "future"), 1):
         with caplog.at_level(logging.WARNING, logger="limelight.api.server_tls"):
             mount_secret(secret, {"tls.crt": old / f"{name}.pem", "tls.key": old / f"{name}.key"})
@@ -371,13 +354,12 @@ def test_a_renewal_outside_its_validity_does_not_replace_a_valid_certificate(
 
 
 def test_a_renewal_not_valid_yet_is_served_once_it_is(
-    tmp_path: Path, out_of_window: Path, caplog: pytest.LogCaptureFixture
+    secret: Path, out_of_window: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     """Looked at again at every look (one warning), served once its validity starts; at
     start a certificate outside its validity is served (with a warning: nothing else to
     serve)."""
     old = out_of_window
-    secret = tmp_path / "tls"
     mount_secret(secret, server_files(old))
     tls = ServerTls(Settings(tls_cert=secret / "tls.crt", tls_key=secret / "tls.key"))
     mount_secret(secret, {"tls.crt": old / "future.pem", "tls.key": old / "future.key"})

@@ -24,6 +24,7 @@ SMALL: dict[str, dict[str, Any]] = {
         pad_token_id=1,
     ),
     "bloom": dict(hidden_size=32, n_layer=2, n_head=2, pad_token_id=0),
+    "distilbert": dict(dim=32, hidden_dim=64, n_layers=2, n_heads=2, max_position_embeddings=64),
     "t5": dict(
         d_model=32,
         d_kv=16,
