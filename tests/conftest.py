@@ -206,6 +206,19 @@ def start_sidecar(tmp_path: Path) -> Iterator[Callable[..., RunningSidecar]]:
         handle.stop()
 
 
+#: The bearer tokens of :func:`two_token_sidecar`: two callers, two owners of jobs.
+ALICE_TOKEN, BOB_TOKEN = "alice-token", "bob-token"
+
+
+def two_token_sidecar(
+    start_sidecar: Callable[..., RunningSidecar], tmp_path: Path, **settings: Any
+) -> RunningSidecar:
+    """``start_sidecar(**settings)`` with a tokens file accepting alice's and bob's tokens."""
+    tokens = tmp_path / "tokens"
+    tokens.write_text(f"{ALICE_TOKEN}\n{BOB_TOKEN}\n")
+    return start_sidecar(auth_tokens_file=tokens, **settings)
+
+
 @pytest.fixture
 def sidecar(start_sidecar: Callable[..., RunningSidecar], bert_tiny_dir: Path) -> RunningSidecar:
     """A sidecar serving the BERT-tiny demo model."""

@@ -14,7 +14,7 @@ from limelight_client import Client
 from limelight_client.errors import LimelightError
 from tests.api.test_oip_grpc import text_input
 from tests.api.test_oip_http import call
-from tests.conftest import RunningSidecar
+from tests.conftest import RunningSidecar, two_token_sidecar
 
 TEXTS = ["a witty film", "dull", "a slow, lovely film"]
 
@@ -24,10 +24,8 @@ def side(
     start_sidecar: Callable[..., RunningSidecar], bert_tiny_dir: Path, tmp_path: Path
 ) -> RunningSidecar:
     """A sidecar with two bearer tokens (alice's, bob's) and a share of 2 inputs per caller."""
-    tokens = tmp_path / "tokens"
-    tokens.write_text("alice-token\nbob-token\n")
-    return start_sidecar(
-        model_dir=bert_tiny_dir, jobs="off", auth_tokens_file=tokens, max_pending_per_caller=2
+    return two_token_sidecar(
+        start_sidecar, tmp_path, model_dir=bert_tiny_dir, jobs="off", max_pending_per_caller=2
     )
 
 

@@ -19,7 +19,7 @@ from limelight.api.auth import TokenStore, bearer_allowed, load_tokens
 from limelight.settings import Settings
 from limelight_client.proto import explainer_pb2 as pb
 from limelight_client.proto import explainer_pb2_grpc
-from tests.conftest import RunningSidecar
+from tests.conftest import RunningSidecar, two_token_sidecar
 from tests.pki import make_pki
 from tests.waiting import wait_until
 
@@ -124,9 +124,7 @@ def test_unknown_methods_are_unimplemented_with_auth_on(
 def test_jobs_belong_to_the_token_that_submitted_them(
     start_sidecar: Callable[..., RunningSidecar], bert_tiny_dir: Path, tmp_path: Path
 ) -> None:
-    tokens = tmp_path / "tokens"
-    tokens.write_text("alice-token\nbob-token\n")
-    side = start_sidecar(model_dir=bert_tiny_dir, auth_tokens_file=tokens)
+    side = two_token_sidecar(start_sidecar, tmp_path, model_dir=bert_tiny_dir)
     stub = explainer_pb2_grpc.ExplainerStub(grpc.insecure_channel(side.target))
     alice = (("authorization", "Bearer alice-token"),)
     bob = (("authorization", "Bearer bob-token"),)
@@ -160,12 +158,11 @@ def test_each_token_has_its_own_share_of_the_job_queue(
     tmp_path: Path,
     redis_url: str,
 ) -> None:
-    tokens = tmp_path / "tokens"
-    tokens.write_text("alice-token\nbob-token\n")
     # A Redis queue of its own that no worker consumes: what is submitted stays queued.
-    side = start_sidecar(
+    side = two_token_sidecar(
+        start_sidecar,
+        tmp_path,
         model_dir=bert_tiny_dir,
-        auth_tokens_file=tokens,
         jobs=redis_url,
         jobs_queue=f"shares-{uuid.uuid4().hex[:8]}",
         job_queue_max_per_owner=2,

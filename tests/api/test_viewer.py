@@ -19,7 +19,7 @@ from limelight.api.viewer import word_spans
 from limelight.core.types import TokenInfo
 from limelight_client import Client
 from tests.browser import needs_browser, wait
-from tests.conftest import RunningSidecar
+from tests.conftest import RunningSidecar, two_token_sidecar
 from tests.pki import make_pki
 from tests.tiny_bert import save_tiny_bert
 
@@ -381,9 +381,7 @@ def test_static_assets_and_headers(viewer_sidecar: RunningSidecar) -> None:
 def test_bearer_tokens_and_job_owners(
     start_sidecar: Callable[..., RunningSidecar], random_bert_dir: Path, tmp_path: Path
 ) -> None:
-    tokens = tmp_path / "tokens"
-    tokens.write_text("alice-token\nbob-token\n")
-    sidecar = start_sidecar(model_dir=random_bert_dir, auth_tokens_file=tokens)
+    sidecar = two_token_sidecar(start_sidecar, tmp_path, model_dir=random_bert_dir)
     url = base(sidecar)
     assert call(f"{url}/viewer/")[0] == 200  # the page itself carries no data
     assert call(f"{url}/viewer/static/viewer.js")[0] == 200

@@ -31,7 +31,7 @@ from tests.api.test_viewer import (
     wait_job,
 )
 from tests.browser import needs_browser, wait
-from tests.conftest import RunningSidecar
+from tests.conftest import RunningSidecar, two_token_sidecar
 from tests.tiny_bert import save_tiny_bert
 
 #: The sidecars of tests/api/test_viewer.py, as fixtures of this module too.
@@ -231,9 +231,7 @@ def two_tokens(
     start_sidecar: Callable[..., RunningSidecar], random_bert_dir: Path, tmp_path: Path
 ) -> RunningSidecar:
     """A sidecar that takes two bearer tokens (two owners of jobs)."""
-    tokens = tmp_path / "tokens"
-    tokens.write_text("alice-token\nbob-token\n")
-    return start_sidecar(model_dir=random_bert_dir, auth_tokens_file=tokens)
+    return two_token_sidecar(start_sidecar, tmp_path, model_dir=random_bert_dir)
 
 
 def sign_in(driver: Any, sidecar: RunningSidecar, token: str = "alice-token") -> None:
