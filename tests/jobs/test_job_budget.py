@@ -11,6 +11,7 @@ import pytest
 
 from limelight.core.jobs import JobSpec, JobState
 from limelight.errors import InvalidArgument
+from limelight.jobs.budget import check_timeout
 from limelight.jobs.execution import job_timeout
 from limelight.jobs.runner import JobRunner
 from limelight.jobs.sqlite_backend import SqliteJobBackend
@@ -279,3 +280,11 @@ async def test_a_windowed_jobs_refusal_names_the_document_and_the_jobs_timeout(
         assert f"this {document}-token text, explained in " in message
         assert "overlapping windows of up to 16 tokens" in message
         assert f"the job's timeout of {timeout:g} s" in message
+
+
+def test_a_timeout_just_over_the_maximum_is_not_printed_as_the_maximum() -> None:
+    with pytest.raises(InvalidArgument, match=r"timeout_seconds 3600\.0001 exceeds .* 3600 s"):
+        check_timeout(3600.0001, 3600.0)
+    with pytest.raises(InvalidArgument, match=r"timeout_seconds 7200 exceeds .* 3600 s"):
+        check_timeout(7200.0, 3600.0)
+    check_timeout(3600.0, 3600.0)

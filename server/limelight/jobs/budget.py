@@ -92,8 +92,11 @@ def check_timeout(timeout_s: float, maximum_s: float) -> None:
     if not math.isfinite(timeout_s) or timeout_s < 0:
         raise InvalidArgument("timeout_seconds must be a finite number >= 0 (0: the default)")
     if timeout_s > maximum_s:
+        given = f"{timeout_s:g}"
+        if given == f"{maximum_s:g}":  # just over: six digits would print it as the maximum
+            given = repr(timeout_s)
         raise InvalidArgument(
-            f"timeout_seconds {timeout_s:g} exceeds this server's maximum of {maximum_s:g} s"
+            f"timeout_seconds {given} exceeds this server's maximum of {maximum_s:g} s"
         )
 
 
