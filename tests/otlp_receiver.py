@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent import futures
 from contextlib import contextmanager
 from typing import Any
@@ -32,6 +32,18 @@ class Receiver(trace_service_pb2_grpc.TraceServiceServicer):
     def named(self, name: str) -> list[Any]:
         with self.lock:
             return [s for _, s in self.spans if s.name == name]
+
+    def arrived(self, name: str, trace_id: str, flush: Callable[[], object]) -> Any:
+        """The span ``name`` of trace ``trace_id`` (hex), once exported: a span a server ends
+        after the call that made it returned (a cancelled stream) arrives later."""
+        for _ in range(2000):
+            flush()
+            found = [s for s in self.named(name) if s.trace_id.hex() == trace_id]
+            if found:
+                (span,) = found
+                return span
+            threading.Event().wait(0.05)
+        raise AssertionError(f"no span {name!r} in trace {trace_id} was exported")
 
 
 @contextmanager

@@ -15,7 +15,7 @@ import asyncio
 import logging
 import os
 import threading
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -64,12 +64,15 @@ def unsupported_settings(environ: Mapping[str, str] | None = None) -> list[str]:
             "supported; other exporters export nothing)"
         )
     for name in ("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "OTEL_EXPORTER_OTLP_PROTOCOL"):
-        if env.get(name, "").strip().lower() not in _PROTOCOLS:
+        protocol = env.get(name, "").strip().lower()
+        if not protocol:
+            continue
+        if protocol not in _PROTOCOLS:
             found.append(
                 f"{name}={env[name]} (spans go over OTLP/gRPC only: point the endpoint "
                 "at the collector's gRPC port, usually 4317)"
             )
-            break  # the traces-specific one wins when both are set
+        break  # the traces-specific one, when set, wins: the other is not read
     return found
 
 
@@ -131,7 +134,9 @@ def current_context() -> dict[str, str]:
 @contextmanager
 def job_span(method: str, job_id: str, carrier: Mapping[str, str]) -> Iterator[Span]:
     """A CONSUMER span for one job run, child of the request that submitted it (the context
-    travels with the job through the SQLite journal or the Redis stream)."""
+    travels with the job through the SQLite journal or the Redis stream). Its outcome is set by
+    the caller (``job_outcome``): no exception is recorded here, since its message may name
+    server paths and its stack trace is the server log's business."""
     if _provider is None:
         yield trace.INVALID_SPAN
         return
@@ -141,8 +146,30 @@ def job_span(method: str, job_id: str, carrier: Mapping[str, str]) -> Iterator[S
         context=extract(dict(carrier)),
         kind=SpanKind.CONSUMER,
         attributes=attributes,
+        record_exception=False,
+        set_status_on_exception=False,
     ) as span:
         yield span
+
+
+#: The final job states a job span reports as an error (a user's cancel, a hand-back: not).
+_JOB_ERRORS = {"failed", "timed_out"}
+
+
+def job_outcome(span: Span, state: str, error: str = "") -> None:
+    """Record a job run's outcome on its span: ``limelight.job.outcome`` is the final state
+    (``succeeded``, ``failed``, ``timed_out``, ``cancelled``, ``requeued``, ``lost``); failed
+    and timed-out runs are errors, with ``error`` (already redacted for clients) as the
+    description and an event without a stack trace."""
+    if not span.is_recording():
+        return
+    span.set_attribute("limelight.job.outcome", state)
+    if state in _JOB_ERRORS:
+        span.set_status(Status(StatusCode.ERROR, error or state))
+        if error:
+            span.add_event("job failed", {"limelight.job.error": error})
+    else:
+        span.set_status(Status(StatusCode.OK))
 
 
 def span_context() -> Any:
@@ -150,7 +177,9 @@ def span_context() -> Any:
     if _provider is None:
         return None
     context = trace.get_current_span().get_span_context()
-    return context if context.is_valid else None
+    # An unsampled span is exported by no one: a link to it points nowhere, and a batch that
+    # serves only unsampled requests is not to be traced either (see ``inline_batch``).
+    return context if context.is_valid and context.trace_flags.sampled else None
 
 
 @contextmanager
@@ -158,11 +187,13 @@ def inline_batch(request_contexts: Sequence[Any], tokens: int) -> Iterator[Span]
     """An ``inline batch`` span linked to the requests it serves, with a ``forward`` child.
 
     A micro-batch serves many requests from many traces, so it starts its own trace and links
-    to each request's span (the OpenTelemetry pattern for batches)."""
-    if _provider is None:
+    to each request's span (the OpenTelemetry pattern for batches). Only sampled requests are
+    linked, and a batch that serves none has no span: the caller's or the sampler's "not
+    sampled" holds for the work done for it too."""
+    links = [Link(c) for c in request_contexts if c is not None and c.trace_flags.sampled]
+    if _provider is None or not links:
         yield trace.INVALID_SPAN
         return
-    links = [Link(c) for c in request_contexts if c is not None]
     attributes = {"limelight.batch.size": len(request_contexts), "limelight.batch.tokens": tokens}
     with (
         tracer().start_as_current_span(
@@ -174,12 +205,17 @@ def inline_batch(request_contexts: Sequence[Any], tokens: int) -> Iterator[Span]
 
 
 @contextmanager
-def input_span(carrier: Mapping[str, str], request_id: str = "") -> Iterator[Span]:
+def input_span(
+    carrier: Mapping[str, str],
+    request_id: str = "",
+    redact: Callable[[str], str] | None = None,
+) -> Iterator[Span]:
     """A SERVER span ``explain input`` for one input of a stream or batch that carries its
     caller's trace context (``carrier``, W3C headers): a child of that caller, linked to the
     span of the call that carried it (one stream may carry the inputs of many callers). The
     span is current inside, so the micro-batch that serves the input links to it; an error
-    leaving it is recorded as the gRPC status code its own call would have had."""
+    leaving it is recorded as the gRPC status code its own call would have had, and its message
+    (through ``redact``, as its caller is told it) as an event without a stack trace."""
     if _provider is None or not carrier:
         yield trace.INVALID_SPAN
         return
@@ -192,16 +228,30 @@ def input_span(carrier: Mapping[str, str], request_id: str = "") -> Iterator[Spa
             kind=SpanKind.SERVER,
             links=[Link(call)] if call is not None else [],
             attributes=attributes,
+            record_exception=False,
             set_status_on_exception=False,
         ) as span:
             try:
                 yield span
             except BaseException as exc:
                 set_status(span, status_name(exc))
+                error_event(span, exc, redact)
                 raise
             set_status(span, "OK")
     finally:
         otel_context.detach(token)
+
+
+def error_event(span: Span, exc: BaseException, redact: Callable[[str], str] | None = None) -> None:
+    """An ``exception`` event without a stack trace or a message a client would not read: a
+    Limelight error's message through ``redact`` (none given: the type only), anything else by
+    its type (its message and traceback are in the server log)."""
+    if not span.is_recording():
+        return
+    attributes = {"exception.type": type(exc).__name__}
+    if isinstance(exc, LimelightError) and redact is not None:
+        attributes["exception.message"] = redact(exc.message)
+    span.add_event("exception", attributes)
 
 
 def status_name(exc: BaseException) -> str:
@@ -239,10 +289,41 @@ def server_span(
     parent = extract({k.lower(): v for k, v in carrier.items()})
     token = otel_context.attach(parent)
     try:
+        # The status comes from the call's status code (``set_status``), not from whatever
+        # exception left (an abort is "AbortError: Locally aborted."); no exception event.
         with tracer().start_as_current_span(
-            name, kind=SpanKind.SERVER, attributes=dict(attributes or {})
+            name,
+            kind=SpanKind.SERVER,
+            attributes=dict(attributes or {}),
+            record_exception=False,
+            set_status_on_exception=False,
         ) as span:
             yield span
+    finally:
+        otel_context.detach(token)
+
+
+def start_server_span(
+    name: str, carrier: Mapping[str, str], attributes: Mapping[str, Any] | None = None
+) -> Span:
+    """A started SERVER span like ``server_span``'s, not made current: for a streaming call,
+    whose generator may be closed from another task (a client that stops reading), where a
+    context attached across a ``yield`` could not be detached. Make it current around each
+    step with ``current(span)``; the caller ends it."""
+    if _provider is None:
+        return trace.INVALID_SPAN
+    parent = extract({k.lower(): v for k, v in carrier.items()})
+    return tracer().start_span(
+        name, context=parent, kind=SpanKind.SERVER, attributes=dict(attributes or {})
+    )
+
+
+@contextmanager
+def current(span: Span) -> Iterator[Span]:
+    """``span`` is the current span inside (attached and detached in the same context)."""
+    token = otel_context.attach(trace.set_span_in_context(span))
+    try:
+        yield span
     finally:
         otel_context.detach(token)
 

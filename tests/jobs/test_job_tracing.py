@@ -10,11 +10,14 @@ import sys
 import threading
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
 
 from limelight import tracing
+from limelight.core.jobs import JobSpec
+from limelight.jobs.execution import StopReason
 from limelight_client.proto import explainer_pb2 as pb
 from limelight_client.proto import explainer_pb2_grpc
 from tests.conftest import RunningSidecar
@@ -68,3 +71,49 @@ def test_job_span_from_a_redis_worker_joins_the_submitting_trace(
     (run,) = receiver.named("job random")
     # The sidecar runs no jobs (job_workers=0, Redis queue): this span came from the worker.
     assert run.trace_id.hex() == TRACE_ID and run.parent_span_id == submit.span_id
+
+
+@pytest.mark.parametrize(
+    ("reason", "outcome", "error"),
+    [
+        (StopReason.CANCELLED, "cancelled", False),
+        (StopReason.TIMEOUT, "timed_out", True),
+        (StopReason.RELEASE, "requeued", False),
+    ],
+)
+def test_a_job_span_says_how_the_job_ended(
+    reason: StopReason, outcome: str, error: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A user's cancel and a timeout both stopped the run with ``JobCancelled``, and both spans
+    ended ERROR "JobCancelled: job stopped"; the span names the outcome, an error only when the
+    job failed (a timeout included), with no exception event (stack trace, server paths)."""
+    from limelight.jobs.execution import JobHooks, execute
+    from limelight.methods.base import JobCancelled
+    from limelight.settings import Settings
+
+    class Runner:
+        def redact(self, text: str) -> str:
+            return text
+
+        def run(self, spec: Any, job_id: str, report: Any, should_stop: Any, **_: Any) -> Any:
+            assert should_stop()
+            raise JobCancelled("job stopped")
+
+    with running_receiver() as receiver:
+        monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", receiver.endpoint)
+        monkeypatch.setenv("OTEL_EXPORTER_OTLP_INSECURE", "true")
+        assert tracing.setup_tracing()
+        try:
+            hooks = JobHooks(check=lambda: reason, write_progress=lambda *_: None, settle=bool)
+            spec = JobSpec(method="random", text="a movie", trace_context={})
+            settings = Settings(cache_dir=tmp_path, jobs="sqlite")
+            execute(Runner(), settings, "job-1", spec, hooks)  # type: ignore[arg-type]
+            assert tracing.flush()
+        finally:
+            tracing.shutdown_tracing()
+    (span,) = receiver.named("job random")
+    attributes = {a.key: a.value.string_value for a in span.attributes}
+    assert attributes["limelight.job.outcome"] == outcome
+    assert (span.status.code == span.status.STATUS_CODE_ERROR) == error
+    assert "JobCancelled" not in span.status.message
+    assert [e for e in span.events if e.name == "exception"] == []

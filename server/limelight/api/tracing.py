@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
@@ -10,9 +11,15 @@ import grpc
 from limelight import tracing
 
 
-def _code(context: grpc.aio.ServicerContext) -> str:
+def _code(context: grpc.aio.ServicerContext, exc: BaseException | None = None) -> str:
+    """The call's status code name: the one set on ``context`` (an abort, an error answered
+    by the servicer), else the one the exception that left the handler gives."""
     code = context.code()
-    return code.name if isinstance(code, grpc.StatusCode) else "OK"
+    if isinstance(code, grpc.StatusCode):
+        return code.name
+    if exc is None or isinstance(exc, grpc.aio.AbortError):
+        return "OK"
+    return tracing.status_name(exc)
 
 
 class TracingInterceptor(grpc.aio.ServerInterceptor):
@@ -39,20 +46,46 @@ class TracingInterceptor(grpc.aio.ServerInterceptor):
             async def call(request: Any, context: grpc.aio.ServicerContext) -> Any:
                 with tracing.server_span(method.lstrip("/"), carrier, attributes) as span:
                     try:
-                        return await behavior(request, context)
-                    finally:
-                        tracing.set_status(span, _code(context))
+                        result = await behavior(request, context)
+                    except BaseException as exc:
+                        tracing.set_status(span, _code(context, exc))
+                        raise
+                    tracing.set_status(span, _code(context))
+                    return result
 
             return call
 
         def streaming(behavior: Any) -> Any:
             async def call(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
-                with tracing.server_span(method.lstrip("/"), carrier, attributes) as span:
+                # The span is current only while the handler runs, never across a ``yield``: a
+                # client that stops reading has this generator closed from another task, where
+                # a context attached here could not be detached.
+                span = tracing.start_server_span(method.lstrip("/"), carrier, attributes)
+                items = behavior(request, context)
+                code: str | None = None
+                try:
+                    while True:
+                        with tracing.current(span):
+                            try:
+                                item = await items.__anext__()
+                            except StopAsyncIteration:
+                                break
+                        yield item
+                except (GeneratorExit, asyncio.CancelledError):
+                    code = "CANCELLED"
+                    raise
+                except BaseException as exc:
+                    code = _code(context, exc)
+                    raise
+                finally:
                     try:
-                        async for item in behavior(request, context):
-                            yield item
+                        closing = getattr(items, "aclose", None)
+                        if closing is not None:
+                            with tracing.current(span):
+                                await closing()
                     finally:
-                        tracing.set_status(span, _code(context))
+                        tracing.set_status(span, code or _code(context))
+                        span.end()
 
             return call
 

@@ -824,7 +824,7 @@ class ExplanationService:
         try:
             if request.trace_context and tracing.enabled():
                 # This input's caller is not necessarily the call's (pooled streams).
-                with tracing.input_span(request.trace_context, request.request_id):
+                with tracing.input_span(request.trace_context, request.request_id, self.redact):
                     return await explain(request)
             return await explain(request)
         except Exception as exc:

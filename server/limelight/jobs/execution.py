@@ -132,22 +132,24 @@ def execute(
 
     started = time.perf_counter()
     outcome: Outcome
-    try:
-        with tracing.job_span(spec.method, job_id, spec.trace_context):
+    with tracing.job_span(spec.method, job_id, spec.trace_context) as span:
+        try:
             result = runner.run(spec, job_id, report, should_stop, queue_seconds=waited)
-    except JobCancelled:
-        outcome = _stopped(stop["reason"], deadline, timeout)
-    except LimelightError as exc:
-        log.info("job %s (%s) failed: %s", job_id, spec.method, exc.message)
-        outcome = Outcome(JobState.FAILED, message="failed", error=runner.redact(exc.message))
-    except Exception:
-        log.exception("job %s (%s) failed", job_id, spec.method)
-        error = f"internal error in method {spec.method} (details in the {hooks.where} log)"
-        outcome = Outcome(JobState.FAILED, message="failed", error=error)
-    else:
-        outcome = Outcome(
-            JobState.SUCCEEDED, message="done", result=json.dumps(explanation_to_dict(result))
-        )
+        except JobCancelled:
+            outcome = _stopped(stop["reason"], deadline, timeout)
+        except LimelightError as exc:
+            log.info("job %s (%s) failed: %s", job_id, spec.method, exc.message)
+            error = runner.redact(exc.message)
+            outcome = Outcome(JobState.FAILED, message="failed", error=error)
+        except Exception:
+            log.exception("job %s (%s) failed", job_id, spec.method)
+            error = f"internal error in method {spec.method} (details in the {hooks.where} log)"
+            outcome = Outcome(JobState.FAILED, message="failed", error=error)
+        else:
+            outcome = Outcome(
+                JobState.SUCCEEDED, message="done", result=json.dumps(explanation_to_dict(result))
+            )
+        tracing.job_outcome(span, _traced_outcome(outcome, stop["reason"]), outcome.error or "")
     written = outcome.state is not None and hooks.settle(outcome)
     if outcome.state is None:
         log.warning("job %s was taken over by another worker", job_id)
@@ -156,6 +158,19 @@ def execute(
         if written and outcome.state is not None and outcome.state.terminal:
             metrics.job_outcomes.labels(spec.method, outcome.state.value).inc()
     return outcome
+
+
+def _traced_outcome(outcome: Outcome, reason: StopReason | None) -> str:
+    """The job span's ``limelight.job.outcome``: the final state, a timeout told apart."""
+    if outcome.state is None:
+        return "lost"
+    if outcome.state is JobState.QUEUED:
+        return "requeued"
+    if outcome.state is JobState.FAILED and (
+        reason is StopReason.TIMEOUT or outcome.message.startswith("timed out")
+    ):
+        return "timed_out"
+    return outcome.state.value
 
 
 def _stopped(reason: StopReason | None, deadline: float, timeout: float) -> Outcome:
