@@ -148,3 +148,28 @@ def test_a_multi_label_run_records_its_thresholds_and_no_gold_label_notes(
     assert "Label thresholds in force" in table and "negative 0.3, side_effects 0.5" in table
     assert not any("gold label" in note for note in report["notes"])
     assert "--label-map" not in table
+
+
+def test_a_multi_label_text_agrees_with_each_of_its_labels_when_untouched(
+    bert_tiny_multilabel_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The games measure agreement with the model's own prediction: with nothing hidden, or
+    everything revealed, that is every item's. A text with several labels is one item per label,
+    and the arg-max is only one of them (the other items read as disagreeing: 0.667)."""
+    from limelight.cli.main import main
+
+    cache = str(bert_tiny_multilabel_dir.parent.parent)
+    out = tmp_path / "out"
+    demo = ["--demo", "bert-tiny-multilabel", "--cache-dir", cache, "--methods", "random"]
+    quick = ["--n", "8", "--fractions", "0.5", "--game-steps", "2", "--no-progress"]
+    assert main(["eval", *demo, *quick, "--out", str(out)]) == 0
+    capsys.readouterr()
+    report = json.loads((out / "eval.json").read_text())
+    assert report["config"]["game_fractions"][0] == 0.0
+    assert report["config"]["game_fractions"][-1] == 1.0
+    (method,) = (
+        report["methods"] if isinstance(report["methods"], list) else report["methods"].values()
+    )
+    assert method["n"] > 8, "the sample has texts with several labels"
+    assert method["hide_agreement"][0] == 1.0
+    assert method["reveal_agreement"][-1] == 1.0

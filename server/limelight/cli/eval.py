@@ -219,7 +219,8 @@ def run(args: argparse.Namespace) -> int:
         notes.append(
             "multi-label: one item per (text, predicted label) at the served thresholds (the "
             "most probable label when none passes); AOPC perturbs that label's own sigmoid "
-            "probability; games count the arg-max label; no gold accuracy"
+            "probability; a game item agrees while its label is still explained (at or over "
+            "its threshold, or the most probable when none passes); no gold accuracy"
         )
     else:
         gold = [(p, e.gold) for p, e in zip(predicted, examples, strict=True) if e.gold is not None]

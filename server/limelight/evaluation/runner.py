@@ -16,7 +16,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
-from limelight.core.types import Encoded, FloatArray
+from limelight.core.types import Encoded, FloatArray, IntArray
 from limelight.evaluation import metrics as M
 from limelight.evaluation.perturbation import (
     DEFAULT_FRACTIONS,
@@ -212,7 +212,7 @@ class Evaluator:
         for (offset, which), target in zip(plans, targets, strict=True):
             rows = probs[[offset + w for w in which]][1:]
             p_target = rows[:, target]
-            preds = rows.argmax(axis=1)
+            preds = self._game_predictions(rows, target)
             out.append(
                 _Scored(
                     p0=float(probs[offset + which[0], target]),
@@ -223,6 +223,21 @@ class Evaluator:
                 )
             )
         return out
+
+    def _game_predictions(self, rows: FloatArray, target: int) -> IntArray:
+        """What each perturbed input of the games predicts. Single-label: the arg-max class.
+        Multi-label: ``target`` while that label is still one the sidecar would explain (at or
+        over its threshold, or the most probable when no label passes), else -1 — the arg-max
+        of a text with several labels is only one of them, so an untouched text "disagreed"
+        with its other labels."""
+        argmax = rows.argmax(axis=1)
+        limits = self.config.label_thresholds
+        if not limits:
+            return argmax
+        thresholds = np.array([limits[label] for label in self.model.labels])
+        passes = rows >= thresholds
+        kept = np.where(passes.any(axis=1), passes[:, target], argmax == target)
+        return np.where(kept, target, -1)
 
     def evaluate_method(
         self,
