@@ -3,10 +3,12 @@ their common base class."""
 
 from __future__ import annotations
 
+import asyncio
 import collections
 import contextlib
 import itertools
 import logging
+import math
 import random
 import re
 import ssl
@@ -571,6 +573,13 @@ def time_left(deadline: float | None) -> float | None:
     return None if deadline is None else max(deadline - time.monotonic(), 0.0)
 
 
+def timeout_left(deadline: float | None) -> float:
+    """``time_left`` as the ``timeout`` of a call that keeps ``deadline``: ``math.inf`` for no
+    deadline (None would give the call the client's default timeout)."""
+    left = time_left(deadline)
+    return math.inf if left is None else left
+
+
 def resume(
     dialogue: Generator[pb_grpc.ExplainerStub, SpreadAnswer, None], answer: SpreadAnswer
 ) -> pb_grpc.ExplainerStub | None:
@@ -879,6 +888,32 @@ def deadline_error(what: str) -> DeadlineExceeded:
     return DeadlineExceeded(grpc.StatusCode.DEADLINE_EXCEEDED, f"deadline exceeded {what}")
 
 
+def check_timeout(timeout: float | None) -> float | None:
+    """``timeout`` in seconds as the SDK counts it: None for no deadline, ``math.inf`` too
+    (added to the clock it would be a deadline gRPC takes as already past); ``ValueError`` for
+    NaN or a negative number, which no deadline can mean (0: the time is already up)."""
+    if timeout is None or timeout == math.inf:
+        return None
+    if math.isnan(timeout) or timeout < 0:
+        raise ValueError(
+            "timeout must be a number of seconds >= 0, or None (or math.inf) for no deadline; "
+            f"not {timeout!r}"
+        )
+    return timeout
+
+
+def task_cancelled() -> bool:
+    """Whether the running asyncio task is being cancelled (``Task.cancel``, which must
+    propagate as ``CancelledError``); also True where that cannot be told: outside a task, or
+    on Python 3.10, whose tasks do not count their cancellations (``Task.cancelling``)."""
+    try:
+        task = asyncio.current_task()
+    except RuntimeError:  # no running event loop
+        return True
+    cancelling = getattr(task, "cancelling", None)
+    return cancelling is None or cancelling() > 0
+
+
 class ClientBase(Generic[ChannelT]):
     """What ``Client`` and ``AsyncClient`` share: their settings, their connections, deadlines
     and the decision whether a failed call is retried. The subclasses add the calls, the
@@ -911,7 +946,7 @@ class ClientBase(Generic[ChannelT]):
             raise ValueError(f"single_calls must be 'unary' or 'stream', not {single_calls!r}")
         self.single_calls: SingleCalls = single_calls
         self.target = target = check_target(target)
-        self.timeout = timeout
+        self.timeout = check_timeout(timeout)
         self.retry_policy = RetryPolicy(retries=retries, backoff=backoff, max_backoff=max_backoff)
         self._metadata = call_metadata(token)
         secure, insecure = self._dialers
@@ -934,11 +969,17 @@ class ClientBase(Generic[ChannelT]):
     def _closed_as_cancelled(self) -> Iterator[None]:
         """A call that ``close`` (in another thread or task) overtook raises ``Cancelled``, as
         calls after it do, rather than what grpc raises for a call on a closed channel
-        (``ValueError`` from the sync API, ``UsageError`` from grpc.aio)."""
+        (``ValueError`` from the sync API, ``UsageError`` from grpc.aio) or for one the close
+        cut (``asyncio.CancelledError`` from grpc.aio, in a task nobody cancelled). A task
+        that is being cancelled itself still gets its ``CancelledError``."""
         try:
             yield
         except CLOSED_CHANNEL_ERRORS as exc:
             if not self._connections.closed:
+                raise
+            raise self._connections.closed_error() from exc
+        except asyncio.CancelledError as exc:
+            if not self._connections.closed or task_cancelled():
                 raise
             raise self._connections.closed_error() from exc
 
@@ -965,8 +1006,8 @@ class ClientBase(Generic[ChannelT]):
 
     def _deadline(self, timeout: float | None, *, default: bool = True) -> float | None:
         """``time.monotonic`` deadline of a call with ``timeout`` (None: the client's default,
-        or no deadline when ``default`` is off)."""
-        t = timeout if timeout is not None else (self.timeout if default else None)
+        or no deadline when ``default`` is off; ``math.inf``: no deadline)."""
+        t = check_timeout(timeout) if timeout is not None else (self.timeout if default else None)
         return None if t is None else time.monotonic() + t
 
     @staticmethod

@@ -33,6 +33,7 @@ from limelight_client._common import (
     TargetArg,
     TextItem,
     cancel_job_request,
+    check_timeout,
     deadline_error,
     explain_request,
     get_job_request,
@@ -45,6 +46,7 @@ from limelight_client._common import (
     submit_request,
     terminal_state,
     time_left,
+    timeout_left,
     wrote_past_the_end,
 )
 from limelight_client._lanes import (
@@ -137,15 +139,42 @@ def _loop_of(channel: grpc.aio.Channel) -> asyncio.AbstractEventLoop | None:
     return loop if isinstance(loop, asyncio.AbstractEventLoop) else None
 
 
+#: How to make an ``AsyncClient`` so that it works: said by ``wrong_loop`` and ``no_loop``.
+ONE_PER_LOOP = (
+    "a client works in one event loop only, the one running when it was made (made outside a "
+    "running loop: the thread's default loop). Make one client per event loop, inside it: "
+    "`async with AsyncClient(...) as client:` in the coroutine that asyncio.run() runs"
+)
+
+
+def no_loop() -> RuntimeError:
+    """The error of an ``AsyncClient`` made with no event loop to bind it to: none running,
+    and the thread has no default one (an ``asyncio.run`` that returned unset it)."""
+    return RuntimeError(f"no event loop to make this AsyncClient in: {ONE_PER_LOOP}")
+
+
+def _aio_dialer(name: str) -> Callable[..., Any]:
+    """grpc.aio's channel constructor ``name`` (``late_bound``), raising ``no_loop`` rather
+    than asyncio's "There is no current event loop" where it finds no loop to bind to."""
+    dial = late_bound(grpc.aio, name)
+
+    def call(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return dial(*args, **kwargs)
+        except RuntimeError as exc:
+            try:
+                asyncio.get_running_loop()
+            except RuntimeError:  # none running: the thread's default loop was missing
+                raise no_loop() from exc
+            raise
+
+    return call
+
+
 def wrong_loop(made_in: asyncio.AbstractEventLoop) -> RuntimeError:
     """The error of an ``AsyncClient`` called from another event loop than its own."""
     closed = " (now closed)" if made_in.is_closed() else ""
-    return RuntimeError(
-        f"this AsyncClient belongs to another event loop{closed}: a client works in one event "
-        "loop only, the one running when it was made (made outside a running loop: the "
-        "thread's default loop). Make one client per event loop, inside it: `async with "
-        "AsyncClient(...) as client:` in the coroutine that asyncio.run() runs"
-    )
+    return RuntimeError(f"this AsyncClient belongs to another event loop{closed}: {ONE_PER_LOOP}")
 
 
 class AsyncClient(ClientBase[grpc.aio.Channel]):
@@ -163,7 +192,7 @@ class AsyncClient(ClientBase[grpc.aio.Channel]):
     stay open on the sidecar, each with a task waiting for its end, for the life of the loop.
     """
 
-    _dialers = (late_bound(grpc.aio, "secure_channel"), late_bound(grpc.aio, "insecure_channel"))
+    _dialers = (_aio_dialer("secure_channel"), _aio_dialer("insecure_channel"))
     _sleep = staticmethod(asyncio.sleep)
     #: The event loop this client's channels belong to, known from its first call.
     _loop: asyncio.AbstractEventLoop | None = None
@@ -248,11 +277,18 @@ class AsyncClient(ClientBase[grpc.aio.Channel]):
             return err.code()
 
     async def close(self) -> None:
-        """See ``Client.close`` (in the client's own event loop, as every call)."""
-        self._check_loop()
+        """See ``Client.close`` (in the client's own event loop, as every call). A client whose
+        event loop has ended (an ``asyncio.run`` that returned) is only marked closed, from any
+        loop: its loop took the channels and streams with it."""
+        made_in = self._loop or _loop_of(self._connections.open[0].channel)
+        ended = made_in is not None and made_in.is_closed()
+        if not ended:
+            self._check_loop()
         self._connections.closed = True
         if self._finalizer is not None:
             self._finalizer.detach()
+        if ended:
+            return
         lanes = take_all_idle(self._connections.idle_lane_lists())
         await _end_then_close(lanes, self._connections.every_channel())
 
@@ -362,7 +398,7 @@ class AsyncClient(ClientBase[grpc.aio.Channel]):
         deadline = self._deadline(timeout)  # spreading first (once) takes its share of it
         await self._spread(deadline)
         on_stream = self.single_calls == "stream"
-        resp = await self._unary("Explain", req, time_left(deadline), on_stream=on_stream)
+        resp = await self._unary("Explain", req, timeout_left(deadline), on_stream=on_stream)
         return Explanation.from_proto(resp, text=text, text_pair=text_pair)
 
     @overload
@@ -405,7 +441,7 @@ class AsyncClient(ClientBase[grpc.aio.Channel]):
         request, sent = batch_request(texts, build)
         deadline = self._deadline(timeout)
         await self._spread(deadline)
-        response = await self._unary("ExplainBatch", request, time_left(deadline))
+        response = await self._unary("ExplainBatch", request, timeout_left(deadline))
         return batch_answers(response, sent, return_exceptions)
 
     @overload
@@ -486,8 +522,9 @@ class AsyncClient(ClientBase[grpc.aio.Channel]):
                                 failure = err
                             except asyncio.CancelledError:
                                 # grpc.aio cancels the call when the request iterator raises, and
-                                # so does the watchdog: report the cause. A real cancellation of
-                                # our task (no bad input, no silent server) propagates unchanged.
+                                # so does the watchdog: report the cause. Otherwise a real
+                                # cancellation of our task propagates unchanged, and a cut by
+                                # ``close`` becomes ``Cancelled`` (``_closed_as_cancelled``).
                                 if silence.fired:
                                     raise no_answer(self.timeout) from None
                                 if feed.error is not None:
@@ -653,6 +690,7 @@ class AsyncClient(ClientBase[grpc.aio.Channel]):
         """See ``Client.wait_ready``."""
         self._check_loop()
         self._connections.check_open()
+        check_timeout(timeout)  # NaN or negative: ValueError (math.inf: no time-out)
         deadline = time.monotonic() + timeout
         status = "UNREACHABLE"
         waiting = list(range(self.connections))  # indices: see Client.wait_ready
@@ -670,9 +708,11 @@ class AsyncClient(ClientBase[grpc.aio.Channel]):
                 )
                 status = health_status_name(resp)
             except (Unavailable, DeadlineExceeded, NotFound, Cancelled) as exc:
-                if self._connections.closed:  # closed meanwhile: it will never be ready
+                # Closed meanwhile, or what answers there is no sidecar this client can use
+                # (``Unavailable.permanent``): waiting will not make it ready.
+                if self._connections.closed or getattr(exc, "permanent", False):
                     raise
-                status = type(exc).__name__
+                status = f"{type(exc).__name__}: {exc.message}"
             if status == "SERVING":
                 waiting.pop(0)
             else:

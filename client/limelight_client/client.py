@@ -28,6 +28,7 @@ from limelight_client._common import (
     TargetArg,
     TextItem,
     cancel_job_request,
+    check_timeout,
     deadline_error,
     explain_request,
     get_job_request,
@@ -40,6 +41,7 @@ from limelight_client._common import (
     submit_request,
     terminal_state,
     time_left,
+    timeout_left,
 )
 from limelight_client._lanes import (
     CLOSE_WAIT_S,
@@ -178,7 +180,8 @@ class Client(ClientBase[grpc.Channel]):
         target: the sidecar's gRPC address: ``host:port``, ``unix:/path`` or another gRPC name
             scheme; a URL, a path or a port outside 1-65535 raises ``ValueError``.
         timeout: default deadline in seconds for each unary call, retries included
-            (``None``: no deadline). Every method takes ``timeout=`` to override it.
+            (``None`` or ``math.inf``: no deadline; NaN or a negative number raises
+            ``ValueError``). Every method takes ``timeout=`` (the same values) to override it.
         retries: extra attempts after a call failed with UNAVAILABLE (idempotent calls only),
             each on a newly dialled connection: a worker that is draining for a restart keeps
             answering UNAVAILABLE on the connections it has.
@@ -431,7 +434,7 @@ class Client(ClientBase[grpc.Channel]):
         deadline = self._deadline(timeout)  # spreading first (once) takes its share of it
         self._spread(deadline)
         on_stream = self.single_calls == "stream"
-        resp = self._unary("Explain", req, time_left(deadline), on_stream=on_stream)
+        resp = self._unary("Explain", req, timeout_left(deadline), on_stream=on_stream)
         return Explanation.from_proto(resp, text=text, text_pair=text_pair)
 
     @overload
@@ -484,7 +487,7 @@ class Client(ClientBase[grpc.Channel]):
         request, sent = batch_request(texts, build)
         deadline = self._deadline(timeout)
         self._spread(deadline)
-        response = self._unary("ExplainBatch", request, time_left(deadline))
+        response = self._unary("ExplainBatch", request, timeout_left(deadline))
         return batch_answers(response, sent, return_exceptions)
 
     @overload
@@ -757,14 +760,17 @@ class Client(ClientBase[grpc.Channel]):
 
     def wait_ready(self, timeout: float = 60.0, poll: float = 0.2) -> None:
         """Block until the sidecar reports SERVING on every connection; ``TimeoutError``
-        after ``timeout`` s.
+        after ``timeout`` s, saying the last status or error seen.
 
         Useful right after start-up: the port opens before the model is loaded (and with
         ``--workers``, each connection's worker loads its own). Then, with several
         connections, spreads them over the workers (see ``spread``). A closed client raises
-        ``Cancelled`` at once, as its other calls do.
+        ``Cancelled`` at once, as its other calls do. Where something answers that is no
+        sidecar this client can use (an HTTP/1 port, a TLS mismatch), the ``Unavailable``
+        saying so (``answered``) is raised at once: no start-up there would make it ready.
         """
         self._connections.check_open()
+        check_timeout(timeout)  # NaN or negative: ValueError (math.inf: no time-out)
         deadline = time.monotonic() + timeout
         status = "UNREACHABLE"
         # Connection indices, not the connections: spreading (by another thread) may replace
@@ -785,9 +791,11 @@ class Client(ClientBase[grpc.Channel]):
                     )
                 )
             except (Unavailable, DeadlineExceeded, NotFound, Cancelled) as exc:
-                if self._connections.closed:  # closed meanwhile: it will never be ready
+                # Closed meanwhile, or what answers there is no sidecar this client can use
+                # (``Unavailable.permanent``): waiting will not make it ready.
+                if self._connections.closed or getattr(exc, "permanent", False):
                     raise
-                status = type(exc).__name__
+                status = f"{type(exc).__name__}: {exc.message}"
             if status == "SERVING":
                 waiting.pop(0)
             else:

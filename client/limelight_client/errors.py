@@ -112,6 +112,13 @@ class Unavailable(LimelightError):
         self.reason = reason
         self.answered = answered
 
+    @property
+    def permanent(self) -> bool:
+        """Whether waiting cannot help: what answered is no sidecar this client can use. Not
+        so for a connection closed at once: a proxy (``kubectl port-forward``, a mesh) in front
+        of a sidecar that is not listening yet closes connections that way too."""
+        return self.answered and self.reason != CLOSED_AT_ONCE
+
 
 class DeadlineExceeded(LimelightError):
     """The call did not finish before its deadline."""
@@ -223,6 +230,11 @@ _NO_CONNECTION = (
     re.compile(r"ipv[46]:(\S+): Failed to connect to remote host: ([^;\n]+)"),
     re.compile(r"(unix:\S+): connect failed: .*?error: ([^;\n]+)"),
 )
+#: Why a connection failed that something accepted and closed before gRPC's first frame.
+CLOSED_AT_ONCE = (
+    "the connection was closed at once (not a gRPC server, or one that expects TLS or "
+    "another client certificate?)"
+)
 #: gRPC's text when a connection was made but what answered was no gRPC server, and why.
 _NOT_GRPC = (
     (
@@ -233,8 +245,7 @@ _NOT_GRPC = (
         re.compile(
             r"(?:ipv[46]|unix):(\S+): (?:recvmsg:)?(?:Connection reset by peer|Socket closed)"
         ),
-        "the connection was closed at once (not a gRPC server, or one that expects TLS or "
-        "another client certificate?)",
+        CLOSED_AT_ONCE,
     ),
     (
         re.compile(r"(?:ipv[46]|unix):(\S+): Tls handshake failed .*WRONG_VERSION_NUMBER"),

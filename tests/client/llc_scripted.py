@@ -144,6 +144,11 @@ class ScriptedExplainer(pb_grpc.ExplainerServicer):
 
     def Explain(self, request: pb.ExplainRequest, context: grpc.ServicerContext) -> Any:
         self._enter("Explain", request, context)
+        if request.text == "stall":  # answer nothing (a hung sidecar) until the call ends
+            ended = threading.Event()
+            context.add_callback(ended.set)
+            ended.wait(60)
+            context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, "stalled")
         return make_response(
             request.text,
             request.text_pair if request.HasField("text_pair") else None,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import math
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -69,6 +70,40 @@ async def test_deadline_and_token(scripted: ScriptedServer) -> None:
     calls = scripted.servicer.calls_to("GetModel")
     assert len(calls) == 2
     assert all(call.metadata["authorization"] == "Bearer tok" for call in calls)
+
+
+async def test_an_infinite_timeout_is_no_deadline(scripted: ScriptedServer) -> None:
+    async with connect(scripted, timeout=math.inf) as c:
+        await c.explain(TEXT)
+        assert c.timeout is None
+    async with connect(scripted, timeout=10) as c:
+        await c.model(timeout=math.inf)
+        await c.explain(TEXT, timeout=math.inf)
+        assert len([r async for r in c.explain_many([TEXT, TEXT], timeout=math.inf)]) == 2
+        job = await c.submit(TEXT, "ok")
+        assert (await job.result(timeout=math.inf)).text == TEXT
+    for method in ("Explain", "GetModel", "ExplainStream"):
+        # No deadline sent: the server reads one centuries away.
+        for call in scripted.servicer.calls_to(method):
+            assert call.time_remaining is not None and call.time_remaining > 1e9, call
+
+
+@pytest.mark.parametrize("timeout", [math.nan, -1.0])
+async def test_a_timeout_no_deadline_can_mean_is_refused(
+    scripted: ScriptedServer, timeout: float
+) -> None:
+    said = "timeout must be a number of seconds >= 0, or None"
+    with pytest.raises(ValueError, match=said):
+        AsyncClient(scripted.target, timeout=timeout)
+    async with connect(scripted) as c:
+        job = await c.submit(TEXT, "hang")
+        with pytest.raises(ValueError, match=said):
+            await c.explain(TEXT, timeout=timeout)
+        with pytest.raises(ValueError, match=said):
+            await job.result(timeout=timeout)
+        with pytest.raises(ValueError, match=said):
+            await c.wait_ready(timeout=timeout)
+    assert not scripted.servicer.calls_to("Explain")
 
 
 @pytest.mark.parametrize("connections", [1, 3])

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import http.server
 import threading
 from collections.abc import Iterator
 from concurrent import futures
@@ -14,6 +15,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from limelight.api.ports import free_port
 from limelight_client import AsyncClient, Client
 from limelight_client._common import EXPLAINER_SERVICE
+from limelight_client.errors import Unavailable
 from limelight_client.proto import explainer_pb2_grpc as pb_grpc
 from tests.client.llc_scripted import ScriptedExplainer
 
@@ -100,9 +102,50 @@ def test_wait_ready_times_out(healthy: tuple[str, health.HealthServicer]) -> Non
 
 
 def test_wait_ready_server_not_listening() -> None:
+    """The time-out keeps the last error's message, not only its class."""
     port = free_port()  # nothing listens there
-    with Client(f"127.0.0.1:{port}") as c, pytest.raises(TimeoutError, match="Unavailable"):
+    said = rf"last: Unavailable: cannot reach 127\.0\.0\.1:{port}: connection refused"
+    with Client(f"127.0.0.1:{port}") as c, pytest.raises(TimeoutError, match=said):
         c.wait_ready(timeout=1.0, poll=1.0)
+
+
+@pytest.mark.asyncio
+async def test_async_wait_ready_server_not_listening() -> None:
+    port = free_port()
+    said = rf"last: Unavailable: cannot reach 127\.0\.0\.1:{port}: connection refused"
+    async with AsyncClient(f"127.0.0.1:{port}") as c:
+        with pytest.raises(TimeoutError, match=said):
+            await c.wait_ready(timeout=1.0, poll=1.0)
+
+
+@pytest.fixture
+def http_port() -> Iterator[int]:
+    """An HTTP/1 server (as the sidecar's metrics port is): it answers, but not gRPC."""
+    web = http.server.ThreadingHTTPServer(("127.0.0.1", 0), http.server.SimpleHTTPRequestHandler)
+    threading.Thread(target=web.serve_forever, daemon=True).start()
+    yield web.server_address[1]
+    web.shutdown()
+    web.server_close()
+
+
+# No sidecar started there would make these ready: ``Unavailable`` (``answered``) from the
+# first check, not a ``TimeoutError`` once the time is up (ample for that first check).
+
+
+def test_wait_ready_where_no_sidecar_can_answer_raises_unavailable(http_port: int) -> None:
+    with Client(f"127.0.0.1:{http_port}") as c, pytest.raises(Unavailable) as e:
+        c.wait_ready(timeout=30)
+    assert e.value.answered and "not a gRPC server" in str(e.value)
+
+
+@pytest.mark.asyncio
+async def test_async_wait_ready_where_no_sidecar_can_answer_raises_unavailable(
+    http_port: int,
+) -> None:
+    async with AsyncClient(f"127.0.0.1:{http_port}") as c:
+        with pytest.raises(Unavailable) as e:
+            await c.wait_ready(timeout=30)
+    assert e.value.answered and "not a gRPC server" in str(e.value)
 
 
 @pytest.mark.asyncio
@@ -114,3 +157,33 @@ async def test_async_health(healthy: tuple[str, health.HealthServicer]) -> None:
         await c.wait_ready(timeout=30, poll=0.05)
         after = await c.health()
     assert (before, after) == ("NOT_SERVING", "SERVING")
+
+
+@pytest.fixture
+def closing_port() -> Iterator[int]:
+    """A port that accepts connections and closes them at once, as ``kubectl port-forward``
+    does while the pod behind it is not listening yet."""
+    import socket
+
+    listener = socket.create_server(("127.0.0.1", 0))
+    stop = threading.Event()
+
+    def serve() -> None:
+        while not stop.is_set():
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                return
+            conn.close()
+
+    threading.Thread(target=serve, daemon=True).start()
+    yield listener.getsockname()[1]
+    stop.set()
+    listener.close()
+
+
+def test_wait_ready_waits_through_connections_closed_at_once(closing_port: int) -> None:
+    """Such a port may yet lead to a sidecar: ``wait_ready`` waits its time, and says why."""
+    with Client(f"127.0.0.1:{closing_port}") as c, pytest.raises(TimeoutError) as e:
+        c.wait_ready(timeout=1.0, poll=0.2)
+    assert "closed at once" in str(e.value)

@@ -4,6 +4,7 @@ metadata, error mapping, streaming and jobs."""
 from __future__ import annotations
 
 import itertools
+import math
 import random
 import re
 import threading
@@ -181,6 +182,46 @@ def test_every_call_carries_a_deadline(scripted: ScriptedServer) -> None:
     # The server's view of the deadline is a little coarse (timer granularity).
     assert explain.time_remaining is not None and 0 < explain.time_remaining <= 7.1
     assert model.time_remaining is not None and 0 < model.time_remaining <= 3.1
+
+
+def test_an_infinite_timeout_is_no_deadline(scripted: ScriptedServer) -> None:
+    """``math.inf`` means what None does, for the client's default and for one call (added
+    to the clock, it would be a deadline gRPC takes as already past)."""
+    with client_for(scripted, timeout=math.inf) as c:
+        c.explain(TEXT)
+        assert c.timeout is None
+    with client_for(scripted, timeout=10) as c:
+        c.model(timeout=math.inf)
+        c.explain(TEXT, timeout=math.inf)
+        assert len(c.explain_batch([TEXT, TEXT], timeout=math.inf)) == 2
+        assert len(list(c.explain_many([TEXT, TEXT], timeout=math.inf))) == 2
+        assert len(list(c.explain_many([TEXT] * 3, timeout=math.inf, texts_per_call=2))) == 3
+        assert c.submit(TEXT, "ok").result(timeout=math.inf).text == TEXT
+    for method in ("Explain", "GetModel", "ExplainBatch", "ExplainStream"):
+        # No deadline sent: the server reads one centuries away.
+        for call in scripted.servicer.calls_to(method):
+            assert call.time_remaining is not None and call.time_remaining > 1e9, call
+
+
+@pytest.mark.parametrize("timeout", [math.nan, -1.0])
+def test_a_timeout_no_deadline_can_mean_is_refused(
+    scripted: ScriptedServer, timeout: float
+) -> None:
+    said = "timeout must be a number of seconds >= 0, or None"
+    with pytest.raises(ValueError, match=said):
+        client_for(scripted, timeout=timeout)
+    with client_for(scripted) as c:
+        job = c.submit(TEXT, "hang")
+        with pytest.raises(ValueError, match=said):
+            c.explain(TEXT, timeout=timeout)
+        with pytest.raises(ValueError, match=said):
+            list(c.explain_many([TEXT], timeout=timeout))
+        with pytest.raises(ValueError, match=said):
+            job.result(timeout=timeout)
+        with pytest.raises(ValueError, match=said):
+            c.wait_ready(timeout=timeout)
+    assert not scripted.servicer.calls_to("Explain")
+    assert not scripted.servicer.calls_to("ExplainStream")
 
 
 def test_deadline_exceeded_is_not_retried(scripted: ScriptedServer) -> None:
