@@ -159,6 +159,11 @@ class Settings(BaseSettings):
     its model included). One that takes longer (a load stuck on a hung volume, say) is killed
     and started again, at start-up or when it replaces a worker that died; it counts as a failed
     start, and three failed starts in a row stop the server."""
+    worker_unresponsive_s: PositiveFloat = 30.0
+    """With ``workers`` above 1: how long a serving worker's event loop may go without a sign of
+    life (it touches a file every few seconds) before the supervisor kills and restarts it — a
+    deadlocked or stopped process still holds its share of the port, and the kubelet's probes,
+    which land on one worker or another, would notice it only by chance."""
     reuse_port: bool = False
     """Bind the gRPC, health and HTTP ports with ``SO_REUSEPORT``. ``workers`` sets it in each
     worker; off otherwise, so that a second sidecar started on a taken port fails instead of

@@ -474,6 +474,55 @@ def test_a_worker_that_keeps_failing_at_start_is_given_up_on(
     )
 
 
+def test_a_worker_that_stops_answering_is_killed_and_started_again(
+    bert_tiny_dir: Path, tmp_path: Path
+) -> None:
+    """A serving worker whose event loop freezes (held here with SIGSTOP) keeps its share of the
+    port and answers none of it; the probes, landing on either worker, would notice only by
+    chance. Its heartbeat stops, and after ``worker_unresponsive_s`` the supervisor kills it
+    and starts another; the other worker is left alone."""
+    limit_s = 10  # beats every 1.7 s: a busy 2-core machine must not miss six in a row
+    env = {"LIMELIGHT_WORKER_UNRESPONSIVE_S": str(limit_s)}
+    workers = start_workers(bert_tiny_dir, tmp_path / "serve.log", env=env)
+    try:
+        frozen, other = workers.worker_pid(0), workers.worker_pid(1)
+        os.kill(frozen, signal.SIGSTOP)
+        workers.wait_for_log(rf"worker 0 \(pid {frozen}\) has not answered for {limit_s} s", 1, 300)
+        replacement = workers.worker_pid(0, count=2)
+        workers.wait_for_log(rf"worker 0 \(pid {replacement}\) is serving", patience_s=300)
+        assert workers.children() == {replacement, other}
+        assert not Path(f"/proc/{frozen}").exists()  # killed and reaped
+        assert len(explain_over_channels(workers.target, 4, 2)) == 8
+    finally:
+        code = stop(workers)
+    assert code == 0, workers.log.read_text()[-3000:]
+    assert f"worker 1 (pid {other}) has not answered" not in workers.log.read_text()
+
+
+def test_a_worker_that_refuses_its_settings_stops_the_server_at_once(
+    bert_tiny_dir: Path, tmp_path: Path
+) -> None:
+    """Settings only a loaded model can judge (an unknown default method) are refused by the
+    first worker: no second start (each one a model load), and the same exit status and last
+    line as one process."""
+    base = [sys.executable, "-m", "limelight.cli.main", "serve", "--model", str(bert_tiny_dir)]
+    base += ["--jobs", "off", "--metrics-port", "0", "--default-method", "no-such-method"]
+    one = subprocess.run(
+        [*base, "--port", str(free_port())], capture_output=True, text=True, timeout=600
+    )
+    several = subprocess.run(
+        [*base, "--port", str(free_port()), "--workers", "2"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert one.returncode == several.returncode == 2, several.stderr[-3000:]
+    assert len(re.findall(r"worker \d started", several.stderr)) == 1, several.stderr
+    last = one.stderr.strip().splitlines()[-1]
+    assert "unknown method 'no-such-method'" in last
+    assert several.stderr.strip().splitlines()[-1] == last
+
+
 @pytest.mark.parametrize(
     ("sig", "sdk"),
     [(signal.SIGTERM, "sync"), (signal.SIGKILL, "sync"), (signal.SIGTERM, "asyncio")],

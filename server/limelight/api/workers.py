@@ -17,8 +17,11 @@ micro-batches and its drift monitor (drift gauges carry a ``pid`` label).
 
 The supervisor builds or finds the model once, before any worker starts (N workers must not
 build the demo model side by side); restarts a worker that dies, at any time (while the others
-still load too) or that is not serving ``worker_start_timeout_s`` after it started, giving up
-when one fails to start three times in a row; on SIGTERM or SIGINT
+still load too), that is not serving ``worker_start_timeout_s`` after it started, or whose
+event loop has shown no sign of life (a heartbeat on its ready file) for
+``worker_unresponsive_s``, giving up when one fails to start three times in a row, or at once
+when a worker refuses its settings (exit status 2: another start would refuse them too); on
+SIGTERM or SIGINT
 passes the signal on and waits for every worker's own graceful drain; and passes SIGHUP on (each
 worker looks beside the model for a new head, table or graph at once). It reports SERVING once
 every worker is; the port serves from the first worker that is (each binds once loaded).
@@ -53,6 +56,14 @@ log = logging.getLogger(__name__)
 FAILED_START_S = 60.0
 #: Failed starts in a row after which the supervisor gives up.
 MAX_FAILED_STARTS = 3
+#: A worker's exit status when it refused its settings (the CLI's usage-error status).
+EXIT_REFUSED = 2
+
+
+def heartbeat_interval(settings: Settings) -> float:
+    """How often a serving worker touches its ready file: often enough that a few missed beats
+    (a busy machine) stay well inside ``worker_unresponsive_s``."""
+    return min(5.0, settings.worker_unresponsive_s / 6)
 
 
 def check_workers(settings: Settings) -> None:
@@ -72,7 +83,13 @@ class _Worker:
     started: float = field(default_factory=time.monotonic)
     ready: bool = False
     killed_late: bool = False
-    """Killed for not serving in time (``worker_start_timeout_s``); not yet reaped."""
+    """Killed for not serving in time (``worker_start_timeout_s``) or for no longer answering
+    (``worker_unresponsive_s``); not yet reaped."""
+    beat: float = 0.0
+    """The ready file's last modification time seen (the worker's heartbeat) ..."""
+    beat_seen: float = 0.0
+    """... and when the supervisor first saw it (its own monotonic clock: a wall-clock step
+    must not read as a silent worker)."""
     reload_owed: bool = False
     """A SIGHUP came while it was starting: passed on once it serves."""
 
@@ -153,6 +170,7 @@ class Supervisor:
                 self._check(worker)
             # Also once serving: a worker restarted then may hang while it loads.
             self._check_started_in_time()
+            self._check_answering()
             if serving:
                 continue
             if len(self._workers) < self.settings.workers:
@@ -210,6 +228,31 @@ class Supervisor:
                 w.killed_late = True
                 w.process.kill()
 
+    def _check_answering(self) -> None:
+        """Kill a serving worker whose heartbeat stopped for ``worker_unresponsive_s``: frozen,
+        it would keep taking the connections the kernel hands it and answer none. ``_check``
+        then starts it anew."""
+        limit = self.settings.worker_unresponsive_s
+        now = time.monotonic()
+        for w in self._workers.values():
+            if not w.ready or w.killed_late:
+                continue
+            try:
+                beat = w.ready_file.stat().st_mtime
+            except OSError:
+                continue  # removed with the run folder at the stop
+            if beat != w.beat:
+                w.beat, w.beat_seen = beat, now
+            elif now - w.beat_seen > limit:
+                log.error(
+                    "worker %d (pid %d) has not answered for %g s; killing it",
+                    w.index,
+                    w.process.pid,
+                    limit,
+                )
+                w.killed_late = True
+                w.process.kill()
+
     def _check(self, worker: _Worker) -> None:
         """Restart ``worker`` if it died; raise when restarts keep failing."""
         if not worker.ready and worker.ready_file.exists():
@@ -222,6 +265,9 @@ class Supervisor:
         if code is None:
             return
         multiprocess.mark_process_dead(worker.process.pid, str(self.metrics_dir))
+        if not worker.ready and code == EXIT_REFUSED:
+            # Its settings or model were refused (the worker printed why): every start would be.
+            raise InvalidArgument(refusal(worker.ready_file, worker.index))
         if not worker.ready or time.monotonic() - worker.started < FAILED_START_S:
             self._failed_starts += 1
         log.error("worker %d (pid %d) exited with %s", worker.index, worker.process.pid, code)
@@ -241,6 +287,19 @@ class Supervisor:
                 log.error("worker %d did not stop in time; killing it", w.index)
                 w.process.kill()
                 w.process.wait()
+
+
+def refusal_file(ready_file: Path) -> Path:
+    """Where a worker that refused its settings leaves its one-line reason for the supervisor."""
+    return ready_file.with_name(ready_file.name + ".refused")
+
+
+def refusal(ready_file: Path, index: int) -> str:
+    """The reason worker ``index`` gave for refusing its settings, as the supervisor's error."""
+    try:
+        return refusal_file(ready_file).read_text().strip()
+    except OSError:
+        return f"worker {index} refused its settings (its error is above)"
 
 
 #: A supervisor's run folder (workers' settings, ready files, metrics) in the temp folder:

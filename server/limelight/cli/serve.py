@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
+import contextlib
 import json
 import logging
 import os
@@ -204,6 +206,7 @@ def worker_main() -> None:
     hangup = _EarlyHangup()  # first, as in ``run``: a SIGHUP sent to the worker while it starts
     from limelight.api.server import SidecarServer, serve_until_stopped
     from limelight.api.server_process import publish_port
+    from limelight.api.workers import EXIT_REFUSED, heartbeat_interval, refusal_file
     from limelight.cli.main import describe_error
     from limelight.metrics import Metrics
     from limelight.signals import watch_parent
@@ -216,13 +219,26 @@ def worker_main() -> None:
     )
     watch_parent()
     metrics = Metrics(multiprocess_dir=Path(os.environ["PROMETHEUS_MULTIPROC_DIR"]))
-    server = SidecarServer(
-        settings, metrics=metrics, on_ready=lambda s: publish_port(ready_file, s.port)
-    )
+    interval = heartbeat_interval(settings)
+
+    def beat() -> None:
+        # On the event loop: a frozen loop stops the beats and the supervisor restarts us.
+        with contextlib.suppress(OSError):
+            os.utime(ready_file)
+        asyncio.get_running_loop().call_later(interval, beat)
+
+    def on_ready(server: SidecarServer) -> None:
+        publish_port(ready_file, server.port)
+        asyncio.get_running_loop().call_later(interval, beat)
+
+    server = SidecarServer(settings, metrics=metrics, on_ready=on_ready)
     try:
         serve_until_stopped(server, hangup_before=lambda: hangup.seen)
     except Exception as exc:  # one line, like `limelight serve` itself
         args = argparse.Namespace(**settings.model_dump())
         message, status = describe_error(exc, args)
         print(f"limelight serve: error: worker {index}: {message}", file=sys.stderr)
+        if status == EXIT_REFUSED:  # the supervisor stops with this as its own last line
+            with contextlib.suppress(OSError):
+                refusal_file(ready_file).write_text(message)
         sys.exit(status)
