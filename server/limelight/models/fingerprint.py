@@ -11,18 +11,24 @@ from typing import Protocol
 
 
 def fingerprint(model_dir: Path) -> str:
-    """Content hash of the weights and config: binds caches and heads to one model."""
+    """Content hash of the weights and config: binds caches and heads to one model. Shards
+    (``model-00001-of-00002.safetensors``) are hashed whole too: fine-tuned weights keep every
+    shard's size, and a version from names and sizes kept serving the old weights' graph."""
     digest = hashlib.sha256()
     for name in ("config.json", "model.safetensors"):
         path = model_dir / name
         if path.exists():
-            with path.open("rb") as fh:
-                for chunk in iter(lambda: fh.read(1 << 20), b""):
-                    digest.update(chunk)
+            _hash_file(digest, path)
     for shard in sorted(model_dir.glob("model-*.safetensors")):
         digest.update(shard.name.encode())
-        digest.update(str(shard.stat().st_size).encode())
+        _hash_file(digest, shard)
     return digest.hexdigest()[:16]
+
+
+def _hash_file(digest: hashlib._Hash, path: Path) -> None:
+    with path.open("rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(chunk)
 
 
 class ModelIdentity(Protocol):
