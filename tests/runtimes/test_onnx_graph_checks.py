@@ -158,3 +158,43 @@ def test_a_graph_that_fails_to_load_leaves_the_cached_graph_in_the_cache(
     describe(beside).unlink()
     assert OnnxRuntime.for_model(model, settings).graph == cached
     assert cached.stat().st_mtime_ns == exported
+
+
+def test_a_damaged_cached_graph_is_exported_again(bert_tiny_dir: Path, tmp_path: Path) -> None:
+    """The cached graph is the sidecar's own: one cut short there (its description intact) is
+    exported again at the next start, not refused at every start until someone removes it."""
+    ignore = shutil.ignore_patterns("*.onnx*", HEAD_DIRNAME)
+    model_dir = Path(shutil.copytree(bert_tiny_dir, tmp_path / "model", ignore=ignore))
+    settings = Settings(runtime="onnx", cache_dir=tmp_path / "cache")
+    model = load_model(model_dir)
+    first = OnnxRuntime.for_model(model, settings)
+    cached = cached_graph(model, settings.cache_dir)
+    assert first.graph == cached
+    batch = warm_batch(first)
+    expected = first.run_inline(batch).logits
+    cached.write_bytes(cached.read_bytes()[:4096])
+
+    again = OnnxRuntime.for_model(model, settings)
+    assert again.graph == cached
+    np.testing.assert_allclose(again.run_inline(batch).logits, expected, atol=1e-6)
+
+    # Without exports allowed it is refused, with the command that writes that very file.
+    cached.write_bytes(cached.read_bytes()[:4096])
+    no_export = Settings(runtime="onnx", cache_dir=tmp_path / "cache", onnx_export=False)
+    with pytest.raises(ModelLoadError, match="damaged or partly") as refused:
+        OnnxRuntime.for_model(model, no_export)
+    assert f"limelight export-onnx --model {model.directory} --out {cached}`" in (
+        refused.value.message
+    )
+
+
+def test_an_int8_graph_that_fails_to_load_names_the_command_that_writes_it(
+    bert_tiny_dir: Path, tmp_path: Path
+) -> None:
+    model = load_model(bert_tiny_dir)
+    graph = tmp_path / "served.int8.onnx"
+    graph.write_bytes(b"not a graph")
+    with pytest.raises(ModelLoadError) as refused:
+        OnnxRuntime(graph, model)
+    command = f"limelight export-onnx --model {model.directory} --out {tmp_path / 'served.onnx'}"
+    assert f"`{command} --int8`" in refused.value.message

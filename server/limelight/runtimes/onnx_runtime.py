@@ -105,8 +105,7 @@ class OnnxRuntime(Runtime):
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             raise ModelLoadError(
                 f"ONNX Runtime cannot load {graph} ({first}): a damaged or partly written "
-                f"graph; remove it, or export it again with `limelight export-onnx --model "
-                f"{model.directory}`"
+                f"graph; remove it, or export it again with `{export_command(graph, model)}`"
             ) from exc
         self.input_names = [i.name for i in self.session.get_inputs()]
         outputs = self.session.get_outputs()
@@ -218,7 +217,19 @@ class OnnxRuntime(Runtime):
 
         # torch's count, as load_served_model set it: the same share of the CPUs
         threads = inference_threads(settings, torch.get_num_threads())
-        runtime = cls(graph, model, choose_providers(settings.device), threads)
+        providers = choose_providers(settings.device)
+        try:
+            runtime = cls(graph, model, providers, threads)
+        except ModelLoadError as exc:
+            # The cached graph is the sidecar's own: one damaged there (a disk error, a copy cut
+            # short) is exported again, rather than failing every start until someone removes it.
+            cached = cached_graph(model, settings.cache_dir)
+            if settings.onnx_path is not None or not settings.onnx_export or graph != cached:
+                raise
+            log.warning("the cached graph cannot be served (%s); exporting it again", exc.message)
+            with file_lock(cached.parent / ".export.lock"):
+                export_served_graph(model, cached, inline_heads(model))
+            runtime = cls(graph, model, providers, threads)
         if settings.onnx_path is not None and not read_description(graph):
             # Without a description, whether it carries the heads is said once the runtime has
             # checked the graph against the model: a graph refused there is not "served".
@@ -306,6 +317,17 @@ def _model_embedding_shape(model: LoadedModel) -> tuple[int, int] | None:
     except (AttributeError, NotImplementedError):
         return None
     return (int(shape[0]), int(shape[1])) if len(shape) == 2 else None
+
+
+def export_command(graph: Path, model: LoadedModel) -> str:
+    """The ``limelight export-onnx`` command that writes ``graph`` again (an int8 graph is
+    written beside its float one, ``X.onnx`` and ``X.int8.onnx``)."""
+    command = f"limelight export-onnx --model {model.directory}"
+    int8 = graph.name.endswith(".int8.onnx")
+    out = graph.with_name(graph.name.removesuffix(".int8.onnx") + ".onnx") if int8 else graph
+    if out != model.directory / DEFAULT_GRAPH:
+        command += f" --out {out}"
+    return command + (" --int8" if int8 else "")
 
 
 def cached_graph(model: LoadedModel, cache_dir: Path) -> Path:
