@@ -105,6 +105,27 @@ def test_the_plot_says_what_the_table_says_of_labels_not_compared() -> None:
     plt.close(ready)
 
 
+def test_a_label_panel_with_too_few_in_the_window_says_so() -> None:
+    """A label with answers in the window, but fewer than it needs, is not compared: its panel
+    says so, as the table does, rather than showing empty axes."""
+    import matplotlib.pyplot as plt
+
+    settings = Settings(
+        drift_bootstrap_n=20, drift_window=100, drift_sketch_size=32, drift_min_count=5
+    )
+    monitor = DriftMonitor(settings, ["rotten", "fresh"], None)
+    for label in ["rotten", "fresh"] * 10:  # the reference: ten of each
+        monitor.observe(label, ["a", "film"], [0.1, 2.0])
+    for label in ["rotten"] * 2 + ["fresh"] * 10:
+        monitor.observe(label, ["a", "dull", "film"], [0.1, 2.0, 0.5])
+    figure = drift_figure(monitor.report(top_k=3))
+    assert figure.axes[1].get_title() == "rotten: JSD -, n=2"
+    said = [t.get_text() for t in figure.axes[1].texts]
+    assert said == ["not compared yet:\n2 in the window,\n5 needed"]
+    assert figure.axes[2].get_title().startswith("fresh: JSD ")
+    plt.close(figure)
+
+
 def test_plot_writes_a_png(tmp_path: Path) -> None:
     out = tmp_path / "drift.png"
     plot_report(synthetic_report(), out)

@@ -527,6 +527,28 @@ def test_the_gauges_show_the_end_of_a_burst_without_a_later_request() -> None:
     assert get("limelight_drift_window_explanations") == 100.0
 
 
+def test_the_gauges_show_a_burst_that_ends_part_way_through_a_sub_window() -> None:
+    """The last answers of a burst reach /metrics though they fill no sub-window: refreshing
+    only when one filled left them off (5 of 15 here) until more traffic came."""
+    metrics = Metrics(CollectorRegistry())
+    settings = make_settings(drift_bootstrap_n=20, drift_window=100)  # sub-windows of 10
+    monitor = DriftMonitor(settings, LABELS, metrics, gauge_interval_s=0.2)
+    feed(monitor, 20, seed=1)  # ready: refreshed at once
+    get = metrics.registry.get_sample_value
+
+    def shown_soon(count: float) -> bool:
+        for _ in range(3000):  # no request after the burst: only a timer can refresh
+            if get("limelight_drift_window_explanations") == count and not monitor._refreshing:
+                return True
+            threading.Event().wait(0.01)
+        return False
+
+    feed(monitor, 10, seed=2)  # fills the first sub-window
+    assert shown_soon(10.0)
+    feed(monitor, 5, seed=3)  # the burst's tail, after that refresh
+    assert shown_soon(15.0)
+
+
 def test_an_empty_window_exports_no_mix_or_entropy_of_its_own(tmp_path: Path) -> None:
     boot = DriftMonitor(make_settings(), LABELS, None)
     feed(boot, 200, seed=1)

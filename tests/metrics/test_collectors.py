@@ -142,3 +142,19 @@ def test_a_worker_registers_the_job_collectors_only() -> None:
     )
     assert result.returncode == 0, result.stdout.decode() + result.stderr.decode()
     assert result.stdout.strip() == b"", result.stdout.decode()
+
+
+def test_label_mix_drift_is_nan_until_a_monitor_compares() -> None:
+    """While the model loads, and for good with drift disabled, the label-mix gauge reads NaN:
+    a 0 read as "no drift" on the dashboard's panel."""
+    import math
+
+    from limelight.app import build_drift
+
+    metrics = Metrics(CollectorRegistry())
+    get = metrics.registry.get_sample_value
+    assert math.isnan(get("limelight_label_mix_drift"))
+    settings = Settings(drift_enabled=False)
+    assert build_drift(settings, None, metrics, "normxlogit") is None  # type: ignore[arg-type]
+    assert math.isnan(get("limelight_label_mix_drift"))
+    assert get("limelight_drift_reference_state", {"state": "disabled"}) == 1.0

@@ -300,26 +300,19 @@ def format_report(report: Any) -> str:
     few_in_window: list[str] = []
     no_mass: list[str] = []
     least = getattr(report, "min_count", 0)  # 0: a sidecar that does not say
-    ready = report.reference_state == "ready"
+    lists = {
+        "unreferenced": unreferenced,
+        "few_in_reference": few_in_reference,
+        "few_in_window": few_in_window,
+        "no_mass": no_mass,
+    }
     for d in report.labels:
         if d.window_count > 0 and math.isfinite(d.divergence):
             jsd, alert = f"{d.divergence:7.4f}", "ALERT" if d.alert else "ok"
         else:
             jsd, alert = f"{NOT_COMPARED:>7}", NOT_COMPARED
-            in_reference = getattr(d, "reference_count", 0)
-            if not ready:
-                pass
-            elif not least or in_reference == 0:
-                if d.window_count > 0:
-                    unreferenced.append(d.label)
-            elif in_reference < least:
-                few_in_reference.append(d.label)
-            elif d.window_count == 0:
-                pass  # no recent answer was predicted as it: nothing to say but the "0"
-            elif d.window_count < least:
-                few_in_window.append(d.label)
-            else:
-                no_mass.append(d.label)
+            # Not ready, or no recent answer predicted as it: nothing to say but the "0".
+            lists.get(_why_not_compared(report, d), []).append(d.label)
         out.append(f"{pad(terminal_safe(d.label), width)}  {jsd}  {alert:<5}  {d.window_count:>6}")
     if unreferenced:
         out.append(
@@ -357,6 +350,44 @@ def format_report(report: Any) -> str:
         out.extend(_shift_lines("risers", d.risers))
         out.extend(_shift_lines("fallers", d.fallers))
     return "\n".join(out)
+
+
+def _why_not_compared(report: Any, d: Any) -> str:
+    """Why label ``d`` of ``report`` has no divergence: ``not_ready`` (the reference builds,
+    or drift is off), ``none_in_window``, ``unreferenced``, ``few_in_reference``,
+    ``few_in_window`` or ``no_mass`` (see :func:`format_report`)."""
+    least = getattr(report, "min_count", 0)  # 0: a sidecar that does not say
+    in_reference = getattr(d, "reference_count", 0)
+    if report.reference_state != "ready":
+        return "not_ready"
+    if not least or in_reference == 0:
+        return "unreferenced" if d.window_count > 0 else "none_in_window"
+    if in_reference < least:
+        return "few_in_reference"
+    if d.window_count == 0:
+        return "none_in_window"
+    return "few_in_window" if d.window_count < least else "no_mass"
+
+
+def _panel_note(report: Any, d: Any) -> str:
+    """A label panel's few words on why the label is not compared (the figure's
+    :func:`format_report` notes)."""
+    least = getattr(report, "min_count", 0)
+    kind = _why_not_compared(report, d)
+    if kind == "not_ready":
+        target = getattr(report, "reference_target", 0)
+        of = f" of {target:,}" if target > 0 else ""
+        return {
+            "building": f"reference building:\n{report.reference_count:,}{of} explanations",
+            "disabled": "drift monitoring is off",
+        }.get(report.reference_state, "not compared")
+    return {
+        "none_in_window": "no recent answer\npredicted this label",
+        "unreferenced": "none in the reference\nwas predicted as this label",
+        "few_in_reference": f"fewer than {least:,} in the\nreference: never compared",
+        "few_in_window": f"not compared yet:\n{d.window_count:,} in the window,\n{least:,} needed",
+        "no_mass": "too few explanations with\npositive attribution mass",
+    }[kind]
 
 
 def plot_report(report: Any, path: Path, top_k: int = 8) -> None:
@@ -408,21 +439,16 @@ def drift_figure(report: Any, top_k: int = 8) -> Any:
         )
         ax.axvline(0, color="black", linewidth=0.8)
         ax.set_xlabel("share change (percentage points)")
-        if d.window_count == 0:
-            target = getattr(report, "reference_target", 0)
-            of = f" of {target:,}" if target > 0 else ""
-            why = {
-                "building": f"reference building:\n{report.reference_count:,}{of} explanations",
-                "disabled": "drift monitoring is off",
-            }.get(report.reference_state, "no recent answer\npredicted this label")
+        if not compared[i]:  # the reason, not empty axes (shifts, if any, say little)
             ax.clear()
-            ax.set_title(f"{d.label}: JSD {NOT_COMPARED}, n=0")
-            ax.text(0.5, 0.5, why, ha="center", va="center", transform=ax.transAxes)
+            ax.set_title(f"{d.label}: JSD {NOT_COMPARED}, n={d.window_count}")
+            ax.text(
+                0.5, 0.5, _panel_note(report, d), ha="center", va="center", transform=ax.transAxes
+            )
             ax.set_xticks([])
             ax.set_yticks([])
         else:
-            jsd = f"{d.divergence:.3f}" if math.isfinite(d.divergence) else NOT_COMPARED
-            ax.set_title(f"{d.label}: JSD {jsd}, n={d.window_count}")
+            ax.set_title(f"{d.label}: JSD {d.divergence:.3f}, n={d.window_count}")
     fig.tight_layout()
     return fig
 

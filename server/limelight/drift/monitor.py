@@ -53,8 +53,8 @@ class DriftMonitor:
     """Thread-safe attribution drift monitor. ``observe`` is O(tokens); ``report`` is O(memory).
 
     Prometheus gauges (when ``metrics`` is given) are refreshed when the reference becomes
-    ready, when a sub-window fills (every ``drift_window / slots`` explanations) but at most
-    once per ``gauge_interval_s``, and on every :meth:`report` / :meth:`refresh_gauges`. A
+    ready, after new explanations at most once per ``gauge_interval_s`` (the last of a burst
+    included), and on every :meth:`report` / :meth:`refresh_gauges`. A
     report merges every sub-window (milliseconds), so it never runs under the lock that
     ``observe`` takes, and the periodic refresh runs in a thread of its own: the request that
     fills a sub-window does not pay for it.
@@ -223,7 +223,10 @@ class DriftMonitor:
                     due = True
             else:
                 self._ring.advance().add(label, shares, entropy)
-                due = self._ring.tick()
+                self._ring.tick()
+                # Every answer, not only the one that fills a sub-window: a burst that ends
+                # part-way through one must reach /metrics too (at most one refresh per interval).
+                due = True
             delay = self._schedule_refresh() if due else None
         if became_ready:
             self.refresh_gauges()  # the window is still empty: cheap, and seen at once

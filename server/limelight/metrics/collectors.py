@@ -6,6 +6,7 @@ are bounded: RPC names, status codes, method names, model labels; never a token 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -231,10 +232,12 @@ class Metrics(JobMetrics):
         self.label_mix_drift = Gauge(
             "limelight_label_mix_drift",
             "Jensen-Shannon divergence (base 2, 0..1) of the predicted-label mix, window vs "
-            "reference.",
+            "reference; NaN while not comparable.",
             multiprocess_mode="liveall",
             registry=r,
         )
+        # Not a 0 that reads as "no drift" while the model loads, or with drift disabled.
+        self.label_mix_drift.set(math.nan)
         self.attribution_entropy = Gauge(
             # Not "_bits": promtool reads that as a unit and asks for bytes; entropy has none.
             "limelight_attribution_entropy",
