@@ -152,7 +152,12 @@ def test_label_mix_drift_is_nan_until_a_monitor_compares() -> None:
     from limelight.app import build_drift
 
     metrics = Metrics(CollectorRegistry())
-    get = metrics.registry.get_sample_value
+
+    def get(name: str, labels: dict[str, str] | None = None) -> float:
+        value = metrics.registry.get_sample_value(name, labels)
+        assert value is not None, name
+        return value
+
     assert math.isnan(get("limelight_label_mix_drift"))
     settings = Settings(drift_enabled=False)
     assert build_drift(settings, None, metrics, "normxlogit") is None  # type: ignore[arg-type]
