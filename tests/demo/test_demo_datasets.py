@@ -248,3 +248,37 @@ def test_lines_end_at_line_feeds_only_and_a_bom_is_dropped(tmp_path: Path) -> No
     csv_file = tmp_path / "bom.csv"
     csv_file.write_bytes(b"\xef\xbb\xbftext,label\nfine,1\n")
     assert [(e.text, e.label) for e in read_labelled(csv_file)] == [("fine", 1)]
+
+
+def test_a_csv_row_with_more_or_fewer_fields_than_the_header_is_refused(tmp_path: Path) -> None:
+    """An unquoted comma in a text (``a dull, lifeless film,0``) gave three fields: csv's
+    DictReader filed the surplus under the key None and the text was silently cut to
+    ``a dull``; a short row had its missing fields filled with None."""
+    extra = tmp_path / "unquoted.csv"
+    extra.write_text("text,label\nwonderful acting,1\na dull, lifeless film,0\n")
+    with pytest.raises(
+        InvalidArgument,
+        match=r"unquoted.csv:3: 3 fields, the header has 2; quote fields that hold the delimiter",
+    ):
+        read_labelled(extra)
+    short = tmp_path / "short.tsv"
+    short.write_text("text\tlabel\tsource\nfine\t1\n")
+    with pytest.raises(InvalidArgument, match=r"short.tsv:2: 2 fields, the header has 3"):
+        read_labelled(short)
+    # Blank lines stay skipped and quoted commas stay inside their field.
+    fine = tmp_path / "fine.csv"
+    fine.write_text('text,label\n\n"a dull, lifeless film",0\n\n')
+    assert [(e.text, e.label) for e in read_labelled(fine)] == [("a dull, lifeless film", 0)]
+
+
+def test_text_lines_are_stripped_and_blank_lines_left_out(tmp_path: Path) -> None:
+    from limelight.demo.datasets import read_text_lines
+
+    path = tmp_path / "texts.txt"
+    # A BOM and CRLF endings go; a line ends at a line feed only (not at U+2028).
+    path.write_bytes(b"\xef\xbb\xbf first \r\n\n  \n" + "second\u2028half\n".encode())
+    assert read_text_lines(path) == ["first", "second\u2028half"]
+    latin = tmp_path / "latin1.txt"
+    latin.write_bytes("ok\n\ncaf\xe9\n".encode("latin-1"))
+    with pytest.raises(InvalidArgument, match=r"latin1.txt:3: not UTF-8 text"):
+        read_text_lines(latin)

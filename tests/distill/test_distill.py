@@ -509,6 +509,7 @@ def test_the_report_warns_of_a_head_below_normxlogit_and_of_no_validation() -> N
         "deletion_aopc_teacher": 0.3, "deletion_aopc_teacher_se": 0.01,
         "deletion_aopc_normxlogit": 0.25, "deletion_aopc_normxlogit_se": 0.01,
         "spearman_vs_teacher": 0.5, "deletion_aopc_head_minus_normxlogit": -0.05,
+        "deletion_aopc_head_minus_normxlogit_se": 0.0,
     }  # fmt: skip
     worse = report(replace(card, validation=measured))
     assert "head 0.200 ± 0.010" in worse and "head minus normxlogit -0.050 ± 0.000" in worse
@@ -524,6 +525,12 @@ def test_the_report_warns_of_a_head_below_normxlogit_and_of_no_validation() -> N
         "deletion_aopc_head_minus_normxlogit_se": 0.006,
     }
     assert "WARNING: the head is not clearly" in report(replace(card, validation=unclear))
+    # One held-out text: no standard error, so no lead is clear.
+    single = {k: v for k, v in measured.items() if not k.endswith("_se")}
+    single["deletion_aopc_head_minus_normxlogit"] = 0.1
+    lone = report(replace(card, validation=single))
+    assert "head minus normxlogit +0.100 (no standard error)" in lone
+    assert "WARNING: the head is not clearly" in lone
 
 
 def test_the_report_of_a_model_that_hardly_responds_shows_its_figures_and_says_why() -> None:
@@ -701,3 +708,38 @@ def test_distill_refuses_data_without_texts_and_says_when_it_held_fewer(
     )
     said = capsys.readouterr().out
     assert "note: the data held 8 training texts of the 50 asked (--n), after 4 held out" in said
+
+
+def test_one_held_out_text_gives_no_standard_error_and_strict_json(
+    synthetic: Path, tmp_path: Path
+) -> None:
+    """`limelight distill --validation 1`: the sample standard deviation of one value is NaN
+    (with numpy's RuntimeWarnings), which hid the report's warning (NaN compares false) and
+    reached card.json as a bare NaN."""
+    import warnings
+
+    model = load_model(synthetic)
+    texts = sample_linear_dataset(12, seed=3).texts()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        head, card = distill(
+            model,
+            Settings(jobs="off"),
+            texts[:-1],
+            TEACHER,
+            PARAMS,
+            tmp_path / "teacher.jsonl",
+            config=TrainConfig(epochs=2, loop_steps=0),
+            validation_texts=texts[-1:],
+        )
+    assert card.validation["examples"] >= 1.0 and "deletion_aopc_head" in card.validation
+    assert not any(key.endswith("_se") for key in card.validation), card.validation
+    save_head(head, card, tmp_path / "head")
+    json.loads((tmp_path / "head" / "card.json").read_text(), parse_constant=_refuse)
+    text = report(card)
+    assert "(no standard error)" in text and "nan" not in text.lower()
+    assert "WARNING: the head is not clearly more faithful" in text
+
+
+def _refuse(name: str) -> float:
+    raise AssertionError(f"card.json holds {name}, which is not JSON")

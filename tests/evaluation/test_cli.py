@@ -60,7 +60,9 @@ def test_eval_command_writes_table_json_and_plot(
             "--no-progress",
         ]
     )
-    assert args.func(args) == 0
+    # decoded_gradcam was named but the model has no LM head: the report is written, and the
+    # status says that the run is not complete.
+    assert args.func(args) == 1
     report = json.loads((out / "eval.json").read_text())
     methods = {m["name"]: m for m in report["methods"]}
     assert methods["decoded_gradcam"]["status"] == "skipped"
@@ -78,7 +80,45 @@ def test_eval_command_writes_table_json_and_plot(
     table = (out / "eval.md").read_text()
     assert "| normxlogit |" in table and "decoded_gradcam" in table
     assert (out / "eval.png").stat().st_size > 10_000
-    assert "wrote" in capsys.readouterr().out
+    captured = capsys.readouterr()
+    assert "wrote" in captured.out
+    assert captured.err.strip().endswith(  # this parser has no command name
+        f"error: not evaluated: decoded_gradcam (skipped); the reasons are in {out / 'eval.md'}"
+    )
+
+
+def test_eval_fails_when_every_named_method_was_skipped(
+    trigger_setup: TriggerSetup, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`--methods decoded_gradcam` on a model without an LM head evaluated nothing, and the
+    command exited 0."""
+    from limelight.cli.main import main
+
+    data = tmp_path / "data.jsonl"
+    data.write_text(
+        "".join(json.dumps({"text": e.text}) + "\n" for e in trigger_setup.examples[:3])
+    )
+    out = tmp_path / "out"
+    model = ["--model", str(trigger_setup.directory), "--data", str(data), "--n", "0"]
+    status = main(["eval", *model, "--methods", "decoded_gradcam", "--out", str(out)])
+    assert status == 1
+    assert (out / "eval.json").is_file() and (out / "eval.md").is_file()
+    err = capsys.readouterr().err
+    assert "limelight eval: error: not evaluated: decoded_gradcam (skipped)" in err, err
+
+
+def test_a_missing_lm_head_folder_stops_eval_before_the_model_loads(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from limelight.cli.main import main
+
+    missing = tmp_path / "no-model-here"  # loading it would fail with another message
+    head = tmp_path / "nonexistent"
+    argv = ["eval", "--model", str(missing), "--methods", "decoded_gradcam", "--lm-head", str(head)]
+    assert main([*argv, "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert err.strip() == f"limelight eval: error: --lm-head {head}: no such directory", err
+    assert not (tmp_path / "o").exists()
 
 
 @pytest.mark.parametrize(
@@ -173,3 +213,23 @@ def test_a_multi_label_text_agrees_with_each_of_its_labels_when_untouched(
     assert method["n"] > 8, "the sample has texts with several labels"
     assert method["hide_agreement"][0] == 1.0
     assert method["reveal_agreement"][-1] == 1.0
+
+
+@pytest.mark.parametrize("limit", [1, 2])
+def test_a_token_limit_without_room_for_text_is_refused_as_the_sidecar_refuses_it(
+    limit: int, trigger_setup: TriggerSetup, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`--max-tokens 2` evaluated "[CLS] [SEP]" alone (every figure 0); 1 was ignored."""
+    from limelight.cli.main import main
+
+    data = tmp_path / "data.jsonl"
+    data.write_text(json.dumps({"text": trigger_setup.examples[0].text}) + "\n")
+    model = ["--model", str(trigger_setup.directory), "--data", str(data)]
+    argv = ["eval", *model, "--methods", "random", "--max-tokens", str(limit)]
+    assert main([*argv, "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert (
+        f"limelight eval: error: max_tokens {limit} leaves no room for text: the model adds 2 "
+        "special tokens to a text and 3 to a text pair; set it to at least 5"
+    ) in err, err
+    assert not (tmp_path / "o" / "eval.json").exists()

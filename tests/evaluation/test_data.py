@@ -96,3 +96,16 @@ def test_a_multi_label_model_is_told_nothing_about_gold_labels(tmp_path: Path) -
     two = load_examples("drugscom", ["toxic", "spam"], n=6, multi_label=True)
     assert [e.gold for e in two.examples] == [None] * 6
     assert two.notes == ["6 of 379 examples sampled with seed 0"]
+
+
+@pytest.mark.parametrize("spans", [[["a", "b"]], [[0, 2.5]], [[True, 3]], [[None, 3]]])
+def test_evidence_spans_that_are_not_whole_numbers_are_refused(spans: list[object]) -> None:
+    """`[["a", "b"]]` ended `limelight eval` in a ValueError traceback from int()."""
+    from limelight.evaluation.data import parse_evidence
+
+    with pytest.raises(
+        InvalidArgument,
+        match=r"^data.jsonl:3: evidence spans must be integer \[start, end\] pairs$",
+    ):
+        parse_evidence(spans, "a good film", "data.jsonl:3")
+    assert parse_evidence([[2, 6.0]], "a good film", "data.jsonl:3") == ((2, 6),)

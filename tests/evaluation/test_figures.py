@@ -3,6 +3,8 @@ when the model hardly responds to masking."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from limelight.evaluation.figures import FLAT_AOPC, decimals, flat_note, number, plus_minus
@@ -75,3 +77,18 @@ def test_an_ordinary_eval_table_is_written_as_before() -> None:
     assert "| normxlogit | 0.330 ± 0.000 | 0.085 ± 0.000 |" in text
     assert "| random | +0.200 ± 0.000 | -0.165 ± 0.055 |" in text
     assert "hardly moves" not in text
+
+
+def test_a_plot_without_any_evaluated_method_has_no_empty_legend(tmp_path: Path) -> None:
+    """Every method skipped: matplotlib warned "No artists with labels found to put in
+    legend" on the command's stderr."""
+    import warnings
+
+    from limelight.evaluation.report import plot
+
+    skipped = MethodResult(name="decoded_gradcam", status="skipped", reason="no LM head")
+    report = EvalReport(model="m", dataset="d", config=EvalConfig(), results=[skipped])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        plot(report, tmp_path / "eval.png")
+    assert (tmp_path / "eval.png").stat().st_size > 0

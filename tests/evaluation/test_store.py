@@ -153,6 +153,12 @@ def test_an_interrupted_run_resumes(trigger_setup: TriggerSetup, tmp_path: Path)
     again = AttributionStore(tmp_path, "v").wrap("m", {}, resumed)
     _answers(again, encoded)
     assert again.reused == 4 and resumed.calls == len(encoded) - 4
+    # The cut line was ended before the first new answer: that answer is not joined to it and
+    # lost, and a third run recomputes nothing.
+    third = Counting()
+    last = AttributionStore(tmp_path, "v").wrap("m", {}, third)
+    _answers(last, encoded)
+    assert third.calls == 0 and last.reused == len(encoded)
 
 
 def test_fresh_recomputes_and_replaces(trigger_setup: TriggerSetup, tmp_path: Path) -> None:

@@ -284,6 +284,8 @@ def run(args: argparse.Namespace) -> int:
         from limelight.cli.bench_remote import run_against
 
         return run_against(args)
+    if args.texts is not None:  # a local run measures its own set of the demo's test reviews
+        raise InvalidArgument("--texts goes with --against; a local run sends the test reviews")
 
     # A closed terminal (SIGHUP) or a `kill` (SIGTERM) ends the run as Ctrl-C does: through
     # the cleanup that stops the sidecar and the load generator this run started.

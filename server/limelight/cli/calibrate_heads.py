@@ -7,6 +7,7 @@ import random
 from pathlib import Path
 
 from limelight.cli.common import real, whole
+from limelight.errors import InvalidArgument
 from limelight.models.head_mask import MASK_FILENAME
 
 
@@ -67,13 +68,15 @@ def read_texts(path: Path | None, text_field: str = "text") -> tuple[list[str], 
         from limelight.demo.datasets import rotten_tomatoes
 
         return [e.text for e in rotten_tomatoes("train")], "rotten_tomatoes:train"
-    suffix = path.suffix.lower()
-    if suffix in (".csv", ".tsv", ".jsonl", ".json", ".ndjson"):
-        from limelight.demo.datasets import read_labelled
+    from limelight.demo.datasets import read_labelled, read_text_lines
 
-        return [e.text for e in read_labelled(path, text_field=text_field)], str(path)
-    lines = path.read_text(encoding="utf-8").splitlines()
-    return [line.strip() for line in lines if line.strip()], str(path)
+    if path.suffix.lower() in (".csv", ".tsv", ".jsonl", ".json", ".ndjson"):
+        texts = [e.text for e in read_labelled(path, text_field=text_field)]
+    else:
+        texts = read_text_lines(path)  # a line that is not UTF-8 is named, with its number
+    if not texts:
+        raise InvalidArgument(f"{path}: no text in it")
+    return texts, str(path)
 
 
 def run(args: argparse.Namespace) -> int:

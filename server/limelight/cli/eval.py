@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from limelight.cli.common import (
+    EXIT_FAILURE,
     EXIT_USAGE,
     add_model_args,
     fail,
@@ -64,8 +65,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     p.add_argument(
         "--methods",
-        default=DEFAULT_METHODS,
-        help=f"comma-separated methods; peers: lime, shap (default: {DEFAULT_METHODS})",
+        help=f"comma-separated methods; peers: lime, shap (default: {DEFAULT_METHODS}). The "
+        "exit status is 1 when one of them failed, or one named here was skipped",
     )
     p.add_argument("--n", type=whole(0), default=50, help="examples sampled (default: 50; 0 = all)")
     p.add_argument("--seed", type=whole(0), default=0, help="sampling and random-baseline seed")
@@ -155,6 +156,7 @@ def default_data(model_dir: Path | None, demo_model: str) -> str:
 
 def run(args: argparse.Namespace) -> int:
     from limelight.app import load_served_model
+    from limelight.core.windows import check_token_limit
     from limelight.evaluation.benchmark import machine
     from limelight.evaluation.data import load_examples
     from limelight.evaluation.explainers import build_explainers
@@ -164,11 +166,24 @@ def run(args: argparse.Namespace) -> int:
     from limelight.progress import progress_bar
 
     settings = settings_from_args(args, jobs="off", drift_enabled=False)
-    names = [m.strip() for m in args.methods.split(",") if m.strip()]
+    # The default list skips what a model lacks (no inline head, no LM head) as a matter of
+    # course; a method the user named and did not get is a failed run.
+    named = args.methods is not None
+    names = [m.strip() for m in (args.methods or DEFAULT_METHODS).split(",") if m.strip()]
     params = parse_params(args.params)
     registry = _check_methods(names, params, settings)  # before the model loads
+    if args.lm_head_dir is not None and not args.lm_head_dir.expanduser().is_dir():
+        raise InvalidArgument(f"--lm-head {args.lm_head_dir}: no such directory")
     make_out_dir(args.out)  # an unwritable --out fails now, not at the end
     model = load_served_model(settings)
+    # The sidecar's own check: under it the tokenizer ignored the limit (1) or every text was
+    # its special tokens alone (2), and the figures were all zero.
+    tokenizer = model.tokenizer
+    check_token_limit(
+        min(args.max_tokens, model.max_tokens),
+        tokenizer.num_special_tokens_to_add(pair=False),
+        tokenizer.num_special_tokens_to_add(pair=True),
+    )
     if args.data is None:
         args.data = default_data(args.model_dir, settings.demo_model)
     limits = _thresholds(model, settings)
@@ -281,6 +296,14 @@ def run(args: argparse.Namespace) -> int:
     paths = write(report, args.out)
     print(paths["markdown"].read_text(encoding="utf-8"))
     print("wrote " + ", ".join(str(p) for p in paths.values()))
+    missing = [r for r in results if r.status == "failed" or (named and r.status == "skipped")]
+    if missing:  # the report is written; the status tells a script the run is not complete
+        listing = ", ".join(f"{r.name} ({r.status})" for r in missing)
+        return fail(
+            args,
+            f"not evaluated: {listing}; the reasons are in {paths['markdown']}",
+            EXIT_FAILURE,
+        )
     return 0
 
 

@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import io
 import json
+import os
 import re
 import sys
 import time
@@ -22,6 +23,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from limelight.cli.common import (
+    DEFAULT_TARGET,
     EXIT_USAGE,
     JobNotFinished,
     JobProgressBar,
@@ -42,6 +44,9 @@ from limelight.cli.common import (
     whole,
 )
 from limelight.errors import InvalidArgument
+
+#: ``--texts-per-call`` when it is not given.
+TEXTS_PER_CALL = 16
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -67,9 +72,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     p.add_argument(
         "--texts-per-call",
-        type=whole(1),
-        default=16,
-        help="with --lines: texts sent per ExplainBatch call (default 16)",
+        type=whole(1),  # no default here: given without --lines it is refused, not ignored
+        help=f"with --lines: texts sent per ExplainBatch call (default {TEXTS_PER_CALL})",
     )
     p.add_argument(
         "--connections",
@@ -163,6 +167,9 @@ def run(args: argparse.Namespace) -> int:
 
     if (args.text is None) == (args.lines is None):
         return fail(args, "give either a TEXT or --lines FILE", 2)
+    ignored = _ignored_flags(args)
+    if ignored:
+        return fail(args, ignored, EXIT_USAGE)
     classes = args.target_class or []
     if len(classes) > 1:
         return fail(
@@ -196,6 +203,37 @@ def run(args: argparse.Namespace) -> int:
     if explanation is not None:
         _show(explanation, args)
     return 0
+
+
+def _ignored_flags(args: argparse.Namespace) -> str | None:
+    """Why flags given together would be dropped without a word, or None."""
+    if args.lines is None:
+        alone = [
+            flag
+            for flag, given in (
+                ("--keep-going", args.keep_going),
+                ("--texts-per-call", args.texts_per_call is not None),
+            )
+            if given
+        ]
+        if alone:
+            return f"{' and '.join(alone)} go{'es' if len(alone) == 1 else ''} with --lines"
+    if not args.local:
+        return None
+    # --target and --token default to $LIMELIGHT_TARGET / $LIMELIGHT_TOKEN: a variable set
+    # for other commands is no mistake, a flag that differs from it is.
+    calls = [
+        flag
+        for flag, value, default in (
+            ("--target", args.target, os.environ.get("LIMELIGHT_TARGET", DEFAULT_TARGET)),
+            ("--token", args.token, os.environ.get("LIMELIGHT_TOKEN")),
+            ("--texts-per-call", args.texts_per_call, None),
+        )
+        if value != default
+    ]
+    if calls:
+        return f"--local explains in this process and calls no sidecar: drop {', '.join(calls)}"
+    return None
 
 
 def _refuse_flags_the_method_ignores(args: argparse.Namespace, method: str, cost: str) -> None:
@@ -507,7 +545,7 @@ def _run_lines(args: argparse.Namespace) -> int:
                         target=_target(args.target_class, lambda: client.model().labels),
                         all_classes=args.all_classes,
                         method=args.method or None,
-                        texts_per_call=args.texts_per_call,
+                        texts_per_call=args.texts_per_call or TEXTS_PER_CALL,
                         return_exceptions=True,
                     ):
                         if isinstance(explanation, LimelightError) and not args.keep_going:

@@ -11,6 +11,9 @@ import numpy as np
 from limelight.cli.common import add_model_args, settings_from_args, setup_logging, whole
 from limelight.settings import Settings
 
+#: ``--fidelity-n`` when it is not given.
+FIDELITY_N = 200
+
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = subparsers.add_parser(
@@ -26,10 +29,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     p.add_argument(
         "--fidelity-n",
-        type=whole(1),
-        default=200,
-        help="held-out texts for the int8 report (the demo's own test data; for --model, "
-        "rotten_tomatoes reviews)",
+        type=whole(1),  # no default here: given without --int8 it is refused, not ignored
+        help=f"with --int8: held-out texts for the int8 report (default {FIDELITY_N}; the "
+        "demo's own test data; for --model, rotten_tomatoes reviews)",
     )
     p.set_defaults(func=run)
 
@@ -140,7 +142,11 @@ def run(args: argparse.Namespace) -> int:
     from limelight.runtimes.onnx_export import export_onnx, read_description, staged
     from limelight.runtimes.onnx_runtime import DEFAULT_GRAPH
 
-    if args.out is not None:  # before the model loads
+    if args.fidelity_n is not None and not args.int8:  # before the model loads
+        from limelight.errors import InvalidArgument
+
+        raise InvalidArgument("--fidelity-n goes with --int8: it sizes the int8 graph's report")
+    if args.out is not None:
         _check_out(args.out)
     model = load_served_model(settings)
     out = args.out or model.directory / DEFAULT_GRAPH
@@ -166,7 +172,7 @@ def run(args: argparse.Namespace) -> int:
             else None
         )
         report = fidelity_report(
-            model.directory, out, quantised, args.fidelity_n, dataset, thresholds
+            model.directory, out, quantised, args.fidelity_n or FIDELITY_N, dataset, thresholds
         )
         print(f"wrote {quantised} ({quantised.stat().st_size / 1e6:.1f} MB)")
         print(f"int8 fidelity on {int(report['texts'])} held-out texts of {dataset} (test):")

@@ -80,13 +80,17 @@ def register(subparsers: Any) -> None:
 
 def read_texts(path: Path, text_field: str = "text") -> list[str]:
     """Texts from a .txt file (one per line) or a CSV/TSV/JSONL file's ``text_field``."""
+    from limelight.demo.datasets import read_labelled, read_text_lines
+
     if not path.is_file():
         raise InvalidArgument(f"{path} does not exist or is not a file")
     if path.suffix.lower() in (".txt", ".text", ""):
-        return [line.strip() for line in path.read_text(encoding="utf-8").splitlines()]
-    from limelight.demo.datasets import read_labelled
-
-    return [ex.text for ex in read_labelled(path, text_field=text_field)]
+        texts = read_text_lines(path)
+    else:
+        texts = [ex.text for ex in read_labelled(path, text_field=text_field)]
+    if not texts:  # the fit would fail far from here, on an empty batch
+        raise InvalidArgument(f"{path}: no text in it")
+    return texts
 
 
 def _default_texts() -> list[str]:

@@ -324,13 +324,49 @@ def read_records(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
         # A field may be as long as the file (csv's default limit, 128 KiB, refused a long
         # document): the limit is the module's, raised only, never lowered.
         csv.field_size_limit(max(csv.field_size_limit(), len(content) + 1))
-        reader = csv.DictReader(
+        reader = csv.reader(
             io.StringIO(content, newline=""), delimiter="\t" if suffix == ".tsv" else ","
         )
+        header: list[str] | None = None
         for row in reader:
-            yield reader.line_num, dict(row)
+            if not row:  # blank lines are skipped, as csv.DictReader does
+                continue
+            if header is None:
+                header = row
+                continue
+            # csv.DictReader would file surplus fields under the key None (an unquoted comma
+            # in a text cut it short) and fill missing ones with None: both are broken rows.
+            if len(row) != len(header):
+                raise _field_count(path, reader.line_num, len(row), len(header))
+            yield reader.line_num, dict(zip(header, row, strict=True))
     else:
         raise InvalidArgument(f"{path}: unsupported file type {suffix!r}; use .csv, .tsv or .jsonl")
+
+
+def read_text_lines(path: Path) -> list[str]:
+    """The texts of a plain text file, one per line: stripped, blank lines left out. A line
+    that is not UTF-8 is refused with its file and line number, as in :func:`read_records`."""
+    if not path.is_file():
+        raise InvalidArgument(f"{path} does not exist or is not a file")
+    texts: list[str] = []
+    with path.open("rb") as handle:
+        for line_no, raw in enumerate(handle, start=1):
+            text = _decoded(raw, path, line_no).strip()
+            if text:
+                texts.append(text)
+    return texts
+
+
+def _field_count(path: Path, line_no: int, n_fields: int, n_header: int) -> InvalidArgument:
+    hint = (
+        "quote fields that hold the delimiter"
+        if n_fields > n_header
+        else "give every column, an empty one as an empty field"
+    )
+    return InvalidArgument(
+        f"{path}:{line_no}: {n_fields} field{'s' if n_fields != 1 else ''}, "
+        f"the header has {n_header}; {hint}"
+    )
 
 
 def _decoded(raw: bytes, path: Path, line_no: int) -> str:

@@ -23,7 +23,7 @@ from limelight.demo import datasets
 from limelight.distill.config import DEFAULT_TEACHER, DEFAULT_TEACHER_PARAMS, Mixture, TrainConfig
 from limelight.distill.train import LOOP_FRACTIONS, distill
 from limelight.errors import InvalidArgument
-from limelight.evaluation.figures import decimals, flat_note, plus_minus
+from limelight.evaluation.figures import decimals, flat_note, number, plus_minus
 from limelight.models.explainer_head import ExplainerHead, HeadCard, head_dir, read_card, save_head
 from limelight.models.fingerprint import ModelIdentity
 from limelight.models.loaded import LoadedModel
@@ -294,26 +294,29 @@ def report(card: HeadCard) -> str:
         teacher = f"{1 - w:g} {card.teacher} + {w:g} {card.mixture['teacher']}"
     lines = [f"head: {card.parameters:,} parameters, teacher {teacher} on {card.train_texts} texts"]
     if "deletion_aopc_head" in v:
-        head = (v["deletion_aopc_head"], v["deletion_aopc_head_se"])
-        teacher_aopc = (v["deletion_aopc_teacher"], v["deletion_aopc_teacher_se"])
-        nxl = (v["deletion_aopc_normxlogit"], v["deletion_aopc_normxlogit_se"])
+        # A standard error is missing where fewer than two texts were held out.
+        head = (v["deletion_aopc_head"], v.get("deletion_aopc_head_se"))
+        teacher_aopc = (v["deletion_aopc_teacher"], v.get("deletion_aopc_teacher_se"))
+        nxl = (v["deletion_aopc_normxlogit"], v.get("deletion_aopc_normxlogit_se"))
         diff = (
             v.get("deletion_aopc_head_minus_normxlogit", 0.0),
-            v.get("deletion_aopc_head_minus_normxlogit_se", 0.0),
+            v.get("deletion_aopc_head_minus_normxlogit_se"),
         )
         places = decimals([*head, *teacher_aopc, *nxl, *diff])
+        spearman = v.get("spearman_vs_teacher")
         lines.append(
             f"held-out deletion AOPC ({v.get('texts', 0):.0f} texts): head "
-            f"{plus_minus(*head, places)}, teacher {plus_minus(*teacher_aopc, places)}, "
-            f"normxlogit {plus_minus(*nxl, places)}; head minus normxlogit "
-            f"{plus_minus(*diff, places, signed=True)} (paired); Spearman with the teacher "
-            f"{v['spearman_vs_teacher']:.3f}"
+            f"{_pm(*head, places)}, teacher {_pm(*teacher_aopc, places)}, "
+            f"normxlogit {_pm(*nxl, places)}; head minus normxlogit "
+            f"{_pm(*diff, places, signed=True)} (paired); Spearman with the teacher "
+            f"{'n/a' if spearman is None else format(spearman, '.3f')}"
         )
-        if diff[0] - 2 * diff[1] <= 0.0:
+        if diff[1] is None or diff[0] - 2 * diff[1] <= 0.0:
             lines.append(
                 "WARNING: the head is not clearly more faithful than NormXLogit on held-out "
-                "texts (its paired lead is not above twice its standard error); try more texts "
-                "(--n) or another teacher before serving it by default"
+                "texts (its paired lead is not above twice its standard error, or one text "
+                "gives no standard error); try more texts (--n, --validation) or another "
+                "teacher before serving it by default"
             )
         flat = flat_note([head[0], teacher_aopc[0], nxl[0]], LOOP_FRACTIONS)
         if flat:
@@ -324,6 +327,13 @@ def report(card: HeadCard) -> str:
             "out), so nothing says whether the head is more faithful than NormXLogit"
         )
     return "\n".join(lines)
+
+
+def _pm(value: float, se: float | None, places: int, signed: bool = False) -> str:
+    """``value ± se``, or ``value (no standard error)`` where there is none."""
+    if se is None:
+        return f"{number(value, places, signed)} (no standard error)"
+    return plus_minus(value, se, places, signed)
 
 
 def texts_for(data: str, n: int) -> Sequence[str]:

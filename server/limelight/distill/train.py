@@ -872,20 +872,32 @@ def validate(
             ("normxlogit", normx),
         ):
             aopc[name].append(float(deletion_curve(model, encoded, scores, ex.target).mean()))
-    out = {
-        "spearman_vs_teacher": float(np.mean(correlations)) if correlations else float("nan"),
-        "texts": float(len(correlations)),
-        "examples": float(len(aopc["head"])),
-    }
+    # A figure that cannot be known is left out, never NaN: card.json is strict JSON, and a
+    # NaN standard error hid the report's warning (every comparison with NaN is false).
+    out = {"texts": float(len(correlations)), "examples": float(len(aopc["head"]))}
+    if correlations:
+        out["spearman_vs_teacher"] = float(np.mean(correlations))
     for name, values in aopc.items():
         if values:
             out[f"deletion_aopc_{name}"] = float(np.mean(values))
-            out[f"deletion_aopc_{name}_se"] = float(np.std(values, ddof=1) / np.sqrt(len(values)))
+            se = standard_error(values)
+            if se is not None:
+                out[f"deletion_aopc_{name}_se"] = se
     if aopc["head"]:
         diff = np.asarray(aopc["head"]) - np.asarray(aopc["normxlogit"])
         out["deletion_aopc_head_minus_normxlogit"] = float(diff.mean())
-        out["deletion_aopc_head_minus_normxlogit_se"] = float(diff.std(ddof=1) / np.sqrt(len(diff)))
+        se = standard_error(diff)
+        if se is not None:
+            out["deletion_aopc_head_minus_normxlogit_se"] = se
     return out
+
+
+def standard_error(values: Sequence[float] | np.ndarray) -> float | None:
+    """The standard error of the mean of ``values``, or None under two values (a sample
+    standard deviation of one value is undefined: numpy gives NaN and a RuntimeWarning)."""
+    if len(values) < 2:
+        return None
+    return float(np.std(values, ddof=1) / np.sqrt(len(values)))
 
 
 @torch.inference_mode()

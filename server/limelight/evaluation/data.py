@@ -47,6 +47,8 @@ def parse_evidence(value: Any, text: str, where: str) -> tuple[tuple[int, int], 
     if not value:
         return ()
     if all(isinstance(v, list | tuple) and len(v) == 2 for v in value):
+        if not all(_whole(x) for pair in value for x in pair):  # int("a") was a traceback
+            raise InvalidArgument(f"{where}: evidence spans must be integer [start, end] pairs")
         spans = tuple((int(a), int(b)) for a, b in value)
         for a, b in spans:
             if not 0 <= a < b <= len(text):
@@ -60,6 +62,13 @@ def parse_evidence(value: Any, text: str, where: str) -> tuple[tuple[int, int], 
             )
         return tuple(span for span, flag in zip(words, value, strict=True) if flag)
     raise InvalidArgument(f"{where}: evidence is neither [start, end] spans nor 0/1 word flags")
+
+
+def _whole(value: Any) -> bool:
+    """A JSON integer (``2`` or ``2.0``); not a bool, a string or a fraction."""
+    if isinstance(value, bool):
+        return False
+    return isinstance(value, int) or (isinstance(value, float) and value.is_integer())
 
 
 def _map_label(

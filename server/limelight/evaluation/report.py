@@ -207,7 +207,8 @@ def plot(report: EvalReport, path: Path) -> None:
     ax.invert_yaxis()
     ax.set_title("Median time per explanation (ms, log scale)", fontsize=10)
     ax.grid(alpha=0.3, axis="x")
-    axes[0].legend(fontsize=8)
+    if axes[0].get_legend_handles_labels()[0]:  # no method drew a curve: no empty legend
+        axes[0].legend(fontsize=8)
     fig.suptitle(f"{report.model} · {report.dataset} · replacement: {cfg.replace}", fontsize=11)
     fig.tight_layout()
     fig.savefig(path, dpi=80)

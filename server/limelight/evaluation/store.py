@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -146,7 +147,21 @@ class AttributionStore:
             path.unlink(missing_ok=True)  # the answers computed now replace these
         if not path.exists():
             path.write_text(json.dumps({"key": key}) + "\n", encoding="utf-8")
+        else:
+            end_cut_line(path)
         return StoredExplainer(explain, path, reuse=self.reuse)
+
+
+def end_cut_line(path: Path) -> None:
+    """End the file's last line where a killed run cut it short (as the distillation's label
+    cache does): the next answer appended would otherwise join it, and both be lost."""
+    with path.open("rb+") as handle:
+        size = handle.seek(0, os.SEEK_END)
+        if size == 0:
+            return
+        handle.seek(size - 1)
+        if handle.read(1) != b"\n":
+            handle.write(b"\n")  # at the end: the read left the position there
 
 
 def reuse_notes(explainers: Mapping[str, Explainer], names: Sequence[str]) -> list[str]:
