@@ -160,3 +160,29 @@ def test_an_export_that_fails_leaves_the_graph_beside_the_model_as_it_was(
     assert main(["export-onnx", "--model", str(model)]) != 0
     after = {p.name: p.read_bytes() for p in model.iterdir() if ".onnx" in p.name}
     assert after == before
+
+
+def test_an_export_into_a_read_only_folder_names_the_target_and_a_way_out(
+    bert_tiny_dir: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A model folder mounted read-only: the error is about writing the graph the user asked
+    for, not about reading a hidden staging file."""
+    import errno
+    import os
+
+    import limelight.runtimes.onnx_export as onnx_export
+
+    def read_only(model: object, partial: Path, **kwargs: object) -> Path:
+        raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(partial))
+
+    monkeypatch.setattr(onnx_export, "export_onnx", read_only)
+    out = tmp_path / "graphs" / "served.onnx"
+    out.parent.mkdir()
+    assert main(["export-onnx", "--model", str(bert_tiny_dir), "--out", str(out)]) == 1
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.startswith(f"limelight export-onnx: error: cannot write {out} (Read-only file")
+    assert "--out" in err and "--runtime onnx" in err
+    assert not list(out.parent.iterdir())

@@ -151,8 +151,19 @@ def run(args: argparse.Namespace) -> int:
     model = load_served_model(settings)
     out = args.out or model.directory / DEFAULT_GRAPH
     heads = inline_heads(model)
-    with staged(out) as partial:  # a sidecar serving `out` reloads the whole new graph
-        export_onnx(model, partial, heads=heads)
+    try:
+        with staged(out) as partial:  # a sidecar serving `out` reloads the whole new graph
+            export_onnx(model, partial, heads=heads)
+    except OSError as exc:
+        if exc.filename is None or Path(exc.filename).parent != out.parent:
+            raise
+        from limelight.errors import FailedPrecondition
+
+        # The staged file's name is ours, not the user's: say which file could not be written.
+        raise FailedPrecondition(
+            f"cannot write {out} ({exc.strerror or exc}): name a writable file with --out, or "
+            "let `limelight serve --runtime onnx` export the graph into its cache"
+        ) from exc
     if heads:
         print(f"included inline heads: {', '.join(heads)}")
     outputs = ", ".join(read_description(out).get("outputs", []))  # as written, heads included
