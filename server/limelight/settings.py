@@ -273,7 +273,8 @@ class Settings(BaseSettings):
     batch of another bucket (adaptive below it: about three times the usual return gap, and
     skipped while clients mostly do not come back in time). 0: never wait."""
     max_pending: PositiveInt = 1024
-    """Inline requests waiting for a batch before new ones get RESOURCE_EXHAUSTED."""
+    """Inline requests waiting for a batch before new ones get RESOURCE_EXHAUSTED (a stream's
+    next input waits for room instead: streams are paced, not ended)."""
     max_pending_per_caller: PositiveInt | None = None
     """Inline inputs one caller may have waiting or running at once, so that one tenant cannot
     fill ``max_pending`` for everyone (a caller: the bearer token's identity or the client

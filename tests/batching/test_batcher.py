@@ -85,6 +85,45 @@ async def test_full_backlog_is_rejected() -> None:
 
 
 @pytest.mark.asyncio
+async def test_admit_waits_for_room_until_its_deadline_or_the_drain() -> None:
+    """``admit`` (a stream's pace) waits in a full backlog instead of being refused: it gets
+    in when room comes, fails with DeadlineExceeded when its deadline passes first, and with
+    Unavailable when the batcher drains meanwhile."""
+    from limelight.errors import Unavailable
+
+    process = Held()
+    batcher = make(process, max_pending=1, max_batch_size=1, max_wait_s=0.0)
+    await batcher.start()
+    running = asyncio.ensure_future(batcher.submit(0))
+    await until(lambda: process.computed == [0])
+    queued = asyncio.ensure_future(batcher.submit(1))
+    await until(lambda: batcher.pending == 1)
+    with pytest.raises(ResourceExhausted):
+        await batcher.submit(2)
+    waiting = asyncio.ensure_future(batcher.submit(2, wait=True))
+    with pytest.raises(DeadlineExceeded, match="waiting for room"):
+        await batcher.submit(3, deadline=time.monotonic() + 0.05, wait=True)
+    assert not waiting.done()
+    process.release.set()
+    assert await asyncio.gather(running, queued, waiting) == [0, 1, 2]
+    assert process.computed == [0, 1, 2]
+
+    process.release.clear()
+    first = asyncio.ensure_future(batcher.submit(4))
+    await until(lambda: process.computed[-1] == 4)
+    second = asyncio.ensure_future(batcher.submit(5))
+    await until(lambda: batcher.pending == 1)
+    left_waiting = asyncio.ensure_future(batcher.submit(6, wait=True))
+    await asyncio.sleep(0.01)
+    draining = asyncio.ensure_future(batcher.drain(10))
+    with pytest.raises(Unavailable):
+        await left_waiting
+    process.release.set()
+    assert await asyncio.gather(first, second) == [4, 5] and await draining
+    await batcher.stop()
+
+
+@pytest.mark.asyncio
 async def test_expired_work_is_skipped_not_computed() -> None:
     computed: list[int] = []
 

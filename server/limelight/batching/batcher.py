@@ -156,6 +156,8 @@ class MicroBatcher(Generic[T, R]):
         self._count = 0
         self._vtime = 0.0
         self._wakeup: asyncio.Event | None = None
+        self._room: asyncio.Event | None = None
+        """Set when items leave the backlog: ``admit`` waits on it for room."""
         self._task: asyncio.Task[None] | None = None
         self._closing = False
         self._busy = False
@@ -174,10 +176,58 @@ class MicroBatcher(Generic[T, R]):
 
     async def start(self) -> None:
         self._wakeup = asyncio.Event()
+        self._room = asyncio.Event()
         self._task = asyncio.get_running_loop().create_task(self._run(), name="micro-batcher")
 
-    async def submit(self, item: T, deadline: float | None = None) -> R:
+    async def submit(self, item: T, deadline: float | None = None, wait: bool = False) -> R:
+        """``submit_all`` of one item; ``wait``: as ``admit``."""
+        if wait:
+            return await (await self.admit([item], deadline))[0]
         return await self.submit_all([item], deadline)[0]
+
+    async def admit(
+        self, items: Sequence[T], deadline: float | None = None
+    ) -> list[asyncio.Future[R]]:
+        """``submit_all``, waiting for room in a full backlog rather than refusing: the pace
+        of a stream, whose inputs are read ahead (a refusal ended the whole stream, and
+        seventeen streams read far enough ahead to fill the default backlog). Raises
+        ``DeadlineExceeded`` when the deadline passes first."""
+        while True:
+            self.check_room(len(items))  # never admissible, closing: raised at once
+            if self._count + len(items) <= self._max_pending:
+                return self.submit_all(items, deadline)
+            assert self._room is not None
+            self._room.clear()
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                raise DeadlineExceeded("deadline passed while waiting for room in the backlog")
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._room.wait(), left)
+
+    def check_room(self, count: int = 1, full: bool = False) -> None:
+        """Raise what ``submit_all`` would for ``count`` items: Unavailable when closing,
+        InvalidArgument when never admissible, and (``full``) ResourceExhausted when the
+        backlog has no room now — before a request is tokenized for nothing."""
+        if self._wakeup is None or self._closing:
+            raise Unavailable("the server is not accepting inline requests")
+        if count > self._max_pending:
+            # Not a busy server: even an empty backlog is too small, so "retry later" would
+            # send the client back for ever.
+            raise InvalidArgument(
+                f"this input needs {count} windows, more than the {self._max_pending} the "
+                f"inline backlog can ever hold (max_pending {self._max_pending}), so it can "
+                f"never be admitted: raise LIMELIGHT_MAX_PENDING to at least {count}, or "
+                "make fewer windows (a larger LIMELIGHT_MAX_TOKENS or a smaller "
+                "LIMELIGHT_WINDOW_STRIDE), or LIMELIGHT_TRUNCATION=truncate; or shorten the text "
+                "or submit it as a job"
+            )
+        if full and self._count + count > self._max_pending:
+            if count == 1:
+                detail = f"{self._max_pending} requests waiting"
+            else:
+                room = max(0, self._max_pending - self._count)
+                detail = f"room for {room} of this input's {count} windows"
+            raise ResourceExhausted(f"inline backlog is full ({detail}); retry later")
 
     def submit_all(
         self, items: Sequence[T], deadline: float | None = None
@@ -187,26 +237,7 @@ class MicroBatcher(Generic[T, R]):
         an overloaded server never computes part of a document it then refuses), InvalidArgument
         when it never could (more items than ``max_pending``). One future per item; a future
         cancelled before its batch runs is skipped."""
-        if self._wakeup is None or self._closing:
-            raise Unavailable("the server is not accepting inline requests")
-        if len(items) > self._max_pending:
-            # Not a busy server: even an empty backlog is too small, so "retry later" would
-            # send the client back for ever.
-            raise InvalidArgument(
-                f"this input needs {len(items)} windows, more than the {self._max_pending} the "
-                f"inline backlog can ever hold (max_pending {self._max_pending}), so it can "
-                f"never be admitted: raise LIMELIGHT_MAX_PENDING to at least {len(items)}, or "
-                "make fewer windows (a larger LIMELIGHT_MAX_TOKENS or a smaller "
-                "LIMELIGHT_WINDOW_STRIDE), or LIMELIGHT_TRUNCATION=truncate; or shorten the text "
-                "or submit it as a job"
-            )
-        if self._count + len(items) > self._max_pending:
-            if len(items) == 1:
-                detail = f"{self._max_pending} requests waiting"
-            else:
-                room = max(0, self._max_pending - self._count)
-                detail = f"room for {room} of this input's {len(items)} windows"
-            raise ResourceExhausted(f"inline backlog is full ({detail}); retry later")
+        self.check_room(len(items), full=True)
         loop = asyncio.get_running_loop()
         now = time.monotonic()
         futures: list[asyncio.Future[R]] = []
@@ -223,12 +254,14 @@ class MicroBatcher(Generic[T, R]):
             bucket.items.append(_Pending(item, size, future, deadline, now))
             self._count += 1
             futures.append(future)
+        assert self._wakeup is not None  # check_room: started
         self._wakeup.set()
         return futures
 
     async def drain(self, timeout: float) -> bool:
         """Stop accepting; wait until queued and running work is done. True if it all finished."""
         self._closing = True
+        self._freed()  # inputs waiting for room learn that none will come
         end = time.monotonic() + timeout
         while not self.idle and time.monotonic() < end:
             await asyncio.sleep(0.01)
@@ -246,6 +279,12 @@ class MicroBatcher(Generic[T, R]):
                 if not pending.future.done():
                     pending.future.set_exception(Unavailable("the server is shutting down"))
         self._count = 0
+        self._freed()
+
+    def _freed(self) -> None:
+        """Items left the backlog (or it closes): wake whoever waits for room."""
+        if self._room is not None:
+            self._room.set()
 
     # --- scheduling ----------------------------------------------------------------------------
 
@@ -357,6 +396,7 @@ class MicroBatcher(Generic[T, R]):
                 await self._anticipate_for(last)
             now = time.monotonic()
             live = self._take(now)
+            self._freed()
             if self._on_pending is not None:
                 self._on_pending(self._count)
             if not live:

@@ -590,7 +590,7 @@ class ExplanationService:
         return encode_batch(self.model, inputs, self.settings.max_tokens, self.settings.truncation)
 
     async def encode_async(
-        self, text: str, text_pair: str | None, tokenize_here: bool = True
+        self, text: str, text_pair: str | None, tokenize_here: bool = True, paced: bool = False
     ) -> Encoded:
         """``encode`` off the event loop, batched with whatever else is being tokenised.
 
@@ -598,7 +598,8 @@ class ExplanationService:
         is tokenised right here: the loop has nothing else to do, and the two thread
         hand-offs would cost more than the ~0.1 ms of tokenising. Not with ``tokenize_here``
         false (an input of a call that brought others): tokenised here, it would reach the
-        idle inference thread alone and take a forward pass of its own, ahead of the rest."""
+        idle inference thread alone and take a forward pass of its own, ahead of the rest.
+        ``paced``: wait for room in the tokenizer's backlog rather than be refused."""
         validate_text(text, text_pair, self.settings.max_text_chars)
         assert self._tokenizer is not None and self._batcher is not None
         item = (text, text_pair)
@@ -610,7 +611,7 @@ class ExplanationService:
         ):
             encoded = self._encode_many([item])[0]
         else:
-            encoded = await self._tokenizer.submit(item)
+            encoded = await self._tokenizer.submit(item, wait=paced)
         if isinstance(encoded, LimelightError):
             raise encoded
         return encoded
@@ -686,7 +687,16 @@ class ExplanationService:
         with self._admit():
             return await self._explain(request, tokenize_here=False)
 
-    async def _explain(self, request: ExplainInput, tokenize_here: bool = True) -> Explanation:
+    async def _explain_paced(self, request: ExplainInput) -> Explanation:
+        """``explain`` for one input of a stream: it waits for room in a full backlog."""
+        with self._admit():
+            return await self._explain(request, paced=True)
+
+    async def _explain(
+        self, request: ExplainInput, tokenize_here: bool = True, paced: bool = False
+    ) -> Explanation:
+        """``paced``: wait for room in a full backlog (a stream's input) rather than be
+        refused; a refusal comes before the text is tokenized for nothing."""
         assert self._batcher is not None
         began = time.monotonic()
         if request.expired():
@@ -696,13 +706,15 @@ class ExplanationService:
             # An unknown label or an index out of range fails before any model work, so that
             # of several inputs sent at once the first bad one in order is named.
             resolve_target(self.model, request.target, 0)
-        encoded = await self.encode_async(request.text, request.text_pair, tokenize_here)
+        self._batcher.check_room(full=not paced)
+        encoded = await self.encode_async(request.text, request.text_pair, tokenize_here, paced)
         if encoded.truncated and self._windowed(request):
-            return await self._explain_windows(request, method, runtime, began)
+            return await self._explain_windows(request, method, runtime, began, paced)
         tokenized = time.monotonic()
         result = await self._batcher.submit(
             _InlineItem(encoded, method, runtime, tokenized, tracing.span_context()),
             request.deadline,
+            wait=paced,
         )
         explanation = self._assemble(request, encoded, method, result)
         timings = explanation.timings
@@ -715,7 +727,12 @@ class ExplanationService:
         return self.settings.truncation == "window" and request.text_pair is None
 
     async def _explain_windows(
-        self, request: ExplainInput, method: InlineMethod, runtime: Runtime, began: float
+        self,
+        request: ExplainInput,
+        method: InlineMethod,
+        runtime: Runtime,
+        began: float,
+        paced: bool = False,
     ) -> Explanation:
         """A text over the token limit under ``truncation=window``: every window goes through
         the micro-batcher as an item of its own; the prediction and the attributions are put
@@ -735,10 +752,11 @@ class ExplanationService:
         trace = tracing.span_context()
         # Admitted as a whole; once one window fails (its deadline passed in the queue, its
         # batch failed) the others are withdrawn rather than computed for nothing.
-        pending = self._batcher.submit_all(
-            [_InlineItem(w, method, runtime, tokenized, trace) for w in windows],
-            request.deadline,
-        )
+        items = [_InlineItem(w, method, runtime, tokenized, trace) for w in windows]
+        if paced:
+            pending = await self._batcher.admit(items, request.deadline)
+        else:
+            pending = self._batcher.submit_all(items, request.deadline)
         try:
             results = await asyncio.gather(*pending)
         except BaseException:
@@ -811,16 +829,20 @@ class ExplanationService:
         self, request: ExplainInput | Failed, caller: str | None
     ) -> Explanation | Failed:
         async with self._shares.wait(None if isinstance(request, Failed) else caller):
-            return await self._answer(request)
+            return await self._answer(request, paced=True)
 
     async def _answer(
-        self, request: ExplainInput | Failed, together: bool = False
+        self, request: ExplainInput | Failed, together: bool = False, paced: bool = False
     ) -> Explanation | Failed:
-        """``explain`` (``together``: as one input of several sent at once), with a failure
-        answered as a ``Failed`` when the input asked for ``continue_on_error``."""
+        """``explain`` (``together``: as one input of several sent at once; ``paced``: of a
+        stream), with a failure answered as a ``Failed`` when the input asked for
+        ``continue_on_error``."""
         if isinstance(request, Failed):
             return request
-        explain = self._explain_with_others if together else self.explain
+        if paced:
+            explain = self._explain_paced
+        else:
+            explain = self._explain_with_others if together else self.explain
         try:
             if request.trace_context and tracing.enabled():
                 # This input's caller is not necessarily the call's (pooled streams).
@@ -868,7 +890,16 @@ class ExplanationService:
         self, requests: Sequence[ExplainInput | Failed]
     ) -> list[Explanation | Failed]:
         together = len(requests) > 1
-        tasks = [asyncio.ensure_future(self._answer(r, together)) for r in requests]
+        # At most two batches' worth of one call's inputs in the backlog at a time: one batch
+        # running and the next queued keep the thread busy, and other callers' requests get in
+        # between (a call's 256 inputs, all queued at once, held single calls 80x longer).
+        in_backlog = asyncio.Semaphore(2 * self.settings.max_batch_size)
+
+        async def answer(request: ExplainInput | Failed) -> Explanation | Failed:
+            async with in_backlog:
+                return await self._answer(request, together)
+
+        tasks = [asyncio.ensure_future(answer(r)) for r in requests]
         if not tasks:
             return []
         try:
