@@ -5,6 +5,7 @@ logged and the server keeps what it served."""
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import shutil
@@ -968,3 +969,87 @@ def test_a_head_the_build_did_not_see_whole_is_refused_with_its_reason(
     assert "see the warning above" not in message
     assert "not whole when the runtime was built" in message
     assert served.server.reloader.reloads == 0
+
+
+def test_a_served_head_cut_short_is_a_failed_build_said_in_one_line(
+    start_sidecar: Callable[..., RunningSidecar],
+    model: Path,
+    bert_tiny_dir: Path,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A copy of the head not done yet (its weights cut short) was logged at ERROR with a
+    traceback of some thirty lines, the reason in the last: it is one line naming the file,
+    the old head stays served, and the head is served once whole."""
+    served = start_sidecar(model_dir=model, default_method="auto", reload_interval_s=0.05)
+    old = scores(served.target)
+    weights = model / HEAD_DIRNAME / "head.safetensors"
+    whole = weights.read_bytes()
+    staged = model.parent / ".cut-short.safetensors"  # moved in whole: never seen half-cut
+    staged.write_bytes(whole[:100])
+    staged.replace(weights)
+    (failed,) = wait_until(
+        lambda: [r for r in caplog.records if "could not be built" in r.getMessage()]
+    )
+    assert failed.levelname == "ERROR" and failed.exc_info is None
+    assert str(weights) in failed.getMessage() and "limelight distill" in failed.getMessage()
+    assert scores(served.target) == old and served.server.reloader.reloads == 0
+    scaled_head(bert_tiny_dir, -1.0, weights)
+    wait_until(lambda: served.server.reloader.reloads == 1)
+    assert scores(served.target) != pytest.approx(old, abs=1e-6)
+
+
+def test_an_unexpected_build_failure_keeps_its_traceback(
+    start_sidecar: Callable[..., RunningSidecar], model: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Files half-written, unreadable or damaged are one line; anything else is a bug, whose
+    traceback is what whoever fixes it needs."""
+    reloader = start_sidecar(model_dir=model, reload_interval_s=0).server.reloader
+    for error in (
+        PermissionError(13, "Permission denied", str(model / HEAD_DIRNAME / "card.json")),
+        ValueError("a table cut short"),
+        RuntimeError("a bug"),
+    ):
+        reloader._failed(error, "distilled")
+    expected, expected_too, bug = [r for r in caplog.records if r.name == "limelight.reload"]
+    assert expected.exc_info is None and "Permission denied" in expected.getMessage()
+    assert expected_too.exc_info is None and "a table cut short" in expected_too.getMessage()
+    assert bug.exc_info is not None
+
+
+def test_a_graph_beside_the_model_that_is_not_served_changes_nothing_served(
+    start_sidecar: Callable[..., RunningSidecar],
+    model: Path,
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """With ONNX Runtime serving its own export from the cache, garbage written to
+    <model>/limelight.onnx (then removed) rebuilt the runtime twice, logged two reloads and
+    restarted the drift monitor, though the graph served never changed."""
+    for graph in model.glob("*.onnx*"):
+        graph.unlink()
+    served = start_sidecar(
+        model_dir=model,
+        runtime="onnx",
+        cache_dir=tmp_path / "cache",
+        default_method="auto",
+        reload_interval_s=0.05,
+        jobs="off",
+    )
+    reloader, service = served.server.reloader, served.server.app.service
+    monitor, old = service.drift, scores(served.target)
+    beside = model / "limelight.onnx"
+    beside.write_bytes(os.urandom(5000))
+
+    def not_served() -> list[logging.LogRecord]:
+        return [r for r in caplog.records if "it is not served" in r.getMessage()]
+
+    wait_until(lambda: reloader.reloads or not_served())
+    assert reloader.reloads == 0 and service.drift is monitor
+    (warning,) = not_served()
+    assert warning.levelname == "WARNING" and str(beside) in warning.getMessage()
+    assert scores(served.target) == old
+    with caplog.at_level(logging.INFO, logger="limelight.reload"):
+        beside.unlink()  # back to what is served: nothing to reload
+        wait_until(lambda: reloader.reloads or "nothing to reload" in caplog.text)
+    assert reloader.reloads == 0 and service.drift is monitor
+    assert len(not_served()) == 1

@@ -18,7 +18,9 @@ made writable) need not move a watched file's bytes.
 
 What a rebuild would serve the same way is not rebuilt: a head beside the model while the
 served ONNX graph is one the sidecar serves as it is (``onnx_path``, or the graph beside the
-model with ``LIMELIGHT_ONNX_EXPORT`` off) is said, not reloaded. A default method named in the
+model with ``LIMELIGHT_ONNX_EXPORT`` off) is said, not reloaded; nor is a graph written beside
+the model that the build does not serve either (the sidecar serving its own export from the
+cache): a warning says why it is not served. A default method named in the
 settings (``--default-method distilled``) whose head or table went away (or is refused) stays
 served with the one loaded before, until one that can be served is back; the other files beside
 the model are served as they change.
@@ -38,10 +40,16 @@ from pathlib import Path
 
 from limelight.app import Application, build_drift, build_runtime, describe_model
 from limelight.core.service import NORMXLOGIT, ExplanationService, resolve_default_method
-from limelight.errors import FailedPrecondition, InvalidArgument
+from limelight.errors import FailedPrecondition, InvalidArgument, LimelightError
 from limelight.methods.base import ExtraOutputMethod
 from limelight.models.explainer_head import OUTPUT_NAME as HEAD_OUTPUT
-from limelight.models.explainer_head import check_card, head_dir, inline_heads, read_card
+from limelight.models.explainer_head import (
+    check_card,
+    check_head_readable,
+    head_dir,
+    inline_heads,
+    read_card,
+)
 from limelight.models.lexicon_table import OUTPUT_NAME as LEXICON_OUTPUT
 from limelight.models.lexicon_table import (
     cached_lexicon_dir,
@@ -101,6 +109,14 @@ def graph_behind(settings: Settings, model: LoadedModel) -> tuple[Path, str] | N
     if not graph_mismatch(cached_graph(model, settings.cache_dir), model, heads):
         return None  # the cache holds one that carries them
     return beside, why
+
+
+def graph_beside(settings: Settings, model: LoadedModel) -> Path | None:
+    """The graph beside the model when it is watched though a build may serve another one (the
+    graph it exports into the cache): with ONNX Runtime and no ``onnx_path``."""
+    if settings.runtime != "onnx" or settings.onnx_path is not None:
+        return None
+    return model.directory / DEFAULT_GRAPH
 
 
 def served_graph(runtime: Runtime) -> Path | None:
@@ -165,10 +181,7 @@ _UNSETTLED = "it was not whole when the runtime was built from it: read again wh
 
 
 def _head_reason(model: LoadedModel) -> str:
-    try:
-        card = read_card(head_dir(model))
-    except Exception as exc:  # a card cut short, not JSON
-        return f"its card cannot be read: {exc}"
+    card = read_card(head_dir(model))  # a card cut short: one whose check says so
     return (check_card(card, model) if card is not None else "") or _UNSETTLED
 
 
@@ -392,6 +405,13 @@ class InlineReloader:
                     log.warning("%s", _held(why, named))
                     return None
             runtime = await loop.run_in_executor(None, build_runtime, settings, model)
+            if HEAD_OUTPUT in service.runtime.head_names - runtime.head_names:
+                # The build leaves out a head it cannot read, as a start does (and serves the
+                # model without it); the served head cut short by a copy not done, or not
+                # readable yet, is a failed build here, tried again, not a head gone.
+                await loop.run_in_executor(None, check_head_readable, model)
+            if await self._same_graph(runtime, changed - kept, before):
+                return None
             if named is not None and named.output not in runtime.head_names:
                 held = keeping(service.runtime, runtime, named.output)
                 why = why or await loop.run_in_executor(None, named.check_model, model)
@@ -473,6 +493,46 @@ class InlineReloader:
         )
         return kept
 
+    async def _same_graph(self, runtime: Runtime, changed: set[str], before: str) -> bool:
+        """Whether ``runtime`` serves the graph served now and the only ``changed`` file is the
+        graph beside the model, which neither serves (said once, in a warning): swapping it in
+        would change nothing served, yet log a reload and start a new drift monitor."""
+        settings, model = self.app.settings, self.app.model
+        beside = graph_beside(settings, model)
+        graph = served_graph(self.app.service.runtime)
+        if (
+            beside is None
+            or graph is None
+            or graph == beside
+            or changed - {str(beside)}
+            or served_graph(runtime) != graph
+        ):
+            return False
+        self._failure = None
+        if not beside.exists():
+            log.info(
+                "%s was removed; it was not served (the sidecar serves %s): nothing to reload",
+                beside,
+                graph,
+            )
+            return True
+        # Why the build did not take it (damaged, another model's, not carrying the heads).
+        why = await asyncio.get_running_loop().run_in_executor(
+            None, lambda: graph_mismatch(beside, model, inline_heads(model))
+        )
+        log.warning(
+            "%s changed, but it is not served (%s): the sidecar keeps serving %s, its own "
+            "export of the model (default method %s); the graph beside the model is served "
+            "only when it is an inline graph of this model carrying the heads beside it "
+            "(`limelight export-onnx --model %s` writes one)",
+            beside,
+            why or "the build chose the cached graph",
+            graph,
+            before,
+            model.directory,
+        )
+        return True
+
     def _failed(self, exc: Exception, before: str) -> None:
         """Log a build that raised, and set when it is tried again: at the next look, then
         twice as late each time it fails the same way (at most :data:`RETRY_MAX_S`)."""
@@ -497,6 +557,17 @@ class InlineReloader:
                 when,
             )
             return
+        if _expected(exc):
+            # The message names the file and what to do; a traceback would only bury it.
+            log.error(
+                "the files beside %s changed, but the runtime could not be built from them "
+                "(%s); still serving %s; %s",
+                directory,
+                said,
+                before,
+                when,
+            )
+            return
         log.error(
             "the files beside %s changed, but the runtime could not be built from them; "
             "still serving %s; %s",
@@ -505,6 +576,14 @@ class InlineReloader:
             when,
             exc_info=exc,
         )
+
+
+def _expected(exc: BaseException) -> bool:
+    """A failure the files beside the model explain (half-written, unreadable, damaged, made for
+    another model), not a bug: safetensors' error by name (its module is torch's business)."""
+    if isinstance(exc, OSError | ValueError | LimelightError):
+        return True
+    return any(cls.__name__ == "SafetensorError" for cls in type(exc).__mro__)
 
 
 def _named_default(settings: Settings, service: ExplanationService) -> ExtraOutputMethod | None:

@@ -95,3 +95,70 @@ def test_a_head_of_an_unknown_format_is_refused_with_a_message(
     with caplog.at_level(logging.WARNING, logger="limelight.models.explainer_head"):
         assert inline_heads(model) == {}
     assert "not loading the distilled head" in caplog.text
+
+
+#: What a copy cut short leaves of each file: the card as the audit found it, the weights'
+#: first 100 bytes (safetensors: "invalid header length").
+CUT_SHORT = {"card.json": b'{"model_version": \n', "head.safetensors": None}
+
+
+@pytest.mark.parametrize("damaged", sorted(CUT_SHORT))
+def test_a_head_cut_short_is_left_out_with_one_warning_that_names_its_file(
+    model: LoadedModel, damaged: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A half-written card or weights file stopped every start with an error naming no file
+    (``JSONDecodeError: Expecting value``, ``SafetensorError: invalid header length``)."""
+    _save(model, width=8, heads=2)
+    path = head_dir(model) / damaged
+    path.write_bytes(CUT_SHORT[damaged] or path.read_bytes()[:100])
+    with caplog.at_level(logging.WARNING):
+        assert inline_heads(model) == {}
+    (warning,) = [r for r in caplog.records if r.levelno >= logging.WARNING]
+    said = warning.getMessage()
+    assert said.startswith("not loading the distilled head") and warning.exc_info is None
+    assert str(path) in said and f"limelight distill --model {model.directory}" in said
+    with pytest.raises(FailedPrecondition) as refused:
+        load_head(model)
+    assert str(path) in refused.value.message
+
+
+def test_a_card_cut_short_is_refused_by_its_check_naming_the_file(model: LoadedModel) -> None:
+    """What the `distilled` method (and a default named in the settings) says of such a card:
+    a reason naming the file, not an exception."""
+    _save(model, width=0, heads=0)
+    path = head_dir(model) / "card.json"
+    path.write_text('{"model_version": ')
+    card = read_card(head_dir(model))
+    assert card is not None
+    reason = check_card(card, model)
+    assert str(path) in reason and "cannot be read" in reason and "limelight distill" in reason
+    path.write_text("[]")  # JSON, but not a card
+    card = read_card(head_dir(model))
+    assert card is not None and str(path) in check_card(card, model)
+
+
+@pytest.mark.parametrize("damaged", sorted(CUT_SHORT))
+def test_the_sidecar_starts_without_a_head_cut_short_and_says_which_file(
+    bert_tiny_dir: Path, tmp_path: Path, damaged: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Under ``auto`` the model is served without the head (NormXLogit), as with a head made
+    for another model; with the head's method named as the default, the sidecar is not ready
+    and says which file, as it does for a head made for another model."""
+    from tests.conftest import inline_service
+
+    copy = Path(shutil.copytree(bert_tiny_dir, tmp_path / "model"))
+    path = copy / "limelight_distilled" / damaged
+    path.write_bytes(CUT_SHORT[damaged] or path.read_bytes()[:100])
+    with caplog.at_level(logging.WARNING):
+        service = inline_service(copy, default_method="auto", cache_dir=tmp_path / "cache")
+    assert service.default_method.name == "normxlogit"
+    (warning,) = [r for r in caplog.records if r.levelno >= logging.WARNING]
+    assert str(path) in warning.getMessage()
+
+    named = inline_service(copy, default_method="distilled", cache_dir=tmp_path / "cache")
+    assert named.default_method.name == "distilled"
+    assert "distilled" not in named.runtime.head_names
+    if damaged == "card.json":  # what the method can tell from the card alone
+        assert str(path) in named.default_unavailable
+    else:
+        assert named.default_unavailable  # not ready

@@ -12,6 +12,7 @@ import pytest
 
 from limelight.models.lexicon_table import (
     LexiconCard,
+    find_lexicon_dir,
     lexicon_dir,
     lexicon_unavailable_reason,
     load_lexicon,
@@ -96,3 +97,39 @@ def test_a_rebuild_that_fails_at_the_disk_leaves_the_old_table_whole(
     kept = load_lexicon(model)
     assert kept is not None and np.array_equal(kept, old)
     assert sorted(p.name for p in lexicon_dir(model).iterdir()) == ["card.json", "table.npy"]
+
+
+def test_a_table_cut_short_is_not_loaded_and_the_warning_names_it(
+    lexicon_bert_dir: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A half-written table.npy stopped every start with numpy's "Failed to read all data for
+    array" naming no file, and `limelight lexicon` called it current (the fix it would be told:
+    run it again)."""
+    target = Path(shutil.copytree(lexicon_bert_dir, tmp_path / "m"))
+    path = target / "limelight_lexicon" / "table.npy"
+    path.write_bytes(path.read_bytes()[:1000])
+    model = load_model(target)
+    reason = lexicon_unavailable_reason(model)
+    assert str(path) in reason and "--force" in reason
+    assert find_lexicon_dir(model) is None  # `limelight lexicon` builds it again
+    with caplog.at_level(logging.WARNING):
+        assert load_lexicon(model) is None
+    (warning,) = [r for r in caplog.records if r.levelno >= logging.WARNING]
+    assert str(path) in warning.getMessage() and warning.exc_info is None
+
+
+def test_the_sidecar_starts_without_a_table_cut_short(
+    lexicon_bert_dir: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    from tests.conftest import inline_service
+
+    target = Path(shutil.copytree(lexicon_bert_dir, tmp_path / "m"))
+    path = target / "limelight_lexicon" / "table.npy"
+    path.write_bytes(path.read_bytes()[:1000])
+    with caplog.at_level(logging.WARNING):
+        service = inline_service(target, default_method="auto", cache_dir=tmp_path / "cache")
+    assert service.default_method.name == "normxlogit"
+    (warning,) = [r for r in caplog.records if r.levelno >= logging.WARNING]
+    assert str(path) in warning.getMessage()
+    named = inline_service(target, default_method="lexicon_lookup", cache_dir=tmp_path / "cache")
+    assert str(path) in named.default_unavailable  # not ready, and says which file

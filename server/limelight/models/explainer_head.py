@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors import SafetensorError
 from torch import nn
 from torch.nn import functional as F
 
@@ -86,7 +87,19 @@ class HeadCard:
     @classmethod
     def from_json(cls, text: str) -> HeadCard:
         data = json.loads(text)
+        if not isinstance(data, dict):
+            raise ValueError(f"a card is a JSON object, not {type(data).__name__}")
         return cls(**{k: v for k, v in data.items() if k in cls.__dataclass_fields__})
+
+
+@dataclass
+class UnreadableCard(HeadCard):
+    """A card that is there but cannot be read (cut short by a copy, not JSON, not readable by
+    this user): ``check_card`` refuses it with ``reason``, as it refuses another model's head,
+    so that whatever asks whether the head fits the model gets an answer naming the file
+    instead of a traceback, and a start serves the model without it."""
+
+    reason: str = ""
 
 
 class _ContextBlock(nn.Module):
@@ -368,12 +381,41 @@ def card_format(head: ExplainerHead) -> str:
 
 
 def read_card(directory: Path) -> HeadCard | None:
+    """The card in ``directory``; None when there is none; an :class:`UnreadableCard` when one
+    is there that cannot be read."""
     path = directory / "card.json"
-    return HeadCard.from_json(path.read_text()) if path.exists() else None
+    try:
+        return HeadCard.from_json(path.read_text())
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError, TypeError) as exc:  # TypeError: a field missing
+        # Beside a model, the command that writes this very folder; elsewhere (``--out``),
+        # the model is not known here.
+        again = (
+            f"`limelight distill --model {directory.parent}`"
+            if directory.name == HEAD_DIRNAME
+            else "`limelight distill`"
+        )
+        reason = (
+            f"the distilled head's card {path} cannot be read ({type(exc).__name__}: {exc}); "
+            f"run {again} again, or restore the file"
+        )
+        return UnreadableCard(
+            model_version="",
+            layers=[],
+            hidden_size=0,
+            num_labels=0,
+            width=0,
+            teacher="",
+            format="",
+            reason=reason,
+        )
 
 
 def check_card(card: HeadCard, model: LoadedModel) -> str:
     """Empty when ``card`` belongs to ``model``; otherwise why not and what to do."""
+    if isinstance(card, UnreadableCard):
+        return card.reason
     if card.format not in READABLE_FORMATS:
         readable = " and ".join(repr(f) for f in READABLE_FORMATS)
         return (
@@ -408,16 +450,45 @@ def load_head(model: LoadedModel, directory: Path | None = None) -> ExplainerHea
     reason = check_card(card, model)
     if reason:
         raise FailedPrecondition(reason)
-    head = new_head(card)
-    head.load_state_dict(load_tensors(directory / "head.safetensors"))
+    weights = directory / "head.safetensors"
+    try:
+        head = new_head(card)
+        head.load_state_dict(load_tensors(weights))
+    except (OSError, ValueError, TypeError, RuntimeError, SafetensorError) as exc:
+        # Cut short, unreadable, or not the weights its card describes (a copy half done):
+        # RuntimeError is load_state_dict's for keys or shapes that do not match.
+        raise FailedPrecondition(
+            f"the distilled head's weights {weights} cannot be loaded "
+            f"({type(exc).__name__}: {_first_line(exc)}); run `limelight distill --model "
+            f"{model.directory}` again, or restore the file"
+        ) from exc
     return head.eval().to(model.device)
+
+
+def _first_line(exc: BaseException) -> str:
+    """load_state_dict lists every key that does not match, one a line: the first says enough."""
+    lines = str(exc).strip().splitlines()
+    return lines[0] if lines else ""
+
+
+def check_head_readable(model: LoadedModel) -> None:
+    """Raise the ``FailedPrecondition`` naming the file when the head beside ``model`` is there,
+    its card not refused as another model's, but it cannot be read or loaded; nothing when it
+    can, or when there is none. The reloader's test of a build that left the served head out:
+    a half-written or unreadable head is a failed build, tried again, not a head gone."""
+    card = read_card(head_dir(model))
+    if isinstance(card, UnreadableCard):
+        raise FailedPrecondition(card.reason)
+    if card is not None and not check_card(card, model):
+        load_head(model)
 
 
 def inline_heads(model: LoadedModel) -> dict[str, ExplainerHead]:
     """The extra inline heads served beside ``model``, by output name: what the sidecar, the
     benchmarks, the ONNX export and the evaluation hand to a runtime, so that all of them
-    compute the same outputs. A head whose card does not match the model is logged and left
-    out (the model is then served without it)."""
+    compute the same outputs. A head whose card does not match the model, or whose card or
+    weights cannot be read (a copy cut short), is logged and left out (the model is then
+    served without it: a start does not fail on it, and the warning names the file)."""
     card = read_card(head_dir(model))
     if card is None:
         return {}
@@ -425,4 +496,8 @@ def inline_heads(model: LoadedModel) -> dict[str, ExplainerHead]:
     if reason:
         log.warning("not loading the distilled head: %s", reason)
         return {}
-    return {OUTPUT_NAME: load_head(model)}
+    try:
+        return {OUTPUT_NAME: load_head(model)}
+    except FailedPrecondition as exc:
+        log.warning("not loading the distilled head: %s", exc.message)
+        return {}

@@ -21,6 +21,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
+import numpy.lib.format as npy
 
 from limelight.core.types import FloatArray
 from limelight.files import write_atomically
@@ -113,7 +114,7 @@ def _unavailable_reason(model: LoadedModel, directory: Path) -> str:
         return f"no lexicon table in {directory}"
     try:
         card = LexiconCard(**json.loads(path.read_text()))
-    except (ValueError, TypeError) as exc:
+    except (OSError, ValueError, TypeError) as exc:
         return f"the lexicon card {path} cannot be read ({exc}); run {build} again"
     if card.format != CARD_FORMAT:
         return f"the lexicon table has format {card.format!r}, not {CARD_FORMAT!r}; run {build}"
@@ -124,12 +125,43 @@ def _unavailable_reason(model: LoadedModel, directory: Path) -> str:
         )
     if card.num_labels != model.num_labels:
         return f"the lexicon table has {card.num_labels} classes, the model {model.num_labels}"
+    problem = _table_problem(directory / "table.npy")
+    if problem:
+        # --force: `limelight lexicon` takes a table whose card fits for a current one.
+        return (
+            f"{problem}; run `limelight lexicon --model {model.directory} --force` again, or "
+            "restore the file"
+        )
+    return ""
+
+
+def _table_problem(path: Path) -> str:
+    """Why the table at ``path`` cannot be loaded (missing, unreadable, cut short: a copy not
+    done), from its header and its size alone; empty when it looks whole."""
+    try:
+        with path.open("rb") as f:
+            version = npy.read_magic(f)
+            if version not in ((1, 0), (2, 0)):  # np.save writes 1.0: no such table here
+                return ""  # np.load says what is wrong, if anything
+            read = npy.read_array_header_1_0 if version == (1, 0) else npy.read_array_header_2_0
+            shape, _, dtype = read(f)
+            header = f.tell()
+        size = path.stat().st_size
+    except (OSError, ValueError, EOFError) as exc:
+        return f"the lexicon table {path} cannot be read ({type(exc).__name__}: {exc})"
+    expected = header + int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    if len(shape) != 2 or size != expected:
+        return (
+            f"the lexicon table {path} is not a whole [vocabulary, classes] table: shape "
+            f"{list(shape)}, {size:,} bytes where its header says {expected:,} (a copy cut short?)"
+        )
     return ""
 
 
 def load_lexicon(model: LoadedModel, cache_dir: Path | None = None) -> FloatArray | None:
-    """The table beside ``model`` (else in ``cache_dir``), or None when there is none or it
-    belongs to another model (logged: the model is then served without it)."""
+    """The table beside ``model`` (else in ``cache_dir``), or None when there is none, it
+    belongs to another model, or it cannot be read (a copy cut short): logged, naming the file,
+    and the model is then served without it."""
     directory = find_lexicon_dir(model, cache_dir)
     if directory is None:
         if any((d / "card.json").exists() for d in _candidates(model, cache_dir)):
@@ -137,7 +169,19 @@ def load_lexicon(model: LoadedModel, cache_dir: Path | None = None) -> FloatArra
                 "not loading the lexicon table: %s", lexicon_unavailable_reason(model, cache_dir)
             )
         return None
-    table = np.load(directory / "table.npy", allow_pickle=False)
+    path = directory / "table.npy"
+    try:
+        table = np.load(path, allow_pickle=False)
+    except (OSError, ValueError, EOFError) as exc:  # changed since it was checked
+        log.warning(
+            "not loading the lexicon table: %s cannot be read (%s: %s); run `limelight lexicon "
+            "--model %s --force` again, or restore the file",
+            path,
+            type(exc).__name__,
+            exc,
+            model.directory,
+        )
+        return None
     if table.ndim != 2 or table.shape[1] != model.num_labels:
         log.warning("not loading the lexicon table: its shape %s is not [V, classes]", table.shape)
         return None
