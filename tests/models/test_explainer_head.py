@@ -158,7 +158,4 @@ def test_the_sidecar_starts_without_a_head_cut_short_and_says_which_file(
     named = inline_service(copy, default_method="distilled", cache_dir=tmp_path / "cache")
     assert named.default_method.name == "distilled"
     assert "distilled" not in named.runtime.head_names
-    if damaged == "card.json":  # what the method can tell from the card alone
-        assert str(path) in named.default_unavailable
-    else:
-        assert named.default_unavailable  # not ready
+    assert str(path) in named.default_unavailable  # not ready, and which file to mend

@@ -9,6 +9,7 @@ on the same forward pass as the prediction; this method only reads its output.
 from __future__ import annotations
 
 from limelight.build_progress import read_progress
+from limelight.errors import FailedPrecondition
 from limelight.locks import held_elsewhere
 from limelight.methods.base import ExtraOutputMethod
 from limelight.models.explainer_head import (
@@ -16,6 +17,7 @@ from limelight.models.explainer_head import (
     building_lock,
     building_progress,
     check_card,
+    check_head_readable,
     head_dir,
     read_card,
 )
@@ -48,7 +50,16 @@ class DistilledExplainer(ExtraOutputMethod):
 
     def check_model(self, model: LoadedModel) -> str:
         card = read_card(head_dir(model))
-        return self._missing(model) if card is None else check_card(card, model)
+        if card is None:
+            return self._missing(model)
+        why = check_card(card, model)
+        if why:
+            return why
+        try:  # a card that fits, weights cut short by a copy: name the file to mend
+            check_head_readable(model)
+        except FailedPrecondition as exc:
+            return exc.message
+        return ""
 
     @staticmethod
     def _missing(model: LoadedModel) -> str:
