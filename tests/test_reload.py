@@ -981,6 +981,19 @@ def test_a_served_head_cut_short_is_a_failed_build_said_in_one_line(
     traceback of some thirty lines, the reason in the last: it is one line naming the file,
     the old head stays served, and the head is served once whole."""
     served = start_sidecar(model_dir=model, default_method="auto", reload_interval_s=0.05)
+    registry = served.server.app.metrics.registry
+
+    def reloads(outcome: str) -> float:
+        return (
+            registry.get_sample_value("limelight_inline_reloads_total", {"outcome": outcome}) or 0.0
+        )
+
+    def head_files() -> str:
+        (info,) = [m for m in registry.collect() if m.name == "limelight_model"]
+        return str(info.samples[0].labels["method_files"])
+
+    served_files = head_files()
+    assert served_files and reloads("failed") == reloads("reloaded") == 0
     old = scores(served.target)
     weights = model / HEAD_DIRNAME / "head.safetensors"
     whole = weights.read_bytes()
@@ -993,9 +1006,12 @@ def test_a_served_head_cut_short_is_a_failed_build_said_in_one_line(
     assert failed.levelname == "ERROR" and failed.exc_info is None
     assert str(weights) in failed.getMessage() and "limelight distill" in failed.getMessage()
     assert scores(served.target) == old and served.server.reloader.reloads == 0
+    assert reloads("failed") >= 1 and head_files() == served_files  # on /metrics too
     scaled_head(bert_tiny_dir, -1.0, weights)
     wait_until(lambda: served.server.reloader.reloads == 1)
     assert scores(served.target) != pytest.approx(old, abs=1e-6)
+    # Which head computes the answers is on limelight_model_info: another head, another digest.
+    assert reloads("reloaded") == 1 and head_files() not in ("", served_files)
 
 
 def test_an_unexpected_build_failure_keeps_its_traceback(

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 from limelight.core.service import DriftSink, ExplanationService, resolve_default_method
 from limelight.demo.build import ensure_demo_model
 from limelight.drift.monitor import DriftMonitor
-from limelight.drift.served import served_identity
+from limelight.drift.served import explainer_digest, served_identity
 from limelight.errors import FailedPrecondition
 from limelight.jobs.factory import create_backend
 from limelight.jobs.priority import InlineGate
@@ -214,13 +214,17 @@ def build_application(
         ),
         gate=gate,
     )
-    describe_model(metrics, model, runtime, service.default_method.name)
+    describe_model(metrics, model, runtime, service.default_method.name, settings)
     return Application(settings, model, metrics, service)
 
 
-def describe_model(metrics: Metrics, model: LoadedModel, runtime: Runtime, method: str) -> None:
+def describe_model(
+    metrics: Metrics, model: LoadedModel, runtime: Runtime, method: str, settings: Settings
+) -> None:
     """``limelight_model_info``: what is served, the default inline method included (it
-    changes when a head or table written after the start is picked up: ``limelight.reload``)."""
+    changes when a head or table written after the start is picked up: ``limelight.reload``),
+    and a digest of the files its scores come from (the head or table; "" for methods that
+    read none): two heads of one model told apart."""
     metrics.model_info.info(
         {
             "name": model.name,
@@ -229,5 +233,6 @@ def describe_model(metrics: Metrics, model: LoadedModel, runtime: Runtime, metho
             "runtime": runtime.name,
             "labels": ",".join(model.labels),
             "default_method": method,
+            "method_files": explainer_digest(settings, model, method)[:16],
         }
     )

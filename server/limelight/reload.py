@@ -469,7 +469,8 @@ class InlineReloader:
             return None
         self._failure = None
         self.reloads += 1
-        describe_model(app.metrics, model, runtime, method)
+        app.metrics.inline_reloads.labels(outcome="reloaded").inc()
+        describe_model(app.metrics, model, runtime, method, settings)
         if lost:
             # Outputs that went away (deleted, pruned, a folder moved): worth an operator's
             # look, unlike a head that came or changed.
@@ -537,6 +538,7 @@ class InlineReloader:
         """Log a build that raised, and set when it is tried again: at the next look, then
         twice as late each time it fails the same way (at most :data:`RETRY_MAX_S`)."""
         said = f"{type(exc).__name__}: {exc}"
+        self.app.metrics.inline_reloads.labels(outcome="failed").inc()
         previous = self._failure
         delay = self.interval_s if previous is None else previous.delay_s * 2
         delay = min(delay, max(RETRY_MAX_S, self.interval_s))

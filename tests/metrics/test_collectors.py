@@ -36,6 +36,7 @@ REQUIRED = {
     "limelight_attribution_entropy": ("gauge", {"window"}),
     "limelight_drift_reference_state": ("gauge", {"state"}),
     "limelight_drift_window_explanations": ("gauge", set()),
+    "limelight_inline_reloads": ("counter", {"outcome"}),
 }
 ALLOWED_LABELS = {"rpc", "code", "stage", "method", "outcome", "label", "window", "state", "kind"}
 
@@ -58,6 +59,7 @@ def populated_metrics() -> Metrics:
     m.truncated.inc()
     m.model_info.info({"name": "demo", "version": "0123abcd", "architecture": "bert"})
     m.ready.set(1)
+    m.inline_reloads.labels(outcome="reloaded").inc()
     m.job_queue_depth.labels(method="lrp").set(4)
     m.job_wait.labels(method="lrp").observe(1.5)
     m.job_duration.labels(method="lrp").observe(12.0)

@@ -188,6 +188,14 @@ class Metrics(JobMetrics):
             registry=r,
         )
         self.model_info = Info("limelight_model", "The served model.", registry=r)
+        self.inline_reloads = Counter(
+            "limelight_inline_reloads_total",
+            "Rebuilds of the inline runtime from files written beside the model (a head, a "
+            "lexicon table, a graph), by outcome: reloaded (served now) or failed (the files "
+            "were not whole or readable; what was served stays).",
+            ["outcome"],
+            registry=r,
+        )
         self.ready = Gauge(
             "limelight_ready",
             "1 when the model is loaded and warmed.",
