@@ -282,6 +282,18 @@ class Settings(BaseSettings):
     refused RESOURCE_EXHAUSTED (a batch as a whole) and a stream's next input waits for room.
     Counted in each process, like ``max_pending`` (with ``workers`` above 1, per worker).
     None: no limit per caller."""
+    http_body_timeout_s: PositiveFloat = 30.0
+    """The HTTP port: how long a request body may take to arrive (waiting for a read slot
+    included) before the request is refused 400 and its connection closed."""
+    http_max_body_reads: PositiveInt = 64
+    """The HTTP port: request bodies read at once; more wait (within ``http_body_timeout_s``).
+    Each may hold up to ``max_message_bytes``: this bounds what slow senders can pin."""
+    http_keepalive_timeout_s: PositiveFloat = 75.0
+    """The HTTP port: how long an idle keep-alive connection stays open."""
+    grpc_max_concurrent_streams: PositiveInt = 100
+    """The gRPC port: concurrent calls (HTTP/2 streams) one connection may hold; a client
+    asking for more waits for a free one. Also what lets gRPC close a connection that opens and
+    resets streams in a loop (HTTP/2 rapid reset), which otherwise starved every other client."""
     max_batch_request_items: PositiveInt = 256
     """Most inputs one ``ExplainBatch`` call (or one Open Inference Protocol / KServe request)
     may carry; a larger one is refused INVALID_ARGUMENT before any of it runs."""

@@ -398,3 +398,62 @@ def test_real_clients_keep_working(side: RunningSidecar) -> None:
     with pytest.raises(urllib.error.HTTPError) as info:
         urllib.request.urlopen(request, timeout=60)
     assert info.value.code == 415
+
+
+def test_a_body_that_does_not_arrive_in_time_is_refused_and_its_connection_closed(
+    bert_tiny_dir: Path, tmp_path: Path
+) -> None:
+    """A client that announces a body and sends part of it held the buffer (up to 4 MiB) for
+    as long as it kept the connection: 300 of them took 1.3 GB. Past ``http_body_timeout_s``
+    it is a 400 and the connection closes; the port keeps serving."""
+    handle = SidecarThread(
+        Settings(
+            model_dir=bert_tiny_dir,
+            port=0,
+            metrics_port=free_port(),
+            jobs="off",
+            cache_dir=cache_dir(),
+            http_body_timeout_s=1.0,
+        )
+    )
+    running = handle.start()
+    try:
+        port, name = running.server.metrics_port, bert_tiny_dir.name
+        head = (
+            f"POST /v1/models/{name}:explain HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
+            "Content-Type: application/json\r\nContent-Length: 100000\r\n\r\n"
+        ).encode()
+        answer = raw_exchange(port, head + b'{"instances": ["a witty')  # and nothing more
+        assert answer.startswith(b"HTTP/1.1 400"), answer[:200]
+        assert b"did not arrive within 1 s" in answer
+        body = json.dumps(GOOD_V1).encode()
+        json_type = {"Content-Type": "application/json"}
+        assert send(port, "POST", f"/v1/models/{name}:explain", body, json_type)[0] == 200
+    finally:
+        handle.stop()
+
+
+def test_the_grpc_port_limits_the_streams_of_one_connection(side: RunningSidecar) -> None:
+    """HTTP/2's SETTINGS_MAX_CONCURRENT_STREAMS is announced: without it gRPC's defence against
+    streams opened and reset in a loop (rapid reset) never engaged, and one such client
+    starved every other."""
+    port = int(side.target.rsplit(":", 1)[1])
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
+        sock.sendall(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + b"\x00\x00\x00\x04\x00\x00\x00\x00\x00")
+        data = b""
+        while True:
+            while len(data) < 9:
+                chunk = sock.recv(65536)
+                assert chunk, "the server closed the connection before its SETTINGS"
+                data += chunk
+            length, kind, flags = int.from_bytes(data[:3], "big"), data[3], data[4]
+            while len(data) < 9 + length:
+                data += sock.recv(65536)
+            payload, data = data[9 : 9 + length], data[9 + length :]
+            if kind == 4 and not flags & 1:  # the server's SETTINGS (not an ACK)
+                break
+    settings = {
+        int.from_bytes(payload[i : i + 2], "big"): int.from_bytes(payload[i + 2 : i + 6], "big")
+        for i in range(0, len(payload), 6)
+    }
+    assert settings.get(3) == Settings().grpc_max_concurrent_streams  # MAX_CONCURRENT_STREAMS

@@ -3,7 +3,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
+from dataclasses import dataclass
 from typing import Any
 
 from aiohttp import web
@@ -11,6 +13,19 @@ from aiohttp import web
 from limelight.errors import InvalidArgument
 
 _UNREADABLE = web.RequestKey("limelight.body_unreadable", bool)
+
+
+@dataclass
+class BodyLimits:
+    """How long a request body may take to arrive, and how many may be read at once: a client
+    that announces a large body and sends it slowly (or never ends it) held its buffer for as
+    long as it liked, and a few hundred such connections took gigabytes."""
+
+    timeout_s: float
+    slots: asyncio.Semaphore
+
+
+BODY_LIMITS = web.AppKey("limelight.body_limits", BodyLimits)
 
 
 def close_if_unread(request: web.Request, response: web.StreamResponse) -> None:
@@ -23,8 +38,20 @@ def close_if_unread(request: web.Request, response: web.StreamResponse) -> None:
 async def read_body(request: web.Request) -> bytes:
     """The body's bytes. A body its ``Content-Encoding`` does not describe (gzip named over
     plain bytes), or one cut short, is refused; a body over the size limit stays aiohttp's 413."""
+    limits = request.config_dict.get(BODY_LIMITS)
     try:
-        return await request.read()
+        if limits is None:
+            return await request.read()
+        async with asyncio.timeout(limits.timeout_s), limits.slots:
+            return await request.read()
+    except TimeoutError:
+        request.content.feed_eof()
+        request[_UNREADABLE] = True
+        assert limits is not None
+        raise InvalidArgument(
+            f"the request body did not arrive within {limits.timeout_s:g} s "
+            "(LIMELIGHT_HTTP_BODY_TIMEOUT_S)"
+        ) from None
     except web.RequestPayloadError as exc:
         # Nothing more of it can be read: marked as ended, so that aiohttp does not try to
         # read the rest after the answer (and log that failure as its own), and the

@@ -64,7 +64,13 @@ from limelight import tracing
 from limelight.api import oip
 from limelight.api.auth import TokenStore, bearer_allowed
 from limelight.api.errors import INTERNAL_MESSAGE, http_status_for
-from limelight.api.http_body import close_if_unread, parse_json, read_body
+from limelight.api.http_body import (
+    BODY_LIMITS,
+    BodyLimits,
+    close_if_unread,
+    parse_json,
+    read_body,
+)
 from limelight.api.log_filters import LibraryLogFilter
 from limelight.api.viewer import Viewer
 from limelight.api.viewer.routes import principal
@@ -261,7 +267,9 @@ def _flatten(data: Any) -> list[Any]:
     return [data]
 
 
-def _json_input(item: Any, binary: memoryview, offset: int) -> tuple[oip.Tensor, int]:
+def _json_input(
+    item: Any, binary: memoryview, offset: int, max_items: int | None = None
+) -> tuple[oip.Tensor, int]:
     if not isinstance(item, Mapping):
         raise InvalidArgument("each input must be an object with name, shape, datatype, data")
     name, datatype, shape = item.get("name"), item.get("datatype"), item.get("shape")
@@ -271,6 +279,7 @@ def _json_input(item: Any, binary: memoryview, offset: int) -> tuple[oip.Tensor,
         isinstance(d, int) and not isinstance(d, bool) for d in shape
     ):
         raise InvalidArgument(f"input {name!r} needs 'shape', a list of integers")
+    oip.check_items(name, shape, max_items)
     parameters = item.get("parameters") or {}
     size = parameters.get("binary_data_size") if isinstance(parameters, Mapping) else None
     if size is not None:
@@ -287,9 +296,11 @@ def _json_input(item: Any, binary: memoryview, offset: int) -> tuple[oip.Tensor,
                 f"{offset} of {len(binary)} bytes of binary data after the JSON)"
             )
         raw = bytes(binary[offset : offset + size])
-        return oip.tensor_from_raw(name, datatype, shape, raw), offset + size
+        return oip.tensor_from_raw(name, datatype, shape, raw, max_items), offset + size
     if "data" not in item:
         raise InvalidArgument(f"input {name!r} has no 'data'")
+    if isinstance(item["data"], list) and max_items is not None and len(item["data"]) > max_items:
+        raise oip.too_many_items(len(item["data"]), max_items, f"input {name!r}")
     values = _flatten(item["data"])
     if datatype == "BYTES":
         if not all(isinstance(v, str) for v in values):
@@ -309,9 +320,10 @@ def _json_input(item: Any, binary: memoryview, offset: int) -> tuple[oip.Tensor,
 
 
 def infer_request(
-    model_name: str, version: str, body: Any, binary: bytes
+    model_name: str, version: str, body: Any, binary: bytes, max_items: int | None = None
 ) -> tuple[oip.InferRequest, dict[str, bool], bool]:
-    """The request, the outputs asked for in binary, and whether binary is the default."""
+    """The request, the outputs asked for in binary, and whether binary is the default; an
+    input of more than ``max_items`` texts is refused before its texts are converted."""
     if not isinstance(body, Mapping):
         raise InvalidArgument("the request body must be a JSON object")
     inputs = body.get("inputs")
@@ -326,7 +338,7 @@ def infer_request(
     tensors: list[oip.Tensor] = []
     offset = 0
     for item in inputs:
-        tensor, offset = _json_input(item, view, offset)
+        tensor, offset = _json_input(item, view, offset, max_items)
         tensors.append(tensor)
     if offset != len(binary):
         raise InvalidArgument(
@@ -424,13 +436,16 @@ def metadata_json(meta: oip.ModelMetadata) -> dict[str, Any]:
 # --- KServe v1 --------------------------------------------------------------------------------
 
 
-def v1_inputs(body: Any) -> list[ExplainInput]:
-    """``{"instances": ["text" | {"text": ..., "text_pair": ...}, ...], "parameters": {...}}``."""
+def v1_inputs(body: Any, max_items: int | None = None) -> list[ExplainInput]:
+    """``{"instances": ["text" | {"text": ..., "text_pair": ...}, ...], "parameters": {...}}``;
+    more than ``max_items`` instances are refused before any is converted."""
     if not isinstance(body, Mapping) or not isinstance(body.get("instances"), list):
         raise InvalidArgument("the request body must be {'instances': [...]}")
     instances = body["instances"]
     if not instances:
         raise InvalidArgument("'instances' is empty")
+    if max_items is not None and len(instances) > max_items:
+        raise oip.too_many_items(len(instances), max_items, "'instances'")
     parameters = body.get("parameters")
     if parameters is None:  # absent or null; [] or "" are mistakes, not "no parameters"
         parameters = {}
@@ -685,7 +700,11 @@ class HttpServer:
         service = self._model(request)  # a wrong model is named before a bad body
         body, binary = await self._json(request)
         parsed, binary_outputs, binary_default = infer_request(
-            request.match_info["name"], request.match_info.get("version", ""), body, binary
+            request.match_info["name"],
+            request.match_info.get("version", ""),
+            body,
+            binary,
+            self.settings.max_batch_request_items,
         )
         response = await oip.infer(service, parsed, None, self._caller(request))
         return infer_response(response, binary_outputs, binary_default)
@@ -699,13 +718,15 @@ class HttpServer:
     async def v1_predict(self, request: web.Request) -> web.StreamResponse:
         service = self._model(request)
         body, _ = await self._json(request)
-        results = await service.explain_batch(v1_inputs(body), self._caller(request))
+        limit = self.settings.max_batch_request_items
+        results = await service.explain_batch(v1_inputs(body, limit), self._caller(request))
         return json_answer({"predictions": [v1_prediction(e) for e in results]})
 
     async def v1_explain(self, request: web.Request) -> web.StreamResponse:
         service = self._model(request)
         body, _ = await self._json(request)
-        results = await service.explain_batch(v1_inputs(body), self._caller(request))
+        limit = self.settings.max_batch_request_items
+        results = await service.explain_batch(v1_inputs(body, limit), self._caller(request))
         return json_answer({"explanations": [v1_explanation(e) for e in results]})
 
     @web.middleware
@@ -752,6 +773,9 @@ class HttpServer:
             client_max_size=self.settings.max_message_bytes,
             middlewares=[self._hosts, _json_errors, self._connection_age],
         )
+        app[BODY_LIMITS] = BodyLimits(
+            self.settings.http_body_timeout_s, asyncio.Semaphore(self.settings.http_max_body_reads)
+        )
         r = self._route
         model = "/v2/models/{name}"
         version = "/v2/models/{name}/versions/{version}"
@@ -787,7 +811,12 @@ class HttpServer:
     async def start(self, host: str, port: int, context: ssl.SSLContext | None = None) -> int:
         MalformedRequests.install()  # once per process: the logger is aiohttp's, shared
         self._bind_host = host
-        runner = web.AppRunner(self.application(), access_log=None, handle_signals=False)
+        runner = web.AppRunner(
+            self.application(),
+            access_log=None,
+            handle_signals=False,
+            keepalive_timeout=self.settings.http_keepalive_timeout_s,
+        )
         await runner.setup()
         # Several workers (``reuse_port``) share the HTTP port as they share the gRPC port.
         site = web.TCPSite(

@@ -32,6 +32,7 @@ are refused, not ignored. An output requested twice is refused.
 
 from __future__ import annotations
 
+import math
 import struct
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -138,10 +139,35 @@ def encode_bytes(items: Sequence[bytes]) -> bytes:
     return b"".join(struct.pack("<I", len(item)) + item for item in items)
 
 
-def decode_bytes(raw: bytes) -> list[bytes]:
+def too_many_items(
+    count: int, max_items: int, what: str, at_least: bool = False
+) -> InvalidArgument:
+    """The refusal of a request of ``count`` texts (past ``max_batch_request_items``), given
+    before they are converted one by one: a million empty texts in 4 MiB held the event loop,
+    and with it every other call and the liveness probe, for seconds."""
+    return InvalidArgument(
+        f"{what} holds {'at least ' if at_least else ''}{count:,} texts; at most {max_items} "
+        "in one request (max_batch_request_items)"
+    )
+
+
+def check_items(name: str, shape: Sequence[int], max_items: int | None) -> None:
+    """Refuse an input whose declared shape holds more elements than a request may carry."""
+    if max_items is None or any(d < 0 for d in shape):
+        return  # a negative dimension is refused with the shape's own message
+    count = math.prod(shape)
+    if count > max_items:
+        raise too_many_items(count, max_items, f"input {name!r}")
+
+
+def decode_bytes(raw: bytes, max_items: int | None = None) -> list[bytes]:
+    """The elements of a binary BYTES tensor (4-byte little-endian length, then the bytes);
+    more than ``max_items`` of them are refused as soon as they are seen."""
     items: list[bytes] = []
     offset = 0
     while offset < len(raw):
+        if max_items is not None and len(items) == max_items:
+            raise too_many_items(max_items + 1, max_items, "a BYTES tensor", at_least=True)
         if offset + 4 > len(raw):
             raise InvalidArgument("malformed BYTES tensor: truncated length prefix")
         (size,) = struct.unpack_from("<I", raw, offset)
@@ -153,10 +179,14 @@ def decode_bytes(raw: bytes) -> list[bytes]:
     return items
 
 
-def tensor_from_raw(name: str, datatype: str, shape: Sequence[int], raw: bytes) -> Tensor:
-    """A tensor from its binary representation (gRPC ``raw_*_contents``, HTTP binary data)."""
+def tensor_from_raw(
+    name: str, datatype: str, shape: Sequence[int], raw: bytes, max_items: int | None = None
+) -> Tensor:
+    """A tensor from its binary representation (gRPC ``raw_*_contents``, HTTP binary data);
+    more elements than ``max_items`` (declared or found) are refused before decoding."""
+    check_items(name, shape, max_items)
     if datatype == "BYTES":
-        data: npt.NDArray[Any] = np.array(decode_bytes(raw) or [], dtype=object)
+        data: npt.NDArray[Any] = np.array(decode_bytes(raw, max_items) or [], dtype=object)
     elif datatype in NUMPY_DTYPES:
         dtype = np.dtype(NUMPY_DTYPES[datatype]).newbyteorder("<")
         if len(raw) % dtype.itemsize:

@@ -46,8 +46,9 @@ _CONTENT_FIELDS = {
 }
 
 
-def _input_tensor(message: Any, raw: bytes | None) -> oip.Tensor:
+def _input_tensor(message: Any, raw: bytes | None, max_items: int | None = None) -> oip.Tensor:
     shape = list(message.shape)
+    oip.check_items(message.name, shape, max_items)
     if raw is not None:
         # The spec: with raw_input_contents, no input's contents may be specified.
         if message.HasField("contents") and message.contents.ListFields():
@@ -55,13 +56,16 @@ def _input_tensor(message: Any, raw: bytes | None) -> oip.Tensor:
                 f"input {message.name!r} has typed contents while the request has "
                 "raw_input_contents: give the inputs' data one way, not both"
             )
-        return oip.tensor_from_raw(message.name, message.datatype, shape, raw)
+        return oip.tensor_from_raw(message.name, message.datatype, shape, raw, max_items)
     field = _CONTENT_FIELDS.get(message.datatype)
     if field is None:
         raise InvalidArgument(
             f"input {message.name!r}: datatype {message.datatype!r} has no typed contents field"
         )
-    values = list(getattr(message.contents, field))
+    contents = getattr(message.contents, field)
+    if max_items is not None and len(contents) > max_items:  # whatever the shape declares
+        raise oip.too_many_items(len(contents), max_items, f"input {message.name!r}")
+    values = list(contents)
     dtype = object if message.datatype == "BYTES" else oip.NUMPY_DTYPES[message.datatype]
     try:
         # Typed contents are wider than the datatype (int_contents carries INT8 as int32).
@@ -73,7 +77,8 @@ def _input_tensor(message: Any, raw: bytes | None) -> oip.Tensor:
     return oip.Tensor(message.name, message.datatype, shape, data)
 
 
-def infer_request(message: Any) -> oip.InferRequest:
+def infer_request(message: Any, max_items: int | None = None) -> oip.InferRequest:
+    """The request; an input of more than ``max_items`` texts is refused before conversion."""
     raw = list(message.raw_input_contents)
     if raw and len(raw) != len(message.inputs):
         raise InvalidArgument(
@@ -86,7 +91,10 @@ def infer_request(message: Any) -> oip.InferRequest:
         model_version=message.model_version,
         id=message.id,
         parameters=_parameters(message.parameters),
-        inputs=[_input_tensor(t, raw[i] if raw else None) for i, t in enumerate(message.inputs)],
+        inputs=[
+            _input_tensor(t, raw[i] if raw else None, max_items)
+            for i, t in enumerate(message.inputs)
+        ],
         outputs=[o.name for o in message.outputs] or None,
     )
 
@@ -185,8 +193,9 @@ class InferenceServicer:
             service = self._explainer.ready_service()
             # a wrong model is named before the inputs' faults
             oip.check_model(service.model_info(), request.model_name, request.model_version)
+            parsed = infer_request(request, service.settings.max_batch_request_items)
             response = await oip.infer(
-                service, infer_request(request), request_deadline(context), principal(context)
+                service, parsed, request_deadline(context), principal(context)
             )
             return infer_response(response)
 

@@ -330,6 +330,9 @@ class SidecarServer:
         options = [
             ("grpc.max_receive_message_length", settings.max_message_bytes),
             ("grpc.max_send_message_length", settings.max_response_bytes),
+            # Without it, gRPC's own defence against streams opened and reset in a loop
+            # (HTTP/2 rapid reset) never engages: one such client starved every other.
+            ("grpc.max_concurrent_streams", settings.grpc_max_concurrent_streams),
             # Off unless several workers share the port: a second sidecar started on a taken
             # port must fail rather than silently split the traffic.
             ("grpc.so_reuseport", int(settings.reuse_port)),

@@ -452,7 +452,14 @@ class ExplainerServicer:
         async def call() -> pb.ExplainBatchResponse:
             check_request(request)
             deadline = request_deadline(context)
-            results = await self.ready_service().explain_each(
+            service = self.ready_service()
+            limit = service.settings.max_batch_request_items
+            if len(request.requests) > limit:  # before any input is converted (2M: 10 s)
+                raise InvalidArgument(
+                    f"{len(request.requests)} inputs in one call; at most {limit} "
+                    "(max_batch_request_items)"
+                )
+            results = await service.explain_each(
                 [_input_or_failed(r, deadline) for r in request.requests], principal(context)
             )
             return pb.ExplainBatchResponse(
