@@ -183,9 +183,10 @@ def test_sdk_return_exceptions_sync_and_async(sidecar: RunningSidecar) -> None:
 def test_inputs_refused_for_capacity_come_back_to_be_sent_again(
     start_sidecar: Callable[..., RunningSidecar], bert_tiny_dir: Path
 ) -> None:
-    # Twelve inputs at once against a backlog of four: some are refused for capacity, each in
-    # its place, so a caller sends exactly those again and loses none.
-    side = start_sidecar(model_dir=bert_tiny_dir, jobs="off", max_pending=4, max_batch_size=2)
+    # Twelve inputs at once against a backlog of one (a call's inputs enter it up to two
+    # batches, eight, at a time): some are refused for capacity, each in its place, so a
+    # caller sends exactly those again and loses none.
+    side = start_sidecar(model_dir=bert_tiny_dir, jobs="off", max_pending=1, max_batch_size=4)
     texts = [f"an ambitious, sprawling film, take {i}" for i in range(12)]
     with Client(side.target, timeout=60) as client:
         first = client.explain_batch(texts, return_exceptions=True)
