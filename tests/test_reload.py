@@ -173,6 +173,24 @@ def test_a_head_taken_away_while_served_is_a_warning(
     assert "the default inline method is normxlogit (was distilled)" in warning
 
 
+def onnx_sidecar(
+    start_sidecar: Callable[..., RunningSidecar], model: Path, tmp_path: Path
+) -> RunningSidecar:
+    """A sidecar on ``model`` with ONNX Runtime, which exports its own graph into the cache
+    (none is left beside the model), reloading what is written beside it every 50 ms."""
+    for graph in model.glob("*.onnx*"):
+        graph.unlink()
+    served: RunningSidecar = start_sidecar(
+        model_dir=model,
+        runtime="onnx",
+        cache_dir=tmp_path / "cache",
+        default_method="auto",
+        reload_interval_s=0.05,
+        jobs="off",
+    )
+    return served
+
+
 def test_a_default_method_that_cannot_be_served_is_not_ready_until_it_can(
     start_sidecar: Callable[..., RunningSidecar],
     bert_tiny_dir: Path,
@@ -227,17 +245,8 @@ def test_with_onnx_runtime_a_new_head_is_exported_and_served_without_a_restart(
     """No graph anywhere at the start, as on a fresh clone with `--runtime onnx`: the sidecar
     exports one itself, and again when a head appears beside the model."""
     model = bare_copy(bert_tiny_dir, tmp_path / "model")
-    for graph in model.glob("*.onnx*"):
-        graph.unlink()
     reference = start_sidecar(model_dir=bert_tiny_dir, default_method="auto", jobs="off")
-    served = start_sidecar(
-        model_dir=model,
-        runtime="onnx",
-        cache_dir=tmp_path / "cache",
-        default_method="auto",
-        reload_interval_s=0.05,
-        jobs="off",
-    )
+    served = onnx_sidecar(start_sidecar, model, tmp_path)
     s = stub(served.target)
     assert s.GetModel(pb.GetModelRequest(), timeout=10).runtime == "onnx"
     assert s.Explain(pb.ExplainRequest(text=TEXT), timeout=30).explanation.method == "normxlogit"
@@ -1041,16 +1050,7 @@ def test_a_graph_beside_the_model_that_is_not_served_changes_nothing_served(
     """With ONNX Runtime serving its own export from the cache, garbage written to
     <model>/limelight.onnx (then removed) rebuilt the runtime twice, logged two reloads and
     restarted the drift monitor, though the graph served never changed."""
-    for graph in model.glob("*.onnx*"):
-        graph.unlink()
-    served = start_sidecar(
-        model_dir=model,
-        runtime="onnx",
-        cache_dir=tmp_path / "cache",
-        default_method="auto",
-        reload_interval_s=0.05,
-        jobs="off",
-    )
+    served = onnx_sidecar(start_sidecar, model, tmp_path)
     reloader, service = served.server.reloader, served.server.app.service
     monitor, old = service.drift, scores(served.target)
     beside = model / "limelight.onnx"
