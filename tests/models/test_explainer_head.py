@@ -8,6 +8,7 @@ import logging
 import shutil
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -137,6 +138,22 @@ def test_a_card_cut_short_is_refused_by_its_check_naming_the_file(model: LoadedM
     assert card is not None and str(path) in check_card(card, model)
 
 
+def served_without(
+    model: Path, damaged: Path, method: str, cache: Path, caplog: pytest.LogCaptureFixture
+) -> Any:
+    """With the file ``damaged`` beside ``model``: under ``auto`` the model is served with
+    NormXLogit and one warning naming the file; the service with ``method`` named as the
+    default (not ready), for the caller's checks."""
+    from tests.conftest import inline_service
+
+    with caplog.at_level(logging.WARNING):
+        service = inline_service(model, default_method="auto", cache_dir=cache)
+    assert service.default_method.name == "normxlogit"
+    (warning,) = [r for r in caplog.records if r.levelno >= logging.WARNING]
+    assert str(damaged) in warning.getMessage()
+    return inline_service(model, default_method=method, cache_dir=cache)
+
+
 @pytest.mark.parametrize("damaged", sorted(CUT_SHORT))
 def test_the_sidecar_starts_without_a_head_cut_short_and_says_which_file(
     bert_tiny_dir: Path, tmp_path: Path, damaged: str, caplog: pytest.LogCaptureFixture
@@ -144,18 +161,10 @@ def test_the_sidecar_starts_without_a_head_cut_short_and_says_which_file(
     """Under ``auto`` the model is served without the head (NormXLogit), as with a head made
     for another model; with the head's method named as the default, the sidecar is not ready
     and says which file, as it does for a head made for another model."""
-    from tests.conftest import inline_service
-
     copy = Path(shutil.copytree(bert_tiny_dir, tmp_path / "model"))
     path = copy / "limelight_distilled" / damaged
     path.write_bytes(CUT_SHORT[damaged] or path.read_bytes()[:100])
-    with caplog.at_level(logging.WARNING):
-        service = inline_service(copy, default_method="auto", cache_dir=tmp_path / "cache")
-    assert service.default_method.name == "normxlogit"
-    (warning,) = [r for r in caplog.records if r.levelno >= logging.WARNING]
-    assert str(path) in warning.getMessage()
-
-    named = inline_service(copy, default_method="distilled", cache_dir=tmp_path / "cache")
+    named = served_without(copy, path, "distilled", tmp_path / "cache", caplog)
     assert named.default_method.name == "distilled"
     assert "distilled" not in named.runtime.head_names
     assert str(path) in named.default_unavailable  # not ready, and which file to mend

@@ -121,15 +121,10 @@ def test_a_table_cut_short_is_not_loaded_and_the_warning_names_it(
 def test_the_sidecar_starts_without_a_table_cut_short(
     lexicon_bert_dir: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    from tests.conftest import inline_service
+    from tests.models.test_explainer_head import served_without
 
     target = Path(shutil.copytree(lexicon_bert_dir, tmp_path / "m"))
     path = target / "limelight_lexicon" / "table.npy"
     path.write_bytes(path.read_bytes()[:1000])
-    with caplog.at_level(logging.WARNING):
-        service = inline_service(target, default_method="auto", cache_dir=tmp_path / "cache")
-    assert service.default_method.name == "normxlogit"
-    (warning,) = [r for r in caplog.records if r.levelno >= logging.WARNING]
-    assert str(path) in warning.getMessage()
-    named = inline_service(target, default_method="lexicon_lookup", cache_dir=tmp_path / "cache")
+    named = served_without(target, path, "lexicon_lookup", tmp_path / "cache", caplog)
     assert str(path) in named.default_unavailable  # not ready, and says which file
